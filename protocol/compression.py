@@ -1,0 +1,121 @@
+"""Compression codecs of Kafka record batches, backed by cramjam.
+
+The codec id is bits 0-2 of a batch's attributes. Snappy needs care: the Java
+client writes Xerial's framing (a magic header, then length-prefixed blocks),
+other clients may write raw snappy. Both are read; the Xerial framing, which
+every consumer reads, is written.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+import cramjam
+
+from protocol.errors import CorruptBatch, UnsupportedCompression
+
+XERIAL_MAGIC = b"\x82SNAPPY\x00"
+_XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
+_XERIAL_BLOCK = 32 * 1024  # the Java client's default block size
+_INT32 = struct.Struct(">i")
+
+
+class Compression(enum.IntEnum):
+    """Kafka's compression codec ids (record batch attributes bits 0-2)."""
+
+    NONE = 0
+    GZIP = 1
+    SNAPPY = 2
+    LZ4 = 3
+    ZSTD = 4
+
+
+def compression_from_attributes(attributes: int, offset: int = 0) -> Compression:
+    """The codec named by a batch's attributes, or :class:`UnsupportedCompression`."""
+    codec = attributes & 0x07
+    if codec > 4:
+        raise UnsupportedCompression(
+            f"record batch at offset {offset}: unknown compression codec id {codec} "
+            "in attributes (known: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd)"
+        )
+    return Compression(codec)
+
+
+def _check_size(n: int, limit: int, codec: str) -> None:
+    if n > limit:
+        raise CorruptBatch(
+            f"{codec} payload decompresses to more than {limit} bytes "
+            "(max_decompressed_size); refusing it"
+        )
+
+
+def decompress(codec: Compression, data: bytes | memoryview, limit: int) -> bytes:
+    """Decompress one batch's records block; raise :class:`CorruptBatch` if it is damaged.
+
+    ``limit`` bounds the decompressed size; a larger result is an error.
+    """
+    try:
+        if codec is Compression.GZIP:
+            out = bytes(cramjam.gzip.decompress(data))
+        elif codec is Compression.SNAPPY:
+            out = _snappy_decompress(bytes(data), limit)
+        elif codec is Compression.LZ4:
+            out = bytes(cramjam.lz4.decompress(data))
+        elif codec is Compression.ZSTD:
+            out = bytes(cramjam.zstd.decompress(data))
+        else:
+            return bytes(data)
+    except CorruptBatch:
+        raise
+    except Exception as exc:  # cramjam raises its own DecompressionError / ValueError
+        name = codec.name.lower()
+        raise CorruptBatch(f"{name} records block does not decompress: {exc}") from None
+    _check_size(len(out), limit, codec.name.lower())
+    return out
+
+
+def compress(codec: Compression, data: bytes) -> bytes:
+    """Compress a records block with ``codec`` (snappy in Xerial framing)."""
+    if codec is Compression.GZIP:
+        return bytes(cramjam.gzip.compress(data))
+    if codec is Compression.SNAPPY:
+        return _snappy_compress_xerial(data)
+    if codec is Compression.LZ4:
+        return bytes(cramjam.lz4.compress(data))
+    if codec is Compression.ZSTD:
+        return bytes(cramjam.zstd.compress(data))
+    return data
+
+
+def _snappy_decompress(data: bytes, limit: int) -> bytes:
+    if not data.startswith(XERIAL_MAGIC):
+        return bytes(cramjam.snappy.decompress_raw(data))
+    pos = len(_XERIAL_HEADER)
+    if len(data) < pos:
+        raise CorruptBatch("snappy xerial header is truncated")
+    out = bytearray()
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise CorruptBatch(f"snappy xerial block length truncated at byte {pos}")
+        (size,) = _INT32.unpack_from(data, pos)
+        pos += 4
+        if size < 0 or pos + size > len(data):
+            raise CorruptBatch(
+                f"snappy xerial block at byte {pos - 4} claims {size} bytes, "
+                f"{len(data) - pos} remain"
+            )
+        out += cramjam.snappy.decompress_raw(data[pos : pos + size])
+        _check_size(len(out), limit, "snappy")
+        pos += size
+    return bytes(out)
+
+
+def _snappy_compress_xerial(data: bytes) -> bytes:
+    parts = [_XERIAL_HEADER]
+    view = memoryview(data)
+    for start in range(0, len(data), _XERIAL_BLOCK):
+        block = bytes(cramjam.snappy.compress_raw(view[start : start + _XERIAL_BLOCK]))
+        parts.append(_INT32.pack(len(block)))
+        parts.append(block)
+    return b"".join(parts)

@@ -1,0 +1,318 @@
+"""Kafka record batches (magic 2): decode a partition's ``records`` bytes and encode them back.
+
+Layout of one batch (61-byte header, then the records block)::
+
+    baseOffset int64 | batchLength int32 | partitionLeaderEpoch int32 | magic int8
+    crc uint32 (CRC-32C over attributes..end) | attributes int16 | lastOffsetDelta int32
+    baseTimestamp int64 | maxTimestamp int64 | producerId int64 | producerEpoch int16
+    baseSequence int32 | recordCount int32 | records
+
+The records block is compressed as a whole when the codec bits of attributes are
+set. Decoding keeps every header field, so an encoded batch carries the same
+producer id, epoch, base sequence, leader epoch and timestamps as the original.
+The per-record loops are compiled (:mod:`protocol._codec`).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from crc32c import crc32c
+
+from protocol._codec import Header, Record, decode_records, encode_records
+from protocol.compression import Compression, compress, compression_from_attributes, decompress
+from protocol.errors import CorruptBatch, UnsupportedMagic
+
+__all__ = [
+    "BATCH_HEADER_SIZE",
+    "DEFAULT_MAX_DECOMPRESSED_SIZE",
+    "Compression",
+    "DecodedBatch",
+    "Header",
+    "Record",
+    "RecordBatchHeader",
+    "TimestampType",
+    "build_batch",
+    "decode_batch",
+    "decode_batches",
+    "encode_batch",
+    "read_batch_headers",
+]
+
+BATCH_HEADER_SIZE = 61
+DEFAULT_MAX_DECOMPRESSED_SIZE = 256 * 1024 * 1024
+_LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
+_CRC_START = 21
+_HEADER = struct.Struct(">qiibIhiqqqhii")
+_AFTER_CRC = struct.Struct(">hiqqqhii")
+
+_TIMESTAMP_TYPE_BIT = 0x08
+_TRANSACTIONAL_BIT = 0x10
+_CONTROL_BIT = 0x20
+_DELETE_HORIZON_BIT = 0x40
+
+
+class TimestampType:
+    """Values of attributes bit 3."""
+
+    CREATE_TIME = 0
+    LOG_APPEND_TIME = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordBatchHeader:
+    """The fixed 61-byte header of a magic-2 record batch, every field kept."""
+
+    base_offset: int
+    """Offset of the first record (0 in a produce request)."""
+    batch_length: int
+    """Bytes after the batchLength field, as declared on the wire."""
+    partition_leader_epoch: int
+    """Leader epoch stamped by the broker (-1 from producers)."""
+    crc: int
+    """The declared CRC-32C of attributes..end."""
+    attributes: int
+    """Bits: 0-2 compression, 3 timestamp type, 4 transactional, 5 control, 6 delete horizon."""
+    last_offset_delta: int
+    """Offset delta of the last record."""
+    base_timestamp: int
+    """Timestamp (ms) that record timestamp deltas are relative to."""
+    max_timestamp: int
+    """Largest record timestamp (ms), or the log-append time."""
+    producer_id: int
+    """Idempotent/transactional producer id, -1 if none."""
+    producer_epoch: int
+    """Producer epoch, -1 if none."""
+    base_sequence: int
+    """Sequence number of the first record, -1 if none."""
+    record_count: int
+    """Number of records the batch declares."""
+
+    @property
+    def compression(self) -> Compression:
+        """The compression codec of the records block."""
+        return compression_from_attributes(self.attributes)
+
+    @property
+    def timestamp_type(self) -> int:
+        """:attr:`TimestampType.CREATE_TIME` or :attr:`TimestampType.LOG_APPEND_TIME`."""
+        return 1 if self.attributes & _TIMESTAMP_TYPE_BIT else 0
+
+    @property
+    def is_transactional(self) -> bool:
+        """Whether the batch belongs to a transaction."""
+        return bool(self.attributes & _TRANSACTIONAL_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        """Whether the batch holds control records (transaction markers)."""
+        return bool(self.attributes & _CONTROL_BIT)
+
+    @property
+    def has_delete_horizon(self) -> bool:
+        """Whether base_timestamp is a delete horizon set by compaction."""
+        return bool(self.attributes & _DELETE_HORIZON_BIT)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecodedBatch:
+    """A decoded record batch: its header, its records and the bytes it came from."""
+
+    header: RecordBatchHeader
+    """Every field of the batch header, as read."""
+    records: tuple[Record, ...]
+    """The records, in order."""
+    raw: bytes = field(default=b"", repr=False)
+    """The batch's original bytes, forwarded as-is when nothing changed."""
+
+
+def _read_header(data: bytes, start: int) -> RecordBatchHeader:
+    remaining = len(data) - start
+    if remaining < 17:
+        raise CorruptBatch(
+            f"record batch at byte {start}: {remaining} bytes cannot hold "
+            "baseOffset, batchLength and magic"
+        )
+    magic = data[start + 16]
+    if magic != 2:
+        raise UnsupportedMagic(
+            f"record batch at byte {start}: magic {magic} (old message format); "
+            "only magic 2 record batches are supported"
+        )
+    if remaining < BATCH_HEADER_SIZE:
+        raise CorruptBatch(
+            f"record batch at byte {start}: {remaining} bytes, the header alone needs "
+            f"{BATCH_HEADER_SIZE}"
+        )
+    (
+        base_offset, batch_length, leader_epoch, _magic, crc, attributes, last_offset_delta,
+        base_ts, max_ts, producer_id, producer_epoch, base_sequence, count,
+    ) = _HEADER.unpack_from(data, start)
+    if batch_length < BATCH_HEADER_SIZE - _LOG_OVERHEAD:
+        raise CorruptBatch(
+            f"record batch at byte {start}: batchLength {batch_length} is smaller than "
+            f"the header ({BATCH_HEADER_SIZE - _LOG_OVERHEAD})"
+        )
+    if batch_length > remaining - _LOG_OVERHEAD:
+        raise CorruptBatch(
+            f"record batch at byte {start}: batchLength {batch_length} runs past the "
+            f"{remaining - _LOG_OVERHEAD} bytes that follow"
+        )
+    if count < 0:
+        raise CorruptBatch(f"record batch at byte {start}: recordCount {count} is negative")
+    compression_from_attributes(attributes, start)
+    return RecordBatchHeader(
+        base_offset=base_offset, batch_length=batch_length, partition_leader_epoch=leader_epoch,
+        crc=crc, attributes=attributes, last_offset_delta=last_offset_delta,
+        base_timestamp=base_ts, max_timestamp=max_ts, producer_id=producer_id,
+        producer_epoch=producer_epoch, base_sequence=base_sequence, record_count=count,
+    )
+
+
+def read_batch_headers(data: bytes) -> list[RecordBatchHeader]:
+    """Headers of every batch in a partition's ``records`` bytes, without decoding records.
+
+    Checks framing and magic but not CRCs; cheap enough for passthrough accounting.
+    """
+    out = []
+    pos = 0
+    while pos < len(data):
+        header = _read_header(data, pos)
+        out.append(header)
+        pos += _LOG_OVERHEAD + header.batch_length
+    return out
+
+
+def decode_batch(
+    data: bytes,
+    start: int = 0,
+    *,
+    verify_crc: bool = True,
+    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+) -> DecodedBatch:
+    """Decode the batch starting at ``data[start]``.
+
+    Raises a :class:`protocol.errors.CorruptBatch` subclass for anything malformed:
+    truncation, old magic, a CRC mismatch, an unknown codec, a bad record.
+    """
+    header = _read_header(data, start)
+    end = start + _LOG_OVERHEAD + header.batch_length
+    if verify_crc:
+        actual = crc32c(memoryview(data)[start + _CRC_START : end])
+        if actual != header.crc:
+            raise CorruptBatch(
+                f"record batch at byte {start}: CRC-32C mismatch (declared {header.crc:#010x}, "
+                f"computed {actual:#010x})"
+            )
+    body_start = start + BATCH_HEADER_SIZE
+    codec = header.compression
+    try:
+        if codec is Compression.NONE:
+            records = decode_records(data, body_start, end, header.record_count,
+                                     header.base_timestamp)
+        else:
+            block = decompress(codec, memoryview(data)[body_start:end], max_decompressed_size)
+            records = decode_records(block, 0, len(block), header.record_count,
+                                     header.base_timestamp)
+    except CorruptBatch as exc:
+        raise CorruptBatch(f"record batch at byte {start}: {exc}") from None
+    raw = data if start == 0 and end == len(data) else data[start:end]
+    return DecodedBatch(header=header, records=records, raw=raw)
+
+
+def decode_batches(
+    data: bytes,
+    *,
+    verify_crc: bool = True,
+    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+) -> list[DecodedBatch]:
+    """Decode every batch in a partition's ``records`` bytes (several may follow each other)."""
+    out = []
+    pos = 0
+    while pos < len(data):
+        batch = decode_batch(
+            data, pos, verify_crc=verify_crc, max_decompressed_size=max_decompressed_size
+        )
+        out.append(batch)
+        pos += _LOG_OVERHEAD + batch.header.batch_length
+    return out
+
+
+def encode_batch(
+    header: RecordBatchHeader,
+    records: tuple[Record, ...],
+    *,
+    renumber: bool = True,
+    compression: Compression | None = None,
+) -> bytes:
+    """Encode ``records`` as one batch that keeps every field of ``header``.
+
+    Producer id, epoch, base sequence, leader epoch, base offset, base timestamp
+    and the transactional/control bits are kept; the record count, last offset
+    delta, max timestamp (for CreateTime), batch length and CRC are recomputed.
+    With ``renumber`` (what a produce request needs) offset deltas become 0..n-1.
+    ``compression`` overrides the header's codec.
+    """
+    block, max_ts = encode_records(records, header.base_timestamp, renumber)
+    attributes = header.attributes
+    if compression is not None:
+        attributes = (attributes & ~0x07) | int(compression)
+    codec = compression_from_attributes(attributes)
+    if codec is not Compression.NONE:
+        block = compress(codec, block)
+    if not records:
+        last_offset_delta = header.last_offset_delta
+    elif renumber:
+        last_offset_delta = len(records) - 1
+    else:
+        last_offset_delta = records[-1].offset_delta
+    if max_ts is None or attributes & _TIMESTAMP_TYPE_BIT:
+        max_ts = header.max_timestamp
+    after_crc = _AFTER_CRC.pack(
+        attributes, last_offset_delta, header.base_timestamp, max_ts,
+        header.producer_id, header.producer_epoch, header.base_sequence, len(records),
+    )
+    crc = crc32c(block, crc32c(after_crc))
+    prefix = struct.pack(
+        ">qiibI", header.base_offset, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(block),
+        header.partition_leader_epoch, 2, crc,
+    )
+    return b"".join((prefix, after_crc, block))
+
+
+def build_batch(
+    records: tuple[Record, ...] | list[Record],
+    *,
+    compression: Compression = Compression.NONE,
+    base_offset: int = 0,
+    partition_leader_epoch: int = -1,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    control: bool = False,
+    timestamp_type: int = TimestampType.CREATE_TIME,
+    base_timestamp: int | None = None,
+    max_timestamp: int | None = None,
+) -> bytes:
+    """Encode a new batch from records, the way a producer would (offset deltas 0..n-1)."""
+    recs = tuple(records)
+    attributes = int(compression)
+    if timestamp_type == TimestampType.LOG_APPEND_TIME:
+        attributes |= _TIMESTAMP_TYPE_BIT
+    if transactional:
+        attributes |= _TRANSACTIONAL_BIT
+    if control:
+        attributes |= _CONTROL_BIT
+    if base_timestamp is None:
+        base_timestamp = recs[0].timestamp if recs else -1
+    header = RecordBatchHeader(
+        base_offset=base_offset, batch_length=0, partition_leader_epoch=partition_leader_epoch,
+        crc=0, attributes=attributes, last_offset_delta=max(len(recs) - 1, 0),
+        base_timestamp=base_timestamp,
+        max_timestamp=max_timestamp if max_timestamp is not None else base_timestamp,
+        producer_id=producer_id, producer_epoch=producer_epoch, base_sequence=base_sequence,
+        record_count=len(recs),
+    )
+    return encode_batch(header, recs, renumber=True)
