@@ -1,0 +1,1 @@
+"""Benchmarks: the record codec and the proxy end to end."""

@@ -1,0 +1,38 @@
+"""kiproxy's public plugin API.
+
+Write a subclass of :class:`ProduceRequestInterceptor`, drop its module into the
+plugins directory and name it as ``module:Class`` in the config::
+
+    from interceptors import ProduceRequestInterceptor, RecordBatch, RejectBatch
+
+    class Uppercase(ProduceRequestInterceptor):
+        def intercept(self, batch, ctx):
+            return batch.with_records(
+                r.with_value(r.value.upper()) if r.value is not None else r
+                for r in batch.records
+            )
+"""
+
+from interceptors.api import (
+    ERROR_CODES,
+    AcknowledgedBatch,
+    Header,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    Record,
+    RecordBatch,
+    RejectBatch,
+    error_code,
+)
+
+__all__ = [
+    "ERROR_CODES",
+    "AcknowledgedBatch",
+    "Header",
+    "InterceptContext",
+    "ProduceRequestInterceptor",
+    "Record",
+    "RecordBatch",
+    "RejectBatch",
+    "error_code",
+]

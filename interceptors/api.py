@@ -1,0 +1,186 @@
+"""The public plugin API: what an interceptor receives, returns and raises.
+
+An interceptor sees one topic-partition batch at a time. It returns the batch
+(unchanged, or transformed with the same number of records) or raises
+:class:`RejectBatch`. Values are immutable; derive changed copies with the
+``with_*`` helpers.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.records import Header, Record
+
+__all__ = [
+    "ERROR_CODES",
+    "AcknowledgedBatch",
+    "Header",
+    "InterceptContext",
+    "ProduceRequestInterceptor",
+    "Record",
+    "RecordBatch",
+    "RejectBatch",
+    "error_code",
+]
+
+ERROR_CODES: Mapping[str, int] = {
+    "UNKNOWN_SERVER_ERROR": -1,
+    "CORRUPT_MESSAGE": 2,
+    "REQUEST_TIMED_OUT": 7,
+    "MESSAGE_TOO_LARGE": 10,
+    "RECORD_LIST_TOO_LARGE": 18,
+    "INVALID_REQUIRED_ACKS": 21,
+    "TOPIC_AUTHORIZATION_FAILED": 29,
+    "CLUSTER_AUTHORIZATION_FAILED": 31,
+    "INVALID_TIMESTAMP": 32,
+    "INVALID_REQUEST": 42,
+    "UNSUPPORTED_FOR_MESSAGE_FORMAT": 43,
+    "POLICY_VIOLATION": 44,
+    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
+    "UNSUPPORTED_COMPRESSION_TYPE": 76,
+    "INVALID_RECORD": 87,
+    "THROTTLING_QUOTA_EXCEEDED": 89,
+    "UNKNOWN_TOPIC_ID": 100,
+}
+"""Kafka error names a rejection may use, and their codes."""
+
+
+def error_code(error: str | int) -> int:
+    """The numeric Kafka error code for a name such as ``"POLICY_VIOLATION"`` (or a code)."""
+    if isinstance(error, int):
+        return error
+    try:
+        return ERROR_CODES[error.upper()]
+    except KeyError:
+        raise ValueError(
+            f"unknown Kafka error {error!r}; use one of {', '.join(sorted(ERROR_CODES))} "
+            "or a numeric code"
+        ) from None
+
+
+class RejectBatch(Exception):
+    """Raise from ``intercept`` to reject the whole topic-partition batch.
+
+    The producer receives ``error`` (a Kafka error name or code, INVALID_RECORD
+    by default; clients treat it as non-retriable) with ``message`` as the
+    partition's ``error_message``, and ``record_errors`` - ``(record index,
+    message)`` pairs - on Produce versions that carry them (v8+). Nothing of the
+    batch is stored.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        error: str | int = "INVALID_RECORD",
+        record_errors: Sequence[tuple[int, str | None]] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_code = error_code(error)
+        self.record_errors = tuple(record_errors)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RecordBatch:
+    """One topic-partition batch of a produce request, as an interceptor sees it.
+
+    ``records`` is what an interceptor may change (keeping the count); the
+    producer facts are read-only: the proxy keeps them on the wire whatever the
+    interceptor returns, so idempotent and transactional producers keep working.
+    """
+
+    topic: str
+    """The topic the batch is produced to."""
+    partition: int
+    """The partition index."""
+    records: tuple[Record, ...]
+    """The records, in order."""
+    producer_id: int = -1
+    """The idempotent/transactional producer id, or -1."""
+    producer_epoch: int = -1
+    """The producer epoch, or -1."""
+    base_sequence: int = -1
+    """Sequence number of the first record, or -1."""
+    transactional: bool = False
+    """Whether the batch is part of a transaction."""
+    compression: str = "none"
+    """The codec the batch arrived with (and is re-encoded with): none, gzip, snappy, lz4, zstd."""
+
+    def with_records(self, records: Iterable[Record]) -> RecordBatch:
+        """A copy of this batch holding ``records`` instead."""
+        return RecordBatch(
+            topic=self.topic, partition=self.partition, records=tuple(records),
+            producer_id=self.producer_id, producer_epoch=self.producer_epoch,
+            base_sequence=self.base_sequence, transactional=self.transactional,
+            compression=self.compression,
+        )
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class InterceptContext:
+    """Who sent the batch and how; the same for every batch of one request."""
+
+    client_id: str | None
+    """The producer's ``client.id``."""
+    client_address: str
+    """``host:port`` the producer connects from."""
+    principal: str | None
+    """The authenticated principal, when the proxy knows it."""
+    api_version: int
+    """The Produce request version."""
+    acks: int
+    """0, 1 or -1 (all)."""
+    transactional_id: str | None
+    """The transactional id, for transactional producers."""
+    deadline: float
+    """``time.monotonic()`` by which ``intercept`` must have returned."""
+    received_at_ms: int = 0
+    """When the proxy received the request, in ms since the epoch."""
+    proxy_host: str = ""
+    """The host name of the proxy handling the request."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Anything else the runtime knows (kept for forward compatibility)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AcknowledgedBatch:
+    """What ``on_acknowledgement`` learns about a batch the broker answered."""
+
+    topic: str
+    partition: int
+    record_count: int
+    transformed: bool
+    """Whether the interceptor changed the batch."""
+
+
+class ProduceRequestInterceptor(abc.ABC):
+    """Base class of interceptor plugins.
+
+    ``intercept`` may be a plain method or ``async def``. One instance serves
+    every connection, on the proxy's event loop: a plain ``intercept`` must not
+    block (do I/O in an ``async def``).
+    """
+
+    def configure(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Receive the ``interceptor.config`` mapping once, before any batch."""
+
+    @abc.abstractmethod
+    def intercept(
+        self, batch: RecordBatch, ctx: InterceptContext
+    ) -> RecordBatch | Awaitable[RecordBatch]:
+        """Return ``batch`` (unchanged or transformed, same record count) or raise RejectBatch."""
+
+    def on_acknowledgement(  # noqa: B027 - optional hook
+        self, batch: AcknowledgedBatch, base_offset: int, error: int | None
+    ) -> None:
+        """Called after the broker answered a forwarded batch (``error`` None on success)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release resources on shutdown."""

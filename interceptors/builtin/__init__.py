@@ -1,0 +1,1 @@
+"""Built-in interceptors. Each uses only the public API in :mod:`interceptors`."""

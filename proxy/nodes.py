@@ -1,0 +1,76 @@
+"""Which broker node lives where, and which proxy port stands for it.
+
+Port-per-broker routing: each broker node id gets its own listener, at
+``broker_port_start + node_id`` unless an explicit ``node_ports`` map says
+otherwise. The registry learns the real address of every node from the
+responses it rewrites and asks the server to open a listener the first time a
+node appears.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+log = logging.getLogger("kiproxy.nodes")
+
+__all__ = ["NodeRegistry"]
+
+
+class NodeRegistry:
+    """Maps node ids to upstream addresses and to the proxy ports that advertise them."""
+
+    def __init__(
+        self,
+        *,
+        advertised_host: str,
+        broker_port_start: int,
+        node_ports: dict[int, int],
+        open_listener: Callable[[int, int], Awaitable[None]],
+    ) -> None:
+        self.advertised_host = advertised_host
+        self.broker_port_start = broker_port_start
+        self.node_ports = dict(node_ports)
+        self._open_listener = open_listener
+        self._upstream: dict[int, tuple[str, int]] = {}
+        self._opening: dict[int, asyncio.Task[None]] = {}
+
+    def port_for(self, node_id: int) -> int:
+        """The proxy port that stands for ``node_id``."""
+        return self.node_ports.get(node_id, self.broker_port_start + node_id)
+
+    def upstream_for(self, node_id: int) -> tuple[str, int] | None:
+        """The real broker address of ``node_id``, once seen in metadata."""
+        return self._upstream.get(node_id)
+
+    @property
+    def known_nodes(self) -> dict[int, tuple[str, int]]:
+        """Every node seen so far and its real address."""
+        return dict(self._upstream)
+
+    def seen(self, node_id: int, host: str, port: int) -> tuple[str, int]:
+        """Record a node's real address; return the address to advertise instead."""
+        previous = self._upstream.get(node_id)
+        if previous != (host, port):
+            self._upstream[node_id] = (host, port)
+            if previous is not None:
+                log.info("node %d moved from %s:%d to %s:%d", node_id, *previous, host, port)
+        if node_id not in self._opening:
+            proxy_port = self.port_for(node_id)
+            log.info("node %d (%s:%d) gets listener port %d", node_id, host, port, proxy_port)
+            self._opening[node_id] = asyncio.ensure_future(
+                self._open_listener(node_id, proxy_port)
+            )
+        return self.advertised_host, self.port_for(node_id)
+
+    async def settle(self) -> None:
+        """Wait until every listener announced so far is open (or failed to open)."""
+        pending = [t for t in self._opening.values() if not t.done()]
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    @property
+    def unsettled(self) -> bool:
+        """Whether a listener is still being opened."""
+        return any(not t.done() for t in self._opening.values())

@@ -1,0 +1,467 @@
+"""The produce pipeline: decode, intercept, re-encode, forward, merge the answer.
+
+For each topic-partition of a ProduceRequest the proxy decodes the record
+batches and hands each batch to the configured interceptor. A batch returned
+unchanged is forwarded as its original bytes; a transformed one (same record
+count, enforced) is re-encoded with the original codec and every producer
+field kept. Rejection is per topic-partition, as a broker would do it: the
+partitions that pass are forwarded, and the broker's answer is merged with the
+rejections into one response (with ``error_message`` and ``record_errors`` on
+v8+). A request with nothing left to forward is answered by the proxy; acks=0
+requests get no answer either way.
+
+Fail closed: a partition whose data cannot be decoded (old message format,
+corrupt batch, unknown codec) is rejected, never forwarded unchecked. A plugin
+that raises, breaks the record-count rule or misses its deadline rejects only
+that partition; the connection stays open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import socket
+import time
+import typing
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from interceptors.api import (
+    AcknowledgedBatch,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from protocol.errors import CorruptBatch, ProtocolError, UnsupportedCompression, UnsupportedMagic
+from protocol.framing import RequestHeader, encode_response_header, parse_response_header
+from protocol.legacy_produce import (
+    legacy_produce_acks_and_partitions,
+    legacy_produce_error_response,
+)
+from protocol.messages import ApiKey, parse_request, parse_response, response_type, serialize
+from protocol.records import DEFAULT_MAX_DECOMPRESSED_SIZE, decode_batches, encode_batch
+from proxy.addresses import rewrite_message
+from proxy.outcome import Answer, Forward, RequestOutcome
+
+if TYPE_CHECKING:
+    from proxy.connection import ClientConnection
+
+log = logging.getLogger("kiproxy.produce")
+
+__all__ = ["ProducePipeline", "ProduceStats"]
+
+CORRUPT_MESSAGE = 2
+REQUEST_TIMED_OUT = 7
+UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
+UNSUPPORTED_COMPRESSION_TYPE = 76
+INVALID_RECORD = 87
+UNKNOWN_TOPIC_ID = 100
+
+
+@dataclass(slots=True)
+class ProduceStats:
+    """Counters of what the pipeline did, since start."""
+
+    requests: int = 0
+    batches: int = 0
+    records: int = 0
+    transformed_batches: int = 0
+    rejected_partitions: int = 0
+    plugin_errors: int = 0
+    plugin_timeouts: int = 0
+    undecodable_partitions: int = 0
+
+
+@dataclass(slots=True)
+class _Rejection:
+    topic: Any  # name (str) or topic id (UUID), as the request named it
+    partition: int
+    error_code: int
+    message: str
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+
+
+@dataclass(slots=True)
+class _Acked:
+    topic_key: Any
+    partition: int
+    batches: list[AcknowledgedBatch]
+
+
+def _read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
+    """acks of a Produce v3+ request without parsing the rest of it."""
+    pos = body_offset
+    if flexible:
+        n, shift = 0, 0
+        while True:
+            b = frame[pos]
+            pos += 1
+            n |= (b & 0x7F) << shift
+            if not b & 0x80:
+                break
+            shift += 7
+        pos += max(n - 1, 0)
+    else:
+        size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+        pos += 2 + max(size, 0)
+    if pos + 2 > len(frame):
+        raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
+    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
+@cache
+def _response_classes(version: int) -> tuple[Any, Any, Any, Any]:
+    response_cls = response_type(ApiKey.PRODUCE, version)
+    hints = typing.get_type_hints(response_cls)
+    topic_cls = typing.get_args(hints["responses"])[0]
+    partition_cls = typing.get_args(typing.get_type_hints(topic_cls)["partition_responses"])[0]
+    record_error_cls = None
+    partition_hints = typing.get_type_hints(partition_cls)
+    if "record_errors" in partition_hints:
+        record_error_cls = typing.get_args(partition_hints["record_errors"])[0]
+    return response_cls, topic_cls, partition_cls, record_error_cls
+
+
+def _error_code_value(code: int) -> Any:
+    from kio.schema.errors import ErrorCode
+
+    try:
+        return ErrorCode(code)
+    except ValueError:
+        return ErrorCode(INVALID_RECORD)
+
+
+def _partition_response(version: int, rejection: _Rejection) -> Any:
+    _, _, partition_cls, record_error_cls = _response_classes(version)
+    fields = {f.name for f in dataclasses.fields(partition_cls)}
+    kwargs: dict[str, Any] = {
+        "index": rejection.partition,
+        "error_code": _error_code_value(rejection.error_code),
+        "base_offset": -1,
+    }
+    if "record_errors" in fields:
+        kwargs["record_errors"] = tuple(
+            record_error_cls(batch_index=i, batch_index_error_message=m)
+            for i, m in rejection.record_errors
+        )
+    if "error_message" in fields:
+        kwargs["error_message"] = rejection.message
+    return partition_cls(**kwargs)
+
+
+def _merge_rejections(version: int, response: Any, rejections: list[_Rejection]) -> Any:
+    _, topic_cls, _, _ = _response_classes(version)
+    key_field = "topic_id" if version >= 13 else "name"
+    topics = list(response.responses)
+    index = {getattr(t, key_field): i for i, t in enumerate(topics)}
+    for rejection in rejections:
+        part = _partition_response(version, rejection)
+        i = index.get(rejection.topic)
+        if i is None:
+            index[rejection.topic] = len(topics)
+            topics.append(topic_cls(**{key_field: rejection.topic, "partition_responses": (part,)}))
+        else:
+            topics[i] = dataclasses.replace(
+                topics[i], partition_responses=(*topics[i].partition_responses, part)
+            )
+    return dataclasses.replace(response, responses=tuple(topics))
+
+
+def _rejection_only_response(version: int, rejections: list[_Rejection]) -> bytes:
+    response_cls, _, _, _ = _response_classes(version)
+    empty = response_cls(responses=())
+    return serialize(_merge_rejections(version, empty, rejections))
+
+
+class ProducePipeline:
+    """Runs every produce request through the configured interceptor."""
+
+    def __init__(
+        self,
+        interceptor: Any | None,
+        *,
+        name: str = "",
+        timeout_ms: int = 5000,
+        max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+        proxy_host: str | None = None,
+    ) -> None:
+        self.interceptor = interceptor
+        self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
+        self.timeout = timeout_ms / 1000
+        self.max_decompressed_size = max_decompressed_size
+        self.proxy_host = proxy_host or socket.gethostname()
+        self.topic_names: dict[uuid.UUID, str] = {}
+        """Topic id -> name, learned from Metadata responses (for Produce v13)."""
+        self.stats = ProduceStats()
+        hook = getattr(interceptor, "on_acknowledgement", None)
+        base_hook = ProduceRequestInterceptor.on_acknowledgement
+        self._ack_hook: Callable[[AcknowledgedBatch, int, int | None], None] | None = (
+            hook if callable(hook) and getattr(type(interceptor), "on_acknowledgement", None)
+            is not base_hook else None
+        )
+
+    def learn_topic_ids(self, metadata: Any) -> None:
+        """Record topic ids named by a Metadata response."""
+        for topic in getattr(metadata, "topics", ()):
+            topic_id = getattr(topic, "topic_id", None)
+            if topic_id is not None and topic.name and topic_id.int != 0:
+                self.topic_names[topic_id] = topic.name
+
+    async def close(self) -> None:
+        """Run the interceptor's ``close()``."""
+        close = getattr(self.interceptor, "close", None)
+        if close is not None:
+            try:
+                result = close()
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("interceptor %s: close() failed", self.name)
+
+    # ------------------------------------------------------------------ request
+
+    async def handle(
+        self,
+        conn: ClientConnection,
+        header: RequestHeader,
+        frame: bytes,
+        rewriter: Callable[[bytes], bytes] | None,
+    ) -> RequestOutcome:
+        """Decide what reaches the broker and what the client is answered."""
+        self.stats.requests += 1
+        version = header.api_version
+        assert header.body_offset is not None or version < 3
+        if version < 3:
+            return self._refuse_legacy(conn, header, frame)
+        assert header.body_offset is not None
+        if self.interceptor is None:
+            acks = _read_acks(frame, header.body_offset, header.header_version == 2)
+            return Forward(frame, expect_response=acks != 0, on_response=rewriter)
+
+        request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
+        received_at_ms = int(time.time() * 1000)
+        rejections: list[_Rejection] = []
+        acked: list[_Acked] = []
+        changed = False
+        topics_out = []
+        for topic in request.topic_data:
+            topic_key = topic.topic_id if version >= 13 else topic.name
+            topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
+            parts_out = []
+            for part in topic.partition_data:
+                if topic_name is None:
+                    rejections.append(_Rejection(
+                        topic_key, part.index, UNKNOWN_TOPIC_ID,
+                        f"topic id {topic_key} is unknown to the proxy; refresh metadata"))
+                    continue
+                outcome = await self._partition(
+                    conn, request, version, topic_name, topic_key, part, received_at_ms
+                )
+                if isinstance(outcome, _Rejection):
+                    rejections.append(outcome)
+                    self.stats.rejected_partitions += 1
+                    continue
+                records, part_changed, batches = outcome
+                acked.append(_Acked(topic_key, part.index, batches))
+                if part_changed:
+                    changed = True
+                    part = dataclasses.replace(part, records=records)
+                parts_out.append(part)
+            if len(parts_out) != len(topic.partition_data) or changed:
+                if parts_out:
+                    topics_out.append(dataclasses.replace(topic, partition_data=tuple(parts_out)))
+            else:
+                topics_out.append(topic)
+
+        acks = request.acks
+        if rejections:
+            for r in rejections:
+                log.info("rejected %s[%d] from %s (client_id %r): error %d: %s",
+                         self.topic_names.get(r.topic, r.topic), r.partition,
+                         conn.client_address, conn.client_id, r.error_code, r.message)
+        if not topics_out:
+            if acks == 0:
+                return Answer(None)
+            response_header = encode_response_header(header.correlation_id,
+                                                      1 if header.header_version == 2 else 0)
+            return Answer(response_header + _rejection_only_response(version, rejections))
+
+        if changed or rejections:
+            new_request = dataclasses.replace(request, topic_data=tuple(topics_out))
+            frame = frame[: header.body_offset] + serialize(new_request)
+        if acks == 0:
+            return Forward(frame, expect_response=False)
+        if not rejections and self._ack_hook is None:
+            return Forward(frame, on_response=rewriter)
+        return Forward(frame, on_response=self._response_merger(
+            version, header.header_version == 2, rejections, acked))
+
+    def _refuse_legacy(
+        self, conn: ClientConnection, header: RequestHeader, frame: bytes
+    ) -> RequestOutcome:
+        acks, topics = legacy_produce_acks_and_partitions(frame, header.body_offset or 0)
+        log.warning("refused Produce v%d (old message format) from %s (client_id %r): "
+                    "upgrade the client to magic-2 record batches (Produce v3+)",
+                    header.api_version, conn.client_address, conn.client_id)
+        self.stats.undecodable_partitions += sum(len(p) for _, p in topics)
+        if acks == 0:
+            return Answer(None)
+        body = legacy_produce_error_response(header.api_version, topics,
+                                             UNSUPPORTED_FOR_MESSAGE_FORMAT)
+        return Answer(encode_response_header(header.correlation_id, 0) + body)
+
+    async def _partition(
+        self,
+        conn: ClientConnection,
+        request: Any,
+        version: int,
+        topic: str,
+        topic_key: Any,
+        part: Any,
+        received_at_ms: int,
+    ) -> _Rejection | tuple[bytes, bool, list[AcknowledgedBatch]]:
+        data = part.records
+        if not data:
+            return data, False, []
+        try:
+            batches = decode_batches(data, max_decompressed_size=self.max_decompressed_size)
+        except UnsupportedMagic as exc:
+            self.stats.undecodable_partitions += 1
+            return _Rejection(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc))
+        except UnsupportedCompression as exc:
+            self.stats.undecodable_partitions += 1
+            return _Rejection(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc))
+        except CorruptBatch as exc:
+            self.stats.undecodable_partitions += 1
+            return _Rejection(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}")
+
+        out: list[bytes] = []
+        acked: list[AcknowledgedBatch] = []
+        changed = False
+        record_offset = 0
+        for decoded in batches:
+            h = decoded.header
+            self.stats.batches += 1
+            self.stats.records += len(decoded.records)
+            if h.is_control:
+                out.append(decoded.raw)
+                continue
+            view = RecordBatch(
+                topic=topic, partition=part.index, records=decoded.records,
+                producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+                base_sequence=h.base_sequence, transactional=h.is_transactional,
+                compression=h.compression.name.lower(),
+            )
+            ctx = InterceptContext(
+                client_id=conn.client_id, client_address=conn.client_address,
+                principal=conn.principal, api_version=version, acks=request.acks,
+                transactional_id=request.transactional_id,
+                deadline=time.monotonic() + self.timeout, received_at_ms=received_at_ms,
+                proxy_host=self.proxy_host,
+            )
+            result = await self._intercept(view, ctx, topic, part.index, record_offset)
+            if isinstance(result, _Rejection):
+                result.topic = topic_key
+                return result
+            if result.records is view.records or result.records == view.records:
+                out.append(decoded.raw)
+                transformed = False
+            else:
+                out.append(encode_batch(h, result.records, renumber=True))
+                changed = transformed = True
+                self.stats.transformed_batches += 1
+            acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
+                                           record_count=len(decoded.records),
+                                           transformed=transformed))
+            record_offset += len(decoded.records)
+        if not changed:
+            return data, False, acked
+        return b"".join(out), True, acked
+
+    async def _intercept(
+        self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,
+        record_offset: int,
+    ) -> RecordBatch | _Rejection:
+        where = f"{topic}[{partition}]"
+        try:
+            result = self.interceptor.intercept(view, ctx)  # type: ignore[union-attr]
+            if inspect.isawaitable(result):
+                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
+            elif time.monotonic() > ctx.deadline:
+                raise TimeoutError
+        except RejectBatch as exc:
+            return _Rejection(topic, partition, exc.error_code, exc.message, tuple(
+                (record_offset + i, m) for i, m in exc.record_errors))
+        except TimeoutError:
+            self.stats.plugin_timeouts += 1
+            log.warning("interceptor %s missed its %.0f ms deadline on %s",
+                        self.name, self.timeout * 1000, where)
+            return _Rejection(topic, partition, REQUEST_TIMED_OUT,
+                              f"interceptor {self.name} did not finish within "
+                              f"{self.timeout * 1000:.0f} ms")
+        except Exception as exc:
+            self.stats.plugin_errors += 1
+            log.exception("interceptor %s failed on %s", self.name, where)
+            return _Rejection(topic, partition, INVALID_RECORD,
+                              f"interceptor {self.name} failed: {type(exc).__name__}: {exc}")
+        if not isinstance(result, RecordBatch):
+            self.stats.plugin_errors += 1
+            return _Rejection(topic, partition, INVALID_RECORD,
+                              f"interceptor {self.name} returned {type(result).__name__}, "
+                              "not a RecordBatch")
+        if len(result.records) != len(view.records):
+            self.stats.plugin_errors += 1
+            log.error("interceptor %s broke the record-count rule on %s: %d records in, %d out",
+                      self.name, where, len(view.records), len(result.records))
+            return _Rejection(topic, partition, INVALID_RECORD,
+                              f"interceptor {self.name} broke the record-count rule: returned "
+                              f"{len(result.records)} records for a batch of {len(view.records)}")
+        return result
+
+    # ------------------------------------------------------------------ response
+
+    def _response_merger(
+        self, version: int, flexible: bool, rejections: list[_Rejection], acked: list[_Acked]
+    ) -> Callable[[bytes], bytes]:
+        nodes_seen = None
+
+        def merge(frame: bytes) -> bytes:
+            _, body_offset = parse_response_header(frame, 1 if flexible else 0)
+            response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
+            if self._ack_hook is not None:
+                self._acknowledge(version, response, acked)
+            if rejections:
+                response = _merge_rejections(version, response, rejections)
+            if version >= 10 and nodes_seen is not None:
+                response = rewrite_message(ApiKey.PRODUCE, response, nodes_seen)
+            return frame[:body_offset] + serialize(response)
+
+        nodes_seen = self.nodes_seen
+        return merge
+
+    nodes_seen: Callable[[int, str, int], tuple[str, int]] | None = None
+    """Set by the server: rewrites node_endpoints in merged v10+ responses."""
+
+    def _acknowledge(self, version: int, response: Any, acked: list[_Acked]) -> None:
+        key_field = "topic_id" if version >= 13 else "name"
+        results = {}
+        for topic in response.responses:
+            for p in topic.partition_responses:
+                results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
+                                                                 int(p.error_code))
+        assert self._ack_hook is not None
+        for entry in acked:
+            base_offset, code = results.get((entry.topic_key, entry.partition), (-1, -1))
+            for batch in entry.batches:
+                try:
+                    self._ack_hook(batch, base_offset, code or None)
+                except Exception:
+                    log.exception("interceptor %s: on_acknowledgement failed", self.name)
+                if base_offset >= 0:
+                    base_offset += batch.record_count

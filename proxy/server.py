@@ -1,0 +1,173 @@
+"""The proxy server: the bootstrap listener, one listener per broker node, and routing.
+
+Every request is routed by API key: Produce goes through the produce pipeline
+(:mod:`proxy.produce`); ApiVersions answers are cut to what the proxy can
+carry; responses that name broker addresses are rewritten; everything else is
+forwarded as opaque bytes without being decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from functools import partial
+
+from protocol.framing import RequestHeader
+from protocol.messages import ApiKey
+from proxy.addresses import needs_rewrite, rewrite_response_frame
+from proxy.api_versions import (
+    cut_api_versions_frame,
+    known_version_range,
+    unsupported_api_versions_response,
+)
+from proxy.config import ProxyConfig
+from proxy.connection import ClientConnection
+from proxy.nodes import NodeRegistry
+from proxy.outcome import Answer, Forward, RequestOutcome
+from proxy.produce import ProducePipeline
+
+log = logging.getLogger("kiproxy")
+
+__all__ = ["ProxyServer"]
+
+
+class ProxyServer:
+    """A running kiproxy: listeners, connections and the produce pipeline."""
+
+    def __init__(self, config: ProxyConfig, produce: ProducePipeline | None = None) -> None:
+        self.config = config
+        host, port = config.listen_address
+        self.listen_host = host
+        self._listen_port = port
+        self.produce = produce or ProducePipeline(None)
+        self.nodes = NodeRegistry(
+            advertised_host=config.advertised_host or host,
+            broker_port_start=config.broker_port_start
+            if config.broker_port_start is not None else port + 1,
+            node_ports=config.node_ports,
+            open_listener=self._open_node_listener,
+        )
+        self.produce.nodes_seen = self.nodes.seen
+        self._servers: dict[int | None, asyncio.Server] = {}
+        self.connections: set[ClientConnection] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.started_at = 0.0
+
+    # ------------------------------------------------------------------ listeners
+
+    async def start(self) -> None:
+        """Open the bootstrap listener."""
+        server = await asyncio.start_server(
+            partial(self._accept, node_id=None), self.listen_host, self._listen_port,
+            reuse_address=True,
+        )
+        self._servers[None] = server
+        self._listen_port = server.sockets[0].getsockname()[1]
+        if self.config.broker_port_start is None and self.config.listen_address[1] == 0:
+            self.nodes.broker_port_start = self._listen_port + 1
+        self.started_at = time.time()
+        log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
+                 ", ".join(self.config.upstream))
+
+    @property
+    def bootstrap_address(self) -> str:
+        """``host:port`` clients should use as ``bootstrap.servers``."""
+        return f"{self.nodes.advertised_host}:{self._listen_port}"
+
+    async def _open_node_listener(self, node_id: int, port: int) -> None:
+        try:
+            server = await asyncio.start_server(
+                partial(self._accept, node_id=node_id), self.listen_host, port,
+                reuse_address=True,
+            )
+        except OSError as exc:
+            log.error("cannot open listener port %d for node %d: %s (set node_ports or "
+                      "broker_port_start to free ports)", port, node_id, exc)
+            raise
+        self._servers[node_id] = server
+
+    @property
+    def listener_ports(self) -> dict[int | None, int]:
+        """Open listeners: node id (``None`` for bootstrap) -> port."""
+        return {k: s.sockets[0].getsockname()[1] for k, s in self._servers.items() if s.sockets}
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                      node_id: int | None) -> None:
+        conn = ClientConnection(self, reader, writer, node_id)
+        self.connections.add(conn)
+        try:
+            await conn.run()
+        except asyncio.CancelledError:
+            pass
+        except Exception:
+            log.exception("connection from %s failed", conn.client_address)
+        finally:
+            self.connections.discard(conn)
+            await conn.close()
+
+    # ------------------------------------------------------------------ upstream
+
+    def bootstrap_upstreams(self) -> list[tuple[str, int] | None]:
+        """Upstream bootstrap servers, then every node seen, in the order to try them."""
+        out: list[tuple[str, int] | None] = list(self.config.upstream_addresses)
+        out.extend(a for a in self.nodes.known_nodes.values() if a not in out)
+        return out
+
+    def upstream_for_node(self, node_id: int) -> tuple[str, int] | None:
+        """The real address of a broker node."""
+        return self.nodes.upstream_for(node_id)
+
+    async def open_upstream(
+        self, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """Open a connection to a broker."""
+        return await asyncio.open_connection(host, port, limit=2**20)
+
+    # ------------------------------------------------------------------ routing
+
+    def _rewriter(self, header: RequestHeader) -> Callable[[bytes], bytes] | None:
+        if header.api_key == ApiKey.API_VERSIONS:
+            return partial(cut_api_versions_frame, header.api_version)
+        if needs_rewrite(header.api_key, header.api_version):
+            observe = self.produce.learn_topic_ids if header.api_key == ApiKey.METADATA else None
+            return partial(rewrite_response_frame, header.api_key, header.api_version,
+                           seen=self.nodes.seen, observe=observe)
+        return None
+
+    async def handle_request(
+        self, conn: ClientConnection, header: RequestHeader, frame: bytes
+    ) -> RequestOutcome:
+        """Decide what to do with one client request."""
+        if header.api_key == ApiKey.PRODUCE:
+            return await self.produce.handle(conn, header, frame, self._rewriter(header))
+        if header.api_key == ApiKey.API_VERSIONS:
+            known = known_version_range(ApiKey.API_VERSIONS)
+            if known is not None and header.api_version > known[1]:
+                return Answer(unsupported_api_versions_response(header.correlation_id))
+        return Forward(frame, on_response=self._rewriter(header))
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def stop(self, grace: float | None = None) -> None:
+        """Stop accepting, let owed responses go out for ``grace`` seconds, then close all."""
+        if grace is None:
+            grace = self.config.shutdown_grace_ms / 1000
+        for server in self._servers.values():
+            server.close()
+        for conn in list(self.connections):
+            await conn.drain()
+        deadline = time.monotonic() + grace
+        while any(not c.idle for c in self.connections) and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        for conn in list(self.connections):
+            await conn.close()
+        for server in self._servers.values():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(server.wait_closed(), 1)
+        await self.produce.close()
+        log.info("kiproxy stopped")
+
+
