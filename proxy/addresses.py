@@ -110,6 +110,6 @@ def rewrite_response_frame(
     if observe is not None:
         observe(message)
     rewritten = rewrite_message(api_key, message, seen)
-    if rewritten == message:
+    if rewritten is message or rewritten == message:
         return frame
     return frame[:body_offset] + serialize(rewritten)
