@@ -14,19 +14,21 @@ import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from interceptors.api import ProduceRequestInterceptor
+from interceptors.observer import Observer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginLoadError",
     "current_plugins_dir",
     "load_interceptor",
+    "load_observer",
     "resolve_class",
 ]
 
@@ -88,8 +90,16 @@ def _import_failed(what: str, exc: BaseException) -> PluginLoadError:
     return PluginLoadError(f"importing interceptor module {what} failed: {detail}")
 
 
-def resolve_class(spec: str, plugins_dir: str | Path | None = None) -> type[Any]:
-    """Find the class named by ``spec`` (``MODULE:CLASS`` or an entry-point name)."""
+def resolve_class(
+    spec: str,
+    plugins_dir: str | Path | None = None,
+    check: Callable[[str, Any], type[Any]] | None = None,
+) -> type[Any]:
+    """Find the class named by ``spec`` (``MODULE:CLASS`` or an entry-point name).
+
+    ``check`` validates the class found (default: it implements the interceptor API).
+    """
+    _check_class = check or _check_interceptor_class
     places = []
     if ":" not in spec:
         try:
@@ -146,7 +156,7 @@ def resolve_class(spec: str, plugins_dir: str | Path | None = None) -> type[Any]
     return _check_class(spec, obj)
 
 
-def _check_class(spec: str, obj: Any) -> type[Any]:
+def _check_interceptor_class(spec: str, obj: Any) -> type[Any]:
     if not inspect.isclass(obj):
         raise PluginLoadError(f"{spec} is a {type(obj).__name__}, not a class")
     if issubclass(obj, ProduceRequestInterceptor):
@@ -162,6 +172,42 @@ def _check_class(spec: str, obj: Any) -> type[Any]:
             "ProduceRequestInterceptor subclass and has no intercept(batch, ctx) method"
         )
     return obj
+
+
+def _check_observer_class(spec: str, obj: Any) -> type[Any]:
+    if not inspect.isclass(obj):
+        raise PluginLoadError(f"{spec} is a {type(obj).__name__}, not a class")
+    if issubclass(obj, Observer) or callable(getattr(obj, "on_response", None)) or \
+            callable(getattr(obj, "on_request", None)):
+        return obj
+    raise PluginLoadError(
+        f"{spec} does not implement the observer API: it is not an Observer subclass and "
+        "has neither on_request(info) nor on_response(info)"
+    )
+
+
+def load_observer(
+    spec: str, plugins_dir: str | Path | None = None, config: Mapping[str, Any] | None = None
+) -> Any:
+    """Resolve, instantiate and configure the observer named by ``spec``."""
+    cls = resolve_class(spec, plugins_dir, _check_observer_class)
+    return _instantiate(spec, cls, config)
+
+
+def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) -> Any:
+    try:
+        instance = cls()
+    except Exception as exc:
+        raise PluginLoadError(f"creating {spec} failed: {type(exc).__name__}: {exc}") from exc
+    configure = getattr(instance, "configure", None)
+    if configure is not None:
+        try:
+            configure(dict(config or {}))
+        except Exception as exc:
+            raise PluginLoadError(
+                f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
+            ) from exc
+    return instance
 
 
 def load_interceptor(

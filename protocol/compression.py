@@ -82,10 +82,18 @@ def compress(codec: Compression, data: bytes) -> bytes:
     if codec is Compression.SNAPPY:
         return _snappy_compress_xerial(data)
     if codec is Compression.LZ4:
-        return bytes(cramjam.lz4.compress(data))
+        return _lz4_compress_frame(data)
     if codec is Compression.ZSTD:
         return bytes(cramjam.zstd.compress(data))
     return data
+
+
+def _lz4_compress_frame(data: bytes) -> bytes:
+    # An LZ4 frame with independent blocks and no content checksum: the Java
+    # client (KIP-57) cannot read linked blocks, cramjam's one-shot default.
+    compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+    compressor.compress(data)
+    return bytes(compressor.finish())
 
 
 def _snappy_decompress(data: bytes, limit: int) -> bytes:

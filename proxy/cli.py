@@ -10,8 +10,12 @@ import signal
 import sys
 from typing import Any
 
-from interceptors.loader import PluginLoadError, load_interceptor
+from interceptors.builtin.audit import AuditLog, KafkaAuditSink
+from interceptors.loader import PluginLoadError, load_interceptor, load_observer
 from proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
+from proxy.logs import setup_logging
+from proxy.metrics import Metrics
+from proxy.observe import ObserverHub
 from proxy.produce import ProducePipeline
 from proxy.server import ProxyServer
 
@@ -45,8 +49,16 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="largest request frame accepted (default 104857600)")
     p.add_argument("--max-in-flight", metavar="N", type=int,
                    help="responses owed to one client before reads pause (default 100)")
+    p.add_argument("--audit-log", metavar="PATH",
+                   help="write a JSON Lines audit event per produced topic-partition to PATH")
+    p.add_argument("--audit-requests", action="store_true", default=None,
+                   help="also audit requests of other APIs (one event each)")
+    p.add_argument("--metrics-listen", metavar="HOST:PORT",
+                   help="serve /metrics, /healthz and /readyz on HOST:PORT")
     p.add_argument("--log-level", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
+    p.add_argument("--log-format", metavar="FORMAT", choices=("text", "json"),
+                   help="text (key=value pairs, default) or json")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,7 +105,33 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_frame_size": args.max_frame_size,
         "max_in_flight": args.max_in_flight,
         "log_level": args.log_level,
+        "log_format": args.log_format,
+        "audit.path": args.audit_log,
+        "audit.requests": args.audit_requests,
+        "metrics_listen": args.metrics_listen,
     }
+
+
+def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
+    """Load the audit log and the configured observers."""
+    observers: list[tuple[str, Any]] = []
+    audit = config.audit
+    if audit.path is not None:
+        log_ = AuditLog()
+        try:
+            log_.configure(audit.model_dump())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
+        observers.append(("audit", log_))
+    if audit.topic is not None:
+        sink = KafkaAuditSink()
+        sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
+                        "requests": audit.requests})
+        observers.append(("audit-kafka", sink))
+    for item in config.observers:
+        observers.append((item.class_name,
+                          load_observer(item.class_name, config.plugins_dir, item.config)))
+    return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
 
 
 def build_pipeline(config: ProxyConfig) -> ProducePipeline:
@@ -108,15 +146,21 @@ def build_pipeline(config: ProxyConfig) -> ProducePipeline:
 
 async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
     """Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
-    server = ProxyServer(config, build_pipeline(config))
-    await server.start()
-    if on_ready is not None:
-        on_ready(server)
+    metrics = Metrics() if config.metrics_listen is not None else None
+    pipeline = build_pipeline(config)
+    server = ProxyServer(config, pipeline, observers=build_observers(config, metrics),
+                         metrics=metrics)
+    # Signal handlers go in before the server announces itself, so a supervisor
+    # that stops the proxy right after reading the bootstrap line gets a clean
+    # shutdown rather than a KeyboardInterrupt traceback.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    await server.start()
+    if on_ready is not None:
+        on_ready(server)
     await stop.wait()
     log.info("shutting down: letting in-flight requests finish (grace %d ms)",
              config.shutdown_grace_ms)
@@ -143,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"kiproxy: config error: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=config.log_level,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(config.log_level, config.log_format)
     try:
         if args.command == "dev":
             return _dev(config)
@@ -154,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         _run(serve(config, on_ready=_print_ready))
     except PluginLoadError as exc:
-        print(f"kiproxy: interceptor error: {exc}", file=sys.stderr)
+        print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
+        return 2
+    except ConfigError as exc:
+        print(f"kiproxy: config error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
@@ -163,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_ready(server: ProxyServer) -> None:
+    if server.metrics_address is not None:
+        print(f"kiproxy: metrics on http://{server.metrics_address}/metrics", flush=True)
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
 
 

@@ -16,7 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
-__all__ = ["ConfigError", "InterceptorSettings", "ProxyConfig", "load_config", "parse_host_port"]
+__all__ = [
+    "AuditSettings",
+    "ConfigError",
+    "InterceptorSettings",
+    "ObserverSettings",
+    "ProxyConfig",
+    "load_config",
+    "parse_host_port",
+]
 
 
 class ConfigError(Exception):
@@ -53,6 +61,41 @@ class InterceptorSettings(_Strict):
         return value
 
 
+class AuditSettings(_Strict):
+    """The built-in audit log (JSON Lines); off unless ``path`` or ``topic`` is set."""
+
+    path: str | None = None
+    """File the events are appended to; rotated files are ``PATH.<time>.<n>``."""
+    max_bytes: int = Field(default=100 * 2**20, ge=0)
+    """Rotate when the file would grow past this size (0: never)."""
+    rotate_interval_s: float = Field(default=3600, ge=0)
+    """Rotate when the file is this old (0: never)."""
+    backups: int = Field(default=24, ge=0)
+    """Rotated files kept; older ones are deleted (0: keep all)."""
+    requests: bool = False
+    """Also write one event per request of APIs other than Produce."""
+    flush_interval_ms: int = Field(default=200, gt=0)
+    """Longest time an event waits in the write buffer."""
+    topic: str | None = None
+    """Also send every event to this topic of the upstream cluster."""
+
+
+class ObserverSettings(_Strict):
+    """One observer plugin."""
+
+    class_name: str = Field(alias="class")
+    """``MODULE:CLASS``, resolved like the interceptor."""
+    config: dict[str, Any] = Field(default_factory=dict)
+    """Passed to the observer's ``configure()``."""
+
+    @field_validator("class_name")
+    @classmethod
+    def _module_colon_class(cls, value: str) -> str:
+        if value.count(":") != 1:
+            raise ValueError(f"{value!r} must be MODULE:CLASS")
+        return value
+
+
 class ProxyConfig(_Strict):
     """Every setting of ``kiproxy run``; see the README's configuration reference."""
 
@@ -69,7 +112,16 @@ class ProxyConfig(_Strict):
     plugins_dir: str | None = None
     """Directory searched first for interceptor modules."""
     interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
+    observers: list[ObserverSettings] = Field(default_factory=list)
+    """Observer plugins; each sees every request and response on a thread of its own."""
+    observer_queue_size: int = Field(default=100_000, gt=0)
+    """Events buffered per observer; beyond it events are dropped and counted."""
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+    metrics_listen: str | None = None
+    """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
     log_level: str = "INFO"
+    log_format: str = "text"
+    """``text`` (key=value pairs) or ``json`` (one JSON object per line)."""
     max_frame_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
     """Largest request frame accepted from a client, in bytes."""
     max_response_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE * 2, gt=0)
@@ -85,6 +137,20 @@ class ProxyConfig(_Strict):
     def _listen(cls, value: str) -> str:
         parse_host_port(value, "listen")
         return value
+
+    @field_validator("metrics_listen")
+    @classmethod
+    def _metrics_listen(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_host_port(value, "metrics_listen")
+        return value
+
+    @field_validator("log_format")
+    @classmethod
+    def _log_format(cls, value: str) -> str:
+        if value.lower() not in {"text", "json"}:
+            raise ValueError(f"{value!r} is not text or json")
+        return value.lower()
 
     @field_validator("upstream")
     @classmethod
@@ -104,6 +170,12 @@ class ProxyConfig(_Strict):
     def listen_address(self) -> tuple[str, int]:
         """The bootstrap listener's ``(host, port)``."""
         return parse_host_port(self.listen)
+
+    @property
+    def metrics_listen_address(self) -> tuple[str, int]:
+        """The metrics endpoint's ``(host, port)``."""
+        assert self.metrics_listen is not None
+        return parse_host_port(self.metrics_listen)
 
     @property
     def upstream_addresses(self) -> list[tuple[str, int]]:

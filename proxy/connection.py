@@ -23,13 +23,16 @@ import asyncio
 import contextlib
 import logging
 import struct
+import time
 from collections import deque
 from typing import TYPE_CHECKING
 
+from interceptors.observer import RequestInfo, ResponseInfo
 from protocol.errors import ProtocolError
 from protocol.framing import FrameDecoder, RequestHeader, parse_request_header
 from protocol.messages import api_name
-from proxy.outcome import Answer, Forward
+from proxy.outcome import Answer, Forward, ProduceDraft
+from proxy.sasl import SaslTracker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -47,11 +50,17 @@ _INT32 = struct.Struct(">i")
 class _Slot:
     """A place in the response order, filled when the response is known."""
 
-    __slots__ = ("done", "frame")
+    __slots__ = ("api", "done", "frame", "info", "produce", "proxy_answer", "t0")
 
-    def __init__(self) -> None:
+    def __init__(self, api: str = "", t0: float = 0.0, info: RequestInfo | None = None,
+                 produce: list[ProduceDraft] | None = None, proxy_answer: bool = False) -> None:
         self.frame: bytes | None = None
         self.done = False
+        self.api = api
+        self.t0 = t0
+        self.info = info
+        self.produce = produce
+        self.proxy_answer = proxy_answer
 
 
 class ClientConnection:
@@ -76,6 +85,7 @@ class ClientConnection:
         """The client id of the latest request."""
         self.principal: str | None = None
         """The authenticated principal, when the proxy knows it."""
+        self.sasl = SaslTracker()
         self._up_reader: asyncio.StreamReader | None = None
         self._up_writer: asyncio.StreamWriter | None = None
         self._slots: deque[_Slot] = deque()
@@ -96,8 +106,11 @@ class ClientConnection:
         try:
             await self._connect_upstream()
         except OSError as exc:
+            if self.server.metrics is not None:
+                self.server.metrics.upstream_errors.labels("connect").inc()
             log.warning("client %s: upstream %s unreachable (%s); closing the client",
-                        self.client_address, self._target_description(), exc)
+                        self.client_address, self._target_description(), exc,
+                        extra=self.log_context)
             await self._close_client()
             return
         self._up_task = asyncio.create_task(self._read_upstream())
@@ -189,48 +202,99 @@ class ClientConnection:
                     if self._closed:
                         return
             except ProtocolError as exc:
+                if self.server.metrics is not None:
+                    self.server.metrics.client_errors.inc()
                 log.warning("closing client %s (client_id %r): %s",
-                            self.client_address, self.client_id, exc)
+                            self.client_address, self.client_id, exc, extra=self.log_context)
                 return
 
     async def _handle_request(self, frame: bytes) -> None:
+        t0 = time.monotonic()
         header = parse_request_header(frame)
         if header.client_id is not None:
             self.client_id = header.client_id
-        while len(self._slots) >= self.server.config.max_in_flight and not self._closed:
+        server = self.server
+        metrics = server.metrics
+        api = ""
+        if metrics is not None:
+            api = api_name(header.api_key)
+            metrics.messages.labels("request", api).inc()
+            metrics.bytes.labels("request", api).inc(len(frame))
+        info: RequestInfo | None = None
+        hub = server.observers
+        if hub.active:
+            info = RequestInfo(
+                api_key=header.api_key, api_name=api or api_name(header.api_key),
+                api_version=header.api_version, correlation_id=header.correlation_id,
+                client_id=header.client_id, client_address=self.client_address,
+                principal=self.principal, size=len(frame),
+                received_at_ms=int(time.time() * 1000), node_id=self.node_id,
+            )
+            hub.request(info)
+        while len(self._slots) >= server.config.max_in_flight and not self._closed:
             self._room.clear()
             await self._room.wait()
-        outcome = await self.server.handle_request(self, header, frame)
+        outcome = await server.handle_request(self, header, frame)
         if self._closed:
             return
         if isinstance(outcome, Answer):
             if outcome.frame is not None:
-                slot = _Slot()
+                slot = _Slot(api, t0, info, outcome.produce, proxy_answer=True)
                 self._slots.append(slot)
                 self._complete(slot, outcome.frame)
                 await self._writer.drain()
+            elif info is not None or metrics is not None:
+                self._report(_Slot(api, t0, info, outcome.produce, proxy_answer=True), 0)
             return
-        self._forward(header, outcome)
+        self._forward(header, outcome, api, t0, info)
         assert self._up_writer is not None
         await self._up_writer.drain()
 
-    def _forward(self, header: RequestHeader, outcome: Forward) -> None:
+    def _forward(self, header: RequestHeader, outcome: Forward, api: str = "",
+                 t0: float = 0.0, info: RequestInfo | None = None) -> None:
         if outcome.expect_response:
-            slot = _Slot()
+            slot = _Slot(api, t0, info, outcome.produce)
             self._slots.append(slot)
             self._pending.append((header.correlation_id, slot, outcome.on_response))
         assert self._up_writer is not None
         self._up_writer.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
+        if not outcome.expect_response and (info is not None or self.server.metrics is not None):
+            self._report(_Slot(api, t0, info, outcome.produce), 0)
+
+    def _report(self, slot: _Slot, size: int) -> None:
+        """Count a response and tell the observers (``size`` 0: none was sent)."""
+        metrics = self.server.metrics
+        if metrics is not None:
+            if size:
+                metrics.messages.labels("response", slot.api).inc()
+                metrics.bytes.labels("response", slot.api).inc(size)
+            metrics.request_latency.labels(slot.api).observe(time.monotonic() - slot.t0)
+            if slot.produce:
+                for d in slot.produce:
+                    metrics.produce_batches.labels(d.topic, d.outcome).inc(d.batches)
+                    metrics.produce_records.labels(d.topic, d.outcome).inc(d.records)
+                    metrics.produce_bytes.labels(d.topic, d.outcome).inc(d.bytes)
+        if slot.info is not None:
+            self.server.observers.response(ResponseInfo(
+                request=slot.info, size=size,
+                latency_ms=(time.monotonic() - slot.t0) * 1000,
+                answered_by_proxy=slot.proxy_answer,
+                produce=tuple(d.freeze() for d in slot.produce or ()),
+            ))
 
     def _complete(self, slot: _Slot, frame: bytes) -> None:
         slot.frame = frame
         slot.done = True
         slots = self._slots
         writer = self._writer
+        observed = self.server.observed
         while slots and slots[0].done:
-            out = slots.popleft().frame
+            done = slots.popleft()
+            out = done.frame
             assert out is not None
             writer.writelines((_INT32.pack(len(out)), out))
+            if observed:
+                self._report(done, len(out))
         if len(slots) < self.server.config.max_in_flight:
             self._room.set()
 
@@ -257,11 +321,15 @@ class ClientConnection:
             reason = f"sent a response the proxy cannot carry: {exc}"
         except (ConnectionError, OSError) as exc:
             reason = f"connection failed: {exc}"
+        if not self._closed and self.server.metrics is not None and (
+                reason != "closed the connection" or self._slots):
+            self.server.metrics.upstream_errors.labels("broken").inc()
         if not self._closed:
             level = logging.INFO if reason == "closed the connection" and not self._slots \
                 else logging.WARNING
             log.log(level, "upstream %s %s; closing client %s (client_id %r)",
-                    self._upstream_name(), reason, self.client_address, self.client_id)
+                    self._upstream_name(), reason, self.client_address, self.client_id,
+                    extra=self.log_context)
             if self._read_task is not None:
                 self._read_task.cancel()
             await self.close()
@@ -285,6 +353,12 @@ class ClientConnection:
         if on_response is not None:
             frame = on_response(frame)
         return slot, frame
+
+    @property
+    def log_context(self) -> dict[str, object]:
+        """``extra=`` fields of connection-level log lines."""
+        return {"client_address": self.client_address, "client_id": self.client_id,
+                "principal": self.principal, "node_id": self.node_id}
 
     def describe(self, header: RequestHeader) -> str:
         """One-line description of a request, for logs."""

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["Answer", "Forward", "RequestOutcome"]
+from interceptors.observer import PartitionSummary
+
+__all__ = ["Answer", "Forward", "ProduceDraft", "RequestOutcome"]
 
 
 @dataclass(slots=True)
@@ -17,6 +19,8 @@ class Forward:
     """False for acks=0 produce requests: the broker sends nothing back."""
     on_response: Callable[[bytes], bytes] | None = None
     """Rewrites the broker's response frame before it goes to the client."""
+    produce: list[ProduceDraft] | None = None
+    """Per-partition summaries of a produce request, when observed."""
 
 
 @dataclass(slots=True)
@@ -25,6 +29,33 @@ class Answer:
 
     frame: bytes | None
     """The response frame (no length prefix), or ``None`` to send nothing (acks=0)."""
+    produce: list[ProduceDraft] | None = None
+    """Per-partition summaries of a produce request, when observed."""
 
 
 RequestOutcome = Forward | Answer
+
+
+@dataclass(slots=True)
+class ProduceDraft:
+    """What the proxy knows of one produced topic-partition, filled in as it goes."""
+
+    topic: str
+    partition: int
+    batches: int
+    records: int
+    bytes: int
+    outcome: str = "forwarded"
+    error_code: int = 0
+    error_message: str | None = None
+    base_offset: int = -1
+
+    def freeze(self) -> PartitionSummary:
+        """The observer-facing, immutable summary."""
+        return PartitionSummary(
+            topic=self.topic, partition=self.partition, batches=self.batches,
+            records=self.records, bytes=self.bytes,
+            outcome=self.outcome,  # type: ignore[arg-type]
+            error_code=self.error_code, error_message=self.error_message,
+            base_offset=self.base_offset,
+        )

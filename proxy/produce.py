@@ -45,12 +45,18 @@ from protocol.legacy_produce import (
     legacy_produce_error_response,
 )
 from protocol.messages import ApiKey, parse_request, parse_response, response_type, serialize
-from protocol.records import DEFAULT_MAX_DECOMPRESSED_SIZE, decode_batches, encode_batch
+from protocol.records import (
+    DEFAULT_MAX_DECOMPRESSED_SIZE,
+    decode_batches,
+    encode_batch,
+    read_batch_headers,
+)
 from proxy.addresses import rewrite_message
-from proxy.outcome import Answer, Forward, RequestOutcome
+from proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
 
 if TYPE_CHECKING:
     from proxy.connection import ClientConnection
+    from proxy.metrics import Metrics
 
 log = logging.getLogger("kiproxy.produce")
 
@@ -113,6 +119,17 @@ def _read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     if pos + 2 > len(frame):
         raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
+def _count(data: bytes | None) -> tuple[int, int]:
+    """(batches, records) of a partition's records bytes, from batch headers only."""
+    if not data:
+        return 0, 0
+    try:
+        headers = read_batch_headers(data)
+    except ProtocolError:
+        return 0, 0
+    return len(headers), sum(h.record_count for h in headers)
 
 
 @cache
@@ -199,6 +216,9 @@ class ProducePipeline:
         self.topic_names: dict[uuid.UUID, str] = {}
         """Topic id -> name, learned from Metadata responses (for Produce v13)."""
         self.stats = ProduceStats()
+        self.observed = False
+        """Set by the server when responses are observed or counted: summarise partitions."""
+        self.metrics: Metrics | None = None
         hook = getattr(interceptor, "on_acknowledgement", None)
         base_hook = ProduceRequestInterceptor.on_acknowledgement
         self._ack_hook: Callable[[AcknowledgedBatch, int, int | None], None] | None = (
@@ -241,6 +261,8 @@ class ProducePipeline:
             return self._refuse_legacy(conn, header, frame)
         assert header.body_offset is not None
         if self.interceptor is None:
+            if self.observed:
+                return self._observed_passthrough(header, frame)
             acks = _read_acks(frame, header.body_offset, header.header_version == 2)
             return Forward(frame, expect_response=acks != 0, on_response=rewriter)
 
@@ -248,6 +270,7 @@ class ProducePipeline:
         received_at_ms = int(time.time() * 1000)
         rejections: list[_Rejection] = []
         acked: list[_Acked] = []
+        drafts: list[ProduceDraft] | None = [] if self.observed else None
         changed = False
         topics_out = []
         for topic in request.topic_data:
@@ -255,10 +278,21 @@ class ProducePipeline:
             topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
             parts_out = []
             for part in topic.partition_data:
+                draft = None
+                if drafts is not None:
+                    n_batches, n_records = _count(part.records)
+                    draft = ProduceDraft(topic_name or str(topic_key), part.index, n_batches,
+                                         n_records, len(part.records or b""))
+                    drafts.append(draft)
                 if topic_name is None:
-                    rejections.append(_Rejection(
+                    rejection = _Rejection(
                         topic_key, part.index, UNKNOWN_TOPIC_ID,
-                        f"topic id {topic_key} is unknown to the proxy; refresh metadata"))
+                        f"topic id {topic_key} is unknown to the proxy; refresh metadata")
+                    rejections.append(rejection)
+                    if draft is not None:
+                        draft.outcome = "rejected"
+                        draft.error_code = rejection.error_code
+                        draft.error_message = rejection.message
                     continue
                 outcome = await self._partition(
                     conn, request, version, topic_name, topic_key, part, received_at_ms
@@ -266,12 +300,18 @@ class ProducePipeline:
                 if isinstance(outcome, _Rejection):
                     rejections.append(outcome)
                     self.stats.rejected_partitions += 1
+                    if draft is not None:
+                        draft.outcome = "rejected"
+                        draft.error_code = outcome.error_code
+                        draft.error_message = outcome.message
                     continue
                 records, part_changed, batches = outcome
                 acked.append(_Acked(topic_key, part.index, batches))
                 if part_changed:
                     changed = True
                     part = dataclasses.replace(part, records=records)
+                    if draft is not None:
+                        draft.outcome = "transformed"
                 parts_out.append(part)
             if len(parts_out) != len(topic.partition_data) or changed:
                 if parts_out:
@@ -284,23 +324,42 @@ class ProducePipeline:
             for r in rejections:
                 log.info("rejected %s[%d] from %s (client_id %r): error %d: %s",
                          self.topic_names.get(r.topic, r.topic), r.partition,
-                         conn.client_address, conn.client_id, r.error_code, r.message)
+                         conn.client_address, conn.client_id, r.error_code, r.message,
+                         extra=conn.log_context)
         if not topics_out:
             if acks == 0:
-                return Answer(None)
+                return Answer(None, produce=drafts)
             response_header = encode_response_header(header.correlation_id,
                                                       1 if header.header_version == 2 else 0)
-            return Answer(response_header + _rejection_only_response(version, rejections))
+            return Answer(response_header + _rejection_only_response(version, rejections),
+                          produce=drafts)
 
         if changed or rejections:
             new_request = dataclasses.replace(request, topic_data=tuple(topics_out))
             frame = frame[: header.body_offset] + serialize(new_request)
         if acks == 0:
-            return Forward(frame, expect_response=False)
-        if not rejections and self._ack_hook is None:
+            return Forward(frame, expect_response=False, produce=drafts)
+        if not rejections and self._ack_hook is None and drafts is None:
             return Forward(frame, on_response=rewriter)
         return Forward(frame, on_response=self._response_merger(
-            version, header.header_version == 2, rejections, acked))
+            version, header.header_version == 2, rejections, acked, drafts), produce=drafts)
+
+    def _observed_passthrough(self, header: RequestHeader, frame: bytes) -> RequestOutcome:
+        """No interceptor, but observers or metrics want per-partition summaries."""
+        assert header.body_offset is not None
+        version = header.api_version
+        request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
+        drafts = []
+        for topic in request.topic_data:
+            name = self.topic_names.get(topic.topic_id) if version >= 13 else topic.name
+            for part in topic.partition_data:
+                n_batches, n_records = _count(part.records)
+                drafts.append(ProduceDraft(name or str(topic.topic_id), part.index, n_batches,
+                                           n_records, len(part.records or b"")))
+        if request.acks == 0:
+            return Forward(frame, expect_response=False, produce=drafts)
+        return Forward(frame, on_response=self._response_merger(
+            version, header.header_version == 2, [], [], drafts), produce=drafts)
 
     def _refuse_legacy(
         self, conn: ClientConnection, header: RequestHeader, frame: bytes
@@ -308,7 +367,7 @@ class ProducePipeline:
         acks, topics = legacy_produce_acks_and_partitions(frame, header.body_offset or 0)
         log.warning("refused Produce v%d (old message format) from %s (client_id %r): "
                     "upgrade the client to magic-2 record batches (Produce v3+)",
-                    header.api_version, conn.client_address, conn.client_id)
+                    header.api_version, conn.client_address, conn.client_id, extra=conn.log_context)
         self.stats.undecodable_partitions += sum(len(p) for _, p in topics)
         if acks == 0:
             return Answer(None)
@@ -389,6 +448,8 @@ class ProducePipeline:
         record_offset: int,
     ) -> RecordBatch | _Rejection:
         where = f"{topic}[{partition}]"
+        metrics = self.metrics
+        started = time.perf_counter()
         try:
             result = self.interceptor.intercept(view, ctx)  # type: ignore[union-attr]
             if inspect.isawaitable(result):
@@ -396,10 +457,15 @@ class ProducePipeline:
             elif time.monotonic() > ctx.deadline:
                 raise TimeoutError
         except RejectBatch as exc:
+            if metrics is not None:
+                metrics.interceptor_seconds.observe(time.perf_counter() - started)
             return _Rejection(topic, partition, exc.error_code, exc.message, tuple(
                 (record_offset + i, m) for i, m in exc.record_errors))
         except TimeoutError:
             self.stats.plugin_timeouts += 1
+            if metrics is not None:
+                metrics.interceptor_seconds.observe(time.perf_counter() - started)
+                metrics.interceptor_errors.labels("timeout").inc()
             log.warning("interceptor %s missed its %.0f ms deadline on %s",
                         self.name, self.timeout * 1000, where)
             return _Rejection(topic, partition, REQUEST_TIMED_OUT,
@@ -407,9 +473,13 @@ class ProducePipeline:
                               f"{self.timeout * 1000:.0f} ms")
         except Exception as exc:
             self.stats.plugin_errors += 1
+            if metrics is not None:
+                metrics.interceptor_errors.labels("raised").inc()
             log.exception("interceptor %s failed on %s", self.name, where)
             return _Rejection(topic, partition, INVALID_RECORD,
                               f"interceptor {self.name} failed: {type(exc).__name__}: {exc}")
+        if metrics is not None:
+            metrics.interceptor_seconds.observe(time.perf_counter() - started)
         if not isinstance(result, RecordBatch):
             self.stats.plugin_errors += 1
             return _Rejection(topic, partition, INVALID_RECORD,
@@ -417,6 +487,8 @@ class ProducePipeline:
                               "not a RecordBatch")
         if len(result.records) != len(view.records):
             self.stats.plugin_errors += 1
+            if metrics is not None:
+                metrics.interceptor_errors.labels("record_count").inc()
             log.error("interceptor %s broke the record-count rule on %s: %d records in, %d out",
                       self.name, where, len(view.records), len(result.records))
             return _Rejection(topic, partition, INVALID_RECORD,
@@ -427,7 +499,8 @@ class ProducePipeline:
     # ------------------------------------------------------------------ response
 
     def _response_merger(
-        self, version: int, flexible: bool, rejections: list[_Rejection], acked: list[_Acked]
+        self, version: int, flexible: bool, rejections: list[_Rejection], acked: list[_Acked],
+        drafts: list[ProduceDraft] | None = None,
     ) -> Callable[[bytes], bytes]:
         nodes_seen = None
 
@@ -436,6 +509,10 @@ class ProducePipeline:
             response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
             if self._ack_hook is not None:
                 self._acknowledge(version, response, acked)
+            if drafts:
+                self._fill_drafts(version, response, drafts)
+            if not rejections and (version < 10 or nodes_seen is None):
+                return frame
             if rejections:
                 response = _merge_rejections(version, response, rejections)
             if version >= 10 and nodes_seen is not None:
@@ -447,6 +524,27 @@ class ProducePipeline:
 
     nodes_seen: Callable[[int, str, int], tuple[str, int]] | None = None
     """Set by the server: rewrites node_endpoints in merged v10+ responses."""
+
+    def _fill_drafts(self, version: int, response: Any, drafts: list[ProduceDraft]) -> None:
+        key_field = "topic_id" if version >= 13 else "name"
+        results = {}
+        for topic in response.responses:
+            key = getattr(topic, key_field)
+            name = self.topic_names.get(key, str(key)) if version >= 13 else key
+            for p in topic.partition_responses:
+                results[(name, p.index)] = p
+        for draft in drafts:
+            if draft.outcome == "rejected":
+                continue
+            p = results.get((draft.topic, draft.partition))
+            if p is None:
+                continue
+            draft.base_offset = int(p.base_offset)
+            code = int(p.error_code)
+            if code:
+                draft.outcome = "broker_error"
+                draft.error_code = code
+                draft.error_message = getattr(p, "error_message", None)
 
     def _acknowledge(self, version: int, response: Any, acked: list[_Acked]) -> None:
         key_field = "topic_id" if version >= 13 else "name"

@@ -25,7 +25,9 @@ from proxy.api_versions import (
 )
 from proxy.config import ProxyConfig
 from proxy.connection import ClientConnection
+from proxy.metrics import HealthServer, Metrics
 from proxy.nodes import NodeRegistry
+from proxy.observe import ObserverHub
 from proxy.outcome import Answer, Forward, RequestOutcome
 from proxy.produce import ProducePipeline
 
@@ -37,12 +39,27 @@ __all__ = ["ProxyServer"]
 class ProxyServer:
     """A running kiproxy: listeners, connections and the produce pipeline."""
 
-    def __init__(self, config: ProxyConfig, produce: ProducePipeline | None = None) -> None:
+    def __init__(
+        self,
+        config: ProxyConfig,
+        produce: ProducePipeline | None = None,
+        *,
+        observers: ObserverHub | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.config = config
+        self.metrics = metrics
+        """Prometheus metrics, when ``metrics_listen`` is set."""
+        self.observers = observers or ObserverHub(metrics=metrics)
+        self.observed = self.observers.active or metrics is not None
+        """Responses are counted or observed (the produce pipeline then summarises)."""
+        self._health: HealthServer | None = None
         host, port = config.listen_address
         self.listen_host = host
         self._listen_port = port
         self.produce = produce or ProducePipeline(None)
+        self.produce.observed = self.observed
+        self.produce.metrics = metrics
         self.nodes = NodeRegistry(
             advertised_host=config.advertised_host or host,
             broker_port_start=config.broker_port_start
@@ -71,6 +88,32 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
+        if self.config.metrics_listen is not None and self.metrics is not None:
+            self._health = HealthServer(self.metrics, self.readiness)
+            await self._health.start(*self.config.metrics_listen_address)
+            log.info("metrics and health checks on http://%s/metrics", self._health.address)
+
+    @property
+    def metrics_address(self) -> str | None:
+        """``host:port`` of the metrics endpoint, when it is open."""
+        return self._health.address if self._health is not None else None
+
+    async def readiness(self) -> str | None:
+        """``None`` when ready to carry traffic, else why not."""
+        if self.config.interceptor.class_name and self.produce.interceptor is None:
+            return "the interceptor is not loaded"
+        errors = []
+        for host, port in self.config.upstream_addresses:
+            try:
+                _, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 2)
+            except (OSError, TimeoutError) as exc:
+                errors.append(f"{host}:{port}: {exc or type(exc).__name__}")
+                continue
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            return None
+        return "no upstream broker reachable (" + "; ".join(errors) + ")"
 
     @property
     def bootstrap_address(self) -> str:
@@ -98,14 +141,19 @@ class ProxyServer:
                       node_id: int | None) -> None:
         conn = ClientConnection(self, reader, writer, node_id)
         self.connections.add(conn)
+        if self.metrics is not None:
+            self.metrics.connections.inc()
+            self.metrics.active_connections.inc()
         try:
             await conn.run()
         except asyncio.CancelledError:
             pass
         except Exception:
-            log.exception("connection from %s failed", conn.client_address)
+            log.exception("connection from %s failed", conn.client_address, extra=conn.log_context)
         finally:
             self.connections.discard(conn)
+            if self.metrics is not None:
+                self.metrics.active_connections.dec()
             await conn.close()
 
     # ------------------------------------------------------------------ upstream
@@ -147,7 +195,24 @@ class ProxyServer:
             known = known_version_range(ApiKey.API_VERSIONS)
             if known is not None and header.api_version > known[1]:
                 return Answer(unsupported_api_versions_response(header.correlation_id))
+        elif header.api_key == ApiKey.SASL_HANDSHAKE and header.body_offset is not None:
+            conn.sasl.on_handshake(header.api_version, frame, header.body_offset)
+        elif header.api_key == ApiKey.SASL_AUTHENTICATE and header.body_offset is not None:
+            conn.sasl.on_authenticate(header.api_version, frame, header.body_offset)
+            return Forward(frame, on_response=partial(
+                self._sasl_answered, conn, header.api_version, header.header_version == 2))
         return Forward(frame, on_response=self._rewriter(header))
+
+    @staticmethod
+    def _sasl_answered(conn: ClientConnection, version: int, flexible: bool,
+                       frame: bytes) -> bytes:
+        principal = conn.sasl.authenticated(version, flexible, frame)
+        if principal is not None and principal != conn.principal:
+            conn.principal = principal
+            log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
+                     conn.client_address, conn.client_id, principal, conn.sasl.mechanism,
+                     extra=conn.log_context)
+        return frame
 
     # ------------------------------------------------------------------ shutdown
 
@@ -168,6 +233,9 @@ class ProxyServer:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)
         await self.produce.close()
+        if self._health is not None:
+            await self._health.stop()
+        await asyncio.to_thread(self.observers.close)
         log.info("kiproxy stopped")
 
 

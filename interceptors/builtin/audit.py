@@ -1,0 +1,304 @@
+"""The audit log: one JSON line per produced topic-partition, for reports and audits.
+
+Switched on with ``--audit-log PATH`` (config ``audit.path``)::
+
+    audit:
+      path: /var/log/kiproxy/audit.jsonl
+      max_bytes: 104857600       # rotate when the file reaches this size (0: never)
+      rotate_interval_s: 3600    # ... or when it is this old (0: never)
+      backups: 24                # rotated files kept (0: keep all)
+      requests: false            # also one event per request of other APIs
+      topic: null                # also send every event to this topic of the upstream cluster
+
+Produce event (``"event": "produce"``), one per topic-partition of each
+produce request::
+
+    {"event": "produce", "ts": 1763848800123, "client_id": "orders-svc",
+     "client_address": "10.0.0.7:53412", "principal": null, "api_version": 11,
+     "correlation_id": 42, "topic": "orders", "partition": 3, "batches": 1,
+     "records": 500, "bytes": 20480, "outcome": "transformed", "error_code": 0,
+     "error_message": null, "base_offset": 1200, "latency_ms": 2.41}
+
+Request event (``"event": "request"``, only with ``requests: true``), one per
+request of any other API: ``ts``, ``client_id``, ``client_address``,
+``principal``, ``api_key``, ``api_name``, ``api_version``, ``correlation_id``,
+``request_bytes``, ``response_bytes``, ``latency_ms``.
+
+Rotation renames the current file to ``PATH.<UTC time>.<n>`` and opens a new
+one, so ``PATH*`` globs every event. Lines are written by the observer thread,
+never the event loop; the file is flushed at least every ``flush_interval_ms``
+(default 200) and on shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from interceptors.observer import Observer, ResponseInfo
+
+log = logging.getLogger("kiproxy.audit")
+
+__all__ = ["AuditLog", "KafkaAuditSink", "produce_events", "request_event"]
+
+
+def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
+    """The audit events of a produce response, one per topic-partition."""
+    req = info.request
+    latency = round(info.latency_ms, 3)
+    return [
+        {
+            "event": "produce",
+            "ts": req.received_at_ms,
+            "client_id": req.client_id,
+            "client_address": req.client_address,
+            "principal": req.principal,
+            "api_version": req.api_version,
+            "correlation_id": req.correlation_id,
+            "topic": p.topic,
+            "partition": p.partition,
+            "batches": p.batches,
+            "records": p.records,
+            "bytes": p.bytes,
+            "outcome": p.outcome,
+            "error_code": p.error_code,
+            "error_message": p.error_message,
+            "base_offset": p.base_offset,
+            "latency_ms": latency,
+        }
+        for p in info.produce
+    ]
+
+
+def request_event(info: ResponseInfo) -> dict[str, Any]:
+    """The audit event of a request of any API other than Produce."""
+    req = info.request
+    return {
+        "event": "request",
+        "ts": req.received_at_ms,
+        "client_id": req.client_id,
+        "client_address": req.client_address,
+        "principal": req.principal,
+        "api_key": req.api_key,
+        "api_name": req.api_name,
+        "api_version": req.api_version,
+        "correlation_id": req.correlation_id,
+        "request_bytes": req.size,
+        "response_bytes": info.size,
+        "latency_ms": round(info.latency_ms, 3),
+    }
+
+
+def _events(info: ResponseInfo, requests: bool) -> list[dict[str, Any]]:
+    if info.request.api_key == 0:
+        return produce_events(info)
+    return [request_event(info)] if requests else []
+
+
+class AuditLog(Observer):
+    """Writes audit events as JSON Lines to a size- and time-rotated file."""
+
+    def __init__(self) -> None:
+        self.path = Path("audit.jsonl")
+        self.max_bytes = 100 * 2**20
+        self.rotate_interval_s = 3600.0
+        self.backups = 24
+        self.requests = False
+        self.flush_interval_s = 0.2
+        self.events_written = 0
+        self.rotations = 0
+        self._file: IO[str] | None = None
+        self._opened_at = 0.0
+        self._size = 0
+        self._seq = 0
+        self._dirty = False
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher: threading.Thread | None = None
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Keys: ``path`` (required), ``max_bytes``, ``rotate_interval_s``, ``backups``,
+        ``requests``, ``flush_interval_ms``."""
+        if not config.get("path"):
+            raise ValueError("audit.path is required")
+        self.path = Path(str(config["path"]))
+        self.max_bytes = int(config.get("max_bytes", self.max_bytes))
+        self.rotate_interval_s = float(config.get("rotate_interval_s", self.rotate_interval_s))
+        self.backups = int(config.get("backups", self.backups))
+        self.requests = bool(config.get("requests", False))
+        self.flush_interval_s = int(config.get("flush_interval_ms", 200)) / 1000
+        if self.max_bytes < 0 or self.rotate_interval_s < 0 or self.backups < 0:
+            raise ValueError("audit.max_bytes, rotate_interval_s and backups must be >= 0")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._open()
+        self._flusher = threading.Thread(target=self._flush_loop, name="audit-flush",
+                                         daemon=True)
+        self._flusher.start()
+
+    def on_response(self, info: ResponseInfo) -> None:
+        """Write the response's events."""
+        events = _events(info, self.requests)
+        if not events:
+            return
+        text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
+        with self._lock:
+            if self._due_for_rotation(len(text)):
+                self._rotate()
+            assert self._file is not None
+            self._file.write(text)
+            self._size += len(text) if text.isascii() else len(text.encode())
+            self._dirty = True
+            self.events_written += len(events)
+
+    def close(self) -> None:
+        """Flush and close the file."""
+        self._stop.set()
+        if self._flusher is not None:
+            self._flusher.join(5)
+        with self._lock:
+            if self._file is not None:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+                self._file.close()
+                self._file = None
+
+    # ------------------------------------------------------------------ file handling
+
+    def _open(self) -> None:
+        self._file = open(self.path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        self._size = self._file.tell()
+        self._opened_at = time.monotonic()
+
+    def _due_for_rotation(self, incoming: int) -> bool:
+        if self._size == 0:
+            return False
+        if self.max_bytes and self._size + incoming > self.max_bytes:
+            return True
+        return bool(self.rotate_interval_s) and \
+            time.monotonic() - self._opened_at >= self.rotate_interval_s
+
+    def _rotate(self) -> None:
+        assert self._file is not None
+        self._file.close()
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self._seq += 1
+        target = self.path.with_name(f"{self.path.name}.{stamp}.{self._seq:06d}")
+        os.replace(self.path, target)
+        self.rotations += 1
+        self._open()
+        if self.backups:
+            rotated = sorted(self.path.parent.glob(f"{self.path.name}.*"),
+                             key=lambda p: p.stat().st_mtime_ns)
+            for old in rotated[: max(len(rotated) - self.backups, 0)]:
+                try:
+                    old.unlink()
+                except OSError as exc:
+                    log.warning("audit: cannot remove old file %s: %s", old, exc)
+
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(self.flush_interval_s):
+            with self._lock:
+                if self._dirty and self._file is not None:
+                    self._file.flush()
+                    self._dirty = False
+
+
+class KafkaAuditSink(Observer):
+    """Sends audit events to a topic of the upstream cluster (aiokafka producer).
+
+    Configured by ``audit.topic``; the proxy passes ``bootstrap`` (its upstream).
+    Events are keyed by topic name and sent as JSON; the producer runs on a
+    thread and event loop of its own.
+    """
+
+    def __init__(self) -> None:
+        self.topic = ""
+        self.bootstrap = ""
+        self.requests = False
+        self.sent = 0
+        self.failed = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._producer: Any = None
+        self._ready = threading.Event()
+        self._pending: set[concurrent.futures.Future[None]] = set()
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Keys: ``topic`` and ``bootstrap`` (required), ``requests``."""
+        self.topic = str(config.get("topic") or "")
+        self.bootstrap = str(config.get("bootstrap") or "")
+        if not self.topic or not self.bootstrap:
+            raise ValueError("the Kafka audit sink needs topic and bootstrap")
+        self.requests = bool(config.get("requests", False))
+        self._thread = threading.Thread(target=self._run_loop, name="audit-kafka", daemon=True)
+        self._thread.start()
+        self._ready.wait(30)
+
+    def _run_loop(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        asyncio.set_event_loop(loop)
+        self._ready.set()
+        loop.run_forever()
+        loop.close()
+
+    async def _producer_started(self) -> Any:
+        if self._producer is None:
+            from aiokafka import AIOKafkaProducer
+
+            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=50,
+                                        client_id="kiproxy-audit")
+            await producer.start()
+            self._producer = producer
+        return self._producer
+
+    async def _send(self, key: bytes, value: bytes) -> None:
+        try:
+            producer = await self._producer_started()
+            await producer.send_and_wait(self.topic, value, key=key)
+            self.sent += 1
+        except Exception as exc:
+            self.failed += 1
+            if self.failed == 1 or self.failed % 1000 == 0:
+                log.warning("audit sink: sending to topic %s failed (%d so far): %s",
+                            self.topic, self.failed, exc)
+
+    def on_response(self, info: ResponseInfo) -> None:
+        """Queue the response's events for sending."""
+        assert self._loop is not None
+        for event in _events(info, self.requests):
+            key = str(event.get("topic") or event.get("api_name")).encode()
+            value = json.dumps(event, separators=(",", ":")).encode()
+            fut = asyncio.run_coroutine_threadsafe(self._send(key, value), self._loop)
+            self._pending.add(fut)
+            fut.add_done_callback(self._pending.discard)
+
+    def close(self) -> None:
+        """Send what is queued, then stop the producer."""
+        if self._loop is None:
+            return
+        for fut in list(self._pending):
+            try:
+                fut.result(timeout=10)
+            except Exception:
+                break
+
+        async def stop() -> None:
+            if self._producer is not None:
+                await self._producer.stop()
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
+        except Exception as exc:
+            log.warning("audit sink: stopping the producer failed: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        if self._thread is not None:
+            self._thread.join(5)

@@ -1,0 +1,150 @@
+"""Prometheus metrics, and the HTTP endpoint serving them with health checks.
+
+``--metrics-listen HOST:PORT`` serves:
+
+* ``/metrics`` - Prometheus text format (the metric names are listed in the README);
+* ``/healthz`` - 200 while the process runs its event loop;
+* ``/readyz`` - 200 when the interceptor is loaded and an upstream broker
+  accepts a TCP connection, 503 with the reason otherwise.
+
+The endpoint is a small HTTP/1.0 responder on the proxy's own event loop, so a
+scrape costs no thread and a wedged loop shows up as a failing ``/healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+log = logging.getLogger("kiproxy.metrics")
+
+__all__ = ["HealthServer", "Metrics"]
+
+
+class Metrics:
+    """kiproxy's metrics, in a registry of their own (no process-global state)."""
+
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.messages = Counter(
+            "kiproxy_messages", "Kafka requests and responses carried, by direction and API",
+            ["direction", "api"], registry=r)
+        self.bytes = Counter(
+            "kiproxy_bytes", "Bytes of Kafka requests and responses carried (without the "
+            "length prefix), by direction and API", ["direction", "api"], registry=r)
+        self.active_connections = Gauge(
+            "kiproxy_active_connections", "Client connections open now", registry=r)
+        self.connections = Counter(
+            "kiproxy_connections", "Client connections accepted", registry=r)
+        self.produce_batches = Counter(
+            "kiproxy_produce_batches", "Produced record batches by topic and outcome "
+            "(forwarded, transformed, rejected, broker_error)", ["topic", "outcome"], registry=r)
+        self.produce_records = Counter(
+            "kiproxy_produce_records", "Produced records by topic and outcome",
+            ["topic", "outcome"], registry=r)
+        self.produce_bytes = Counter(
+            "kiproxy_produce_bytes", "Produced record-batch bytes (as sent by the producer) "
+            "by topic and outcome", ["topic", "outcome"], registry=r)
+        self.interceptor_seconds = Histogram(
+            "kiproxy_interceptor_duration_seconds", "Time the interceptor took per batch",
+            buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                     0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
+        self.interceptor_errors = Counter(
+            "kiproxy_interceptor_errors", "Batches rejected because the interceptor raised, "
+            "timed out or broke the record-count rule", ["reason"], registry=r)
+        self.upstream_errors = Counter(
+            "kiproxy_upstream_connection_errors", "Failed or broken connections to brokers",
+            ["kind"], registry=r)
+        self.client_errors = Counter(
+            "kiproxy_client_protocol_errors", "Client connections closed for malformed or "
+            "oversized frames", registry=r)
+        self.observer_errors = Counter(
+            "kiproxy_observer_errors", "Observer calls that raised", ["observer"], registry=r)
+        self.observer_dropped = Counter(
+            "kiproxy_observer_dropped_events", "Events dropped because an observer's queue "
+            "was full", ["observer"], registry=r)
+        self.request_latency = Histogram(
+            "kiproxy_request_latency_seconds", "From reading a request to writing its "
+            "response, by API", ["api"],
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                     2.5, 5.0, 10.0, 30.0), registry=r)
+
+    def render(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
+
+
+ReadinessCheck = Callable[[], Awaitable[str | None]]
+"""Returns ``None`` when ready, else the reason it is not."""
+
+
+class HealthServer:
+    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP/1.0."""
+
+    def __init__(self, metrics: Metrics, ready: ReadinessCheck) -> None:
+        self.metrics = metrics
+        self._ready = ready
+        self._server: asyncio.Server | None = None
+        self.started_at = time.time()
+
+    async def start(self, host: str, port: int) -> None:
+        """Open the listener."""
+        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
+
+    @property
+    def address(self) -> str:
+        """``host:port`` actually listened on."""
+        assert self._server is not None
+        host, port = self._server.sockets[0].getsockname()[:2]
+        return f"{host}:{port}"
+
+    async def stop(self) -> None:
+        """Close the listener."""
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self._server.wait_closed(), 1)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            request_line = await asyncio.wait_for(reader.readline(), 10)
+            while True:  # skip the request headers
+                line = await asyncio.wait_for(reader.readline(), 10)
+                if line in (b"\r\n", b"\n", b""):
+                    break
+            parts = request_line.decode("latin-1").split()
+            method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
+            status, ctype, body = await self._answer(method, path.split("?", 1)[0])
+            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
+            writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
+            await writer.drain()
+        except (TimeoutError, ConnectionError, UnicodeDecodeError):
+            pass
+        except Exception:
+            log.exception("metrics endpoint: request failed")
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+        text = "text/plain; charset=utf-8"
+        if method not in ("GET", "HEAD"):
+            return "405 Method Not Allowed", text, b"only GET and HEAD\n"
+        if path == "/metrics":
+            return "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
+        if path == "/healthz":
+            return "200 OK", text, b"ok\n"
+        if path == "/readyz":
+            reason = await self._ready()
+            if reason is None:
+                return "200 OK", text, b"ready\n"
+            return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
+        return "404 Not Found", text, b"try /metrics, /healthz or /readyz\n"
