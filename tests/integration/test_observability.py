@@ -298,3 +298,26 @@ def test_sasl_principal_reaches_the_audit_log(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_audit_events_also_go_to_a_kafka_topic(tmp_path: Path, broker: EmbeddedBroker,
+                                               topic: str) -> None:
+    audit_topic = f"audit-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "kiproxy.yaml"
+    config.write_text(yaml.safe_dump({"audit": {"topic": audit_topic}}))
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    try:
+        offsets, errors = _produce(proxy.bootstrap, {(topic, 0): 40}, "sink-test")
+        assert not errors
+    finally:
+        assert proxy.stop() == 0  # shutdown sends what is queued
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
+    partitions = len(metadata.topics[audit_topic].partitions)  # auto-created by the sink
+    got = consume(broker.bootstrap, audit_topic, 1000, partitions=partitions, timeout=10)
+    events = [json.loads(m.value()) for m in got]
+    mine = [e for e in events if e["topic"] == topic]
+    assert sum(e["records"] for e in mine) == 40
+    assert all(e["client_id"] == "sink-test" and e["outcome"] == "forwarded" for e in mine)
+    assert {m.key() for m in got if json.loads(m.value())["topic"] == topic} == {topic.encode()}
