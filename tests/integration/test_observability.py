@@ -307,7 +307,7 @@ def test_audit_events_also_go_to_a_kafka_topic(tmp_path: Path, broker: EmbeddedB
     config.write_text(yaml.safe_dump({"audit": {"topic": audit_topic}}))
     proxy = launch_proxy(broker.bootstrap, config_file=config)
     try:
-        offsets, errors = _produce(proxy.bootstrap, {(topic, 0): 40}, "sink-test")
+        _, errors = _produce(proxy.bootstrap, {(topic, 0): 40}, "sink-test")
         assert not errors
     finally:
         assert proxy.stop() == 0  # shutdown sends what is queued
