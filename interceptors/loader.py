@@ -128,8 +128,9 @@ def resolve_class(
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:
-            if exc.name is not None and module_name.startswith(exc.name):
-                module = None
+            missing = exc.name or ""
+            if missing == module_name or module_name.startswith(missing + "."):
+                module = None  # the module (or its package) does not exist
             else:
                 raise _import_failed(repr(module_name), exc) from exc
         except Exception as exc:

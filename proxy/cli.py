@@ -55,6 +55,30 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="also audit requests of other APIs (one event each)")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve /metrics, /healthz and /readyz on HOST:PORT")
+    p.add_argument("--max-connections", metavar="N", type=int,
+                   help="client connections open at once (default 10000)")
+    p.add_argument("--max-buffered-bytes", metavar="BYTES", type=int,
+                   help="response bytes buffered per client before its reads pause "
+                        "(default 8388608)")
+    p.add_argument("--idle-timeout-ms", metavar="MS", type=int,
+                   help="close idle client connections after MS (default 600000; 0: never)")
+    tls = p.add_argument_group("TLS")
+    tls.add_argument("--tls-cert", metavar="FILE", help="PEM certificate for client-facing TLS")
+    tls.add_argument("--tls-key", metavar="FILE", help="PEM private key of --tls-cert")
+    tls.add_argument("--tls-client-ca", metavar="FILE",
+                     help="require client certificates signed by this CA (mTLS)")
+    tls.add_argument("--tls-min-version", metavar="VERSION", choices=("TLSv1.2", "TLSv1.3"),
+                     help="TLSv1.2 (default) or TLSv1.3")
+    tls.add_argument("--upstream-tls", action="store_true", default=None,
+                     help="connect to brokers with TLS (system CA store unless --upstream-tls-ca)")
+    tls.add_argument("--upstream-tls-ca", metavar="FILE",
+                     help="PEM CA bundle of the brokers' certificates (implies --upstream-tls)")
+    tls.add_argument("--upstream-tls-cert", metavar="FILE",
+                     help="client certificate presented to brokers")
+    tls.add_argument("--upstream-tls-key", metavar="FILE",
+                     help="private key of --upstream-tls-cert")
+    tls.add_argument("--upstream-tls-no-verify-hostname", action="store_true", default=None,
+                     help="do not check broker host names against their certificates")
     p.add_argument("--log-level", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     p.add_argument("--log-format", metavar="FORMAT", choices=("text", "json"),
@@ -109,6 +133,18 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "audit.path": args.audit_log,
         "audit.requests": args.audit_requests,
         "metrics_listen": args.metrics_listen,
+        "max_connections": args.max_connections,
+        "max_buffered_bytes": args.max_buffered_bytes,
+        "idle_timeout_ms": args.idle_timeout_ms,
+        "tls.cert": args.tls_cert,
+        "tls.key": args.tls_key,
+        "tls.client_ca": args.tls_client_ca,
+        "tls.min_version": args.tls_min_version,
+        "upstream_tls.enabled": args.upstream_tls,
+        "upstream_tls.ca": args.upstream_tls_ca,
+        "upstream_tls.cert": args.upstream_tls_cert,
+        "upstream_tls.key": args.upstream_tls_key,
+        "upstream_tls.verify_hostname": False if args.upstream_tls_no_verify_hostname else None,
     }
 
 

@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
@@ -22,6 +29,8 @@ __all__ = [
     "InterceptorSettings",
     "ObserverSettings",
     "ProxyConfig",
+    "TlsSettings",
+    "UpstreamTlsSettings",
     "load_config",
     "parse_host_port",
 ]
@@ -80,6 +89,37 @@ class AuditSettings(_Strict):
     """Also send every event to this topic of the upstream cluster."""
 
 
+class TlsSettings(_Strict):
+    """TLS on the client-facing listeners; off unless ``cert`` and ``key`` are set."""
+
+    cert: str | None = None
+    """PEM certificate chain the proxy presents to clients."""
+    key: str | None = None
+    """PEM private key of ``cert``."""
+    client_ca: str | None = None
+    """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
+    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+
+
+class UpstreamTlsSettings(_Strict):
+    """TLS to the brokers; on when ``enabled`` or any file is set."""
+
+    enabled: bool = False
+    """Use TLS with the system's CA store even when no ``ca`` is given."""
+    ca: str | None = None
+    """PEM CA bundle that signed the brokers' certificates (default: the system store)."""
+    cert: str | None = None
+    """Client certificate for brokers that require mTLS."""
+    key: str | None = None
+    verify_hostname: bool = True
+    """Check that the broker's certificate names the host the proxy connects to."""
+
+    @property
+    def active(self) -> bool:
+        """TLS to the brokers is on."""
+        return self.enabled or self.ca is not None or self.cert is not None
+
+
 class ObserverSettings(_Strict):
     """One observer plugin."""
 
@@ -129,6 +169,14 @@ class ProxyConfig(_Strict):
     max_in_flight: int = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    max_connections: int = Field(default=10000, gt=0)
+    """Client connections open at once; more are closed on accept (and logged)."""
+    max_buffered_bytes: int = Field(default=8 * 2**20, gt=0)
+    """Response bytes buffered for a client that does not read; its reads pause beyond it."""
+    idle_timeout_ms: int = Field(default=600_000, ge=0)
+    """Close client connections with no traffic and nothing owed for this long (0: never)."""
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
     shutdown_grace_ms: int = Field(default=10000, ge=0)
     """How long in-flight requests may take to finish on SIGTERM/SIGINT."""
 
@@ -170,6 +218,16 @@ class ProxyConfig(_Strict):
     def listen_address(self) -> tuple[str, int]:
         """The bootstrap listener's ``(host, port)``."""
         return parse_host_port(self.listen)
+
+    @model_validator(mode="after")
+    def _tls_pairs(self) -> ProxyConfig:
+        if (self.tls.cert is None) != (self.tls.key is None):
+            raise ValueError("tls.cert and tls.key must be given together")
+        if self.tls.client_ca is not None and self.tls.cert is None:
+            raise ValueError("tls.client_ca needs tls.cert and tls.key")
+        if (self.upstream_tls.cert is None) != (self.upstream_tls.key is None):
+            raise ValueError("upstream_tls.cert and upstream_tls.key must be given together")
+        return self
 
     @property
     def metrics_listen_address(self) -> tuple[str, int]:

@@ -98,6 +98,10 @@ class ClientConnection:
         self._read_task: asyncio.Task[None] | None = None
         self._up_task: asyncio.Task[None] | None = None
         self.upstream_address: tuple[str, int] | None = None
+        self.last_activity = asyncio.get_running_loop().time()
+        """Loop time of the last whole request or response (a trickle of bytes is no activity)."""
+        limit = server.config.max_buffered_bytes
+        writer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -113,6 +117,9 @@ class ClientConnection:
                         extra=self.log_context)
             await self._close_client()
             return
+        limit = self.server.config.max_buffered_bytes
+        assert self._up_writer is not None
+        self._up_writer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self._up_task = asyncio.create_task(self._read_upstream())
         self._read_task = asyncio.current_task()
         try:
@@ -187,16 +194,25 @@ class ClientConnection:
 
     async def _read_client(self) -> None:
         decoder = FrameDecoder(self.server.config.max_frame_size)
+        loop = asyncio.get_running_loop()
+        writer = self._writer
         while not self._closed and not self._draining:
             self._in_read = True
             try:
+                # A client that does not read its responses stops being read from
+                # once max_buffered_bytes of them wait in the socket buffer.
+                await writer.drain()
                 data = await self._reader.read(_READ_SIZE)
+            except ConnectionError:
+                return
             finally:
                 self._in_read = False
             if not data:
                 return
             try:
                 frames = decoder.feed(data)
+                if frames:
+                    self.last_activity = loop.time()
                 for frame in frames:
                     await self._handle_request(frame)
                     if self._closed:

@@ -42,6 +42,9 @@ class Metrics:
             "kiproxy_active_connections", "Client connections open now", registry=r)
         self.connections = Counter(
             "kiproxy_connections", "Client connections accepted", registry=r)
+        self.refused_connections = Counter(
+            "kiproxy_refused_connections", "Client connections closed on accept because "
+            "max_connections was reached", registry=r)
         self.produce_batches = Counter(
             "kiproxy_produce_batches", "Produced record batches by topic and outcome "
             "(forwarded, transformed, rejected, broker_error)", ["topic", "outcome"], registry=r)

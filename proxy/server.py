@@ -30,6 +30,7 @@ from proxy.nodes import NodeRegistry
 from proxy.observe import ObserverHub
 from proxy.outcome import Answer, Forward, RequestOutcome
 from proxy.produce import ProducePipeline
+from proxy.tls import client_context, principal_from_peercert, upstream_context
 
 log = logging.getLogger("kiproxy")
 
@@ -54,6 +55,9 @@ class ProxyServer:
         self.observed = self.observers.active or metrics is not None
         """Responses are counted or observed (the produce pipeline then summarises)."""
         self._health: HealthServer | None = None
+        self._client_tls = client_context(config.tls)
+        self._upstream_tls = upstream_context(config.upstream_tls)
+        self._sweeper: asyncio.Task[None] | None = None
         host, port = config.listen_address
         self.listen_host = host
         self._listen_port = port
@@ -79,7 +83,7 @@ class ProxyServer:
         """Open the bootstrap listener."""
         server = await asyncio.start_server(
             partial(self._accept, node_id=None), self.listen_host, self._listen_port,
-            reuse_address=True,
+            reuse_address=True, ssl=self._client_tls,
         )
         self._servers[None] = server
         self._listen_port = server.sockets[0].getsockname()[1]
@@ -88,6 +92,8 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
+        if self.config.idle_timeout_ms:
+            self._sweeper = asyncio.create_task(self._close_idle())
         if self.config.metrics_listen is not None and self.metrics is not None:
             self._health = HealthServer(self.metrics, self.readiness)
             await self._health.start(*self.config.metrics_listen_address)
@@ -124,7 +130,7 @@ class ProxyServer:
         try:
             server = await asyncio.start_server(
                 partial(self._accept, node_id=node_id), self.listen_host, port,
-                reuse_address=True,
+                reuse_address=True, ssl=self._client_tls,
             )
         except OSError as exc:
             log.error("cannot open listener port %d for node %d: %s (set node_ports or "
@@ -137,9 +143,32 @@ class ProxyServer:
         """Open listeners: node id (``None`` for bootstrap) -> port."""
         return {k: s.sockets[0].getsockname()[1] for k, s in self._servers.items() if s.sockets}
 
+    async def _close_idle(self) -> None:
+        idle = self.config.idle_timeout_ms / 1000
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(min(max(idle / 4, 0.05), 5.0))
+            now = loop.time()
+            for conn in list(self.connections):
+                if conn.idle and now - conn.last_activity >= idle:
+                    log.info("closing idle client %s (client_id %r): no traffic for %.0f s",
+                             conn.client_address, conn.client_id, idle,
+                             extra=conn.log_context)
+                    await conn.close()
+
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                       node_id: int | None) -> None:
+        if len(self.connections) >= self.config.max_connections:
+            peer = writer.get_extra_info("peername")
+            log.warning("refusing client %s: max_connections (%d) reached", peer,
+                        self.config.max_connections)
+            if self.metrics is not None:
+                self.metrics.refused_connections.inc()
+            writer.transport.abort()
+            return
         conn = ClientConnection(self, reader, writer, node_id)
+        if self._client_tls is not None and self.config.tls.client_ca is not None:
+            conn.principal = principal_from_peercert(writer.get_extra_info("peercert"))
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections.inc()
@@ -172,7 +201,12 @@ class ProxyServer:
         self, host: str, port: int
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """Open a connection to a broker."""
-        return await asyncio.open_connection(host, port, limit=2**20)
+        if self._upstream_tls is None:
+            return await asyncio.open_connection(host, port, limit=2**20)
+        return await asyncio.open_connection(
+            host, port, limit=2**20, ssl=self._upstream_tls,
+            server_hostname=host,
+        )
 
     # ------------------------------------------------------------------ routing
 
@@ -222,6 +256,8 @@ class ProxyServer:
             grace = self.config.shutdown_grace_ms / 1000
         for server in self._servers.values():
             server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for conn in list(self.connections):
             await conn.drain()
         deadline = time.monotonic() + grace

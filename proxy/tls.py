@@ -1,0 +1,76 @@
+"""TLS contexts for the client-facing listeners and the broker connections.
+
+Client side: the proxy presents ``tls.cert``; with ``tls.client_ca`` it
+requires a client certificate signed by that CA (mTLS), and the certificate's
+subject becomes the connection's principal (``CN=app,O=Example`` — RFC 2253
+order, as Kafka names SSL principals). Upstream: certificates are verified
+against ``upstream_tls.ca`` (or the system store) with host-name checking on
+unless turned off; an optional client certificate is presented to brokers that
+require mTLS. The minimum version defaults to TLS 1.2.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from proxy.config import ConfigError, TlsSettings, UpstreamTlsSettings
+
+__all__ = ["client_context", "principal_from_peercert", "upstream_context"]
+
+_VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
+_SHORT = {
+    "commonName": "CN", "organizationName": "O", "organizationalUnitName": "OU",
+    "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST",
+    "streetAddress": "STREET", "domainComponent": "DC", "userId": "UID",
+    "emailAddress": "EMAILADDRESS",
+}
+
+
+def _load(action: str, fn: Any, *args: Any) -> None:
+    try:
+        fn(*args)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{action}: {exc}") from None
+
+
+def client_context(settings: TlsSettings) -> ssl.SSLContext | None:
+    """The server-side context of the listeners, or ``None`` when TLS is off."""
+    if settings.cert is None or settings.key is None:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = _VERSIONS[settings.min_version]
+    _load(f"tls.cert/tls.key ({settings.cert}, {settings.key})", ctx.load_cert_chain,
+          settings.cert, settings.key)
+    if settings.client_ca is not None:
+        _load(f"tls.client_ca ({settings.client_ca})", ctx.load_verify_locations,
+              settings.client_ca)
+        ctx.verify_mode = ssl.CERT_REQUIRED
+    return ctx
+
+
+def upstream_context(settings: UpstreamTlsSettings) -> ssl.SSLContext | None:
+    """The client-side context for broker connections, or ``None`` when TLS is off."""
+    if not settings.active:
+        return None
+    try:
+        ctx = ssl.create_default_context(cafile=settings.ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"upstream_tls.ca ({settings.ca}): {exc}") from None
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.check_hostname = settings.verify_hostname
+    if settings.cert is not None and settings.key is not None:
+        _load(f"upstream_tls.cert/key ({settings.cert}, {settings.key})",
+              ctx.load_cert_chain, settings.cert, settings.key)
+    return ctx
+
+
+def principal_from_peercert(cert: dict[str, Any] | None) -> str | None:
+    """``CN=...,O=...`` from ``SSLObject.getpeercert()``, most specific first."""
+    if not cert or "subject" not in cert:
+        return None
+    parts = []
+    for rdn in reversed(cert["subject"]):
+        for name, value in rdn:
+            parts.append(f"{_SHORT.get(name, name)}={value}")
+    return ",".join(parts) or None
