@@ -43,7 +43,7 @@ def known_version_range(api_key: int) -> tuple[int, int] | None:
     return versions[0], versions[-1]
 
 
-def _cut(entries: tuple[Any, ...]) -> tuple[Any, ...]:
+def _cut(entries: tuple[Any, ...], produce_max: int) -> tuple[Any, ...]:
     out = []
     for entry in entries:
         known = known_version_range(entry.api_key)
@@ -51,15 +51,20 @@ def _cut(entries: tuple[Any, ...]) -> tuple[Any, ...]:
             continue
         max_version = min(entry.max_version, known[1])
         if entry.api_key == ApiKey.PRODUCE:
-            max_version = min(max_version, PRODUCE_MAX_VERSION)
+            max_version = min(max_version, produce_max)
         if max_version < entry.min_version:
             continue
         out.append(dataclasses.replace(entry, max_version=max_version))
     return tuple(out)
 
 
-def cut_api_versions_frame(api_version: int, frame: bytes) -> bytes:
+def cut_api_versions_frame(api_version: int, frame: bytes,
+                           produce_max: int = PRODUCE_MAX_VERSION) -> bytes:
     """Rewrite an ApiVersions response frame (header v0) to what the proxy can carry.
+
+    ``produce_max`` caps the Produce version offered (v12 when several worker
+    processes share the listeners: v13 names topics by id, and a worker can only
+    resolve ids it saw in a Metadata response of its own).
 
     A broker that did not know the requested version answers in v0 format; that
     answer is recognised and cut the same way.
@@ -74,7 +79,7 @@ def cut_api_versions_frame(api_version: int, frame: bytes) -> bytes:
             raise
         version = 0
         message = parse_response(ApiKey.API_VERSIONS, 0, frame, body_offset)
-    cut = dataclasses.replace(message, api_keys=_cut(message.api_keys))
+    cut = dataclasses.replace(message, api_keys=_cut(message.api_keys, produce_max))
     if cut == message:
         return frame
     return frame[:body_offset] + serialize(cut)

@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 from typing import Any
@@ -55,6 +56,8 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="also audit requests of other APIs (one event each)")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve /metrics, /healthz and /readyz on HOST:PORT")
+    p.add_argument("--workers", metavar="N", type=int,
+                   help="processes sharing the listeners with SO_REUSEPORT (default 1)")
     p.add_argument("--max-connections", metavar="N", type=int,
                    help="client connections open at once (default 10000)")
     p.add_argument("--max-buffered-bytes", metavar="BYTES", type=int,
@@ -133,6 +136,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "audit.path": args.audit_log,
         "audit.requests": args.audit_requests,
         "metrics_listen": args.metrics_listen,
+        "workers": args.workers,
         "max_connections": args.max_connections,
         "max_buffered_bytes": args.max_buffered_bytes,
         "idle_timeout_ms": args.idle_timeout_ms,
@@ -231,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             print("kiproxy: config error: upstream: at least one HOST:PORT is required "
                   "(--upstream or the config file's upstream list)", file=sys.stderr)
             return 2
+        if config.workers > 1:
+            return _serve_workers(config)
         _run(serve(config, on_ready=_print_ready))
     except PluginLoadError as exc:
         print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
@@ -242,6 +248,57 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
+    """The settings of worker ``index``: its own metrics port and audit file."""
+    update: dict[str, Any] = {}
+    if config.metrics_listen is not None:
+        host, port = config.metrics_listen_address
+        update["metrics_listen"] = f"{host}:{port + index}"
+    if config.audit.path is not None:
+        update["audit"] = config.audit.model_copy(
+            update={"path": f"{config.audit.path}.w{index}"})
+    return config.model_copy(update=update)
+
+
+def _serve_workers(config: ProxyConfig) -> int:
+    """Fork ``config.workers`` processes serving the same listeners; wait for them."""
+    if config.listen_address[1] == 0:
+        raise ConfigError("workers: several workers need a fixed listen port, not 0")
+    if config.broker_port_start is None and not config.node_ports:
+        log.info("workers: node listeners on listen port + 1 + node id")
+    children: list[int] = []
+    for index in range(config.workers):
+        pid = os.fork()
+        if pid == 0:  # the worker
+            code = 0
+            try:
+                _run(serve(worker_config(config, index),
+                           on_ready=_print_ready if index == 0 else None))
+            except BaseException:
+                log.exception("worker %d failed", index)
+                code = 1
+            finally:
+                logging.shutdown()
+                os._exit(code)
+        children.append(pid)
+
+    def forward(sig: int, _frame: object) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, sig)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    failed = 0
+    for child in children:
+        _, status = os.waitpid(child, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            failed += 1
+    if failed:
+        log.error("%d of %d workers exited with an error", failed, len(children))
+    return 1 if failed else 0
 
 
 def _print_ready(server: ProxyServer) -> None:

@@ -169,6 +169,8 @@ class ProxyConfig(_Strict):
     max_in_flight: int = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    workers: int = Field(default=1, ge=1, le=256)
+    """Processes serving the same listeners (SO_REUSEPORT); each is one event loop."""
     max_connections: int = Field(default=10000, gt=0)
     """Client connections open at once; more are closed on accept (and logged)."""
     max_buffered_bytes: int = Field(default=8 * 2**20, gt=0)

@@ -19,6 +19,7 @@ from protocol.framing import RequestHeader
 from protocol.messages import ApiKey
 from proxy.addresses import needs_rewrite, rewrite_response_frame
 from proxy.api_versions import (
+    PRODUCE_MAX_VERSION,
     cut_api_versions_frame,
     known_version_range,
     unsupported_api_versions_response,
@@ -83,7 +84,8 @@ class ProxyServer:
         """Open the bootstrap listener."""
         server = await asyncio.start_server(
             partial(self._accept, node_id=None), self.listen_host, self._listen_port,
-            reuse_address=True, ssl=self._client_tls,
+            reuse_address=True, reuse_port=self.config.workers > 1 or None,
+            ssl=self._client_tls,
         )
         self._servers[None] = server
         self._listen_port = server.sockets[0].getsockname()[1]
@@ -130,7 +132,8 @@ class ProxyServer:
         try:
             server = await asyncio.start_server(
                 partial(self._accept, node_id=node_id), self.listen_host, port,
-                reuse_address=True, ssl=self._client_tls,
+                reuse_address=True, reuse_port=self.config.workers > 1 or None,
+                ssl=self._client_tls,
             )
         except OSError as exc:
             log.error("cannot open listener port %d for node %d: %s (set node_ports or "
@@ -212,7 +215,8 @@ class ProxyServer:
 
     def _rewriter(self, header: RequestHeader) -> Callable[[bytes], bytes] | None:
         if header.api_key == ApiKey.API_VERSIONS:
-            return partial(cut_api_versions_frame, header.api_version)
+            return partial(cut_api_versions_frame, header.api_version,
+                           produce_max=12 if self.config.workers > 1 else PRODUCE_MAX_VERSION)
         if needs_rewrite(header.api_key, header.api_version):
             observe = self.produce.learn_topic_ids if header.api_key == ApiKey.METADATA else None
             return partial(rewrite_response_frame, header.api_key, header.api_version,

@@ -1,0 +1,49 @@
+"""``--workers N``: several processes serve the same listeners with SO_REUSEPORT."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+from conftest import consume, launch_proxy
+from prometheus_client.parser import text_string_to_metric_families
+
+from proxy.embedded import EmbeddedBroker, free_port
+
+
+def _connections(addr: str) -> float:
+    with urllib.request.urlopen(f"http://{addr}/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "kiproxy_connections_total":
+                return float(sample.value)
+    return 0.0
+
+
+def test_workers_share_the_listeners(broker: EmbeddedBroker, topic: str,
+                                     tmp_path: Path) -> None:
+    from confluent_kafka import Producer
+
+    metrics_port = free_port()
+    free_port()  # worker 1 takes metrics_port + 1; usually free as well
+    audit = tmp_path / "audit.jsonl"
+    proxy = launch_proxy(broker.bootstrap, "--workers", "2", "--metrics-listen",
+                         f"127.0.0.1:{metrics_port}", "--audit-log", str(audit),
+                         interceptor="interceptors.builtin.uppercase:Uppercase")
+    try:
+        for i in range(24):  # separate clients, so the kernel spreads their connections
+            producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": f"p{i}"})
+            producer.produce(topic, b"w%d" % i, partition=0)
+            assert producer.flush(20) == 0
+        got = consume(proxy.bootstrap, topic, 24)
+        assert sorted(m.value() for m in got) == sorted(b"W%d" % i for i in range(24))
+        per_worker = [_connections(f"127.0.0.1:{metrics_port + i}") for i in range(2)]
+        assert all(n > 0 for n in per_worker), per_worker
+    finally:
+        assert proxy.stop() == 0
+    files = sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("audit"))
+    assert files == ["audit.jsonl.w0", "audit.jsonl.w1"]
+    events = [json.loads(line) for f in files for line in (tmp_path / f).read_text().splitlines()]
+    assert sum(e["records"] for e in events if e["topic"] == topic) == 24
