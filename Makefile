@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit bench-codec bench clean
+.PHONY: install run test lint typecheck unit bench-codec bench-proxy bench clean
 
 $(STAMP): pyproject.toml setup.py protocol/_codec.pyx
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,10 @@ test: lint typecheck
 
 bench-codec: $(STAMP)
 	$(BIN)/python -m bench.codec
+
+## End-to-end: producer -> (haproxy | kiproxy) -> embedded broker; BENCH_FLAGS=--quick for a short run.
+bench-proxy: $(STAMP)
+	$(BIN)/python -m bench.proxy $(BENCH_FLAGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info protocol/_codec.c protocol/_codec*.so

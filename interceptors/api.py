@@ -81,6 +81,9 @@ class RejectBatch(Exception):
         super().__init__(message)
         self.message = message
         self.error_code = error_code(error)
+        if self.error_code == 0:
+            # Code 0 is success: the producer would be told its records were stored.
+            raise ValueError("RejectBatch needs an error code; 0 (NONE) means success")
         self.record_errors = tuple(record_errors)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from typing import Any
 
 import cramjam
 
@@ -19,6 +20,8 @@ XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
 _XERIAL_BLOCK = 32 * 1024  # the Java client's default block size
 _INT32 = struct.Struct(">i")
+# cramjam's error when decompress_into runs out of output buffer (Rust's WriteZero).
+_OUTPUT_FULL = "failed to write whole buffer"
 
 
 class Compression(enum.IntEnum):
@@ -29,6 +32,14 @@ class Compression(enum.IntEnum):
     SNAPPY = 2
     LZ4 = 3
     ZSTD = 4
+
+
+_MODULES: dict[Compression, Any] = {
+    Compression.GZIP: cramjam.gzip, Compression.LZ4: cramjam.lz4, Compression.ZSTD: cramjam.zstd,
+}
+# Upper bounds of output/input size, with a margin: deflate 1032:1, LZ4 255:1, zstd
+# 32768:1 (an RLE block: 128 KiB out of 4 bytes).
+_MAX_RATIO = {Compression.GZIP: 1100, Compression.LZ4: 260, Compression.ZSTD: 40_000}
 
 
 def compression_from_attributes(attributes: int, offset: int = 0) -> Compression:
@@ -56,14 +67,10 @@ def decompress(codec: Compression, data: bytes | memoryview, limit: int) -> byte
     ``limit`` bounds the decompressed size; a larger result is an error.
     """
     try:
-        if codec is Compression.GZIP:
-            out = bytes(cramjam.gzip.decompress(data))
-        elif codec is Compression.SNAPPY:
+        if codec is Compression.SNAPPY:
             out = _snappy_decompress(bytes(data), limit)
-        elif codec is Compression.LZ4:
-            out = bytes(cramjam.lz4.decompress(data))
-        elif codec is Compression.ZSTD:
-            out = bytes(cramjam.zstd.decompress(data))
+        elif codec in _MODULES:  # gzip, lz4, zstd
+            out = _decompress_bounded(codec, data, limit)
         else:
             return bytes(data)
     except CorruptBatch:
@@ -96,9 +103,42 @@ def _lz4_compress_frame(data: bytes) -> bytes:
     return bytes(compressor.finish())
 
 
+def _decompress_bounded(codec: Compression, data: bytes | memoryview, limit: int) -> bytes:
+    module = _MODULES[codec]
+    if len(data) * _MAX_RATIO[codec] <= limit:
+        # Cannot inflate past the limit: decompress in one go.
+        out = bytes(module.decompress(data))
+        _check_size(len(out), limit, codec.name.lower())
+        return out
+    # Could be a bomb: decompress into a buffer of at most limit + 1 bytes, grown
+    # from a guess, so that it stops when full instead of inflating whole first.
+    size = min(limit + 1, max(4 * len(data), 64 * 1024))
+    while True:
+        buf = bytearray(size)
+        try:
+            n = int(module.decompress_into(data, buf))
+        except cramjam.DecompressionError as exc:
+            if _OUTPUT_FULL not in str(exc):
+                raise
+            if size <= limit:
+                size = min(4 * size, limit + 1)
+                continue
+            n = size
+        _check_size(n, limit, codec.name.lower())
+        del buf[n:]
+        return bytes(buf)
+
+
+def _snappy_raw(data: bytes, limit: int, already: int = 0) -> bytes:
+    # Raw snappy starts with the decompressed length; check it before cramjam
+    # allocates it (a 7-byte input can claim 4 GiB).
+    _check_size(already + int(cramjam.snappy.decompress_raw_len(data)), limit, "snappy")
+    return bytes(cramjam.snappy.decompress_raw(data))
+
+
 def _snappy_decompress(data: bytes, limit: int) -> bytes:
     if not data.startswith(XERIAL_MAGIC):
-        return bytes(cramjam.snappy.decompress_raw(data))
+        return _snappy_raw(data, limit)
     pos = len(_XERIAL_HEADER)
     if len(data) < pos:
         raise CorruptBatch("snappy xerial header is truncated")
@@ -113,8 +153,7 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
                 f"snappy xerial block at byte {pos - 4} claims {size} bytes, "
                 f"{len(data) - pos} remain"
             )
-        out += cramjam.snappy.decompress_raw(data[pos : pos + size])
-        _check_size(len(out), limit, "snappy")
+        out += _snappy_raw(data[pos : pos + size], limit, len(out))
         pos += size
     return bytes(out)
 

@@ -104,13 +104,29 @@ def is_flexible(api_key: int, api_version: int) -> bool | None:
         return None
 
 
+@lru_cache(maxsize=4096)
+def _predates_schemas(api_key: int, api_version: int) -> bool:
+    """Whether a version is older than every schema we ship of a known, non-flexible API.
+
+    Such versions (Produce v0-v2) predate flexible versions, so their headers are
+    v1 (request) and v0 (response) even without a schema.
+    """
+    from kio.schema.index import api_key_map, schema_name_map
+
+    name = api_key_map.get(api_key)
+    if name is None or api_version < 0:
+        return False
+    oldest = min(schema_name_map[name])
+    return api_version < oldest and is_flexible(api_key, oldest) is False
+
+
 def request_header_version(api_key: int, api_version: int) -> int | None:
     """0, 1 or 2, or ``None`` for an API version the schemas do not know."""
     if api_key == _CONTROLLED_SHUTDOWN_KEY and api_version == 0:
         return 0
     flexible = is_flexible(api_key, api_version)
     if flexible is None:
-        return None
+        return 1 if _predates_schemas(api_key, api_version) else None
     return 2 if flexible else 1
 
 
@@ -120,7 +136,7 @@ def response_header_version(api_key: int, api_version: int) -> int | None:
         return 0
     flexible = is_flexible(api_key, api_version)
     if flexible is None:
-        return None
+        return 0 if _predates_schemas(api_key, api_version) else None
     return 1 if flexible else 0
 
 

@@ -9,9 +9,13 @@ gives the same bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import io
-from functools import lru_cache
-from typing import Any
+import struct
+import types
+from collections.abc import Callable
+from functools import cache, lru_cache
+from typing import Any, get_args, get_origin
 
 from protocol.errors import MalformedMessage, UnsupportedVersion
 
@@ -99,8 +103,179 @@ def _writer(entity_type: Any) -> Any:
     return entity_writer(entity_type)
 
 
+# ------------------------------------------------------------ length pre-check
+#
+# kio's native reader sizes an array from its length prefix before reading the
+# elements, and a Rust allocation failure aborts the whole process. So every
+# length in a body is first checked against the bytes that remain, as Kafka's
+# own generated parsers do ("Tried to allocate a collection of size N, but
+# there are only M bytes remaining"), before kio sees the body.
+
+_Skip = Callable[[bytes, int, int], int]
+_FIXED_SIZES = {
+    "int8": 1, "int16": 2, "int32": 4, "int64": 8, "uint8": 1, "uint16": 2, "uint32": 4,
+    "uint64": 8, "float64": 8, "uuid": 16, "bool": 1, "error_code": 2, "timedelta_i32": 4,
+    "timedelta_i64": 8, "datetime_i64": 8,
+}
+_I16 = struct.Struct(">h")
+_I32 = struct.Struct(">i")
+
+
+class _TooLong(Exception):
+    """A length prefix that runs past the end of the body (internal to the pre-check)."""
+
+
+def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
+    result = 0
+    for shift in range(0, 35, 7):
+        if pos >= end:
+            raise _TooLong(f"varint truncated at byte {pos}")
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            if result > 0xFFFFFFFF:
+                raise _TooLong(f"varint {result} at byte {pos} overflows 32 bits")
+            return result, pos
+    raise _TooLong(f"varint at byte {pos} is longer than 5 bytes")
+
+
+def _length(data: bytes, pos: int, end: int, flexible: bool, wide: bool) -> tuple[int, int]:
+    """Read a length prefix (-1 = null); refuse one longer than the bytes left."""
+    if flexible:
+        if pos < end and data[pos] < 0x80:  # one-byte varint: the common case
+            n, pos = data[pos] - 1, pos + 1
+        else:
+            n, pos = _uvarint(data, pos, end)
+            n -= 1
+    else:
+        size = 4 if wide else 2
+        if pos + size > end:
+            raise _TooLong(f"length truncated at byte {pos}")
+        n = (_I32 if wide else _I16).unpack_from(data, pos)[0]
+        pos += size
+    if n > end - pos:
+        raise _TooLong(f"length {n} at byte {pos} runs past the {end - pos} bytes left")
+    return n, pos
+
+
+def _fixed(size: int) -> _Skip:
+    def skip(data: bytes, pos: int, end: int) -> int:
+        if pos + size > end:
+            raise _TooLong(f"field truncated at byte {pos}")
+        return pos + size
+    return skip
+
+
+def _sized(flexible: bool, wide: bool) -> _Skip:
+    def skip(data: bytes, pos: int, end: int) -> int:
+        n, pos = _length(data, pos, end, flexible, wide)
+        return pos + max(n, 0)
+    return skip
+
+
+def _array(element: _Skip | int, flexible: bool) -> _Skip:
+    if isinstance(element, int):
+        size = element
+
+        def skip_fixed(data: bytes, pos: int, end: int) -> int:
+            n, pos = _length(data, pos, end, flexible, True)
+            if n > 0 and pos + n * size > end:
+                raise _TooLong(f"array of {n} at byte {pos} runs past the body")
+            return pos + max(n, 0) * size
+        return skip_fixed
+
+    def skip(data: bytes, pos: int, end: int) -> int:
+        n, pos = _length(data, pos, end, flexible, True)
+        for _ in range(n):
+            pos = element(data, pos, end)
+        return pos
+    return skip
+
+
+def _nullable_entity(entity: _Skip) -> _Skip:
+    def skip(data: bytes, pos: int, end: int) -> int:
+        if pos >= end:
+            raise _TooLong(f"struct marker truncated at byte {pos}")
+        return pos + 1 if data[pos] == 0xFF else entity(data, pos + 1, end)
+    return skip
+
+
+def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool) -> _Skip | int:
+    """How to skip one field: a function, or the size of a fixed-size field."""
+    field_type: Any = f.type
+    optional = False
+    if get_origin(field_type) is types.UnionType:
+        field_type = next(a for a in get_args(field_type) if a is not type(None))
+        optional = not tagged
+    is_array = get_origin(field_type) is tuple
+    inner: Any = get_args(field_type)[0] if is_array else field_type
+    skip: _Skip | int
+    if isinstance(inner, type) and dataclasses.is_dataclass(inner):
+        skip = _entity_skipper(inner)
+        if optional and not is_array:
+            skip = _nullable_entity(skip)
+    else:
+        kafka_type = f.metadata["kafka_type"]
+        if kafka_type in _FIXED_SIZES:
+            skip = _FIXED_SIZES[kafka_type]
+        else:  # string, bytes, records
+            skip = _sized(flexible, wide=kafka_type != "string")
+    return _array(skip, flexible) if is_array else skip
+
+
+@cache
+def _entity_skipper(entity_type: Any) -> _Skip:
+    flexible = bool(entity_type.__flexible__)
+    plain: list[_Skip] = []
+    tagged: dict[int, _Skip] = {}
+    fixed_run = 0  # consecutive fixed-size fields are skipped in one step
+    for f in dataclasses.fields(entity_type):
+        if "tag" in f.metadata:
+            tag_skip = _field_skipper(f, flexible, tagged=True)
+            tagged[int(f.metadata["tag"])] = (
+                _fixed(tag_skip) if isinstance(tag_skip, int) else tag_skip)
+            continue
+        field_skip = _field_skipper(f, flexible, tagged=False)
+        if isinstance(field_skip, int):
+            fixed_run += field_skip
+            continue
+        if fixed_run:
+            plain.append(_fixed(fixed_run))
+            fixed_run = 0
+        plain.append(field_skip)
+    if fixed_run:
+        plain.append(_fixed(fixed_run))
+
+    def skip(data: bytes, pos: int, end: int) -> int:
+        for field_skip in plain:
+            pos = field_skip(data, pos, end)
+        if flexible:
+            if pos < end and data[pos] == 0:  # no tagged fields: the common case
+                return pos + 1
+            count, pos = _uvarint(data, pos, end)
+            for _ in range(count):
+                tag, pos = _uvarint(data, pos, end)
+                size, pos = _uvarint(data, pos, end)
+                if size > end - pos:
+                    raise _TooLong(f"tagged field {tag} at byte {pos} runs past the body")
+                if tag in tagged:
+                    tagged[tag](data, pos, pos + size)
+                pos += size
+        return pos
+
+    return skip
+
+
 def _parse(kind: str, entity_type: Any, api_key: int, api_version: int,
            data: bytes, offset: int) -> Any:
+    try:
+        _entity_skipper(entity_type)(data, offset, len(data))
+    except _TooLong as exc:
+        raise MalformedMessage(
+            f"{api_name(api_key)} {kind} v{api_version} does not parse "
+            f"(body at byte {offset}): {exc}"
+        ) from None
     try:
         value, size = _reader(entity_type)(data, offset)
     except Exception as exc:  # kio raises struct/Value/Index errors for bad input

@@ -14,6 +14,7 @@ from typing import Any
 from interceptors.builtin.audit import AuditLog, KafkaAuditSink
 from interceptors.loader import PluginLoadError, load_interceptor, load_observer
 from proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
+from proxy.isolation import IsolatedInterceptor
 from proxy.logs import setup_logging
 from proxy.metrics import Metrics
 from proxy.observe import ObserverHub
@@ -46,6 +47,11 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="JSON object passed to the interceptor's configure()")
     p.add_argument("--interceptor-timeout-ms", metavar="MS", type=int,
                    help="per-batch deadline (default 5000)")
+    p.add_argument("--interceptor-isolation", metavar="MODE", choices=("inline", "process"),
+                   help="inline (default: on the event loop) or process (worker processes, "
+                        "killed at the deadline or on a crash and replaced)")
+    p.add_argument("--interceptor-workers", metavar="N", type=int,
+                   help="worker processes with --interceptor-isolation process (default 2)")
     p.add_argument("--max-frame-size", metavar="BYTES", type=int,
                    help="largest request frame accepted (default 104857600)")
     p.add_argument("--max-in-flight", metavar="N", type=int,
@@ -103,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Start an embedded Kafka-compatible broker (Tansu, "
                                      "memory storage) and the proxy in front of it.")
     _add_common(dev, upstream=False)
+    from pipelines.cli import add_parsers as add_pipeline_parsers  # no pyspark import
+
+    add_pipeline_parsers(sub)
     return parser
 
 
@@ -129,6 +138,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "interceptor.class": args.interceptor,
         "interceptor.config": interceptor_config,
         "interceptor.timeout_ms": args.interceptor_timeout_ms,
+        "interceptor.isolation": args.interceptor_isolation,
+        "interceptor.workers": args.interceptor_workers,
         "max_frame_size": args.max_frame_size,
         "max_in_flight": args.max_in_flight,
         "log_level": args.log_level,
@@ -178,7 +189,15 @@ def build_pipeline(config: ProxyConfig) -> ProducePipeline:
     """Load the configured interceptor (if any) into a produce pipeline."""
     spec = config.interceptor.class_name
     interceptor = None
-    if spec is not None:
+    if spec is not None and config.interceptor.isolation == "process":
+        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
+                                   workers=config.interceptor.workers,
+                                   log_setup=(config.log_level, config.log_format))
+        pool.start()  # a plugin that cannot load stops the proxy here (PluginLoadError)
+        interceptor = pool
+        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
+                 len(pool.pids), ", ".join(map(str, pool.pids)))
+    elif spec is not None:
         interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
         log.info("interceptor %s loaded", spec)
     return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms)
@@ -219,6 +238,10 @@ def _run(coro: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``kiproxy`` console script."""
     args = build_parser().parse_args(argv)
+    if args.command in ("replay", "report"):
+        from pipelines.cli import run as run_pipeline
+
+        return run_pipeline(args)
     try:
         overrides = _overrides(args)
         if args.command == "dev":

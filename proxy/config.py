@@ -61,6 +61,11 @@ class InterceptorSettings(_Strict):
     """Passed to the interceptor's ``configure()``."""
     timeout_ms: int = Field(default=5000, gt=0)
     """Per-batch deadline; a batch not done by then is rejected with REQUEST_TIMED_OUT."""
+    isolation: Literal["inline", "process"] = "inline"
+    """``inline``: on the event loop (fastest); ``process``: in worker processes that are
+    killed at the deadline or when they crash, and replaced (see ``proxy.isolation``)."""
+    workers: int = Field(default=2, gt=0, le=256)
+    """Plugin worker processes when ``isolation`` is ``process`` (per proxy process)."""
 
     @field_validator("class_name")
     @classmethod

@@ -432,7 +432,18 @@ class ProducePipeline:
                 out.append(decoded.raw)
                 transformed = False
             else:
-                out.append(encode_batch(h, result.records, renumber=True))
+                try:
+                    out.append(encode_batch(h, tuple(result.records), renumber=True))
+                except Exception as exc:
+                    # Not Records, a header key that is not UTF-8, a timestamp out of
+                    # range: the plugin's fault, so that batch is rejected like a raise.
+                    self.stats.plugin_errors += 1
+                    log.error("interceptor %s returned records that cannot be encoded on "
+                              "%s[%d]: %s: %s", self.name, topic, part.index,
+                              type(exc).__name__, exc, extra=conn.log_context)
+                    return _Rejection(topic_key, part.index, INVALID_RECORD,
+                                      f"interceptor {self.name} returned records that cannot "
+                                      f"be encoded: {type(exc).__name__}: {exc}")
                 changed = transformed = True
                 self.stats.transformed_batches += 1
             acked.append(AcknowledgedBatch(topic=topic, partition=part.index,

@@ -1,0 +1,161 @@
+"""``interceptors.builtin.chain:Chain`` - several interceptors, in order, as one.
+
+The proxy runs one configured interceptor; ``Chain`` is that interceptor when
+a batch should pass several: each link gets the batch the previous link
+returned. Links are loaded like the top-level interceptor (plugins dir, then
+installed modules, then entry points), so a chain mixes built-ins and your own
+plugins. Links may be plain or ``async``; the chain stays synchronous until a
+link returns an awaitable. All links share the batch's deadline.
+
+A link that rejects stops the chain: the producer sees the link's error code
+and its message prefixed with ``chain link N (MODULE:CLASS)``. A link that
+returns a different number of records is stopped there too (INVALID_RECORD),
+naming the link. ``on_acknowledgement`` is passed to every link that defines
+it; ``close()`` closes the links in reverse order.
+
+Config::
+
+    interceptor:
+      class: interceptors.builtin.chain:Chain
+      config:
+        links:
+          - interceptor: interceptors.builtin.signing:SignatureVerifier
+            config: {keys: {k1: {env: SIGNING_KEY}}, strip: true}
+          - interceptor: interceptors.builtin.trace:TraceContext
+          - interceptor: interceptors.builtin.paper_trail:PaperTrail
+            config: {cluster: east}
+          - redact:Redact                     # a plugin from the plugins dir, no config
+        plugins_dir: plugins                  # optional; defaults to the proxy's plugins dir
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from collections.abc import Awaitable, Mapping
+from typing import Any
+
+from interceptors import (
+    AcknowledgedBatch,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from interceptors.loader import current_plugins_dir, load_interceptor
+
+
+class Chain(ProduceRequestInterceptor):
+    """Runs its links in order; each gets the batch the previous one returned."""
+
+    def __init__(self) -> None:
+        self.links: list[tuple[str, Any]] = []
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Load every link's interceptor (a failure names the link)."""
+        unknown = set(config) - {"links", "plugins_dir"}
+        if unknown:
+            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
+                             "known: links, plugins_dir")
+        links = config.get("links")
+        if not isinstance(links, list) or not links:
+            raise ValueError("links must be a non-empty list of {interceptor, config}")
+        plugins_dir = config.get("plugins_dir", current_plugins_dir())
+        for i, link in enumerate(links, 1):
+            if isinstance(link, str):
+                link = {"interceptor": link}
+            if not isinstance(link, Mapping) or "interceptor" not in link:
+                raise ValueError(f"links[{i - 1}] needs 'interceptor' (MODULE:CLASS)")
+            bad = set(link) - {"interceptor", "config"}
+            if bad:
+                raise ValueError(f"links[{i - 1}]: unknown key(s) {', '.join(sorted(bad))}; "
+                                 "known: config, interceptor")
+            spec = str(link["interceptor"])
+            try:
+                plugin = load_interceptor(spec, plugins_dir, link.get("config") or {})
+            except Exception as exc:
+                raise ValueError(f"links[{i - 1}] ({spec}): {exc}") from exc
+            self.links.append((spec, plugin))
+        if any(_has_ack_hook(p) for _, p in self.links):
+            # The proxy parses every produce response for an interceptor whose class has
+            # the hook, so only a chain with a link that wants it gets it.
+            self.__class__ = _AcknowledgingChain
+
+    def _checked(self, index: int, before: RecordBatch, after: Any) -> RecordBatch:
+        spec = self.links[index][0]
+        if not isinstance(after, RecordBatch):
+            raise RejectBatch(f"chain link {index + 1} ({spec}) returned "
+                              f"{type(after).__name__}, not a RecordBatch")
+        if len(after.records) != len(before.records):
+            raise RejectBatch(f"chain link {index + 1} ({spec}) broke the record-count rule: "
+                              f"returned {len(after.records)} records for a batch of "
+                              f"{len(before.records)}")
+        return after
+
+    def _rejected(self, index: int, exc: RejectBatch) -> RejectBatch:
+        spec = self.links[index][0]
+        return RejectBatch(f"chain link {index + 1} ({spec}): {exc.message}",
+                           exc.error_code, exc.record_errors)
+
+    def intercept(
+        self, batch: RecordBatch, ctx: InterceptContext
+    ) -> RecordBatch | Awaitable[RecordBatch]:
+        """Run the links in order (synchronously until a link returns an awaitable)."""
+        for i, (_, plugin) in enumerate(self.links):
+            try:
+                result = plugin.intercept(batch, ctx)
+            except RejectBatch as exc:
+                raise self._rejected(i, exc) from exc
+            if inspect.isawaitable(result):
+                return self._continue(i, batch, result, ctx)
+            batch = self._checked(i, batch, result)
+        return batch
+
+    async def _continue(self, index: int, batch: RecordBatch, pending: Awaitable[Any],
+                        ctx: InterceptContext) -> RecordBatch:
+        try:
+            result = await pending
+        except RejectBatch as exc:
+            raise self._rejected(index, exc) from exc
+        batch = self._checked(index, batch, result)
+        for i in range(index + 1, len(self.links)):
+            try:
+                result = self.links[i][1].intercept(batch, ctx)
+                if inspect.isawaitable(result):
+                    result = await result
+            except RejectBatch as exc:
+                raise self._rejected(i, exc) from exc
+            batch = self._checked(i, batch, result)
+        return batch
+
+    def close(self) -> Any:
+        """Close the links in reverse order; an awaitable when some link closes async."""
+        pending = []
+        for _, plugin in reversed(self.links):
+            close = getattr(plugin, "close", None)
+            if close is not None:
+                result = close()
+                if inspect.isawaitable(result):
+                    pending.append(result)
+        if pending:
+            async def wait() -> None:
+                await asyncio.gather(*pending)
+            return wait()
+        return None
+
+
+def _has_ack_hook(plugin: Any) -> bool:
+    hook = getattr(type(plugin), "on_acknowledgement", None)
+    return callable(hook) and hook is not ProduceRequestInterceptor.on_acknowledgement
+
+
+class _AcknowledgingChain(Chain):
+    """A chain with a link that has ``on_acknowledgement``."""
+
+    def on_acknowledgement(
+        self, batch: AcknowledgedBatch, base_offset: int, error: int | None
+    ) -> None:
+        """Tell every link that has the hook."""
+        for _, plugin in self.links:
+            if _has_ack_hook(plugin):
+                plugin.on_acknowledgement(batch, base_offset, error)

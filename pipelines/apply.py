@@ -1,0 +1,190 @@
+"""Running an interceptor over replayed batches, with the proxy's rules.
+
+The interceptor is loaded once per executor process through the same loader
+and public API as the proxy (:func:`interceptors.loader.load_interceptor`), and
+each batch gets the same verdicts the proxy would give it: ``RejectBatch``
+rejects with its error; any other exception rejects with INVALID_RECORD; a
+returned batch with another record count, or something that is not a
+``RecordBatch``, rejects with INVALID_RECORD; an ``async def intercept`` that
+misses ``timeout_ms`` (or a plain one that returns late) rejects with
+REQUEST_TIMED_OUT.
+
+A replayed batch comes with an :class:`InterceptContext` whose ``client_id`` is
+``kiproxy-replay``, ``client_address`` is ``replay``, ``api_version`` is -1 (no
+produce request), ``received_at_ms`` is the batch's newest record timestamp,
+and ``extra`` holds ``{"replay": True, "offsets": (first, last)}``, so a plugin
+can tell a replay from live traffic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import inspect
+import socket
+import time
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from interceptors.api import ERROR_CODES, InterceptContext, RecordBatch, RejectBatch
+from interceptors.loader import load_interceptor
+from pipelines.sources import SourceBatch
+from protocol.records import Record
+
+__all__ = ["InterceptorRunner", "InterceptorSpec", "Outcome", "error_name", "runner_for"]
+
+_ERROR_NAMES = {code: name for name, code in ERROR_CODES.items()}
+INVALID_RECORD = 87
+REQUEST_TIMED_OUT = 7
+
+
+def error_name(code: int) -> str:
+    """Kafka's name of an error code (``POLICY_VIOLATION``), or ``ERROR_<code>``."""
+    return _ERROR_NAMES.get(code, f"ERROR_{code}")
+
+
+@dataclass(frozen=True, slots=True)
+class InterceptorSpec:
+    """Everything an executor needs to load the interceptor (picklable)."""
+
+    spec: str
+    """``MODULE:CLASS`` or an entry-point name."""
+    config: Mapping[str, Any] = field(default_factory=dict)
+    plugins_dir: str | None = None
+    """A plugins directory readable where the executors run (local mode)."""
+    plugins_archive: str | None = None
+    """Name of the plugins archive shipped with ``SparkContext.addArchive`` (cluster mode)."""
+    timeout_ms: int = 5000
+
+    def resolved_plugins_dir(self) -> str | None:
+        """The plugins directory on this machine (the unpacked archive on an executor)."""
+        if self.plugins_archive is not None:
+            from pyspark import SparkFiles
+
+            return str(Path(SparkFiles.get(self.plugins_archive)))
+        return self.plugins_dir
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The interceptor's verdict on one batch."""
+
+    kind: str
+    """``passed`` (unchanged), ``transformed`` or ``rejected``."""
+    records: tuple[Record, ...] = ()
+    """The records to write on (for passed and transformed batches)."""
+    transformed_records: int = 0
+    """How many records differ (key, value, headers or timestamp) from the stored ones."""
+    error_code: int = 0
+    message: str = ""
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+    """``(index in batch, message)`` pairs from ``RejectBatch``."""
+
+
+def _same(a: Record, b: Record) -> bool:
+    return (a.key == b.key and a.value == b.value and a.timestamp == b.timestamp
+            and [tuple(h) for h in a.headers] == [tuple(h) for h in b.headers])
+
+
+class InterceptorRunner:
+    """One loaded interceptor and the event loop its ``async def intercept`` runs on."""
+
+    def __init__(self, spec: InterceptorSpec) -> None:
+        self.spec = spec
+        self.name = spec.spec
+        self.timeout = spec.timeout_ms / 1000
+        self.interceptor = load_interceptor(spec.spec, spec.resolved_plugins_dir(),
+                                            dict(spec.config))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._host = socket.gethostname()
+
+    def close(self) -> None:
+        """Run the interceptor's ``close()`` and drop the event loop."""
+        close = getattr(self.interceptor, "close", None)
+        if close is not None:
+            result = close()
+            if inspect.isawaitable(result):
+                self._run(result, None)
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
+
+    def _run(self, awaitable: Any, timeout: float | None) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(asyncio.wait_for(awaitable, timeout))
+
+    def apply(self, batch: SourceBatch) -> Outcome:
+        """The verdict on ``batch``; never raises for anything the plugin does."""
+        view = RecordBatch(
+            topic=batch.topic, partition=batch.partition, records=batch.records,
+            producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+            base_sequence=batch.base_sequence, transactional=batch.transactional,
+            compression=batch.compression,
+        )
+        ctx = InterceptContext(
+            client_id="kiproxy-replay", client_address="replay", principal=None,
+            api_version=-1, acks=-1, transactional_id=None,
+            deadline=time.monotonic() + self.timeout,
+            received_at_ms=max((r.timestamp for r in batch.records), default=0),
+            proxy_host=self._host,
+            extra={"replay": True, "offsets": (batch.offsets[0], batch.offsets[-1])},
+        )
+        try:
+            result = self.interceptor.intercept(view, ctx)
+            if inspect.isawaitable(result):
+                result = self._run(result, max(ctx.deadline - time.monotonic(), 0))
+            elif time.monotonic() > ctx.deadline:
+                raise TimeoutError
+        except RejectBatch as exc:
+            return Outcome("rejected", error_code=exc.error_code, message=exc.message,
+                           record_errors=exc.record_errors)
+        except TimeoutError:
+            return Outcome("rejected", error_code=REQUEST_TIMED_OUT,
+                           message=f"interceptor {self.name} did not finish within "
+                                   f"{self.timeout * 1000:.0f} ms")
+        except Exception as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            return Outcome("rejected", error_code=INVALID_RECORD,
+                           message=f"interceptor {self.name} failed: {detail}")
+        if not isinstance(result, RecordBatch):
+            return Outcome("rejected", error_code=INVALID_RECORD,
+                           message=f"interceptor {self.name} returned "
+                                   f"{type(result).__name__}, not a RecordBatch")
+        if len(result.records) != len(batch.records):
+            return Outcome("rejected", error_code=INVALID_RECORD,
+                           message=f"interceptor {self.name} broke the record-count rule: "
+                                   f"returned {len(result.records)} records for a batch of "
+                                   f"{len(batch.records)}")
+        if result.records is batch.records:
+            return Outcome("passed", records=batch.records)
+        changed = sum(not _same(a, b) for a, b in zip(batch.records, result.records,
+                                                      strict=True))
+        if not changed:
+            return Outcome("passed", records=batch.records)
+        return Outcome("transformed", records=result.records, transformed_records=changed)
+
+
+_runners: dict[tuple[str, str, str | None, str | None, int], InterceptorRunner] = {}
+
+
+def runner_for(spec: InterceptorSpec) -> InterceptorRunner:
+    """The runner of ``spec`` in this process, loaded on first use and then reused."""
+    import json
+
+    key = (spec.spec, json.dumps(dict(spec.config), sort_keys=True, default=str),
+           spec.plugins_dir, spec.plugins_archive, spec.timeout_ms)
+    runner = _runners.get(key)
+    if runner is None:
+        runner = _runners[key] = InterceptorRunner(spec)
+        atexit.register(_close_quietly, runner)  # the plugin's close() when the worker exits
+    return runner
+
+
+def _close_quietly(runner: InterceptorRunner) -> None:
+    with contextlib.suppress(Exception):
+        runner.close()

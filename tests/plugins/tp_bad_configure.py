@@ -1,0 +1,32 @@
+"""Interceptors that cannot start."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+
+
+class BadConfigure(ProduceRequestInterceptor):
+    """``configure()`` rejects every config."""
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Always fail, naming the setting."""
+        raise ValueError(f"tp_bad_configure: 'limit' must be a positive integer, "
+                         f"got {config.get('limit')!r}")
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """Never reached."""
+        return batch
+
+
+class BadInit(ProduceRequestInterceptor):
+    """Cannot even be created."""
+
+    def __init__(self) -> None:
+        raise RuntimeError("tp_bad_configure: BadInit needs a licence file")
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """Never reached."""
+        return batch

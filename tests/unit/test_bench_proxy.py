@@ -1,0 +1,329 @@
+"""The proxy benchmark's pure parts: statistics, /proc parsing, tables and targets.
+
+No timing here: the harness's measurements are checked by running it, not by tests.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+# bench/ is not an installed package; the benchmark runs from the repository root.
+_ROOT = str(Path(__file__).resolve().parents[2])
+if _ROOT not in sys.path:
+    sys.path.insert(0, _ROOT)
+
+from bench.proxy import (  # noqa: E402
+    SCENARIOS,
+    Case,
+    RunResult,
+    Summary,
+    Target,
+    TargetCheck,
+    contention_note,
+    cpu_bound_ratio,
+    cpu_per_gb,
+    cpu_per_million,
+    evaluate_targets,
+    haproxy_config,
+    json_values,
+    median,
+    millicores_per_mbps,
+    parse_proc_stat,
+    percentile,
+    ratio,
+    render_table,
+    render_targets,
+    replace_section,
+    rotated,
+    summarize,
+    summarize_collapsed,
+)
+
+KIB = Case(1024, "none")
+
+
+def _run(scenario: str, round_: int, rps: float, p99: float | None = 2.0,
+         proxy_cpu: float | None = None, case: Case = KIB, **kw: object) -> RunResult:
+    # ``rps`` records in one second.
+    return RunResult(scenario=scenario, case=case, round=round_, records=int(rps), seconds=1.0,
+                     proxy_cpu=proxy_cpu, p50_ms=1.0, p99_ms=p99, **kw)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def test_median_ignores_missing_values() -> None:
+    assert median([3.0, None, 1.0, 2.0]) == 2.0
+    assert median([4.0, 1.0]) == 2.5
+    assert median([None, None]) is None
+    assert median([]) is None
+
+
+def test_percentile_interpolates_between_closest_ranks() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert percentile(values, 0) == 1.0
+    assert percentile(values, 100) == 100.0
+    assert percentile(values, 50) == pytest.approx(50.5)
+    assert percentile(values, 99) == pytest.approx(99.01)
+    assert percentile([5.0], 99) == 5.0
+    assert percentile([3.0, 1.0, 2.0], 50) == 2.0  # unsorted input
+
+
+def test_percentile_rejects_nonsense() -> None:
+    with pytest.raises(ValueError, match="no values"):
+        percentile([], 50)
+    with pytest.raises(ValueError, match=r"0\.\.100"):
+        percentile([1.0], 101)
+
+
+def test_ratio_is_none_without_a_baseline() -> None:
+    assert ratio(9.0, 10.0) == pytest.approx(0.9)
+    assert ratio(None, 10.0) is None
+    assert ratio(1.0, None) is None
+    assert ratio(1.0, 0.0) is None
+
+
+# --------------------------------------------------------------------------- CPU
+
+
+def test_parse_proc_stat_reads_utime_and_stime() -> None:
+    line = ("4242 (python3) S 1 4242 4242 0 -1 4194560 12345 0 0 0 "
+            "1500 250 0 0 20 0 3 0 123456 1000000 5000 18446744073709551615")
+    assert parse_proc_stat(line) == (1500, 250)
+
+
+def test_parse_proc_stat_survives_spaces_and_parentheses_in_the_name() -> None:
+    line = ("77 (kiproxy (worker) 1) R 1 77 77 0 -1 0 0 0 0 0 "
+            "31 7 0 0 20 0 1 0 99 0 0")
+    assert parse_proc_stat(line) == (31, 7)
+
+
+def test_parse_proc_stat_rejects_other_text() -> None:
+    with pytest.raises(ValueError, match="no '\\)'"):
+        parse_proc_stat("not a stat line")
+    with pytest.raises(ValueError, match="fields"):
+        parse_proc_stat("1 (x) S 1 2 3")
+
+
+def test_cpu_per_gb_and_per_million_records() -> None:
+    assert cpu_per_gb(2.0, 500_000_000) == pytest.approx(4.0)
+    assert cpu_per_million(3.0, 1_500_000) == pytest.approx(2.0)
+    assert cpu_per_gb(None, 1) is None
+    assert cpu_per_gb(1.0, 0) is None
+    assert cpu_per_million(1.0, 0) is None
+
+
+def test_millicores_per_mbps_equals_cpu_seconds_per_gb() -> None:
+    # 0.5 cores for 10 s while carrying 100 MB/s: 500 millicores / 100 MB/s.
+    assert millicores_per_mbps(5.0, 10.0, 1_000_000_000) == pytest.approx(5.0)
+    assert cpu_per_gb(5.0, 1_000_000_000) == pytest.approx(5.0)
+    assert millicores_per_mbps(None, 1.0, 1) is None
+    assert millicores_per_mbps(1.0, 0.0, 1) is None
+
+
+def test_cpu_bound_ratio() -> None:
+    assert cpu_bound_ratio(6.0, 0.0) == 1.0
+    assert cpu_bound_ratio(6.0, 2.0) == pytest.approx(0.75)
+    assert cpu_bound_ratio(None, 1.0) is None
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+@pytest.mark.parametrize("size", [64, 100, 1024, 4096])
+def test_json_values_are_distinct_lower_case_json_of_the_exact_size(size: int) -> None:
+    values = json_values(size, 200)
+    assert len(set(values)) == 200
+    for value in values:
+        assert len(value) == size
+        doc = json.loads(value)
+        assert isinstance(doc["id"], int) and isinstance(doc["kind"], str)
+        assert value == value.lower()
+
+
+def test_json_values_too_short_to_hold_the_required_fields() -> None:
+    with pytest.raises(ValueError, match="as short as"):
+        json_values(20, 1)
+
+
+def test_haproxy_config_is_one_tcp_frontend_to_the_broker() -> None:
+    text = haproxy_config(19092, 9092)
+    assert "mode tcp" in text
+    assert "nbthread 1" in text
+    assert "bind 127.0.0.1:19092" in text
+    assert "server tansu 127.0.0.1:9092" in text
+
+
+def test_rotated_starts_each_round_elsewhere() -> None:
+    assert rotated(["a", "b", "c"], 0) == ["a", "b", "c"]
+    assert rotated(["a", "b", "c"], 1) == ["b", "c", "a"]
+    assert rotated(["a", "b", "c"], 4) == ["b", "c", "a"]
+    assert rotated([], 3) == []
+
+
+def test_every_scenario_is_described() -> None:
+    assert next(iter(SCENARIOS)) == "direct"
+    assert {s.kind for s in SCENARIOS.values()} == {"direct", "haproxy", "kiproxy"}
+    assert all(s.description for s in SCENARIOS.values())
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+def test_summarize_pairs_each_round_with_direct() -> None:
+    results = [
+        _run("direct", 0, 100_000, p99=2.0), _run("passthrough", 0, 90_000, p99=2.5),
+        _run("direct", 1, 200_000, p99=3.0), _run("passthrough", 1, 190_000, p99=3.1),
+        _run("direct", 2, 100_000, p99=2.0), _run("passthrough", 2, 50_000, p99=4.0),
+    ]
+    rows = {s.scenario: s for s in summarize(results)}
+    p = rows["passthrough"]
+    # per-round ratios 0.90, 0.95, 0.50 -> median 0.90 (a ratio of medians would say 0.90 too,
+    # but the pairs are what interleaving is for)
+    assert p.vs_direct == pytest.approx(0.90)
+    assert p.rps == 90_000
+    assert p.mbps == pytest.approx(90_000 * 1024 / 1e6)
+    assert p.p99_added_ms == pytest.approx(0.5)  # +0.5, +0.1, +2.0
+    assert rows["direct"].vs_direct == pytest.approx(1.0)
+    assert p.runs == p.ok_runs == 3
+
+
+def test_summarize_added_latency_without_pairs_compares_medians() -> None:
+    # Round 0: the proxy was over capacity; round 1: direct was. No pair, so medians.
+    results = [_run("direct", 0, 100_000, p99=2.0),
+               _run("passthrough", 0, 40_000, p99=None, saturated=True),
+               _run("direct", 1, 30_000, p99=None, saturated=True),
+               _run("passthrough", 1, 90_000, p99=3.5)]
+    (row,) = [s for s in summarize(results) if s.scenario == "passthrough"]
+    assert row.p99_added_ms == pytest.approx(1.5)
+    assert row.saturated_runs == 1
+
+
+def test_summarize_leaves_failed_runs_out_of_the_medians() -> None:
+    failed = _run("uppercase", 1, 0, error="broker exited with code 1")
+    results = [_run("direct", 0, 100_000), _run("uppercase", 0, 80_000), failed,
+               _run("direct", 1, 100_000)]
+    (row,) = [s for s in summarize(results) if s.scenario == "uppercase"]
+    assert row.runs == 2 and row.ok_runs == 1
+    assert row.vs_direct == pytest.approx(0.8)
+    assert "broker exited" in row.note
+
+
+def test_summarize_cpu_figures() -> None:
+    # 100,000 x 1 KiB = 102.4 MB in one second with 0.2 CPU s: 1.95 s/GB, 2 s per M records
+    results = [_run("direct", 0, 100_000), _run("passthrough", 0, 100_000, proxy_cpu=0.2)]
+    (row,) = [s for s in summarize(results) if s.scenario == "passthrough"]
+    assert row.cpu_s_per_gb == pytest.approx(0.2 * 1e9 / 102_400_000)
+    assert row.cpu_s_per_mrec == pytest.approx(2.0)
+
+
+def test_summarize_lists_unavailable_scenarios() -> None:
+    rows = summarize([_run("direct", 0, 1000)], {"haproxy": "haproxy not installed"},
+                     ["direct", "haproxy"])
+    assert [(s.scenario, s.runs, s.note) for s in rows] == [
+        ("direct", 1, ""), ("haproxy", 0, "haproxy not installed")]
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def test_render_table_has_one_row_per_summary() -> None:
+    rows = [
+        Summary(scenario="direct", case=KIB, runs=3, ok_runs=3, rps=250_000, mbps=256.0,
+                vs_direct=1.0, p50_ms=5.1, p99_ms=9.0, p99_added_ms=0.0),
+        Summary(scenario="passthrough", case=KIB, runs=3, ok_runs=3, rps=230_000,
+                mbps=235.5, vs_direct=0.92, p50_ms=5.6, p99_ms=9.8, p99_added_ms=0.8,
+                cpu_s_per_gb=1.1, cpu_s_per_mrec=1.2, paced_cpu_s_per_gb=1.6),
+        Summary(scenario="validator", case=KIB, runs=3, ok_runs=3, rps=40_000, mbps=41.0,
+                vs_direct=0.16, saturated_runs=3, cpu_s_per_gb=23.0),
+        Summary(scenario="haproxy", case=KIB, runs=0, ok_runs=0,
+                note="haproxy not installed (apt-get install haproxy); skipped"),
+    ]
+    lines = render_table(rows).splitlines()
+    assert lines[0].startswith("| records | codec | scenario | rec/s | MB/s | x direct |")
+    assert len(lines) == 2 + len(rows)
+    assert all(line.count("|") == lines[0].count("|") for line in lines)
+    assert "| 1 KiB | none | passthrough | 230,000 | 235.5 | 0.92 | 5.60 | 9.80 | +0.80 | " \
+           "1.1 | 1.2 | 1.6 | 3/3 |" in lines
+    assert "over capacity" in lines[4]
+    assert "haproxy not installed" in lines[5] and "n/a" in lines[5]
+
+
+def test_case_labels() -> None:
+    assert Case(1024, "none").label == "1 KiB"
+    assert Case(100, "lz4").label == "100 B"
+
+
+def test_targets_pass_and_miss_with_margins() -> None:
+    rows = [
+        Summary(scenario="passthrough", case=KIB, runs=3, ok_runs=3, vs_direct=0.97,
+                cpu_s_per_gb=12.0, p99_added_ms=0.4),
+        Summary(scenario="uppercase", case=KIB, runs=3, ok_runs=3, vs_direct=0.6,
+                cpu_s_per_gb=3.0),
+        # another case must not be used
+        Summary(scenario="identity", case=Case(100, "none"), runs=3, ok_runs=3, vs_direct=1.0),
+    ]
+    checks = {(c.target.scenario, c.target.metric): c for c in evaluate_targets(rows)}
+    assert checks[("passthrough", "vs_direct")].passed is True
+    assert checks[("passthrough", "cpu")].passed is False
+    assert checks[("passthrough", "p99_added_ms")].passed is True
+    assert checks[("uppercase", "vs_direct")].passed is False
+    assert checks[("uppercase", "cpu")].passed is True
+    assert checks[("identity", "vs_direct")].passed is None
+    text = render_targets(list(checks.values()))
+    assert "PASS  passthrough: throughput / direct >= 0.95: measured 0.97, ahead by 0.02" in text
+    assert "MISS  passthrough: proxy millicores per MB/s <= 10: measured 12.00, short by 2.00" \
+        in text
+    assert "MISS  uppercase: throughput / direct >= 0.8: measured 0.60, short by 0.20, " \
+           "25% of the bound" in text
+    assert "n/a   identity: throughput / direct >= 0.9: not measured" in text
+
+
+def test_target_check_at_the_bound_passes() -> None:
+    assert TargetCheck(Target("passthrough", "vs_direct", 0.95, True), 0.95).passed
+    assert TargetCheck(Target("passthrough", "cpu", 10, False), 10.0).passed
+
+
+def test_contention_note_explains_ratios_by_cpu() -> None:
+    rows = [Summary(scenario="direct", case=KIB, runs=3, ok_runs=3, mbps=300.0,
+                    stack_cpu_s_per_gb=6.0),
+            Summary(scenario="passthrough", case=KIB, runs=3, ok_runs=3, vs_direct=0.85,
+                    cpu_s_per_gb=1.0)]
+    note = contention_note(rows)
+    assert "6.0 CPU s/GB" in note
+    assert "p <= 0.32 s/GB" in note  # 6 * (1/0.95 - 1)
+    assert "passthrough: p = 1.00 s/GB -> CPU-bound ratio 0.86, measured 0.85" in note
+    assert contention_note([]) == ""
+
+
+# --------------------------------------------------------------------------- RESULTS.md
+
+
+def test_replace_section_keeps_the_other_sections() -> None:
+    doc = "# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nold\n\n## Profile\n\np\n"
+    new = replace_section(doc, "## Proxy", "## Proxy\n\nnew table\n")
+    assert new == ("# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nnew table\n"
+                   "\n## Profile\n\np\n")
+
+
+def test_replace_section_at_the_end_and_when_missing() -> None:
+    doc = "# R\n\n## Codec\n\nc\n\n## Proxy\n\nold\n"
+    assert replace_section(doc, "## Proxy", "## Proxy\n\nnew") == "# R\n\n## Codec\n\nc\n\n" \
+        "## Proxy\n\nnew\n"
+    assert replace_section("# R\n\n## Codec\n\nc\n", "## Proxy", "## Proxy\n\nx\n") == \
+        "# R\n\n## Codec\n\nc\n\n## Proxy\n\nx\n"
+
+
+def test_summarize_collapsed_stacks() -> None:
+    raw = "main;loop;read 30\nmain;loop;handle;decode 50\nmain;loop;handle 20\nbad line\n"
+    text = summarize_collapsed(raw, top=3)
+    assert text.splitlines()[0] == "100 samples"
+    own = text.split("total (inclusive) time:")[0]
+    assert "50.0%  decode" in own and "30.0%  read" in own
+    total = text.split("total (inclusive) time:")[1]
+    assert "100.0%  main" in total or "100.0%  loop" in total
+    assert summarize_collapsed("") == "no samples"

@@ -1,0 +1,344 @@
+"""The four built-in interceptors, driven directly through the public API."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
+from interceptors.builtin.headers import StampHeaders
+from interceptors.builtin.json_schema import JsonSchemaValidator
+from interceptors.builtin.route import TopicRouter
+from interceptors.builtin.uppercase import Uppercase
+from interceptors.loader import PluginLoadError, load_interceptor
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+STAMP = 1_700_000_000_123
+
+
+@pytest.fixture(autouse=True)
+def _isolate_imports(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Routes load plugins from tests/plugins, which edits sys.path and sys.modules."""
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        if name.startswith("tp_"):
+            del sys.modules[name]
+
+
+def _ctx(**kwargs: Any) -> InterceptContext:
+    base: dict[str, Any] = {"client_id": "billing-app", "client_address": "10.1.2.3:40000",
+                            "principal": None, "api_version": 9, "acks": -1,
+                            "transactional_id": None, "deadline": time.monotonic() + 5,
+                            "received_at_ms": STAMP, "proxy_host": "proxy-7"}
+    base.update(kwargs)
+    return InterceptContext(**base)
+
+
+def _batch(values: list[bytes | None], topic: str = "orders", **kwargs: Any) -> RecordBatch:
+    records = tuple(
+        Record(key=f"k{i}".encode(), value=v, headers=(Header("h", b"1"), Header("h", b"2")),
+               timestamp=STAMP + i, offset_delta=i)
+        for i, v in enumerate(values)
+    )
+    return RecordBatch(topic=topic, partition=1, records=records, producer_id=77,
+                       producer_epoch=2, base_sequence=10, compression="lz4", **kwargs)
+
+
+def _facts(batch: RecordBatch) -> tuple[Any, ...]:
+    return (batch.topic, batch.partition, batch.producer_id, batch.producer_epoch,
+            batch.base_sequence, batch.transactional, batch.compression)
+
+
+# ---------------------------------------------------------------------------- Uppercase
+
+
+def test_uppercase_values() -> None:
+    plugin = load_interceptor("interceptors.builtin.uppercase:Uppercase")
+    batch = _batch([b"hello", None, b"MiXeD 123", b"", b"caf\xc3\xa9"])
+    out = plugin.intercept(batch, _ctx())
+    assert [r.value for r in out.records] == [b"HELLO", None, b"MIXED 123", b"", b"CAF\xc3\xa9"]
+    assert [r.key for r in out.records] == [r.key for r in batch.records]  # keys untouched
+    for before, after in zip(batch.records, out.records, strict=True):
+        assert after.headers == before.headers
+        assert after.timestamp == before.timestamp
+        assert after.offset_delta == before.offset_delta
+    assert _facts(out) == _facts(batch)
+    assert len(out) == len(batch)
+
+
+def test_uppercase_keys_when_configured() -> None:
+    plugin = Uppercase()
+    plugin.configure({"keys": True})
+    batch = _batch([b"v"]).with_records([Record(key=b"key", value=b"v"), Record(key=None)])
+    out = plugin.intercept(batch, _ctx())
+    assert [(r.key, r.value) for r in out.records] == [(b"KEY", b"V"), (None, None)]
+
+
+def test_uppercase_of_an_empty_batch() -> None:
+    out = Uppercase().intercept(_batch([]), _ctx())
+    assert out.records == ()
+
+
+# ---------------------------------------------------------------------------- StampHeaders
+
+
+def test_stamp_headers_appends_static_headers_then_the_stamps() -> None:
+    plugin = load_interceptor("interceptors.builtin.headers:StampHeaders", None,
+                              {"headers": {"env": "prod", "team": "payments", "none": None}})
+    batch = _batch([b"a", None])
+    out = plugin.intercept(batch, _ctx())
+    for before, after in zip(batch.records, out.records, strict=True):
+        assert after.headers[:2] == before.headers  # the record's own headers first, in order
+        assert [(h.key, h.value) for h in after.headers[2:]] == [
+            ("env", b"prod"), ("team", b"payments"), ("none", None),
+            ("kiproxy-host", b"proxy-7"), ("kiproxy-client-id", b"billing-app"),
+            ("kiproxy-received-ms", str(STAMP).encode()),
+        ]
+        assert (after.key, after.value, after.timestamp) == (before.key, before.value,
+                                                             before.timestamp)
+    assert _facts(out) == _facts(batch)
+
+
+def test_stamp_headers_prefix_and_null_client_id() -> None:
+    plugin = StampHeaders()
+    plugin.configure({"prefix": "x-"})
+    out = plugin.intercept(_batch([b"a"]), _ctx(client_id=None, received_at_ms=42,
+                                                 proxy_host="h"))
+    assert out.records[0].headers[2:] == (Header("x-host", b"h"), Header("x-client-id", None),
+                                          Header("x-received-ms", b"42"))
+
+
+def test_stamp_headers_without_stamps() -> None:
+    plugin = StampHeaders()
+    plugin.configure({"headers": {"env": "dev"}, "stamp": False})
+    out = plugin.intercept(_batch([b"a"]), _ctx())
+    assert out.records[0].headers == (Header("h", b"1"), Header("h", b"2"), Header("env", b"dev"))
+
+
+def test_stamp_headers_defaults_stamp_only() -> None:
+    out = load_interceptor("interceptors.builtin.headers:StampHeaders").intercept(
+        _batch([b"a"]), _ctx())
+    assert [h.key for h in out.records[0].headers] == [
+        "h", "h", "kiproxy-host", "kiproxy-client-id", "kiproxy-received-ms"]
+
+
+def test_stamp_headers_rejects_a_non_mapping() -> None:
+    with pytest.raises(PluginLoadError, match="headers must be a mapping"):
+        load_interceptor("interceptors.builtin.headers:StampHeaders", None,
+                         {"headers": ["env", "prod"]})
+
+
+# ---------------------------------------------------------------------------- JsonSchemaValidator
+
+ORDER_SCHEMA = {"type": "object", "required": ["id", "amount"],
+                "properties": {"id": {"type": "integer"}, "amount": {"type": "number"}}}
+
+
+def _validator(**config: Any) -> JsonSchemaValidator:
+    plugin = load_interceptor("interceptors.builtin.json_schema:JsonSchemaValidator", None,
+                              config)
+    assert isinstance(plugin, JsonSchemaValidator)
+    return plugin
+
+
+def test_json_valid_batch_passes_unchanged() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA})
+    batch = _batch([b'{"id": 1, "amount": 9.5}', b'{"id": 2, "amount": 0}', None])
+    assert plugin.intercept(batch, _ctx()) is batch
+
+
+def test_json_non_json_and_schema_violations_name_the_record_index() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA})
+    batch = _batch([b'{"id": 1, "amount": 2}', b"not json", b'{"id": "x", "amount": 1}',
+                    b'{"id": 3, "amount": 1}', b'{"id": 4}', b"\xff\xfe"])
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(batch, _ctx())
+    exc = info.value
+    assert exc.error_code == 87  # INVALID_RECORD
+    indices = [i for i, _ in exc.record_errors]
+    assert indices == [1, 2, 4, 5]
+    reasons = dict(exc.record_errors)
+    assert reasons[1] is not None and "not JSON" in reasons[1]
+    assert reasons[2] is not None and "schema violation at id" in reasons[2]
+    assert reasons[4] is not None and "'amount' is a required property" in reasons[4]
+    assert reasons[5] is not None and "not JSON" in reasons[5]
+    assert "4 record(s) of orders[1]" in exc.message and "record 1" in exc.message
+
+
+def test_json_schema_is_per_topic() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA, "tags": {"type": "array"}})
+    tags = _batch([b'["a"]'], topic="tags")
+    assert plugin.intercept(tags, _ctx()) is tags
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(_batch([b'{"id": 1, "amount": 1}'], topic="tags"), _ctx())
+    assert [i for i, _ in info.value.record_errors] == [0]
+    with pytest.raises(RejectBatch):
+        plugin.intercept(_batch([b'["a"]'], topic="orders"), _ctx())
+
+
+def test_json_topic_without_schema_only_needs_json() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA})
+    other = _batch([b'"any json"', b"[1, 2]", b"null"], topic="logs")
+    assert plugin.intercept(other, _ctx()) is other
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(_batch([b"{}", b"plain text"], topic="logs"), _ctx())
+    assert [i for i, _ in info.value.record_errors] == [1]
+
+
+def test_json_require_schema_leaves_topics_without_one_alone() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA}, require_schema=True)
+    other = _batch([b"plain text"], topic="logs")
+    assert plugin.intercept(other, _ctx()) is other
+    with pytest.raises(RejectBatch):
+        plugin.intercept(_batch([b"plain text"]), _ctx())
+
+
+def test_json_default_schema_applies_to_other_topics() -> None:
+    plugin = _validator(schemas={"orders": ORDER_SCHEMA}, default_schema={"type": "string"})
+    ok = _batch([b'"text"'], topic="anything")
+    assert plugin.intercept(ok, _ctx()) is ok
+    with pytest.raises(RejectBatch):
+        plugin.intercept(_batch([b"1"], topic="anything"), _ctx())
+
+
+def test_json_schema_from_a_file(tmp_path: Path) -> None:
+    schema = tmp_path / "order.schema.json"
+    schema.write_text(json.dumps(ORDER_SCHEMA))
+    plugin = _validator(schemas={"orders": str(schema)})
+    with pytest.raises(RejectBatch):
+        plugin.intercept(_batch([b'{"id": 1}']), _ctx())
+
+
+def test_json_nulls_and_error_name() -> None:
+    strict = _validator(schemas={"orders": ORDER_SCHEMA}, allow_null=False,
+                        error="POLICY_VIOLATION")
+    with pytest.raises(RejectBatch) as info:
+        strict.intercept(_batch([b'{"id": 1, "amount": 1}', None]), _ctx())
+    assert info.value.error_code == 44
+    assert info.value.record_errors == ((1, "null value"),)
+
+
+def test_json_reports_at_most_fifty_records() -> None:
+    with pytest.raises(RejectBatch) as info:
+        _validator().intercept(_batch([b"x"] * 80), _ctx())
+    assert len(info.value.record_errors) == 50
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({"schemas": {"orders": {"type": "no-such-type"}}}, "schemas.orders: invalid JSON Schema"),
+    ({"schemas": {"orders": "/nonexistent/schema.json"}}, "cannot read schema file"),
+    ({"schemas": {"orders": 5}}, "a schema must be a mapping or a file path"),
+    ({"schemas": ["orders"]}, "schemas must be a mapping"),
+    ({"error": "NOT_AN_ERROR"}, "NOT_AN_ERROR"),
+])
+def test_json_bad_config_fails_at_start(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(PluginLoadError, match=match):
+        _validator(**config)
+
+
+# ---------------------------------------------------------------------------- TopicRouter
+
+
+def _router(routes: list[dict[str, Any]], **config: Any) -> TopicRouter:
+    plugin = load_interceptor("interceptors.builtin.route:TopicRouter", PLUGINS,
+                              {"routes": routes, **config})
+    assert isinstance(plugin, TopicRouter)
+    return plugin
+
+
+ROUTES: list[dict[str, Any]] = [
+    {"topic": "orders|payments",
+     "interceptor": "interceptors.builtin.json_schema:JsonSchemaValidator",
+     "config": {"schemas": {"orders": ORDER_SCHEMA}}},
+    {"topic": "logs\\..*", "interceptor": "interceptors.builtin.uppercase:Uppercase"},
+    {"topic": "logs\\.audit", "interceptor": "tp_reject:Reject"},  # shadowed by the route above
+    {"topic": "shout-.*", "interceptor": "tp_package:Shout", "config": {"suffix": "!!"}},
+]
+
+
+def test_router_hands_each_topic_to_the_first_matching_route() -> None:
+    router = _router(ROUTES)
+    logs = router.intercept(_batch([b"a", None], topic="logs.app"), _ctx())
+    assert isinstance(logs, RecordBatch)
+    assert [r.value for r in logs.records] == [b"A", None]
+    audit = router.intercept(_batch([b"b"], topic="logs.audit"), _ctx())
+    assert isinstance(audit, RecordBatch)
+    assert [r.value for r in audit.records] == [b"B"]  # first match wins, not tp_reject
+    shout = router.intercept(_batch([b"hey"], topic="shout-x"), _ctx())
+    assert isinstance(shout, RecordBatch)
+    assert [r.value for r in shout.records] == [b"HEY!!"]  # plugin from the plugins dir
+    with pytest.raises(RejectBatch):
+        router.intercept(_batch([b"{}"], topic="orders"), _ctx())
+    payments = _batch([b"{}"], topic="payments")  # JSON, no schema for payments
+    assert router.intercept(payments, _ctx()) is payments
+
+
+def test_router_matches_the_whole_topic_name() -> None:
+    router = _router(ROUTES)
+    for topic in ("orders-eu", "my-orders", "xlogs.app", "logs", "payments2"):
+        batch = _batch([b"not json"], topic=topic)
+        assert router.intercept(batch, _ctx()) is batch, topic
+
+
+def test_router_unmatched_topics_pass_untouched() -> None:
+    router = _router(ROUTES)
+    batch = _batch([b"lower", None], topic="metrics")
+    assert router.intercept(batch, _ctx()) is batch
+
+
+async def test_router_returns_an_async_routes_awaitable() -> None:
+    router = _router([{"topic": "slow", "interceptor": "tp_slow:SlowAsync",
+                       "config": {"sleep_ms": 1}}])
+    batch = _batch([b"a"], topic="slow")
+    result = router.intercept(batch, _ctx())
+    assert inspect.isawaitable(result)
+    assert await result is batch
+
+
+def test_router_close_closes_every_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    closed: list[str] = []
+    router = _router(ROUTES)
+    for _, plugin in router.routes:
+        name = type(plugin).__name__
+        monkeypatch.setattr(plugin, "close", lambda name=name: closed.append(name),
+                            raising=False)
+    router.close()
+    assert closed == ["JsonSchemaValidator", "Uppercase", "Reject", "Shout"]
+
+
+def test_router_uses_its_own_plugins_dir_setting(tmp_path: Path) -> None:
+    (tmp_path / "tp_local.py").write_text(
+        "from interceptors import ProduceRequestInterceptor\n\n\n"
+        "class Local(ProduceRequestInterceptor):\n"
+        "    def intercept(self, batch, ctx):\n"
+        "        return batch.with_records(r.with_value(b'local') for r in batch.records)\n")
+    router = _router([{"topic": ".*", "interceptor": "tp_local:Local"}],
+                     plugins_dir=str(tmp_path))
+    out = router.intercept(_batch([b"a"]), _ctx())
+    assert isinstance(out, RecordBatch)
+    assert [r.value for r in out.records] == [b"local"]
+
+
+@pytest.mark.parametrize(("config", "match"), [
+    ({}, "routes must be a non-empty list"),
+    ({"routes": []}, "routes must be a non-empty list"),
+    ({"routes": [{"interceptor": "uppercase"}]}, r"routes\[0\] needs 'topic'"),
+    ({"routes": [{"topic": "a"}]}, r"routes\[0\] needs 'topic' \(a regex\) and 'interceptor'"),
+    ({"routes": [{"topic": "(", "interceptor": "uppercase"}]},
+     r"routes\[0\].topic is not a regular expression"),
+    ({"routes": [{"topic": "a", "interceptor": "tp_no_such_plugin:X"}]}, "tp_no_such_plugin"),
+    ({"routes": [{"topic": "a", "interceptor": "tp_bad_configure:BadConfigure"}]},
+     "'limit' must be a positive integer"),
+])
+def test_router_bad_config_fails_at_start(config: dict[str, Any], match: str) -> None:
+    with pytest.raises(PluginLoadError, match=match):
+        load_interceptor("interceptors.builtin.route:TopicRouter", PLUGINS, config)
