@@ -218,17 +218,4 @@ def load_interceptor(
     global _plugins_dir
     if plugins_dir is not None:
         _plugins_dir = Path(plugins_dir)
-    cls = resolve_class(spec, plugins_dir)
-    try:
-        instance = cls()
-    except Exception as exc:
-        raise PluginLoadError(f"creating {spec} failed: {type(exc).__name__}: {exc}") from exc
-    configure = getattr(instance, "configure", None)
-    if configure is not None:
-        try:
-            configure(dict(config or {}))
-        except Exception as exc:
-            raise PluginLoadError(
-                f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
-            ) from exc
-    return instance
+    return _instantiate(spec, resolve_class(spec, plugins_dir), config)
