@@ -53,10 +53,10 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
+from interceptors.builtin._per_record import map_records
 
 __all__ = ["BUILTIN_RULES", "PiiMasker"]
 
-_MAX_REPORTED = 50
 
 Replacement = bytes | Callable[[re.Match[bytes]], bytes]
 
@@ -219,16 +219,7 @@ class PiiMasker(ProduceRequestInterceptor):
         rules = self.topics.get(batch.topic, self.topics.get("*"))
         if not rules:
             return batch
-        out: list[Record] = []
-        problems: list[tuple[int, str]] = []
-        for i, record in enumerate(batch.records):
-            result = self._one(record, rules)
-            if isinstance(result, str):
-                problems.append((i, result))
-                if len(problems) >= _MAX_REPORTED:
-                    break
-            else:
-                out.append(result)
+        out, problems = map_records(batch, lambda r: self._one(r, rules))
         if problems:
             first_index, first = problems[0]
             raise RejectBatch(

@@ -62,10 +62,10 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
+from interceptors.builtin._per_record import MAX_REPORTED, map_records
 
 __all__ = ["SignatureVerifier", "Signer", "resolve_secret", "signature", "signing_message"]
 
-_MAX_REPORTED = 50
 _PREFIX = b"kiproxy-sig-v1\n"
 _NULL = b"\xff\xff\xff\xff"
 
@@ -225,16 +225,7 @@ class Signer(_Signing):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with every record signed."""
-        out: list[Record] = []
-        problems: list[tuple[int, str]] = []
-        for i, record in enumerate(batch.records):
-            result = self._one(record, batch.topic)
-            if isinstance(result, str):
-                problems.append((i, result))
-                if len(problems) >= _MAX_REPORTED:
-                    break
-            else:
-                out.append(result)
+        out, problems = map_records(batch, lambda r: self._one(r, batch.topic))
         self._reject(batch, "cannot be signed", problems)
         return batch.with_records(out)
 
@@ -283,7 +274,7 @@ class SignatureVerifier(_Signing):
             problem = self.problem(record, batch.topic)
             if problem is not None:
                 problems.append((i, problem))
-                if len(problems) >= _MAX_REPORTED:
+                if len(problems) >= MAX_REPORTED:
                     break
         self._reject(batch, "failed signature verification", problems)
         if not self.strip:

@@ -43,8 +43,8 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
+from interceptors.builtin._per_record import map_records
 
-_MAX_REPORTED = 50
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?",
                           re.DOTALL)
 
@@ -122,16 +122,7 @@ class TraceContext(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with a traceparent on every record."""
-        out: list[Record] = []
-        problems: list[tuple[int, str]] = []
-        for i, record in enumerate(batch.records):
-            result = self._one(record)
-            if isinstance(result, str):
-                problems.append((i, result))
-                if len(problems) >= _MAX_REPORTED:
-                    break
-            else:
-                out.append(result)
+        out, problems = map_records(batch, self._one)
         if problems:
             first_index, first = problems[0]
             raise RejectBatch(
