@@ -110,6 +110,13 @@ def _writer(entity_type: Any) -> Any:
 # length in a body is first checked against the bytes that remain, as Kafka's
 # own generated parsers do ("Tried to allocate a collection of size N, but
 # there are only M bytes remaining"), before kio sees the body.
+#
+# The same walk refuses a null (length -1, compact 0) in a field whose schema
+# has no nullableVersions for this version, as Kafka's parsers do ("non-nullable
+# field X was serialized as null"): kio's reader hands back None for a null
+# array whatever the schema says, and code that trusts the type iterates it.
+# kio's dataclasses carry the schema's nullability in their types: a field (or
+# an array element) is nullable exactly when its type is ``X | None``.
 
 _Skip = Callable[[bytes, int, int], int]
 _FIXED_SIZES = {
@@ -123,6 +130,10 @@ _I32 = struct.Struct(">i")
 
 class _TooLong(Exception):
     """A length prefix that runs past the end of the body (internal to the pre-check)."""
+
+
+class _NullInNonNullable(Exception):
+    """A null in a field the schema says is not nullable (internal to the pre-check)."""
 
 
 def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
@@ -167,26 +178,41 @@ def _fixed(size: int) -> _Skip:
     return skip
 
 
-def _sized(flexible: bool, wide: bool) -> _Skip:
+def _not_null(n: int, start: int, name: str | None) -> None:
+    """Refuse a null length when ``name`` (the field's) is set, i.e. it is not nullable."""
+    if n == -1 and name is not None:
+        raise _NullInNonNullable(f"non-nullable field {name} was serialized as null "
+                                 f"(byte {start})")
+
+
+def _sized(flexible: bool, wide: bool, non_nullable: str | None) -> _Skip:
+    """Skip a string, bytes or records field; ``non_nullable`` names it unless nullable."""
     def skip(data: bytes, pos: int, end: int) -> int:
+        start = pos
         n, pos = _length(data, pos, end, flexible, wide)
+        _not_null(n, start, non_nullable)
         return pos + max(n, 0)
     return skip
 
 
-def _array(element: _Skip | int, flexible: bool) -> _Skip:
+def _array(element: _Skip | int, flexible: bool, non_nullable: str | None) -> _Skip:
+    """Skip an array field; ``non_nullable`` names it unless the schema lets it be null."""
     if isinstance(element, int):
         size = element
 
         def skip_fixed(data: bytes, pos: int, end: int) -> int:
+            start = pos
             n, pos = _length(data, pos, end, flexible, True)
+            _not_null(n, start, non_nullable)
             if n > 0 and pos + n * size > end:
                 raise _TooLong(f"array of {n} at byte {pos} runs past the body")
             return pos + max(n, 0) * size
         return skip_fixed
 
     def skip(data: bytes, pos: int, end: int) -> int:
+        start = pos
         n, pos = _length(data, pos, end, flexible, True)
+        _not_null(n, start, non_nullable)
         for _ in range(n):
             pos = element(data, pos, end)
         return pos
@@ -201,15 +227,23 @@ def _nullable_entity(entity: _Skip) -> _Skip:
     return skip
 
 
-def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool) -> _Skip | int:
+def _strip_none(field_type: Any) -> tuple[Any, bool]:
+    """``(T, True)`` for ``T | None``, else ``(field_type, False)``."""
+    if get_origin(field_type) is types.UnionType and type(None) in get_args(field_type):
+        return next(a for a in get_args(field_type) if a is not type(None)), True
+    return field_type, False
+
+
+def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool,
+                   owner: str) -> _Skip | int:
     """How to skip one field: a function, or the size of a fixed-size field."""
-    field_type: Any = f.type
-    optional = False
-    if get_origin(field_type) is types.UnionType:
-        field_type = next(a for a in get_args(field_type) if a is not type(None))
-        optional = not tagged
+    field_type, nullable = _strip_none(f.type)
+    # A nullable struct carries a marker byte; a tagged one is absent instead.
+    optional = nullable and not tagged
     is_array = get_origin(field_type) is tuple
     inner: Any = get_args(field_type)[0] if is_array else field_type
+    inner, inner_nullable = _strip_none(inner) if is_array else (inner, nullable)
+    name = f"{owner}.{f.name}"
     skip: _Skip | int
     if isinstance(inner, type) and dataclasses.is_dataclass(inner):
         skip = _entity_skipper(inner)
@@ -220,23 +254,28 @@ def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool) -> _
         if kafka_type in _FIXED_SIZES:
             skip = _FIXED_SIZES[kafka_type]
         else:  # string, bytes, records
-            skip = _sized(flexible, wide=kafka_type != "string")
-    return _array(skip, flexible) if is_array else skip
+            element = f"an element of {name}" if is_array else name
+            skip = _sized(flexible, wide=kafka_type != "string",
+                          non_nullable=None if inner_nullable else element)
+    if is_array:
+        return _array(skip, flexible, non_nullable=None if nullable else name)
+    return skip
 
 
 @cache
 def _entity_skipper(entity_type: Any) -> _Skip:
     flexible = bool(entity_type.__flexible__)
+    owner = entity_type.__name__
     plain: list[_Skip] = []
     tagged: dict[int, _Skip] = {}
     fixed_run = 0  # consecutive fixed-size fields are skipped in one step
     for f in dataclasses.fields(entity_type):
         if "tag" in f.metadata:
-            tag_skip = _field_skipper(f, flexible, tagged=True)
+            tag_skip = _field_skipper(f, flexible, tagged=True, owner=owner)
             tagged[int(f.metadata["tag"])] = (
                 _fixed(tag_skip) if isinstance(tag_skip, int) else tag_skip)
             continue
-        field_skip = _field_skipper(f, flexible, tagged=False)
+        field_skip = _field_skipper(f, flexible, tagged=False, owner=owner)
         if isinstance(field_skip, int):
             fixed_run += field_skip
             continue
@@ -271,7 +310,7 @@ def _parse(kind: str, entity_type: Any, api_key: int, api_version: int,
            data: bytes, offset: int) -> Any:
     try:
         _entity_skipper(entity_type)(data, offset, len(data))
-    except _TooLong as exc:
+    except (_TooLong, _NullInNonNullable) as exc:
         raise MalformedMessage(
             f"{api_name(api_key)} {kind} v{api_version} does not parse "
             f"(body at byte {offset}): {exc}"

@@ -12,12 +12,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
+from protocol.errors import UnsupportedVersion
 from protocol.framing import parse_response_header, response_header_version
-from protocol.messages import ApiKey, parse_response, serialize
+from protocol.messages import ApiKey, api_name, parse_response, response_type, serialize
 
-__all__ = ["REWRITTEN_APIS", "NodeAddress", "rewrite_response_frame"]
+__all__ = [
+    "REWRITTEN_APIS",
+    "NodeAddress",
+    "needs_rewrite",
+    "rewritable",
+    "rewrite_message",
+    "rewrite_response_frame",
+]
 
 NodeAddress = tuple[str, int]
 """A ``(host, port)`` pair."""
@@ -85,6 +94,28 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
     return entry is not None and api_version >= entry[0]
 
 
+@lru_cache(maxsize=1024)
+def rewritable(api_key: int, api_version: int) -> bool:
+    """Whether the proxy can read, and so rewrite, the answer to this request version.
+
+    False for a request whose answer may name broker addresses (see
+    :func:`needs_rewrite`; a negative version counts) at a version the proxy
+    has no schema for. Forwarded, the broker would act on it and its answer
+    could be neither rewritten nor passed on, so the server refuses such a
+    request up front.
+    """
+    entry = _REWRITERS.get(api_key)
+    if entry is None or 0 <= api_version < entry[0]:
+        return True
+    if response_header_version(api_key, api_version) is None:
+        return False
+    try:
+        response_type(api_key, api_version)
+    except UnsupportedVersion:
+        return False
+    return True
+
+
 def rewrite_message(api_key: int, message: Any, seen: NodeSeen) -> Any:
     """Return ``message`` with every broker address replaced through ``seen``."""
     return _REWRITERS[api_key][1](message, seen)
@@ -99,12 +130,18 @@ def rewrite_response_frame(
 ) -> bytes:
     """Rewrite the addresses in a response frame (no length prefix); other bytes are kept.
 
-    Raises :class:`protocol.errors.ProtocolError` if the response does not parse:
+    Raises :class:`protocol.errors.ProtocolError` if the response does not parse,
+    or :class:`protocol.errors.UnsupportedVersion` if the proxy has no schema for
+    the version (the server refuses such requests, see :func:`rewritable`):
     forwarding it unrewritten would let the client escape the proxy. ``observe``
     sees the parsed message first (the server learns topic ids from Metadata).
     """
     header_version = response_header_version(api_key, api_version)
-    assert header_version is not None, "needs_rewrite() is only true for known versions"
+    if header_version is None:
+        raise UnsupportedVersion(
+            f"{api_name(api_key)} response v{api_version} has no schema in the proxy: "
+            "the broker addresses in it cannot be rewritten"
+        )
     _, body_offset = parse_response_header(frame, header_version)
     message = parse_response(api_key, api_version, frame, body_offset)
     if observe is not None:

@@ -6,6 +6,11 @@ proxy ships, so a client never speaks a version the proxy cannot parse. Produce
 keeps the broker's advertised minimum (Kafka 4 still advertises 0 because
 librdkafka's feature detection needs it, KAFKA-18659); the proxy answers
 v0-v2 requests itself with an error instead of forwarding the old format.
+An API whose responses the proxy rewrites also loses the versions below its
+oldest schema that would name broker addresses (ShareFetch and
+ShareAcknowledge v0, which brokers with KIP-932's early access advertise and
+the shipped schemas no longer have): the proxy refuses those requests, so it
+must not offer them.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from typing import Any
 from protocol.errors import ProtocolError
 from protocol.framing import encode_response_header, parse_response_header
 from protocol.messages import ApiKey, parse_response, response_type, serialize
+from proxy.addresses import needs_rewrite
 
 __all__ = [
     "PRODUCE_MAX_VERSION",
@@ -49,12 +55,18 @@ def _cut(entries: tuple[Any, ...], produce_max: int) -> tuple[Any, ...]:
         known = known_version_range(entry.api_key)
         if known is None:
             continue
+        min_version = entry.min_version
         max_version = min(entry.max_version, known[1])
         if entry.api_key == ApiKey.PRODUCE:
             max_version = min(max_version, produce_max)
-        if max_version < entry.min_version:
+        elif min_version < known[0] and needs_rewrite(entry.api_key, known[0] - 1):
+            # Older than every schema, yet its answer names brokers: unreadable, so
+            # unrewritable (Produce v0-v2 are older too but name no brokers).
+            min_version = known[0]
+        if max_version < min_version:
             continue
-        out.append(dataclasses.replace(entry, max_version=max_version))
+        out.append(dataclasses.replace(entry, min_version=min_version,
+                                       max_version=max_version))
     return tuple(out)
 
 

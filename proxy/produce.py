@@ -38,7 +38,13 @@ from interceptors.api import (
     RecordBatch,
     RejectBatch,
 )
-from protocol.errors import CorruptBatch, ProtocolError, UnsupportedCompression, UnsupportedMagic
+from protocol.errors import (
+    CorruptBatch,
+    ProtocolError,
+    UnsupportedCompression,
+    UnsupportedMagic,
+    UnsupportedVersion,
+)
 from protocol.framing import RequestHeader, encode_response_header, parse_response_header
 from protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
@@ -52,6 +58,7 @@ from protocol.records import (
     read_batch_headers,
 )
 from proxy.addresses import rewrite_message
+from proxy.api_versions import PRODUCE_MAX_VERSION
 from proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
 
 if TYPE_CHECKING:
@@ -101,11 +108,21 @@ class _Acked:
 
 
 def _read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
-    """acks of a Produce v3+ request without parsing the rest of it."""
+    """acks of a Produce v3+ request without parsing the rest of it.
+
+    Only the transactional_id before acks is skipped; a body cut short raises
+    :class:`ProtocolError` (the client is closed with one log line).
+    """
     pos = body_offset
     if flexible:
         n, shift = 0, 0
         while True:
+            if pos >= len(frame):
+                raise ProtocolError(f"Produce request truncated in the transactional_id "
+                                    f"length (byte {pos})")
+            if shift > 28:
+                raise ProtocolError(f"Produce request: the transactional_id length varint "
+                                    f"at byte {body_offset} is longer than 5 bytes")
             b = frame[pos]
             pos += 1
             n |= (b & 0x7F) << shift
@@ -253,13 +270,24 @@ class ProducePipeline:
         frame: bytes,
         rewriter: Callable[[bytes], bytes] | None,
     ) -> RequestOutcome:
-        """Decide what reaches the broker and what the client is answered."""
+        """Decide what reaches the broker and what the client is answered.
+
+        Raises :class:`ProtocolError` for a request the proxy cannot read (a version
+        it has no schema for, a body that does not parse): the connection then closes
+        the client with one warning.
+        """
         self.stats.requests += 1
         version = header.api_version
-        assert header.body_offset is not None or version < 3
+        if header.body_offset is None or version > PRODUCE_MAX_VERSION:
+            # No schema (v14+ or negative), or one the pipeline was not built for: the
+            # ApiVersions cut never offers it. Kafka closes a connection that sends a
+            # request version it cannot parse; so does the proxy (ProtocolError).
+            raise UnsupportedVersion(
+                f"Produce request v{version} refused: the proxy reads Produce v3-"
+                f"v{PRODUCE_MAX_VERSION} (and answers v0-v2 with an error); use a version "
+                "offered in ApiVersions")
         if version < 3:
             return self._refuse_legacy(conn, header, frame)
-        assert header.body_offset is not None
         if self.interceptor is None:
             if self.observed:
                 return self._observed_passthrough(header, frame)

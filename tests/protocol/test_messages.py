@@ -304,6 +304,51 @@ def test_truncated_body_is_malformed(cut: int) -> None:
         parse_response(ApiKey.API_VERSIONS, 0, body[:-cut])
 
 
+# A null is length -1 (int32/int16) or compact length 0. Kafka's schemas say per
+# version which fields may be null (nullableVersions); kio's types mirror them as
+# ``X | None``. kio's reader hands back None for any null array, so the parser refuses
+# one where the schema does not allow it, naming the field as Kafka's parsers do.
+
+
+def test_a_null_in_a_nullable_field_is_accepted() -> None:
+    # Metadata v1+ topics: null asks for every topic (nullableVersions 1+).
+    assert parse_request(ApiKey.METADATA, 1, struct.pack(">i", -1)).topics is None
+    # The same field, flexible: compact null; then three bools and no tagged fields.
+    assert parse_request(ApiKey.METADATA, 9, b"\x00\x01\x00\x00\x00").topics is None
+    # Produce transactional_id (a nullable string) with empty topic_data.
+    produce = parse_request(ApiKey.PRODUCE, 3, struct.pack(">hhii", -1, 1, 1000, 0))
+    assert produce.transactional_id is None
+    assert produce.topic_data == ()
+
+
+@pytest.mark.parametrize(("kind", "api_key", "api_version", "body", "field"), [
+    # Metadata v0 topics: not nullable before v1, the same bytes as above.
+    ("request", ApiKey.METADATA, 0, struct.pack(">i", -1), "MetadataRequest.topics"),
+    ("request", ApiKey.PRODUCE, 3, struct.pack(">hhii", -1, 1, 1000, -1),
+     "ProduceRequest.topic_data"),
+    ("request", ApiKey.PRODUCE, 9, b"\x00\x00\x01\x00\x00\x03\xe8\x00\x00",
+     "ProduceRequest.topic_data"),
+    ("request", ApiKey.FIND_COORDINATOR, 4, b"\x00\x02\x00\x00",
+     "an element of FindCoordinatorRequest.coordinator_keys"),
+    ("response", ApiKey.METADATA, 1, struct.pack(">iii", -1, 1, 0),
+     "MetadataResponse.brokers"),
+    ("response", ApiKey.API_VERSIONS, 0, struct.pack(">hi", 0, -1),
+     "ApiVersionsResponse.api_keys"),
+    # A tagged field (node_endpoints, tag 0) is no more nullable than a plain one.
+    ("response", ApiKey.PRODUCE, 10, b"\x01\x00\x00\x00\x00" + b"\x01\x00\x01\x00",
+     "ProduceResponse.node_endpoints"),
+], ids=["metadata-v0-request", "produce-v3-request", "produce-v9-request",
+        "find-coordinator-v4-request-element", "metadata-v1-response",
+        "api-versions-v0-response", "produce-v10-response-tagged"])
+def test_a_null_in_a_non_nullable_field_is_refused(kind: str, api_key: int, api_version: int,
+                                                   body: bytes, field: str) -> None:
+    name = api_name(api_key)
+    with pytest.raises(MalformedMessage) as info:
+        _parse(kind, api_key, api_version, body)
+    assert str(info.value).startswith(f"{name} {kind} v{api_version} does not parse")
+    assert f"non-nullable field {field} was serialized as null" in str(info.value)
+
+
 def test_api_names() -> None:
     assert api_name(ApiKey.PRODUCE) == "Produce"
     assert api_name(ApiKey.API_VERSIONS) == "ApiVersions"
