@@ -47,6 +47,10 @@ _READ_SIZE = 256 * 1024
 _INT32 = struct.Struct(">i")
 
 
+class _UpstreamLost(Exception):
+    """The broker connection broke while a request was being written to it."""
+
+
 class _Slot:
     """A place in the response order, filled when the response is known."""
 
@@ -93,6 +97,7 @@ class ClientConnection:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
+        self._upstream_reported = False
         self._draining = False
         self._in_read = False
         self._read_task: asyncio.Task[None] | None = None
@@ -223,6 +228,13 @@ class ClientConnection:
                 log.warning("closing client %s (client_id %r): %s",
                             self.client_address, self.client_id, exc, extra=self.log_context)
                 return
+            except _UpstreamLost as exc:
+                # The broker connection broke while a request was being forwarded; the
+                # upstream reader may not have noticed yet. Same line, same counter.
+                self._upstream_failed(f"connection failed: {exc}")
+                return
+            except ConnectionError:
+                return  # the client went away while its answer was being written
 
     async def _handle_request(self, frame: bytes) -> None:
         t0 = time.monotonic()
@@ -264,7 +276,10 @@ class ClientConnection:
             return
         self._forward(header, outcome, api, t0, info)
         assert self._up_writer is not None
-        await self._up_writer.drain()
+        try:
+            await self._up_writer.drain()
+        except ConnectionError as exc:
+            raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
     def _forward(self, header: RequestHeader, outcome: Forward, api: str = "",
                  t0: float = 0.0, info: RequestInfo | None = None) -> None:
@@ -273,6 +288,9 @@ class ClientConnection:
             self._slots.append(slot)
             self._pending.append((header.correlation_id, slot, outcome.on_response))
         assert self._up_writer is not None
+        if self._up_writer.transport.is_closing():
+            # writelines() on a closed transport raises RuntimeError under uvloop.
+            raise _UpstreamLost("the broker connection is closed")
         self._up_writer.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
         if not outcome.expect_response and (info is not None or self.server.metrics is not None):
             self._report(_Slot(api, t0, info, outcome.produce), 0)
@@ -337,18 +355,24 @@ class ClientConnection:
             reason = f"sent a response the proxy cannot carry: {exc}"
         except (ConnectionError, OSError) as exc:
             reason = f"connection failed: {exc}"
-        if not self._closed and self.server.metrics is not None and (
-                reason != "closed the connection" or self._slots):
-            self.server.metrics.upstream_errors.labels("broken").inc()
         if not self._closed:
-            level = logging.INFO if reason == "closed the connection" and not self._slots \
-                else logging.WARNING
-            log.log(level, "upstream %s %s; closing client %s (client_id %r)",
-                    self._upstream_name(), reason, self.client_address, self.client_id,
-                    extra=self.log_context)
+            self._upstream_failed(reason)
             if self._read_task is not None:
                 self._read_task.cancel()
             await self.close()
+
+    def _upstream_failed(self, reason: str) -> None:
+        """Count and log a lost broker connection once; the caller closes the client."""
+        if self._closed or self._upstream_reported:
+            return
+        self._upstream_reported = True
+        broken = reason != "closed the connection" or bool(self._slots)
+        if broken and self.server.metrics is not None:
+            self.server.metrics.upstream_errors.labels("broken").inc()
+        log.log(logging.WARNING if broken else logging.INFO,
+                "upstream %s %s; closing client %s (client_id %r)",
+                self._upstream_name(), reason, self.client_address, self.client_id,
+                extra=self.log_context)
 
     def _upstream_name(self) -> str:
         if self.upstream_address is None:

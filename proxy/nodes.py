@@ -56,13 +56,18 @@ class NodeRegistry:
             self._upstream[node_id] = (host, port)
             if previous is not None:
                 log.info("node %d moved from %s:%d to %s:%d", node_id, *previous, host, port)
-        if node_id not in self._opening:
+        if node_id not in self._opening or self._failed(node_id):
             proxy_port = self.port_for(node_id)
             log.info("node %d (%s:%d) gets listener port %d", node_id, host, port, proxy_port)
             self._opening[node_id] = asyncio.ensure_future(
                 self._open_listener(node_id, proxy_port)
             )
         return self.advertised_host, self.port_for(node_id)
+
+    def _failed(self, node_id: int) -> bool:
+        """The node's listener could not be opened (port taken): try again when it is next seen."""
+        task = self._opening[node_id]
+        return task.done() and (task.cancelled() or task.exception() is not None)
 
     async def settle(self) -> None:
         """Wait until every listener announced so far is open (or failed to open)."""

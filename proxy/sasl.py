@@ -4,17 +4,40 @@ The proxy forwards SASL exchanges unchanged (the broker authenticates); it
 only reads the user name as it passes: from a PLAIN token
 (``authzid NUL authcid NUL password``: the principal is the authorization id
 when given, else the authentication id) or from a SCRAM client-first message
-(``n,,n=user,r=nonce``). The name becomes the connection's principal once the
-broker answers the SaslAuthenticate request with success. Other mechanisms
-(GSSAPI, OAUTHBEARER) leave the principal unknown.
+(``n,,n=user,r=nonce``). Other mechanisms (GSSAPI, OAUTHBEARER) leave the
+principal unknown.
+
+When the name becomes the connection's principal depends on the mechanism:
+
+* PLAIN has one round: a SaslAuthenticate response with error_code 0 means
+  the broker accepted the password.
+* SCRAM-SHA-256/512 (RFC 5802) has two rounds. The answer to the first (the
+  server-first-message ``r=...,s=...,i=...``) comes *before* the broker has
+  checked anything, so it decides nothing. Only the server-final-message
+  decides: ``v=`` (the server's verifier) with error_code 0 is success;
+  ``e=...`` (some brokers send it with error_code 0) or any error code is
+  failure. The proxy cannot check the verifier itself (it does not know the
+  password); it relies on the broker, which only sends ``v=`` after the
+  client's proof verified.
+
+Any SaslAuthenticate response with an error code, or a SCRAM message with
+``e=``, ends the exchange as a failure. The verdict of one round is bound to
+that round's request (see :meth:`SaslTracker.on_authenticate`), so a client
+that sends its next round early cannot make an earlier answer count twice.
+
+The legacy flow (SaslHandshake v0, then raw tokens outside Kafka framing) is
+not carried: the mechanism is noted, the raw tokens are not Kafka requests and
+the connection is refused as malformed, so no principal is ever learned from it.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from protocol.framing import parse_response_header
 from protocol.messages import ApiKey, parse_request, parse_response
 
-__all__ = ["SaslTracker", "user_from_token"]
+__all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "user_from_token"]
 
 
 def _scram_unescape(name: str) -> str:
@@ -42,43 +65,150 @@ def user_from_token(mechanism: str | None, token: bytes) -> str | None:
     return None
 
 
+def _scram_attribute(message: bytes, name: str) -> str | None:
+    """The value of attribute ``name`` (``v``, ``e``, ...) of a SCRAM message, if present."""
+    text = message.decode("utf-8", "replace")
+    prefix = name + "="
+    for field in text.split(","):
+        if field.startswith(prefix):
+            return field[len(prefix):]
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class SaslRound:
+    """One SaslAuthenticate request: what its answer will decide.
+
+    ``step`` is ``"plain"`` (the only PLAIN round), ``"scram-first"`` (the
+    client-first-message, whose answer decides nothing unless it is an error),
+    ``"scram-final"`` (the client-final-message, whose answer decides) or
+    ``"other"`` (a mechanism whose user the proxy cannot read).
+    """
+
+    mechanism: str | None
+    user: str | None
+    step: str
+    exchange: int = 0
+    """Which exchange on the connection the round belongs to (counts from 1)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SaslVerdict:
+    """The end of a SASL exchange, as the broker's answer tells it."""
+
+    user: str
+    succeeded: bool
+    reason: str = ""
+    """Why it failed (empty on success)."""
+
+
 class SaslTracker:
     """Per-connection state of a SASL exchange."""
 
-    __slots__ = ("candidate", "mechanism")
+    __slots__ = ("_decided", "_exchange", "_last", "candidate", "mechanism", "principal")
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
         self.candidate: str | None = None
+        """The user the exchange in progress names (from its first client message)."""
+        self.principal: str | None = None
+        """The principal the last decided exchange confirmed (kept by the server)."""
+        self._last: SaslRound | None = None
+        self._exchange = 0
+        self._decided = 0
 
     def on_handshake(self, api_version: int, frame: bytes, body_offset: int) -> None:
-        """Remember the mechanism a SaslHandshake request names."""
+        """Remember the mechanism a SaslHandshake request names; a new exchange starts."""
         try:
             request = parse_request(ApiKey.SASL_HANDSHAKE, api_version, frame, body_offset)
         except Exception:
             return
         self.mechanism = request.mechanism
+        self.candidate = None
+        self._last = None
+        self._exchange += 1
 
-    def on_authenticate(self, api_version: int, frame: bytes, body_offset: int) -> None:
-        """Read the user name out of a SaslAuthenticate request, if the mechanism tells it."""
+    def on_authenticate(self, api_version: int, frame: bytes,
+                        body_offset: int) -> SaslRound | None:
+        """Note one SaslAuthenticate request; the round its answer is to be judged by.
+
+        ``None`` when the request cannot be read (the broker will refuse it).
+        """
         try:
             request = parse_request(ApiKey.SASL_AUTHENTICATE, api_version, frame, body_offset)
         except Exception:
-            return
-        user = user_from_token(self.mechanism, bytes(request.auth_bytes))
-        if user is not None:
-            self.candidate = user
+            return None
+        token = bytes(request.auth_bytes)
+        mech = (self.mechanism or "").upper()
+        if mech == "PLAIN":
+            self.candidate = user_from_token(mech, token)
+            self._exchange += 1
+            step = "plain"
+        elif mech.startswith("SCRAM-"):
+            user = user_from_token(mech, token)
+            if user is not None:        # client-first-message: a new exchange
+                self.candidate = user
+                self._exchange += 1
+                step = "scram-first"
+            elif _scram_attribute(token, "p") is not None:   # client-final-message
+                step = "scram-final"
+            else:
+                step = "other"
+        else:
+            step = "other"
+        self._last = SaslRound(self.mechanism, self.candidate, step, self._exchange)
+        return self._last
 
-    def authenticated(self, api_version: int, flexible: bool, frame: bytes) -> str | None:
-        """The principal, if this SaslAuthenticate response reports success."""
-        if self.candidate is None:
+    def on_response(self, round_: SaslRound | None, api_version: int, flexible: bool,
+                    frame: bytes) -> SaslVerdict | None:
+        """Judge the broker's answer to ``round_``; ``None`` while nothing is decided.
+
+        A verdict is given once per exchange: after it, the exchange is over and
+        only a new client-first (or PLAIN) message starts another.
+        """
+        if round_ is None or round_.user is None or round_.exchange <= self._decided:
             return None
         try:
             _, body_offset = parse_response_header(frame, 1 if flexible else 0)
             response = parse_response(ApiKey.SASL_AUTHENTICATE, api_version, frame, body_offset)
         except Exception:
             return None
-        if int(response.error_code) != 0:
-            self.candidate = None
+        code = int(response.error_code)
+        auth_bytes = bytes(response.auth_bytes or b"")
+        if code != 0:
+            name = _error_name(code)
+            detail = f": {response.error_message}" if response.error_message else ""
+            verdict = SaslVerdict(round_.user, False, f"error_code {code} ({name}){detail}")
+        elif round_.step == "plain":
+            verdict = SaslVerdict(round_.user, True)
+        elif round_.step.startswith("scram-") and (err := _scram_attribute(auth_bytes, "e")):
+            which = "final" if round_.step == "scram-final" else "first"
+            verdict = SaslVerdict(round_.user, False, f"server-{which}-message e={err}")
+        elif round_.step == "scram-first":
+            return None                 # server-first-message: the proof is yet to come
+        elif round_.step == "scram-final":
+            if _scram_attribute(auth_bytes, "v"):
+                verdict = SaslVerdict(round_.user, True)
+            else:
+                verdict = SaslVerdict(round_.user, False,
+                                      "server-final-message has no verifier (v=)")
+        else:
             return None
-        return self.candidate
+        self._decided = round_.exchange     # this exchange is over: no second verdict
+        if round_.exchange == self._exchange:
+            self.candidate = None
+        return verdict
+
+    def authenticated(self, api_version: int, flexible: bool, frame: bytes) -> str | None:
+        """The principal, if this answer to the latest round reports success."""
+        verdict = self.on_response(self._last, api_version, flexible, frame)
+        return verdict.user if verdict is not None and verdict.succeeded else None
+
+
+def _error_name(code: int) -> str:
+    try:
+        from kio.schema.errors import ErrorCode
+
+        return ErrorCode(code).name.upper()
+    except ValueError:
+        return "UNKNOWN"

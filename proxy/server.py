@@ -4,6 +4,11 @@ Every request is routed by API key: Produce goes through the produce pipeline
 (:mod:`proxy.produce`); ApiVersions answers are cut to what the proxy can
 carry; responses that name broker addresses are rewritten; everything else is
 forwarded as opaque bytes without being decoded.
+
+A request whose answer would have to be rewritten at a version the proxy has no
+schema for (never offered in ApiVersions, but a client can send it) is refused:
+the client is closed with one warning, as a Kafka broker closes a connection
+that sends a request version it cannot parse.
 """
 
 from __future__ import annotations
@@ -15,9 +20,10 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from protocol.errors import UnsupportedVersion
 from protocol.framing import RequestHeader
-from protocol.messages import ApiKey
-from proxy.addresses import needs_rewrite, rewrite_response_frame
+from protocol.messages import ApiKey, api_name
+from proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
 from proxy.api_versions import (
     PRODUCE_MAX_VERSION,
     cut_api_versions_frame,
@@ -26,16 +32,21 @@ from proxy.api_versions import (
 )
 from proxy.config import ProxyConfig
 from proxy.connection import ClientConnection
+from proxy.discovery import DiscoveryError, discover_nodes
 from proxy.metrics import HealthServer, Metrics
 from proxy.nodes import NodeRegistry
 from proxy.observe import ObserverHub
 from proxy.outcome import Answer, Forward, RequestOutcome
 from proxy.produce import ProducePipeline
+from proxy.sasl import SaslRound
 from proxy.tls import client_context, principal_from_peercert, upstream_context
 
 log = logging.getLogger("kiproxy")
 
 __all__ = ["ProxyServer"]
+
+_DISCOVERY_WAIT = 3.0
+"""Seconds start() waits for the first node discovery before announcing itself."""
 
 
 class ProxyServer:
@@ -59,6 +70,7 @@ class ProxyServer:
         self._client_tls = client_context(config.tls)
         self._upstream_tls = upstream_context(config.upstream_tls)
         self._sweeper: asyncio.Task[None] | None = None
+        self._discovery: asyncio.Task[None] | None = None
         host, port = config.listen_address
         self.listen_host = host
         self._listen_port = port
@@ -94,12 +106,52 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
+        await self._learn_nodes()
         if self.config.idle_timeout_ms:
             self._sweeper = asyncio.create_task(self._close_idle())
         if self.config.metrics_listen is not None and self.metrics is not None:
             self._health = HealthServer(self.metrics, self.readiness)
             await self._health.start(*self.config.metrics_listen_address)
             log.info("metrics and health checks on http://%s/metrics", self._health.address)
+
+    async def _learn_nodes(self) -> None:
+        """Open the node listeners before clients come back (see :mod:`proxy.discovery`).
+
+        Waits a few seconds at most; if no upstream answers by then, keeps trying in
+        the background until one does or a client's Metadata has taught the nodes.
+        """
+        first = asyncio.ensure_future(self._discover_once())
+        try:
+            if await asyncio.wait_for(asyncio.shield(first), _DISCOVERY_WAIT):
+                return
+        except TimeoutError:
+            pass
+        self._discovery = asyncio.create_task(self._keep_discovering(first))
+
+    async def _discover_once(self, retry: bool = False) -> bool:
+        try:
+            count = await discover_nodes(self)
+        except Exception as exc:  # never fatal: clients' Metadata opens the listeners too
+            reason = exc if isinstance(exc, DiscoveryError) else repr(exc)
+            # Warn once; a broker that requires SASL before Metadata fails every retry.
+            log.log(logging.DEBUG if retry else logging.WARNING,
+                    "could not learn the cluster's nodes from the upstream brokers (%s); "
+                    "retrying, and node listeners open as clients fetch metadata", reason)
+            return False
+        log.info("learned %d broker node(s) from upstream; node listeners %s", count,
+                 ", ".join(f"{n}->{p}" for n, p in sorted(
+                     (k, v) for k, v in self.listener_ports.items() if k is not None)))
+        return True
+
+    async def _keep_discovering(self, first: asyncio.Future[bool]) -> None:
+        delay = 1.0
+        if await first:
+            return
+        while not self.nodes.known_nodes:
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 30.0)
+            if self.nodes.known_nodes or await self._discover_once(retry=True):
+                return
 
     @property
     def metrics_address(self) -> str | None:
@@ -229,6 +281,10 @@ class ProxyServer:
         """Decide what to do with one client request."""
         if header.api_key == ApiKey.PRODUCE:
             return await self.produce.handle(conn, header, frame, self._rewriter(header))
+        if not rewritable(header.api_key, header.api_version):
+            # Checked before forwarding: the broker would act on the request and its
+            # answer could then be neither rewritten nor passed on (it names brokers).
+            raise UnsupportedVersion(_unrewritable_message(header))
         if header.api_key == ApiKey.API_VERSIONS:
             known = known_version_range(ApiKey.API_VERSIONS)
             if known is not None and header.api_version > known[1]:
@@ -236,20 +292,41 @@ class ProxyServer:
         elif header.api_key == ApiKey.SASL_HANDSHAKE and header.body_offset is not None:
             conn.sasl.on_handshake(header.api_version, frame, header.body_offset)
         elif header.api_key == ApiKey.SASL_AUTHENTICATE and header.body_offset is not None:
-            conn.sasl.on_authenticate(header.api_version, frame, header.body_offset)
+            sasl_round = conn.sasl.on_authenticate(header.api_version, frame, header.body_offset)
             return Forward(frame, on_response=partial(
-                self._sasl_answered, conn, header.api_version, header.header_version == 2))
+                self._sasl_answered, conn, sasl_round, header.api_version,
+                header.header_version == 2))
         return Forward(frame, on_response=self._rewriter(header))
 
     @staticmethod
-    def _sasl_answered(conn: ClientConnection, version: int, flexible: bool,
-                       frame: bytes) -> bytes:
-        principal = conn.sasl.authenticated(version, flexible, frame)
-        if principal is not None and principal != conn.principal:
-            conn.principal = principal
-            log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
-                     conn.client_address, conn.client_id, principal, conn.sasl.mechanism,
-                     extra=conn.log_context)
+    def _sasl_answered(conn: ClientConnection, sasl_round: SaslRound | None, version: int,
+                       flexible: bool, frame: bytes) -> bytes:
+        """Learn (or forget) the principal from a SaslAuthenticate answer; pass it on unchanged.
+
+        The principal is set only when the exchange is decided in the client's
+        favour (PLAIN: error_code 0; SCRAM: the server-final-message's ``v=``),
+        never on the first SCRAM round. A failed exchange clears the principal
+        SASL had given the connection (a failed KIP-368 re-authentication: the
+        broker no longer vouches for it) and is logged once.
+        """
+        verdict = conn.sasl.on_response(sasl_round, version, flexible, frame)
+        if verdict is None:
+            return frame
+        mechanism = sasl_round.mechanism if sasl_round is not None else conn.sasl.mechanism
+        if verdict.succeeded:
+            if verdict.user != conn.principal:
+                conn.principal = verdict.user
+                log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
+                         conn.client_address, conn.client_id, verdict.user, mechanism,
+                         extra=conn.log_context)
+            conn.sasl.principal = verdict.user
+            return frame
+        if conn.sasl.principal is not None and conn.principal == conn.sasl.principal:
+            conn.principal = None
+        conn.sasl.principal = None
+        log.warning("SASL authentication of client %s (client_id %r) as %r failed: %s "
+                    "(SASL %s)", conn.client_address, conn.client_id, verdict.user,
+                    verdict.reason, mechanism, extra=conn.log_context)
         return frame
 
     # ------------------------------------------------------------------ shutdown
@@ -262,6 +339,8 @@ class ProxyServer:
             server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._discovery is not None:
+            self._discovery.cancel()
         for conn in list(self.connections):
             await conn.drain()
         deadline = time.monotonic() + grace
@@ -279,3 +358,10 @@ class ProxyServer:
         log.info("kiproxy stopped")
 
 
+def _unrewritable_message(header: RequestHeader) -> str:
+    name = api_name(header.api_key)
+    known = known_version_range(header.api_key)
+    reads = f"; it reads {name} v{known[0]}-v{known[1]}" if known is not None else ""
+    return (f"{name} request v{header.api_version} refused: the proxy has no schema for "
+            f"that version, so the broker addresses in the answer could not be "
+            f"rewritten (use a version offered in ApiVersions{reads})")

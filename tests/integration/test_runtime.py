@@ -607,6 +607,8 @@ class _ApiVersionsStub:
                     size = struct.unpack(">i", buffer[:4])[0]
                     frame, buffer = buffer[4:4 + size], buffer[4 + size:]
                     header = parse_request_header(frame)
+                    if header.client_id == "kiproxy-discovery":
+                        return  # the proxy's own start-up discovery: this stub has no Metadata
                     assert header.api_key == ApiKey.API_VERSIONS and header.api_version == 3
                     conn.sendall(encode_frame(encode_response_header(header.correlation_id, 0)
                                               + body))

@@ -1,0 +1,140 @@
+"""Learning the cluster's broker nodes when the proxy starts.
+
+Clients keep the node addresses the proxy advertised (``host:broker_port_start +
+node_id``) and reconnect straight to them, not to the bootstrap port. A proxy that
+restarts must therefore have those node listeners open again before clients come
+back, not only after some client happens to fetch Metadata through the bootstrap
+port: a librdkafka 2.10+ client that knows only the node port stops using its
+bootstrap servers and would see "connection refused" until it re-bootstraps
+(``metadata.recovery.rebootstrap.trigger.ms``, five minutes by default).
+
+So at start the proxy asks an upstream broker itself (ApiVersions v0, then Metadata
+for no topics at the highest version both sides know) and opens a listener for
+every node in the answer, through the same registry that rewriting uses. A broker
+that requires SASL closes such a connection; discovery then fails with a log line,
+and the listeners open on the first Metadata a client fetches, as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import struct
+from typing import TYPE_CHECKING, Any
+
+from protocol.errors import ProtocolError
+from protocol.framing import (
+    encode_request_header,
+    parse_response_header,
+    request_header_version,
+)
+from protocol.messages import ApiKey, parse_response, request_type, serialize
+from proxy.addresses import rewrite_response_frame
+from proxy.api_versions import known_version_range
+
+if TYPE_CHECKING:
+    from proxy.server import ProxyServer
+
+log = logging.getLogger("kiproxy.discovery")
+
+__all__ = ["DiscoveryError", "discover_nodes", "metadata_request"]
+
+_INT32 = struct.Struct(">i")
+_CLIENT_ID = "kiproxy-discovery"
+
+
+class DiscoveryError(Exception):
+    """The cluster's nodes could not be learned from an upstream broker."""
+
+
+def metadata_request(api_version: int, correlation_id: int) -> bytes:
+    """A Metadata request frame (no length prefix) asking for no topics: brokers only."""
+    header_version = request_header_version(ApiKey.METADATA, api_version)
+    assert header_version is not None
+    cls = request_type(ApiKey.METADATA, api_version)
+    fields: dict[str, Any] = {"topics": ()}
+    names = set(cls.__dataclass_fields__)
+    # v0 reads an empty list as "every topic"; the caller never asks v0 (Kafka 4 dropped it).
+    if "allow_auto_topic_creation" in names:
+        fields["allow_auto_topic_creation"] = False
+    for name in ("include_cluster_authorized_operations", "include_topic_authorized_operations"):
+        if name in names:
+            fields[name] = False
+    return (encode_request_header(ApiKey.METADATA, api_version, correlation_id, _CLIENT_ID,
+                                  header_version)
+            + serialize(cls(**fields)))
+
+
+async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    frame: bytes, max_size: int) -> bytes:
+    writer.writelines((_INT32.pack(len(frame)), frame))
+    await writer.drain()
+    (size,) = _INT32.unpack(await reader.readexactly(4))
+    if size < 4 or size > max_size:
+        raise DiscoveryError(f"the broker answered with a frame of {size} bytes")
+    return await reader.readexactly(size)
+
+
+def _metadata_version(api_versions_frame: bytes) -> int:
+    """The highest Metadata version (>= 1) that both the broker and the proxy know."""
+    _, body = parse_response_header(api_versions_frame, 0)
+    answer = parse_response(ApiKey.API_VERSIONS, 0, api_versions_frame, body)
+    if answer.error_code != 0:
+        raise DiscoveryError(f"ApiVersions failed with error code {answer.error_code}")
+    ours = known_version_range(ApiKey.METADATA)
+    assert ours is not None
+    for entry in answer.api_keys or ():
+        if entry.api_key == ApiKey.METADATA:
+            version = min(int(entry.max_version), ours[1])
+            if version < max(int(entry.min_version), ours[0], 1):
+                break
+            return version
+    raise DiscoveryError("the broker offers no Metadata version the proxy can read")
+
+
+async def _ask(server: ProxyServer, host: str, port: int) -> int:
+    timeout = server.config.upstream_connect_timeout_ms / 1000
+    reader, writer = await asyncio.wait_for(server.open_upstream(host, port), timeout)
+    try:
+        api_versions = encode_request_header(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, 1)
+        frame = await asyncio.wait_for(
+            _exchange(reader, writer, api_versions, server.config.max_response_size), timeout)
+        version = _metadata_version(frame)
+        frame = await asyncio.wait_for(
+            _exchange(reader, writer, metadata_request(version, 2),
+                      server.config.max_response_size), timeout)
+        nodes: list[int] = []
+
+        def seen(node_id: int, host: str, port: int) -> tuple[str, int]:
+            nodes.append(node_id)
+            return server.nodes.seen(node_id, host, port)
+
+        rewrite_response_frame(ApiKey.METADATA, version, frame, seen=seen,
+                               observe=server.produce.learn_topic_ids)
+        await server.nodes.settle()
+        return len(nodes)
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+
+
+async def discover_nodes(server: ProxyServer) -> int:
+    """Ask the upstream bootstrap servers in turn for the cluster's nodes and open their
+    listeners; return how many nodes the first broker that answered named.
+
+    Raises :class:`DiscoveryError` naming every address tried when none answered.
+    """
+    errors = []
+    for host, port in server.config.upstream_addresses:
+        try:
+            return await _ask(server, host, port)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError,
+                DiscoveryError, RuntimeError) as exc:
+            # RuntimeError: uvloop's writes to a transport the broker already reset.
+            reason = str(exc) or type(exc).__name__
+            if isinstance(exc, asyncio.IncompleteReadError):
+                reason = "the broker closed the connection (does it require SASL or TLS?)"
+            errors.append(f"{host}:{port}: {reason}")
+    raise DiscoveryError("; ".join(errors) or "no upstream address configured")

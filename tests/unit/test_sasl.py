@@ -1,0 +1,398 @@
+"""The SASL principal is learned only when the broker has really accepted the client.
+
+The SCRAM exchanges here are genuine RFC 5802 conversations: a small SCRAM
+server in this file checks the client's proof against a stored credential and
+answers ``v=ServerSignature`` or ``e=invalid-proof``, and every message goes
+through :meth:`ProxyServer.handle_request` and the response callback it
+returns, as on a live connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import datetime
+import hashlib
+import hmac
+import logging
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from protocol.framing import (
+    encode_request_header,
+    encode_response_header,
+    parse_request_header,
+    request_header_version,
+)
+from protocol.messages import ApiKey, request_type, response_type, serialize
+from proxy.config import ProxyConfig
+from proxy.outcome import Forward
+from proxy.sasl import SaslTracker
+from proxy.server import ProxyServer
+
+# ---------------------------------------------------------------------- RFC 5802
+
+
+def _hash(mechanism: str) -> str:
+    return {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}[mechanism]
+
+
+def _hmac(name: str, key: bytes, msg: bytes) -> bytes:
+    return hmac.new(key, msg, name).digest()
+
+
+def _xor(a: bytes, b: bytes) -> bytes:
+    return bytes(x ^ y for x, y in zip(a, b, strict=True))
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+@dataclass
+class ScramServer:
+    """The broker side of SCRAM, with one stored credential (as Kafka stores it)."""
+
+    mechanism: str
+    user: str
+    password: str
+    iterations: int = 4096
+    salt: bytes = field(default_factory=lambda: secrets.token_bytes(16))
+    nonce: str = field(default_factory=lambda: _b64(secrets.token_bytes(18)))
+
+    def __post_init__(self) -> None:
+        h = _hash(self.mechanism)
+        salted = hashlib.pbkdf2_hmac(h, self.password.encode(), self.salt, self.iterations)
+        self.stored_key = hashlib.new(h, _hmac(h, salted, b"Client Key")).digest()
+        self.server_key = _hmac(h, salted, b"Server Key")
+        self.client_first_bare = ""
+        self.server_first = ""
+
+    def first(self, client_first: bytes) -> bytes:
+        text = client_first.decode()
+        assert text.startswith("n,,")
+        self.client_first_bare = text[3:]
+        attrs = dict(f.split("=", 1) for f in self.client_first_bare.split(","))
+        assert attrs["n"] == self.user
+        self.server_first = f"r={attrs['r']}{self.nonce},s={_b64(self.salt)},i={self.iterations}"
+        return self.server_first.encode()
+
+    def final(self, client_final: bytes) -> bytes:
+        h = _hash(self.mechanism)
+        text = client_final.decode()
+        without_proof, _, proof = text.rpartition(",p=")
+        auth_message = f"{self.client_first_bare},{self.server_first},{without_proof}".encode()
+        client_signature = _hmac(h, self.stored_key, auth_message)
+        client_key = _xor(base64.b64decode(proof), client_signature)
+        if not hmac.compare_digest(hashlib.new(h, client_key).digest(), self.stored_key):
+            return b"e=invalid-proof"
+        return f"v={_b64(_hmac(h, self.server_key, auth_message))}".encode()
+
+
+@dataclass
+class ScramClient:
+    """The client side of SCRAM, as a Kafka client speaks it (no channel binding)."""
+
+    mechanism: str
+    user: str
+    password: str
+    nonce: str = field(default_factory=lambda: _b64(secrets.token_bytes(18)))
+
+    def first(self) -> bytes:
+        self.bare = f"n={self.user},r={self.nonce}"
+        return f"n,,{self.bare}".encode()
+
+    def final(self, server_first: bytes) -> bytes:
+        h = _hash(self.mechanism)
+        self.server_first = server_first.decode()
+        attrs = dict(f.split("=", 1) for f in self.server_first.split(","))
+        assert attrs["r"].startswith(self.nonce)
+        salted = hashlib.pbkdf2_hmac(h, self.password.encode(), base64.b64decode(attrs["s"]),
+                                     int(attrs["i"]))
+        client_key = _hmac(h, salted, b"Client Key")
+        stored_key = hashlib.new(h, client_key).digest()
+        without_proof = f"c={_b64(b'n,,')},r={attrs['r']}"
+        self.auth_message = f"{self.bare},{self.server_first},{without_proof}".encode()
+        proof = _xor(client_key, _hmac(h, stored_key, self.auth_message))
+        self.server_key = _hmac(h, salted, b"Server Key")
+        return f"{without_proof},p={_b64(proof)}".encode()
+
+    def verify(self, server_final: bytes) -> bool:
+        expected = _hmac(_hash(self.mechanism), self.server_key, self.auth_message)
+        return server_final.decode() == f"v={_b64(expected)}"
+
+
+# ---------------------------------------------------------------------- the proxy side
+
+
+class _Client:
+    """What the server reads and writes of a client connection."""
+
+    def __init__(self, principal: str | None = None) -> None:
+        self.client_id = "unit"
+        self.client_address = "127.0.0.1:9"
+        self.principal = principal
+        self.sasl = SaslTracker()
+        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
+                                               "client_id": "unit"}
+
+
+@pytest.fixture
+def server() -> ProxyServer:
+    return ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
+
+
+_correlation = iter(range(1, 1_000_000))
+
+
+def _request(server: ProxyServer, conn: _Client, api_key: int, version: int,
+             **fields: Any) -> Forward:
+    header_version = request_header_version(api_key, version)
+    assert header_version is not None
+    body = serialize(request_type(api_key, version)(**fields))
+    frame = encode_request_header(api_key, version, next(_correlation), "unit",
+                                  header_version) + body
+    outcome = asyncio.run(server.handle_request(conn, parse_request_header(frame), frame))  # type: ignore[arg-type]
+    assert isinstance(outcome, Forward)
+    assert outcome.frame == frame            # SASL passes through byte for byte
+    return outcome
+
+
+def _response(version: int, auth_bytes: bytes = b"", code: ErrorCode = ErrorCode.none,
+              message: str | None = None) -> bytes:
+    kwargs: dict[str, Any] = {"error_code": code, "error_message": message,
+                              "auth_bytes": auth_bytes}
+    if version >= 1:
+        kwargs["session_lifetime"] = datetime.timedelta(0)
+    cls = response_type(ApiKey.SASL_AUTHENTICATE, version)
+    return encode_response_header(7, 1 if version >= 2 else 0) + serialize(cls(**kwargs))
+
+
+def _answer(outcome: Forward, frame: bytes) -> None:
+    assert outcome.on_response is not None
+    assert outcome.on_response(frame) == frame   # the answer is never changed
+
+
+def _handshake(server: ProxyServer, conn: _Client, mechanism: str, version: int = 1) -> None:
+    _request(server, conn, ApiKey.SASL_HANDSHAKE, version, mechanism=mechanism)
+
+
+def _authenticate(server: ProxyServer, conn: _Client, version: int, token: bytes) -> Forward:
+    return _request(server, conn, ApiKey.SASL_AUTHENTICATE, version, auth_bytes=token)
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+MECHANISMS = ["SCRAM-SHA-256", "SCRAM-SHA-512"]
+VERSIONS = [0, 1, 2]
+
+
+# ---------------------------------------------------------------------- SCRAM
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_scram_success_sets_the_principal_on_the_verifier_only(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
+        version: int) -> None:
+    caplog.set_level(logging.INFO, "kiproxy")
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", "alice-secret")
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+
+    first = _authenticate(server, conn, version, client.first())
+    server_first = broker.first(client.first())
+    _answer(first, _response(version, server_first))
+    assert conn.principal is None, "server-first-message proves nothing"
+
+    client_final = client.final(server_first)
+    final = _authenticate(server, conn, version, client_final)
+    server_final = broker.final(client_final)
+    assert server_final.startswith(b"v=") and client.verify(server_final)
+    _answer(final, _response(version, server_final))
+    assert conn.principal == "alice"
+    assert any("authenticated as 'alice'" in r.getMessage() for r in caplog.records)
+    assert _warnings(caplog) == []
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_scram_invalid_proof_at_error_code_0_is_a_failure(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
+        version: int) -> None:
+    caplog.set_level(logging.INFO, "kiproxy")
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", "wrong-password")
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, version, client.first())
+    server_first = broker.first(client.first())
+    _answer(first, _response(version, server_first))
+    client_final = client.final(server_first)
+    final = _authenticate(server, conn, version, client_final)
+    server_final = broker.final(client_final)
+    assert server_final == b"e=invalid-proof"
+    _answer(final, _response(version, server_final))   # error_code 0, as some brokers do
+    assert conn.principal is None
+    assert not any("authenticated as" in r.getMessage() for r in caplog.records)
+    assert _warnings(caplog) == [
+        f"SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'alice' failed: "
+        f"server-final-message e=invalid-proof (SASL {mechanism})"]
+    # The same answer again (a confused broker) is not logged a second time.
+    _answer(final, _response(version, server_final))
+    assert len(_warnings(caplog)) == 1
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_scram_error_code_on_the_final_round_is_a_failure(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
+        version: int) -> None:
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", "wrong-password")
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, version, client.first())
+    server_first = broker.first(client.first())
+    _answer(first, _response(version, server_first))
+    client_final = client.final(server_first)
+    final = _authenticate(server, conn, version, client_final)
+    assert broker.final(client_final) == b"e=invalid-proof"
+    # What Apache Kafka answers: SASL_AUTHENTICATION_FAILED with a message, no auth bytes.
+    message = ("Authentication failed during authentication due to invalid credentials "
+               f"with SASL mechanism {mechanism}")
+    _answer(final, _response(version, b"", ErrorCode.sasl_authentication_failed, message))
+    assert conn.principal is None
+    assert _warnings(caplog) == [
+        f"SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'alice' failed: "
+        f"error_code 58 (SASL_AUTHENTICATION_FAILED): {message} (SASL {mechanism})"]
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_scram_error_on_the_first_round_is_a_failure(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str) -> None:
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, 2, ScramClient(mechanism, "nobody", "x").first())
+    _answer(first, _response(2, b"", ErrorCode.sasl_authentication_failed, "unknown user"))
+    assert conn.principal is None
+    assert _warnings(caplog) == [
+        "SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'nobody' failed: "
+        f"error_code 58 (SASL_AUTHENTICATION_FAILED): unknown user (SASL {mechanism})"]
+
+
+def test_scram_server_final_without_verifier_is_not_success(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture) -> None:
+    mechanism = "SCRAM-SHA-256"
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", "alice-secret")
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, 1, client.first())
+    server_first = broker.first(client.first())
+    _answer(first, _response(1, server_first))
+    final = _authenticate(server, conn, 1, client.final(server_first))
+    _answer(final, _response(1, b""))
+    assert conn.principal is None
+    assert len(_warnings(caplog)) == 1
+    assert "has no verifier (v=)" in _warnings(caplog)[0]
+
+
+def test_scram_answer_to_the_first_round_decides_nothing_even_when_pipelined(
+        server: ProxyServer) -> None:
+    """A client that sends its final message early cannot make round 1 count as success."""
+    mechanism = "SCRAM-SHA-256"
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", "wrong-password")
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, 2, client.first())
+    server_first = broker.first(client.first())
+    final = _authenticate(server, conn, 2, client.final(server_first))
+    _answer(first, _response(2, server_first))
+    assert conn.principal is None
+    _answer(final, _response(2, b"e=invalid-proof"))
+    assert conn.principal is None
+
+
+def test_failed_reauthentication_clears_the_sasl_principal(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture) -> None:
+    mechanism = "SCRAM-SHA-512"
+    conn = _Client()
+    for password, expected in [("alice-secret", "alice"), ("wrong-password", None)]:
+        broker = ScramServer(mechanism, "alice", "alice-secret")
+        client = ScramClient(mechanism, "alice", password)
+        _handshake(server, conn, mechanism)
+        first = _authenticate(server, conn, 2, client.first())
+        server_first = broker.first(client.first())
+        _answer(first, _response(2, server_first))
+        assert conn.principal == ("alice" if expected is None else None)
+        client_final = client.final(server_first)
+        final = _authenticate(server, conn, 2, client_final)
+        _answer(final, _response(2, broker.final(client_final)))
+        assert conn.principal == expected
+    assert len(_warnings(caplog)) == 1
+
+
+def test_a_failed_sasl_login_leaves_a_tls_principal_alone(
+        server: ProxyServer) -> None:
+    conn = _Client(principal="CN=app,O=Example")
+    _handshake(server, conn, "PLAIN")
+    outcome = _authenticate(server, conn, 2, b"\x00alice\x00wrong")
+    _answer(outcome, _response(2, b"", ErrorCode.sasl_authentication_failed, "bad password"))
+    assert conn.principal == "CN=app,O=Example"
+
+
+# ---------------------------------------------------------------------- PLAIN
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_error_code_0_authenticates(server: ProxyServer, version: int) -> None:
+    conn = _Client()
+    _handshake(server, conn, "PLAIN")
+    outcome = _authenticate(server, conn, version, b"\x00alice\x00alice-secret")
+    _answer(outcome, _response(version))
+    assert conn.principal == "alice"
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_plain_error_code_fails(server: ProxyServer, caplog: pytest.LogCaptureFixture,
+                                version: int) -> None:
+    conn = _Client()
+    _handshake(server, conn, "PLAIN")
+    outcome = _authenticate(server, conn, version, b"\x00alice\x00wrong")
+    _answer(outcome, _response(version, b"", ErrorCode.sasl_authentication_failed,
+                               "Authentication failed: Invalid username or password"))
+    assert conn.principal is None
+    assert _warnings(caplog) == [
+        "SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'alice' failed: "
+        "error_code 58 (SASL_AUTHENTICATION_FAILED): Authentication failed: Invalid "
+        "username or password (SASL PLAIN)"]
+
+
+# ---------------------------------------------------------------------- others
+
+
+def test_legacy_handshake_v0_learns_no_principal(server: ProxyServer) -> None:
+    """SaslHandshake v0 (raw tokens follow outside Kafka framing) is forwarded; no principal."""
+    conn = _Client()
+    _handshake(server, conn, "PLAIN", version=0)
+    assert conn.sasl.mechanism == "PLAIN"
+    assert conn.principal is None
+
+
+def test_unknown_mechanism_leaves_the_principal_unknown(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture) -> None:
+    conn = _Client()
+    _handshake(server, conn, "OAUTHBEARER")
+    outcome = _authenticate(server, conn, 2, b"n,,\x01auth=Bearer xyz\x01\x01")
+    _answer(outcome, _response(2))
+    assert conn.principal is None
+    assert _warnings(caplog) == []
