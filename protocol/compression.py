@@ -4,12 +4,19 @@ The codec id is bits 0-2 of a batch's attributes. Snappy needs care: the Java
 client writes Xerial's framing (a magic header, then length-prefixed blocks),
 other clients may write raw snappy. Both are read; the Xerial framing, which
 every consumer reads, is written.
+
+Compression levels (:class:`CompressionLevels`) follow what a producer with default
+settings writes, so that re-encoding a batch keeps about the ratio it arrived with:
+gzip 6 (the JDK's and zlib's default), zstd 3 (Kafka's and zstd's default) and LZ4
+fast mode (what Kafka's Java client and librdkafka write by default). Decompression
+does not depend on the level.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import cramjam
@@ -40,6 +47,46 @@ _MODULES: dict[Compression, Any] = {
 # Upper bounds of output/input size, with a margin: deflate 1032:1, LZ4 255:1, zstd
 # 32768:1 (an RLE block: 128 KiB out of 4 bytes).
 _MAX_RATIO = {Compression.GZIP: 1100, Compression.LZ4: 260, Compression.ZSTD: 40_000}
+
+
+# Accepted levels, as Kafka's compression.<codec>.level producer configs (KIP-390).
+GZIP_LEVELS = range(1, 10)
+"""gzip (deflate) levels: 1 fastest .. 9 smallest."""
+LZ4_LEVELS = range(1, 18)
+"""LZ4 frame levels: 1 fast mode, 2 LZ4's middle mode, 3-12 LZ4HC, 13-17 the same as 12."""
+ZSTD_LEVELS = range(-131072, 23)
+"""zstd levels: negative ones are its fast modes, 0 means zstd's default (3), 22 smallest."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CompressionLevels:
+    """The level each codec compresses with when a records block is re-encoded.
+
+    Named after Kafka's ``compression.gzip.level``, ``compression.lz4.level`` and
+    ``compression.zstd.level``. The LZ4 number is LZ4's own frame level (cramjam
+    passes it to ``LZ4F``): 1 is fast mode, 3 and above are LZ4HC. Kafka's Java
+    client differs there: its default level 9 means fast mode too, any other level HC.
+    Snappy has no levels.
+    """
+
+    gzip: int = 6
+    """gzip level, 1-9."""
+    lz4: int = 1
+    """LZ4 frame level, 1-17 (1: fast mode, >= 3: LZ4HC)."""
+    zstd: int = 3
+    """zstd level, -131072..22."""
+
+    def __post_init__(self) -> None:
+        for name, allowed in (("gzip", GZIP_LEVELS), ("lz4", LZ4_LEVELS),
+                              ("zstd", ZSTD_LEVELS)):
+            level = getattr(self, name)
+            if type(level) is not int or level not in allowed:
+                raise ValueError(f"{name} compression level {level!r} is not an integer in "
+                                 f"{allowed.start}..{allowed.stop - 1}")
+
+
+DEFAULT_LEVELS = CompressionLevels()
+"""The levels used unless the caller names others."""
 
 
 def compression_from_attributes(attributes: int, offset: int = 0) -> Compression:
@@ -82,23 +129,27 @@ def decompress(codec: Compression, data: bytes | memoryview, limit: int) -> byte
     return out
 
 
-def compress(codec: Compression, data: bytes) -> bytes:
-    """Compress a records block with ``codec`` (snappy in Xerial framing)."""
+def compress(
+    codec: Compression, data: bytes, levels: CompressionLevels = DEFAULT_LEVELS
+) -> bytes:
+    """Compress a records block with ``codec`` (snappy in Xerial framing) at ``levels``."""
     if codec is Compression.GZIP:
-        return bytes(cramjam.gzip.compress(data))
+        return bytes(cramjam.gzip.compress(data, level=levels.gzip))
     if codec is Compression.SNAPPY:
         return _snappy_compress_xerial(data)
     if codec is Compression.LZ4:
-        return _lz4_compress_frame(data)
+        return _lz4_compress_frame(data, levels.lz4)
     if codec is Compression.ZSTD:
-        return bytes(cramjam.zstd.compress(data))
+        return bytes(cramjam.zstd.compress(data, level=levels.zstd))
     return data
 
 
-def _lz4_compress_frame(data: bytes) -> bytes:
+def _lz4_compress_frame(data: bytes, level: int) -> bytes:
     # An LZ4 frame with independent blocks and no content checksum: the Java
     # client (KIP-57) cannot read linked blocks, cramjam's one-shot default.
-    compressor = cramjam.lz4.Compressor(content_checksum=False, block_linked=False)
+    # cramjam's own default level is 4 (LZ4HC), ~6x the CPU of fast mode.
+    compressor = cramjam.lz4.Compressor(level=level, content_checksum=False,
+                                        block_linked=False)
     compressor.compress(data)
     return bytes(compressor.finish())
 

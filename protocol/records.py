@@ -21,13 +21,21 @@ from dataclasses import dataclass, field
 from crc32c import crc32c
 
 from protocol._codec import Header, Record, decode_records, encode_records
-from protocol.compression import Compression, compress, compression_from_attributes, decompress
+from protocol.compression import (
+    DEFAULT_LEVELS,
+    Compression,
+    CompressionLevels,
+    compress,
+    compression_from_attributes,
+    decompress,
+)
 from protocol.errors import CorruptBatch, UnsupportedMagic
 
 __all__ = [
     "BATCH_HEADER_SIZE",
     "DEFAULT_MAX_DECOMPRESSED_SIZE",
     "Compression",
+    "CompressionLevels",
     "DecodedBatch",
     "Header",
     "Record",
@@ -245,6 +253,7 @@ def encode_batch(
     *,
     renumber: bool = True,
     compression: Compression | None = None,
+    levels: CompressionLevels = DEFAULT_LEVELS,
 ) -> bytes:
     """Encode ``records`` as one batch that keeps every field of ``header``.
 
@@ -252,7 +261,7 @@ def encode_batch(
     and the transactional/control bits are kept; the record count, last offset
     delta, max timestamp (for CreateTime), batch length and CRC are recomputed.
     With ``renumber`` (what a produce request needs) offset deltas become 0..n-1.
-    ``compression`` overrides the header's codec.
+    ``compression`` overrides the header's codec; ``levels`` sets its level.
     """
     block, max_ts = encode_records(records, header.base_timestamp, renumber)
     attributes = header.attributes
@@ -260,7 +269,7 @@ def encode_batch(
         attributes = (attributes & ~0x07) | int(compression)
     codec = compression_from_attributes(attributes)
     if codec is not Compression.NONE:
-        block = compress(codec, block)
+        block = compress(codec, block, levels)
     if not records:
         last_offset_delta = header.last_offset_delta
     elif renumber:

@@ -52,6 +52,13 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                         "killed at the deadline or on a crash and replaced)")
     p.add_argument("--interceptor-workers", metavar="N", type=int,
                    help="worker processes with --interceptor-isolation process (default 2)")
+    p.add_argument("--compression-gzip-level", metavar="LEVEL", type=int,
+                   help="gzip level of batches the interceptor changed, 1-9 (default 6)")
+    p.add_argument("--compression-lz4-level", metavar="LEVEL", type=int,
+                   help="LZ4 level of batches the interceptor changed, 1-17 "
+                        "(default 1: fast mode; 3 and above: LZ4HC)")
+    p.add_argument("--compression-zstd-level", metavar="LEVEL", type=int,
+                   help="zstd level of batches the interceptor changed, -131072..22 (default 3)")
     p.add_argument("--max-frame-size", metavar="BYTES", type=int,
                    help="largest request frame accepted (default 104857600)")
     p.add_argument("--max-in-flight", metavar="N", type=int,
@@ -140,6 +147,9 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "interceptor.timeout_ms": args.interceptor_timeout_ms,
         "interceptor.isolation": args.interceptor_isolation,
         "interceptor.workers": args.interceptor_workers,
+        "interceptor.compression.gzip_level": args.compression_gzip_level,
+        "interceptor.compression.lz4_level": args.compression_lz4_level,
+        "interceptor.compression.zstd_level": args.compression_zstd_level,
         "max_frame_size": args.max_frame_size,
         "max_in_flight": args.max_in_flight,
         "log_level": args.log_level,
@@ -200,7 +210,8 @@ def build_pipeline(config: ProxyConfig) -> ProducePipeline:
     elif spec is not None:
         interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
         log.info("interceptor %s loaded", spec)
-    return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms)
+    return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms,
+                           compression_levels=config.interceptor.compression.levels())
 
 
 async def serve(config: ProxyConfig, on_ready: Any = None) -> None:

@@ -21,10 +21,18 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.compression import (
+    DEFAULT_LEVELS,
+    GZIP_LEVELS,
+    LZ4_LEVELS,
+    ZSTD_LEVELS,
+    CompressionLevels,
+)
 from protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = [
     "AuditSettings",
+    "CompressionSettings",
     "ConfigError",
     "InterceptorSettings",
     "ObserverSettings",
@@ -52,6 +60,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class CompressionSettings(_Strict):
+    """Levels a batch the interceptor changed is re-compressed with, in the codec it came in.
+
+    Named after Kafka's producer configs ``compression.<codec>.level``; the defaults are
+    what a producer writes with its default settings (LZ4: fast mode).
+    """
+
+    gzip_level: int = Field(default=DEFAULT_LEVELS.gzip, ge=GZIP_LEVELS.start,
+                            le=GZIP_LEVELS.stop - 1, strict=True)
+    """1 (fastest) .. 9 (smallest); 6 is the JDK's and zlib's default."""
+    lz4_level: int = Field(default=DEFAULT_LEVELS.lz4, ge=LZ4_LEVELS.start,
+                           le=LZ4_LEVELS.stop - 1, strict=True)
+    """LZ4 frame level: 1 fast mode, 2 LZ4's middle mode, 3-12 LZ4HC (13-17 as 12)."""
+    zstd_level: int = Field(default=DEFAULT_LEVELS.zstd, ge=ZSTD_LEVELS.start,
+                            le=ZSTD_LEVELS.stop - 1, strict=True)
+    """-131072 .. 22; negative levels are zstd's fast modes, 3 its default."""
+
+    def levels(self) -> CompressionLevels:
+        """These settings as the codec's :class:`CompressionLevels`."""
+        return CompressionLevels(gzip=self.gzip_level, lz4=self.lz4_level,
+                                 zstd=self.zstd_level)
+
+
 class InterceptorSettings(_Strict):
     """The one interceptor every produced batch goes through."""
 
@@ -66,6 +97,8 @@ class InterceptorSettings(_Strict):
     killed at the deadline or when they crash, and replaced (see ``proxy.isolation``)."""
     workers: int = Field(default=2, gt=0, le=256)
     """Plugin worker processes when ``isolation`` is ``process`` (per proxy process)."""
+    compression: CompressionSettings = Field(default_factory=CompressionSettings)
+    """Compression levels of the batches the interceptor changed."""
 
     @field_validator("class_name")
     @classmethod

@@ -53,6 +53,7 @@ from protocol.legacy_produce import (
 from protocol.messages import ApiKey, parse_request, parse_response, response_type, serialize
 from protocol.records import (
     DEFAULT_MAX_DECOMPRESSED_SIZE,
+    CompressionLevels,
     decode_batches,
     encode_batch,
     read_batch_headers,
@@ -224,11 +225,14 @@ class ProducePipeline:
         timeout_ms: int = 5000,
         max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
         proxy_host: str | None = None,
+        compression_levels: CompressionLevels | None = None,
     ) -> None:
         self.interceptor = interceptor
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
         self.timeout = timeout_ms / 1000
         self.max_decompressed_size = max_decompressed_size
+        self.compression_levels = compression_levels or CompressionLevels()
+        """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
         self.proxy_host = proxy_host or socket.gethostname()
         self.topic_names: dict[uuid.UUID, str] = {}
         """Topic id -> name, learned from Metadata responses (for Produce v13)."""
@@ -461,7 +465,8 @@ class ProducePipeline:
                 transformed = False
             else:
                 try:
-                    out.append(encode_batch(h, tuple(result.records), renumber=True))
+                    out.append(encode_batch(h, tuple(result.records), renumber=True,
+                                            levels=self.compression_levels))
                 except Exception as exc:
                     # Not Records, a header key that is not UTF-8, a timestamp out of
                     # range: the plugin's fault, so that batch is rejected like a raise.

@@ -17,6 +17,13 @@ Config::
         require_schema: false          # true: topics with no schema are not checked
         allow_null: true               # tombstones (null values) pass
         error: INVALID_RECORD          # or POLICY_VIOLATION
+
+Schemas are checked by jsonschema-rs (compiled; the draft comes from ``$schema``,
+2020-12 when absent). Each record is first only asked ``is_valid``; the errors are
+collected for failing records alone. As with the Python ``jsonschema`` package
+before it, ``format`` is an annotation, not an assertion, and no ``$ref`` is fetched
+over the network: a schema whose ``$ref`` does not resolve fails at start. ``NaN``
+and ``Infinity``, which Python's ``json`` reads but JSON does not have, are "not JSON".
 """
 
 from __future__ import annotations
@@ -26,14 +33,14 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema_rs
 
 from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
 
 _MAX_REPORTED = 50
 
 
-def _load_schema(value: Any, where: str) -> Any:
+def _load_schema(value: Any, where: str) -> jsonschema_rs.Validator:
     if isinstance(value, str):
         try:
             value = json.loads(Path(value).read_text())
@@ -42,19 +49,41 @@ def _load_schema(value: Any, where: str) -> Any:
     if not isinstance(value, Mapping):
         raise ValueError(f"{where}: a schema must be a mapping or a file path")
     try:
-        validator_cls = jsonschema.validators.validator_for(value)
-        validator_cls.check_schema(dict(value))
-    except jsonschema.SchemaError as exc:
-        raise ValueError(f"{where}: invalid JSON Schema: {exc.message}") from None
-    return validator_cls(value)
+        # format stays an annotation and $ref never goes to the network: what the
+        # Python jsonschema package, used before, did by default.
+        return jsonschema_rs.validator_for(dict(value), validate_formats=False, offline=True)
+    except jsonschema_rs.ValidationError as exc:  # the schema breaks its meta-schema
+        at = f" (at {_path(exc.instance_path)})" if exc.instance_path else ""
+        raise ValueError(f"{where}: invalid JSON Schema{at}: {exc.message}") from None
+    except jsonschema_rs.ReferencingError as exc:
+        raise ValueError(f"{where}: invalid JSON Schema: {exc}") from None
+
+
+def _path(parts: list[str | int]) -> str:
+    return "/".join(str(p) for p in parts) or "(root)"
+
+
+def _not_json(constant: str) -> None:
+    raise ValueError(f"{constant} is not a JSON value")
+
+
+# NaN and Infinity are no JSON values though Python's json reads them (jsonschema-rs
+# would see them as null). One decoder for all: json.loads(..., parse_constant=)
+# would build a new one per record.
+_DECODER = json.JSONDecoder(parse_constant=_not_json)
+
+
+def _parse(value: bytes) -> Any:
+    """``json.loads(value)`` (same encoding detection), without NaN and Infinity."""
+    return _DECODER.decode(value.decode(json.detect_encoding(value), "surrogatepass"))
 
 
 class JsonSchemaValidator(ProduceRequestInterceptor):
     """Rejects batches with values that are not JSON or break the topic's JSON Schema."""
 
     def __init__(self) -> None:
-        self.validators: dict[str, Any] = {}
-        self.default: Any = None
+        self.validators: dict[str, jsonschema_rs.Validator] = {}
+        self.default: jsonschema_rs.Validator | None = None
         self.require_schema = False
         self.allow_null = True
         self.error = "INVALID_RECORD"
@@ -93,17 +122,27 @@ class JsonSchemaValidator(ProduceRequestInterceptor):
             )
         return batch
 
-    def _check(self, value: bytes | None, validator: Any) -> str | None:
+    def _check(
+        self, value: bytes | None, validator: jsonschema_rs.Validator | None
+    ) -> str | None:
         if value is None:
             return None if self.allow_null else "null value"
         try:
-            doc = json.loads(value)
-        except (ValueError, UnicodeDecodeError) as exc:
+            doc = _parse(value)
+        except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
             return f"not JSON: {exc}"
         if validator is None:
             return None
-        error = jsonschema.exceptions.best_match(validator.iter_errors(doc))
-        if error is None:
-            return None
-        path = "/".join(str(p) for p in error.absolute_path) or "(root)"
-        return f"schema violation at {path}: {error.message}"
+        try:
+            if validator.is_valid(doc):
+                return None
+            # Only a failing record pays for the error objects.
+            errors = list(validator.iter_errors(doc))
+        except ValueError as exc:  # a string with a lone surrogate (\ud800) is not UTF-8
+            return f"not JSON: {exc}"
+        if not errors:
+            return "schema violation"
+        # The error nearest the root, as jsonschema's best_match preferred.
+        error = min(errors, key=lambda e: len(e.instance_path))
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        return f"schema violation at {_path(error.instance_path)}: {error.message}{more}"

@@ -24,8 +24,15 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaPythonBuilder
 from kafka.record.memory_records import MemoryRecords as KafkaPythonMemoryRecords
 
-from protocol.compression import Compression, compress
-from protocol.records import BATCH_HEADER_SIZE, Record, build_batch, decode_batches
+from protocol.compression import Compression, CompressionLevels, compress, decompress
+from protocol.records import (
+    BATCH_HEADER_SIZE,
+    Record,
+    build_batch,
+    decode_batch,
+    decode_batches,
+    encode_batch,
+)
 
 CODECS = tuple(Compression)
 CODEC_IDS = [c.name.lower() for c in CODECS]
@@ -316,3 +323,46 @@ def test_lz4_compress_of_300_kib_varied_data() -> None:
     assert len(blocks) >= 300 * 1024 // max_block
     assert b"".join(lz4.block.decompress(b, uncompressed_size=max_block) if c else b
                     for b, c in blocks) == raw
+
+
+# ------------------------------------------------------------- compression levels
+
+# (codec, low, high): the extremes operators are likely to pick, plus LZ4's middle mode
+# and zstd's fast mode, which are separate code paths in their libraries.
+LEVEL_CASES = [
+    (Compression.GZIP, 1, 9), (Compression.LZ4, 1, 12), (Compression.LZ4, 2, 9),
+    (Compression.ZSTD, 1, 19), (Compression.ZSTD, -5, 3),
+]
+
+
+@pytest.mark.parametrize(("codec", "low", "high"), LEVEL_CASES,
+                         ids=[f"{c.name.lower()}-{lo}-{hi}" for c, lo, hi in LEVEL_CASES])
+def test_levels_reach_the_compressor_and_every_reader_reads_both(
+        codec: Compression, low: int, high: int) -> None:
+    name = codec.name.lower()
+    raw = _varied_bytes(200 * 1024)
+    small = compress(codec, raw, CompressionLevels(**{name: high}))
+    fast = compress(codec, raw, CompressionLevels(**{name: low}))
+    assert len(small) < len(fast), f"{name} level {high} is no smaller than level {low}"
+    for block in (small, fast):
+        assert decompress(codec, block, len(raw)) == raw
+        if codec is Compression.LZ4:  # independent blocks at every level (KIP-57)
+            assert block[:4] == LZ4_MAGIC and block[4] & 0x20
+
+    records = [Record(key=b"%d" % i, value=_varied_bytes(2_000 + i), timestamp=1_000 + i,
+                      headers=(("h", b"%d" % i),)) for i in range(60)]
+    header = decode_batch(build_batch(records, compression=codec, producer_id=9,
+                                      producer_epoch=1, base_sequence=5)).header
+    expected = [(i, 1_000 + i, b"%d" % i, _varied_bytes(2_000 + i), (("h", b"%d" % i),))
+                for i in range(60)]
+    batches = [encode_batch(header, tuple(records), levels=CompressionLevels(**{name: lv}))
+               for lv in (low, high)]
+    assert len(batches[1]) < len(batches[0])
+    for data in batches:
+        assert [plain_ours(r) for r in decode_batches(data)[0].records] == expected
+        for compiled in (True, False):
+            batch, got = read_aiokafka(data, compiled)
+            assert got == expected and batch.compression_type == int(codec)
+        [(kp_batch, kp_records)] = read_kafka_python(data)
+        assert [plain_theirs(r) for r in kp_records] == expected
+        assert kp_batch.compression_type == int(codec)

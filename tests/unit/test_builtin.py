@@ -169,7 +169,8 @@ def test_json_non_json_and_schema_violations_name_the_record_index() -> None:
     reasons = dict(exc.record_errors)
     assert reasons[1] is not None and "not JSON" in reasons[1]
     assert reasons[2] is not None and "schema violation at id" in reasons[2]
-    assert reasons[4] is not None and "'amount' is a required property" in reasons[4]
+    assert reasons[2] is not None and 'is not of type "integer"' in reasons[2]
+    assert reasons[4] == 'schema violation at (root): "amount" is a required property'
     assert reasons[5] is not None and "not JSON" in reasons[5]
     assert "4 record(s) of orders[1]" in exc.message and "record 1" in exc.message
 
@@ -233,8 +234,61 @@ def test_json_reports_at_most_fifty_records() -> None:
     assert len(info.value.record_errors) == 50
 
 
+def test_json_reason_names_the_path_and_counts_further_violations() -> None:
+    plugin = _validator(default_schema={
+        "type": "object", "required": ["id"],
+        "properties": {"lines": {"type": "array", "items": {"type": "object", "properties": {
+            "sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}}}}}})
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(_batch([
+            b'{"id": 1, "lines": [{"sku": "a", "qty": 1}, {"sku": "b", "qty": 0}]}',
+            b'{"lines": [{"sku": 5}]}',
+        ], topic="any"), _ctx())
+    assert info.value.record_errors == (
+        (0, "schema violation at lines/1/qty: 0 is less than the minimum of 1"),
+        # The violation nearest the root is named first.
+        (1, 'schema violation at (root): "id" is a required property (and 1 more)'),
+    )
+
+
+def test_json_nan_and_infinity_are_not_json() -> None:
+    # Python's json reads them; JSON has no such values (and a schema engine sees null).
+    plugin = _validator(default_schema={"type": "object"})
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(_batch([b'{"x": NaN}', b'{"x": -Infinity}', b'{"x": 1.5}'],
+                                topic="any"), _ctx())
+    assert [(i, r.split(":")[0]) for i, r in info.value.record_errors] == [
+        (0, "not JSON"), (1, "not JSON")]
+    with pytest.raises(RejectBatch):  # also on topics that only need JSON
+        _validator().intercept(_batch([b"NaN"], topic="any"), _ctx())
+
+
+def test_json_lone_surrogate_is_a_record_error_not_a_crash() -> None:
+    plugin = _validator(default_schema={"type": "string"})
+    with pytest.raises(RejectBatch) as info:
+        plugin.intercept(_batch([b'"ok"', b'"\\ud800"'], topic="any"), _ctx())
+    [(index, reason)] = info.value.record_errors
+    assert index == 1 and reason.startswith("not JSON")
+
+
+def test_json_format_is_an_annotation() -> None:
+    # As with the Python jsonschema package before: format is not asserted (any draft).
+    for draft in ("http://json-schema.org/draft-07/schema#",
+                  "https://json-schema.org/draft/2020-12/schema"):
+        plugin = _validator(default_schema={"$schema": draft, "type": "string",
+                                            "format": "email"})
+        batch = _batch([b'"not an address"'], topic="any")
+        assert plugin.intercept(batch, _ctx()) is batch
+
+
 @pytest.mark.parametrize(("config", "match"), [
     ({"schemas": {"orders": {"type": "no-such-type"}}}, "schemas.orders: invalid JSON Schema"),
+    ({"schemas": {"orders": {"properties": {"id": {"minimum": "1"}}}}},
+     "schemas.orders: invalid JSON Schema .at properties/id/minimum.: "),
+    # $ref is never fetched: a schema that needs the network fails at start.
+    ({"default_schema": {"$ref": "https://schemas.example.com/order.json"}},
+     "default_schema: invalid JSON Schema: .*https://schemas.example.com/order.json"),
+    ({"default_schema": {"$ref": "#/$defs/missing"}}, "default_schema: invalid JSON Schema"),
     ({"schemas": {"orders": "/nonexistent/schema.json"}}, "cannot read schema file"),
     ({"schemas": {"orders": 5}}, "a schema must be a mapping or a file path"),
     ({"schemas": ["orders"]}, "schemas must be a mapping"),
