@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -237,7 +238,31 @@ async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
     await server.stop()
 
 
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+
+def _keep_freed_memory() -> None:
+    """Let glibc keep freed heap memory instead of returning it after every request.
+
+    A produce request is typically a few hundred KiB to a few MiB; with glibc's
+    defaults such blocks are mapped and unmapped (or the heap trimmed) per request,
+    and every page of the next one is faulted in again: measured, 190,000 minor
+    faults and ~20% more proxy CPU per GB on the bench's decode path. Blocks up to
+    32 MiB now come from the heap, and up to 128 MiB of free heap is kept for reuse.
+    A no-op where the C library is not glibc.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return
+    mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
+    mallopt(_M_TRIM_THRESHOLD, 128 * 1024 * 1024)
+
+
 def _run(coro: Any) -> None:
+    _keep_freed_memory()
     try:
         import uvloop
 

@@ -15,6 +15,14 @@ Contracts, in the order a newcomer needs them:
 * A malformed or oversized frame from the client closes that client only, with
   one log line naming the client. An upstream that closes or cannot be reached
   closes its client; clients reconnect.
+
+Both sockets are read by a :class:`FrameStream` (an ``asyncio.BufferedProtocol``
+around :class:`protocol.framing.FrameAssembler`): a large frame is received
+straight into a buffer of its own size and forwarded from it, never copied.
+Such a frame is a ``bytearray``; it is turned into ``bytes`` before anything
+decodes it with kio (which reads only immutable buffers), so the only
+``bytearray`` a handler sees is a Produce request on a pipeline that neither
+intercepts nor observes, which only scans it for acks and forwards it.
 """
 
 from __future__ import annotations
@@ -25,26 +33,184 @@ import logging
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 from interceptors.observer import RequestInfo, ResponseInfo
 from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder, RequestHeader, parse_request_header
-from protocol.messages import api_name
+from protocol.framing import FrameAssembler, RequestHeader, parse_request_header
+from protocol.messages import ApiKey, api_name
 from proxy.outcome import Answer, Forward, ProduceDraft
 from proxy.sasl import SaslTracker
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Coroutine
 
     from proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy.connection")
 
-__all__ = ["ClientConnection"]
+__all__ = ["ClientConnection", "FrameStream"]
 
-_READ_SIZE = 256 * 1024
 _INT32 = struct.Struct(">i")
+
+Frame = bytes | bytearray
+"""A frame without its length prefix; large ones are received into a ``bytearray``."""
+
+
+class FrameStream(asyncio.BufferedProtocol):
+    """One socket as a stream of whole frames; the asyncio shell of a FrameAssembler.
+
+    The socket is read only while its owner waits in :meth:`read`: frames that
+    arrive are kept for the owner and reading pauses until it asks again, so
+    while a request (or a batch of responses) is handled nothing more is read and
+    TCP pushes back. :meth:`drain` waits while the write buffer is above its
+    high-water mark, as ``StreamWriter.drain`` does.
+    """
+
+    def __init__(self, max_frame_size: int,
+                 on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
+                 ) -> None:
+        self._assembler = FrameAssembler(max_frame_size)
+        self._on_open = on_open
+        self._task: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._frames: list[Frame] = []
+        self._error: BaseException | None = None
+        self._eof = False
+        self._lost = False
+        self._reading = True
+        self._write_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        """The socket's transport (set once connected)."""
+        assert self._transport is not None
+        return self._transport
+
+    def get_extra_info(self, name: str) -> Any:
+        """The transport's ``get_extra_info`` (``peername``, ``peercert``, ...)."""
+        return self.transport.get_extra_info(name)
+
+    # -------------------------------------------------------------- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        if self._on_open is not None:
+            self._task = asyncio.get_running_loop().create_task(self._on_open(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._assembler.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self._assembler.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            self._error = exc
+            self._pause()
+            self._wake()
+            return
+        if frames:
+            self._frames.extend(frames)
+            self._pause()
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        # Keep a plain socket half open, as StreamReaderProtocol does (the owner
+        # closes it); over TLS the answer is ignored and asyncio warns about True.
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        if exc is None:
+            self._eof = True
+        elif self._error is None:
+            self._error = exc
+        self._wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -------------------------------------------------------------- the owner's side
+
+    async def read(self) -> list[Frame]:
+        """The frames received since the last call, waiting for one; ``[]`` at end of stream.
+
+        Raises the :class:`ProtocolError` of a bad length prefix, or the error that
+        broke the connection.
+        """
+        while True:
+            if self._frames:
+                frames, self._frames = self._frames, []
+                return frames
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return []
+            self._resume()
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    async def drain(self) -> None:
+        """Wait until the write buffer is below its low-water mark."""
+        if isinstance(self._error, OSError):
+            raise self._error  # what broke the connection, as StreamWriter.drain raises it
+        if self.transport.is_closing():
+            # Let connection_lost run first, as StreamWriter.drain does.
+            await asyncio.sleep(0)
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._write_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    async def close(self) -> None:
+        """Close the socket (after what is buffered is sent) and wait until it is closed."""
+        if self._transport is None:
+            return
+        self._transport.close()
+        await asyncio.shield(self._closed)
+
+    def _pause(self) -> None:
+        if self._reading and self._transport is not None and not self._lost:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def _resume(self) -> None:
+        if not self._reading and self._transport is not None and not self._lost:
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
 
 
 class _UpstreamLost(Exception):
@@ -58,7 +224,7 @@ class _Slot:
 
     def __init__(self, api: str = "", t0: float = 0.0, info: RequestInfo | None = None,
                  produce: list[ProduceDraft] | None = None, proxy_answer: bool = False) -> None:
-        self.frame: bytes | None = None
+        self.frame: Frame | None = None
         self.done = False
         self.api = api
         self.t0 = t0
@@ -70,19 +236,13 @@ class _Slot:
 class ClientConnection:
     """Carries one client's traffic to its broker and back, in order."""
 
-    def __init__(
-        self,
-        server: ProxyServer,
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        node_id: int | None,
-    ) -> None:
+    def __init__(self, server: ProxyServer, client: FrameStream, node_id: int | None) -> None:
         self.server = server
         self.node_id = node_id
         """The broker node this connection stands for; ``None`` for bootstrap."""
-        self._reader = reader
-        self._writer = writer
-        peer = writer.get_extra_info("peername")
+        self._client = client
+        self._writer = client.transport
+        peer = client.get_extra_info("peername")
         self.client_address = f"{peer[0]}:{peer[1]}" if peer else "unknown"
         """``host:port`` of the client."""
         self.client_id: str | None = None
@@ -90,8 +250,8 @@ class ClientConnection:
         self.principal: str | None = None
         """The authenticated principal, when the proxy knows it."""
         self.sasl = SaslTracker()
-        self._up_reader: asyncio.StreamReader | None = None
-        self._up_writer: asyncio.StreamWriter | None = None
+        self._upstream: FrameStream | None = None
+        self._up_writer: asyncio.Transport | None = None
         self._slots: deque[_Slot] = deque()
         self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None]] = deque()
         self._room = asyncio.Event()
@@ -106,7 +266,7 @@ class ClientConnection:
         self.last_activity = asyncio.get_running_loop().time()
         """Loop time of the last whole request or response (a trickle of bytes is no activity)."""
         limit = server.config.max_buffered_bytes
-        writer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        self._writer.set_write_buffer_limits(high=limit, low=limit // 4)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -124,7 +284,7 @@ class ClientConnection:
             return
         limit = self.server.config.max_buffered_bytes
         assert self._up_writer is not None
-        self._up_writer.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        self._up_writer.set_write_buffer_limits(high=limit, low=limit // 4)
         self._up_task = asyncio.create_task(self._read_upstream())
         self._read_task = asyncio.current_task()
         try:
@@ -150,10 +310,12 @@ class ClientConnection:
             if address is None:
                 continue
             try:
-                self._up_reader, self._up_writer = await asyncio.wait_for(
-                    self.server.open_upstream(*address),
+                _, upstream = await asyncio.wait_for(
+                    self.server.open_upstream(
+                        *address, partial(FrameStream, self.server.config.max_response_size)),
                     timeout=self.server.config.upstream_connect_timeout_ms / 1000,
                 )
+                self._upstream, self._up_writer = upstream, upstream.transport
                 self.upstream_address = address
                 return
             except (OSError, TimeoutError) as exc:
@@ -184,49 +346,47 @@ class ClientConnection:
         self._room.set()
         if self._up_task is not None and self._up_task is not asyncio.current_task():
             self._up_task.cancel()
-        if self._up_writer is not None:
-            self._up_writer.close()
+        if self._upstream is not None:
             with contextlib.suppress(Exception):
-                await self._up_writer.wait_closed()
+                await self._upstream.close()
         await self._close_client()
 
     async def _close_client(self) -> None:
-        self._writer.close()
         with contextlib.suppress(Exception):
-            await self._writer.wait_closed()
+            await self._client.close()
 
     # ------------------------------------------------------------------ client side
 
     async def _read_client(self) -> None:
-        decoder = FrameDecoder(self.server.config.max_frame_size)
+        client = self._client
         loop = asyncio.get_running_loop()
-        writer = self._writer
         while not self._closed and not self._draining:
             self._in_read = True
             try:
                 # A client that does not read its responses stops being read from
                 # once max_buffered_bytes of them wait in the socket buffer.
-                await writer.drain()
-                data = await self._reader.read(_READ_SIZE)
+                await client.drain()
+                frames = await client.read()
             except ConnectionError:
+                return
+            except ProtocolError as exc:
+                self._bad_client(exc)
                 return
             finally:
                 self._in_read = False
-            if not data:
+            if not frames:
                 return
+            self.last_activity = loop.time()
             try:
-                frames = decoder.feed(data)
-                if frames:
-                    self.last_activity = loop.time()
-                for frame in frames:
-                    await self._handle_request(frame)
+                # Taken out of the list one by one: a frame turned into bytes for
+                # decoding leaves no second copy alive here while it is handled.
+                frames.reverse()
+                while frames:
+                    await self._handle_request(frames.pop())
                     if self._closed:
                         return
             except ProtocolError as exc:
-                if self.server.metrics is not None:
-                    self.server.metrics.client_errors.inc()
-                log.warning("closing client %s (client_id %r): %s",
-                            self.client_address, self.client_id, exc, extra=self.log_context)
+                self._bad_client(exc)
                 return
             except _UpstreamLost as exc:
                 # The broker connection broke while a request was being forwarded; the
@@ -236,9 +396,27 @@ class ClientConnection:
             except ConnectionError:
                 return  # the client went away while its answer was being written
 
-    async def _handle_request(self, frame: bytes) -> None:
+    def _bad_client(self, exc: ProtocolError) -> None:
+        if self.server.metrics is not None:
+            self.server.metrics.client_errors.inc()
+        log.warning("closing client %s (client_id %r): %s",
+                    self.client_address, self.client_id, exc, extra=self.log_context)
+
+    def _decoded_as_is(self, header: RequestHeader) -> bool:
+        """Whether a large request may reach the handler as the ``bytearray`` it arrived in.
+
+        Only Produce on a pipeline that neither intercepts nor observes: it scans
+        the frame for acks and forwards it. Anything else may be decoded by kio.
+        """
+        produce = self.server.produce
+        return (header.api_key == ApiKey.PRODUCE and produce.interceptor is None
+                and not produce.observed)
+
+    async def _handle_request(self, frame: Frame) -> None:
         t0 = time.monotonic()
         header = parse_request_header(frame)
+        if type(frame) is not bytes and not self._decoded_as_is(header):
+            frame = bytes(frame)
         if header.client_id is not None:
             self.client_id = header.client_id
         server = self.server
@@ -262,7 +440,8 @@ class ClientConnection:
         while len(self._slots) >= server.config.max_in_flight and not self._closed:
             self._room.clear()
             await self._room.wait()
-        outcome = await server.handle_request(self, header, frame)
+        # A bytearray here is forwarded untouched (see _decoded_as_is).
+        outcome = await server.handle_request(self, header, cast(bytes, frame))
         if self._closed:
             return
         if isinstance(outcome, Answer):
@@ -270,14 +449,14 @@ class ClientConnection:
                 slot = _Slot(api, t0, info, outcome.produce, proxy_answer=True)
                 self._slots.append(slot)
                 self._complete(slot, outcome.frame)
-                await self._writer.drain()
+                await self._client.drain()
             elif info is not None or metrics is not None:
                 self._report(_Slot(api, t0, info, outcome.produce, proxy_answer=True), 0)
             return
         self._forward(header, outcome, api, t0, info)
-        assert self._up_writer is not None
+        assert self._upstream is not None
         try:
-            await self._up_writer.drain()
+            await self._upstream.drain()
         except ConnectionError as exc:
             raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
@@ -288,7 +467,7 @@ class ClientConnection:
             self._slots.append(slot)
             self._pending.append((header.correlation_id, slot, outcome.on_response))
         assert self._up_writer is not None
-        if self._up_writer.transport.is_closing():
+        if self._up_writer.is_closing():
             # writelines() on a closed transport raises RuntimeError under uvloop.
             raise _UpstreamLost("the broker connection is closed")
         self._up_writer.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
@@ -316,41 +495,50 @@ class ClientConnection:
                 produce=tuple(d.freeze() for d in slot.produce or ()),
             ))
 
-    def _complete(self, slot: _Slot, frame: bytes) -> None:
+    def _complete(self, slot: _Slot, frame: Frame) -> None:
         slot.frame = frame
         slot.done = True
+        self._send_ready()
+
+    def _send_ready(self) -> None:
+        """Write every response now at the head of the order, in one ``writelines``."""
         slots = self._slots
-        writer = self._writer
+        if not slots or not slots[0].done:
+            return
         observed = self.server.observed
+        out: list[Frame] = []
         while slots and slots[0].done:
             done = slots.popleft()
-            out = done.frame
-            assert out is not None
-            writer.writelines((_INT32.pack(len(out)), out))
+            frame = done.frame
+            assert frame is not None
+            out.append(_INT32.pack(len(frame)))
+            out.append(frame)
+            done.frame = None
             if observed:
-                self._report(done, len(out))
+                self._report(done, len(frame))
+        self._writer.writelines(out)
         if len(slots) < self.server.config.max_in_flight:
             self._room.set()
 
     # ------------------------------------------------------------------ upstream side
 
     async def _read_upstream(self) -> None:
-        assert self._up_reader is not None
-        decoder = FrameDecoder(self.server.config.max_response_size)
+        upstream = self._upstream
+        assert upstream is not None
         reason = "closed the connection"
         try:
             while not self._closed:
-                data = await self._up_reader.read(_READ_SIZE)
-                if not data:
+                frames = await upstream.read()
+                if not frames:
                     break
-                ready = []
-                for frame in decoder.feed(data):
-                    ready.append(self._match_response(frame))
+                ready = [self._match_response(frame) for frame in frames]
                 if self.server.nodes.unsettled:
                     await self.server.nodes.settle()
                 for slot, frame in ready:
-                    self._complete(slot, frame)
-                await self._writer.drain()
+                    slot.frame = frame
+                    slot.done = True
+                self._send_ready()
+                await self._client.drain()
         except ProtocolError as exc:
             reason = f"sent a response the proxy cannot carry: {exc}"
         except (ConnectionError, OSError) as exc:
@@ -379,7 +567,7 @@ class ClientConnection:
             return "broker"
         return f"broker {self.upstream_address[0]}:{self.upstream_address[1]}"
 
-    def _match_response(self, frame: bytes) -> tuple[_Slot, bytes]:
+    def _match_response(self, frame: Frame) -> tuple[_Slot, Frame]:
         if len(frame) < 4:
             raise ProtocolError(f"response of {len(frame)} bytes has no correlation id")
         (correlation_id,) = _INT32.unpack_from(frame, 0)
@@ -391,7 +579,8 @@ class ClientConnection:
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
         if on_response is not None:
-            frame = on_response(frame)
+            # Rewriters decode with kio, which reads only immutable buffers.
+            return slot, on_response(frame if type(frame) is bytes else bytes(frame))
         return slot, frame
 
     @property

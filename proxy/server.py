@@ -19,8 +19,9 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
+from typing import TypeVar, overload
 
-from protocol.errors import UnsupportedVersion
+from protocol.errors import SaslStateError, UnsupportedVersion
 from protocol.framing import RequestHeader
 from protocol.messages import ApiKey, api_name
 from proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
@@ -31,7 +32,7 @@ from proxy.api_versions import (
     unsupported_api_versions_response,
 )
 from proxy.config import ProxyConfig
-from proxy.connection import ClientConnection
+from proxy.connection import ClientConnection, FrameStream
 from proxy.discovery import DiscoveryError, discover_nodes
 from proxy.metrics import HealthServer, Metrics
 from proxy.nodes import NodeRegistry
@@ -45,8 +46,14 @@ log = logging.getLogger("kiproxy")
 
 __all__ = ["ProxyServer"]
 
+_BEFORE_AUTHENTICATION = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+"""What a Kafka broker accepts on a connection whose SASL exchange is under way."""
+
 _DISCOVERY_WAIT = 3.0
 """Seconds start() waits for the first node discovery before announcing itself."""
+
+_Protocol = TypeVar("_Protocol", bound=asyncio.BaseProtocol)
 
 
 class ProxyServer:
@@ -94,8 +101,9 @@ class ProxyServer:
 
     async def start(self) -> None:
         """Open the bootstrap listener."""
-        server = await asyncio.start_server(
-            partial(self._accept, node_id=None), self.listen_host, self._listen_port,
+        server = await asyncio.get_running_loop().create_server(
+            partial(FrameStream, self.config.max_frame_size, partial(self._accept, node_id=None)),
+            self.listen_host, self._listen_port,
             reuse_address=True, reuse_port=self.config.workers > 1 or None,
             ssl=self._client_tls,
         )
@@ -182,8 +190,10 @@ class ProxyServer:
 
     async def _open_node_listener(self, node_id: int, port: int) -> None:
         try:
-            server = await asyncio.start_server(
-                partial(self._accept, node_id=node_id), self.listen_host, port,
+            server = await asyncio.get_running_loop().create_server(
+                partial(FrameStream, self.config.max_frame_size,
+                        partial(self._accept, node_id=node_id)),
+                self.listen_host, port,
                 reuse_address=True, reuse_port=self.config.workers > 1 or None,
                 ssl=self._client_tls,
             )
@@ -211,19 +221,18 @@ class ProxyServer:
                              extra=conn.log_context)
                     await conn.close()
 
-    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                      node_id: int | None) -> None:
+    async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
-            peer = writer.get_extra_info("peername")
+            peer = client.get_extra_info("peername")
             log.warning("refusing client %s: max_connections (%d) reached", peer,
                         self.config.max_connections)
             if self.metrics is not None:
                 self.metrics.refused_connections.inc()
-            writer.transport.abort()
+            client.transport.abort()
             return
-        conn = ClientConnection(self, reader, writer, node_id)
+        conn = ClientConnection(self, client, node_id)
         if self._client_tls is not None and self.config.tls.client_ca is not None:
-            conn.principal = principal_from_peercert(writer.get_extra_info("peercert"))
+            conn.principal = principal_from_peercert(client.get_extra_info("peercert"))
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections.inc()
@@ -252,14 +261,29 @@ class ProxyServer:
         """The real address of a broker node."""
         return self.nodes.upstream_for(node_id)
 
+    @overload
     async def open_upstream(
         self, host: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """Open a connection to a broker."""
-        if self._upstream_tls is None:
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
+
+    @overload
+    async def open_upstream(
+        self, host: str, port: int, protocol_factory: Callable[[], _Protocol]
+    ) -> tuple[asyncio.BaseTransport, _Protocol]: ...
+
+    async def open_upstream(
+        self, host: str, port: int, protocol_factory: Callable[[], _Protocol] | None = None
+    ) -> (tuple[asyncio.StreamReader, asyncio.StreamWriter]
+          | tuple[asyncio.BaseTransport, _Protocol]):
+        """Open a connection to a broker: as streams, or run by ``protocol_factory``'s protocol."""
+        tls = self._upstream_tls
+        if protocol_factory is not None:
+            return await asyncio.get_running_loop().create_connection(
+                protocol_factory, host, port, ssl=tls, server_hostname=host if tls else None)
+        if tls is None:
             return await asyncio.open_connection(host, port, limit=2**20)
         return await asyncio.open_connection(
-            host, port, limit=2**20, ssl=self._upstream_tls,
+            host, port, limit=2**20, ssl=tls,
             server_hostname=host,
         )
 
@@ -279,6 +303,12 @@ class ProxyServer:
         self, conn: ClientConnection, header: RequestHeader, frame: bytes
     ) -> RequestOutcome:
         """Decide what to do with one client request."""
+        if conn.sasl.awaiting_verdict and header.api_key not in _BEFORE_AUTHENTICATION:
+            # The broker refuses this (ILLEGAL_SASL_STATE) and closes the connection; the
+            # proxy must not run the interceptor or answer for it on the broker's behalf.
+            raise SaslStateError(
+                f"{api_name(header.api_key)} request before its SASL {conn.sasl.mechanism} "
+                "authentication succeeded (the broker would refuse it: ILLEGAL_SASL_STATE)")
         if header.api_key == ApiKey.PRODUCE:
             return await self.produce.handle(conn, header, frame, self._rewriter(header))
         if not rewritable(header.api_key, header.api_version):
@@ -290,6 +320,13 @@ class ProxyServer:
             if known is not None and header.api_version > known[1]:
                 return Answer(unsupported_api_versions_response(header.correlation_id))
         elif header.api_key == ApiKey.SASL_HANDSHAKE and header.body_offset is not None:
+            if header.api_version == 0:
+                # v0 is followed by raw SASL tokens outside Kafka framing (clients older
+                # than Kafka 1.0); the proxy carries only framed SaslAuthenticate.
+                raise UnsupportedVersion(
+                    "SaslHandshake v0 (raw SASL tokens without Kafka framing) is not carried "
+                    "by the proxy; use a client that sends SaslHandshake v1 and "
+                    "SaslAuthenticate (Kafka 1.0+ clients do)")
             conn.sasl.on_handshake(header.api_version, frame, header.body_offset)
         elif header.api_key == ApiKey.SASL_AUTHENTICATE and header.body_offset is not None:
             sasl_round = conn.sasl.on_authenticate(header.api_version, frame, header.body_offset)

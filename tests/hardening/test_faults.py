@@ -71,6 +71,8 @@ PARTITIONS = 3
 SEED = 20261122
 CUT_EVERY = (0.3, 1.5)
 RESTART_EVERY = (2.0, 4.0)
+PROXIED_SECONDS = 18.0
+"""The proxied stream lasts this long at least: three restarts or more, however fast it is."""
 RESPONSE_DELAY = 0.05
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 PLUGINS = Path(__file__).resolve().parent / "plugins"
@@ -93,9 +95,11 @@ class StreamResult:
     seconds: float = 0.0
 
 
-def produce_stream(bootstrap: str, topic: str, count: int) -> StreamResult:
+def produce_stream(bootstrap: str, topic: str, count: int,
+                   min_seconds: float = 0.0) -> StreamResult:
     """Send ``count`` records (values ``%09d``), paced so that the stream spans the
-    faults: 200 records every 20 ms at most."""
+    faults: 200 records every 20 ms at most, and spread over ``min_seconds`` at least
+    (so that a fast run still sees its proxy restarts)."""
     from confluent_kafka import Producer
 
     result = StreamResult()
@@ -125,7 +129,7 @@ def produce_stream(bootstrap: str, topic: str, count: int) -> StreamResult:
                     producer.poll(0.05)
             if i % 200 == 0:
                 producer.poll(0)
-                time.sleep(0.02)
+                time.sleep(max(0.02, started + min_seconds * i / count - time.monotonic()))
         left = producer.flush(240)
         result.seconds = time.monotonic() - started
     finally:
@@ -336,7 +340,7 @@ def test_idempotent_stream_survives_cut_connections_and_proxy_restarts(rig: Rig)
     rig.start_proxy()
     rig.relay.start_faults(*CUT_EVERY)
     with Restarter(rig) as restarter:
-        result = produce_stream(rig.bootstrap, proxied, RECORDS)
+        result = produce_stream(rig.bootstrap, proxied, RECORDS, min_seconds=PROXIED_SECONDS)
     rig.relay.stop_faults()
     cuts = rig.relay.stats.cuts - baseline_cuts
     tally = Tally.of(result, read_back(rig.relay.address, proxied, set(result.acked)), RECORDS)

@@ -30,6 +30,7 @@ from proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
 from proxy.config import ProxyConfig
 from proxy.outcome import Forward
 from proxy.produce import ProducePipeline, _read_acks
+from proxy.sasl import SaslTracker
 from proxy.server import ProxyServer
 
 
@@ -40,6 +41,9 @@ class _Client:
     client_address = "127.0.0.1:9"
     principal = None
     log_context: dict[str, object] = {"client_address": "127.0.0.1:9", "client_id": "unit"}
+
+    def __init__(self) -> None:
+        self.sasl = SaslTracker()
 
 
 def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b"") -> Any:
