@@ -38,3 +38,7 @@ class UnsupportedMagic(CorruptBatch):
 
 class UnsupportedCompression(CorruptBatch):
     """A record batch whose attributes name a compression codec that does not exist."""
+
+
+class SaslStateError(ProtocolError):
+    """A request a broker refuses in the connection's SASL state (ILLEGAL_SASL_STATE)."""

@@ -105,7 +105,8 @@ class SaslVerdict:
 class SaslTracker:
     """Per-connection state of a SASL exchange."""
 
-    __slots__ = ("_decided", "_exchange", "_last", "candidate", "mechanism", "principal")
+    __slots__ = ("_decided", "_exchange", "_last", "_pending", "candidate", "mechanism",
+                 "principal")
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
@@ -116,6 +117,18 @@ class SaslTracker:
         self._last: SaslRound | None = None
         self._exchange = 0
         self._decided = 0
+        self._pending = False
+
+    @property
+    def awaiting_verdict(self) -> bool:
+        """A PLAIN or SCRAM exchange began on this connection and none has succeeded yet.
+
+        A broker then accepts only ApiVersions, SaslHandshake and SaslAuthenticate.
+        Other mechanisms (GSSAPI, OAUTHBEARER), and PLAIN or SCRAM messages the proxy
+        cannot read, are not judged by the proxy, so they leave this false: the broker
+        alone decides for them.
+        """
+        return self._pending
 
     def on_handshake(self, api_version: int, frame: bytes, body_offset: int) -> None:
         """Remember the mechanism a SaslHandshake request names; a new exchange starts."""
@@ -127,6 +140,9 @@ class SaslTracker:
         self.candidate = None
         self._last = None
         self._exchange += 1
+        mech = (self.mechanism or "").upper()
+        # A first login (not a KIP-368 re-authentication) with a mechanism the proxy judges.
+        self._pending = self.principal is None and (mech == "PLAIN" or mech.startswith("SCRAM-"))
 
     def on_authenticate(self, api_version: int, frame: bytes,
                         body_offset: int) -> SaslRound | None:
@@ -156,6 +172,8 @@ class SaslTracker:
                 step = "other"
         else:
             step = "other"
+        if step == "other" or (step in ("plain", "scram-first") and self.candidate is None):
+            self._pending = False       # unreadable: leave the verdict to the broker alone
         self._last = SaslRound(self.mechanism, self.candidate, step, self._exchange)
         return self._last
 
@@ -195,6 +213,8 @@ class SaslTracker:
         else:
             return None
         self._decided = round_.exchange     # this exchange is over: no second verdict
+        if verdict.succeeded:
+            self._pending = False
         if round_.exchange == self._exchange:
             self.candidate = None
         return verdict

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from protocol.errors import SaslStateError, UnsupportedVersion
 from protocol.framing import (
     encode_request_header,
     encode_response_header,
@@ -380,12 +381,41 @@ def test_plain_error_code_fails(server: ProxyServer, caplog: pytest.LogCaptureFi
 # ---------------------------------------------------------------------- others
 
 
-def test_legacy_handshake_v0_learns_no_principal(server: ProxyServer) -> None:
-    """SaslHandshake v0 (raw tokens follow outside Kafka framing) is forwarded; no principal."""
+def test_legacy_handshake_v0_is_refused(server: ProxyServer) -> None:
+    """SaslHandshake v0 (raw tokens follow outside Kafka framing) is not carried: the
+    request is refused with an error that says what to use instead; no principal."""
     conn = _Client()
-    _handshake(server, conn, "PLAIN", version=0)
-    assert conn.sasl.mechanism == "PLAIN"
+    with pytest.raises(UnsupportedVersion, match=r"SaslHandshake v0 .* SaslHandshake v1"):
+        _handshake(server, conn, "PLAIN", version=0)
+    assert conn.sasl.mechanism is None
     assert conn.principal is None
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256"])
+def test_requests_other_than_sasl_are_refused_until_the_login_succeeds(
+        server: ProxyServer, mechanism: str) -> None:
+    """A broker accepts only ApiVersions, SaslHandshake and SaslAuthenticate while a
+    login is under way; so does the proxy, which must not answer for the broker."""
+    conn = _Client()
+    _handshake(server, conn, mechanism)
+    assert conn.sasl.awaiting_verdict
+    with pytest.raises(SaslStateError, match="Metadata request before its SASL"):
+        _request(server, conn, ApiKey.METADATA, 9, **_METADATA_V9)
+    assert isinstance(_request(server, conn, ApiKey.API_VERSIONS, 3,
+                               client_software_name="unit", client_software_version="1"),
+                      Forward)
+
+
+def test_an_unjudged_mechanism_leaves_the_verdict_to_the_broker(server: ProxyServer) -> None:
+    conn = _Client()
+    _handshake(server, conn, "OAUTHBEARER")
+    assert not conn.sasl.awaiting_verdict
+    assert isinstance(_request(server, conn, ApiKey.METADATA, 9, **_METADATA_V9), Forward)
+
+
+_METADATA_V9: dict[str, Any] = {
+    "topics": None, "allow_auto_topic_creation": False,
+    "include_cluster_authorized_operations": False, "include_topic_authorized_operations": False}
 
 
 def test_unknown_mechanism_leaves_the_principal_unknown(
