@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit bench-codec bench-proxy bench clean
+.PHONY: install run test lint typecheck unit bench-codec bench-deps bench-proxy bench clean
 
 $(STAMP): pyproject.toml setup.py protocol/_codec.pyx
 	$(PYTHON) -m venv $(VENV)
@@ -32,8 +32,15 @@ test: lint typecheck
 bench-codec: $(STAMP)
 	$(BIN)/python -m bench.codec
 
+## haproxy (the plain L4 baseline of bench-proxy) from Debian, when it is missing; the
+## benchmark runs without it and says so if this cannot install it.
+bench-deps:
+	-command -v haproxy >/dev/null 2>&1 || { \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		$$sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null; }
+
 ## End-to-end: producer -> (haproxy | kiproxy) -> embedded broker; BENCH_FLAGS=--quick for a short run.
-bench-proxy: $(STAMP)
+bench-proxy: $(STAMP) bench-deps
 	$(BIN)/python -m bench.proxy $(BENCH_FLAGS)
 
 clean:

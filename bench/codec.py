@@ -441,7 +441,7 @@ Ratio columns: our throughput over aiokafka's C path, first with each library's 
 compressors, then with aiokafka running our compressors; above 1.00x means ours is faster.
 
 Compression levels are each library's defaults and differ, which dominates the
-compressed rows: ours uses cramjam's defaults (gzip 6, lz4 frame level 4, zstd 3);
+compressed rows: ours uses kiproxy's defaults (gzip 6, lz4 1 = LZ4 fast mode, zstd 3, via cramjam);
 aiokafka and kafka-python write gzip at level 9 with the stdlib `gzip` module, lz4 at
 level 9, zstd at 3 (kafka-python's own gzip is also stdlib level 9). Snappy has no level.
 Re-encoded batch sizes (bytes) show the effect:

@@ -45,6 +45,16 @@ _REQUEST_FIXED = struct.Struct(">hhi")
 _INT16 = struct.Struct(">h")
 
 
+def _frame_length(buf: bytes | bytearray, pos: int, max_frame_size: int) -> int:
+    """The length prefix at ``pos``, refused if negative or above ``max_frame_size``."""
+    (size,) = _INT32.unpack_from(buf, pos)
+    if size < 0:
+        raise MalformedFrame(f"frame length {size} is negative")
+    if size > max_frame_size:
+        raise FrameTooLarge(f"frame length {size} exceeds max_frame_size {max_frame_size}")
+    return int(size)
+
+
 class FrameDecoder:
     """Incremental frame decoder: ``feed`` bytes in, take whole frames out.
 
@@ -72,13 +82,7 @@ class FrameDecoder:
         pos = 0
         end = len(buf)
         while end - pos >= 4:
-            (size,) = _INT32.unpack_from(buf, pos)
-            if size < 0:
-                raise MalformedFrame(f"frame length {size} is negative")
-            if size > self.max_frame_size:
-                raise FrameTooLarge(
-                    f"frame length {size} exceeds max_frame_size {self.max_frame_size}"
-                )
+            size = _frame_length(buf, pos, self.max_frame_size)
             if end - pos - 4 < size:
                 break
             frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
@@ -198,13 +202,7 @@ class FrameAssembler:
         end = self._end = self._end + nbytes
         frames: list[bytes | bytearray] = []
         while end - pos >= 4:
-            (size,) = _INT32.unpack_from(chunk, pos)
-            if size < 0:
-                raise MalformedFrame(f"frame length {size} is negative")
-            if size > self.max_frame_size:
-                raise FrameTooLarge(
-                    f"frame length {size} exceeds max_frame_size {self.max_frame_size}"
-                )
+            size = _frame_length(chunk, pos, self.max_frame_size)
             if end - pos - 4 < size:
                 if size >= self.large_frame:
                     self._large = size

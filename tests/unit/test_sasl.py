@@ -197,27 +197,45 @@ VERSIONS = [0, 1, 2]
 # ---------------------------------------------------------------------- SCRAM
 
 
+@dataclass
+class _Login:
+    """A SCRAM login through the proxy up to the client-final-message."""
+
+    broker: ScramServer
+    client: ScramClient
+    client_final: bytes
+    final: Forward
+    """The proxy's outcome of the client-final-message, awaiting the broker's answer."""
+
+
+def _scram_login(server: ProxyServer, conn: _Client, mechanism: str, version: int,
+                 password: str) -> _Login:
+    """Handshake, client-first and its (real) answer, then client-final: the caller
+    answers the last round. The first round's answer must decide nothing."""
+    broker = ScramServer(mechanism, "alice", "alice-secret")
+    client = ScramClient(mechanism, "alice", password)
+    had = conn.principal
+    _handshake(server, conn, mechanism)
+    first = _authenticate(server, conn, version, client.first())
+    server_first = broker.first(client.first())
+    _answer(first, _response(version, server_first))
+    assert conn.principal == had, "server-first-message proves nothing"
+    client_final = client.final(server_first)
+    return _Login(broker, client, client_final,
+                  _authenticate(server, conn, version, client_final))
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("mechanism", MECHANISMS)
 def test_scram_success_sets_the_principal_on_the_verifier_only(
         server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
         version: int) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
-    broker = ScramServer(mechanism, "alice", "alice-secret")
-    client = ScramClient(mechanism, "alice", "alice-secret")
     conn = _Client()
-    _handshake(server, conn, mechanism)
-
-    first = _authenticate(server, conn, version, client.first())
-    server_first = broker.first(client.first())
-    _answer(first, _response(version, server_first))
-    assert conn.principal is None, "server-first-message proves nothing"
-
-    client_final = client.final(server_first)
-    final = _authenticate(server, conn, version, client_final)
-    server_final = broker.final(client_final)
-    assert server_final.startswith(b"v=") and client.verify(server_final)
-    _answer(final, _response(version, server_final))
+    login = _scram_login(server, conn, mechanism, version, "alice-secret")
+    server_final = login.broker.final(login.client_final)
+    assert server_final.startswith(b"v=") and login.client.verify(server_final)
+    _answer(login.final, _response(version, server_final))
     assert conn.principal == "alice"
     assert any("authenticated as 'alice'" in r.getMessage() for r in caplog.records)
     assert _warnings(caplog) == []
@@ -229,16 +247,10 @@ def test_scram_invalid_proof_at_error_code_0_is_a_failure(
         server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
         version: int) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
-    broker = ScramServer(mechanism, "alice", "alice-secret")
-    client = ScramClient(mechanism, "alice", "wrong-password")
     conn = _Client()
-    _handshake(server, conn, mechanism)
-    first = _authenticate(server, conn, version, client.first())
-    server_first = broker.first(client.first())
-    _answer(first, _response(version, server_first))
-    client_final = client.final(server_first)
-    final = _authenticate(server, conn, version, client_final)
-    server_final = broker.final(client_final)
+    login = _scram_login(server, conn, mechanism, version, "wrong-password")
+    final = login.final
+    server_final = login.broker.final(login.client_final)
     assert server_final == b"e=invalid-proof"
     _answer(final, _response(version, server_final))   # error_code 0, as some brokers do
     assert conn.principal is None
@@ -256,16 +268,10 @@ def test_scram_invalid_proof_at_error_code_0_is_a_failure(
 def test_scram_error_code_on_the_final_round_is_a_failure(
         server: ProxyServer, caplog: pytest.LogCaptureFixture, mechanism: str,
         version: int) -> None:
-    broker = ScramServer(mechanism, "alice", "alice-secret")
-    client = ScramClient(mechanism, "alice", "wrong-password")
     conn = _Client()
-    _handshake(server, conn, mechanism)
-    first = _authenticate(server, conn, version, client.first())
-    server_first = broker.first(client.first())
-    _answer(first, _response(version, server_first))
-    client_final = client.final(server_first)
-    final = _authenticate(server, conn, version, client_final)
-    assert broker.final(client_final) == b"e=invalid-proof"
+    login = _scram_login(server, conn, mechanism, version, "wrong-password")
+    final = login.final
+    assert login.broker.final(login.client_final) == b"e=invalid-proof"
     # What Apache Kafka answers: SASL_AUTHENTICATION_FAILED with a message, no auth bytes.
     message = ("Authentication failed during authentication due to invalid credentials "
                f"with SASL mechanism {mechanism}")
@@ -291,16 +297,9 @@ def test_scram_error_on_the_first_round_is_a_failure(
 
 def test_scram_server_final_without_verifier_is_not_success(
         server: ProxyServer, caplog: pytest.LogCaptureFixture) -> None:
-    mechanism = "SCRAM-SHA-256"
-    broker = ScramServer(mechanism, "alice", "alice-secret")
-    client = ScramClient(mechanism, "alice", "alice-secret")
     conn = _Client()
-    _handshake(server, conn, mechanism)
-    first = _authenticate(server, conn, 1, client.first())
-    server_first = broker.first(client.first())
-    _answer(first, _response(1, server_first))
-    final = _authenticate(server, conn, 1, client.final(server_first))
-    _answer(final, _response(1, b""))
+    login = _scram_login(server, conn, "SCRAM-SHA-256", 1, "alice-secret")
+    _answer(login.final, _response(1, b""))
     assert conn.principal is None
     assert len(_warnings(caplog)) == 1
     assert "has no verifier (v=)" in _warnings(caplog)[0]
@@ -328,16 +327,8 @@ def test_failed_reauthentication_clears_the_sasl_principal(
     mechanism = "SCRAM-SHA-512"
     conn = _Client()
     for password, expected in [("alice-secret", "alice"), ("wrong-password", None)]:
-        broker = ScramServer(mechanism, "alice", "alice-secret")
-        client = ScramClient(mechanism, "alice", password)
-        _handshake(server, conn, mechanism)
-        first = _authenticate(server, conn, 2, client.first())
-        server_first = broker.first(client.first())
-        _answer(first, _response(2, server_first))
-        assert conn.principal == ("alice" if expected is None else None)
-        client_final = client.final(server_first)
-        final = _authenticate(server, conn, 2, client_final)
-        _answer(final, _response(2, broker.final(client_final)))
+        login = _scram_login(server, conn, mechanism, 2, password)
+        _answer(login.final, _response(2, login.broker.final(login.client_final)))
         assert conn.principal == expected
     assert len(_warnings(caplog)) == 1
 
