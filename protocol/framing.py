@@ -105,13 +105,14 @@ class FrameAssembler:
     ``part_size`` bytes gets a ``bytearray`` of exactly its size once its length
     prefix has arrived; the rest of it is received straight into that buffer,
     which is handed out as is and never touched again. A frame above
-    ``part_size`` is received into ``part_size`` buffers made one at a time as
-    its bytes arrive, then joined once: a length prefix alone never makes the
-    assembler hold more than ``part_size`` bytes (Kafka's broker allocates the
-    whole frame on the prefix; a proxy in front of it should not). A negative
-    length, or one above ``max_frame_size``, raises in :meth:`buffer_updated` as
-    soon as the prefix is seen, before any allocation; the assembler is then
-    unusable, like the stream it came from.
+    ``part_size`` is received into buffers made one at a time as its bytes arrive,
+    each at most as large as what has arrived so far, then joined once into
+    ``bytes``: a length prefix alone makes the assembler allocate ``part_size``
+    bytes at most, and a frame's buffers never exceed twice what the client has
+    sent (Kafka's broker allocates the whole frame on the prefix; a proxy in front
+    of it should not). A negative length, or one above ``max_frame_size``, raises
+    in :meth:`buffer_updated` as soon as the prefix is seen, before any
+    allocation; the assembler is then unusable, like the stream it came from.
     """
 
     __slots__ = ("_chunk", "_end", "_got", "_large", "_need", "_part", "_part_filled",
@@ -120,7 +121,7 @@ class FrameAssembler:
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
                  chunk_size: int = 64 * 1024, large_frame: int = 16 * 1024,
-                 part_size: int = 1024 * 1024) -> None:
+                 part_size: int = 64 * 1024) -> None:
         if not 0 < large_frame <= chunk_size - 4:
             raise ValueError(f"large_frame {large_frame} must be in 1..chunk_size - 4 "
                              f"({chunk_size - 4})")
@@ -130,7 +131,8 @@ class FrameAssembler:
         self.large_frame = large_frame
         """Frames of this many bytes or more get a buffer of their own."""
         self.part_size = part_size
-        """Largest buffer made before the bytes to fill it have arrived."""
+        """Frames up to this size get one exact buffer; it is also the most a length
+        prefix alone makes the assembler allocate."""
         self._chunk = bytearray(chunk_size)
         self._view = memoryview(self._chunk)
         self._start = 0  # unconsumed bytes are _chunk[_start:_end]
@@ -151,7 +153,9 @@ class FrameAssembler:
         return self._end - self._start
 
     def _next_part(self) -> memoryview:
-        part = bytearray(min(self.part_size, self._need - self._got))
+        # Double what has arrived, at most: a client must send bytes to make the
+        # assembler hold more of them.
+        part = bytearray(min(self._need - self._got, max(self.part_size, self._got)))
         assert self._parts is not None
         self._parts.append(part)
         self._part, self._part_view, self._part_filled = part, memoryview(part), 0

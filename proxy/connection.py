@@ -17,9 +17,10 @@ Contracts, in the order a newcomer needs them:
   closes its client; clients reconnect.
 
 Both sockets are read by a :class:`FrameStream` (an ``asyncio.BufferedProtocol``
-around :class:`protocol.framing.FrameAssembler`): a large frame is received
-straight into a buffer of its own size and forwarded from it, never copied.
-Such a frame is a ``bytearray``; it is turned into ``bytes`` before anything
+around :class:`protocol.framing.FrameAssembler`): a frame of 16-64 KiB is
+received straight into a buffer of its own size and forwarded from it, a larger
+one into buffers that grow with the bytes that arrive, joined once into ``bytes``.
+A frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before anything
 decodes it with kio (which reads only immutable buffers), so the only
 ``bytearray`` a handler sees is a Produce request on a pipeline that neither
 intercepts nor observes, which only scans it for acks and forwards it.
