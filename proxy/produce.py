@@ -228,6 +228,9 @@ class ProducePipeline:
         compression_levels: CompressionLevels | None = None,
     ) -> None:
         self.interceptor = interceptor
+        self.max_version = PRODUCE_MAX_VERSION
+        """Highest Produce version accepted: what the ApiVersions cut offers (the server
+        lowers it to 12 with ``workers`` > 1, where topic ids are learned per process)."""
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
         self.timeout = timeout_ms / 1000
         self.max_decompressed_size = max_decompressed_size
@@ -282,13 +285,13 @@ class ProducePipeline:
         """
         self.stats.requests += 1
         version = header.api_version
-        if header.body_offset is None or version > PRODUCE_MAX_VERSION:
+        if header.body_offset is None or version > self.max_version:
             # No schema (v14+ or negative), or one the pipeline was not built for: the
             # ApiVersions cut never offers it. Kafka closes a connection that sends a
             # request version it cannot parse; so does the proxy (ProtocolError).
             raise UnsupportedVersion(
                 f"Produce request v{version} refused: the proxy reads Produce v3-"
-                f"v{PRODUCE_MAX_VERSION} (and answers v0-v2 with an error); use a version "
+                f"v{self.max_version} (and answers v0-v2 with an error); use a version "
                 "offered in ApiVersions")
         if version < 3:
             return self._refuse_legacy(conn, header, frame)

@@ -83,6 +83,9 @@ class ProxyServer:
         self._listen_port = port
         self.produce = produce or ProducePipeline(None)
         self.produce.observed = self.observed
+        # Produce v13 names topics by id; with several workers a process may not have
+        # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
+        self.produce.max_version = 12 if config.workers > 1 else PRODUCE_MAX_VERSION
         self.produce.metrics = metrics
         self.nodes = NodeRegistry(
             advertised_host=config.advertised_host or host,
@@ -292,7 +295,7 @@ class ProxyServer:
     def _rewriter(self, header: RequestHeader) -> Callable[[bytes], bytes] | None:
         if header.api_key == ApiKey.API_VERSIONS:
             return partial(cut_api_versions_frame, header.api_version,
-                           produce_max=12 if self.config.workers > 1 else PRODUCE_MAX_VERSION)
+                           produce_max=self.produce.max_version)
         if needs_rewrite(header.api_key, header.api_version):
             observe = self.produce.learn_topic_ids if header.api_key == ApiKey.METADATA else None
             return partial(rewrite_response_frame, header.api_key, header.api_version,

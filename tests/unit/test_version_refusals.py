@@ -70,6 +70,16 @@ def test_produce_at_a_version_without_a_schema_is_refused(server: ProxyServer,
     assert f"Produce v3-v{PRODUCE_MAX_VERSION}" in str(info.value)
 
 
+def test_with_several_workers_produce_v13_is_neither_offered_nor_accepted() -> None:
+    """v13 names topics by id, which a worker process may not have learned."""
+    workers = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"], workers=2))
+    with pytest.raises(UnsupportedVersion, match=r"Produce request v13 refused.*v3-v12"):
+        _handle(workers, ApiKey.PRODUCE, 13, b"\x00" * 20)
+    rewriter = workers._rewriter(parse_request_header(
+        encode_request_header(ApiKey.API_VERSIONS, 3, 1, "unit", 2)))
+    assert rewriter is not None and rewriter.keywords["produce_max"] == 12
+
+
 def test_produce_at_a_known_version_is_still_forwarded(server: ProxyServer) -> None:
     # v9 (flexible): null transactional_id, acks 1, timeout 1000, no topics.
     outcome = _handle(server, ApiKey.PRODUCE, 9, b"\x00\x00\x01\x00\x00\x03\xe8\x01\x00")
