@@ -115,9 +115,9 @@ class FrameAssembler:
     allocation; the assembler is then unusable, like the stream it came from.
     """
 
-    __slots__ = ("_chunk", "_end", "_got", "_large", "_need", "_part", "_part_filled",
-                 "_part_view", "_parts", "_start", "_view", "large_frame", "max_frame_size",
-                 "part_size")
+    __slots__ = ("_chunk", "_chunk_size", "_end", "_got", "_large", "_need", "_part",
+                 "_part_filled", "_part_view", "_parts", "_start", "_view", "large_frame",
+                 "max_frame_size", "part_size")
 
     def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
                  chunk_size: int = 64 * 1024, large_frame: int = 16 * 1024,
@@ -133,8 +133,11 @@ class FrameAssembler:
         self.part_size = part_size
         """Frames up to this size get one exact buffer; it is also the most a length
         prefix alone makes the assembler allocate."""
-        self._chunk = bytearray(chunk_size)
-        self._view = memoryview(self._chunk)
+        self._chunk_size = chunk_size
+        # Made when bytes arrive and dropped once every byte in it is handed out: an
+        # idle connection holds no chunk.
+        self._chunk: bytearray | None = None
+        self._view = memoryview(b"")
         self._start = 0  # unconsumed bytes are _chunk[_start:_end]
         self._end = 0
         self._large = 0  # length of a large frame whose prefix sits at _chunk[_start:]
@@ -179,13 +182,17 @@ class FrameAssembler:
             self._parts.append(part)
             self._part, self._part_view, self._part_filled = part, memoryview(part), have
             self._start = self._end = 0
+            self._chunk, self._view = None, memoryview(b"")
             return self._part_view[have:]
-        if start == end:
+        chunk = self._chunk
+        if chunk is None:
+            chunk = self._chunk = bytearray(self._chunk_size)
+            self._view = memoryview(chunk)
             self._start = self._end = start = end = 0
-        elif len(self._chunk) - end < len(self._chunk) // 4:
+        elif len(chunk) - end < len(chunk) // 4:
             # Little room left: move the start of the next frame (smaller than
             # large_frame) to the front.
-            self._chunk[: end - start] = self._view[start:end]
+            chunk[: end - start] = self._view[start:end]
             self._start, self._end = 0, end - start
             end -= start
         return self._view[end:]
@@ -202,6 +209,7 @@ class FrameAssembler:
             self._parts, self._part, self._part_view = None, bytearray(), memoryview(b"")
             return [frame]
         chunk, view = self._chunk, self._view
+        assert chunk is not None, "buffer_updated() without get_buffer()"
         pos = self._start
         end = self._end = self._end + nbytes
         frames: list[bytes | bytearray] = []
@@ -214,6 +222,9 @@ class FrameAssembler:
             frames.append(bytes(view[pos + 4 : pos + 4 + size]))
             pos += 4 + size
         self._start = pos
+        if pos == end:
+            self._chunk, self._view = None, memoryview(b"")
+            self._start = self._end = 0
         return frames
 
 

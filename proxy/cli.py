@@ -250,8 +250,12 @@ def _keep_freed_memory() -> None:
     and every page of the next one is faulted in again: measured, 190,000 minor
     faults and ~20% more proxy CPU per GB on the bench's decode path. Blocks up to
     32 MiB now come from the heap, and up to 128 MiB of free heap is kept for reuse.
-    A no-op where the C library is not glibc.
+    A no-op where the C library is not glibc, or with ``KIPROXY_KEEP_FREED_MEMORY=0``
+    in the environment (glibc's own tuning then applies, e.g. through
+    ``GLIBC_TUNABLES``).
     """
+    if os.environ.get("KIPROXY_KEEP_FREED_MEMORY", "1") == "0":
+        return
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         mallopt = libc.mallopt

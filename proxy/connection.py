@@ -54,6 +54,8 @@ log = logging.getLogger("kiproxy.connection")
 __all__ = ["ClientConnection", "FrameStream"]
 
 _INT32 = struct.Struct(">i")
+_CLOSE_TIMEOUT = 2.0
+"""Seconds a closing socket may take to flush before it is aborted."""
 
 Frame = bytes | bytearray
 """A frame without its length prefix; large ones are received into a ``bytearray``."""
@@ -191,12 +193,19 @@ class FrameStream(asyncio.BufferedProtocol):
         self._drain_waiters.append(waiter)
         await waiter
 
-    async def close(self) -> None:
-        """Close the socket (after what is buffered is sent) and wait until it is closed."""
+    async def close(self, timeout: float = _CLOSE_TIMEOUT) -> None:
+        """Close the socket (after what is buffered is sent) and wait until it is closed;
+        after ``timeout`` seconds abort it (a peer that does not read its answers, or a
+        TLS peer that never answers close_notify, would otherwise hold it open)."""
         if self._transport is None:
             return
         self._transport.close()
-        await asyncio.shield(self._closed)
+        try:
+            await asyncio.wait_for(asyncio.shield(self._closed), timeout)
+        except TimeoutError:
+            self._transport.abort()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._closed), timeout)
 
     def _pause(self) -> None:
         if self._reading and self._transport is not None and not self._lost:
@@ -259,6 +268,7 @@ class ClientConnection:
         self._room.set()
         self._closed = False
         self._upstream_reported = False
+        self._handling = False
         self._draining = False
         self._in_read = False
         self._read_task: asyncio.Task[None] | None = None
@@ -325,8 +335,8 @@ class ClientConnection:
 
     @property
     def idle(self) -> bool:
-        """No response is owed to the client."""
-        return not self._slots
+        """No response is owed to the client and no request is being handled."""
+        return not self._slots and not self._handling
 
     async def drain(self) -> None:
         """Stop reading new requests; the connection closes once owed responses are sent."""
@@ -368,8 +378,8 @@ class ClientConnection:
                 # once max_buffered_bytes of them wait in the socket buffer.
                 await client.drain()
                 frames = await client.read()
-            except ConnectionError:
-                return
+            except (ConnectionError, OSError, TimeoutError):
+                return  # the client went away (reset, TLS error or TLS shutdown timeout)
             except ProtocolError as exc:
                 self._bad_client(exc)
                 return
@@ -442,7 +452,11 @@ class ClientConnection:
             self._room.clear()
             await self._room.wait()
         # A bytearray here is forwarded untouched (see _decoded_as_is).
-        outcome = await server.handle_request(self, header, cast(bytes, frame))
+        self._handling = True  # a request in the interceptor is owed an answer too
+        try:
+            outcome = await server.handle_request(self, header, cast(bytes, frame))
+        finally:
+            self._handling = False
         if self._closed:
             return
         if isinstance(outcome, Answer):
@@ -539,11 +553,24 @@ class ClientConnection:
                     slot.frame = frame
                     slot.done = True
                 self._send_ready()
-                await self._client.drain()
+                try:
+                    await self._client.drain()
+                except (ConnectionError, OSError, TimeoutError):
+                    # The client went away, not the broker: close quietly.
+                    if self._read_task is not None:
+                        self._read_task.cancel()
+                    await self.close()
+                    return
         except ProtocolError as exc:
             reason = f"sent a response the proxy cannot carry: {exc}"
         except (ConnectionError, OSError) as exc:
             reason = f"connection failed: {exc}"
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # never leave the client waiting on a dead reader
+            log.exception("answer from %s to client %s could not be handled; closing it",
+                          self._upstream_name(), self.client_address, extra=self.log_context)
+            reason = f"sent a response the proxy failed on: {exc!r}"
         if not self._closed:
             self._upstream_failed(reason)
             if self._read_task is not None:

@@ -190,6 +190,7 @@ class SaslTracker:
             _, body_offset = parse_response_header(frame, 1 if flexible else 0)
             response = parse_response(ApiKey.SASL_AUTHENTICATE, api_version, frame, body_offset)
         except Exception:
+            self._pending = False       # unreadable: leave the verdict to the broker alone
             return None
         code = int(response.error_code)
         auth_bytes = bytes(response.auth_bytes or b"")

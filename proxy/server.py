@@ -217,12 +217,15 @@ class ProxyServer:
         while True:
             await asyncio.sleep(min(max(idle / 4, 0.05), 5.0))
             now = loop.time()
+            closing = []
             for conn in list(self.connections):
                 if conn.idle and now - conn.last_activity >= idle:
                     log.info("closing idle client %s (client_id %r): no traffic for %.0f s",
                              conn.client_address, conn.client_id, idle,
                              extra=conn.log_context)
-                    await conn.close()
+                    closing.append(conn.close())
+            # Together: one peer that is slow to close must not hold up the others.
+            await asyncio.gather(*closing, return_exceptions=True)
 
     async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
@@ -386,8 +389,8 @@ class ProxyServer:
         deadline = time.monotonic() + grace
         while any(not c.idle for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
-        for conn in list(self.connections):
-            await conn.close()
+        await asyncio.gather(*(c.close() for c in list(self.connections)),
+                             return_exceptions=True)
         for server in self._servers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)

@@ -441,3 +441,29 @@ def test_a_client_that_never_reads_stops_being_read(hostile_broker: EmbeddedBrok
     finally:
         reader.stop()
         proxy.stop()
+
+
+def test_a_client_that_never_reads_is_closed_without_holding_up_others(
+        hostile_broker: EmbeddedBroker) -> None:
+    """A client that reads nothing is owed answers, so it is not idle; other idle
+    clients are closed meanwhile. At shutdown, after the grace period (10 s), what is
+    buffered for it cannot be flushed: the proxy aborts it after a short wait instead
+    of hanging, and exits 0."""
+    proxy = launch_proxy(hostile_broker.bootstrap, "--idle-timeout-ms", "1500",
+                         "--max-buffered-bytes", str(MiB))
+    reader = NonReader(proxy.bootstrap).start()
+    silent: socket.socket | None = None
+    try:
+        assert wait_until(lambda: reader.stalled, 30), "the non-reader was never paused"
+        silent = connect(proxy.bootstrap)
+        silent_address = local_address(silent)
+        assert closed_by_peer(silent, 10), "an idle client waited behind a non-reader"
+        assert any(silent_address in line and "idle" in line for line in proxy.lines)
+        assert proxy.alive()
+        assert proxy.stop(timeout=25) == 0, f"shutdown hung:\n{proxy.log[-3000:]}"
+        assert "Traceback" not in proxy.log, proxy.log
+    finally:
+        if silent is not None:
+            silent.close()
+        reader.stop()
+        proxy.stop()

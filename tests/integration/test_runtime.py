@@ -876,6 +876,37 @@ def test_sigterm_exits_zero_within_grace(broker: EmbeddedBroker, tmp_path: Path)
     assert "kiproxy stopped" in proxy.log
 
 
+def test_sigterm_waits_for_a_request_inside_the_interceptor(
+        broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """A produce request still in the interceptor when SIGTERM arrives is owed an
+    answer like any in-flight request: it is forwarded and acknowledged within the
+    grace period, not dropped with the connection."""
+    config = tmp_path / "kiproxy.yaml"
+    config.write_text("shutdown_grace_ms: 5000\n")
+    topic = f"st-{uuid.uuid4().hex[:8]}"
+    proxy = launch_proxy(broker.bootstrap, config_file=config,
+                         plugins_dir=ROOT / "tests" / "plugins", interceptor="tp_slow:SlowAsync",
+                         interceptor_config={"sleep_ms": 1500, "topics": "st-.*"})
+    delivered: list[Any] = []
+    try:
+        producer = _cf_producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
+                                 "message.timeout.ms": 20000})
+        producer.produce(f"warm-{uuid.uuid4().hex[:8]}", value=b"w", partition=0)
+        assert producer.flush(15) == 0  # connected, metadata known
+        producer.produce(topic, value=b"in the interceptor", partition=0,
+                         on_delivery=lambda err, msg: delivered.append(err))
+        producer.poll(0)
+        time.sleep(0.5)  # the request now sleeps in the interceptor
+        proxy.process.send_signal(signal.SIGTERM)
+        producer.flush(10)
+        code = proxy.process.wait(10)
+    finally:
+        proxy.stop()
+    assert delivered == [None], f"delivery: {delivered}\n{proxy.log}"
+    assert code == 0, proxy.log
+    assert [m.value() for m in consume(broker.bootstrap, topic, 1)] == [b"in the interceptor"]
+
+
 # ---------------------------------------------------------------------------- CLI and config
 
 

@@ -128,6 +128,28 @@ def test_a_bare_prefix_of_the_largest_frame_commits_one_part() -> None:
     assert len(assembler.get_buffer()) == assembler.part_size == 64 * 1024
 
 
+def test_an_assembler_with_nothing_pending_holds_no_chunk() -> None:
+    """Idle connections cost no read buffer: the chunk is made when bytes arrive and
+    dropped once they are all handed out."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        assemblers = [FrameAssembler() for _ in range(100)]  # 64 KiB chunks
+        for assembler in assemblers:
+            assert receive(assembler, encode_frame(b"ping")) == [b"ping"]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert held < 100 * 64 * 1024 // 8, f"{held} bytes held by 100 idle assemblers"
+    # A partial frame keeps its bytes until the rest arrives.
+    assembler = FrameAssembler()
+    assert receive(assembler, encode_frame(b"half")[:6]) == []
+    assert assembler.buffered == 6
+    assert receive(assembler, b"lf") == [b"half"]
+
+
 def test_a_small_frame_near_the_end_of_the_chunk_is_moved_to_the_front() -> None:
     assembler = small_assembler()
     filler = encode_frame(b"f" * (CHUNK - 4 - 20))

@@ -417,3 +417,17 @@ def test_unknown_mechanism_leaves_the_principal_unknown(
     _answer(outcome, _response(2))
     assert conn.principal is None
     assert _warnings(caplog) == []
+
+
+def test_an_unreadable_broker_answer_leaves_the_verdict_to_the_broker(
+        server: ProxyServer) -> None:
+    """If the proxy cannot read the SaslAuthenticate answer it cannot know the outcome,
+    so it must not go on refusing the client's requests: the broker decides."""
+    conn = _Client()
+    _handshake(server, conn, "SCRAM-SHA-256")
+    first = _authenticate(server, conn, 2, ScramClient("SCRAM-SHA-256", "alice", "x").first())
+    assert conn.sasl.awaiting_verdict
+    _answer(first, b"\x00\x00\x00\x07\x00\xff")  # cut short
+    assert not conn.sasl.awaiting_verdict
+    assert isinstance(_request(server, conn, ApiKey.METADATA, 9, **_METADATA_V9), Forward)
+    assert conn.principal is None
