@@ -458,7 +458,8 @@ def test_a_client_that_never_reads_is_closed_without_holding_up_others(
         silent = connect(proxy.bootstrap)
         silent_address = local_address(silent)
         assert closed_by_peer(silent, 10), "an idle client waited behind a non-reader"
-        assert any(silent_address in line and "idle" in line for line in proxy.lines)
+        assert wait_until(lambda: any(  # the log is read by a thread
+            silent_address in line and "idle" in line for line in proxy.lines), 5), proxy.log
         assert proxy.alive()
         assert proxy.stop(timeout=25) == 0, f"shutdown hung:\n{proxy.log[-3000:]}"
         assert "Traceback" not in proxy.log, proxy.log

@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 from conftest import TANSU_NODE_ID, ProxyProcess, consume, launch_proxy
+from hardening.fault_relay import wait_until
 from hardening.raw_kafka import (
     api_versions_frame,
     connect,
@@ -401,7 +402,8 @@ def test_a_client_without_sasl_gets_no_metadata_and_no_produce(
     # Mid-exchange the proxy refuses the Produce itself, as the broker would: it never
     # reaches the broker (nor an interceptor).
     assert "Produce during SASL authentication (ILLEGAL_SASL_STATE)" not in gateway.stats.refused
-    assert "Produce request before its SASL SCRAM-SHA-256 authentication succeeded" in proxy.log
+    refusal = "Produce request before its SASL SCRAM-SHA-256 authentication succeeded"
+    assert wait_until(lambda: refusal in proxy.log, 5), proxy.log  # the log is read by a thread
     assert _stored(broker, topic) == [], "a record reached the topic"
 
 
@@ -466,10 +468,12 @@ def test_legacy_raw_token_flow_is_refused_by_the_proxy(
         assert _recv_or_close(sock) is None, "SaslHandshake v0 was answered"
     finally:
         sock.close()
-    time.sleep(0.3)
-    refusal = [line for line in proxy.lines if address in line and "closing client" in line]
-    assert refusal and "SaslHandshake v0" in refusal[0] and "level=WARNING" in refusal[0], \
-        proxy.log
+
+    def refusal() -> list[str]:
+        return [line for line in proxy.lines if address in line and "closing client" in line]
+
+    assert wait_until(refusal, 5), proxy.log  # the log is read by a thread
+    assert "SaslHandshake v0" in refusal()[0] and "level=WARNING" in refusal()[0], proxy.log
     assert (len(gateway.stats.authenticated), len(gateway.stats.failures)) == \
         (before[0] + 1, before[1]), "the raw token reached the broker"
 
