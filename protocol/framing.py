@@ -33,6 +33,7 @@ __all__ = [
     "is_flexible",
     "parse_request_header",
     "parse_response_header",
+    "read_uvarint",
     "request_header_version",
     "response_header_version",
 ]
@@ -302,17 +303,18 @@ class RequestHeader:
 
 
 def _skip_tagged_fields(frame: bytes | bytearray, pos: int) -> int:
-    count, pos = _read_uvarint(frame, pos, "tagged field count")
+    count, pos = read_uvarint(frame, pos, "tagged field count")
     for _ in range(count):
-        _tag, pos = _read_uvarint(frame, pos, "tag")
-        size, pos = _read_uvarint(frame, pos, "tagged field size")
+        _tag, pos = read_uvarint(frame, pos, "tag")
+        size, pos = read_uvarint(frame, pos, "tagged field size")
         if size > len(frame) - pos:
             raise MalformedFrame(f"tagged field of {size} bytes at byte {pos} runs past the frame")
         pos += size
     return pos
 
 
-def _read_uvarint(data: bytes | bytearray, pos: int, what: str) -> tuple[int, int]:
+def read_uvarint(data: bytes | bytearray, pos: int, what: str) -> tuple[int, int]:
+    """An unsigned varint at ``pos`` and the position after it; ``what`` names it in errors."""
     result = 0
     shift = 0
     start = pos

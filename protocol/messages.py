@@ -197,22 +197,23 @@ def _sized(flexible: bool, wide: bool, non_nullable: str | None) -> _Skip:
 
 def _array(element: _Skip | int, flexible: bool, non_nullable: str | None) -> _Skip:
     """Skip an array field; ``non_nullable`` names it unless the schema lets it be null."""
+    def count(data: bytes, pos: int, end: int) -> tuple[int, int]:
+        n, after = _length(data, pos, end, flexible, True)
+        _not_null(n, pos, non_nullable)
+        return n, after
+
     if isinstance(element, int):
         size = element
 
         def skip_fixed(data: bytes, pos: int, end: int) -> int:
-            start = pos
-            n, pos = _length(data, pos, end, flexible, True)
-            _not_null(n, start, non_nullable)
+            n, pos = count(data, pos, end)
             if n > 0 and pos + n * size > end:
                 raise _TooLong(f"array of {n} at byte {pos} runs past the body")
             return pos + max(n, 0) * size
         return skip_fixed
 
     def skip(data: bytes, pos: int, end: int) -> int:
-        start = pos
-        n, pos = _length(data, pos, end, flexible, True)
-        _not_null(n, start, non_nullable)
+        n, pos = count(data, pos, end)
         for _ in range(n):
             pos = element(data, pos, end)
         return pos

@@ -38,6 +38,7 @@ from interceptors.api import (
     RecordBatch,
     RejectBatch,
 )
+from protocol.compression import DEFAULT_LEVELS
 from protocol.errors import (
     CorruptBatch,
     ProtocolError,
@@ -45,7 +46,12 @@ from protocol.errors import (
     UnsupportedMagic,
     UnsupportedVersion,
 )
-from protocol.framing import RequestHeader, encode_response_header, parse_response_header
+from protocol.framing import (
+    RequestHeader,
+    encode_response_header,
+    parse_response_header,
+    read_uvarint,
+)
 from protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
@@ -116,20 +122,7 @@ def _read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     """
     pos = body_offset
     if flexible:
-        n, shift = 0, 0
-        while True:
-            if pos >= len(frame):
-                raise ProtocolError(f"Produce request truncated in the transactional_id "
-                                    f"length (byte {pos})")
-            if shift > 28:
-                raise ProtocolError(f"Produce request: the transactional_id length varint "
-                                    f"at byte {body_offset} is longer than 5 bytes")
-            b = frame[pos]
-            pos += 1
-            n |= (b & 0x7F) << shift
-            if not b & 0x80:
-                break
-            shift += 7
+        n, pos = read_uvarint(frame, pos, "Produce request transactional_id length")
         pos += max(n - 1, 0)
     else:
         size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
@@ -234,7 +227,7 @@ class ProducePipeline:
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
         self.timeout = timeout_ms / 1000
         self.max_decompressed_size = max_decompressed_size
-        self.compression_levels = compression_levels or CompressionLevels()
+        self.compression_levels = compression_levels or DEFAULT_LEVELS
         """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
         self.proxy_host = proxy_host or socket.gethostname()
         self.topic_names: dict[uuid.UUID, str] = {}

@@ -26,8 +26,7 @@ that round's request (see :meth:`SaslTracker.on_authenticate`), so a client
 that sends its next round early cannot make an earlier answer count twice.
 
 The legacy flow (SaslHandshake v0, then raw tokens outside Kafka framing) is
-not carried: the mechanism is noted, the raw tokens are not Kafka requests and
-the connection is refused as malformed, so no principal is ever learned from it.
+not carried: the server refuses SaslHandshake v0 before it reaches the tracker.
 """
 
 from __future__ import annotations
@@ -140,9 +139,8 @@ class SaslTracker:
         self.candidate = None
         self._last = None
         self._exchange += 1
-        mech = (self.mechanism or "").upper()
         # A first login (not a KIP-368 re-authentication) with a mechanism the proxy judges.
-        self._pending = self.principal is None and (mech == "PLAIN" or mech.startswith("SCRAM-"))
+        self._pending = self.principal is None and _judged(self.mechanism)
 
     def on_authenticate(self, api_version: int, frame: bytes,
                         body_offset: int) -> SaslRound | None:
@@ -224,6 +222,12 @@ class SaslTracker:
         """The principal, if this answer to the latest round reports success."""
         verdict = self.on_response(self._last, api_version, flexible, frame)
         return verdict.user if verdict is not None and verdict.succeeded else None
+
+
+def _judged(mechanism: str | None) -> bool:
+    """Whether the proxy can tell from the exchange when this mechanism's login succeeded."""
+    mech = (mechanism or "").upper()
+    return mech == "PLAIN" or mech.startswith("SCRAM-")
 
 
 def _error_name(code: int) -> str:
