@@ -261,7 +261,6 @@ class ClientConnection:
         """The authenticated principal, when the proxy knows it."""
         self.sasl = SaslTracker()
         self._upstream: FrameStream | None = None
-        self._up_writer: asyncio.Transport | None = None
         self._slots: deque[_Slot] = deque()
         self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None]] = deque()
         self._room = asyncio.Event()
@@ -294,8 +293,8 @@ class ClientConnection:
             await self._close_client()
             return
         limit = self.server.config.max_buffered_bytes
-        assert self._up_writer is not None
-        self._up_writer.set_write_buffer_limits(high=limit, low=limit // 4)
+        assert self._upstream is not None
+        self._upstream.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self._up_task = asyncio.create_task(self._read_upstream())
         self._read_task = asyncio.current_task()
         try:
@@ -326,7 +325,7 @@ class ClientConnection:
                         *address, partial(FrameStream, self.server.config.max_response_size)),
                     timeout=self.server.config.upstream_connect_timeout_ms / 1000,
                 )
-                self._upstream, self._up_writer = upstream, upstream.transport
+                self._upstream = upstream
                 self.upstream_address = address
                 return
             except (OSError, TimeoutError) as exc:
@@ -481,11 +480,12 @@ class ClientConnection:
             slot = _Slot(api, t0, info, outcome.produce)
             self._slots.append(slot)
             self._pending.append((header.correlation_id, slot, outcome.on_response))
-        assert self._up_writer is not None
-        if self._up_writer.is_closing():
+        assert self._upstream is not None
+        up = self._upstream.transport
+        if up.is_closing():
             # writelines() on a closed transport raises RuntimeError under uvloop.
             raise _UpstreamLost("the broker connection is closed")
-        self._up_writer.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
+        up.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
         if not outcome.expect_response and (info is not None or self.server.metrics is not None):
             self._report(_Slot(api, t0, info, outcome.produce), 0)
 
@@ -540,7 +540,7 @@ class ClientConnection:
     async def _read_upstream(self) -> None:
         upstream = self._upstream
         assert upstream is not None
-        reason = "closed the connection"
+        reason: str | None = "closed the connection"
         try:
             while not self._closed:
                 frames = await upstream.read()
@@ -556,11 +556,8 @@ class ClientConnection:
                 try:
                     await self._client.drain()
                 except (ConnectionError, OSError, TimeoutError):
-                    # The client went away, not the broker: close quietly.
-                    if self._read_task is not None:
-                        self._read_task.cancel()
-                    await self.close()
-                    return
+                    reason = None  # the client went away, not the broker: close quietly
+                    break
         except ProtocolError as exc:
             reason = f"sent a response the proxy cannot carry: {exc}"
         except (ConnectionError, OSError) as exc:
@@ -572,7 +569,8 @@ class ClientConnection:
                           self._upstream_name(), self.client_address, extra=self.log_context)
             reason = f"sent a response the proxy failed on: {exc!r}"
         if not self._closed:
-            self._upstream_failed(reason)
+            if reason is not None:
+                self._upstream_failed(reason)
             if self._read_task is not None:
                 self._read_task.cancel()
             await self.close()

@@ -18,9 +18,9 @@ and the listeners open on the first Metadata a client fetches, as before.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import struct
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from protocol.errors import ProtocolError
@@ -32,6 +32,7 @@ from protocol.framing import (
 from protocol.messages import ApiKey, parse_response, request_type, serialize
 from proxy.addresses import rewrite_response_frame
 from proxy.api_versions import known_version_range
+from proxy.connection import FrameStream
 
 if TYPE_CHECKING:
     from proxy.server import ProxyServer
@@ -66,14 +67,13 @@ def metadata_request(api_version: int, correlation_id: int) -> bytes:
             + serialize(cls(**fields)))
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                    frame: bytes, max_size: int) -> bytes:
-    writer.writelines((_INT32.pack(len(frame)), frame))
-    await writer.drain()
-    (size,) = _INT32.unpack(await reader.readexactly(4))
-    if size < 4 or size > max_size:
-        raise DiscoveryError(f"the broker answered with a frame of {size} bytes")
-    return await reader.readexactly(size)
+async def _exchange(stream: FrameStream, frame: bytes) -> bytes:
+    """Send one request and read its answer (no other request is in flight)."""
+    stream.transport.writelines((_INT32.pack(len(frame)), frame))
+    frames = await stream.read()
+    if not frames:
+        raise DiscoveryError("the broker closed the connection (does it require SASL or TLS?)")
+    return bytes(frames[0])
 
 
 def _metadata_version(api_versions_frame: bytes) -> int:
@@ -95,15 +95,13 @@ def _metadata_version(api_versions_frame: bytes) -> int:
 
 async def _ask(server: ProxyServer, host: str, port: int) -> int:
     timeout = server.config.upstream_connect_timeout_ms / 1000
-    reader, writer = await asyncio.wait_for(server.open_upstream(host, port), timeout)
+    _, stream = await asyncio.wait_for(server.open_upstream(
+        host, port, partial(FrameStream, server.config.max_response_size)), timeout)
     try:
         api_versions = encode_request_header(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, 1)
-        frame = await asyncio.wait_for(
-            _exchange(reader, writer, api_versions, server.config.max_response_size), timeout)
-        version = _metadata_version(frame)
-        frame = await asyncio.wait_for(
-            _exchange(reader, writer, metadata_request(version, 2),
-                      server.config.max_response_size), timeout)
+        version = _metadata_version(
+            await asyncio.wait_for(_exchange(stream, api_versions), timeout))
+        frame = await asyncio.wait_for(_exchange(stream, metadata_request(version, 2)), timeout)
         nodes: list[int] = []
 
         def seen(node_id: int, host: str, port: int) -> tuple[str, int]:
@@ -115,9 +113,7 @@ async def _ask(server: ProxyServer, host: str, port: int) -> int:
         await server.nodes.settle()
         return len(nodes)
     finally:
-        writer.close()
-        with contextlib.suppress(Exception):
-            await writer.wait_closed()
+        await stream.close()
 
 
 async def discover_nodes(server: ProxyServer) -> int:
@@ -130,11 +126,7 @@ async def discover_nodes(server: ProxyServer) -> int:
     for host, port in server.config.upstream_addresses:
         try:
             return await _ask(server, host, port)
-        except (OSError, TimeoutError, asyncio.IncompleteReadError, ProtocolError,
-                DiscoveryError, RuntimeError) as exc:
+        except (OSError, TimeoutError, ProtocolError, DiscoveryError, RuntimeError) as exc:
             # RuntimeError: uvloop's writes to a transport the broker already reset.
-            reason = str(exc) or type(exc).__name__
-            if isinstance(exc, asyncio.IncompleteReadError):
-                reason = "the broker closed the connection (does it require SASL or TLS?)"
-            errors.append(f"{host}:{port}: {reason}")
+            errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
     raise DiscoveryError("; ".join(errors) or "no upstream address configured")

@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar, overload
+from typing import TypeVar
 
 from protocol.errors import SaslStateError, UnsupportedVersion
 from protocol.framing import RequestHeader
@@ -131,13 +131,8 @@ class ProxyServer:
         Waits a few seconds at most; if no upstream answers by then, keeps trying in
         the background until one does or a client's Metadata has taught the nodes.
         """
-        first = asyncio.ensure_future(self._discover_once())
-        try:
-            if await asyncio.wait_for(asyncio.shield(first), _DISCOVERY_WAIT):
-                return
-        except TimeoutError:
-            pass
-        self._discovery = asyncio.create_task(self._keep_discovering(first))
+        self._discovery = asyncio.create_task(self._keep_discovering())
+        await asyncio.wait({self._discovery}, timeout=_DISCOVERY_WAIT)
 
     async def _discover_once(self, retry: bool = False) -> bool:
         try:
@@ -154,15 +149,13 @@ class ProxyServer:
                      (k, v) for k, v in self.listener_ports.items() if k is not None)))
         return True
 
-    async def _keep_discovering(self, first: asyncio.Future[bool]) -> None:
-        delay = 1.0
-        if await first:
-            return
-        while not self.nodes.known_nodes:
+    async def _keep_discovering(self) -> None:
+        delay, retry = 1.0, False
+        while not await self._discover_once(retry):
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 30.0)
-            if self.nodes.known_nodes or await self._discover_once(retry=True):
+            if self.nodes.known_nodes:
                 return
+            delay, retry = min(delay * 2, 30.0), True
 
     @property
     def metrics_address(self) -> str | None:
@@ -267,31 +260,13 @@ class ProxyServer:
         """The real address of a broker node."""
         return self.nodes.upstream_for(node_id)
 
-    @overload
-    async def open_upstream(
-        self, host: str, port: int
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]: ...
-
-    @overload
     async def open_upstream(
         self, host: str, port: int, protocol_factory: Callable[[], _Protocol]
-    ) -> tuple[asyncio.BaseTransport, _Protocol]: ...
-
-    async def open_upstream(
-        self, host: str, port: int, protocol_factory: Callable[[], _Protocol] | None = None
-    ) -> (tuple[asyncio.StreamReader, asyncio.StreamWriter]
-          | tuple[asyncio.BaseTransport, _Protocol]):
-        """Open a connection to a broker: as streams, or run by ``protocol_factory``'s protocol."""
+    ) -> tuple[asyncio.BaseTransport, _Protocol]:
+        """Open a connection to a broker (TLS if configured), run by the factory's protocol."""
         tls = self._upstream_tls
-        if protocol_factory is not None:
-            return await asyncio.get_running_loop().create_connection(
-                protocol_factory, host, port, ssl=tls, server_hostname=host if tls else None)
-        if tls is None:
-            return await asyncio.open_connection(host, port, limit=2**20)
-        return await asyncio.open_connection(
-            host, port, limit=2**20, ssl=tls,
-            server_hostname=host,
-        )
+        return await asyncio.get_running_loop().create_connection(
+            protocol_factory, host, port, ssl=tls, server_hostname=host if tls else None)
 
     # ------------------------------------------------------------------ routing
 
