@@ -74,7 +74,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["ProducePipeline", "ProduceStats"]
+__all__ = ["ProducePipeline", "ProduceStats", "read_acks"]
 
 CORRUPT_MESSAGE = 2
 REQUEST_TIMED_OUT = 7
@@ -114,7 +114,7 @@ class _Acked:
     batches: list[AcknowledgedBatch]
 
 
-def _read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
+def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     """acks of a Produce v3+ request without parsing the rest of it.
 
     Only the transactional_id before acks is skipped; a body cut short raises
@@ -291,7 +291,7 @@ class ProducePipeline:
         if self.interceptor is None:
             if self.observed:
                 return self._observed_passthrough(header, frame)
-            acks = _read_acks(frame, header.body_offset, header.header_version == 2)
+            acks = read_acks(frame, header.body_offset, header.header_version == 2)
             return Forward(frame, expect_response=acks != 0, on_response=rewriter)
 
         request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)

@@ -95,6 +95,7 @@ from protocol.messages import ApiKey, api_name, parse_request, parse_response, r
 from protocol.messages import serialize as serialize_message
 from proxy.addresses import needs_rewrite, rewrite_response_frame
 from proxy.api_versions import known_version_range
+from proxy.produce import read_acks
 
 __all__ = [
     "MECHANISMS",
@@ -389,24 +390,9 @@ async def _read_frame(reader: asyncio.StreamReader, limit: int) -> bytes | None:
 
 def _produce_acks(frame: bytes, api_version: int, body_offset: int) -> int:
     """The ``acks`` of a Produce request (0 means the broker sends no response)."""
-    pos = body_offset
-    if api_version >= 3:  # transactional_id comes first
-        if api_version >= 9:
-            length, shift = 0, 0
-            while True:
-                b = frame[pos]
-                pos += 1
-                length |= (b & 0x7F) << shift
-                shift += 7
-                if not b & 0x80:
-                    break
-            length -= 1
-        else:
-            (length,) = _INT16.unpack_from(frame, pos)
-            pos += 2
-        pos += max(length, 0)
-    (acks,) = _INT16.unpack_from(frame, pos)
-    return int(acks)
+    if api_version < 3:  # no transactional_id before acks
+        return int(_INT16.unpack_from(frame, body_offset)[0])
+    return read_acks(frame, body_offset, flexible=api_version >= 9)
 
 
 class _Connection:

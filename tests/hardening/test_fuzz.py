@@ -93,7 +93,7 @@ F = TypeVar("F", bound=Callable[..., None])
 # diagnosis in a comment above a constant that is the xfail reason, and list it here
 # so that a long fuzzing run looks past it; remove all three when its fix lands. None
 # is open. Fixed so far: a null array in a non-nullable field (protocol/messages.py
-# refuses it naming the field), _read_acks on a truncated flexible Produce body, and
+# refuses it naming the field), read_acks on a truncated flexible Produce body, and
 # requests at versions the proxy has no schema for (Produce v14+ and those whose
 # answers name brokers, refused with the client closed, proxy/produce.py and
 # proxy/server.py).

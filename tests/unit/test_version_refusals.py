@@ -29,7 +29,7 @@ from proxy.addresses import rewritable, rewrite_response_frame
 from proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
 from proxy.config import ProxyConfig
 from proxy.outcome import Forward
-from proxy.produce import ProducePipeline, _read_acks
+from proxy.produce import ProducePipeline, read_acks
 from proxy.sasl import SaslTracker
 from proxy.server import ProxyServer
 
@@ -99,14 +99,14 @@ def test_read_acks_of_a_flexible_body_cut_short_raises_protocol_error(body: byte
     offset = parse_request_header(frame).body_offset
     assert offset is not None
     with pytest.raises(ProtocolError, match="Produce request"):
-        _read_acks(frame, offset, flexible=True)
+        read_acks(frame, offset, flexible=True)
 
 
 def test_read_acks_of_a_whole_flexible_body() -> None:
     frame = encode_request_header(ApiKey.PRODUCE, 10, 5, "unit", 2) + b"\x03ab\xff\xff"
     offset = parse_request_header(frame).body_offset
     assert offset is not None
-    assert _read_acks(frame, offset, flexible=True) == -1
+    assert read_acks(frame, offset, flexible=True) == -1
 
 
 def test_the_pipeline_refuses_without_a_server() -> None:
