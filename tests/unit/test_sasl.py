@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from hardening.sasl_gateway import ScramCredential
 from kio.schema.errors import ErrorCode
 
 from protocol.errors import SaslStateError, UnsupportedVersion
@@ -66,10 +67,10 @@ class ScramServer:
     nonce: str = field(default_factory=lambda: _b64(secrets.token_bytes(18)))
 
     def __post_init__(self) -> None:
-        h = _hash(self.mechanism)
-        salted = hashlib.pbkdf2_hmac(h, self.password.encode(), self.salt, self.iterations)
-        self.stored_key = hashlib.new(h, _hmac(h, salted, b"Client Key")).digest()
-        self.server_key = _hmac(h, salted, b"Server Key")
+        # The keys Kafka stores, derived as the SASL gateway of the integration tests does.
+        credential = ScramCredential.create(self.mechanism, self.password, self.iterations,
+                                            self.salt)
+        self.stored_key, self.server_key = credential.stored_key, credential.server_key
         self.client_first_bare = ""
         self.server_first = ""
 
