@@ -117,13 +117,15 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
-        await self._learn_nodes()
         if self.config.idle_timeout_ms:
             self._sweeper = asyncio.create_task(self._close_idle())
         if self.config.metrics_listen is not None and self.metrics is not None:
             self._health = HealthServer(self.metrics, self.readiness)
             await self._health.start(*self.config.metrics_listen_address)
             log.info("metrics and health checks on http://%s/metrics", self._health.address)
+        # Listeners first, then outbound connections: discovery's ephemeral source
+        # ports must not take a port this process is about to listen on.
+        await self._learn_nodes()
 
     async def _learn_nodes(self) -> None:
         """Open the node listeners before clients come back (see :mod:`proxy.discovery`).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import urllib.request
 from pathlib import Path
 
@@ -10,6 +11,20 @@ from conftest import consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.embedded import EmbeddedBroker, free_port
+
+
+def _free_port_pair_below_ephemeral() -> int:
+    """A port ``p`` with ``p`` and ``p + 1`` free, below the ephemeral port range."""
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in range(max(low - 2000, 1025), low - 1, 2):
+        try:
+            for p in (port, port + 1):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    return free_port()
 
 
 def _connections(addr: str) -> float:
@@ -26,8 +41,9 @@ def test_workers_share_the_listeners(broker: EmbeddedBroker, topic: str,
                                      tmp_path: Path) -> None:
     from confluent_kafka import Producer
 
-    metrics_port = free_port()
-    free_port()  # worker 1 takes metrics_port + 1; usually free as well
+    # Worker 1 takes metrics_port + 1. Both lie below the kernel's ephemeral range, so
+    # no outbound connection (the workers' node discovery, the clients) can take one.
+    metrics_port = _free_port_pair_below_ephemeral()
     audit = tmp_path / "audit.jsonl"
     proxy = launch_proxy(broker.bootstrap, "--workers", "2", "--metrics-listen",
                          f"127.0.0.1:{metrics_port}", "--audit-log", str(audit),
