@@ -46,7 +46,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
     pip install --no-index --find-links=/wheels kafka-interceptor-proxy \
-    && python -c "import protocol._codec" \
+    && python -c "import kiproxy.protocol._codec" \
     && kiproxy run --help > /dev/null
 RUN groupadd --system --gid 10001 kiproxy \
     && useradd --system --uid 10001 --gid kiproxy --no-create-home \

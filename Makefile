@@ -7,7 +7,7 @@ RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbe
 
 .PHONY: install run test lint typecheck unit bench-codec bench-deps bench-proxy bench clean
 
-$(STAMP): pyproject.toml setup.py protocol/_codec.pyx
+$(STAMP): pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'

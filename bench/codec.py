@@ -13,7 +13,8 @@ bytes. One operation is what a produce-intercepting proxy does with a batch it
 must look into: verify the CRC, decompress, decode every record, then build a new
 batch with the same producer fields and codec and compress it again.
 
-* **ours**: :func:`protocol.records.decode_batch` + :func:`protocol.records.encode_batch`
+* **ours**: :func:`kiproxy.protocol.records.decode_batch` +
+  :func:`kiproxy.protocol.records.encode_batch`
   (Cython record loops, cramjam codecs).
 * **aiokafka C**: ``aiokafka.record._crecords`` ``DefaultRecordBatch`` (iterate the
   records) + ``DefaultRecordBatchBuilder`` (``append`` each, ``build``).
@@ -48,8 +49,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from protocol.compression import Compression, compress, decompress
-from protocol.records import Header, Record, build_batch, decode_batch, encode_batch
+from kiproxy.protocol.compression import Compression, compress, decompress
+from kiproxy.protocol.records import Header, Record, build_batch, decode_batch, encode_batch
 
 __all__ = ["Impl", "Row", "build_input", "main", "measure"]
 

@@ -6,14 +6,14 @@ Run from the repository root with the project's virtualenv::
     python -m bench.isolation --quick     # short repeats, for a smoke test
     python -m bench.isolation --no-write  # print only
 
-The interceptor is ``interceptors.builtin.uppercase:Uppercase``; the records have
+The interceptor is ``kiproxy.interceptors.builtin.uppercase:Uppercase``; the records have
 16-byte keys, 100-byte values and one header. No proxy and no broker: this times
 only what ``interceptor.isolation`` changes, the call itself.
 
 * **inline**: ``Uppercase().intercept(batch, ctx)`` in this process, as the
   produce pipeline calls a plain ``intercept`` on its event loop.
 * **process, 1 in flight**: ``await pool.intercept(batch, ctx)`` on a
-  :class:`proxy.isolation.IsolatedInterceptor` with one worker, one batch at a
+  :class:`kiproxy.proxy.isolation.IsolatedInterceptor` with one worker, one batch at a
   time: the latency of a batch's round trip (encode, send, rebuild in the
   worker, upper-case, send back, rebuild in the proxy).
 * **process, 2 in flight**: two workers and two concurrent callers (as two
@@ -40,13 +40,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from interceptors import InterceptContext, Record, RecordBatch
-from interceptors.builtin.uppercase import Uppercase
-from proxy.isolation import IsolatedInterceptor
+from kiproxy.interceptors import InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.proxy.isolation import IsolatedInterceptor
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Plugin isolation: inline against worker processes"
-SPEC = "interceptors.builtin.uppercase:Uppercase"
+SPEC = "kiproxy.interceptors.builtin.uppercase:Uppercase"
 REPEATS = 3
 SIZES = (1, 10, 100, 500)
 MODES = ("inline", "process, 1 in flight", "process, 2 in flight")

@@ -16,8 +16,8 @@ real producer (confluent-kafka / librdkafka) in a subprocess of its own:
   so for this scenario the broker advertises haproxy's port.
 * **passthrough**: ``kiproxy run`` with no interceptor.
 * **identity**: ``bench/plugins/identity.py``: every batch decoded, returned unchanged.
-* **uppercase**: ``interceptors.builtin.uppercase:Uppercase``: decode, transform, re-encode.
-* **validator**: ``interceptors.builtin.json_schema:JsonSchemaValidator`` with a small
+* **uppercase**: ``kiproxy.interceptors.builtin.uppercase:Uppercase``: decode, transform, re-encode.
+* **validator**: ``kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator`` with a small
   schema (the values are JSON objects that satisfy it).
 
 Each run has two phases after a warm-up. *Throughput*: ``--records`` records are
@@ -138,13 +138,13 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              plugins_dir=PLUGINS,
              description="kiproxy, bench/plugins/identity.py (decode, return the batch)"),
     Scenario(name="uppercase", kind="kiproxy",
-             interceptor="interceptors.builtin.uppercase:Uppercase", transforms=True,
-             description="kiproxy, interceptors.builtin.uppercase:Uppercase "
+             interceptor="kiproxy.interceptors.builtin.uppercase:Uppercase", transforms=True,
+             description="kiproxy, kiproxy.interceptors.builtin.uppercase:Uppercase "
                          "(decode, transform, re-encode)"),
     Scenario(name="validator", kind="kiproxy",
-             interceptor="interceptors.builtin.json_schema:JsonSchemaValidator",
+             interceptor="kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
              interceptor_config={"default_schema": VALIDATOR_SCHEMA},
-             description="kiproxy, interceptors.builtin.json_schema:JsonSchemaValidator, "
+             description="kiproxy, kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator, "
                          "default_schema " + json.dumps(VALIDATOR_SCHEMA, separators=(",", ":"))),
 )}
 
@@ -930,7 +930,7 @@ def _no_attach(setup: _Setup) -> contextlib.AbstractContextManager[None]:
 @contextlib.contextmanager
 def _started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> Iterator[_Setup]:
     """Start a fresh broker and the scenario's proxy; stop both afterwards."""
-    from proxy.embedded import broker_binary
+    from kiproxy.proxy.embedded import broker_binary
 
     broker_port = _free_port()
     advertised = broker_port
@@ -963,7 +963,7 @@ def _started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> I
             setup.bootstrap = f"127.0.0.1:{hap_port}"
         elif scenario.kind == "kiproxy":
             listen = _free_port()
-            cmd = [sys.executable, "-m", "proxy.cli", "run",
+            cmd = [sys.executable, "-m", "kiproxy", "run",
                    "--upstream", f"127.0.0.1:{broker_port}", "--listen", f"127.0.0.1:{listen}",
                    "--broker-port-start", str(_broker_port_start()), "--log-level", "WARNING",
                    *proxy_flags]
@@ -998,7 +998,7 @@ def _haproxy_binary() -> str | None:
 
 
 def _kiproxy_has_flag(flag: str) -> bool:
-    out = subprocess.run([sys.executable, "-m", "proxy.cli", "run", "--help"], cwd=ROOT,
+    out = subprocess.run([sys.executable, "-m", "kiproxy", "run", "--help"], cwd=ROOT,
                          capture_output=True, text=True, check=False)
     return flag in out.stdout
 
@@ -1194,7 +1194,7 @@ def _haproxy_version(binary: str | None) -> str:
 
 def _tansu_version() -> str:
     try:
-        from proxy.embedded import broker_binary
+        from kiproxy.proxy.embedded import broker_binary
 
         return Path(broker_binary()).name
     except Exception as exc:

@@ -28,9 +28,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from interceptors import InterceptContext, Record, RecordBatch
-from interceptors.builtin.uppercase import Uppercase
-from interceptors.builtin.wasm import WasmInterceptor
+from kiproxy.interceptors import InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.builtin.wasm import WasmInterceptor
 
 __all__ = ["main"]
 

@@ -3,7 +3,7 @@
 Write a subclass of :class:`ProduceRequestInterceptor`, drop its module into the
 plugins directory and name it as ``module:Class`` in the config::
 
-    from interceptors import ProduceRequestInterceptor, RecordBatch, RejectBatch
+    from kiproxy.interceptors import ProduceRequestInterceptor, RecordBatch, RejectBatch
 
     class Uppercase(ProduceRequestInterceptor):
         def intercept(self, batch, ctx):
@@ -13,7 +13,7 @@ plugins directory and name it as ``module:Class`` in the config::
             )
 """
 
-from interceptors.api import (
+from kiproxy.interceptors.api import (
     ERROR_CODES,
     AcknowledgedBatch,
     Header,

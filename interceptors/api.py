@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.records import Header, Record
+from kiproxy.protocol.records import Header, Record
 
 __all__ = [
     "ERROR_CODES",

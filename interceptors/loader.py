@@ -2,8 +2,10 @@
 
 ``MODULE:CLASS`` is resolved, in order, from the plugins directory (a dropped-in
 ``.py`` file or package), from installed modules on ``sys.path``, and from the
-entry-point group ``kiproxy.interceptors`` (where a bare entry-point name such
-as ``uppercase`` also works). Every failure is a :class:`PluginLoadError` whose
+entry-point group ``kiproxy.interceptors``; a bare entry-point name such as
+``uppercase`` or ``json_schema`` names a built-in. A name from before the
+``kiproxy`` namespace (``interceptors.builtin.uppercase:Uppercase``) is refused
+with the new name in the message. Every failure is a :class:`PluginLoadError` whose
 message says what was looked for, where, and what went wrong.
 """
 
@@ -20,8 +22,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from interceptors.api import ProduceRequestInterceptor
-from interceptors.observer import Observer
+from kiproxy.interceptors.api import ProduceRequestInterceptor
+from kiproxy.interceptors.observer import Observer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
@@ -100,6 +102,7 @@ def resolve_class(
     ``check`` validates the class found (default: it implements the interceptor API).
     """
     _check_class = check or _check_interceptor_class
+    _refuse_old_name(spec)
     places = []
     if ":" not in spec:
         try:
@@ -155,6 +158,14 @@ def resolve_class(
             f"{class_name!r}; it defines: {', '.join(defined) or 'no classes'}"
         )
     return _check_class(spec, obj)
+
+
+def _refuse_old_name(spec: str) -> None:
+    """Names from before the ``kiproxy`` namespace get an error that gives the new name."""
+    if spec.startswith("interceptors.builtin."):
+        raise PluginLoadError(
+            f"{spec!r} is an old name: the built-ins are now under the kiproxy namespace, "
+            f"so write 'kiproxy.{spec}' (or its short entry-point name)")
 
 
 def _check_interceptor_class(spec: str, obj: Any) -> type[Any]:

@@ -1,7 +1,7 @@
 """Running an interceptor over replayed batches, with the proxy's rules.
 
 The interceptor is loaded once per executor process through the same loader
-and public API as the proxy (:func:`interceptors.loader.load_interceptor`), and
+and public API as the proxy (:func:`kiproxy.interceptors.loader.load_interceptor`), and
 each batch gets the same verdicts the proxy would give it: ``RejectBatch``
 rejects with its error; any other exception rejects with INVALID_RECORD; a
 returned batch with another record count, or something that is not a
@@ -30,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interceptors.api import ERROR_CODES, InterceptContext, RecordBatch, RejectBatch
-from interceptors.loader import load_interceptor
-from pipelines.sources import SourceBatch
-from protocol.records import Record
+from kiproxy.interceptors.api import ERROR_CODES, InterceptContext, RecordBatch, RejectBatch
+from kiproxy.interceptors.loader import load_interceptor
+from kiproxy.pipelines.sources import SourceBatch
+from kiproxy.protocol.records import Record
 
 __all__ = ["InterceptorRunner", "InterceptorSpec", "Outcome", "error_name", "runner_for"]
 

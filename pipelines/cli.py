@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import JavaMissing, PipelineError
+from kiproxy.pipelines.errors import JavaMissing, PipelineError
 
-__all__ = ["add_parsers", "main", "run"]
+__all__ = ["COMMANDS", "add_parsers", "main", "run"]
+
+COMMANDS = ("replay", "report")
 
 
 def _spark_args(p: argparse.ArgumentParser) -> None:
@@ -127,8 +129,8 @@ def _positive(name: str, value: int) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
-    from pipelines.apply import InterceptorSpec
-    from pipelines.offsets import parse_from_offsets, parse_to_offsets
+    from kiproxy.pipelines.apply import InterceptorSpec
+    from kiproxy.pipelines.offsets import parse_from_offsets, parse_to_offsets
 
     try:
         start = parse_from_offsets(args.from_offsets)
@@ -141,7 +143,7 @@ def _replay(args: argparse.Namespace) -> int:
                            str(Path(args.plugins_dir).resolve()) if args.plugins_dir else None,
                            None, _positive("--interceptor-timeout-ms",
                                            args.interceptor_timeout_ms))
-    from pipelines.replay import ReplayOptions, run_replay
+    from kiproxy.pipelines.replay import ReplayOptions, run_replay
 
     report_dir = Path(args.report or "kiproxy-replay-report")
     summary = run_replay(ReplayOptions(
@@ -165,14 +167,14 @@ def _replay(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from pipelines.offsets import parse_timestamp
+    from kiproxy.pipelines.offsets import parse_timestamp
 
     try:
         since = parse_timestamp(args.since) if args.since else None
         until = parse_timestamp(args.until) if args.until else None
     except ValueError as exc:
         raise PipelineError(f"--since/--until: {exc}") from None
-    from pipelines.report import ReportOptions, run_report
+    from kiproxy.pipelines.report import ReportOptions, run_report
 
     out = Path(args.out)
     summary = run_report(ReportOptions(
@@ -191,7 +193,8 @@ def _spark_failure(exc: BaseException) -> str:
     text = str(exc)
     for line in reversed(text.splitlines()):
         line = line.strip()
-        if line.startswith(("pipelines.errors.", "PipelineError", "interceptors.loader.")):
+        if line.startswith(("kiproxy.pipelines.errors.", "PipelineError",
+                            "kiproxy.interceptors.loader.")):
             return line.split(": ", 1)[-1]
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[0][:500] if lines else type(exc).__name__
@@ -199,12 +202,12 @@ def _spark_failure(exc: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``args.command`` (``replay`` or ``report``); returns the exit code."""
-    from interceptors.loader import PluginLoadError
+    from kiproxy.interceptors.loader import PluginLoadError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     command = args.command
     try:
-        from pipelines.session import check_java, check_pyspark
+        from kiproxy.pipelines.session import check_java, check_pyspark
 
         check_pyspark()
         check_java()
@@ -230,7 +233,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines`` / ``spark-submit pipelines/__main__.py``: replay or report."""
+    """``python -m kiproxy.pipelines`` or ``spark-submit .../__main__.py``: replay or report."""
     parser = argparse.ArgumentParser(prog="kiproxy-pipelines")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_parsers(sub)

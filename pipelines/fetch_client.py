@@ -24,17 +24,17 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.errors import ProtocolError
-from protocol.framing import (
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import (
     encode_frame,
     encode_request_header,
     parse_response_header,
     request_header_version,
     response_header_version,
 )
-from protocol.messages import ApiKey, parse_response, request_type, serialize
-from protocol.records import DecodedBatch, decode_batches
-from protocol.records import TimestampType as _TimestampType
+from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
+from kiproxy.protocol.records import DecodedBatch, decode_batches
+from kiproxy.protocol.records import TimestampType as _TimestampType
 
 __all__ = [
     "BrokerError",

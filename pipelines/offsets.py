@@ -15,8 +15,8 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pipelines.errors import PipelineError
-from pipelines.fetch_client import BrokerError, ClusterMetadata, FetchClient
+from kiproxy.pipelines.errors import PipelineError
+from kiproxy.pipelines.fetch_client import BrokerError, ClusterMetadata, FetchClient
 
 __all__ = [
     "OffsetBound",

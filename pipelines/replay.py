@@ -33,22 +33,22 @@ from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from interceptors.loader import load_interceptor
-from pipelines.apply import InterceptorSpec, error_name, runner_for
-from pipelines.charts import bar_chart
-from pipelines.errors import PipelineError
-from pipelines.fetch_client import BrokerError, FetchClient
-from pipelines.html import page, table
-from pipelines.offsets import (
+from kiproxy.interceptors.loader import load_interceptor
+from kiproxy.pipelines.apply import InterceptorSpec, error_name, runner_for
+from kiproxy.pipelines.charts import bar_chart
+from kiproxy.pipelines.errors import PipelineError
+from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
+from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
     plan_ranges,
     select_topics,
     split_ranges,
 )
-from pipelines.progress import run_with_progress
-from pipelines.session import ship_plugins, spark_session
-from pipelines.sources import (
+from kiproxy.pipelines.progress import run_with_progress
+from kiproxy.pipelines.session import ship_plugins, spark_session
+from kiproxy.pipelines.sources import (
     SourceBatch,
     choose_reader,
     chunk_rows,
@@ -57,7 +57,7 @@ from pipelines.sources import (
     spark_kafka_options,
     stored_batches,
 )
-from pipelines.tally import ReplayTally, build_summary
+from kiproxy.pipelines.tally import ReplayTally, build_summary
 
 log = logging.getLogger("kiproxy.replay")
 

@@ -33,15 +33,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from interceptors.api import ERROR_CODES
-from pipelines.charts import bar_chart, line_chart
-from pipelines.errors import PipelineError
-from pipelines.fetch_client import BrokerError, FetchClient
-from pipelines.html import page, table
-from pipelines.offsets import OffsetBound, plan_ranges, split_ranges
-from pipelines.progress import run_with_progress
-from pipelines.session import spark_session
-from pipelines.sources import stored_batches
+from kiproxy.interceptors.api import ERROR_CODES
+from kiproxy.pipelines.charts import bar_chart, line_chart
+from kiproxy.pipelines.errors import PipelineError
+from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
+from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.offsets import OffsetBound, plan_ranges, split_ranges
+from kiproxy.pipelines.progress import run_with_progress
+from kiproxy.pipelines.session import spark_session
+from kiproxy.pipelines.sources import stored_batches
 
 __all__ = ["ReportOptions", "audit_files", "run_report"]
 

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from pipelines.errors import JavaMissing, PipelineError
+from kiproxy.pipelines.errors import JavaMissing, PipelineError
 
 __all__ = [
     "MIN_JAVA",

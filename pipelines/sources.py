@@ -22,10 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pipelines.errors import PipelineError
-from pipelines.fetch_client import FetchClient, record_timestamps
-from pipelines.offsets import OffsetRange, ReplayTask
-from protocol.records import Header, Record
+from kiproxy.pipelines.errors import PipelineError
+from kiproxy.pipelines.fetch_client import FetchClient, record_timestamps
+from kiproxy.pipelines.offsets import OffsetRange, ReplayTask
+from kiproxy.protocol.records import Header, Record
 
 __all__ = [
     "READERS",

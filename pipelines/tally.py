@@ -17,9 +17,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipelines.apply import Outcome, error_name
-from pipelines.offsets import OffsetRange
-from pipelines.sources import SourceBatch
+from kiproxy.pipelines.apply import Outcome, error_name
+from kiproxy.pipelines.offsets import OffsetRange
+from kiproxy.pipelines.sources import SourceBatch
 
 __all__ = ["COUNTERS", "MAX_SAMPLES", "PartitionTally", "ReasonTally", "ReplayTally",
            "build_summary"]

@@ -13,7 +13,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
 
 _CARD = re.compile(rb"\b(?:\d[ -]?){12,18}\d\b")
 

@@ -4,7 +4,7 @@ Nothing here touches a socket or an event loop; bytes go in, values come out,
 and values go back to bytes.
 """
 
-from protocol.errors import (
+from kiproxy.protocol.errors import (
     CorruptBatch,
     FrameTooLarge,
     MalformedFrame,

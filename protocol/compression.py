@@ -21,7 +21,7 @@ from typing import Any
 
 import cramjam
 
-from protocol.errors import CorruptBatch, UnsupportedCompression
+from kiproxy.protocol.errors import CorruptBatch, UnsupportedCompression
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)

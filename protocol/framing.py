@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
-from protocol.errors import FrameTooLarge, MalformedFrame
+from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
 
 __all__ = [
     "API_VERSIONS_KEY",

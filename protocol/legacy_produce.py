@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 
-from protocol.errors import MalformedMessage
+from kiproxy.protocol.errors import MalformedMessage
 
 __all__ = ["legacy_produce_acks_and_partitions", "legacy_produce_error_response"]
 

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from functools import cache, lru_cache
 from typing import Any, get_args, get_origin
 
-from protocol.errors import MalformedMessage, UnsupportedVersion
+from kiproxy.protocol.errors import MalformedMessage, UnsupportedVersion
 
 __all__ = [
     "API_NAMES",

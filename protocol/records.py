@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from protocol._codec import Header, Record, decode_records, encode_records
-from protocol.compression import (
+from kiproxy.protocol._codec import Header, Record, decode_records, encode_records
+from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     Compression,
     CompressionLevels,
@@ -29,7 +29,7 @@ from protocol.compression import (
     compression_from_attributes,
     decompress,
 )
-from protocol.errors import CorruptBatch, UnsupportedMagic
+from kiproxy.protocol.errors import CorruptBatch, UnsupportedMagic
 
 __all__ = [
     "BATCH_HEADER_SIZE",
@@ -201,7 +201,7 @@ def decode_batch(
 ) -> DecodedBatch:
     """Decode the batch starting at ``data[start]``.
 
-    Raises a :class:`protocol.errors.CorruptBatch` subclass for anything malformed:
+    Raises a :class:`kiproxy.protocol.errors.CorruptBatch` subclass for anything malformed:
     truncation, old magic, a CRC mismatch, an unknown codec, a bad record.
     """
     header = _read_header(data, start)

@@ -15,9 +15,9 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
-from protocol.errors import UnsupportedVersion
-from protocol.framing import parse_response_header, response_header_version
-from protocol.messages import ApiKey, api_name, parse_response, response_type, serialize
+from kiproxy.protocol.errors import UnsupportedVersion
+from kiproxy.protocol.framing import parse_response_header, response_header_version
+from kiproxy.protocol.messages import ApiKey, api_name, parse_response, response_type, serialize
 
 __all__ = [
     "REWRITTEN_APIS",
@@ -130,8 +130,8 @@ def rewrite_response_frame(
 ) -> bytes:
     """Rewrite the addresses in a response frame (no length prefix); other bytes are kept.
 
-    Raises :class:`protocol.errors.ProtocolError` if the response does not parse,
-    or :class:`protocol.errors.UnsupportedVersion` if the proxy has no schema for
+    Raises :class:`kiproxy.protocol.errors.ProtocolError` if the response does not parse,
+    or :class:`kiproxy.protocol.errors.UnsupportedVersion` if the proxy has no schema for
     the version (the server refuses such requests, see :func:`rewritable`):
     forwarding it unrewritten would let the client escape the proxy. ``observe``
     sees the parsed message first (the server learns topic ids from Metadata).

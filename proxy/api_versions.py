@@ -19,10 +19,10 @@ import dataclasses
 from functools import cache
 from typing import Any
 
-from protocol.errors import ProtocolError
-from protocol.framing import encode_response_header, parse_response_header
-from protocol.messages import ApiKey, parse_response, response_type, serialize
-from proxy.addresses import needs_rewrite
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import encode_response_header, parse_response_header
+from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.proxy.addresses import needs_rewrite
 
 __all__ = [
     "PRODUCE_MAX_VERSION",

@@ -1,4 +1,8 @@
-"""The ``kiproxy`` command: ``run`` in front of a cluster, ``dev`` with an embedded broker."""
+"""``kiproxy run`` in front of a cluster and ``kiproxy dev`` with an embedded broker.
+
+``add_parsers`` adds the two subcommands to the ``kiproxy`` parser
+(:mod:`kiproxy.cli`); ``run`` executes one and returns the exit code.
+"""
 
 from __future__ import annotations
 
@@ -12,19 +16,21 @@ import signal
 import sys
 from typing import Any
 
-from interceptors.builtin.audit import AuditLog, KafkaAuditSink
-from interceptors.loader import PluginLoadError, load_interceptor, load_observer
-from proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
-from proxy.isolation import IsolatedInterceptor
-from proxy.logs import setup_logging
-from proxy.metrics import Metrics
-from proxy.observe import ObserverHub
-from proxy.produce import ProducePipeline
-from proxy.server import ProxyServer
+from kiproxy.interceptors.builtin.audit import AuditLog, KafkaAuditSink
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, load_observer
+from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
+from kiproxy.proxy.isolation import IsolatedInterceptor
+from kiproxy.proxy.logs import setup_logging
+from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["build_parser", "main", "serve"]
+__all__ = ["COMMANDS", "add_parsers", "run", "serve"]
+
+COMMANDS = ("run", "dev")
 
 
 def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
@@ -102,25 +108,16 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="text (key=value pairs, default) or json")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of ``kiproxy``."""
-    parser = argparse.ArgumentParser(
-        prog="kiproxy",
-        description="A Kafka proxy that passes every produced record batch through an "
-                    "interceptor that may transform or reject it.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    run = sub.add_parser("run", help="run the proxy in front of a Kafka cluster",
-                         description="Run the proxy in front of a Kafka cluster.")
+def add_parsers(subparsers: Any) -> None:
+    """Add ``run`` and ``dev`` to ``kiproxy``'s subcommands."""
+    run = subparsers.add_parser("run", help="run the proxy in front of a Kafka cluster",
+                                description="Run the proxy in front of a Kafka cluster.")
     _add_common(run, upstream=True)
-    dev = sub.add_parser("dev", help="run an embedded broker with the proxy in front of it",
-                         description="Start an embedded Kafka-compatible broker (Tansu, "
-                                     "memory storage) and the proxy in front of it.")
+    dev = subparsers.add_parser(
+        "dev", help="run an embedded broker with the proxy in front of it",
+        description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
+                    "the proxy in front of it.")
     _add_common(dev, upstream=False)
-    from pipelines.cli import add_parsers as add_pipeline_parsers  # no pyspark import
-
-    add_pipeline_parsers(sub)
-    return parser
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -275,13 +272,8 @@ def _run(coro: Any) -> None:
         asyncio.run(coro)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``kiproxy`` console script."""
-    args = build_parser().parse_args(argv)
-    if args.command in ("replay", "report"):
-        from pipelines.cli import run as run_pipeline
-
-        return run_pipeline(args)
+def run(args: argparse.Namespace) -> int:
+    """Run ``args.command`` (``run`` or ``dev``); returns the exit code."""
     try:
         overrides = _overrides(args)
         if args.command == "dev":
@@ -371,7 +363,7 @@ def _print_ready(server: ProxyServer) -> None:
 
 
 def _dev(config: ProxyConfig) -> int:
-    from proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
+    from kiproxy.proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
 
     broker = EmbeddedBroker()
     try:
@@ -387,6 +379,3 @@ def _dev(config: ProxyConfig) -> int:
         broker.stop()
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

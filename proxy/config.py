@@ -21,14 +21,14 @@ from pydantic import (
     model_validator,
 )
 
-from protocol.compression import (
+from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     GZIP_LEVELS,
     LZ4_LEVELS,
     ZSTD_LEVELS,
     CompressionLevels,
 )
-from protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 
 __all__ = [
     "AuditSettings",
@@ -83,11 +83,21 @@ class CompressionSettings(_Strict):
                                  zstd=self.zstd_level)
 
 
+def _plugin_spec(value: str) -> str:
+    """``MODULE:CLASS`` or a bare entry-point name such as ``uppercase``."""
+    module, colon, name = value.partition(":")
+    if colon and module and name.isidentifier() and ":" not in name:
+        return value
+    if not colon and value.isidentifier():
+        return value
+    raise ValueError(f"{value!r} must be MODULE:CLASS or an entry-point name such as 'uppercase'")
+
+
 class InterceptorSettings(_Strict):
     """The one interceptor every produced batch goes through."""
 
     class_name: str | None = Field(default=None, alias="class")
-    """``MODULE:CLASS``; found in the plugins dir, then installed modules, then entry points."""
+    """``MODULE:CLASS`` (plugins dir, then installed modules) or an entry-point name."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Passed to the interceptor's ``configure()``."""
     timeout_ms: int = Field(default=5000, gt=0)
@@ -103,9 +113,7 @@ class InterceptorSettings(_Strict):
     @field_validator("class_name")
     @classmethod
     def _module_colon_class(cls, value: str | None) -> str | None:
-        if value is not None and value.count(":") != 1:
-            raise ValueError(f"{value!r} must be MODULE:CLASS")
-        return value
+        return None if value is None else _plugin_spec(value)
 
 
 class AuditSettings(_Strict):
@@ -169,9 +177,7 @@ class ObserverSettings(_Strict):
     @field_validator("class_name")
     @classmethod
     def _module_colon_class(cls, value: str) -> str:
-        if value.count(":") != 1:
-            raise ValueError(f"{value!r} must be MODULE:CLASS")
-        return value
+        return _plugin_spec(value)
 
 
 class ProxyConfig(_Strict):

@@ -17,7 +17,7 @@ Contracts, in the order a newcomer needs them:
   closes its client; clients reconnect.
 
 Both sockets are read by a :class:`FrameStream` (an ``asyncio.BufferedProtocol``
-around :class:`protocol.framing.FrameAssembler`): a frame of 16-64 KiB is
+around :class:`kiproxy.protocol.framing.FrameAssembler`): a frame of 16-64 KiB is
 received straight into a buffer of its own size and forwarded from it, a larger
 one into buffers that grow with the bytes that arrive, joined once into ``bytes``.
 A frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before anything
@@ -37,17 +37,17 @@ from collections import deque
 from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
-from interceptors.observer import RequestInfo, ResponseInfo
-from protocol.errors import ProtocolError
-from protocol.framing import FrameAssembler, RequestHeader, parse_request_header
-from protocol.messages import ApiKey, api_name
-from proxy.outcome import Answer, Forward, ProduceDraft
-from proxy.sasl import SaslTracker
+from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import FrameAssembler, RequestHeader, parse_request_header
+from kiproxy.protocol.messages import ApiKey, api_name
+from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft
+from kiproxy.proxy.sasl import SaslTracker
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
-    from proxy.server import ProxyServer
+    from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy.connection")
 

@@ -23,19 +23,19 @@ import struct
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from protocol.errors import ProtocolError
-from protocol.framing import (
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import (
     encode_request_header,
     parse_response_header,
     request_header_version,
 )
-from protocol.messages import ApiKey, parse_response, request_type, serialize
-from proxy.addresses import rewrite_response_frame
-from proxy.api_versions import known_version_range
-from proxy.connection import FrameStream
+from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
+from kiproxy.proxy.addresses import rewrite_response_frame
+from kiproxy.proxy.api_versions import known_version_range
+from kiproxy.proxy.connection import FrameStream
 
 if TYPE_CHECKING:
-    from proxy.server import ProxyServer
+    from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy.discovery")
 

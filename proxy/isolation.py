@@ -29,11 +29,11 @@ then costs one batch and one worker, never the proxy:
   other batches with deadlines of their own).
 
 Start-up: every worker imports and configures the plugin itself with
-:func:`interceptors.loader.load_interceptor` (plugins never need to be
+:func:`kiproxy.interceptors.loader.load_interceptor` (plugins never need to be
 picklable, and no plugin code runs in the proxy's process). :meth:`start`
 launches all workers and waits until each reports that it loaded the plugin, so
 a plugin that cannot be imported or configured stops the proxy at start with
-the loader's own :class:`~interceptors.loader.PluginLoadError` message. A
+the loader's own :class:`~kiproxy.interceptors.loader.PluginLoadError` message. A
 replacement that fails to load later is logged and retried with backoff
 (1 s doubling to 30 s) while the remaining workers carry the traffic.
 
@@ -43,7 +43,7 @@ child would inherit in an undefined state. The fork server is a fresh
 interpreter started once; replacements are forked from it, which takes
 milliseconds plus the plugin's own import and ``configure()``. As always with
 ``spawn``/``forkserver``, multiprocessing re-runs the proxy's main module in
-each child (``python -m proxy.cli`` and the ``kiproxy`` script are import-safe);
+each child (``python -m kiproxy`` and the ``kiproxy`` script are import-safe);
 the fork server preloads it, or the modules of its package, so that this is
 cheap. A plugin that does not report ready within ``start_timeout`` (60 s)
 fails like one that cannot load. Workers are
@@ -130,15 +130,15 @@ from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from interceptors.api import (
+from kiproxy.interceptors.api import (
     InterceptContext,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
     RejectBatch,
 )
-from interceptors.loader import PluginLoadError, load_interceptor
-from protocol._codec import decode_records, encode_records
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.protocol._codec import decode_records, encode_records
 
 log = logging.getLogger("kiproxy.isolation")
 
@@ -368,7 +368,7 @@ def _worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
     _drop_fork_server_pipe()
     _die_with_parent()
     if log_setup is not None:
-        from proxy.logs import setup_logging
+        from kiproxy.proxy.logs import setup_logging
 
         setup_logging(*log_setup)
     try:
@@ -476,13 +476,13 @@ def _preload() -> list[str]:
 
     multiprocessing re-runs the parent's main module (as ``__mp_main__``) in every
     child. A script (the ``kiproxy`` console script) is preloaded as ``__main__``,
-    which the children then reuse. For ``python -m proxy.cli`` the module itself
+    which the children then reuse. For ``python -m kiproxy`` the module itself
     must not be preloaded (runpy would warn when re-running it), so the modules of
     its package that the proxy has loaded are, and re-running it costs next to nothing.
     """
     main = sys.modules.get("__main__")
     main_name = getattr(getattr(main, "__spec__", None), "name", None)
-    preload = ["proxy.isolation", "interceptors", "protocol.records"]
+    preload = ["kiproxy.proxy.isolation", "kiproxy.interceptors", "kiproxy.protocol.records"]
     if main_name is None:
         return ["__main__", *preload]
     if main_name.endswith("__main__"):  # not re-run in children

@@ -19,8 +19,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from interceptors.observer import Observer, RequestInfo, ResponseInfo
-from proxy.metrics import Metrics
+from kiproxy.interceptors.observer import Observer, RequestInfo, ResponseInfo
+from kiproxy.proxy.metrics import Metrics
 
 log = logging.getLogger("kiproxy.observe")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from interceptors.observer import PartitionSummary
+from kiproxy.interceptors.observer import PartitionSummary
 
 __all__ = ["Answer", "Forward", "ProduceDraft", "RequestOutcome"]
 

@@ -31,46 +31,52 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from interceptors.api import (
+from kiproxy.interceptors.api import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
 )
-from protocol.compression import DEFAULT_LEVELS
-from protocol.errors import (
+from kiproxy.protocol.compression import DEFAULT_LEVELS
+from kiproxy.protocol.errors import (
     CorruptBatch,
     ProtocolError,
     UnsupportedCompression,
     UnsupportedMagic,
     UnsupportedVersion,
 )
-from protocol.framing import (
+from kiproxy.protocol.framing import (
     RequestHeader,
     encode_response_header,
     parse_response_header,
     read_uvarint,
 )
-from protocol.legacy_produce import (
+from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
 )
-from protocol.messages import ApiKey, parse_request, parse_response, response_type, serialize
-from protocol.records import (
+from kiproxy.protocol.messages import (
+    ApiKey,
+    parse_request,
+    parse_response,
+    response_type,
+    serialize,
+)
+from kiproxy.protocol.records import (
     DEFAULT_MAX_DECOMPRESSED_SIZE,
     CompressionLevels,
     decode_batches,
     encode_batch,
     read_batch_headers,
 )
-from proxy.addresses import rewrite_message
-from proxy.api_versions import PRODUCE_MAX_VERSION
-from proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
+from kiproxy.proxy.addresses import rewrite_message
+from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
 
 if TYPE_CHECKING:
-    from proxy.connection import ClientConnection
-    from proxy.metrics import Metrics
+    from kiproxy.proxy.connection import ClientConnection
+    from kiproxy.proxy.metrics import Metrics
 
 log = logging.getLogger("kiproxy.produce")
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from protocol.framing import parse_response_header
-from protocol.messages import ApiKey, parse_request, parse_response
+from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
 
 __all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "user_from_token"]
 

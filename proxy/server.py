@@ -21,26 +21,26 @@ from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
-from protocol.errors import SaslStateError, UnsupportedVersion
-from protocol.framing import RequestHeader
-from protocol.messages import ApiKey, api_name
-from proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
-from proxy.api_versions import (
+from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
+from kiproxy.protocol.framing import RequestHeader
+from kiproxy.protocol.messages import ApiKey, api_name
+from kiproxy.proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
+from kiproxy.proxy.api_versions import (
     PRODUCE_MAX_VERSION,
     cut_api_versions_frame,
     known_version_range,
     unsupported_api_versions_response,
 )
-from proxy.config import ProxyConfig
-from proxy.connection import ClientConnection, FrameStream
-from proxy.discovery import DiscoveryError, discover_nodes
-from proxy.metrics import HealthServer, Metrics
-from proxy.nodes import NodeRegistry
-from proxy.observe import ObserverHub
-from proxy.outcome import Answer, Forward, RequestOutcome
-from proxy.produce import ProducePipeline
-from proxy.sasl import SaslRound
-from proxy.tls import client_context, principal_from_peercert, upstream_context
+from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.connection import ClientConnection, FrameStream
+from kiproxy.proxy.discovery import DiscoveryError, discover_nodes
+from kiproxy.proxy.metrics import HealthServer, Metrics
+from kiproxy.proxy.nodes import NodeRegistry
+from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
+from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.sasl import SaslRound
+from kiproxy.proxy.tls import client_context, principal_from_peercert, upstream_context
 
 log = logging.getLogger("kiproxy")
 

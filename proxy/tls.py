@@ -14,7 +14,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from proxy.config import ConfigError, TlsSettings, UpstreamTlsSettings
+from kiproxy.proxy.config import ConfigError, TlsSettings, UpstreamTlsSettings
 
 __all__ = ["client_context", "principal_from_peercert", "upstream_context"]
 

@@ -1,6 +1,6 @@
 """Shared fixtures: a real broker (Tansu), and kiproxy started as its own process.
 
-The proxy runs as a subprocess (``python -m proxy.cli run ...``) so that the
+The proxy runs as a subprocess (``python -m kiproxy run ...``) so that the
 test process's own sockets are only the Kafka clients' - which lets tests assert
 that no client ever connects to the broker directly.
 """
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -95,7 +95,7 @@ def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
     """Start ``kiproxy run`` in front of ``upstream`` and wait for its bootstrap line."""
     listen = free_port()
     start = _broker_port_start()
-    cmd = [sys.executable, "-m", "proxy.cli", "run", "--upstream", upstream,
+    cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
            "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
            "--log-level", "INFO", *extra]
     if interceptor:

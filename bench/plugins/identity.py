@@ -9,7 +9,7 @@ this scenario measures the cost of looking at every record and nothing else.
 
 from __future__ import annotations
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
 
 
 class Identity(ProduceRequestInterceptor):

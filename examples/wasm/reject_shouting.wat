@@ -6,7 +6,7 @@
 ;;   transform_batch  ABI v2, the whole batch        (function: transform_batch, abi: 2)
 ;;
 ;;   interceptor:
-;;     class: interceptors.builtin.wasm:WasmInterceptor
+;;     class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
 ;;     config: {module: examples/wasm/reject_shouting.wat, encoding: binary}
 ;;
 ;; Both results are static data: status 2 ("unchanged") or status 1 followed by the reason.

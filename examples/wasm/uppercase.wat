@@ -5,7 +5,7 @@
 ;;   transform_batch  ABI v2, the whole batch        (function: transform_batch, abi: 2)
 ;;
 ;;   interceptor:
-;;     class: interceptors.builtin.wasm:WasmInterceptor
+;;     class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
 ;;     config: {module: examples/wasm/uppercase.wat, encoding: binary}
 ;;
 ;; Input layout (little-endian; "bytes" = i32 length, -1 for null, then the bytes):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.api import Record, RecordBatch
 
 __all__ = ["MAX_REPORTED", "map_records"]
 

@@ -43,7 +43,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from interceptors.observer import Observer, ResponseInfo
+from kiproxy.interceptors.observer import Observer, ResponseInfo
 
 log = logging.getLogger("kiproxy.audit")
 

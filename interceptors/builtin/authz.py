@@ -1,4 +1,4 @@
-"""``interceptors.builtin.authz:HeaderTokenAuthorizer`` - a produce token per topic.
+"""``kiproxy.interceptors.builtin.authz:HeaderTokenAuthorizer`` - a produce token per topic.
 
 Every record must carry a header (``kiproxy-token`` by default) whose value is
 one of the tokens configured for its topic; a batch with any record that does
@@ -15,7 +15,7 @@ A record with several token headers is authorized when any of them is valid.
 Config::
 
     interceptor:
-      class: interceptors.builtin.authz:HeaderTokenAuthorizer
+      class: kiproxy.interceptors.builtin.authz:HeaderTokenAuthorizer
       config:
         header: kiproxy-token
         tokens:                                  # topic -> token or list of tokens
@@ -37,7 +37,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     InterceptContext,
     ProduceRequestInterceptor,
     Record,
@@ -45,7 +45,7 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
-from interceptors.builtin.signing import resolve_secret
+from kiproxy.interceptors.builtin.signing import resolve_secret
 
 _MAX_REPORTED = 50
 _SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")

@@ -1,4 +1,4 @@
-"""``interceptors.builtin.chain:Chain`` - several interceptors, in order, as one.
+"""``kiproxy.interceptors.builtin.chain:Chain`` - several interceptors, in order, as one.
 
 The proxy runs one configured interceptor; ``Chain`` is that interceptor when
 a batch should pass several: each link gets the batch the previous link
@@ -16,13 +16,13 @@ it; ``close()`` closes the links in reverse order.
 Config::
 
     interceptor:
-      class: interceptors.builtin.chain:Chain
+      class: kiproxy.interceptors.builtin.chain:Chain
       config:
         links:
-          - interceptor: interceptors.builtin.signing:SignatureVerifier
+          - interceptor: kiproxy.interceptors.builtin.signing:SignatureVerifier
             config: {keys: {k1: {env: SIGNING_KEY}}, strip: true}
-          - interceptor: interceptors.builtin.trace:TraceContext
-          - interceptor: interceptors.builtin.paper_trail:PaperTrail
+          - interceptor: kiproxy.interceptors.builtin.trace:TraceContext
+          - interceptor: kiproxy.interceptors.builtin.paper_trail:PaperTrail
             config: {cluster: east}
           - redact:Redact                     # a plugin from the plugins dir, no config
         plugins_dir: plugins                  # optional; defaults to the proxy's plugins dir
@@ -35,14 +35,14 @@ import inspect
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
 )
-from interceptors.loader import current_plugins_dir, load_interceptor
+from kiproxy.interceptors.loader import current_plugins_dir, load_interceptor
 
 
 class Chain(ProduceRequestInterceptor):

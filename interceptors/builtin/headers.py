@@ -1,4 +1,4 @@
-"""``interceptors.builtin.headers:StampHeaders`` - a paper trail in record headers.
+"""``kiproxy.interceptors.builtin.headers:StampHeaders`` - a paper trail in record headers.
 
 Appends the configured headers, then the proxy host, the producer's client id
 and the time the proxy received the request, to every record. Existing headers
@@ -7,7 +7,7 @@ are kept in order (header keys may repeat, KIP-82).
 Config::
 
     interceptor:
-      class: interceptors.builtin.headers:StampHeaders
+      class: kiproxy.interceptors.builtin.headers:StampHeaders
       config:
         headers: {env: prod, team: payments}   # static headers
         prefix: "kiproxy-"                     # prefix of the three stamps
@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import Header, InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import Header, InterceptContext, ProduceRequestInterceptor, RecordBatch
 
 
 class StampHeaders(ProduceRequestInterceptor):

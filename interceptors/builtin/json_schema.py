@@ -1,4 +1,4 @@
-"""``interceptors.builtin.json_schema:JsonSchemaValidator`` - rejects values that are not JSON.
+"""``JsonSchemaValidator`` (``json_schema``) - rejects values that are not JSON.
 
 A batch is rejected (INVALID_RECORD by default) when any value is not JSON or
 violates the JSON Schema of its topic; ``record_errors`` names each bad record
@@ -8,7 +8,7 @@ unless ``require_schema`` is set, in which case they pass untouched.
 Config::
 
     interceptor:
-      class: interceptors.builtin.json_schema:JsonSchemaValidator
+      class: kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator
       config:
         schemas:                       # topic -> schema (inline mapping or a file path)
           orders: {type: object, required: [id, amount]}
@@ -35,7 +35,12 @@ from typing import Any
 
 import jsonschema_rs
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
 
 _MAX_REPORTED = 50
 

@@ -1,4 +1,4 @@
-"""``interceptors.builtin.paper_trail:PaperTrail`` - a routing trail across mirrored clusters.
+"""``PaperTrail`` (``paper_trail``) - a routing trail across mirrored clusters.
 
 Every record gets one more header ``kiproxy-trail`` (by default) whose value
 is a compact JSON entry naming the proxy host, the cluster, the topic and the
@@ -20,7 +20,7 @@ not JSON (written by something else) are kept and counted but never matched.
 Config::
 
     interceptor:
-      class: interceptors.builtin.paper_trail:PaperTrail
+      class: kiproxy.interceptors.builtin.paper_trail:PaperTrail
       config:
         cluster: east              # required: the name of the cluster behind this proxy
         header: kiproxy-trail      # header the entries are written to
@@ -37,7 +37,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     Header,
     InterceptContext,
     ProduceRequestInterceptor,

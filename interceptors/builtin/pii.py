@@ -1,4 +1,4 @@
-"""``interceptors.builtin.pii:PiiMasker`` - regex masking of personal data in values.
+"""``kiproxy.interceptors.builtin.pii:PiiMasker`` - regex masking of personal data in values.
 
 Each topic has a list of rules; every match of a rule's pattern in a record's
 value (and in the listed headers' values) is replaced. Records keep their
@@ -24,7 +24,7 @@ the rule - for data that must never reach a topic at all.
 Config::
 
     interceptor:
-      class: interceptors.builtin.pii:PiiMasker
+      class: kiproxy.interceptors.builtin.pii:PiiMasker
       config:
         rules:                                   # extra rules, name -> rule
           employee_id: {pattern: "EMP-\\\\d{6}", replacement: "EMP-******"}
@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     Header,
     InterceptContext,
     ProduceRequestInterceptor,
@@ -53,7 +53,7 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
-from interceptors.builtin._per_record import map_records
+from kiproxy.interceptors.builtin._per_record import map_records
 
 __all__ = ["BUILTIN_RULES", "PiiMasker"]
 

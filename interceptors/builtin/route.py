@@ -1,4 +1,4 @@
-"""``interceptors.builtin.route:TopicRouter`` - a different interceptor per topic pattern.
+"""``kiproxy.interceptors.builtin.route:TopicRouter`` - a different interceptor per topic pattern.
 
 In the spirit of KIP-940: routes are tried in order, the first whose regular
 expression matches the whole topic name handles the batch; unmatched topics
@@ -7,11 +7,11 @@ pass untouched. Each route names an interceptor like the top-level setting.
 Config::
 
     interceptor:
-      class: interceptors.builtin.route:TopicRouter
+      class: kiproxy.interceptors.builtin.route:TopicRouter
       config:
         routes:
           - topic: "orders|payments"
-            interceptor: interceptors.builtin.json_schema:JsonSchemaValidator
+            interceptor: kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator
             config: {schemas: {orders: {type: object}}}
           - topic: "logs\\..*"
             interceptor: redact:Redact       # from the plugins dir
@@ -25,8 +25,8 @@ import re
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from interceptors.loader import current_plugins_dir, load_interceptor
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors.loader import current_plugins_dir, load_interceptor
 
 
 class TopicRouter(ProduceRequestInterceptor):

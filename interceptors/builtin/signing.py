@@ -1,8 +1,8 @@
 """``Signer`` and ``SignatureVerifier`` - HMAC-SHA256 record signatures in a header.
 
-``interceptors.builtin.signing:Signer`` signs every record's key, value and
+``kiproxy.interceptors.builtin.signing:Signer`` signs every record's key, value and
 the chosen headers and appends the signature as a header;
-``interceptors.builtin.signing:SignatureVerifier`` rejects batches holding a
+``kiproxy.interceptors.builtin.signing:SignatureVerifier`` rejects batches holding a
 record whose signature is missing, malformed, made with an unknown key, or
 wrong. Producers (or a proxy at the edge) sign; a proxy in front of the
 cluster that must only take signed data verifies.
@@ -28,7 +28,7 @@ signature; adding a header that is not listed does not.
 Config (both classes)::
 
     interceptor:
-      class: interceptors.builtin.signing:SignatureVerifier     # or :Signer
+      class: kiproxy.interceptors.builtin.signing:SignatureVerifier     # or :Signer
       config:
         keys:                      # key id -> secret
           k1: {env: KIPROXY_SIGNING_KEY}     # or {file: /run/secrets/k1}, or a literal string
@@ -54,7 +54,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     InterceptContext,
     ProduceRequestInterceptor,
     Record,
@@ -62,7 +62,7 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
-from interceptors.builtin._per_record import MAX_REPORTED, map_records
+from kiproxy.interceptors.builtin._per_record import MAX_REPORTED, map_records
 
 __all__ = ["SignatureVerifier", "Signer", "resolve_secret", "signature", "signing_message"]
 

@@ -1,4 +1,4 @@
-"""``interceptors.builtin.trace:TraceContext`` - a W3C ``traceparent`` on every record.
+"""``kiproxy.interceptors.builtin.trace:TraceContext`` - a W3C ``traceparent`` on every record.
 
 A record without a ``traceparent`` header gets one, appended after its other
 headers: version ``00``, a random 16-byte trace id, a random 8-byte parent id
@@ -19,7 +19,7 @@ all-zero ids, version ``ff``, or more than one such header) is handled by
 Config::
 
     interceptor:
-      class: interceptors.builtin.trace:TraceContext
+      class: kiproxy.interceptors.builtin.trace:TraceContext
       config:
         header: traceparent
         sampled: true            # trace-flags 01 (false: 00)
@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     Header,
     InterceptContext,
     ProduceRequestInterceptor,
@@ -43,7 +43,7 @@ from interceptors import (
     RejectBatch,
     error_code,
 )
-from interceptors.builtin._per_record import map_records
+from kiproxy.interceptors.builtin._per_record import map_records
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?",
                           re.DOTALL)

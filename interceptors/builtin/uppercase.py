@@ -1,9 +1,9 @@
-"""``interceptors.builtin.uppercase:Uppercase`` - upper-cases record values.
+"""``kiproxy.interceptors.builtin.uppercase:Uppercase`` - upper-cases record values.
 
 Config (all optional)::
 
     interceptor:
-      class: interceptors.builtin.uppercase:Uppercase
+      class: kiproxy.interceptors.builtin.uppercase:Uppercase
       config:
         keys: false        # also upper-case keys
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
 
 
 class Uppercase(ProduceRequestInterceptor):

@@ -1,4 +1,4 @@
-"""``interceptors.builtin.wasm:WasmInterceptor`` - interceptors compiled to WebAssembly.
+"""``kiproxy.interceptors.builtin.wasm:WasmInterceptor`` - interceptors compiled to WebAssembly.
 
 A module (``.wasm``, or ``.wat`` text for small examples) is compiled once with
 wasmtime and called for every batch, sandboxed: it sees only the bytes the host
@@ -9,7 +9,7 @@ a memory cap and the batch deadline.
 Config::
 
     interceptor:
-      class: interceptors.builtin.wasm:WasmInterceptor
+      class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
       timeout_ms: 5000
       config:
         module: examples/wasm/uppercase.wat   # default module (optional when `topics` is set)
@@ -92,7 +92,7 @@ from typing import Any
 
 import wasmtime
 
-from interceptors import (
+from kiproxy.interceptors import (
     Header,
     InterceptContext,
     ProduceRequestInterceptor,

@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
 
-from proxy.embedded import free_port
+from kiproxy.proxy.embedded import free_port
 
 try:
     from testcontainers.community.kafka import KafkaContainer
@@ -43,12 +43,12 @@ pytestmark = pytest.mark.timeout(600)  # the first test also pulls and starts th
 KAFKA_IMAGE = "apache/kafka:4.3.1"
 """The same tag as docker-compose.yml (tests/unit/test_deploy_files.py checks they agree)."""
 
-ROUTER = "interceptors.builtin.route:TopicRouter"
+ROUTER = "kiproxy.interceptors.builtin.route:TopicRouter"
 ROUTES: dict[str, Any] = {
     "routes": [
         # The example plugin of plugins/, as docker-compose.yml configures it.
         {"topic": "masked-.*", "interceptor": "mask_card_numbers:MaskCardNumbers"},
-        {"topic": "json-.*", "interceptor": "interceptors.builtin.json_schema:JsonSchemaValidator",
+        {"topic": "json-.*", "interceptor": "json_schema",
          "config": {"default_schema": {"type": "object", "required": ["id"]},
                     "error": "POLICY_VIOLATION"}},
     ],

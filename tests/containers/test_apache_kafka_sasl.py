@@ -54,7 +54,7 @@ from integration.test_sasl import (
 )
 
 from containers.test_apache_kafka import KAFKA_IMAGE, ApacheKafkaContainer, docker_engine
-from proxy.embedded import free_port
+from kiproxy.proxy.embedded import free_port
 
 try:
     from testcontainers.community.kafka import KafkaContainer

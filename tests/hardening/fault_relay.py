@@ -22,8 +22,8 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from protocol.errors import ProtocolError
-from protocol.framing import FrameDecoder
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import FrameDecoder
 
 __all__ = ["FaultRelay", "RelayStats", "wait_until"]
 

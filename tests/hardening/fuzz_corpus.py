@@ -30,14 +30,14 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import schema_name_map
 from kio.static.primitive import Interval, Records
 
-from protocol.framing import (
+from kiproxy.protocol.framing import (
     encode_request_header,
     encode_response_header,
     request_header_version,
     response_header_version,
 )
-from protocol.messages import ApiKey, request_type, response_type, serialize
-from protocol.records import Compression, Record, build_batch, decode_batches
+from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
+from kiproxy.protocol.records import Compression, Record, build_batch, decode_batches
 
 __all__ = [
     "DECODED_APIS",
@@ -199,8 +199,8 @@ def nulled(frame: bytes) -> list[bytes]:
 @cache
 def batch_seeds() -> tuple[bytes, ...]:
     """Record batches: those of the golden frames (every codec) and a few built ones."""
-    from protocol.framing import parse_request_header
-    from protocol.messages import parse_request
+    from kiproxy.protocol.framing import parse_request_header
+    from kiproxy.protocol.messages import parse_request
 
     out: list[bytes] = []
     for _, frame, _ in _golden_produce_frames():

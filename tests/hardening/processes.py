@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 
-from proxy.embedded import broker_binary, free_port
+from kiproxy.proxy.embedded import broker_binary, free_port
 
 __all__ = ["TansuBroker", "free_broker_port_start", "launch_proxy_at"]
 
@@ -93,7 +93,7 @@ def launch_proxy_at(upstream: str, listen_port: int, broker_port_start: int, *ex
                     lines: list[str] | None = None, timeout: float = 30) -> ProxyProcess:
     """Start ``kiproxy run`` on fixed ports; ``lines`` (if given) collects its output
     across restarts."""
-    cmd = [sys.executable, "-m", "proxy.cli", "run", "--upstream", upstream,
+    cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
            "--listen", f"127.0.0.1:{listen_port}", "--broker-port-start",
            str(broker_port_start), "--log-level", "INFO", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

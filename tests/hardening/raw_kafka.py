@@ -9,8 +9,8 @@ import time
 import typing
 from typing import Any
 
-from protocol.framing import encode_frame, encode_request_header, request_header_version
-from protocol.messages import ApiKey, request_type, serialize
+from kiproxy.protocol.framing import encode_frame, encode_request_header, request_header_version
+from kiproxy.protocol.messages import ApiKey, request_type, serialize
 
 __all__ = [
     "api_versions_frame",

@@ -1,7 +1,7 @@
 """Fuzzing everything the proxy decodes: frames, request and response messages, record batches.
 
 The invariant: whatever bytes arrive, a decoder returns a result or raises a
-:class:`protocol.errors.ProtocolError` subclass — never ``IndexError``,
+:class:`kiproxy.protocol.errors.ProtocolError` subclass — never ``IndexError``,
 ``TypeError``, ``struct.error``, ``UnicodeDecodeError``, ``MemoryError``,
 ``AssertionError`` or a crash. The proxy turns a ProtocolError into one log line
 and a closed connection (or a rejected partition); anything else escapes as a
@@ -66,10 +66,15 @@ from hardening.fuzz_corpus import (
     versions,
 )
 from hardening.raw_kafka import api_versions_frame, closed_by_peer, connect, metadata_frame
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
-from interceptors.builtin.uppercase import Uppercase
-from protocol.errors import ProtocolError
-from protocol.framing import (
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.framing import (
     FrameDecoder,
     encode_frame,
     encode_request_header,
@@ -77,14 +82,14 @@ from protocol.framing import (
     parse_response_header,
     response_header_version,
 )
-from protocol.legacy_produce import legacy_produce_acks_and_partitions
-from protocol.messages import ApiKey, parse_request, parse_response
-from protocol.records import decode_batches, encode_batch, read_batch_headers
-from proxy.addresses import needs_rewrite, rewrite_response_frame
-from proxy.api_versions import cut_api_versions_frame
-from proxy.embedded import EmbeddedBroker
-from proxy.outcome import Answer, Forward
-from proxy.produce import ProducePipeline
+from kiproxy.protocol.legacy_produce import legacy_produce_acks_and_partitions
+from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
+from kiproxy.protocol.records import decode_batches, encode_batch, read_batch_headers
+from kiproxy.proxy.addresses import needs_rewrite, rewrite_response_frame
+from kiproxy.proxy.api_versions import cut_api_versions_frame
+from kiproxy.proxy.embedded import EmbeddedBroker
+from kiproxy.proxy.outcome import Answer, Forward
+from kiproxy.proxy.produce import ProducePipeline
 
 _LONG_RUN = int(os.environ.get("KIPROXY_FUZZ_EXAMPLES", "0"))
 F = TypeVar("F", bound=Callable[..., None])
@@ -490,7 +495,7 @@ def test_fuzzed_frames_against_a_running_proxy(fuzz_broker: EmbeddedBroker) -> N
     from confluent_kafka import Producer
 
     proxy = launch_proxy(fuzz_broker.bootstrap,
-                         interceptor="interceptors.builtin.uppercase:Uppercase")
+                         interceptor="kiproxy.interceptors.builtin.uppercase:Uppercase")
     try:
         frames = _fuzzed_frames(300, seed=20261122)
         sockets: list[socket.socket] = []
@@ -560,7 +565,7 @@ def test_e2e_produce_with_null_topic_data_closes_with_a_warning(
         fuzz_broker: EmbeddedBroker) -> None:
     _assert_closed_with_one_warning(*_send_and_watch(
         fuzz_broker, NULL_TOPIC_DATA_V3, "--interceptor",
-        "interceptors.builtin.uppercase:Uppercase"))
+        "kiproxy.interceptors.builtin.uppercase:Uppercase"))
 
 
 def test_e2e_produce_at_an_unknown_version_closes_with_a_warning(

@@ -52,7 +52,7 @@ from hardening.raw_kafka import (
     metadata_frame,
     recv_frame,
 )
-from proxy.embedded import EmbeddedBroker
+from kiproxy.proxy.embedded import EmbeddedBroker
 
 MiB = 2**20
 RSS_BOUND = 200 * MiB
@@ -108,7 +108,7 @@ class RssSampler:
 
 @functools.cache
 def _flags() -> str:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", "run", "--help"], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kiproxy", "run", "--help"], cwd=ROOT,
                           capture_output=True, text=True, timeout=60).stdout
 
 

@@ -12,9 +12,9 @@ from conftest import TANSU_NODE_ID, consume, launch_proxy
 from hardening.processes import TansuBroker, free_broker_port_start, launch_proxy_at
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame
 
-from protocol.framing import parse_response_header
-from protocol.messages import ApiKey, parse_response
-from proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.messages import ApiKey, parse_response
+from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 
 
 def _wait_for_line(lines: list[str], text: str, timeout: float) -> str | None:

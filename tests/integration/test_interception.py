@@ -49,16 +49,16 @@ import pytest
 from conftest import ProxyProcess, launch_proxy
 from crc32c import crc32c
 
-from protocol.framing import (
+from kiproxy.protocol.framing import (
     encode_frame,
     encode_request_header,
     parse_response_header,
     request_header_version,
     response_header_version,
 )
-from protocol.messages import ApiKey, parse_response, request_type, serialize
-from protocol.records import Compression, Record, build_batch
-from proxy.embedded import EmbeddedBroker
+from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
+from kiproxy.protocol.records import Compression, Record, build_batch
+from kiproxy.proxy.embedded import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -75,7 +75,7 @@ INVALID_RECORD = 87
 REJECT_MESSAGE = "rej-* topics are closed for writes"
 INVALID_MESSAGE = "inv-* records are refused one by one"
 MIX_MESSAGE = "mix-rej-* is read-only"
-ROUTER_NAME = "interceptors.builtin.route:TopicRouter"
+ROUTER_NAME = "kiproxy.interceptors.builtin.route:TopicRouter"
 
 
 # ---------------------------------------------------------------------------- proxies
@@ -91,7 +91,7 @@ def trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def router(broker: EmbeddedBroker, trace_path: Path) -> Iterator[ProxyProcess]:
     """The proxy whose behaviour is picked by the topic prefix (see the module docstring)."""
     routes = [
-        {"topic": "up-.*", "interceptor": "interceptors.builtin.uppercase:Uppercase"},
+        {"topic": "up-.*", "interceptor": "kiproxy.interceptors.builtin.uppercase:Uppercase"},
         {"topic": "rej-.*", "interceptor": "tp_reject:Reject",
          "config": {"error": "POLICY_VIOLATION", "message": REJECT_MESSAGE}},
         {"topic": "inv-.*", "interceptor": "tp_reject:Reject",

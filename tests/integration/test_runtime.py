@@ -42,16 +42,16 @@ import psutil
 import pytest
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess, consume, launch_proxy
 
-from protocol.framing import (
+from kiproxy.protocol.framing import (
     encode_frame,
     encode_request_header,
     parse_response_header,
     request_header_version,
     response_header_version,
 )
-from protocol.messages import ApiKey, parse_response, request_type, serialize
-from proxy.api_versions import PRODUCE_MAX_VERSION, known_version_range
-from proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
+from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, known_version_range
+from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -584,8 +584,8 @@ class _ApiVersionsStub:
 
         from kio.schema.errors import ErrorCode
 
-        from protocol.framing import encode_response_header, parse_request_header
-        from protocol.messages import response_type
+        from kiproxy.protocol.framing import encode_response_header, parse_request_header
+        from kiproxy.protocol.messages import response_type
 
         cls = response_type(ApiKey.API_VERSIONS, 3)
         entry = typing.get_args(typing.get_type_hints(cls)["api_keys"])[0]
@@ -911,14 +911,14 @@ def test_sigterm_waits_for_a_request_inside_the_interceptor(
 
 
 def _kiproxy(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "kiproxy", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
 def _kiproxy_script() -> list[str]:
     script = Path(sys.executable).with_name("kiproxy")
-    return [str(script)] if script.exists() else [sys.executable, "-m", "proxy.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "kiproxy"]
 
 
 @pytest.mark.parametrize(("text", "key"), [
@@ -975,7 +975,7 @@ def test_dev_mode_serves_and_stops_on_ctrl_c(target: str) -> None:
     listen = free_port()
     start = free_port() - TANSU_NODE_ID
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy.cli", "dev", "--listen", f"127.0.0.1:{listen}",
+        [sys.executable, "-m", "kiproxy", "dev", "--listen", f"127.0.0.1:{listen}",
          "--broker-port-start", str(start)],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,

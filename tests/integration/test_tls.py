@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from proxy.embedded import EmbeddedBroker, broker_binary, free_port
+from kiproxy.proxy.embedded import EmbeddedBroker, broker_binary, free_port
 
 
 @dataclass
@@ -287,12 +287,12 @@ def test_upstream_tls_refuses_an_untrusted_broker(pki: Pki, tls_broker: TlsRelay
 
 
 def test_tls_settings_are_validated(tmp_path: Path, broker: EmbeddedBroker) -> None:
-    from proxy.config import ConfigError, load_config
+    from kiproxy.proxy.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"tls\.cert and tls\.key"):
         load_config(None, {"upstream": ["h:1"], "tls.cert": "c.pem"})
     missing = subprocess.run(
-        [sys.executable, "-m", "proxy.cli", "run", "--upstream", broker.bootstrap, "--listen",
+        [sys.executable, "-m", "kiproxy", "run", "--upstream", broker.bootstrap, "--listen",
          f"127.0.0.1:{free_port()}", "--tls-cert", str(tmp_path / "nope.pem"), "--tls-key",
          str(tmp_path / "nope.key")], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert missing.returncode == 2

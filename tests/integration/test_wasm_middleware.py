@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from conftest import ROOT, TESTS, ProxyProcess, consume, launch_proxy
 
-from interceptors import Header, Record
-from interceptors.builtin.signing import signature
-from interceptors.builtin.trace import traceparent_problem
-from proxy.embedded import EmbeddedBroker
+from kiproxy.interceptors import Header, Record
+from kiproxy.interceptors.builtin.signing import signature
+from kiproxy.interceptors.builtin.trace import traceparent_problem
+from kiproxy.proxy.embedded import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -98,7 +98,7 @@ def wasm_proxy(broker: EmbeddedBroker) -> Iterator[ProxyProcess]:
         },
     }
     p = launch_proxy(broker.bootstrap, "--interceptor-timeout-ms", str(TIMEOUT_MS),
-                     interceptor="interceptors.builtin.wasm:WasmInterceptor",
+                     interceptor="kiproxy.interceptors.builtin.wasm:WasmInterceptor",
                      interceptor_config=config)
     yield p
     assert p.alive(), f"the proxy died during the module:\n{p.log}"
@@ -106,33 +106,33 @@ def wasm_proxy(broker: EmbeddedBroker) -> Iterator[ProxyProcess]:
 
 
 ROUTES: list[dict[str, Any]] = [
-    {"topic": "trail-east-.*", "interceptor": "interceptors.builtin.paper_trail:PaperTrail",
+    {"topic": "trail-east-.*", "interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail",
      "config": {"cluster": "east", "host": "kp-east"}},
-    {"topic": "trail-west-.*", "interceptor": "interceptors.builtin.paper_trail:PaperTrail",
+    {"topic": "trail-west-.*", "interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail",
      "config": {"cluster": "west", "host": "kp-west"}},
-    {"topic": "trace-.*", "interceptor": "interceptors.builtin.trace:TraceContext",
+    {"topic": "trace-.*", "interceptor": "kiproxy.interceptors.builtin.trace:TraceContext",
      "config": {"on_invalid": "reject"}},
-    {"topic": "authz-.*", "interceptor": "interceptors.builtin.authz:HeaderTokenAuthorizer",
+    {"topic": "authz-.*", "interceptor": "kiproxy.interceptors.builtin.authz:HeaderTokenAuthorizer",
      "config": {"tokens": {"*": "tok-123"}}},
-    {"topic": "pii-.*", "interceptor": "interceptors.builtin.pii:PiiMasker",
+    {"topic": "pii-.*", "interceptor": "kiproxy.interceptors.builtin.pii:PiiMasker",
      "config": {"rules": {"no_ssn": {"builtin": "ssn", "action": "reject"}},
                 "topics": {"*": ["email", "card", "no_ssn"]}}},
-    {"topic": "signed-.*", "interceptor": "interceptors.builtin.chain:Chain",
-     "config": {"links": [{"interceptor": "interceptors.builtin.signing:Signer",
+    {"topic": "signed-.*", "interceptor": "kiproxy.interceptors.builtin.chain:Chain",
+     "config": {"links": [{"interceptor": "kiproxy.interceptors.builtin.signing:Signer",
                            "config": {"keys": {"k1": SECRET}, "headers": ["tenant"],
                                       "require_headers": True}}]}},
-    {"topic": "verified-.*", "interceptor": "interceptors.builtin.chain:Chain",
+    {"topic": "verified-.*", "interceptor": "kiproxy.interceptors.builtin.chain:Chain",
      "config": {"links": [
-         {"interceptor": "interceptors.builtin.signing:SignatureVerifier",
+         {"interceptor": "kiproxy.interceptors.builtin.signing:SignatureVerifier",
           "config": {"keys": {"k1": SECRET}, "headers": ["tenant"]}},
-         {"interceptor": "interceptors.builtin.paper_trail:PaperTrail",
+         {"interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail",
           "config": {"cluster": "core"}}]}},
 ]
 
 
 @pytest.fixture(scope="module")
 def middleware_proxy(broker: EmbeddedBroker) -> Iterator[ProxyProcess]:
-    p = launch_proxy(broker.bootstrap, interceptor="interceptors.builtin.route:TopicRouter",
+    p = launch_proxy(broker.bootstrap, interceptor="kiproxy.interceptors.builtin.route:TopicRouter",
                      interceptor_config={"routes": ROUTES})
     yield p
     assert p.alive(), f"the proxy died during the module:\n{p.log}"
@@ -186,7 +186,7 @@ def test_a_replaced_module_file_is_served_without_a_restart(broker: EmbeddedBrok
                                                             tmp_path: Path) -> None:
     module = tmp_path / "live.wat"
     shutil.copyfile(ROOT / "examples" / "wasm" / "uppercase.wat", module)
-    proxy = launch_proxy(broker.bootstrap, interceptor="interceptors.builtin.wasm:WasmInterceptor",
+    proxy = launch_proxy(broker.bootstrap, interceptor="wasm",
                          interceptor_config={"module": str(module), "encoding": "binary",
                                              "reload_interval_ms": 0})
     try:
@@ -220,7 +220,7 @@ def test_paper_trail_across_a_mirror(middleware_proxy: ProxyProcess) -> None:
     (mirrored,) = consume(bootstrap, west, 1)
     trail = [Record(headers=[Header(k, v)]) for k, v in headers_of(mirrored)
              if k == "kiproxy-trail"]
-    from interceptors.builtin.paper_trail import trail_entries
+    from kiproxy.interceptors.builtin.paper_trail import trail_entries
 
     entries = [e for r in trail for e in trail_entries(r)]
     assert [(e["cluster"], e["topic"], e["host"]) for e in entries] == [
@@ -298,7 +298,7 @@ def test_signed_stream_verified_behind_chain(middleware_proxy: ProxyProcess) -> 
     key, _, headers = copies[1]
     errors = produce(bootstrap, verified_topic, [copies[0], (key, b"TWO", headers)])
     assert_rejected(errors, POLICY_VIOLATION)
-    assert "chain link 1 (interceptors.builtin.signing:SignatureVerifier)" in \
+    assert "chain link 1 (kiproxy.interceptors.builtin.signing:SignatureVerifier)" in \
         middleware_proxy.log
     assert "signature does not match (key k1)" in middleware_proxy.log
     assert "signature does not match" in rejection_message(bootstrap, verified_topic,

@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 
 
 def _free_port_pair_below_ephemeral() -> int:
@@ -47,7 +47,7 @@ def test_workers_share_the_listeners(broker: EmbeddedBroker, topic: str,
     audit = tmp_path / "audit.jsonl"
     proxy = launch_proxy(broker.bootstrap, "--workers", "2", "--metrics-listen",
                          f"127.0.0.1:{metrics_port}", "--audit-log", str(audit),
-                         interceptor="interceptors.builtin.uppercase:Uppercase")
+                         interceptor="kiproxy.interceptors.builtin.uppercase:Uppercase")
     try:
         for i in range(24):  # separate clients, so the kernel spreads their connections
             producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": f"p{i}"})

@@ -27,7 +27,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,

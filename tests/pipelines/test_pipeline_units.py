@@ -12,11 +12,16 @@ from typing import Any
 
 import pytest
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
-from pipelines.apply import InterceptorRunner, InterceptorSpec
-from pipelines.errors import JavaMissing, PipelineError
-from pipelines.fetch_client import complete_prefix
-from pipelines.offsets import (
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
+from kiproxy.pipelines.errors import JavaMissing, PipelineError
+from kiproxy.pipelines.fetch_client import complete_prefix
+from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
     parse_from_offsets,
@@ -24,10 +29,10 @@ from pipelines.offsets import (
     parse_to_offsets,
     split_ranges,
 )
-from pipelines.session import check_java, java_major_version
-from pipelines.sources import SourceBatch, choose_reader, chunk_rows, spark_kafka_options
-from pipelines.tally import ReplayTally
-from protocol.records import Compression, Record, build_batch, decode_batches
+from kiproxy.pipelines.session import check_java, java_major_version
+from kiproxy.pipelines.sources import SourceBatch, choose_reader, chunk_rows, spark_kafka_options
+from kiproxy.pipelines.tally import ReplayTally
+from kiproxy.protocol.records import Compression, Record, build_batch, decode_batches
 
 
 def test_offset_specs() -> None:
@@ -122,7 +127,7 @@ def _batch(values: list[bytes | None], first_offset: int = 0) -> SourceBatch:
 
 
 def test_tally_merge_is_keyed_and_deterministic() -> None:
-    from pipelines.apply import Outcome
+    from kiproxy.pipelines.apply import Outcome
 
     a, b = ReplayTally(), ReplayTally()
     a.add(_batch([b"x", b"y"], 0), Outcome("rejected", error_code=44, message="no",
@@ -137,7 +142,7 @@ def test_tally_merge_is_keyed_and_deterministic() -> None:
     reason = part.reasons[(44, "no")]
     assert (reason.batches, reason.records, reason.samples) == (2, 3, [1, 3])
     # The accumulator keeps one tally per Spark partition: a re-run task replaces its own.
-    from pipelines.replay import TallyAccumulator
+    from kiproxy.pipelines.replay import TallyAccumulator
 
     acc = TallyAccumulator()
     value = acc.addInPlace(acc.zero({}), {0: a})

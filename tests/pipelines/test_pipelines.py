@@ -21,16 +21,16 @@ from typing import Any
 import pytest
 from conftest import consume
 
-from pipelines.apply import InterceptorSpec
-from pipelines.fetch_client import FetchClient
-from pipelines.offsets import OffsetBound
-from pipelines.replay import ReplayOptions, run_replay
-from pipelines.session import spark_session
-from pipelines.sources import spark_kafka_available
-from protocol.messages import ApiKey, request_type
-from protocol.records import Compression, Header, Record, build_batch
-from proxy.cli import main as kiproxy_main
-from proxy.embedded import EmbeddedBroker
+from kiproxy.cli import main as kiproxy_main
+from kiproxy.pipelines.apply import InterceptorSpec
+from kiproxy.pipelines.fetch_client import FetchClient
+from kiproxy.pipelines.offsets import OffsetBound
+from kiproxy.pipelines.replay import ReplayOptions, run_replay
+from kiproxy.pipelines.session import spark_session
+from kiproxy.pipelines.sources import spark_kafka_available
+from kiproxy.protocol.messages import ApiKey, request_type
+from kiproxy.protocol.records import Compression, Header, Record, build_batch
+from kiproxy.proxy.embedded import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -223,7 +223,7 @@ def test_spark_kafka_reader_is_chosen_when_on_the_classpath_and_chunks_its_rows(
     """With the Kafka data source on the classpath, ``auto`` reads through it. The jar is
     not available offline, so its DataFrame is stood in for by one with the source's
     schema holding the topic's records; everything after ``load()`` is the real path."""
-    import pipelines.replay as replay
+    import kiproxy.pipelines.replay as replay
 
     topic, truth = mixed_topic
     epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
@@ -488,7 +488,7 @@ def test_report_reads_the_audit_topic_and_ignores_other_api_events(
 
 def test_progress_bar_follows_the_spark_tasks(spark: Any,
                                               capsys: pytest.CaptureFixture[str]) -> None:
-    from pipelines.progress import run_with_progress
+    from kiproxy.pipelines.progress import run_with_progress
 
     rdd = spark.sparkContext.parallelize(range(6), 3)
     assert run_with_progress(spark, "squares", 3, lambda: rdd.map(lambda x: x * x).sum(),
@@ -502,7 +502,7 @@ def test_progress_bar_follows_the_spark_tasks(spark: Any,
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "proxy.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "kiproxy", *args], capture_output=True,
                           text=True, timeout=120, cwd=Path(__file__).parents[2], env=env)
 
 
@@ -555,7 +555,7 @@ def test_missing_java_is_named_with_what_to_install(tmp_path: Path) -> None:
 
 
 def test_run_does_not_import_pyspark() -> None:
-    code = ("import sys, proxy.cli; proxy.cli.build_parser(); "
+    code = ("import sys, kiproxy.cli; kiproxy.cli.build_parser(); "
             "print(any(m.startswith('pyspark') for m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True, cwd=Path(__file__).parents[2])

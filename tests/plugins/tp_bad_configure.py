@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
 
 
 class BadConfigure(ProduceRequestInterceptor):

@@ -12,7 +12,7 @@ from typing import Any
 
 from tp_common import topic_pattern
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
 
 
 class BadRecords(ProduceRequestInterceptor):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interceptors import InterceptContext, RecordBatch
+from kiproxy.interceptors import InterceptContext, RecordBatch
 
 
 class Duck:

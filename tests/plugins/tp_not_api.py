@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from interceptors import ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import ProduceRequestInterceptor, RecordBatch
 
 NOT_A_CLASS = "a string, not a class"
 

@@ -16,7 +16,12 @@ from typing import Any
 
 from tp_common import topic_pattern
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
 
 
 class Reject(ProduceRequestInterceptor):

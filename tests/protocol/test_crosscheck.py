@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from kafka.record.default_records import DefaultRecordBatchBuilder as KafkaPythonBuilder
 from kafka.record.memory_records import MemoryRecords as KafkaPythonMemoryRecords
 
-from protocol.compression import Compression, CompressionLevels, compress, decompress
-from protocol.records import (
+from kiproxy.protocol.compression import Compression, CompressionLevels, compress, decompress
+from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     Record,
     build_batch,

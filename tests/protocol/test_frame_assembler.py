@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import FrameTooLarge, MalformedFrame
-from protocol.framing import FrameAssembler, FrameDecoder, encode_frame
+from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
+from kiproxy.protocol.framing import FrameAssembler, FrameDecoder, encode_frame
 
 CHUNK = 256
 LARGE = 64

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import FrameTooLarge, MalformedFrame
-from protocol.framing import (
+from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
+from kiproxy.protocol.framing import (
     API_VERSIONS_KEY,
     FrameDecoder,
     RequestHeader,
@@ -27,7 +27,7 @@ from protocol.framing import (
     request_header_version,
     response_header_version,
 )
-from protocol.messages import ApiKey
+from kiproxy.protocol.messages import ApiKey
 
 PAYLOADS = st.lists(st.binary(max_size=300), max_size=12)
 

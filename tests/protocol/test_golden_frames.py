@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from protocol.compression import XERIAL_MAGIC, Compression
-from protocol.framing import encode_request_header, parse_request_header
-from protocol.messages import parse_request, serialize
-from protocol.records import (
+from kiproxy.protocol.compression import XERIAL_MAGIC, Compression
+from kiproxy.protocol.framing import encode_request_header, parse_request_header
+from kiproxy.protocol.messages import parse_request, serialize
+from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     DecodedBatch,
     RecordBatchHeader,

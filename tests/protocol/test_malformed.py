@@ -3,7 +3,7 @@
 A corpus of hand-made faults (truncations, lying lengths, bad varints, wrong CRCs,
 unknown codecs, old magic, corrupt compressed payloads, decompression bombs), then
 hypothesis fuzzing of batches, request headers, frames and legacy Produce bodies:
-the only acceptable outcomes are a result or a :class:`protocol.errors.ProtocolError`.
+the only acceptable outcomes are a result or a :class:`kiproxy.protocol.errors.ProtocolError`.
 Bombs are also run in a child process with a capped address space, so a decoder
 that allocates what the attacker asks for is caught as a crash, not as slowness.
 """
@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import Records
 
-from protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
-from protocol.errors import (
+from kiproxy.protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
+from kiproxy.protocol.errors import (
     CorruptBatch,
     MalformedFrame,
     MalformedMessage,
@@ -36,18 +36,18 @@ from protocol.errors import (
     UnsupportedMagic,
     UnsupportedVersion,
 )
-from protocol.framing import (
+from kiproxy.protocol.framing import (
     FrameDecoder,
     encode_frame,
     encode_request_header,
     parse_request_header,
     parse_response_header,
 )
-from protocol.legacy_produce import (
+from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
 )
-from protocol.messages import (
+from kiproxy.protocol.messages import (
     ApiKey,
     parse_request,
     parse_response,
@@ -55,7 +55,7 @@ from protocol.messages import (
     response_type,
     serialize,
 )
-from protocol.records import (
+from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     Record,
     build_batch,
@@ -430,8 +430,8 @@ _BOMB_CHILD = textwrap.dedent(
     """
     import resource, struct, sys
     import cramjam
-    from protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
-    from protocol.errors import CorruptBatch
+    from kiproxy.protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
+    from kiproxy.protocol.errors import CorruptBatch
 
     kind = sys.argv[1]
     if kind == "snappy-raw-length":
@@ -673,8 +673,8 @@ HOSTILE_BODIES = {
 _HOSTILE_CHILD = textwrap.dedent(
     """
     import json, sys
-    from protocol.errors import MalformedMessage
-    from protocol.messages import parse_request, parse_response
+    from kiproxy.protocol.errors import MalformedMessage
+    from kiproxy.protocol.messages import parse_request, parse_response
 
     for name, (kind, api_key, api_version, body) in json.loads(sys.stdin.read()).items():
         parse = parse_request if kind == "request" else parse_response

@@ -22,8 +22,8 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import schema_name_map
 from kio.static.primitive import Records, i32Timedelta
 
-from protocol.errors import MalformedMessage, UnsupportedVersion
-from protocol.messages import (
+from kiproxy.protocol.errors import MalformedMessage, UnsupportedVersion
+from kiproxy.protocol.messages import (
     API_NAMES,
     ApiKey,
     api_name,
@@ -33,7 +33,7 @@ from protocol.messages import (
     response_type,
     serialize,
 )
-from protocol.records import Record, build_batch, decode_batches
+from kiproxy.protocol.records import Record, build_batch, decode_batches
 
 # kio registers strategies for its primitive types but leaves ``Records`` (a
 # partition's record batches, opaque bytes to kio) without one. Arbitrary bytes are

@@ -22,8 +22,8 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
-from protocol.records import (
+from kiproxy.protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
+from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     DecodedBatch,
     Header,

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-import interceptors
-from interceptors import (
+import kiproxy.interceptors as interceptors
+from kiproxy.interceptors import (
     ERROR_CODES,
     AcknowledgedBatch,
     Header,

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
-from interceptors.builtin.headers import StampHeaders
-from interceptors.builtin.json_schema import JsonSchemaValidator
-from interceptors.builtin.route import TopicRouter
-from interceptors.builtin.uppercase import Uppercase
-from interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.builtin.headers import StampHeaders
+from kiproxy.interceptors.builtin.json_schema import JsonSchemaValidator
+from kiproxy.interceptors.builtin.route import TopicRouter
+from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 STAMP = 1_700_000_000_123
@@ -62,7 +62,7 @@ def _facts(batch: RecordBatch) -> tuple[Any, ...]:
 
 
 def test_uppercase_values() -> None:
-    plugin = load_interceptor("interceptors.builtin.uppercase:Uppercase")
+    plugin = load_interceptor("kiproxy.interceptors.builtin.uppercase:Uppercase")
     batch = _batch([b"hello", None, b"MiXeD 123", b"", b"caf\xc3\xa9"])
     out = plugin.intercept(batch, _ctx())
     assert [r.value for r in out.records] == [b"HELLO", None, b"MIXED 123", b"", b"CAF\xc3\xa9"]
@@ -92,7 +92,7 @@ def test_uppercase_of_an_empty_batch() -> None:
 
 
 def test_stamp_headers_appends_static_headers_then_the_stamps() -> None:
-    plugin = load_interceptor("interceptors.builtin.headers:StampHeaders", None,
+    plugin = load_interceptor("kiproxy.interceptors.builtin.headers:StampHeaders", None,
                               {"headers": {"env": "prod", "team": "payments", "none": None}})
     batch = _batch([b"a", None])
     out = plugin.intercept(batch, _ctx())
@@ -125,7 +125,7 @@ def test_stamp_headers_without_stamps() -> None:
 
 
 def test_stamp_headers_defaults_stamp_only() -> None:
-    out = load_interceptor("interceptors.builtin.headers:StampHeaders").intercept(
+    out = load_interceptor("kiproxy.interceptors.builtin.headers:StampHeaders").intercept(
         _batch([b"a"]), _ctx())
     assert [h.key for h in out.records[0].headers] == [
         "h", "h", "kiproxy-host", "kiproxy-client-id", "kiproxy-received-ms"]
@@ -133,7 +133,7 @@ def test_stamp_headers_defaults_stamp_only() -> None:
 
 def test_stamp_headers_rejects_a_non_mapping() -> None:
     with pytest.raises(PluginLoadError, match="headers must be a mapping"):
-        load_interceptor("interceptors.builtin.headers:StampHeaders", None,
+        load_interceptor("kiproxy.interceptors.builtin.headers:StampHeaders", None,
                          {"headers": ["env", "prod"]})
 
 
@@ -144,7 +144,7 @@ ORDER_SCHEMA = {"type": "object", "required": ["id", "amount"],
 
 
 def _validator(**config: Any) -> JsonSchemaValidator:
-    plugin = load_interceptor("interceptors.builtin.json_schema:JsonSchemaValidator", None,
+    plugin = load_interceptor("kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator", None,
                               config)
     assert isinstance(plugin, JsonSchemaValidator)
     return plugin
@@ -303,7 +303,7 @@ def test_json_bad_config_fails_at_start(config: dict[str, Any], match: str) -> N
 
 
 def _router(routes: list[dict[str, Any]], **config: Any) -> TopicRouter:
-    plugin = load_interceptor("interceptors.builtin.route:TopicRouter", PLUGINS,
+    plugin = load_interceptor("kiproxy.interceptors.builtin.route:TopicRouter", PLUGINS,
                               {"routes": routes, **config})
     assert isinstance(plugin, TopicRouter)
     return plugin
@@ -311,9 +311,9 @@ def _router(routes: list[dict[str, Any]], **config: Any) -> TopicRouter:
 
 ROUTES: list[dict[str, Any]] = [
     {"topic": "orders|payments",
-     "interceptor": "interceptors.builtin.json_schema:JsonSchemaValidator",
+     "interceptor": "kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
      "config": {"schemas": {"orders": ORDER_SCHEMA}}},
-    {"topic": "logs\\..*", "interceptor": "interceptors.builtin.uppercase:Uppercase"},
+    {"topic": "logs\\..*", "interceptor": "kiproxy.interceptors.builtin.uppercase:Uppercase"},
     {"topic": "logs\\.audit", "interceptor": "tp_reject:Reject"},  # shadowed by the route above
     {"topic": "shout-.*", "interceptor": "tp_package:Shout", "config": {"suffix": "!!"}},
 ]
@@ -395,4 +395,4 @@ def test_router_uses_its_own_plugins_dir_setting(tmp_path: Path) -> None:
 ])
 def test_router_bad_config_fails_at_start(config: dict[str, Any], match: str) -> None:
     with pytest.raises(PluginLoadError, match=match):
-        load_interceptor("interceptors.builtin.route:TopicRouter", PLUGINS, config)
+        load_interceptor("kiproxy.interceptors.builtin.route:TopicRouter", PLUGINS, config)

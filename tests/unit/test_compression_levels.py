@@ -14,15 +14,16 @@ from typing import Any
 
 import pytest
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
-from protocol.framing import parse_request_header
-from protocol.messages import ApiKey, parse_request
-from protocol.records import decode_batches, encode_batch
-from proxy.cli import _overrides, build_parser, build_pipeline
-from proxy.config import ConfigError, ProxyConfig, load_config
-from proxy.outcome import Forward
-from proxy.produce import ProducePipeline
+from kiproxy.cli import build_parser
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
+from kiproxy.protocol.framing import parse_request_header
+from kiproxy.protocol.messages import ApiKey, parse_request
+from kiproxy.protocol.records import decode_batches, encode_batch
+from kiproxy.proxy.cli import _overrides, build_pipeline
+from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.outcome import Forward
+from kiproxy.proxy.produce import ProducePipeline
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 LOW = CompressionLevels(gzip=1, lz4=1, zstd=1)
@@ -81,7 +82,7 @@ def test_a_changed_batch_is_recompressed_at_the_configured_level(codec: str) -> 
     outputs = {}
     for name, levels in (("low", LOW), ("high", HIGH)):
         config = load_config(None, {
-            "interceptor.class": "interceptors.builtin.uppercase:Uppercase",
+            "interceptor.class": "kiproxy.interceptors.builtin.uppercase:Uppercase",
             f"interceptor.compression.{codec}_level": getattr(levels, codec),
         })
         pipeline = build_pipeline(config)

@@ -24,9 +24,10 @@ from typing import Any
 import pytest
 import yaml
 
-from interceptors.loader import resolve_class
-from proxy.cli import _overrides, build_parser
-from proxy.config import ProxyConfig, load_config, parse_host_port
+from kiproxy.cli import build_parser
+from kiproxy.interceptors.loader import resolve_class
+from kiproxy.proxy.cli import _overrides
+from kiproxy.proxy.config import ProxyConfig, load_config, parse_host_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_IN_IMAGE = "/etc/kiproxy/config.yaml"

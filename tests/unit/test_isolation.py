@@ -27,10 +27,10 @@ from typing import Any
 import psutil
 import pytest
 
-from interceptors import InterceptContext, Record, RecordBatch, RejectBatch
-from interceptors.loader import PluginLoadError, load_interceptor
-from proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
-from proxy.produce import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
+from kiproxy.interceptors import InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
+from kiproxy.proxy.produce import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
 
 PLUGINS = Path(__file__).resolve().parents[1] / "isolation_plugins"
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from interceptors import ProduceRequestInterceptor, Record, RecordBatch
-from interceptors.builtin.uppercase import Uppercase
-from interceptors.loader import (
+from kiproxy.interceptors import ProduceRequestInterceptor, Record, RecordBatch
+from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.loader import (
     ENTRY_POINT_GROUP,
     PluginLoadError,
     current_plugins_dir,
@@ -49,7 +49,7 @@ def _write(directory: Path, name: str, text: str) -> Path:
 
 
 _SHADOW = """
-    from interceptors import ProduceRequestInterceptor
+    from kiproxy.interceptors import ProduceRequestInterceptor
 
     class Which(ProduceRequestInterceptor):
         origin = {origin!r}
@@ -119,8 +119,8 @@ def test_plugins_dir_package_comes_before_sys_path(tmp_path: Path,
 
 
 def test_installed_module_when_the_plugins_dir_does_not_have_it() -> None:
-    assert resolve_class("interceptors.builtin.uppercase:Uppercase", PLUGINS) is Uppercase
-    assert resolve_class("interceptors.builtin.uppercase:Uppercase") is Uppercase
+    assert resolve_class("kiproxy.interceptors.builtin.uppercase:Uppercase", PLUGINS) is Uppercase
+    assert resolve_class("kiproxy.interceptors.builtin.uppercase:Uppercase") is Uppercase
 
 
 def test_the_plugins_dir_comes_before_entry_points(tmp_path: Path) -> None:
@@ -137,7 +137,7 @@ def test_the_plugins_dir_comes_before_entry_points(tmp_path: Path) -> None:
 
 def test_entry_point_by_name() -> None:
     names = {ep.name: ep.value for ep in entry_points(group=ENTRY_POINT_GROUP)}
-    assert names.get("uppercase") == "interceptors.builtin.uppercase:Uppercase"
+    assert names.get("uppercase") == "kiproxy.interceptors.builtin.uppercase:Uppercase"
     assert resolve_class("uppercase") is Uppercase
     assert resolve_class("uppercase", PLUGINS) is Uppercase
     plugin = load_interceptor("uppercase", None, {"keys": True})
@@ -202,7 +202,7 @@ def test_missing_class_lists_what_the_module_defines() -> None:
     assert "tp_reject.py" in message
     assert "defines: Reject" in message
     with pytest.raises(PluginLoadError, match=r"has no class 'Nope'.*defines: Uppercase"):
-        resolve_class("interceptors.builtin.uppercase:Nope")
+        resolve_class("kiproxy.interceptors.builtin.uppercase:Nope")
 
 
 def test_class_that_is_not_an_interceptor() -> None:
@@ -250,7 +250,7 @@ def test_constructor_raising() -> None:
 
 def test_syntax_error_in_a_plugin(tmp_path: Path) -> None:
     _write(tmp_path, "syntax_broken.py", """
-        from interceptors import ProduceRequestInterceptor
+        from kiproxy.interceptors import ProduceRequestInterceptor
 
         class Broken(ProduceRequestInterceptor):
             def intercept(self, batch, ctx:

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from interceptors import (
+from kiproxy.interceptors import (
     AcknowledgedBatch,
     Header,
     InterceptContext,
@@ -27,17 +27,17 @@ from interceptors import (
     RecordBatch,
     RejectBatch,
 )
-from interceptors.builtin.authz import HeaderTokenAuthorizer
-from interceptors.builtin.chain import Chain
-from interceptors.builtin.paper_trail import PaperTrail, trail_entries
-from interceptors.builtin.pii import PiiMasker
-from interceptors.builtin.signing import (
+from kiproxy.interceptors.builtin.authz import HeaderTokenAuthorizer
+from kiproxy.interceptors.builtin.chain import Chain
+from kiproxy.interceptors.builtin.paper_trail import PaperTrail, trail_entries
+from kiproxy.interceptors.builtin.pii import PiiMasker
+from kiproxy.interceptors.builtin.signing import (
     SignatureVerifier,
     Signer,
     signature,
     signing_message,
 )
-from interceptors.builtin.trace import TraceContext, traceparent_problem
+from kiproxy.interceptors.builtin.trace import TraceContext, traceparent_problem
 
 INVALID_RECORD = 87
 POLICY_VIOLATION = 44
@@ -457,17 +457,17 @@ def chain(*links: Any, plugins_dir: Path | None = None) -> Chain:
     return configured(Chain, **config)  # type: ignore[no-any-return]
 
 
-SIGN = {"interceptor": "interceptors.builtin.signing:Signer",
+SIGN = {"interceptor": "kiproxy.interceptors.builtin.signing:Signer",
         "config": {"keys": {"k1": KEYS["k1"]}, "headers": ["h"]}}
-VERIFY = {"interceptor": "interceptors.builtin.signing:SignatureVerifier",
+VERIFY = {"interceptor": "kiproxy.interceptors.builtin.signing:SignatureVerifier",
           "config": {"keys": KEYS, "headers": ["h"], "strip": True}}
-TRAIL = {"interceptor": "interceptors.builtin.paper_trail:PaperTrail",
+TRAIL = {"interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail",
          "config": {"cluster": "east"}}
 
 
 def test_chain_runs_links_in_order() -> None:
     signed = run(chain(SIGN), batch(rec(), rec(b"two")))
-    out = run(chain(VERIFY, "interceptors.builtin.trace:TraceContext", TRAIL), signed)
+    out = run(chain(VERIFY, "kiproxy.interceptors.builtin.trace:TraceContext", TRAIL), signed)
     for record in out.records:
         assert [h.key for h in record.headers] == ["h", "n", "h", "traceparent", "kiproxy-trail"]
 
@@ -477,7 +477,7 @@ def test_chain_names_the_link_that_rejected() -> None:
     tampered = batch(signed.records[0], signed.records[1].with_value(b"TWO"))
     exc = rejection(chain(TRAIL, VERIFY), tampered)
     assert exc.error_code == POLICY_VIOLATION
-    assert exc.message.startswith("chain link 2 (interceptors.builtin.signing:"
+    assert exc.message.startswith("chain link 2 (kiproxy.interceptors.builtin.signing:"
                                   "SignatureVerifier): SignatureVerifier: 1 record(s)")
     assert exc.record_errors[0][0] == 1
 
@@ -491,7 +491,7 @@ def _plugin(tmp_path: Path, source: str) -> tuple[Path, str]:
 _ASYNC_PLUGIN = """
 import asyncio
 import time
-from interceptors import ProduceRequestInterceptor
+from kiproxy.interceptors import ProduceRequestInterceptor
 
 class Tag(ProduceRequestInterceptor):
     def configure(self, config):
@@ -554,9 +554,9 @@ async def test_chain_names_a_link_that_breaks_the_record_count_rule(tmp_path: Pa
     ({"links": [{"config": {}}]}, "links[0] needs 'interceptor'"),
     ({"links": [TRAIL, {"interceptor": "no_such_module_xyz:X"}]},
      "links[1] (no_such_module_xyz:X): interceptor module 'no_such_module_xyz' not found"),
-    ({"links": [{"interceptor": "interceptors.builtin.paper_trail:PaperTrail"}]},
-     "links[0] (interceptors.builtin.paper_trail:PaperTrail): "
-     "interceptors.builtin.paper_trail:PaperTrail.configure() failed: ValueError: cluster"),
+    ({"links": [{"interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail"}]},
+     "links[0] (kiproxy.interceptors.builtin.paper_trail:PaperTrail): "
+     "kiproxy.interceptors.builtin.paper_trail:PaperTrail.configure() failed: ValueError: cluster"),
 ])
 def test_chain_config_errors_name_the_link(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

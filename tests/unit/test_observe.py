@@ -11,14 +11,14 @@ from typing import Any
 
 import pytest
 
-from interceptors.builtin.audit import AuditLog
-from interceptors.observer import Observer, PartitionSummary, RequestInfo, ResponseInfo
-from protocol.framing import encode_response_header
-from protocol.messages import ApiKey, request_type, response_type, serialize
-from proxy.logs import JsonFormatter, KeyValueFormatter
-from proxy.metrics import Metrics
-from proxy.observe import ObserverHub
-from proxy.sasl import SaslTracker, user_from_token
+from kiproxy.interceptors.builtin.audit import AuditLog
+from kiproxy.interceptors.observer import Observer, PartitionSummary, RequestInfo, ResponseInfo
+from kiproxy.protocol.framing import encode_response_header
+from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
+from kiproxy.proxy.logs import JsonFormatter, KeyValueFormatter
+from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.sasl import SaslTracker, user_from_token
 
 
 def _request(api_key: int = 0, correlation_id: int = 1) -> RequestInfo:

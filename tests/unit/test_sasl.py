@@ -23,18 +23,18 @@ import pytest
 from hardening.sasl_gateway import ScramCredential
 from kio.schema.errors import ErrorCode
 
-from protocol.errors import SaslStateError, UnsupportedVersion
-from protocol.framing import (
+from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
+from kiproxy.protocol.framing import (
     encode_request_header,
     encode_response_header,
     parse_request_header,
     request_header_version,
 )
-from protocol.messages import ApiKey, request_type, response_type, serialize
-from proxy.config import ProxyConfig
-from proxy.outcome import Forward
-from proxy.sasl import SaslTracker
-from proxy.server import ProxyServer
+from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
+from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.outcome import Forward
+from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.server import ProxyServer
 
 # ---------------------------------------------------------------------- RFC 5802
 

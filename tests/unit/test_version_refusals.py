@@ -2,7 +2,7 @@
 
 A Produce version without a schema (v14+, negative), and a request whose answer
 names brokers at a version the proxy cannot read, raise
-:class:`protocol.errors.UnsupportedVersion` (the connection closes the client
+:class:`kiproxy.protocol.errors.UnsupportedVersion` (the connection closes the client
 with one warning, as a broker does for a version it cannot parse); a Produce
 body cut short before ``acks`` raises a ProtocolError; the ApiVersions cut never
 offers what would be refused.
@@ -17,21 +17,21 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from protocol.errors import ProtocolError, UnsupportedVersion
-from protocol.framing import (
+from kiproxy.protocol.errors import ProtocolError, UnsupportedVersion
+from kiproxy.protocol.framing import (
     encode_request_header,
     encode_response_header,
     parse_request_header,
     request_header_version,
 )
-from protocol.messages import ApiKey, parse_response, response_type, serialize
-from proxy.addresses import rewritable, rewrite_response_frame
-from proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
-from proxy.config import ProxyConfig
-from proxy.outcome import Forward
-from proxy.produce import ProducePipeline, read_acks
-from proxy.sasl import SaslTracker
-from proxy.server import ProxyServer
+from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.proxy.addresses import rewritable, rewrite_response_frame
+from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
+from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.outcome import Forward
+from kiproxy.proxy.produce import ProducePipeline, read_acks
+from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.server import ProxyServer
 
 
 class _Client:

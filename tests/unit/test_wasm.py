@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
-from interceptors.builtin.wasm import (
+from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.builtin.wasm import (
     STATUS_OK,
     WasmInterceptor,
     decode_result,
@@ -188,7 +188,7 @@ def test_json_result_fields_left_out_are_kept() -> None:
 ])
 def test_malformed_results_are_named(abi: int, encoding: str, result: bytes,
                                      reason: str) -> None:
-    from interceptors.builtin.wasm import _Malformed
+    from kiproxy.interceptors.builtin.wasm import _Malformed
 
     with pytest.raises(_Malformed, match=re.escape(reason)):
         decode_result(abi, encoding, result, (RECORDS[0],))

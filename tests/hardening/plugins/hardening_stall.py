@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
 
 
 class Stall(ProduceRequestInterceptor):

@@ -8,14 +8,14 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from interceptors import (
+from kiproxy.interceptors import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
 )
-from interceptors.observer import Observer, ResponseInfo
+from kiproxy.interceptors.observer import Observer, ResponseInfo
 
 
 class UpperOrReject(ProduceRequestInterceptor):

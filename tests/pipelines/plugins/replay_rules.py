@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from replay_words import BAD_PREFIX, LOWER_PREFIX  # a sibling module: the dir is on sys.path
 
-from interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch, RejectBatch
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
 
 
 class RejectBad(ProduceRequestInterceptor):
