@@ -2,34 +2,49 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
+TEST_STAMP := $(VENV)/.installed-test
+SOURCES := pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit bench-codec bench-deps bench-proxy bench clean
+.PHONY: install run test lint typecheck unit dist docs bench-codec bench-deps bench-proxy bench clean
 
-$(STAMP): pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
+$(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
-	touch $(STAMP)
+	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 
-install: $(STAMP)
+## What `make run` needs: the package and its runtime dependencies, nothing else.
+$(RUN_STAMP): $(SOURCES) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
+## What `make test` needs on top: the test, Spark, docs and packaging tools.
+$(TEST_STAMP): $(SOURCES) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	touch $(RUN_STAMP) $(TEST_STAMP)
+
+install: $(TEST_STAMP)
 
 ## Start an embedded broker with the proxy and the example plugin in front of it.
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/kiproxy dev $(RUN_FLAGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 
-typecheck: $(STAMP)
+typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 ## ruff, mypy --strict and the whole pytest suite (unit, property and integration tests).
 test: lint typecheck
 	$(BIN)/pytest
 
-bench-codec: $(STAMP)
+## The sdist and the wheel (with the compiled record codec) in dist/.
+dist: $(TEST_STAMP)
+	rm -rf dist
+	$(BIN)/python -m build --outdir dist .
+
+bench-codec: $(TEST_STAMP)
 	$(BIN)/python -m bench.codec
 
 ## haproxy (the plain L4 baseline of bench-proxy) from Debian, when it is missing; the
@@ -40,7 +55,7 @@ bench-deps:
 		$$sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null; }
 
 ## End-to-end: producer -> (haproxy | kiproxy) -> embedded broker; BENCH_FLAGS=--quick for a short run.
-bench-proxy: $(STAMP) bench-deps
+bench-proxy: $(TEST_STAMP) bench-deps
 	$(BIN)/python -m bench.proxy $(BENCH_FLAGS)
 
 clean:
