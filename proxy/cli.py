@@ -280,7 +280,7 @@ def run(args: argparse.Namespace) -> int:
             overrides["upstream"] = ["127.0.0.1:1"]  # replaced once the broker is up
         config = load_config(args.config, overrides)
     except ConfigError as exc:
-        print(f"kiproxy: config error: {exc}", file=sys.stderr)
+        print(*exc.lines(), sep="\n", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
     try:
@@ -297,7 +297,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
         return 2
     except ConfigError as exc:
-        print(f"kiproxy: config error: {exc}", file=sys.stderr)
+        print(*exc.lines(), sep="\n", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)

@@ -29,6 +29,7 @@ from kiproxy.protocol.compression import (
     CompressionLevels,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kiproxy.proxy.config_errors import describe
 
 __all__ = [
     "AuditSettings",
@@ -45,14 +46,29 @@ __all__ = [
 
 
 class ConfigError(Exception):
-    """A setting is missing or invalid; the message names the key."""
+    """A setting is missing or invalid; the message names the key.
+
+    The message has one line per problem (``KEY: what is wrong``); ``file`` is the
+    config file the settings came from, when there is one. :meth:`lines` gives
+    what the command prints.
+    """
+
+    def __init__(self, message: str, file: str | Path | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.file = str(file) if file is not None else None
+
+    def lines(self) -> list[str]:
+        """``kiproxy: config error in FILE: KEY: ...``, one line per problem."""
+        where = f" in {self.file}" if self.file else ""
+        return [f"kiproxy: config error{where}: {line}" for line in self.message.splitlines()]
 
 
 def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
     """Split ``HOST:PORT`` (``[v6]:PORT`` allowed); raise ``ValueError`` naming ``what``."""
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} {value!r} is not HOST:PORT")
+        raise ValueError(f"{what} {value!r} is not HOST:PORT".lstrip())
     return host.strip("[]"), int(port)
 
 
@@ -229,14 +245,14 @@ class ProxyConfig(_Strict):
     @field_validator("listen")
     @classmethod
     def _listen(cls, value: str) -> str:
-        parse_host_port(value, "listen")
+        parse_host_port(value, "")
         return value
 
     @field_validator("metrics_listen")
     @classmethod
     def _metrics_listen(cls, value: str | None) -> str | None:
         if value is not None:
-            parse_host_port(value, "metrics_listen")
+            parse_host_port(value, "")
         return value
 
     @field_validator("log_format")
@@ -250,7 +266,7 @@ class ProxyConfig(_Strict):
     @classmethod
     def _upstream(cls, value: list[str]) -> list[str]:
         for item in value:
-            parse_host_port(item, "upstream")
+            parse_host_port(item, "")
         return value
 
     @field_validator("log_level")
@@ -287,32 +303,28 @@ class ProxyConfig(_Strict):
         return [parse_host_port(u) for u in self.upstream]
 
 
-def _describe(error: ValidationError) -> str:
-    lines = []
-    for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"{key}: {item['msg']}")
-    return "; ".join(lines)
-
-
 def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConfig:
     """Read the YAML file at ``path`` (if any), apply ``overrides`` and validate.
 
     ``overrides`` uses the config's keys; nested keys are written ``interceptor.class``.
-    Raises :class:`ConfigError` with a message that names the offending key.
+    Raises :class:`ConfigError` with one line per problem, each naming the key path,
+    what is wrong and, for an unknown key, the closest valid one.
     """
     data: dict[str, Any] = {}
     if path is not None:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
+            with open(path, encoding="utf-8") as stream:  # YAML errors then name the file
+                loaded = yaml.safe_load(stream)
         except OSError as exc:
-            raise ConfigError(f"config file {path}: {exc.strerror}") from None
+            raise ConfigError(f"cannot read the file: {exc.strerror}", path) from None
         except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+            flat = " ".join(str(exc).split())
+            raise ConfigError(f"not valid YAML: {flat}", path) from None
         if loaded is None:
             loaded = {}
         if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {path} must be a mapping of settings")
+            raise ConfigError("the file must be a mapping of settings (KEY: VALUE lines), "
+                              f"not {type(loaded).__name__}", path)
         data = loaded
     for dotted, value in overrides.items():
         if value is None:
@@ -322,13 +334,14 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
         for part in parents:
             target = target.setdefault(part, {})
             if not isinstance(target, dict):
-                raise ConfigError(f"{part}: must be a mapping")
+                raise ConfigError(f"{part}: expected a mapping of settings, got "
+                                  f"{target!r}", path)
         target[leaf] = value
     try:
         return ProxyConfig.model_validate(data)
     except ValidationError as exc:
-        where = f"config file {path}: " if path is not None else ""
-        raise ConfigError(f"{where}{_describe(exc)}") from None
+        flags = frozenset(k for k, v in overrides.items() if v is not None) if path else frozenset()
+        raise ConfigError("\n".join(describe(exc, ProxyConfig, flags)), path) from None
 
 
 def parse_json_object(value: str, flag: str) -> dict[str, Any]:

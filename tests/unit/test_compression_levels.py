@@ -132,17 +132,18 @@ def test_flags_override_the_file(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("yaml_text", "key", "says"), [
-    ("gzip_level: 0", "interceptor.compression.gzip_level", "greater than or equal to 1"),
-    ("gzip_level: 10", "interceptor.compression.gzip_level", "less than or equal to 9"),
-    ("lz4_level: 0", "interceptor.compression.lz4_level", "greater than or equal to 1"),
-    ("lz4_level: 18", "interceptor.compression.lz4_level", "less than or equal to 17"),
-    ("zstd_level: 23", "interceptor.compression.zstd_level", "less than or equal to 22"),
+    ("gzip_level: 0", "interceptor.compression.gzip_level", "must be at least 1, got 0"),
+    ("gzip_level: 10", "interceptor.compression.gzip_level", "must be at most 9, got 10"),
+    ("lz4_level: 0", "interceptor.compression.lz4_level", "must be at least 1, got 0"),
+    ("lz4_level: 18", "interceptor.compression.lz4_level", "must be at most 17, got 18"),
+    ("zstd_level: 23", "interceptor.compression.zstd_level", "must be at most 22, got 23"),
     ("zstd_level: -131073", "interceptor.compression.zstd_level",
-     "greater than or equal to -131072"),
-    ("lz4_level: fast", "interceptor.compression.lz4_level", "valid integer"),
-    ("lz4_level: true", "interceptor.compression.lz4_level", "valid integer"),
-    ("zstd_level: 3.5", "interceptor.compression.zstd_level", "valid integer"),
-    ("snappy_level: 1", "interceptor.compression.snappy_level", "Extra inputs"),
+     "must be at least -131072, got -131073"),
+    ("lz4_level: fast", "interceptor.compression.lz4_level", "expected an integer, got 'fast'"),
+    ("lz4_level: true", "interceptor.compression.lz4_level", "expected an integer, got true"),
+    ("zstd_level: 3.5", "interceptor.compression.zstd_level", "expected an integer, got 3.5"),
+    ("snappy_level: 1", "interceptor.compression.snappy_level",
+     "unknown key; valid keys here: gzip_level, lz4_level, zstd_level"),
 ])
 def test_bad_levels_name_the_key(tmp_path: Path, yaml_text: str, key: str, says: str) -> None:
     path = tmp_path / "k.yaml"

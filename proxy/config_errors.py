@@ -1,0 +1,147 @@
+"""Validation errors of the config model, in kiproxy's own words.
+
+:func:`describe` turns a pydantic ``ValidationError`` into one line per problem:
+the key path as the user writes it (``interceptor.timeout_ms``,
+``observers[0].class``), what is wrong, and the value that was given::
+
+    interceptor.timeout: unknown key; did you mean interceptor.timeout_ms?
+    max_in_flight: expected an integer, got 'ten'
+
+An unknown key is matched against the valid keys at the same level
+(``difflib.get_close_matches``) so a typo names the key that was meant.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
+
+__all__ = ["describe", "key_path", "valid_keys"]
+
+_EXPECTED = {
+    "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
+    "float_parsing": "a number", "float_type": "a number",
+    "bool_parsing": "true or false", "bool_type": "true or false",
+    "string_type": "a string", "list_type": "a list",
+    "dict_type": "a mapping", "model_type": "a mapping of settings",
+    "model_attributes_type": "a mapping of settings",
+}
+"""pydantic error type -> what the key expects."""
+
+_BOUNDS = {"greater_than": ("gt", "greater than"),
+           "greater_than_equal": ("ge", "at least"),
+           "less_than": ("lt", "less than"),
+           "less_than_equal": ("le", "at most")}
+
+
+def key_path(loc: tuple[int | str, ...]) -> str:
+    """``('observers', 0, 'class')`` -> ``observers[0].class``."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part != "[key]":
+            out += f".{part}" if out else str(part)
+    return out
+
+
+def _shown(value: Any) -> str:
+    """A value as the user wrote it in YAML (or on the command line)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null (an empty value)"
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    return repr(value)
+
+
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
+    """The settings model that holds the keys at ``loc`` (``None`` if it is not a model)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(part, int):
+            continue  # a list item: the list's element type is already ``current``
+        if not (isinstance(current, type) and issubclass(current, BaseModel)):
+            return None
+        field = next((f for name, f in current.model_fields.items()
+                      if part in (name, f.alias)), None)
+        if field is None:
+            return None
+        current = _unwrap(field.annotation)
+    return current if isinstance(current, type) and issubclass(current, BaseModel) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """The model inside ``Model | None`` or ``list[Model]``, else the annotation itself."""
+    origin = typing.get_origin(annotation)
+    if origin in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            if isinstance(arg, type) and issubclass(arg, BaseModel):
+                return arg
+    return annotation
+
+
+def valid_keys(model: type[BaseModel]) -> list[str]:
+    """The keys a settings model accepts, as they are written in the file."""
+    return [field.alias or name for name, field in model.model_fields.items()]
+
+
+def _unknown_key(model: type[BaseModel], loc: tuple[int | str, ...]) -> str:
+    parent = _model_at(model, loc[:-1])
+    if parent is None:
+        return "unknown key"
+    keys = valid_keys(parent)
+    close = difflib.get_close_matches(str(loc[-1]), keys, n=1, cutoff=0.7)
+    if close:
+        return f"unknown key; did you mean {key_path((*loc[:-1], close[0]))}?"
+    if len(keys) <= 12:
+        return "unknown key; valid keys here: " + ", ".join(keys)
+    return "unknown key (see the configuration reference for the valid keys)"
+
+
+def _problem(model: type[BaseModel], item: ErrorDetails) -> str:
+    kind, loc, given = item["type"], item["loc"], item.get("input")
+    ctx = item.get("ctx") or {}
+    if kind == "extra_forbidden":
+        return _unknown_key(model, loc)
+    if loc and loc[-1] == "[key]":
+        return f"key {_shown(given)}: expected {_EXPECTED.get(kind, 'a valid key')}"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_shown(given)}"
+    if kind in _BOUNDS:
+        name, words = _BOUNDS[kind]
+        return f"must be {words} {ctx.get(name)}, got {_shown(given)}"
+    if kind == "literal_error":
+        return f"expected {ctx.get('expected')}, got {_shown(given)}"
+    if kind == "missing":
+        return "required key is missing"
+    if kind == "value_error":
+        return str(ctx.get("error", item["msg"]))
+    return f"{item['msg']}, got {_shown(given)}"
+
+
+def describe(error: ValidationError, model: type[BaseModel],
+             from_flags: frozenset[str] = frozenset()) -> list[str]:
+    """One line per problem: ``KEY: what is wrong``.
+
+    ``from_flags`` holds the dotted keys set on the command line; a problem with
+    one of them says so, since the file does not contain it.
+    """
+    lines = []
+    for item in error.errors():
+        loc = item["loc"]
+        where = key_path(loc[:-2] if loc and loc[-1] == "[key]" else loc)
+        what = _problem(model, item)
+        line = f"{where}: {what}" if where else what
+        if any(where == key or where.startswith(key + ".") for key in from_flags):
+            line += " (set on the command line)"
+        lines.append(line)
+    return lines
