@@ -11,6 +11,15 @@ oldest schema that would name broker addresses (ShareFetch and
 ShareAcknowledge v0, which brokers with KIP-932's early access advertise and
 the shipped schemas no longer have): the proxy refuses those requests, so it
 must not offer them.
+
+The answer is always passed on in Kafka's own encoding, which leaves out a
+tagged field that holds its default value. Some brokers (Tansu) write every
+tagged field of ApiVersions v3+ (``SupportedFeatures`` empty,
+``FinalizedFeaturesEpoch`` -1, ...); librdkafka before 2.2.0 skips tagged
+fields one byte short (librdkafka #4278) and fails such an answer with "Read
+underflow". Leaving the defaults out says exactly the same thing to every
+client, and lets those librdkafka versions (Debian 12's kcat 1.7.1 with
+librdkafka 2.0.2) connect.
 """
 
 from __future__ import annotations
@@ -92,9 +101,10 @@ def cut_api_versions_frame(api_version: int, frame: bytes,
         version = 0
         message = parse_response(ApiKey.API_VERSIONS, 0, frame, body_offset)
     cut = dataclasses.replace(message, api_keys=_cut(message.api_keys, produce_max))
-    if cut == message:
+    body = serialize(cut)
+    if cut == message and body == frame[body_offset:]:
         return frame
-    return frame[:body_offset] + serialize(cut)
+    return frame[:body_offset] + body
 
 
 def unsupported_api_versions_response(correlation_id: int) -> bytes:
