@@ -19,6 +19,7 @@ from typing import Any
 from kiproxy.interceptors.builtin.audit import AuditLog, KafkaAuditSink
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, load_observer
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
+from kiproxy.proxy.discovery import UpstreamUnreachable, check_upstream
 from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.logs import setup_logging
 from kiproxy.proxy.metrics import Metrics
@@ -38,6 +39,12 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
     if upstream:
         p.add_argument("--upstream", metavar="HOST:PORT", action="append",
                        help="bootstrap server of the real cluster (repeatable)")
+        p.add_argument("--wait-for-upstream", action="store_true", default=None,
+                       help="keep trying the upstream at start (/readyz false until it "
+                            "answers) instead of exiting when it does not answer")
+        p.add_argument("--upstream-startup-timeout-ms", metavar="MS", type=int,
+                       help="how long to try the upstream at start before exiting "
+                            "(default 10000)")
     p.add_argument("--listen", metavar="HOST:PORT",
                    help="bootstrap listener address (default 127.0.0.1:9192)")
     p.add_argument("--advertised-host", metavar="HOST",
@@ -76,8 +83,9 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                    help="also audit requests of other APIs (one event each)")
     p.add_argument("--metrics-listen", metavar="HOST:PORT",
                    help="serve /metrics, /healthz and /readyz on HOST:PORT")
-    p.add_argument("--workers", metavar="N", type=int,
-                   help="processes sharing the listeners with SO_REUSEPORT (default 1)")
+    if upstream:  # `kiproxy dev` runs one process
+        p.add_argument("--workers", metavar="N", type=int,
+                       help="processes sharing the listeners with SO_REUSEPORT (default 1)")
     p.add_argument("--max-connections", metavar="N", type=int,
                    help="client connections open at once (default 10000)")
     p.add_argument("--max-buffered-bytes", metavar="BYTES", type=int,
@@ -92,16 +100,19 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
                      help="require client certificates signed by this CA (mTLS)")
     tls.add_argument("--tls-min-version", metavar="VERSION", choices=("TLSv1.2", "TLSv1.3"),
                      help="TLSv1.2 (default) or TLSv1.3")
-    tls.add_argument("--upstream-tls", action="store_true", default=None,
-                     help="connect to brokers with TLS (system CA store unless --upstream-tls-ca)")
-    tls.add_argument("--upstream-tls-ca", metavar="FILE",
-                     help="PEM CA bundle of the brokers' certificates (implies --upstream-tls)")
-    tls.add_argument("--upstream-tls-cert", metavar="FILE",
-                     help="client certificate presented to brokers")
-    tls.add_argument("--upstream-tls-key", metavar="FILE",
-                     help="private key of --upstream-tls-cert")
-    tls.add_argument("--upstream-tls-no-verify-hostname", action="store_true", default=None,
-                     help="do not check broker host names against their certificates")
+    if upstream:  # the embedded broker of `kiproxy dev` speaks plain TCP
+        tls.add_argument("--upstream-tls", action="store_true", default=None,
+                         help="connect to brokers with TLS "
+                              "(system CA store unless --upstream-tls-ca)")
+        tls.add_argument("--upstream-tls-ca", metavar="FILE",
+                         help="PEM CA bundle of the brokers' certificates "
+                              "(implies --upstream-tls)")
+        tls.add_argument("--upstream-tls-cert", metavar="FILE",
+                         help="client certificate presented to brokers")
+        tls.add_argument("--upstream-tls-key", metavar="FILE",
+                         help="private key of --upstream-tls-cert")
+        tls.add_argument("--upstream-tls-no-verify-hostname", action="store_true", default=None,
+                         help="do not check broker host names against their certificates")
     p.add_argument("--log-level", metavar="LEVEL",
                    help="DEBUG, INFO, WARNING or ERROR (default INFO)")
     p.add_argument("--log-format", metavar="FORMAT", choices=("text", "json"),
@@ -135,6 +146,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     )
     return {
         "upstream": getattr(args, "upstream", None),
+        "wait_for_upstream": getattr(args, "wait_for_upstream", None),
+        "upstream_startup_timeout_ms": getattr(args, "upstream_startup_timeout_ms", None),
         "listen": args.listen,
         "advertised_host": args.advertised_host,
         "broker_port_start": args.broker_port_start,
@@ -155,7 +168,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "audit.path": args.audit_log,
         "audit.requests": args.audit_requests,
         "metrics_listen": args.metrics_listen,
-        "workers": args.workers,
+        "workers": getattr(args, "workers", None),
         "max_connections": args.max_connections,
         "max_buffered_bytes": args.max_buffered_bytes,
         "idle_timeout_ms": args.idle_timeout_ms,
@@ -163,11 +176,12 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "tls.key": args.tls_key,
         "tls.client_ca": args.tls_client_ca,
         "tls.min_version": args.tls_min_version,
-        "upstream_tls.enabled": args.upstream_tls,
-        "upstream_tls.ca": args.upstream_tls_ca,
-        "upstream_tls.cert": args.upstream_tls_cert,
-        "upstream_tls.key": args.upstream_tls_key,
-        "upstream_tls.verify_hostname": False if args.upstream_tls_no_verify_hostname else None,
+        "upstream_tls.enabled": getattr(args, "upstream_tls", None),
+        "upstream_tls.ca": getattr(args, "upstream_tls_ca", None),
+        "upstream_tls.cert": getattr(args, "upstream_tls_cert", None),
+        "upstream_tls.key": getattr(args, "upstream_tls_key", None),
+        "upstream_tls.verify_hostname":
+            False if getattr(args, "upstream_tls_no_verify_hostname", None) else None,
     }
 
 
@@ -290,9 +304,14 @@ def run(args: argparse.Namespace) -> int:
             print("kiproxy: config error: upstream: at least one HOST:PORT is required "
                   "(--upstream or the config file's upstream list)", file=sys.stderr)
             return 2
+        if not config.wait_for_upstream:
+            _run(check_upstream(config))
         if config.workers > 1:
             return _serve_workers(config)
         _run(serve(config, on_ready=_print_ready))
+    except UpstreamUnreachable as exc:
+        print(f"kiproxy: {exc}", file=sys.stderr)
+        return 1
     except PluginLoadError as exc:
         print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
         return 2

@@ -229,6 +229,13 @@ class ProxyConfig(_Strict):
     max_in_flight: int = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    """How long one connection attempt to a broker may take."""
+    wait_for_upstream: bool = False
+    """At start, keep trying the upstream until it answers (``/readyz`` is false until
+    then) instead of exiting when no bootstrap server answers within
+    ``upstream_startup_timeout_ms``; for orchestrated start-up."""
+    upstream_startup_timeout_ms: int = Field(default=10000, gt=0)
+    """How long ``kiproxy run`` tries the upstream bootstrap servers before it exits."""
     workers: int = Field(default=1, ge=1, le=256)
     """Processes serving the same listeners (SO_REUSEPORT); each is one event loop."""
     max_connections: int = Field(default=10000, gt=0)

@@ -43,6 +43,7 @@ from kiproxy.protocol.framing import FrameAssembler, RequestHeader, parse_reques
 from kiproxy.protocol.messages import ApiKey, api_name
 from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft
 from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.upstream_failures import connect_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
@@ -273,6 +274,8 @@ class ClientConnection:
         self._read_task: asyncio.Task[None] | None = None
         self._up_task: asyncio.Task[None] | None = None
         self.upstream_address: tuple[str, int] | None = None
+        self._tried = ""
+        """The upstream address tried last (named when none could be reached)."""
         self.last_activity = asyncio.get_running_loop().time()
         """Loop time of the last whole request or response (a trickle of bytes is no activity)."""
         limit = server.config.max_buffered_bytes
@@ -287,9 +290,10 @@ class ClientConnection:
         except OSError as exc:
             if self.server.metrics is not None:
                 self.server.metrics.upstream_errors.labels("connect").inc()
-            log.warning("client %s: upstream %s unreachable (%s); closing the client",
-                        self.client_address, self._target_description(), exc,
-                        extra=self.log_context)
+            self.server.upstream_failures.failed(
+                self._tried, connect_error(exc, self.server.config.upstream_connect_timeout_ms
+                                           / 1000),
+                self.client_address, self.log_context)
             await self._close_client()
             return
         limit = self.server.config.max_buffered_bytes
@@ -316,9 +320,11 @@ class ClientConnection:
             else [self.server.upstream_for_node(self.node_id)]
         )
         last: OSError = OSError("no upstream address known")
+        self._tried = self._target_description()
         for address in candidates:
             if address is None:
                 continue
+            self._tried = f"{address[0]}:{address[1]}"
             try:
                 _, upstream = await asyncio.wait_for(
                     self.server.open_upstream(
@@ -329,7 +335,7 @@ class ClientConnection:
                 self.upstream_address = address
                 return
             except (OSError, TimeoutError) as exc:
-                last = exc if isinstance(exc, OSError) else OSError(f"timed out to {address}")
+                last = exc  # TimeoutError is an OSError
         raise last
 
     @property

@@ -13,12 +13,17 @@ for no topics at the highest version both sides know) and opens a listener for
 every node in the answer, through the same registry that rewriting uses. A broker
 that requires SASL closes such a connection; discovery then fails with a log line,
 and the listeners open on the first Metadata a client fetches, as before.
+
+Before any of this, ``kiproxy run`` calls :func:`check_upstream`: a wrong
+``--upstream`` ends the command with one line naming each address and why it
+failed, unless ``wait_for_upstream`` asks to keep trying.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import struct
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -32,14 +37,18 @@ from kiproxy.protocol.framing import (
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 from kiproxy.proxy.addresses import rewrite_response_frame
 from kiproxy.proxy.api_versions import known_version_range
+from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.connection import FrameStream
+from kiproxy.proxy.tls import upstream_context
+from kiproxy.proxy.upstream_failures import connect_error
 
 if TYPE_CHECKING:
     from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy.discovery")
 
-__all__ = ["DiscoveryError", "discover_nodes", "metadata_request"]
+__all__ = ["DiscoveryError", "UpstreamUnreachable", "check_upstream", "discover_nodes",
+           "metadata_request"]
 
 _INT32 = struct.Struct(">i")
 _CLIENT_ID = "kiproxy-discovery"
@@ -130,3 +139,42 @@ async def discover_nodes(server: ProxyServer) -> int:
             # RuntimeError: uvloop's writes to a transport the broker already reset.
             errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")
     raise DiscoveryError("; ".join(errors) or "no upstream address configured")
+
+
+class UpstreamUnreachable(Exception):
+    """No upstream bootstrap server accepted a connection within the start-up time."""
+
+
+async def check_upstream(config: ProxyConfig) -> None:
+    """Return once any upstream bootstrap server accepts a connection (TLS included).
+
+    Tries every address in turn, again and again, for ``upstream_startup_timeout_ms``;
+    then raises :class:`UpstreamUnreachable` naming each address and why it failed.
+    Only reachability is checked: a broker that wants SASL first still passes.
+    """
+    loop = asyncio.get_running_loop()
+    budget = config.upstream_startup_timeout_ms / 1000
+    deadline = loop.time() + budget
+    tls = upstream_context(config.upstream_tls)
+    reasons: dict[str, str] = {}
+    while True:
+        for host, port in config.upstream_addresses:
+            attempt = max(min(config.upstream_connect_timeout_ms / 1000,
+                              deadline - loop.time()), 0.1)
+            try:
+                transport, _ = await asyncio.wait_for(loop.create_connection(
+                    asyncio.Protocol, host, port, ssl=tls,
+                    server_hostname=host if tls else None), attempt)
+            except (OSError, ssl.SSLError) as exc:  # TimeoutError is an OSError
+                reasons[f"{host}:{port}"] = connect_error(exc, attempt)
+                continue
+            transport.close()
+            return
+        if loop.time() >= deadline:
+            break
+        await asyncio.sleep(min(0.5, max(deadline - loop.time(), 0)))
+    tried = "; ".join(f"{address}: {why}" for address, why in reasons.items())
+    flag = "--upstream" if len(reasons) == 1 else "--upstream (or the config's upstream list)"
+    raise UpstreamUnreachable(
+        f"upstream {tried} (tried for {budget:g} s); start the cluster, fix {flag}, "
+        "or pass --wait-for-upstream")

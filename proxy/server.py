@@ -41,6 +41,7 @@ from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
 from kiproxy.proxy.produce import ProducePipeline
 from kiproxy.proxy.sasl import SaslRound
 from kiproxy.proxy.tls import client_context, principal_from_peercert, upstream_context
+from kiproxy.proxy.upstream_failures import UpstreamFailureLog
 
 log = logging.getLogger("kiproxy")
 
@@ -96,6 +97,8 @@ class ProxyServer:
         )
         self.produce.nodes_seen = self.nodes.seen
         self._servers: dict[int | None, asyncio.Server] = {}
+        self.upstream_failures = UpstreamFailureLog()
+        """Client connections that could not reach a broker, logged once per interval."""
         self.connections: set[ClientConnection] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = 0.0

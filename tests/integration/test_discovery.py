@@ -80,12 +80,13 @@ def test_a_restarted_proxy_serves_a_producer_that_knows_only_its_node_port(
 
 
 def test_an_unreachable_upstream_at_start_is_retried(tmp_path: Path) -> None:
-    """The proxy starts even when no broker answers; once one does, the proxy learns its
-    nodes without any client asking."""
+    """With --wait-for-upstream the proxy starts even when no broker answers; once one
+    does, the proxy learns its nodes without any client asking."""
     broker_port = free_port()
     lines: list[str] = []
     port_start = free_broker_port_start()
-    proxy = launch_proxy_at(f"127.0.0.1:{broker_port}", free_port(), port_start, lines=lines)
+    proxy = launch_proxy_at(f"127.0.0.1:{broker_port}", free_port(), port_start,
+                            "--wait-for-upstream", lines=lines)
     late = TansuBroker(advertised_port=broker_port, port=broker_port,
                        log_path=tmp_path / "late.log")
     try:
