@@ -65,17 +65,21 @@ def error_code(error: str | int) -> int:
 class RejectBatch(Exception):
     """Raise from ``intercept`` to reject the whole topic-partition batch.
 
-    The producer receives ``error`` (a Kafka error name or code, INVALID_RECORD
-    by default; clients treat it as non-retriable) with ``message`` as the
-    partition's ``error_message``, and ``record_errors`` - ``(record index,
-    message)`` pairs - on Produce versions that carry them (v8+). Nothing of the
-    batch is stored.
+    The producer receives ``error`` (a Kafka error name or code) with ``message``
+    as the partition's ``error_message``, and ``record_errors`` - ``(record
+    index, message)`` pairs - on Produce versions that carry them (v8+). Nothing
+    of the batch is stored.
+
+    The default, POLICY_VIOLATION (44), is the code the most clients name and
+    none retries: aiokafka 0.14 does not know INVALID_RECORD (87) and shows
+    ``UnknownError``. Pass ``error="INVALID_RECORD"`` for records that are
+    malformed rather than refused (docs/rejections.md has what each client shows).
     """
 
     def __init__(
         self,
         message: str,
-        error: str | int = "INVALID_RECORD",
+        error: str | int = "POLICY_VIOLATION",
         record_errors: Sequence[tuple[int, str | None]] = (),
     ) -> None:
         super().__init__(message)

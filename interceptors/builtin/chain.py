@@ -85,11 +85,11 @@ class Chain(ProduceRequestInterceptor):
         spec = self.links[index][0]
         if not isinstance(after, RecordBatch):
             raise RejectBatch(f"chain link {index + 1} ({spec}) returned "
-                              f"{type(after).__name__}, not a RecordBatch")
+                              f"{type(after).__name__}, not a RecordBatch", "INVALID_RECORD")
         if len(after.records) != len(before.records):
             raise RejectBatch(f"chain link {index + 1} ({spec}) broke the record-count rule: "
                               f"returned {len(after.records)} records for a batch of "
-                              f"{len(before.records)}")
+                              f"{len(before.records)}", "INVALID_RECORD")
         return after
 
     def _rejected(self, index: int, exc: RejectBatch) -> RejectBatch:
