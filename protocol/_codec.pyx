@@ -9,6 +9,7 @@ All varints are zigzag-encoded (Kafka's ``varint``/``varlong``). Every length
 read from the wire is checked against the bytes that remain before it is used.
 """
 
+cimport cython
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -31,8 +32,12 @@ cdef object _as_bytes(object value, str what):
     raise TypeError(f"{what} must be bytes or None, not {type(value).__name__}")
 
 
+# Cython would prepend a signature of its own making to these docstrings, and renders
+# Record's keyword-only arguments wrongly ("Record(key=None, *, value=None, ...)"); the
+# docstrings state the signatures themselves.
+@cython.embedsignature(False)
 cdef class Header:
-    """One record header (KIP-82): a UTF-8 key and a nullable byte value.
+    """Header(key, value): one record header (KIP-82), a UTF-8 key and a nullable byte value.
 
     Keys may repeat within a record and their order is kept end to end.
     """
@@ -75,10 +80,14 @@ cdef inline Header _new_header(str key, object value):
     return h
 
 
+@cython.embedsignature(False)
 cdef class Record:
-    """One Kafka record: key, value, headers, timestamp (ms) and offset delta.
+    """Record(*, key=None, value=None, headers=(), timestamp=0, offset_delta=0)
 
-    Immutable; use the ``with_*`` methods to derive a changed copy.
+    One Kafka record: key, value, headers, timestamp (ms) and offset delta.
+    Every argument is keyword-only, as in ``Record(key=b"k", value=b"v")``, like
+    the fields of ``RecordBatch``. Immutable; use the ``with_*`` methods to
+    derive a changed copy.
     """
 
     cdef readonly object key
@@ -92,8 +101,12 @@ cdef class Record:
     cdef readonly int32_t offset_delta
     """The record's offset relative to its batch's base offset."""
 
-    def __init__(self, *, key=None, value=None, headers=(), int64_t timestamp=0,
+    def __init__(self, *positional, key=None, value=None, headers=(), int64_t timestamp=0,
                  int32_t offset_delta=0):
+        if positional:  # Cython's own message would name __init__, not Record
+            raise TypeError(
+                f"Record() takes keyword arguments only ({len(positional)} positional given): "
+                "Record(key=..., value=..., headers=..., timestamp=..., offset_delta=...)")
         self.key = _as_bytes(key, "record key")
         self.value = _as_bytes(value, "record value")
         self.headers = _as_headers(headers)
