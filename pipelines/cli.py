@@ -30,6 +30,8 @@ def _spark_args(p: argparse.ArgumentParser) -> None:
                    help="extra Spark setting (repeatable), e.g. spark.executor.memory=4g")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (it is shown only on a terminal anyway)")
+    p.add_argument("--verbose", action="store_true",
+                   help="show Spark's own start-up messages and warnings")
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -154,6 +156,7 @@ def _replay(args: argparse.Namespace) -> int:
         max_records_per_task=_positive("--max-records-per-task", args.max_records_per_task),
         chunk_records=_positive("--chunk-records", args.chunk_records),
         spark_conf=_conf(args.spark_conf), progress=False if args.no_progress else None,
+        verbose=args.verbose,
         from_text=args.from_offsets, to_text=args.to_offsets,
     ))
     print(f"kiproxy replay: {summary['records']} records in {summary['batches']} batches; "
@@ -180,7 +183,7 @@ def _report(args: argparse.Namespace) -> int:
     summary = run_report(ReportOptions(
         audit=args.audit, out_dir=out, audit_topic=args.audit_topic, bootstrap=args.bootstrap,
         since_ms=since, until_ms=until, master=args.master, spark_conf=_conf(args.spark_conf),
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress else None, verbose=args.verbose,
     ))
     print(f"kiproxy report: {summary['produce_events']} produce events, {summary['records']} "
           f"records, {summary['bytes']} bytes, {summary['rejected_records']} rejected records")

@@ -82,6 +82,8 @@ class ReplayOptions:
     chunk_records: int = 500
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     progress: bool | None = None
+    verbose: bool = False
+    """Show Spark's own start-up messages and warnings in the terminal."""
     ship_plugins_as_archive: bool | None = None
     """None: zip the plugins dir only for a non-local master (True forces it, for tests)."""
     from_text: str = "earliest"
@@ -340,7 +342,8 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
     log.info("replay of %s: %d partitions, %d offsets", ", ".join(topics), len(ranges),
              planned_records)
 
-    with spark_session("kiproxy replay", opts.master, opts.spark_conf) as spark:
+    with spark_session("kiproxy replay", opts.master, opts.spark_conf,
+                       quiet=not opts.verbose) as spark:
         sc = spark.sparkContext
         local = sc.master.startswith("local")
         reader = choose_reader(opts.reader, spark_kafka_available(spark), spark.version)

@@ -62,6 +62,8 @@ class ReportOptions:
     master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     progress: bool | None = None
+    verbose: bool = False
+    """Show Spark's own start-up messages and warnings in the terminal."""
 
 
 def _first_line(path: Path) -> str | None:
@@ -205,7 +207,8 @@ def run_report(opts: ReportOptions) -> dict[str, Any]:
 
     out = opts.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    with spark_session("kiproxy report", opts.master, opts.spark_conf) as spark:
+    with spark_session("kiproxy report", opts.master, opts.spark_conf,
+                       quiet=not opts.verbose) as spark:
         from pyspark.sql import functions as F
 
         local = spark.sparkContext.master.startswith("local")

@@ -8,6 +8,13 @@ plugins dir is zipped and shipped with ``SparkContext.addArchive``; executors
 load plugins from the unpacked copy. kiproxy itself must be importable by the
 executors' Python (installed on the nodes, or a packed virtualenv passed with
 ``--archives``), like any PySpark dependency with compiled code.
+
+Spark's own start-up chatter (the JVM's "Using incubator modules", "Using Spark's
+default log4j profile", "Setting default log level", NativeCodeLoader) stays out
+of the user's terminal: unless ``quiet=False`` (``--verbose``), the driver JVM
+logs only errors, through a log4j2 configuration of ours, and its stderr goes to
+a file (``spark-driver.log`` in a temporary directory, deleted when the session
+ends cleanly). Failures still reach the user as the job's Python exception.
 """
 
 from __future__ import annotations
@@ -113,13 +120,43 @@ def _under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ or "SPARK_SUBMIT_OPTS" in os.environ
 
 
+_QUIET_LOG4J2 = """\
+# kiproxy replay/report without --verbose: the driver logs errors only.
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+"""
+
+
+@contextlib.contextmanager
+def _stderr_to(path: Path) -> Iterator[None]:
+    """Point file descriptor 2 at ``path`` meanwhile: a JVM started now keeps writing there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        os.dup2(target, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(target)
+
+
 @contextlib.contextmanager
 def spark_session(app_name: str, master: str | None = None,
-                  conf: Mapping[str, str] | None = None) -> Iterator[Any]:
+                  conf: Mapping[str, str] | None = None, *, quiet: bool = True
+                  ) -> Iterator[Any]:
     """A SparkSession for one job; stopped afterwards unless it was already running.
 
     An already active session (spark-submit's, a notebook's, the tests') is reused
-    as it is, with ``conf`` applied where Spark allows it at run time.
+    as it is, with ``conf`` applied where Spark allows it at run time. ``quiet``
+    keeps Spark's start-up messages and warnings out of the terminal (see above).
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -154,15 +191,26 @@ def spark_session(app_name: str, master: str | None = None,
             "spark.pyspark.driver.python": sys.executable,
         })
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    quiet_dir = Path(tempfile.mkdtemp(prefix="kiproxy-spark-")) if quiet else None
+    if quiet_dir is not None:
+        (quiet_dir / "log4j2.properties").write_text(_QUIET_LOG4J2)
+        settings["spark.driver.extraJavaOptions"] = (
+            f"-Dlog4j2.configurationFile=file:{quiet_dir / 'log4j2.properties'}")
     settings.update(conf or {})
     for key, value in settings.items():
         builder = builder.config(key, value)
-    session = builder.getOrCreate()
-    session.sparkContext.setLogLevel("WARN")
+    if quiet_dir is not None:
+        with _stderr_to(quiet_dir / "spark-driver.log"):
+            session = builder.getOrCreate()
+    else:
+        session = builder.getOrCreate()
+    session.sparkContext.setLogLevel("ERROR" if quiet else "WARN")
     try:
         yield session
     finally:
         session.stop()
+    if quiet_dir is not None:
+        shutil.rmtree(quiet_dir, ignore_errors=True)
 
 
 def ship_plugins(spark: Any, plugins_dir: str | None, *, archive: bool | None = None
