@@ -270,8 +270,9 @@ def test_upstream_tls_with_hostname_verification(pki: Pki, tls_broker: TlsRelay,
 
 def test_upstream_tls_refuses_an_untrusted_broker(pki: Pki, tls_broker: TlsRelay,
                                                   topic: str) -> None:
+    # --wait-for-upstream: without it the proxy would not start (see the next test).
     proxy = launch_proxy(f"127.0.0.1:{tls_broker.port}", "--upstream-tls-ca",
-                         str(pki.other_ca))
+                         str(pki.other_ca), "--wait-for-upstream")
     try:
         from confluent_kafka import Producer
 
@@ -284,6 +285,19 @@ def test_upstream_tls_refuses_an_untrusted_broker(pki: Pki, tls_broker: TlsRelay
             proxy.log
     finally:
         assert proxy.stop() == 0
+
+
+def test_an_untrusted_upstream_stops_the_proxy_at_start(pki: Pki, tls_broker: TlsRelay) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "kiproxy", "run", "--upstream", f"127.0.0.1:{tls_broker.port}",
+         "--upstream-tls-ca", str(pki.other_ca), "--listen", f"127.0.0.1:{free_port()}",
+         "--upstream-startup-timeout-ms", "1000"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"kiproxy: upstream 127.0.0.1:{tls_broker.port}: TLS handshake failed "
+        "(CERTIFICATE_VERIFY_FAILED) (tried for 1 s); start the cluster, fix --upstream, "
+        "or pass --wait-for-upstream\n")
 
 
 def test_tls_settings_are_validated(tmp_path: Path, broker: EmbeddedBroker) -> None:
