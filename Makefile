@@ -61,8 +61,8 @@ bench-proxy: $(TEST_STAMP) bench-deps
 clean:
 	rm -rf $(VENV) build *.egg-info protocol/_codec.c protocol/_codec*.so
 
-## Apache Kafka (version pinned in kafka/pom.xml) from Maven Central into
+## Apache Kafka (version pinned in apache-kafka/pom.xml) from Maven Central into
 ## ${KIPROXY_KAFKA_CACHE:-~/.cache/kiproxy/kafka}/kafka_2.13-<version>; prints that folder last.
 .PHONY: kafka
 kafka:
-	@kafka/fetch.sh
+	@apache-kafka/fetch.sh

@@ -1,6 +1,6 @@
 """Where kiproxy's tests find Apache Kafka and Java, and the checks that refuse bad ones.
 
-``make kafka`` (kafka/fetch.sh) fills ``$KIPROXY_KAFKA_CACHE`` (default
+``make kafka`` (apache-kafka/fetch.sh) fills ``$KIPROXY_KAFKA_CACHE`` (default
 ~/.cache/kiproxy/kafka) with ``kafka_2.13-<version>/`` folders laid out like an
 unpacked Kafka distribution and stamps each complete one. ``find_kafka_home``
 picks one (``$KIPROXY_KAFKA_HOME`` wins); ``kafka_version_of`` and ``find_java``
@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 MIN_JAVA = 17
-STAMP = ".kiproxy-complete"  # written by kafka/fetch.sh when a cache folder is complete
+STAMP = ".kiproxy-complete"  # written by apache-kafka/fetch.sh into a complete folder
 STORAGE_TOOL_CLASSES = ("kafka.tools.StorageTool", "org.apache.kafka.tools.StorageTool")
 
 
@@ -44,7 +44,7 @@ def default_cache_dir() -> Path:
 
 
 def pinned_kafka_version(pom: Path) -> str:
-    """The ``kafka.version`` property of ``kafka/pom.xml``: the one place the version is written."""
+    """The ``kafka.version`` of ``apache-kafka/pom.xml``, the one place the version is written."""
     match = re.search(r"<kafka\.version>\s*([^<\s]+)\s*</kafka\.version>", pom.read_text())
     if match is None:
         raise KafkaClusterError(f"{pom} has no <kafka.version> property")

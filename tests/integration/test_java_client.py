@@ -13,7 +13,7 @@ import pytest
 from support.apache_kafka import kafka_home_or_skip
 from support.java_client import JavaClient
 
-from proxy.kafka_cluster import KafkaCluster
+from kiproxy.proxy.kafka_cluster import KafkaCluster
 
 
 @pytest.fixture(scope="module")

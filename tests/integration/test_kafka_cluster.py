@@ -19,7 +19,12 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from support.apache_kafka import PINNED_VERSION, kafka_home_or_skip
 
-from proxy.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home, probe_metadata
+from kiproxy.proxy.kafka_cluster import (
+    KafkaCluster,
+    KafkaClusterError,
+    find_kafka_home,
+    probe_metadata,
+)
 
 # --- bad input: refused before any JVM starts ------------------------------------------
 

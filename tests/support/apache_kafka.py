@@ -1,4 +1,4 @@
-"""Which Apache Kafka the tests run: the one pinned in kafka/pom.xml, or a skip saying so."""
+"""The Apache Kafka the tests run: the one apache-kafka/pom.xml pins, or a skip saying so."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from proxy.kafka_cluster import find_kafka_home, pinned_kafka_version
+from kiproxy.proxy.kafka_cluster import find_kafka_home, pinned_kafka_version
 
 ROOT = Path(__file__).resolve().parents[2]
-PINNED_VERSION = pinned_kafka_version(ROOT / "kafka" / "pom.xml")
+PINNED_VERSION = pinned_kafka_version(ROOT / "apache-kafka" / "pom.xml")
 
 
 def kafka_home_or_skip() -> Path:

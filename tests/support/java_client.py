@@ -2,7 +2,7 @@
 
 ``JavaClient.build(kafka_home)`` compiles tests/java/KiproxyClient.java with
 ``javac`` against the distribution's ``libs/*`` (the kafka-clients pinned in
-kafka/pom.xml) once per source and Kafka version, caching the classes under
+apache-kafka/pom.xml) once per source and Kafka version, caching the classes under
 ``<make kafka cache>/java-client/<hash>/``. ``produce`` and ``consume`` run it and
 return the JSON events it printed, one per delivery result, error or record (the
 Java file's header comment lists them).
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from proxy.kafka_cluster import KafkaClusterError
-from proxy.kafka_distribution import default_cache_dir, find_java, kafka_version_of
+from kiproxy.proxy.kafka_cluster import KafkaClusterError
+from kiproxy.proxy.kafka_distribution import default_cache_dir, find_java, kafka_version_of
 
 SOURCE = Path(__file__).resolve().parents[1] / "java" / "KiproxyClient.java"
 MAIN_CLASS = "KiproxyClient"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make kafka`: the Apache Kafka jars named in kafka/pom.xml, resolved from Maven Central
+# `make kafka`: the Apache Kafka jars named in apache-kafka/pom.xml, resolved from Maven Central
 # into a folder laid out like an unpacked Kafka distribution:
 #
 #   ${KIPROXY_KAFKA_CACHE:-$HOME/.cache/kiproxy/kafka}/kafka_2.13-<version>/
@@ -17,7 +17,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 pom="$here/pom.xml"
 version="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$pom" | head -n 1)"
 if [ -z "$version" ]; then
-    echo "kafka/fetch.sh: no <kafka.version> property in $pom" >&2
+    echo "apache-kafka/fetch.sh: no <kafka.version> property in $pom" >&2
     exit 1
 fi
 cache="${KIPROXY_KAFKA_CACHE:-$HOME/.cache/kiproxy/kafka}"
@@ -35,10 +35,10 @@ mkdir -p "$cache"
 partial="$(mktemp -d "$cache/.partial.XXXXXX")"
 trap 'rm -rf "$partial"' EXIT
 mvn_log="$partial/maven.log"
-echo "Resolving Apache Kafka $version from Maven Central (kafka/pom.xml) ..." >&2
+echo "Resolving Apache Kafka $version from Maven Central (apache-kafka/pom.xml) ..." >&2
 if ! mvn -B -q -f "$pom" dependency:copy-dependencies \
         -DincludeScope=runtime -DoutputDirectory="$partial/libs" >"$mvn_log" 2>&1; then
-    echo "kafka/fetch.sh: Maven could not resolve Apache Kafka $version's jars." >&2
+    echo "apache-kafka/fetch.sh: Maven could not resolve Apache Kafka $version's jars." >&2
     # Maven names each missing artifact as group:artifact:type:version in its errors.
     failed="$(grep -oE "(Could not (find|transfer|resolve) artifact|Failure to find|Missing artifact) [^ ]+" "$mvn_log" | sort -u || true)"
     if [ -n "$failed" ]; then
@@ -49,7 +49,7 @@ if ! mvn -B -q -f "$pom" dependency:copy-dependencies \
     exit 1
 fi
 if [ ! -f "$partial/libs/kafka_2.13-$version.jar" ]; then
-    echo "kafka/fetch.sh: Maven finished but libs/kafka_2.13-$version.jar is missing" >&2
+    echo "apache-kafka/fetch.sh: Maven finished but libs/kafka_2.13-$version.jar is missing" >&2
     exit 1
 fi
 mkdir -p "$partial/config"
