@@ -46,7 +46,7 @@ dist: $(TEST_STAMP)
 
 ## The documentation site in build/site (a broken link or a missing page fails the build).
 docs: $(TEST_STAMP)
-	$(BIN)/mkdocs build --strict -d build/site
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
 
 ## Rewrite docs/configuration.md from the config model after changing a setting.
 docs-config: $(RUN_STAMP)
