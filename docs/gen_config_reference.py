@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import ast
 import inspect
+import itertools
 import re
 import sys
 import textwrap
+import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -54,7 +56,7 @@ def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
     tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
-    for node, following in zip(body, body[1:], strict=False):
+    for node, following in itertools.pairwise(body):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
                 and isinstance(following, ast.Expr)
                 and isinstance(following.value, ast.Constant)
@@ -75,7 +77,7 @@ def _type_name(annotation: Any) -> str:
     args = typing.get_args(annotation)
     if origin is typing.Literal:
         return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
-    if origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+    if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
     if origin is list:
         return f"list of {_type_name(args[0])}"
