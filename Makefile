@@ -7,7 +7,7 @@ TEST_STAMP := $(VENV)/.installed-test
 SOURCES := pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit dist docs bench-codec bench-deps bench-proxy bench clean
+.PHONY: install run test lint typecheck unit dist docs docs-config bench-codec bench-deps bench-proxy bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,14 @@ test: lint typecheck kafka-for-tests
 dist: $(TEST_STAMP)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
+
+## The documentation site in build/site (a broken link or a missing page fails the build).
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
+
+## Rewrite docs/configuration.md from the config model after changing a setting.
+docs-config: $(RUN_STAMP)
+	$(BIN)/python docs/gen_config_reference.py
 
 bench-codec: $(TEST_STAMP)
 	$(BIN)/python -m bench.codec

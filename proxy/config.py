@@ -145,6 +145,7 @@ class TlsSettings(_Strict):
     client_ca: str | None = None
     """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    """Oldest TLS version a client may negotiate."""
 
 
 class UpstreamTlsSettings(_Strict):
@@ -157,6 +158,7 @@ class UpstreamTlsSettings(_Strict):
     cert: str | None = None
     """Client certificate for brokers that require mTLS."""
     key: str | None = None
+    """PEM private key of ``cert``."""
     verify_hostname: bool = True
     """Check that the broker's certificate names the host the proxy connects to."""
 
@@ -181,7 +183,7 @@ class ObserverSettings(_Strict):
 
 
 class ProxyConfig(_Strict):
-    """Every setting of ``kiproxy run``; see the README's configuration reference."""
+    """Every setting of ``kiproxy run``; docs/configuration.md is generated from this model."""
 
     listen: str = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""
@@ -196,14 +198,17 @@ class ProxyConfig(_Strict):
     plugins_dir: str | None = None
     """Directory searched first for interceptor modules."""
     interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
+    """The interceptor every produced batch goes through; none: pure passthrough."""
     observers: list[ObserverSettings] = Field(default_factory=list)
     """Observer plugins; each sees every request and response on a thread of its own."""
     observer_queue_size: int = Field(default=100_000, gt=0)
     """Events buffered per observer; beyond it events are dropped and counted."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    """The built-in audit log."""
     metrics_listen: str | None = None
     """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
     log_level: str = "INFO"
+    """``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` or ``CRITICAL``."""
     log_format: str = "text"
     """``text`` (key=value pairs) or ``json`` (one JSON object per line)."""
     max_frame_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
@@ -213,6 +218,7 @@ class ProxyConfig(_Strict):
     max_in_flight: int = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    """How long connecting to a broker may take before the client connection is closed."""
     workers: int = Field(default=1, ge=1, le=256)
     """Processes serving the same listeners (SO_REUSEPORT); each is one event loop."""
     max_connections: int = Field(default=10000, gt=0)
@@ -222,7 +228,9 @@ class ProxyConfig(_Strict):
     idle_timeout_ms: int = Field(default=600_000, ge=0)
     """Close client connections with no traffic and nothing owed for this long (0: never)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
+    """TLS on the client-facing listeners."""
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
+    """TLS to the brokers."""
     shutdown_grace_ms: int = Field(default=10000, ge=0)
     """How long in-flight requests may take to finish on SIGTERM/SIGINT."""
 
