@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.protocol.records import Header, Record
 
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
+    "ErrorCode",
     "Header",
     "InterceptContext",
     "ProduceRequestInterceptor",
@@ -26,41 +28,6 @@ __all__ = [
     "RejectBatch",
     "error_code",
 ]
-
-ERROR_CODES: Mapping[str, int] = {
-    "UNKNOWN_SERVER_ERROR": -1,
-    "CORRUPT_MESSAGE": 2,
-    "REQUEST_TIMED_OUT": 7,
-    "MESSAGE_TOO_LARGE": 10,
-    "RECORD_LIST_TOO_LARGE": 18,
-    "INVALID_REQUIRED_ACKS": 21,
-    "TOPIC_AUTHORIZATION_FAILED": 29,
-    "CLUSTER_AUTHORIZATION_FAILED": 31,
-    "INVALID_TIMESTAMP": 32,
-    "INVALID_REQUEST": 42,
-    "UNSUPPORTED_FOR_MESSAGE_FORMAT": 43,
-    "POLICY_VIOLATION": 44,
-    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
-    "UNSUPPORTED_COMPRESSION_TYPE": 76,
-    "INVALID_RECORD": 87,
-    "THROTTLING_QUOTA_EXCEEDED": 89,
-    "UNKNOWN_TOPIC_ID": 100,
-}
-"""Kafka error names a rejection may use, and their codes."""
-
-
-def error_code(error: str | int) -> int:
-    """The numeric Kafka error code for a name such as ``"POLICY_VIOLATION"`` (or a code)."""
-    if isinstance(error, int):
-        return error
-    try:
-        return ERROR_CODES[error.upper()]
-    except KeyError:
-        raise ValueError(
-            f"unknown Kafka error {error!r}; use one of {', '.join(sorted(ERROR_CODES))} "
-            "or a numeric code"
-        ) from None
-
 
 class RejectBatch(Exception):
     """Raise from ``intercept`` to reject the whole topic-partition batch.
