@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.protocol.records import Header, Record
@@ -22,6 +22,7 @@ __all__ = [
     "ErrorCode",
     "Header",
     "InterceptContext",
+    "PluginFactory",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",
@@ -130,6 +131,17 @@ class AcknowledgedBatch:
     """Whether the interceptor changed the batch."""
 
 
+class PluginFactory(Protocol):
+    """Loads another interceptor the way the runtime loaded this one (same plugins dir).
+
+    Given to a composite interceptor's ``configure(config, *, plugins=...)`` (see
+    :meth:`ProduceRequestInterceptor.configure`); returns the configured instance.
+    """
+
+    def __call__(self, spec: str, config: Mapping[str, Any], /) -> Any:
+        """Resolve ``spec`` (``MODULE:CLASS`` or an entry-point name), create and configure it."""
+
+
 class ProduceRequestInterceptor(abc.ABC):
     """Base class of interceptor plugins.
 
@@ -139,7 +151,12 @@ class ProduceRequestInterceptor(abc.ABC):
     """
 
     def configure(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Receive the ``interceptor.config`` mapping once, before any batch."""
+        """Receive the ``interceptor.config`` mapping once, before any batch.
+
+        An interceptor that loads others (a chain, a router) may declare a keyword
+        parameter ``plugins: PluginFactory``: the loader then passes a factory that
+        loads them from the same plugins directory as this one.
+        """
 
     @abc.abstractmethod
     def intercept(
