@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kiproxy.interceptors.builtin.audit import AuditLog
 from kiproxy.interceptors.observer import Observer, PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.framing import encode_response_header
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
+from kiproxy.proxy.audit import AuditLog
 from kiproxy.proxy.logs import JsonFormatter, KeyValueFormatter
 from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.observe import ObserverHub
