@@ -13,7 +13,11 @@ requests get no answer either way.
 Fail closed: a partition whose data cannot be decoded (old message format,
 corrupt batch, unknown codec) is rejected, never forwarded unchecked. A plugin
 that raises, breaks the record-count rule or misses its deadline rejects only
-that partition; the connection stays open.
+that partition; the connection stays open. What counts as unchanged,
+transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
+alone (the same function replay and the isolation workers call); rejections are
+logged by :class:`kiproxy.proxy.verdict_log.VerdictLog` (policy at INFO, plugin
+faults at WARNING, rate-limited).
 """
 
 from __future__ import annotations
