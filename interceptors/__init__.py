@@ -16,8 +16,10 @@ plugins directory and name it as ``module:Class`` in the config::
 from kiproxy.interceptors.api import (
     ERROR_CODES,
     AcknowledgedBatch,
+    ErrorCode,
     Header,
     InterceptContext,
+    PluginFactory,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
@@ -28,8 +30,10 @@ from kiproxy.interceptors.api import (
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
+    "ErrorCode",
     "Header",
     "InterceptContext",
+    "PluginFactory",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",

@@ -22,25 +22,18 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kiproxy.interceptors.api import ProduceRequestInterceptor
+from kiproxy.interceptors.api import PluginFactory, ProduceRequestInterceptor
 from kiproxy.interceptors.observer import Observer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginLoadError",
-    "current_plugins_dir",
     "load_interceptor",
     "load_observer",
     "resolve_class",
 ]
 
 ENTRY_POINT_GROUP = "kiproxy.interceptors"
-_plugins_dir: Path | None = None
-
-
-def current_plugins_dir() -> Path | None:
-    """The plugins dir of the latest top-level load (composite interceptors reuse it)."""
-    return _plugins_dir
 
 
 class PluginLoadError(Exception):
@@ -206,7 +199,18 @@ def load_observer(
     return _instantiate(spec, cls, config)
 
 
-def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) -> Any:
+def _takes_plugins(configure: Callable[..., Any]) -> bool:
+    """Whether ``configure`` declares the ``plugins`` keyword (a composite interceptor)."""
+    try:
+        parameter = inspect.signature(configure).parameters.get("plugins")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
+                 plugins: PluginFactory | None = None) -> Any:
     try:
         instance = cls()
     except Exception as exc:
@@ -214,7 +218,10 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) ->
     configure = getattr(instance, "configure", None)
     if configure is not None:
         try:
-            configure(dict(config or {}))
+            if plugins is not None and _takes_plugins(configure):
+                configure(dict(config or {}), plugins=plugins)
+            else:
+                configure(dict(config or {}))
         except Exception as exc:
             raise PluginLoadError(
                 f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
@@ -225,8 +232,13 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) ->
 def load_interceptor(
     spec: str, plugins_dir: str | Path | None = None, config: Mapping[str, Any] | None = None
 ) -> Any:
-    """Resolve, instantiate and configure the interceptor named by ``spec``."""
-    global _plugins_dir
-    if plugins_dir is not None:
-        _plugins_dir = Path(plugins_dir)
-    return _instantiate(spec, resolve_class(spec, plugins_dir), config)
+    """Resolve, instantiate and configure the interceptor named by ``spec``.
+
+    An interceptor whose ``configure`` takes ``plugins`` gets a
+    :class:`~kiproxy.interceptors.api.PluginFactory` that loads from ``plugins_dir`` too.
+    """
+
+    def plugins(inner: str, inner_config: Mapping[str, Any]) -> Any:
+        return load_interceptor(inner, plugins_dir, inner_config)
+
+    return _instantiate(spec, resolve_class(spec, plugins_dir), config, plugins)

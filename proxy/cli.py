@@ -16,8 +16,8 @@ import signal
 import sys
 from typing import Any
 
-from kiproxy.interceptors.builtin.audit import AuditLog, KafkaAuditSink
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, load_observer
+from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
 from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.logs import setup_logging

@@ -614,8 +614,3 @@ class ClientConnection:
         """``extra=`` fields of connection-level log lines."""
         return {"client_address": self.client_address, "client_id": self.client_id,
                 "principal": self.principal, "node_id": self.node_id}
-
-    def describe(self, header: RequestHeader) -> str:
-        """One-line description of a request, for logs."""
-        return (f"{api_name(header.api_key)} v{header.api_version} from {self.client_address} "
-                f"(client_id {header.client_id!r})")

@@ -13,12 +13,15 @@ requests get no answer either way.
 Fail closed: a partition whose data cannot be decoded (old message format,
 corrupt batch, unknown codec) is rejected, never forwarded unchecked. A plugin
 that raises, breaks the record-count rule or misses its deadline rejects only
-that partition; the connection stays open.
+that partition; the connection stays open. What counts as unchanged,
+transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
+alone (the same function replay and the isolation workers call); rejections are
+logged by :class:`kiproxy.proxy.verdict_log.VerdictLog` (policy at INFO, plugin
+faults at WARNING, rate-limited).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import logging
@@ -31,12 +34,14 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.api import (
-    AcknowledgedBatch,
-    InterceptContext,
-    ProduceRequestInterceptor,
-    RecordBatch,
-    RejectBatch,
+from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
+from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.verdict import (
+    Rejected,
+    Transformed,
+    Unchanged,
+    acknowledgement_hook,
+    judge,
 )
 from kiproxy.protocol.compression import DEFAULT_LEVELS
 from kiproxy.protocol.errors import (
@@ -73,6 +78,7 @@ from kiproxy.protocol.records import (
 from kiproxy.proxy.addresses import rewrite_message
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
+from kiproxy.proxy.verdict_log import VerdictLog
 
 if TYPE_CHECKING:
     from kiproxy.proxy.connection import ClientConnection
@@ -80,28 +86,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["ProducePipeline", "ProduceStats", "read_acks"]
+__all__ = ["ProducePipeline", "read_acks"]
 
-CORRUPT_MESSAGE = 2
-REQUEST_TIMED_OUT = 7
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-UNKNOWN_TOPIC_ID = 100
+CORRUPT_MESSAGE = ErrorCode.CORRUPT_MESSAGE
+REQUEST_TIMED_OUT = ErrorCode.REQUEST_TIMED_OUT
+UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+INVALID_RECORD = ErrorCode.INVALID_RECORD
+UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
+
+_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count"}
+"""kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
 
 
-@dataclass(slots=True)
-class ProduceStats:
-    """Counters of what the pipeline did, since start."""
-
-    requests: int = 0
-    batches: int = 0
-    records: int = 0
-    transformed_batches: int = 0
-    rejected_partitions: int = 0
-    plugin_errors: int = 0
-    plugin_timeouts: int = 0
-    undecodable_partitions: int = 0
+def _log_fields(ctx: InterceptContext, topic: str, partition: int) -> dict[str, object]:
+    return {"client_address": ctx.client_address, "client_id": ctx.client_id,
+            "principal": ctx.principal, "topic": topic, "partition": partition}
 
 
 @dataclass(slots=True)
@@ -111,6 +111,8 @@ class _Rejection:
     error_code: int
     message: str
     record_errors: tuple[tuple[int, str | None], ...] = ()
+    logged: bool = False
+    """Already logged as a plugin fault (a WARNING), so not again at INFO."""
 
 
 @dataclass(slots=True)
@@ -163,12 +165,13 @@ def _response_classes(version: int) -> tuple[Any, Any, Any, Any]:
 
 
 def _error_code_value(code: int) -> Any:
-    from kio.schema.errors import ErrorCode
+    """kio's value for ``code`` (its serializer wants its own enum; our codes are Kafka's)."""
+    from kio.schema.errors import ErrorCode as KioErrorCode
 
     try:
-        return ErrorCode(code)
+        return KioErrorCode(code)
     except ValueError:
-        return ErrorCode(INVALID_RECORD)
+        return KioErrorCode(int(INVALID_RECORD))
 
 
 def _partition_response(version: int, rejection: _Rejection) -> Any:
@@ -238,16 +241,11 @@ class ProducePipeline:
         self.proxy_host = proxy_host or socket.gethostname()
         self.topic_names: dict[uuid.UUID, str] = {}
         """Topic id -> name, learned from Metadata responses (for Produce v13)."""
-        self.stats = ProduceStats()
         self.observed = False
         """Set by the server when responses are observed or counted: summarise partitions."""
         self.metrics: Metrics | None = None
-        hook = getattr(interceptor, "on_acknowledgement", None)
-        base_hook = ProduceRequestInterceptor.on_acknowledgement
-        self._ack_hook: Callable[[AcknowledgedBatch, int, int | None], None] | None = (
-            hook if callable(hook) and getattr(type(interceptor), "on_acknowledgement", None)
-            is not base_hook else None
-        )
+        self.verdict_log = VerdictLog(log)
+        self._ack_hook = acknowledgement_hook(interceptor)
 
     def learn_topic_ids(self, metadata: Any) -> None:
         """Record topic ids named by a Metadata response."""
@@ -282,7 +280,6 @@ class ProducePipeline:
         it has no schema for, a body that does not parse): the connection then closes
         the client with one warning.
         """
-        self.stats.requests += 1
         version = header.api_version
         if header.body_offset is None or version > self.max_version:
             # No schema (v14+ or negative), or one the pipeline was not built for: the
@@ -333,7 +330,6 @@ class ProducePipeline:
                 )
                 if isinstance(outcome, _Rejection):
                     rejections.append(outcome)
-                    self.stats.rejected_partitions += 1
                     if draft is not None:
                         draft.outcome = "rejected"
                         draft.error_code = outcome.error_code
@@ -356,10 +352,11 @@ class ProducePipeline:
         acks = request.acks
         if rejections:
             for r in rejections:
-                log.info("rejected %s[%d] from %s (client_id %r): error %d: %s",
-                         self.topic_names.get(r.topic, r.topic), r.partition,
-                         conn.client_address, conn.client_id, r.error_code, r.message,
-                         extra=conn.log_context)
+                if not r.logged:
+                    self.verdict_log.policy(
+                        f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]",
+                        conn.client_address, conn.client_id, r.error_code, r.message,
+                        conn.log_context)
         if not topics_out:
             if acks == 0:
                 return Answer(None, produce=drafts)
@@ -402,7 +399,6 @@ class ProducePipeline:
         log.warning("refused Produce v%d (old message format) from %s (client_id %r): "
                     "upgrade the client to magic-2 record batches (Produce v3+)",
                     header.api_version, conn.client_address, conn.client_id, extra=conn.log_context)
-        self.stats.undecodable_partitions += sum(len(p) for _, p in topics)
         if acks == 0:
             return Answer(None)
         body = legacy_produce_error_response(header.api_version, topics,
@@ -425,13 +421,10 @@ class ProducePipeline:
         try:
             batches = decode_batches(data, max_decompressed_size=self.max_decompressed_size)
         except UnsupportedMagic as exc:
-            self.stats.undecodable_partitions += 1
             return _Rejection(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc))
         except UnsupportedCompression as exc:
-            self.stats.undecodable_partitions += 1
             return _Rejection(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc))
         except CorruptBatch as exc:
-            self.stats.undecodable_partitions += 1
             return _Rejection(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}")
 
         out: list[bytes] = []
@@ -440,8 +433,6 @@ class ProducePipeline:
         record_offset = 0
         for decoded in batches:
             h = decoded.header
-            self.stats.batches += 1
-            self.stats.records += len(decoded.records)
             if h.is_control:
                 out.append(decoded.raw)
                 continue
@@ -462,25 +453,24 @@ class ProducePipeline:
             if isinstance(result, _Rejection):
                 result.topic = topic_key
                 return result
-            if result.records is view.records or result.records == view.records:
+            if isinstance(result, Unchanged):
                 out.append(decoded.raw)
                 transformed = False
             else:
                 try:
-                    out.append(encode_batch(h, tuple(result.records), renumber=True,
+                    out.append(encode_batch(h, tuple(result.batch.records), renumber=True,
                                             levels=self.compression_levels))
                 except Exception as exc:
                     # Not Records, a header key that is not UTF-8, a timestamp out of
                     # range: the plugin's fault, so that batch is rejected like a raise.
-                    self.stats.plugin_errors += 1
-                    log.error("interceptor %s returned records that cannot be encoded on "
-                              "%s[%d]: %s: %s", self.name, topic, part.index,
-                              type(exc).__name__, exc, extra=conn.log_context)
-                    return _Rejection(topic_key, part.index, INVALID_RECORD,
-                                      f"interceptor {self.name} returned records that cannot "
-                                      f"be encoded: {type(exc).__name__}: {exc}")
+                    message = (f"interceptor {self.name} returned records that cannot "
+                               f"be encoded: {type(exc).__name__}: {exc}")
+                    self.verdict_log.fault(self.name, "encode", f"{topic}[{part.index}]",
+                                           conn.client_address, conn.client_id, message,
+                                           extra=conn.log_context)
+                    return _Rejection(topic_key, part.index, INVALID_RECORD, message,
+                                      logged=True)
                 changed = transformed = True
-                self.stats.transformed_batches += 1
             acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
                                            record_count=len(decoded.records),
                                            transformed=transformed))
@@ -492,55 +482,26 @@ class ProducePipeline:
     async def _intercept(
         self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,
         record_offset: int,
-    ) -> RecordBatch | _Rejection:
-        where = f"{topic}[{partition}]"
+    ) -> Unchanged | Transformed | _Rejection:
+        """The verdict on one batch (:func:`~kiproxy.interceptors.verdict.judge`), metered
+        and, for a plugin fault, logged; a rejection's record indices made request-wide."""
         metrics = self.metrics
         started = time.perf_counter()
-        try:
-            result = self.interceptor.intercept(view, ctx)  # type: ignore[union-attr]
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
-            elif time.monotonic() > ctx.deadline:
-                raise TimeoutError
-        except RejectBatch as exc:
-            if metrics is not None:
-                metrics.interceptor_seconds.observe(time.perf_counter() - started)
-            return _Rejection(topic, partition, exc.error_code, exc.message, tuple(
-                (record_offset + i, m) for i, m in exc.record_errors))
-        except TimeoutError:
-            self.stats.plugin_timeouts += 1
-            if metrics is not None:
-                metrics.interceptor_seconds.observe(time.perf_counter() - started)
-                metrics.interceptor_errors.labels("timeout").inc()
-            log.warning("interceptor %s missed its %.0f ms deadline on %s",
-                        self.name, self.timeout * 1000, where)
-            return _Rejection(topic, partition, REQUEST_TIMED_OUT,
-                              f"interceptor {self.name} did not finish within "
-                              f"{self.timeout * 1000:.0f} ms")
-        except Exception as exc:
-            self.stats.plugin_errors += 1
-            if metrics is not None:
-                metrics.interceptor_errors.labels("raised").inc()
-            log.exception("interceptor %s failed on %s", self.name, where)
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} failed: {type(exc).__name__}: {exc}")
-        if metrics is not None:
+        verdict = await judge(self.interceptor, view, ctx, name=self.name, timeout=self.timeout)
+        if metrics is not None and not (isinstance(verdict, Rejected)
+                                        and verdict.fault == "raised"):
             metrics.interceptor_seconds.observe(time.perf_counter() - started)
-        if not isinstance(result, RecordBatch):
-            self.stats.plugin_errors += 1
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} returned {type(result).__name__}, "
-                              "not a RecordBatch")
-        if len(result.records) != len(view.records):
-            self.stats.plugin_errors += 1
-            if metrics is not None:
-                metrics.interceptor_errors.labels("record_count").inc()
-            log.error("interceptor %s broke the record-count rule on %s: %d records in, %d out",
-                      self.name, where, len(view.records), len(result.records))
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} broke the record-count rule: returned "
-                              f"{len(result.records)} records for a batch of {len(view.records)}")
-        return result
+        if not isinstance(verdict, Rejected):
+            return verdict
+        if verdict.fault is not None:
+            if metrics is not None and verdict.fault in _FAULT_METRICS:
+                metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
+            self.verdict_log.rejected(verdict, self.name, f"{topic}[{partition}]",
+                                      ctx.client_address, ctx.client_id,
+                                      extra=_log_fields(ctx, topic, partition))
+        return _Rejection(topic, partition, verdict.code, verdict.message, tuple(
+            (record_offset + i, m) for i, m in verdict.record_errors),
+            logged=verdict.fault is not None)
 
     # ------------------------------------------------------------------ response
 

