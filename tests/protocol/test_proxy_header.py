@@ -106,7 +106,8 @@ def test_every_proper_prefix_is_incomplete(ends: Ends, tlvs: Tlvs, version: str,
 @settings(max_examples=300)
 def test_mutated_headers_answer_or_raise_the_typed_error(
         ends: Ends, tlvs: Tlvs, version: str, data: st.DataObject) -> None:
-    header = bytearray(encode_v1(ends[0], ends[1]) if version == "v1" else encode_v2(ends[0], ends[1], tlvs))
+    header = bytearray(encode_v1(ends[0], ends[1]) if version == "v1"
+                       else encode_v2(ends[0], ends[1], tlvs))
     for _ in range(data.draw(st.integers(1, 4))):
         at = data.draw(st.integers(0, len(header) - 1))
         header[at] = data.draw(st.integers(0, 255))
