@@ -10,7 +10,7 @@ import yaml
 
 from kiproxy.interceptors import ClientIdentity, InterceptContext
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
-from kiproxy.proxy.routes import Route, RouteTable
+from kiproxy.proxy.routes import Route, RouteTable, client_ip
 
 
 def _config(tmp_path: Path, text: str) -> ProxyConfig:
@@ -206,3 +206,18 @@ def test_listener_settings(tmp_path: Path) -> None:
 def test_routes_table_built_from_yaml_is_also_built_from_python() -> None:
     data = yaml.safe_load(TEAMS)
     assert isinstance(ProxyConfig.model_validate(data).route_table(), RouteTable)
+
+
+@pytest.mark.parametrize(("host", "parsed"), [
+    ("10.0.0.1", "10.0.0.1"), ("::ffff:10.1.2.3", "10.1.2.3"), ("fe80::1%eth0", "fe80::1"),
+    ("1.2.3", None), ("", None), ("/run/kafka.sock", None)])
+def test_client_ip(host: str, parsed: str | None) -> None:
+    found = client_ip(host)
+    assert (None if found is None else str(found)) == parsed
+
+
+def test_the_route_benchmark_runs_and_picks_the_last_route() -> None:
+    from bench.routes import measure
+    results = measure(50, 1)
+    assert set(results) == {"connection", "table", "first sight"}
+    assert all(set(by) == {1, 50} for by in results.values())
