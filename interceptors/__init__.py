@@ -16,6 +16,7 @@ plugins directory and name it as ``module:Class`` in the config::
 from kiproxy.interceptors.api import (
     ERROR_CODES,
     AcknowledgedBatch,
+    ClientIdentity,
     ErrorCode,
     Header,
     InterceptContext,
@@ -30,6 +31,7 @@ from kiproxy.interceptors.api import (
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
+    "ClientIdentity",
     "ErrorCode",
     "Header",
     "InterceptContext",

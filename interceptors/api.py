@@ -14,12 +14,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
+from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
 from kiproxy.protocol.records import Header, Record
 
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
     "ErrorCode",
+    "ClientIdentity",
     "Header",
     "InterceptContext",
     "PluginFactory",
@@ -96,7 +98,13 @@ class RecordBatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InterceptContext:
-    """Who sent the batch and how; the same for every batch of one request."""
+    """Who sent the batch and how; the same for every batch of one request.
+
+    ``identity`` is the stable, complete answer to "who" (original address behind
+    a load balancer, listener, TLS subject and SANs, SASL mechanism and
+    principal); ``client_id``, ``client_address`` and ``principal`` repeat its
+    most used facts.
+    """
 
     client_id: str | None
     """The producer's ``client.id``."""
@@ -118,6 +126,9 @@ class InterceptContext:
     """The host name of the proxy handling the request."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Anything else the runtime knows (kept for forward compatibility)."""
+    identity: ClientIdentity = UNKNOWN_CLIENT
+    """What the proxy knows of the client connection (see :class:`ClientIdentity`);
+    ``UNKNOWN_CLIENT`` where no connection stands behind the batch (replay, tests)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -29,12 +29,23 @@ from kiproxy.protocol.compression import (
     CompressionLevels,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kiproxy.proxy.routes import (
+    ChainLinkSettings,
+    DefaultRouteSettings,
+    MatchSettings,
+    RouteSettings,
+    RouteTable,
+    network,
+    plugin_spec,
+    route_warnings,
+)
 
 __all__ = [
     "AuditSettings",
     "CompressionSettings",
     "ConfigError",
     "InterceptorSettings",
+    "ListenerSettings",
     "ObserverSettings",
     "ProxyConfig",
     "TlsSettings",
@@ -83,14 +94,7 @@ class CompressionSettings(_Strict):
                                  zstd=self.zstd_level)
 
 
-def _plugin_spec(value: str) -> str:
-    """``MODULE:CLASS`` or a bare entry-point name such as ``uppercase``."""
-    module, colon, name = value.partition(":")
-    if colon and module and name.isidentifier() and ":" not in name:
-        return value
-    if not colon and value.isidentifier():
-        return value
-    raise ValueError(f"{value!r} must be MODULE:CLASS or an entry-point name such as 'uppercase'")
+_plugin_spec = plugin_spec
 
 
 class InterceptorSettings(_Strict):
@@ -182,6 +186,42 @@ class ObserverSettings(_Strict):
         return _plugin_spec(value)
 
 
+class ListenerSettings(_Strict):
+    """The client listener (bootstrap and broker ports): its name and the PROXY protocol."""
+
+    name: str = Field(default="default", min_length=1)
+    """Routes match it with ``match.listener``; logs and the client identity carry it."""
+    proxy_protocol: Literal["off", "optional", "required"] = "off"
+    """``off``: a PROXY header closes the connection; ``optional``: a header from a
+    trusted peer is used when sent; ``required``: every connection must start with one."""
+    proxy_protocol_trusted: tuple[str, ...] = ()
+    """CIDRs of the load balancers allowed to send a PROXY header; a header from any
+    other peer closes the connection. Required unless ``proxy_protocol`` is ``off``."""
+    proxy_protocol_timeout_ms: int = Field(default=5000, gt=0)
+    """How long a connection may take to send its PROXY header before it is closed."""
+
+    @field_validator("proxy_protocol", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare off as false
+
+    @field_validator("proxy_protocol_trusted", mode="before")
+    @classmethod
+    def _cidrs(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list):
+            return tuple(str(network(str(item))) for item in items)
+        return value
+
+    @model_validator(mode="after")
+    def _trusted_needed(self) -> ListenerSettings:
+        if self.proxy_protocol != "off" and not self.proxy_protocol_trusted:
+            raise ValueError(
+                f"proxy_protocol: {self.proxy_protocol} needs proxy_protocol_trusted, the "
+                "CIDRs of your load balancers (0.0.0.0/0 and ::/0 trust every peer)")
+        return self
+
+
 class ProxyConfig(_Strict):
     """Every setting of ``kiproxy run``; docs/configuration.md is generated from this model."""
 
@@ -198,7 +238,14 @@ class ProxyConfig(_Strict):
     plugins_dir: str | None = None
     """Directory searched first for interceptor modules."""
     interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
-    """The interceptor every produced batch goes through; none: pure passthrough."""
+    """The one interceptor for every batch: shorthand for one route that matches everything.
+    Without ``class`` it still sets ``workers`` and ``compression`` for the routes."""
+    routes: tuple[RouteSettings, ...] = ()
+    """Ordered; the first whose ``match`` holds runs its chain (see ``proxy.routes``)."""
+    default: DefaultRouteSettings | None = None
+    """The chain for batches no route matched; unset: they pass through untouched."""
+    listener: ListenerSettings = Field(default_factory=ListenerSettings)
+    """The client listener's name and its PROXY protocol settings."""
     observers: list[ObserverSettings] = Field(default_factory=list)
     """Observer plugins; each sees every request and response on a thread of its own."""
     observer_queue_size: int = Field(default=100_000, gt=0)
@@ -274,6 +321,42 @@ class ProxyConfig(_Strict):
         return parse_host_port(self.listen)
 
     @model_validator(mode="after")
+    def _routes(self) -> ProxyConfig:
+        if self.interceptor.class_name is not None:
+            for key, given in (("routes", bool(self.routes)), ("default", self.default)):
+                if given:
+                    raise ValueError(
+                        f"interceptor.class and {key} cannot both be set: interceptor.class "
+                        "is shorthand for one route that matches everything; move it into "
+                        f"{key} as a chain link")
+        names: dict[str, int] = {}
+        for i, route in enumerate(self.routes):
+            name = route.name if route.name is not None else str(i)
+            if name in names:
+                raise ValueError(f"routes[{i}].name: {name!r} is already the name of "
+                                 f"routes[{names[name]}]; route names must be unique")
+            names[name] = i
+        if self.default is not None and self.default.name in names:
+            raise ValueError(f"default.name: {self.default.name!r} is already the name of "
+                             f"routes[{names[self.default.name]}]")
+        return self
+
+    def route_table(self) -> RouteTable:
+        """The compiled routes; the ``interceptor:`` shorthand becomes one route ``default``."""
+        if self.interceptor.class_name is not None:
+            link = ChainLinkSettings.model_validate({
+                "class": self.interceptor.class_name, "config": self.interceptor.config,
+                "timeout_ms": self.interceptor.timeout_ms,
+                "isolation": self.interceptor.isolation})
+            return RouteTable.from_settings(
+                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,))])
+        return RouteTable.from_settings(self.routes, self.default)
+
+    def route_warnings(self) -> list[str]:
+        """Routes that can never match, one line each (log them as warnings at start)."""
+        return route_warnings(self.routes, self.default, [self.listener.name])
+
+    @model_validator(mode="after")
     def _tls_pairs(self) -> ProxyConfig:
         if (self.tls.cert is None) != (self.tls.key is None):
             raise ValueError("tls.cert and tls.key must be given together")
@@ -298,8 +381,11 @@ class ProxyConfig(_Strict):
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"{key}: {item['msg']}")
+        key = ""
+        for part in item["loc"]:
+            key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{key or '(top level)'}: {message}")
     return "; ".join(lines)
 
 
