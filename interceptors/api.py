@@ -20,8 +20,8 @@ from kiproxy.protocol.records import Header, Record
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
-    "ErrorCode",
     "ClientIdentity",
+    "ErrorCode",
     "Header",
     "InterceptContext",
     "PluginFactory",

@@ -13,7 +13,8 @@ from kiproxy.interceptors import ClientIdentity
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "routing.md"
-YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", DOC.read_text(), re.DOTALL)
+ROUTES_PART = DOC.read_text().split("## The `topic_router` built-in")[0]
+YAML_BLOCKS = re.findall(r"```yaml\n(.*?)```", ROUTES_PART, re.DOTALL)
 ERROR_BLOCK = re.search(r"```text\n(routes\[2\].*?)```", DOC.read_text(), re.DOTALL)
 
 
