@@ -1,0 +1,137 @@
+"""One configuration generation: everything a configuration makes, built in one place.
+
+Contract:
+
+- :func:`build_generation` turns a validated :class:`ProxyConfig` into a
+  :class:`Generation`: the produce pipeline with its interceptor loaded and
+  configured (or its isolation workers started), the observers (audit log,
+  observer plugins) opened, and the per-client limits. It either returns a
+  complete generation or raises (``PluginLoadError``, ``ConfigError``,
+  ``OSError``) having closed whatever it had already opened; nothing is ever
+  half built.
+- A generation is immutable. The server swaps the current one atomically
+  (:class:`GenerationCell`); a request runs entirely under the generation it
+  started with, so a batch already inside an interceptor finishes there.
+- :func:`close_generation` runs the interceptor's ``close()`` and closes the
+  observers; the server calls it once no request of that generation is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from kiproxy.interceptors.loader import load_interceptor, load_observer
+from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
+from kiproxy.proxy.config import ConfigError, ProxyConfig
+from kiproxy.proxy.isolation import IsolatedInterceptor
+from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.nodes import NodeRegistry
+from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.produce import ProducePipeline
+
+log = logging.getLogger("kiproxy")
+
+__all__ = ["Generation", "GenerationCell", "build_generation", "close_generation"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    """The configuration in force and what it built; swapped whole on reload."""
+
+    number: int
+    """1 at start, one more per applied reload."""
+    config: ProxyConfig
+    """The settings this generation was built from."""
+    produce: ProducePipeline
+    """The produce pipeline with this generation's interceptor."""
+    observers: ObserverHub
+    """This generation's observers (audit log, observer plugins)."""
+
+    @property
+    def observed(self) -> bool:
+        """Responses are observed or counted, so produce requests are summarised."""
+        return self.produce.observed
+
+
+class GenerationCell:
+    """Holds the current generation; what connections read at the start of a request."""
+
+    __slots__ = ("current",)
+
+    def __init__(self, generation: Generation) -> None:
+        self.current = generation
+
+
+def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
+    """Open the audit log and load the configured observers."""
+    observers: list[tuple[str, Any]] = []
+    audit = config.audit
+    try:
+        if audit.path is not None:
+            log_ = AuditLog()
+            try:
+                log_.configure(audit.model_dump())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
+            observers.append(("audit", log_))
+        if audit.topic is not None:
+            sink = KafkaAuditSink()
+            sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
+                            "requests": audit.requests})
+            observers.append(("audit-kafka", sink))
+        for item in config.observers:
+            observers.append((item.class_name,
+                              load_observer(item.class_name, config.plugins_dir, item.config)))
+    except BaseException:
+        ObserverHub(observers).close(timeout=5)
+        raise
+    return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
+
+
+def _load_interceptor(config: ProxyConfig) -> Any | None:
+    spec = config.interceptor.class_name
+    if spec is None:
+        return None
+    if config.interceptor.isolation == "process":
+        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
+                                   workers=config.interceptor.workers,
+                                   log_setup=(config.log_level, config.log_format))
+        pool.start()  # a plugin that cannot load raises PluginLoadError here
+        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
+                 len(pool.pids), ", ".join(map(str, pool.pids)))
+        return pool
+    interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
+    log.info("interceptor %s loaded", spec)
+    return interceptor
+
+
+def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
+                     nodes: NodeRegistry | None = None) -> Generation:
+    """Everything ``config`` needs, complete, or an exception and nothing left open."""
+    observers = build_observers(config, metrics)
+    try:
+        interceptor = _load_interceptor(config)
+    except BaseException:
+        observers.close(timeout=5)
+        raise
+    # Produce v13 names topics by id; with several workers a process may not have
+    # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
+    produce = ProducePipeline(
+        interceptor, name=config.interceptor.class_name or "",
+        timeout_ms=config.interceptor.timeout_ms,
+        compression_levels=config.interceptor.compression.levels(),
+        max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
+        metrics=metrics, observed=observers.active or metrics is not None,
+        nodes_seen=nodes.seen if nodes is not None else None,
+    )
+    return Generation(number=number, config=config, produce=produce, observers=observers)
+
+
+async def close_generation(generation: Generation) -> None:
+    """Close the interceptor and the observers of a generation no request uses any more."""
+    await generation.produce.close()
+    await asyncio.to_thread(generation.observers.close)
