@@ -148,6 +148,7 @@ class FrameStream(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._assembler.discard()
         if self._budget is not None:
             self._budget.forget(self)
             self._budget_held = 0

@@ -34,6 +34,7 @@ log = logging.getLogger("kiproxy.memory")
 
 TRIM_AFTER_BYTES = 8 * 1024 * 1024
 """Released bytes (large frames, decoded batches) after which the heap is trimmed."""
+_LARGE = 64 * 1024  # frames at least this large have buffers of their own
 TRIM_INTERVAL = 1.0
 """Seconds between checks; a trim runs at most this often."""
 
@@ -57,7 +58,7 @@ class ReceiveBudget:
         self.used = 0
         """Bytes of partial frames held now."""
         self.released = 0
-        """Bytes given back by frames of 1 MiB or more (read by :class:`HeapTrimmer`)."""
+        """Bytes given back by frames of 64 KiB or more (read by :class:`HeapTrimmer`)."""
         self.pauses = 0
         """Connections paused because the total passed the capacity."""
         self.frames_too_large = 0
@@ -72,7 +73,7 @@ class ReceiveBudget:
         if held:
             self._held[receiver] = held
         self.used += held - before
-        if before - held >= 1024 * 1024:
+        if before - held >= _LARGE:
             self.released += before - held
         if held > before and self.used > self.capacity and receiver not in self._paused:
             if held < max(self._held.values()):
