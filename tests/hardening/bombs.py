@@ -22,8 +22,8 @@ from kiproxy.protocol.compression import XERIAL_MAGIC, Compression
 from kiproxy.protocol.framing import encode_frame, encode_request_header
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 
-__all__ = ["BOMBS", "RssSampler", "abandon_large_frames", "bomb_request", "produce_answer",
-           "rss_of"]
+__all__ = ["BOMBS", "RssSampler", "abandon_large_frames", "batch_around", "bomb_request",
+           "produce_answer", "produce_request", "rss_of"]
 
 MiB = 2**20
 PRODUCE_VERSION = 8  # zstd needs v7+; v8 answers carry error_message
@@ -80,19 +80,24 @@ def batch_around(block: bytes, codec: Compression, count: int = 1000) -> bytes:
     return struct.pack(">qiibI", 0, 49 + len(block), -1, 2, crc32c(after_crc)) + after_crc
 
 
-def bomb_request(topic: str, codec: Compression, block: bytes, correlation_id: int = 1,
-                 client_id: str = "bomber") -> bytes:
-    """A ProduceRequest (acks=1) carrying one batch around ``block``, length included."""
+def produce_request(topic: str, batch: bytes, correlation_id: int = 1,
+                    client_id: str = "bomber") -> bytes:
+    """A Produce v8 request (acks=1) of ``batch`` to partition 0, length prefix included."""
     cls = request_type(ApiKey.PRODUCE, PRODUCE_VERSION)
     topic_t = get_args(get_type_hints(cls)["topic_data"])[0]
     part_t = get_args(get_type_hints(topic_t)["partition_data"])[0]
     timeout = datetime.timedelta(seconds=30)
     message = cls(transactional_id=None, acks=1, timeout=timeout, topic_data=(
-        topic_t(name=topic, partition_data=(
-            part_t(index=0, records=batch_around(block, codec)),)),))
+        topic_t(name=topic, partition_data=(part_t(index=0, records=batch),)),))
     header = encode_request_header(ApiKey.PRODUCE, PRODUCE_VERSION, correlation_id,
                                    client_id, 1)
     return encode_frame(header + serialize(message))
+
+
+def bomb_request(topic: str, codec: Compression, block: bytes, correlation_id: int = 1,
+                 client_id: str = "bomber") -> bytes:
+    """A Produce request carrying one batch around the compressed ``block``."""
+    return produce_request(topic, batch_around(block, codec), correlation_id, client_id)
 
 
 def produce_answer(frame: bytes) -> tuple[int, str | None]:
