@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "tests"))  # the bombs and raw sockets of tests/hardening
 
 from hardening.bombs import (  # noqa: E402
     BOMBS,
