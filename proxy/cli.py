@@ -23,6 +23,7 @@ from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.logs import setup_logging
 from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import ProducePipeline
 from kiproxy.proxy.server import ProxyServer
 
@@ -83,6 +84,18 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
     p.add_argument("--max-buffered-bytes", metavar="BYTES", type=int,
                    help="response bytes buffered per client before its reads pause "
                         "(default 8388608)")
+    p.add_argument("--max-decompressed-batch-bytes", metavar="BYTES", type=int,
+                   help="largest decompressed records block of one batch; larger ones are "
+                        "refused with INVALID_RECORD (default 33554432)")
+    p.add_argument("--max-decompression-ratio", metavar="N", type=int,
+                   help="largest decompressed/compressed ratio past 4 MiB of output "
+                        "(default 256; 0: no ratio check)")
+    p.add_argument("--max-decode-memory", metavar="BYTES", type=int,
+                   help="process-wide bytes of large batches being decoded or held "
+                        "decoded; more waits (default 268435456)")
+    p.add_argument("--max-client-buffered-bytes", metavar="BYTES", type=int,
+                   help="process-wide bytes of partial request frames held; past it "
+                        "connections' reads pause (default 268435456)")
     p.add_argument("--idle-timeout-ms", metavar="MS", type=int,
                    help="close idle client connections after MS (default 600000; 0: never)")
     tls = p.add_argument_group("TLS")
@@ -158,6 +171,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "max_connections": args.max_connections,
         "max_buffered_bytes": args.max_buffered_bytes,
+        "max_decompressed_batch_bytes": args.max_decompressed_batch_bytes,
+        "max_decompression_ratio": args.max_decompression_ratio,
+        "max_decode_memory": args.max_decode_memory,
+        "max_client_buffered_bytes": args.max_client_buffered_bytes,
         "idle_timeout_ms": args.idle_timeout_ms,
         "tls.cert": args.tls_cert,
         "tls.key": args.tls_key,
@@ -208,8 +225,11 @@ def build_pipeline(config: ProxyConfig) -> ProducePipeline:
     elif spec is not None:
         interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
         log.info("interceptor %s loaded", spec)
+    offload = BatchOffload(config.decompression_limits(),
+                           max_decode_memory=config.max_decode_memory)
     return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms,
-                           compression_levels=config.interceptor.compression.levels())
+                           compression_levels=config.interceptor.compression.levels(),
+                           offload=offload)
 
 
 async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
@@ -246,7 +266,10 @@ def _keep_freed_memory() -> None:
     defaults such blocks are mapped and unmapped (or the heap trimmed) per request,
     and every page of the next one is faulted in again: measured, 190,000 minor
     faults and ~20% more proxy CPU per GB on the bench's decode path. Blocks up to
-    32 MiB now come from the heap, and up to 128 MiB of free heap is kept for reuse.
+    32 MiB now come from the heap, and up to 128 MiB of free heap is kept for reuse
+    between requests; after a burst of large frames or decoded batches
+    :class:`kiproxy.proxy.memory.HeapTrimmer` gives it back with ``malloc_trim(0)``
+    (without it, abandoned large frames left their heap resident for good).
     A no-op where the C library is not glibc, or with ``KIPROXY_KEEP_FREED_MEMORY=0``
     in the environment (glibc's own tuning then applies, e.g. through
     ``GLIBC_TUNABLES``).

@@ -23,10 +23,13 @@ from pydantic import (
 
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
+    DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
+    DEFAULT_MAX_DECOMPRESSION_RATIO,
     GZIP_LEVELS,
     LZ4_LEVELS,
     ZSTD_LEVELS,
     CompressionLevels,
+    DecompressionLimits,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kiproxy.proxy.routes import (
@@ -272,6 +275,20 @@ class ProxyConfig(_Strict):
     """Client connections open at once; more are closed on accept (and logged)."""
     max_buffered_bytes: int = Field(default=8 * 2**20, gt=0)
     """Response bytes buffered for a client that does not read; its reads pause beyond it."""
+    max_decompressed_batch_bytes: int = Field(
+        default=DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES, gt=0, strict=True)
+    """Largest decompressed records block of one batch (32 MiB); decompression stops
+    there and the partition is refused with INVALID_RECORD. See docs/limits.md."""
+    max_decompression_ratio: int = Field(default=DEFAULT_MAX_DECOMPRESSION_RATIO, ge=0,
+                                         strict=True)
+    """Largest decompressed/compressed ratio of a records block once past 4 MiB of
+    output (256; 0: no ratio check); refused like the above."""
+    max_decode_memory: int = Field(default=256 * 2**20, gt=0, strict=True)
+    """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
+    further decodes wait, and their connections stop being read meanwhile."""
+    max_client_buffered_bytes: int = Field(default=256 * 2**20, gt=0, strict=True)
+    """Process-wide bytes of partial request frames held (256 MiB); past it a connection
+    receiving more is paused, except the one holding the most."""
     idle_timeout_ms: int = Field(default=600_000, ge=0)
     """Close client connections with no traffic and nothing owed for this long (0: never)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
@@ -371,6 +388,11 @@ class ProxyConfig(_Strict):
         """The metrics endpoint's ``(host, port)``."""
         assert self.metrics_listen is not None
         return parse_host_port(self.metrics_listen)
+
+    def decompression_limits(self) -> DecompressionLimits:
+        """``max_decompressed_batch_bytes`` and ``max_decompression_ratio`` as one value."""
+        return DecompressionLimits(max_bytes=self.max_decompressed_batch_bytes,
+                                   max_ratio=self.max_decompression_ratio)
 
     @property
     def upstream_addresses(self) -> list[tuple[str, int]]:

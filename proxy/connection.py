@@ -12,6 +12,12 @@ Contracts, in the order a newcomer needs them:
   behind earlier in-flight responses). acks=0 produce requests take no slot.
 * At most ``max_in_flight`` slots per connection: reads pause when it is
   reached, bounding the memory a connection can hold.
+* Bytes buffered from clients are bounded per connection (a frame above
+  ``max_frame_size`` closes it; a partial frame holds only what arrived) and per
+  process (``max_client_buffered_bytes``: :mod:`kiproxy.proxy.memory` pauses the
+  socket of a connection that would pass it). Decoding a large batch runs off the
+  loop within ``max_decode_memory`` (:mod:`kiproxy.proxy.offload`); the connection
+  waits for it as it waits for its interceptor, so order is unchanged.
 * A malformed or oversized frame from the client closes that client only, with
   one log line naming the client. An upstream that closes or cannot be reached
   closes its client; clients reconnect.
@@ -38,7 +44,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any, cast
 
 from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
-from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.errors import FrameTooLarge, ProtocolError
 from kiproxy.protocol.framing import FrameAssembler, RequestHeader, parse_request_header
 from kiproxy.protocol.messages import ApiKey, api_name
 from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft
@@ -47,6 +53,7 @@ from kiproxy.proxy.sasl import SaslTracker
 if TYPE_CHECKING:
     from collections.abc import Callable, Coroutine
 
+    from kiproxy.proxy.memory import ReceiveBudget
     from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy.connection")
@@ -68,14 +75,19 @@ class FrameStream(asyncio.BufferedProtocol):
     arrive are kept for the owner and reading pauses until it asks again, so
     while a request (or a batch of responses) is handled nothing more is read and
     TCP pushes back. :meth:`drain` waits while the write buffer is above its
-    high-water mark, as ``StreamWriter.drain`` does.
+    high-water mark, as ``StreamWriter.drain`` does. With a ``budget`` (client
+    sockets), the bytes of a partial frame count against the process-wide
+    :class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
     """
 
     def __init__(self, max_frame_size: int,
                  on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
-                 ) -> None:
+                 budget: ReceiveBudget | None = None) -> None:
         self._assembler = FrameAssembler(max_frame_size)
         self._on_open = on_open
+        self._budget = budget
+        self._budget_held = 0
+        self._held_back = False
         self._task: asyncio.Task[None] | None = None
         self._transport: asyncio.Transport | None = None
         self._frames: list[Frame] = []
@@ -112,10 +124,16 @@ class FrameStream(asyncio.BufferedProtocol):
         try:
             frames = self._assembler.buffer_updated(nbytes)
         except ProtocolError as exc:
+            if self._budget is not None and isinstance(exc, FrameTooLarge):
+                self._budget.refused_frame()
             self._error = exc
             self._pause()
             self._wake()
             return
+        held = self._assembler.buffered
+        if self._budget is not None and (held or self._budget_held):
+            self._budget_held = held
+            self._budget.update(self, held)
         if frames:
             self._frames.extend(frames)
             self._pause()
@@ -130,6 +148,10 @@ class FrameStream(asyncio.BufferedProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._lost = True
+        self._assembler.discard()
+        if self._budget is not None:
+            self._budget.forget(self)
+            self._budget_held = 0
         if exc is None:
             self._eof = True
         elif self._error is None:
@@ -212,7 +234,20 @@ class FrameStream(asyncio.BufferedProtocol):
             self._reading = False
             self._transport.pause_reading()
 
+    def hold_back(self) -> None:
+        """Stop reading the socket until :meth:`let_go` (the receive budget is spent)."""
+        self._held_back = True
+        self._pause()
+
+    def let_go(self) -> None:
+        """Read the socket again, if the owner is waiting for frames."""
+        self._held_back = False
+        if self._waiter is not None:
+            self._resume()
+
     def _resume(self) -> None:
+        if self._held_back:
+            return
         if not self._reading and self._transport is not None and not self._lost:
             self._reading = True
             self._transport.resume_reading()

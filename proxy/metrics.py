@@ -17,10 +17,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("kiproxy.metrics")
 
@@ -72,11 +74,21 @@ class Metrics:
         self.observer_dropped = Counter(
             "kiproxy_observer_dropped_events", "Events dropped because an observer's queue "
             "was full", ["observer"], registry=r)
+        self.rejected_batches = Counter(
+            "kiproxy_rejected_batches", "Record batches the proxy refused, by reason "
+            "(interceptor, decompression_limit, corrupt, unsupported_compression, "
+            "old_format)", ["reason"], registry=r)
         self.request_latency = Histogram(
             "kiproxy_request_latency_seconds", "From reading a request to writing its "
             "response, by API", ["api"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                      2.5, 5.0, 10.0, 30.0), registry=r)
+
+    def watch_limits(self, hits: Callable[[], dict[str, int]],
+                     used: Callable[[], dict[str, int]]) -> None:
+        """Serve ``kiproxy_limit_hits_total{limit}`` and ``kiproxy_limit_used_bytes{limit}``
+        from counters the limits keep themselves, read at scrape time."""
+        self.registry.register(_LimitCollector(hits, used))
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -151,3 +163,26 @@ class HealthServer:
                 return "200 OK", text, b"ready\n"
             return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
         return "404 Not Found", text, b"try /metrics, /healthz or /readyz\n"
+
+
+class _LimitCollector(Collector):
+    def __init__(self, hits: Callable[[], dict[str, int]],
+                 used: Callable[[], dict[str, int]]) -> None:
+        self._hits = hits
+        self._used = used
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        hits = CounterMetricFamily(
+            "kiproxy_limit_hits", "Times a resource limit held a client back or refused it: "
+            "max_decode_memory (a decode waited for the budget), max_client_buffered_bytes "
+            "(a connection's reads paused), max_frame_size (a client closed)",
+            labels=["limit"])
+        for name, value in self._hits().items():
+            hits.add_metric([name], value)
+        used = GaugeMetricFamily(
+            "kiproxy_limit_used_bytes", "Bytes counted against a process-wide limit now",
+            labels=["limit"])
+        for name, value in self._used().items():
+            used.add_metric([name], value)
+        yield hits
+        yield used

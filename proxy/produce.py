@@ -46,6 +46,7 @@ from kiproxy.interceptors.verdict import (
 from kiproxy.protocol.compression import DEFAULT_LEVELS
 from kiproxy.protocol.errors import (
     CorruptBatch,
+    DecompressionLimitExceeded,
     ProtocolError,
     UnsupportedCompression,
     UnsupportedMagic,
@@ -69,20 +70,20 @@ from kiproxy.protocol.messages import (
     serialize,
 )
 from kiproxy.protocol.records import (
-    DEFAULT_MAX_DECOMPRESSED_SIZE,
+    DEFAULT_DECOMPRESSION_LIMITS,
     CompressionLevels,
-    decode_batches,
-    encode_batch,
     read_batch_headers,
 )
 from kiproxy.proxy.addresses import rewrite_message
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.offload import BatchOffload, WarningLimiter
 from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
 from kiproxy.proxy.verdict_log import VerdictLog
 
 if TYPE_CHECKING:
     from kiproxy.proxy.connection import ClientConnection
     from kiproxy.proxy.metrics import Metrics
+    from kiproxy.proxy.offload import DecodeLease
 
 log = logging.getLogger("kiproxy.produce")
 
@@ -113,6 +114,8 @@ class _Rejection:
     record_errors: tuple[tuple[int, str | None], ...] = ()
     logged: bool = False
     """Already logged as a plugin fault (a WARNING), so not again at INFO."""
+    reason: str = "interceptor"
+    """The ``reason`` label of kiproxy_rejected_batches_total."""
 
 
 @dataclass(slots=True)
@@ -225,7 +228,7 @@ class ProducePipeline:
         *,
         name: str = "",
         timeout_ms: int = 5000,
-        max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+        offload: BatchOffload | None = None,
         proxy_host: str | None = None,
         compression_levels: CompressionLevels | None = None,
     ) -> None:
@@ -235,7 +238,9 @@ class ProducePipeline:
         lowers it to 12 with ``workers`` > 1, where topic ids are learned per process)."""
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
         self.timeout = timeout_ms / 1000
-        self.max_decompressed_size = max_decompressed_size
+        self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
+        """Decompression limits, the decode memory budget and the decode threads."""
+        self._limit_warnings = WarningLimiter()
         self.compression_levels = compression_levels or DEFAULT_LEVELS
         """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
         self.proxy_host = proxy_host or socket.gethostname()
@@ -255,7 +260,8 @@ class ProducePipeline:
                 self.topic_names[topic_id] = topic.name
 
     async def close(self) -> None:
-        """Run the interceptor's ``close()``."""
+        """Run the interceptor's ``close()``; stop the decode threads."""
+        self.offload.close()
         close = getattr(self.interceptor, "close", None)
         if close is not None:
             try:
@@ -325,11 +331,18 @@ class ProducePipeline:
                         draft.error_code = rejection.error_code
                         draft.error_message = rejection.message
                     continue
-                outcome = await self._partition(
-                    conn, request, version, topic_name, topic_key, part, received_at_ms
-                )
+                lease = self.offload.lease()
+                try:
+                    outcome = await self._partition(
+                        conn, request, version, topic_name, topic_key, part, received_at_ms,
+                        lease)
+                finally:
+                    lease.release()
                 if isinstance(outcome, _Rejection):
                     rejections.append(outcome)
+                    if self.metrics is not None:
+                        self.metrics.rejected_batches.labels(outcome.reason).inc(
+                            max(_count(part.records)[0], 1))
                     if draft is not None:
                         draft.outcome = "rejected"
                         draft.error_code = outcome.error_code
@@ -414,18 +427,26 @@ class ProducePipeline:
         topic_key: Any,
         part: Any,
         received_at_ms: int,
+        lease: DecodeLease,
     ) -> _Rejection | tuple[bytes, bool, list[AcknowledgedBatch]]:
         data = part.records
         if not data:
             return data, False, []
         try:
-            batches = decode_batches(data, max_decompressed_size=self.max_decompressed_size)
+            batches = await lease.decode(data)
         except UnsupportedMagic as exc:
-            return _Rejection(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc))
+            return _Rejection(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
+                              reason="old_format")
         except UnsupportedCompression as exc:
-            return _Rejection(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc))
+            return _Rejection(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
+                              reason="unsupported_compression")
+        except DecompressionLimitExceeded as exc:
+            self._warn_limit(conn, topic, part.index, exc)
+            return _Rejection(topic_key, part.index, INVALID_RECORD, str(exc),
+                              reason="decompression_limit")
         except CorruptBatch as exc:
-            return _Rejection(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}")
+            return _Rejection(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
+                              reason="corrupt")
 
         out: list[bytes] = []
         acked: list[AcknowledgedBatch] = []
@@ -458,8 +479,8 @@ class ProducePipeline:
                 transformed = False
             else:
                 try:
-                    out.append(encode_batch(h, tuple(result.batch.records), renumber=True,
-                                            levels=self.compression_levels))
+                    out.append(await lease.encode(h, tuple(result.batch.records),
+                                                  self.compression_levels, decoded.block_size))
                 except Exception as exc:
                     # Not Records, a header key that is not UTF-8, a timestamp out of
                     # range: the plugin's fault, so that batch is rejected like a raise.
@@ -478,6 +499,16 @@ class ProducePipeline:
         if not changed:
             return data, False, acked
         return b"".join(out), True, acked
+
+    def _warn_limit(self, conn: ClientConnection, topic: str, partition: int,
+                    exc: DecompressionLimitExceeded) -> None:
+        """One WARNING per client host per interval: a bomb, or a limit set too low."""
+        suppressed = self._limit_warnings.allow(conn.client_address.rpartition(":")[0])
+        if suppressed is None:
+            return
+        more = f" ({suppressed} more from this host since the last warning)" if suppressed else ""
+        log.warning("refused %s[%d] from %s (client_id %r): %s%s", topic, partition,
+                    conn.client_address, conn.client_id, exc, more, extra=conn.log_context)
 
     async def _intercept(
         self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,

@@ -34,6 +34,7 @@ from kiproxy.proxy.api_versions import (
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.connection import ClientConnection, FrameStream
 from kiproxy.proxy.discovery import DiscoveryError, discover_nodes
+from kiproxy.proxy.memory import HeapTrimmer, ReceiveBudget
 from kiproxy.proxy.metrics import HealthServer, Metrics
 from kiproxy.proxy.nodes import NodeRegistry
 from kiproxy.proxy.observe import ObserverHub
@@ -77,6 +78,11 @@ class ProxyServer:
         self._client_tls = client_context(config.tls)
         self._upstream_tls = upstream_context(config.upstream_tls)
         self._sweeper: asyncio.Task[None] | None = None
+        self.receive_budget = ReceiveBudget(config.max_client_buffered_bytes)
+        """Bytes of partial client frames held across every connection."""
+        self._trimmer = HeapTrimmer(
+            lambda: self.receive_budget.released + self.produce.offload.budget.released)
+        self._trim_task: asyncio.Task[None] | None = None
         self._discovery: asyncio.Task[None] | None = None
         host, port = config.listen_address
         self.listen_host = host
@@ -87,6 +93,16 @@ class ProxyServer:
         # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
         self.produce.max_version = 12 if config.workers > 1 else PRODUCE_MAX_VERSION
         self.produce.metrics = metrics
+        if metrics is not None:
+            decode_budget = self.produce.offload.budget
+            metrics.watch_limits(lambda: {
+                "max_decode_memory": decode_budget.waits,
+                "max_client_buffered_bytes": self.receive_budget.pauses,
+                "max_frame_size": self.receive_budget.frames_too_large,
+            }, lambda: {
+                "max_decode_memory": decode_budget.used,
+                "max_client_buffered_bytes": self.receive_budget.used,
+            })
         self.nodes = NodeRegistry(
             advertised_host=config.advertised_host or host,
             broker_port_start=config.broker_port_start
@@ -105,7 +121,8 @@ class ProxyServer:
     async def start(self) -> None:
         """Open the bootstrap listener."""
         server = await asyncio.get_running_loop().create_server(
-            partial(FrameStream, self.config.max_frame_size, partial(self._accept, node_id=None)),
+            partial(FrameStream, self.config.max_frame_size, partial(self._accept, node_id=None),
+                    self.receive_budget),
             self.listen_host, self._listen_port,
             reuse_address=True, reuse_port=self.config.workers > 1 or None,
             ssl=self._client_tls,
@@ -119,6 +136,7 @@ class ProxyServer:
                  ", ".join(self.config.upstream))
         if self.config.idle_timeout_ms:
             self._sweeper = asyncio.create_task(self._close_idle())
+        self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
             self._health = HealthServer(self.metrics, self.readiness)
             await self._health.start(*self.config.metrics_listen_address)
@@ -190,7 +208,7 @@ class ProxyServer:
         try:
             server = await asyncio.get_running_loop().create_server(
                 partial(FrameStream, self.config.max_frame_size,
-                        partial(self._accept, node_id=node_id)),
+                        partial(self._accept, node_id=node_id), self.receive_budget),
                 self.listen_host, port,
                 reuse_address=True, reuse_port=self.config.workers > 1 or None,
                 ssl=self._client_tls,
@@ -359,6 +377,8 @@ class ProxyServer:
             server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._trim_task is not None:
+            self._trim_task.cancel()
         if self._discovery is not None:
             self._discovery.cancel()
         for conn in list(self.connections):

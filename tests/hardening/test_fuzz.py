@@ -84,7 +84,12 @@ from kiproxy.protocol.framing import (
 )
 from kiproxy.protocol.legacy_produce import legacy_produce_acks_and_partitions
 from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
-from kiproxy.protocol.records import decode_batches, encode_batch, read_batch_headers
+from kiproxy.protocol.records import (
+    DecompressionLimits,
+    decode_batches,
+    encode_batch,
+    read_batch_headers,
+)
 from kiproxy.proxy.addresses import needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.api_versions import cut_api_versions_frame
 from kiproxy.proxy.embedded import EmbeddedBroker
@@ -187,7 +192,8 @@ def response_path(api_key: int, api_version: int, frame: bytes) -> None:
 def batch_path(data: bytes, verify_crc: bool = True) -> None:
     """Decode a partition's record batches and re-encode each, as for a transformed batch."""
     read_batch_headers(data)
-    for decoded in decode_batches(data, verify_crc=verify_crc, max_decompressed_size=1 << 20):
+    limits = DecompressionLimits(max_bytes=1 << 20)
+    for decoded in decode_batches(data, verify_crc=verify_crc, limits=limits):
         encode_batch(decoded.header, decoded.records)
 
 
