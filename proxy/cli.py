@@ -16,15 +16,10 @@ import signal
 import sys
 from typing import Any
 
-from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, load_observer
-from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
+from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
-from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.logs import setup_logging
 from kiproxy.proxy.metrics import Metrics
-from kiproxy.proxy.observe import ObserverHub
-from kiproxy.proxy.offload import BatchOffload
-from kiproxy.proxy.produce import ProducePipeline
 from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy")
@@ -188,56 +183,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
-    """Load the audit log and the configured observers."""
-    observers: list[tuple[str, Any]] = []
-    audit = config.audit
-    if audit.path is not None:
-        log_ = AuditLog()
-        try:
-            log_.configure(audit.model_dump())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
-        observers.append(("audit", log_))
-    if audit.topic is not None:
-        sink = KafkaAuditSink()
-        sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
-                        "requests": audit.requests})
-        observers.append(("audit-kafka", sink))
-    for item in config.observers:
-        observers.append((item.class_name,
-                          load_observer(item.class_name, config.plugins_dir, item.config)))
-    return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
-
-
-def build_pipeline(config: ProxyConfig) -> ProducePipeline:
-    """Load the configured interceptor (if any) into a produce pipeline."""
-    spec = config.interceptor.class_name
-    interceptor = None
-    if spec is not None and config.interceptor.isolation == "process":
-        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
-                                   workers=config.interceptor.workers,
-                                   log_setup=(config.log_level, config.log_format))
-        pool.start()  # a plugin that cannot load stops the proxy here (PluginLoadError)
-        interceptor = pool
-        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
-                 len(pool.pids), ", ".join(map(str, pool.pids)))
-    elif spec is not None:
-        interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
-        log.info("interceptor %s loaded", spec)
-    offload = BatchOffload(config.decompression_limits(),
-                           max_decode_memory=config.max_decode_memory)
-    return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms,
-                           compression_levels=config.interceptor.compression.levels(),
-                           offload=offload)
-
-
 async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
     """Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
     metrics = Metrics() if config.metrics_listen is not None else None
-    pipeline = build_pipeline(config)
-    server = ProxyServer(config, pipeline, observers=build_observers(config, metrics),
-                         metrics=metrics)
+    server = ProxyServer(config, metrics=metrics)  # builds generation 1, or raises
     # Signal handlers go in before the server announces itself, so a supervisor
     # that stops the proxy right after reading the bootstrap line gets a clean
     # shutdown rather than a KeyboardInterrupt traceback.

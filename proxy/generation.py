@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.nodes import NodeRegistry
 from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import ProducePipeline
 
 log = logging.getLogger("kiproxy")
@@ -52,18 +54,64 @@ class Generation:
     """This generation's observers (audit log, observer plugins)."""
 
     @property
-    def observed(self) -> bool:
-        """Responses are observed or counted, so produce requests are summarised."""
-        return self.produce.observed
+    def tallies(self) -> bool:
+        """Responses are observed or metered, so produce requests are tallied."""
+        return self.produce.tallies
 
 
 class GenerationCell:
-    """Holds the current generation; what connections read at the start of a request."""
+    """The current generation, and how many requests still run under each older one.
 
-    __slots__ = ("current",)
+    A connection takes the current generation with :meth:`acquire` when it reads a
+    request and gives it back with :meth:`release` once the request's answer has left
+    (or none is owed); :meth:`retire` waits until a replaced generation has no request
+    left.
+    """
 
     def __init__(self, generation: Generation) -> None:
         self.current = generation
+        self._users: dict[int, int] = {}
+        self._idle: dict[int, asyncio.Event] = {}
+
+    def acquire(self) -> Generation:
+        """The current generation, counted as in use by one more request."""
+        generation = self.current
+        self._users[generation.number] = self._users.get(generation.number, 0) + 1
+        return generation
+
+    def release(self, generation: Generation) -> None:
+        """One request of ``generation`` is done."""
+        left = self._users.get(generation.number, 0) - 1
+        if left > 0:
+            self._users[generation.number] = left
+            return
+        self._users.pop(generation.number, None)
+        idle = self._idle.get(generation.number)
+        if idle is not None:
+            idle.set()
+
+    def in_use(self, generation: Generation) -> int:
+        """Requests still running under ``generation``."""
+        return self._users.get(generation.number, 0)
+
+    def switch(self, generation: Generation) -> Generation:
+        """Make ``generation`` current; return the one it replaces."""
+        old, self.current = self.current, generation
+        return old
+
+    async def retire(self, generation: Generation, timeout: float) -> bool:
+        """Wait until no request runs under ``generation`` (at most ``timeout`` seconds);
+        False if some still did then."""
+        if not self.in_use(generation):
+            return True
+        idle = self._idle.setdefault(generation.number, asyncio.Event())
+        try:
+            await asyncio.wait_for(idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self._idle.pop(generation.number, None)
+        return True
 
 
 def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
@@ -110,7 +158,8 @@ def _load_interceptor(config: ProxyConfig) -> Any | None:
 
 
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
-                     nodes: NodeRegistry | None = None) -> Generation:
+                     nodes: NodeRegistry | None = None, offload: BatchOffload | None = None,
+                     topic_names: dict[uuid.UUID, str] | None = None) -> Generation:
     """Everything ``config`` needs, complete, or an exception and nothing left open."""
     observers = build_observers(config, metrics)
     try:
@@ -125,8 +174,9 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
         timeout_ms=config.interceptor.timeout_ms,
         compression_levels=config.interceptor.compression.levels(),
         max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
-        metrics=metrics, observed=observers.active or metrics is not None,
+        metrics=metrics, tallies=observers.active or metrics is not None,
         nodes_seen=nodes.seen if nodes is not None else None,
+        offload=offload, topic_names=topic_names,
     )
     return Generation(number=number, config=config, produce=produce, observers=observers)
 
