@@ -197,3 +197,31 @@ async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
         await asyncio.sleep(0.02)
     await watch.stop()
     assert fired == ["b"]
+
+
+def test_forgetting_plugin_modules_makes_a_changed_file_take_effect(tmp_path: Path) -> None:
+    from kiproxy.interceptors.api import InterceptContext, Record, RecordBatch
+    from kiproxy.interceptors.loader import forget_plugin_modules, load_interceptor
+
+    source = '''
+from kiproxy.interceptors import ProduceRequestInterceptor
+from suffix_helper import SUFFIX
+
+class Suffix(ProduceRequestInterceptor):
+    def intercept(self, batch, ctx):
+        return batch.with_records(r.with_value(r.value + SUFFIX) for r in batch.records)
+'''
+    (tmp_path / "reload_suffix.py").write_text(source)
+    (tmp_path / "suffix_helper.py").write_text("SUFFIX = b'-A'\n")
+    batch = RecordBatch(topic="t", partition=0, records=(Record(key=None, value=b"v"),))
+    ctx = InterceptContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                           api_version=9, acks=1, transactional_id=None, deadline=0.0)
+    try:
+        first = load_interceptor("reload_suffix:Suffix", tmp_path)
+        (tmp_path / "suffix_helper.py").write_text("SUFFIX = b'-B'\n")
+        assert sorted(forget_plugin_modules(tmp_path)) == ["reload_suffix", "suffix_helper"]
+        second = load_interceptor("reload_suffix:Suffix", tmp_path)
+        assert first.intercept(batch, ctx).records[0].value == b"v-A"
+        assert second.intercept(batch, ctx).records[0].value == b"v-B"
+    finally:
+        forget_plugin_modules(tmp_path)
