@@ -11,6 +11,7 @@ message says what was looked for, where, and what went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -28,6 +29,7 @@ from kiproxy.interceptors.observer import Observer
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginLoadError",
+    "forget_plugin_modules",
     "load_interceptor",
     "load_observer",
     "resolve_class",
@@ -242,3 +244,26 @@ def load_interceptor(
         return load_interceptor(inner, plugins_dir, inner_config)
 
     return _instantiate(spec, resolve_class(spec, plugins_dir), config, plugins)
+
+
+def forget_plugin_modules(plugins_dir: str | Path | None) -> list[str]:
+    """Drop the modules loaded from ``plugins_dir`` so the next load imports them afresh.
+
+    A reload calls this before it builds the new interceptors: a changed ``.py``
+    file (or a module of a plugin package) then takes effect. Objects made from
+    the old modules keep working; they hold their own module references.
+    """
+    if plugins_dir is None:
+        return []
+    base = Path(plugins_dir).resolve()
+    dropped = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path is None:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if Path(path).resolve().is_relative_to(base):
+                del sys.modules[name]
+                dropped.append(name)
+    importlib.invalidate_caches()
+    return dropped

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader
@@ -90,7 +90,7 @@ class RequestRouter:
                 f"{api_name(header.api_key)} request before its SASL "
                 f"{client.sasl.mechanism} authentication succeeded (the broker would refuse "
                 "it: ILLEGAL_SASL_STATE)")
-        handler = _HANDLERS.get(header.api_key, RequestRouter._other)
+        handler: _Handler = _HANDLERS.get(header.api_key, RequestRouter._other)
         return await handler(self, client, generation, header, frame)
 
     def rewriter(self, generation: Generation,
@@ -150,7 +150,7 @@ class RequestRouter:
         return Forward(frame, on_response=self.rewriter(generation, header))
 
 
-_HANDLERS: dict[int, Any] = {
+_HANDLERS: dict[int, _Handler] = {
     ApiKey.PRODUCE: RequestRouter._produce,
     ApiKey.API_VERSIONS: RequestRouter._api_versions,
     ApiKey.SASL_HANDSHAKE: RequestRouter._sasl_handshake,
