@@ -62,7 +62,7 @@ from kiproxy.protocol.framing import RequestHeader, parse_request_header
 from kiproxy.protocol.messages import ApiKey, api_name
 from kiproxy.proxy.frame_stream import Frame, FrameStream
 from kiproxy.proxy.outcome import Answer, Forward, PartitionTally
-from kiproxy.proxy.sasl import SaslRound, SaslTracker
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 if TYPE_CHECKING:
     from kiproxy.proxy.generation import Generation, GenerationCell
@@ -517,36 +517,10 @@ class ClientConnection:
 
     def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
                       frame: bytes) -> bytes:
-        """Learn (or forget) the principal from a SaslAuthenticate answer; pass it on unchanged.
-
-        The principal is set only when the exchange is decided in the client's
-        favour (PLAIN: error_code 0; SCRAM: the server-final-message's ``v=``),
-        never on the first SCRAM round. A failed exchange clears the principal
-        SASL had given the connection (a failed KIP-368 re-authentication: the
-        broker no longer vouches for it) and is logged once.
-        """
-        verdict = self.sasl.on_response(sasl_round, version, flexible, frame)
-        if verdict is None:
-            return frame
-        mechanism = sasl_round.mechanism if sasl_round is not None else self.sasl.mechanism
-        if verdict.succeeded:
-            if verdict.user != self.identity.principal:
-                self.identity = dataclasses.replace(self.identity, principal=verdict.user,
-                                                    sasl_mechanism=mechanism)
-                log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
-                         self.client_address, self.client_id, verdict.user, mechanism,
-                         extra=self.log_context)
-            self.sasl.principal = verdict.user
-            return frame
-        if self.sasl.principal is not None and self.identity.principal == self.sasl.principal:
-            # Back to what TLS says of the client, if anything.
-            self.identity = dataclasses.replace(self.identity,
-                                                principal=self.identity.tls_subject,
-                                                sasl_mechanism=None)
-        self.sasl.principal = None
-        log.warning("SASL authentication of client %s (client_id %r) as %r failed: %s "
-                    "(SASL %s)", self.client_address, self.client_id, verdict.user,
-                    verdict.reason, mechanism, extra=self.log_context)
+        """Learn (or forget) the principal from a SaslAuthenticate answer (see
+        :func:`~kiproxy.proxy.sasl.identity_after_sasl`); pass the answer on unchanged."""
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
         return frame
 
     @property

@@ -82,9 +82,9 @@ from kiproxy.proxy.verdict_log import VerdictLog
 
 if TYPE_CHECKING:
     from kiproxy.interceptors.identity import ClientIdentity
+    from kiproxy.proxy.client import RequestingClient
     from kiproxy.proxy.metrics import Metrics
     from kiproxy.proxy.offload import DecodeLease
-    from kiproxy.proxy.router import RequestingClient
 
 log = logging.getLogger("kiproxy.produce")
 

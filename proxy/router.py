@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from functools import partial
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader
@@ -35,39 +35,18 @@ from kiproxy.proxy.api_versions import (
     known_version_range,
     unsupported_api_versions_response,
 )
+from kiproxy.proxy.client import RequestingClient
 from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
 
 if TYPE_CHECKING:
-    from kiproxy.interceptors.identity import ClientIdentity
     from kiproxy.proxy.generation import Generation
     from kiproxy.proxy.nodes import NodeRegistry
-    from kiproxy.proxy.sasl import SaslRound, SaslTracker
 
-__all__ = ["RequestRouter", "RequestingClient"]
+__all__ = ["RequestRouter"]
 
 _BEFORE_AUTHENTICATION = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 """What a Kafka broker accepts on a connection whose SASL exchange is under way."""
-
-
-class RequestingClient(Protocol):
-    """What the router and the produce pipeline need of the client connection."""
-
-    @property
-    def identity(self) -> ClientIdentity:
-        """Who the client is, as the proxy knows it now."""
-
-    @property
-    def sasl(self) -> SaslTracker:
-        """The connection's SASL bookkeeping."""
-
-    @property
-    def log_context(self) -> dict[str, object]:
-        """``extra=`` fields for log lines about this client."""
-
-    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
-                      frame: bytes) -> bytes:
-        """Learn (or forget) the principal from a SaslAuthenticate answer; return it."""
 
 
 _Handler = Callable[["RequestRouter", RequestingClient, "Generation", RequestHeader, bytes],
