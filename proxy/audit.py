@@ -146,7 +146,10 @@ class AuditLog(Observer):
 
     def on_response(self, info: ResponseInfo) -> None:
         """Write the response's events."""
-        events = _events(info, self.requests)
+        self.record(_events(info, self.requests))
+
+    def record(self, events: list[dict[str, Any]]) -> None:
+        """Append ``events`` (each with an ``event`` field), as one write."""
         if not events:
             return
         text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)

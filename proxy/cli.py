@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from kiproxy.interceptors.loader import PluginLoadError
@@ -183,10 +185,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
-    """Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
+async def serve(config: ProxyConfig, on_ready: Any = None, *,
+                load: Callable[[], ProxyConfig] | None = None,
+                config_file: str | None = None,
+                siblings: tuple[tuple[str, int], ...] = ()) -> None:
+    """Run the proxy until SIGINT/SIGTERM, then shut down gracefully; SIGHUP reloads
+    (``load`` reads the configuration again)."""
     metrics = Metrics() if config.metrics_listen is not None else None
-    server = ProxyServer(config, metrics=metrics)  # builds generation 1, or raises
+    server = ProxyServer(config, metrics=metrics, load=load, siblings=siblings,
+                         config_file=config_file)  # builds generation 1, or raises
     # Signal handlers go in before the server announces itself, so a supervisor
     # that stops the proxy right after reading the bootstrap line gets a clean
     # shutdown rather than a KeyboardInterrupt traceback.
@@ -195,6 +202,15 @@ async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(server.reload("signal"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await server.start()
     if on_ready is not None:
         on_ready(server)
@@ -257,14 +273,16 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level, config.log_format)
     try:
         if args.command == "dev":
-            return _dev(config)
+            return _dev(config, args.config, overrides)
         if not config.upstream:
             print("kiproxy: config error: upstream: at least one HOST:PORT is required "
                   "(--upstream or the config file's upstream list)", file=sys.stderr)
             return 2
         if config.workers > 1:
-            return _serve_workers(config)
-        _run(serve(config, on_ready=_print_ready))
+            return _serve_workers(config, args.config, overrides)
+        _run(serve(config, on_ready=_print_ready, load=partial(load_config, args.config,
+                                                                overrides),
+                   config_file=args.config))
     except PluginLoadError as exc:
         print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
         return 2
@@ -289,7 +307,21 @@ def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
     return config.model_copy(update=update)
 
 
-def _serve_workers(config: ProxyConfig) -> int:
+def _worker_load(config_file: str | None, overrides: dict[str, Any],
+                 index: int) -> ProxyConfig:
+    return worker_config(load_config(config_file, overrides), index)
+
+
+def _siblings(config: ProxyConfig, index: int) -> tuple[tuple[str, int], ...]:
+    """The metrics endpoints of the other workers (``POST /reload`` reaches them all)."""
+    if config.metrics_listen is None:
+        return ()
+    host, port = config.metrics_listen_address
+    return tuple((host, port + j) for j in range(config.workers) if j != index)
+
+
+def _serve_workers(config: ProxyConfig, config_file: str | None,
+                   overrides: dict[str, Any]) -> int:
     """Fork ``config.workers`` processes serving the same listeners; wait for them."""
     if config.listen_address[1] == 0:
         raise ConfigError("workers: several workers need a fixed listen port, not 0")
@@ -302,7 +334,9 @@ def _serve_workers(config: ProxyConfig) -> int:
             code = 0
             try:
                 _run(serve(worker_config(config, index),
-                           on_ready=_print_ready if index == 0 else None))
+                           on_ready=_print_ready if index == 0 else None,
+                           load=partial(_worker_load, config_file, overrides, index),
+                           config_file=config_file, siblings=_siblings(config, index)))
             except BaseException:
                 log.exception("worker %d failed", index)
                 code = 1
@@ -318,6 +352,7 @@ def _serve_workers(config: ProxyConfig) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # every worker reloads
     failed = 0
     for child in children:
         _, status = os.waitpid(child, 0)
@@ -334,7 +369,7 @@ def _print_ready(server: ProxyServer) -> None:
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
 
 
-def _dev(config: ProxyConfig) -> int:
+def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]) -> int:
     from kiproxy.proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
 
     broker = EmbeddedBroker()
@@ -346,7 +381,9 @@ def _dev(config: ProxyConfig) -> int:
     try:
         log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
         config = config.model_copy(update={"upstream": [broker.bootstrap]})
-        _run(serve(config, on_ready=_print_ready))
+        overrides = {**overrides, "upstream": [broker.bootstrap]}
+        _run(serve(config, on_ready=_print_ready,
+                   load=partial(load_config, config_file, overrides), config_file=config_file))
     finally:
         broker.stop()
     return 0

@@ -123,6 +123,18 @@ class InterceptorSettings(_Strict):
         return None if value is None else _plugin_spec(value)
 
 
+class ReloadSettings(_Strict):
+    """How a running proxy takes a changed configuration (SIGHUP and ``POST /reload``
+    always work; this adds the file watch)."""
+
+    watch: bool = False
+    """Reload when the config file, a file in the plugins dir or a TLS file changes."""
+    watch_interval_ms: int = Field(default=1000, gt=0)
+    """How often the watched files are checked (their contents are hashed)."""
+    debounce_ms: int = Field(default=2000, ge=0)
+    """How long the watched files must stay unchanged before a reload starts."""
+
+
 class AuditSettings(_Strict):
     """The built-in audit log (JSON Lines); off unless ``path`` or ``topic`` is set."""
 
@@ -253,6 +265,8 @@ class ProxyConfig(_Strict):
     """Observer plugins; each sees every request and response on a thread of its own."""
     observer_queue_size: int = Field(default=100_000, gt=0)
     """Events buffered per observer; beyond it events are dropped and counted."""
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)
+    """Hot reload: the file watch (SIGHUP and ``POST /reload`` need no setting)."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
     """The built-in audit log."""
     metrics_listen: str | None = None

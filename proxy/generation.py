@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -30,10 +31,10 @@ from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
 from kiproxy.proxy.config import ConfigError, ProxyConfig
 from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.metrics import Metrics
-from kiproxy.proxy.nodes import NodeRegistry
 from kiproxy.proxy.observe import ObserverHub
 from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.tls import client_context
 
 log = logging.getLogger("kiproxy")
 
@@ -52,6 +53,8 @@ class Generation:
     """The produce pipeline with this generation's interceptor."""
     observers: ObserverHub
     """This generation's observers (audit log, observer plugins)."""
+    client_tls: ssl.SSLContext | None
+    """The listeners' TLS context (certificate, key, client CA), when TLS is on."""
 
     @property
     def tallies(self) -> bool:
@@ -158,14 +161,24 @@ def _load_interceptor(config: ProxyConfig) -> Any | None:
 
 
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
-                     nodes: NodeRegistry | None = None, offload: BatchOffload | None = None,
-                     topic_names: dict[uuid.UUID, str] | None = None) -> Generation:
-    """Everything ``config`` needs, complete, or an exception and nothing left open."""
-    observers = build_observers(config, metrics)
+                     offload: BatchOffload | None = None,
+                     topic_names: dict[uuid.UUID, str] | None = None,
+                     previous: Generation | None = None) -> Generation:
+    """Everything ``config`` needs, complete, or an exception and nothing left open.
+
+    With ``previous`` (a reload), its observers are kept when the observer and
+    audit settings did not change: one audit file has one writer.
+    """
+    client_tls = client_context(config.tls)  # first: a bad certificate opens nothing
+    if previous is not None and _same_observers(previous.config, config):
+        observers = previous.observers
+    else:
+        observers = build_observers(config, metrics)
     try:
         interceptor = _load_interceptor(config)
     except BaseException:
-        observers.close(timeout=5)
+        if previous is None or observers is not previous.observers:
+            observers.close(timeout=5)
         raise
     # Produce v13 names topics by id; with several workers a process may not have
     # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
@@ -175,13 +188,21 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
         compression_levels=config.interceptor.compression.levels(),
         max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
         metrics=metrics, tallies=observers.active or metrics is not None,
-        nodes_seen=nodes.seen if nodes is not None else None,
         offload=offload, topic_names=topic_names,
     )
-    return Generation(number=number, config=config, produce=produce, observers=observers)
+    return Generation(number=number, config=config, produce=produce, observers=observers,
+                      client_tls=client_tls)
 
 
-async def close_generation(generation: Generation) -> None:
-    """Close the interceptor and the observers of a generation no request uses any more."""
+def _same_observers(old: ProxyConfig, new: ProxyConfig) -> bool:
+    return (old.audit == new.audit and old.observers == new.observers
+            and old.observer_queue_size == new.observer_queue_size
+            and old.plugins_dir == new.plugins_dir)
+
+
+async def close_generation(generation: Generation, *, keep_observers: bool = False) -> None:
+    """Close the interceptor and (unless the next generation kept them) the observers of
+    a generation no request uses any more."""
     await generation.produce.close()
-    await asyncio.to_thread(generation.observers.close)
+    if not keep_observers:
+        await asyncio.to_thread(generation.observers.close)

@@ -116,8 +116,9 @@ class Metrics:
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 """Returns ``None`` when ready, else the reason it is not."""
 
-ReloadAction = Callable[[], Awaitable[tuple[int, dict[str, Any]]]]
-"""Runs a reload; returns the HTTP status and the JSON answer."""
+ReloadAction = Callable[[str], Awaitable[tuple[int, dict[str, Any]]]]
+"""Runs a reload (given the request's query string); returns the HTTP status and the
+JSON answer."""
 
 ConfigView = Callable[[], dict[str, Any]]
 """The running configuration, redacted, for ``/config``."""
@@ -162,7 +163,8 @@ class HealthServer:
                     break
             parts = request_line.decode("latin-1").split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-            status, ctype, body = await self._answer(method, path.split("?", 1)[0])
+            path, _, query = path.partition("?")
+            status, ctype, body = await self._answer(method, path, query)
             head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
@@ -176,12 +178,13 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+    async def _answer(self, method: str, path: str,
+                      query: str = "") -> tuple[str, str, bytes]:
         text = "text/plain; charset=utf-8"
         if path == "/reload" and self._reload is not None:
             if method != "POST":
                 return "405 Method Not Allowed", text, b"POST /reload\n"
-            status, answer = await self._reload()
+            status, answer = await self._reload(query)
             return _STATUS[status], "application/json", json.dumps(answer).encode() + b"\n"
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", text, b"only GET and HEAD\n"

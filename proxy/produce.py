@@ -30,6 +30,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
@@ -69,6 +70,7 @@ from kiproxy.protocol.records import (
     CompressionLevels,
     read_batch_headers,
 )
+from kiproxy.proxy.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.offload import BatchOffload, WarningLimiter
 from kiproxy.proxy.outcome import Answer, Forward, PartitionTally, RequestOutcome
@@ -126,6 +128,15 @@ def _refused(topic_key: Any, partition: int, code: int, message: str,
                                                      reason=reason))
 
 
+def _node_rewriter(version: int, nodes_seen: NodeSeen | None
+                   ) -> Callable[[bytes], bytes] | None:
+    """What a forwarded answer needs when nothing is merged into it: its KIP-951
+    node_endpoints (v10+) named as the proxy's listeners."""
+    if nodes_seen is None or not needs_rewrite(ApiKey.PRODUCE, version):
+        return None
+    return partial(rewrite_response_frame, ApiKey.PRODUCE, version, seen=nodes_seen)
+
+
 def learn_topic_ids(topic_names: dict[uuid.UUID, str], metadata: Any) -> None:
     """Record in ``topic_names`` the topic ids a Metadata response names (for Produce v13)."""
     for topic in getattr(metadata, "topics", ()):
@@ -178,7 +189,6 @@ class ProducePipeline:
         max_version: int = PRODUCE_MAX_VERSION,
         metrics: Metrics | None = None,
         tallies: bool = False,
-        nodes_seen: Callable[[int, str, int], tuple[str, int]] | None = None,
         topic_names: dict[uuid.UUID, str] | None = None,
     ) -> None:
         self.interceptor = interceptor
@@ -199,8 +209,6 @@ class ProducePipeline:
         self.tallies = tallies
         """Responses are observed or metered, so each request is tallied per partition."""
         self.metrics = metrics
-        self.nodes_seen = nodes_seen
-        """Rewrites node_endpoints in merged v10+ responses."""
         self.verdict_log = VerdictLog(log)
         self._ack_hook = acknowledgement_hook(interceptor)
 
@@ -226,7 +234,7 @@ class ProducePipeline:
         client: RequestingClient,
         header: RequestHeader,
         frame: bytes,
-        rewriter: Callable[[bytes], bytes] | None,
+        nodes_seen: NodeSeen | None,
     ) -> RequestOutcome:
         """Decide what reaches the broker and what the client is answered.
 
@@ -247,9 +255,10 @@ class ProducePipeline:
             return self._refuse_legacy(client, header, frame)
         if self.interceptor is None:
             if self.tallies:
-                return self._tallied_passthrough(header, frame)
+                return self._tallied_passthrough(header, frame, nodes_seen)
             acks = read_acks(frame, header.body_offset, header.header_version == 2)
-            return Forward(frame, expect_response=acks != 0, on_response=rewriter)
+            return Forward(frame, expect_response=acks != 0,
+                           on_response=_node_rewriter(version, nodes_seen))
 
         request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
         received_at_ms = int(time.time() * 1000)
@@ -333,18 +342,21 @@ class ProducePipeline:
         if acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         if not rejections and self._ack_hook is None and tallies is None:
-            return Forward(frame, on_response=rewriter)
+            return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
         return Forward(frame, on_response=self._merger(
-            version, header.header_version == 2, rejections, acked, tallies), produce=tallies)
+            version, header.header_version == 2, rejections, acked, tallies, nodes_seen),
+            produce=tallies)
 
     def _merger(self, version: int, flexible: bool, rejections: list[Rejection],
-                acked: list[Acked], tallies: list[PartitionTally] | None) -> ResponseMerger:
+                acked: list[Acked], tallies: list[PartitionTally] | None,
+                nodes_seen: NodeSeen | None) -> ResponseMerger:
         return ResponseMerger(version=version, flexible=flexible, rejections=rejections,
                               acked=acked, tallies=tallies, ack_hook=self._ack_hook,
                               interceptor_name=self.name, topic_names=self.topic_names,
-                              nodes_seen=self.nodes_seen)
+                              nodes_seen=nodes_seen)
 
-    def _tallied_passthrough(self, header: RequestHeader, frame: bytes) -> RequestOutcome:
+    def _tallied_passthrough(self, header: RequestHeader, frame: bytes,
+                             nodes_seen: NodeSeen | None) -> RequestOutcome:
         """No interceptor, but observers or metrics want per-partition tallies."""
         assert header.body_offset is not None
         version = header.api_version
@@ -359,7 +371,7 @@ class ProducePipeline:
         if request.acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         return Forward(frame, on_response=self._merger(
-            version, header.header_version == 2, [], [], tallies), produce=tallies)
+            version, header.header_version == 2, [], [], tallies, nodes_seen), produce=tallies)
 
     def _refuse_legacy(
         self, client: RequestingClient, header: RequestHeader, frame: bytes

@@ -56,11 +56,18 @@ RESTART_ONLY: tuple[str, ...] = (
     "upstream",
     "upstream_tls",
     "log_format",
+    "reload",
+    "max_decode_memory",
+    "max_client_buffered_bytes",
+    "max_decompressed_batch_bytes",
+    "max_decompression_ratio",
 )
 """Settings that decide sockets, processes or the cluster the proxy fronts.
 
 Changing one needs a restart; a reload that changes one is refused as a whole.
-Turning client TLS on or off is restart-only too (the listener would change
+The decode and receive budgets and the decompression limits are process-wide
+(shared by requests of every generation), so they are restart-only too.
+Turning client TLS or mTLS on or off is restart-only (the listener would change
 protocol); a new certificate, key or client CA on a TLS listener is live.
 """
 
@@ -75,6 +82,8 @@ def restart_only_changes(old: ProxyConfig, new: ProxyConfig) -> list[str]:
     changed = [key for key in RESTART_ONLY if _value(old, key) != _value(new, key)]
     if (old.tls.cert is None) != (new.tls.cert is None):
         changed.append("tls (turning TLS on or off)")
+    elif (old.tls.client_ca is None) != (new.tls.client_ca is None):
+        changed.append("tls.client_ca (turning mTLS on or off)")
     return changed
 
 

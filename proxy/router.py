@@ -89,8 +89,7 @@ class RequestRouter:
 
     async def _produce(self, client: RequestingClient, generation: Generation,
                        header: RequestHeader, frame: bytes) -> RequestOutcome:
-        return await generation.produce.handle(client, header, frame,
-                                               self.rewriter(generation, header))
+        return await generation.produce.handle(client, header, frame, self._nodes.seen)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
                             header: RequestHeader, frame: bytes) -> RequestOutcome:

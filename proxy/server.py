@@ -19,12 +19,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from functools import partial
+from pathlib import Path
+from typing import Any
 
 from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.proxy.audit import AuditLog
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.connection import ClientConnection, ConnectionServices
 from kiproxy.proxy.discovery import DiscoveryError, discover_nodes
@@ -40,8 +45,16 @@ from kiproxy.proxy.metrics import HealthServer, Metrics
 from kiproxy.proxy.nodes import NodeRegistry
 from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import learn_topic_ids
+from kiproxy.proxy.reload import (
+    FileWatch,
+    Reloader,
+    ReloadResult,
+    config_hash,
+    redacted,
+    watched_paths,
+)
 from kiproxy.proxy.router import RequestRouter
-from kiproxy.proxy.tls import client_context, principal_from_peercert, upstream_context
+from kiproxy.proxy.tls import ListenerTls, principal_from_peercert, upstream_context
 from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy")
@@ -55,7 +68,14 @@ _DISCOVERY_WAIT = 3.0
 class ProxyServer:
     """A running kiproxy: listeners, connections and the current configuration generation."""
 
-    def __init__(self, config: ProxyConfig, *, metrics: Metrics | None = None) -> None:
+    def __init__(self, config: ProxyConfig, *, metrics: Metrics | None = None,
+                 load: Callable[[], ProxyConfig] | None = None,
+                 siblings: tuple[tuple[str, int], ...] = (),
+                 config_file: str | Path | None = None) -> None:
+        """``load`` reads the configuration again (the file and the command line's
+        overrides) for a reload; ``siblings`` are the metrics endpoints of the other
+        worker processes, which ``POST /reload`` reloads too; ``config_file`` is
+        watched with ``reload.watch``."""
         self.metrics = metrics
         """Prometheus metrics, when ``metrics_listen`` is set."""
         host, port = config.listen_address
@@ -88,9 +108,11 @@ class ProxyServer:
                 "max_decode_memory": decode_budget.used,
                 "max_client_buffered_bytes": self.receive_budget.used,
             })
-        self.generations = GenerationCell(self.build_generation(config, 1))
+        self.generations = GenerationCell(build_generation(
+            config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names))
         """The configuration generation in force, and the older ones still in use."""
-        self._client_tls = client_context(config.tls)
+        first_tls = self.generations.current.client_tls
+        self._listener_tls = ListenerTls(first_tls) if first_tls is not None else None
         self.upstreams = Upstreams(config.upstream_addresses, self.nodes,
                                    upstream_context(config.upstream_tls),
                                    config.upstream_connect_timeout_ms / 1000)
@@ -105,6 +127,65 @@ class ProxyServer:
         self._servers: dict[int | None, asyncio.Server] = {}
         self.connections: set[ClientConnection] = set()
         self.started_at = 0.0
+        self._siblings = siblings
+        self.reloader: Reloader[Generation] = Reloader(
+            config=config, generation=1, load=load or (lambda: self.config),
+            build=self._build_in_thread, apply=self._apply, on_result=self._reloaded)
+        self._watch: FileWatch | None = None
+        if config.reload.watch:
+            self._watch = FileWatch(
+                lambda: watched_paths(self.config, config_file), partial(self.reload, "watch"),
+                interval=config.reload.watch_interval_ms / 1000,
+                debounce=config.reload.debounce_ms / 1000)
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Reload the configuration now (all or nothing); see :mod:`kiproxy.proxy.reload`."""
+        return await self.reloader.reload(trigger)
+
+    async def _build_in_thread(self, config: ProxyConfig, number: int) -> Generation:
+        # Importing plugins, starting isolation workers and compiling Wasm take time;
+        # none of it may hold the event loop.
+        from kiproxy.interceptors.loader import forget_plugin_modules
+
+        forget_plugin_modules(config.plugins_dir)
+        return await asyncio.to_thread(self.build_generation, config, number)
+
+    async def _apply(self, generation: Generation, config: ProxyConfig, trigger: str) -> None:
+        self.switch(generation)
+        logging.getLogger().setLevel(config.log_level)
+        audit = next((w.observer for w in generation.observers.workers
+                      if isinstance(w.observer, AuditLog)), None)
+        if audit is not None:
+            audit.record([{"event": "config_reload", "ts": int(time.time() * 1000),
+                           "generation": generation.number, "trigger": trigger,
+                           "config_hash": config_hash(config)}])
+
+    def _reloaded(self, result: ReloadResult) -> None:
+        if self.metrics is not None:
+            self.metrics.config_reloads.labels("ok" if result.ok else "failed").inc()
+            if result.ok:
+                self.metrics.config_last_reload.set(time.time())
+
+    async def _http_reload(self, query: str) -> tuple[int, dict[str, Any]]:
+        result = await self.reload("http")
+        answer: dict[str, Any] = result.as_json()
+        ok, refused = result.ok, bool(result.restart_required)
+        if self._siblings and "scope=local" not in query:
+            others = await asyncio.gather(*(_post_reload(host, port)
+                                            for host, port in self._siblings))
+            ok = ok and all(o.get("ok") is True for o in others)
+            refused = refused or any(o.get("restart_required") for o in others)
+            answer = {"ok": ok, "workers": [answer, *others]}
+        return (200 if ok else 409 if refused else 500), answer
+
+    def config_view(self) -> dict[str, Any]:
+        """The running configuration for ``/config``: redacted, with generation and hash."""
+        config = self.config
+        return {"generation": self.generation.number, "config_hash": config_hash(config),
+                "last_reload": self.reloader.last_success,
+                "config": redacted(config.model_dump(mode="json", by_alias=True))}
 
     @property
     def config(self) -> ProxyConfig:
@@ -117,30 +198,35 @@ class ProxyServer:
         return self.generations.current
 
     def build_generation(self, config: ProxyConfig, number: int) -> Generation:
-        """A complete generation for ``config``, sharing this process's parts; raises
-        (having closed what it opened) if anything in it cannot be built."""
-        return build_generation(config, number, metrics=self.metrics, nodes=self.nodes,
-                                offload=self.offload, topic_names=self.topic_names)
+        """The generation a reload to ``config`` would install, complete, sharing this
+        process's parts; raises (having closed what it opened) if anything in it cannot
+        be built."""
+        return build_generation(config, number, metrics=self.metrics, offload=self.offload,
+                                topic_names=self.topic_names, previous=self.generations.current)
 
     def switch(self, generation: Generation) -> None:
         """Make ``generation`` current; close the replaced one once no request uses it
         (at most its interceptor timeout plus the shutdown grace later)."""
         old = self.generations.switch(generation)
+        if self._listener_tls is not None and generation.client_tls is not None:
+            self._listener_tls.use(generation.client_tls)
         if self.metrics is not None:
             self.metrics.config_generation.set(generation.number)
         patience = (old.config.interceptor.timeout_ms + old.config.shutdown_grace_ms) / 1000
-        task = asyncio.get_running_loop().create_task(self._retire(old, patience))
+        task = asyncio.get_running_loop().create_task(
+            self._retire(old, patience, keep_observers=old.observers is generation.observers))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _retire(self, old: Generation, patience: float) -> None:
+    async def _retire(self, old: Generation, patience: float, *,
+                      keep_observers: bool) -> None:
         try:
             if not await self.generations.retire(old, patience):
                 log.warning("configuration generation %d still had %d request(s) after "
                             "%.0f s; closing it anyway", old.number,
                             self.generations.in_use(old), patience)
         finally:  # also when shutdown cuts the wait short
-            await close_generation(old)
+            await close_generation(old, keep_observers=keep_observers)
 
     def _client_stream(self, node_id: int | None) -> FrameStream:
         return FrameStream(self.config.max_frame_size, partial(self._accept, node_id=node_id),
@@ -154,7 +240,7 @@ class ProxyServer:
             partial(self._client_stream, None),
             self.listen_host, self._listen_port,
             reuse_address=True, reuse_port=self.config.workers > 1 or None,
-            ssl=self._client_tls,
+            ssl=self._listener_tls.front if self._listener_tls is not None else None,
         )
         self._servers[None] = server
         self._listen_port = server.sockets[0].getsockname()[1]
@@ -163,11 +249,13 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
-        if self.config.idle_timeout_ms:
-            self._sweeper = asyncio.create_task(self._close_idle())
+        if self._watch is not None:
+            self._watch.start()
+        self._sweeper = asyncio.create_task(self._close_idle())
         self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
-            self._health = HealthServer(self.metrics, self.readiness)
+            self._health = HealthServer(self.metrics, self.readiness,
+                                        reload=self._http_reload, config=self.config_view)
             await self._health.start(*self.config.metrics_listen_address)
             log.info("metrics and health checks on http://%s/metrics", self._health.address)
         # Listeners first, then outbound connections: discovery's ephemeral source
@@ -241,7 +329,7 @@ class ProxyServer:
                 partial(self._client_stream, node_id),
                 self.listen_host, port,
                 reuse_address=True, reuse_port=self.config.workers > 1 or None,
-                ssl=self._client_tls,
+                ssl=self._listener_tls.front if self._listener_tls is not None else None,
             )
         except OSError as exc:
             log.error("cannot open listener port %d for node %d: %s (set node_ports or "
@@ -255,10 +343,12 @@ class ProxyServer:
         return {k: s.sockets[0].getsockname()[1] for k, s in self._servers.items() if s.sockets}
 
     async def _close_idle(self) -> None:
-        idle = self.config.idle_timeout_ms / 1000
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(max(idle / 4, 0.05), 5.0))
+            idle = self.config.idle_timeout_ms / 1000  # the current generation's (0: off)
+            await asyncio.sleep(min(max(idle / 4, 0.05), 5.0) if idle else 1.0)
+            if not idle:
+                continue
             now = loop.time()
             closing = []
             for conn in list(self.connections):
@@ -276,7 +366,7 @@ class ProxyServer:
         host, port = (str(peer[0]), int(peer[1])) if peer else ("unknown", 0)
         subject: str | None = None
         sans: tuple[tuple[str, str], ...] = ()
-        if self._client_tls is not None and self.config.tls.client_ca is not None:
+        if self._listener_tls is not None and self.config.tls.client_ca is not None:
             cert = client.get_extra_info("peercert")
             subject = principal_from_peercert(cert)
             sans = tuple((str(k), str(v)) for k, v in (cert or {}).get("subjectAltName", ()))
@@ -320,6 +410,8 @@ class ProxyServer:
             server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._watch is not None:
+            await self._watch.stop()
         if self._trim_task is not None:
             self._trim_task.cancel()
         if self._discovery is not None:
@@ -343,3 +435,17 @@ class ProxyServer:
             await self._health.stop()
         log.info("kiproxy stopped")
 
+
+async def _post_reload(host: str, port: int) -> dict[str, Any]:
+    """``POST /reload?scope=local`` to another worker's metrics endpoint; its JSON answer."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        writer.write(f"POST /reload?scope=local HTTP/1.0\r\nHost: {host}\r\n"
+                     "Content-Length: 0\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 120)
+        writer.close()
+        answer = json.loads(raw.partition(b"\r\n\r\n")[2] or b"{}")
+        return answer if isinstance(answer, dict) else {"ok": False, "message": str(answer)}
+    except (OSError, TimeoutError, ValueError) as exc:
+        return {"ok": False, "message": f"worker at {host}:{port} did not answer: {exc}"}
