@@ -1,4 +1,4 @@
-"""``kiproxy check``: load a plugin as the proxy would, run it over sample records, say what happens.
+"""``kiproxy check``: load a plugin as the proxy would, run it over samples, say what happens.
 
 Exit status: 0 when the plugin loads, configures and answers every sample
 batch (a ``RejectBatch`` is an answer); 2, with the reason on stderr, when it

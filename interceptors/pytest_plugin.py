@@ -1,4 +1,4 @@
-"""pytest fixtures for plugin authors, registered (entry point ``pytest11``) when kiproxy is installed.
+"""pytest fixtures for plugin authors (entry point ``pytest11``, active where kiproxy is installed).
 
 * ``make_batch`` / ``make_record``: :func:`kiproxy.interceptors.testing.make_batch`
   and :func:`~kiproxy.interceptors.testing.make_record`.

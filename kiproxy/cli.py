@@ -2,9 +2,9 @@
 
 ``run`` and ``dev`` belong to :mod:`kiproxy.proxy.cli`; ``replay`` and ``report``
 to :mod:`kiproxy.pipelines.cli`; ``check`` (a plugin author's dry run, which
-needs only the plugin API) to :mod:`kiproxy.interceptors.check`. This module only puts them under one parser and
-dispatches, so the proxy never imports the pipelines (nor pyspark) and the
-pipelines never import the proxy.
+needs only the plugin API) to :mod:`kiproxy.interceptors.check`. This module
+only puts them under one parser and dispatches, so the proxy never imports
+the pipelines (nor pyspark) and the pipelines never import the proxy.
 """
 
 from __future__ import annotations

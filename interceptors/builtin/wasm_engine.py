@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -236,7 +236,7 @@ def _signature(ty: wasmtime.FuncType) -> str:
             f"{', '.join(map(str, ty.results)) or '()'}")
 
 
-def _abi_problems(exports: dict[str, object], binding: Binding,
+def _abi_problems(exports: Mapping[str, object], binding: Binding,
                   declaration: Declaration | None) -> list[str]:
     """What a compiled module lacks to be called as ``binding`` says (empty: nothing)."""
     problems = []
@@ -261,7 +261,7 @@ def _abi_problems(exports: dict[str, object], binding: Binding,
 
 
 def _whose_function(name: str, binding: Binding, declaration: Declaration | None,
-                    exports: dict[str, object], entry_type: wasmtime.FuncType) -> str:
+                    exports: Mapping[str, object], entry_type: wasmtime.FuncType) -> str:
     """Why the host looked for ``name``, and what the module offers instead."""
     if name == "alloc":
         return ""
