@@ -143,6 +143,21 @@ def test_load_uses_the_proxys_loader_and_names_the_spec(tmp_path: Path) -> None:
         load("shrinker:Shrink", plugins_dir=tmp_path)
 
 
+def _pytest(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # -p no:kiproxy: the installed entry point, if any, gives way to the module under test.
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:kiproxy",
+         "-p", "kiproxy.interceptors.pytest_plugin", "-p", "no:cacheprovider", str(path)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_documented_plugin_test_file_passes() -> None:
+    done = _pytest(ROOT / "examples" / "plugin_tests", ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 passed" in done.stdout
+
+
 def test_the_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
     (tmp_path / "test_plugin.py").write_text(textwrap.dedent(f"""
         def test_fixtures(kiproxy_load, kiproxy_run, make_batch, make_record):
@@ -153,12 +168,6 @@ def test_the_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
             assert outcome.kind == "transformed"
             assert outcome.values == [b"card ****-****-****-1111", b"none"]
     """))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
-    # -p no:kiproxy: the installed entry point, if any, gives way to the module under test.
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:kiproxy",
-         "-p", "kiproxy.interceptors.pytest_plugin", "-p", "no:cacheprovider",
-         str(tmp_path / "test_plugin.py")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    done = _pytest(tmp_path / "test_plugin.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout

@@ -3,9 +3,9 @@
 Compiled with plain ``rustc`` for ``wasm32-unknown-unknown`` (no crates, no
 network). Skipped, saying why, where the Rust toolchain or that target is not
 installed (``rustup target add wasm32-unknown-unknown``). TinyGo is not
-installable here (no Debian package, none on PyPI or npm, and its release binaries
-cannot be downloaded), so its recipe in
-docs/wasm.md is not built by the tests.
+installable here (no Debian package, none on PyPI or npm, and its release
+binaries cannot be downloaded), so its recipe in docs/wasm.md is not built by
+the tests.
 """
 
 from __future__ import annotations
