@@ -162,5 +162,5 @@ def test_the_pytest_fixtures_are_registered_and_kiproxy_check_runs(
                cwd=work)
     assert out.strip() == "['kiproxy.interceptors.pytest_plugin']"
     out = _run(python.parent / "kiproxy", "check", "uppercase", cwd=work)
-    assert out.splitlines()[-1] == ("uppercase: loaded; 2 batches: 0 unchanged, 2 transformed, "
+    assert out.splitlines()[-1] == ("uppercase: loaded; 2 batches: 1 unchanged, 1 transformed, "
                                     "0 rejected")
