@@ -39,6 +39,8 @@ __all__ = ["BrokerConnection", "BrokerError"]
 SASL_HANDSHAKE_VERSION = 1
 SASL_AUTHENTICATE_VERSION = 1
 UNSUPPORTED_SASL_MECHANISM = 33
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds to wait for a TLS handshake (at most the client's request timeout)."""
 _TLS_RECORD_TYPES = (b"\x15\x03", b"\x16\x03")  # an alert or a handshake record, TLS 1.x
 _NOT_TLS = ("WRONG_VERSION_NUMBER", "RECORD_LAYER_FAILURE", "PACKET_LENGTH_TOO_LONG",
             "UNKNOWN_PROTOCOL", "HTTP_REQUEST", "RECORD_TOO_LARGE")
@@ -107,17 +109,22 @@ class BrokerConnection:
         self.sock: socket.socket = raw
         if security.tls:
             context = ssl_context or security.ssl_context()
+            # A plaintext broker may read a ClientHello as the start of a huge request
+            # and wait for the rest: wait for the handshake less long than for a Fetch.
+            raw.settimeout(min(timeout, HANDSHAKE_TIMEOUT))
             try:
                 self.sock = context.wrap_socket(raw, server_hostname=host)
             except TimeoutError:
                 raw.close()
-                raise BrokerError(f"TLS: broker {self.address} did not answer the TLS "
-                                  f"handshake within {timeout:.0f} s; the port may not speak "
-                                  "TLS (set security.protocol=PLAINTEXT or SASL_PLAINTEXT)"
-                                  ) from None
+                raise BrokerError(f"TLS: broker {self.address} does not speak TLS on this port "
+                                  f"(no answer to the TLS handshake within "
+                                  f"{min(timeout, HANDSHAKE_TIMEOUT):.0f} s); set "
+                                  "security.protocol=PLAINTEXT (or SASL_PLAINTEXT), or use "
+                                  "the broker's TLS port") from None
             except OSError as exc:
                 raw.close()
                 raise _tls_failure(self.address, exc) from None
+            self.sock.settimeout(timeout)
         if security.sasl:
             try:
                 self._authenticate()
@@ -138,12 +145,22 @@ class BrokerConnection:
         while len(out) < n:
             chunk = self.sock.recv(min(n - len(out), 1 << 20))
             if not chunk:
-                if not self._answered and not self.security.tls:
-                    raise BrokerError(f"broker {self.address} closed the connection without "
-                                      f"answering; {_PLAINTEXT_HINT}")
-                raise BrokerError(f"broker {self.address} closed the connection")
+                raise BrokerError(f"broker {self.address} closed the connection"
+                                  + ("" if self._answered else self._unanswered_hint()))
             out += chunk
         return bytes(out)
+
+    def _unanswered_hint(self) -> str:
+        """Why a broker may close a new connection without answering, and what to set."""
+        if not self.security.tls:
+            return f" without answering; {_PLAINTEXT_HINT}"
+        cert = ("it may require a client certificate (set ssl.keystore.location, or "
+                "ssl.certificate.location and ssl.key.location)"
+                if self.security.certificate_pem is None else
+                "it may not trust the client certificate")
+        sasl = "" if self.security.sasl else \
+            "; if it requires SASL, set security.protocol=SASL_SSL and sasl.mechanism"
+        return f" after the TLS handshake without answering: {cert}{sasl}"
 
     def request(self, api_key: int, version: int, message: Any) -> Any:
         """Send one request and return its parsed response."""

@@ -231,9 +231,9 @@ def parse_properties(command_config: str | Path | None,
     for item in consumer_properties:
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not key:  # the value is never echoed: it may be a password
-            raise PipelineError(f"--consumer-property {key or '(empty key)'}: expected "
-                                "KEY=VALUE")
+        if not sep or not key:  # never echoed: it may hold a password
+            raise PipelineError("--consumer-property: expected KEY=VALUE, got "
+                                + ("an empty key" if sep else "no '='"))
         _check_key(key, "--consumer-property")
         props[key] = value
     return props
