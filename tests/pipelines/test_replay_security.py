@@ -546,3 +546,202 @@ def test_bad_input_fails_on_the_driver_before_any_spark_job(
     assert USERS["bob"] not in line and PASSWORD not in line
     assert list(events.iterdir()) == []  # no Spark application was started
     assert not (tmp_path / "report").exists()
+
+
+# ---------------------------------------------------------------------------- Spark cluster
+
+
+@dataclass
+class SparkCluster:
+    """A Spark standalone master and one worker on loopback."""
+
+    url: str
+    ui: str
+    home: Path
+
+    def state(self) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.ui}/json/", timeout=10) as response:
+            state: dict[str, Any] = json.load(response)
+        return state
+
+
+def _stop_group(proc: subprocess.Popen[Any]) -> None:
+    """Stop a process started in its own session and everything it started (executors)."""
+    for sig, wait in ((signal.SIGTERM, 30), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            try:
+                os.killpg(proc.pid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    import pyspark
+
+    home = tmp_path_factory.mktemp("spark-cluster")
+    spark_class = str(Path(pyspark.__file__).parent / "bin" / "spark-class")
+    port, ui, worker_ui = free_port(), free_port(), free_port()
+    env = {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "SPARK_DAEMON_MEMORY": "256m",
+           "SPARK_LOG_DIR": str(home), "SPARK_WORKER_DIR": str(home / "work"),
+           # The executors' Python imports kiproxy from here; the plugin is not on it.
+           "PYTHONPATH": str(ROOT), "PYSPARK_PYTHON": sys.executable}
+    started = []
+    try:
+        for name, cmd in (
+            ("master", [spark_class, "org.apache.spark.deploy.master.Master", "--host",
+                        "127.0.0.1", "--port", str(port), "--webui-port", str(ui)]),
+            ("worker", [spark_class, "org.apache.spark.deploy.worker.Worker", "--host",
+                        "127.0.0.1", "--cores", "1", "--memory", "1g", "--webui-port",
+                        str(worker_ui), "--work-dir", str(home / "work"),
+                        f"spark://127.0.0.1:{port}"]),
+        ):
+            with open(home / f"{name}.log", "w") as log:
+                started.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env, start_new_session=True))
+            if name == "master":
+                wait_for_port("127.0.0.1", port, 90)
+                wait_for_port("127.0.0.1", ui, 90)
+        cluster = SparkCluster(f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}", home)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                if cluster.state().get("aliveworkers", 0) >= 1:
+                    break
+            except OSError:  # the master's web UI is still starting
+                pass
+            assert time.monotonic() < deadline, (home / "worker.log").read_text()[-3000:]
+            time.sleep(0.5)
+        yield cluster
+    finally:
+        for proc in reversed(started):
+            _stop_group(proc)
+        for proc in started:  # nothing of the cluster is left running
+            with pytest.raises(ProcessLookupError):
+                os.killpg(proc.pid, 0)
+
+
+CLUSTER_PLUGIN = '''
+"""Exists only in the plugins dir given to the driver: executors load it from the archive."""
+from kiproxy.interceptors import ProduceRequestInterceptor, RejectBatch
+
+
+class RejectBad(ProduceRequestInterceptor):
+    def intercept(self, batch, ctx):
+        bad = [(i, "value starts with bad") for i, r in enumerate(batch.records)
+               if r.value is not None and r.value.startswith(b"bad")]
+        if bad:
+            raise RejectBatch(f"bad records in {batch.topic}", error="POLICY_VIOLATION",
+                              record_errors=bad)
+        return batch.with_records(
+            r.with_value(r.value.upper()) if r.value is not None
+            and r.value.startswith(b"lower:") else r for r in batch.records)
+'''
+
+
+def cluster_replay(cluster: SparkCluster, bootstrap: str, config: Path, topic: str,
+                   plugins: Path, module: str, report: Path, events: Path,
+                   *extra: str) -> subprocess.CompletedProcess[str]:
+    """``kiproxy replay --master spark://...`` as its own driver process."""
+    events.mkdir(exist_ok=True)
+    return subprocess.run(
+        [sys.executable, "-m", "kiproxy", "replay", "--bootstrap", bootstrap, "--topic", topic,
+         "--command-config", str(config), "--interceptor", f"{module}:RejectBad",
+         "--plugins-dir", str(plugins), "--report", str(report), "--no-progress",
+         "--master", cluster.url,
+         "--spark-conf", "spark.driver.host=127.0.0.1",
+         "--spark-conf", "spark.driver.bindAddress=127.0.0.1",
+         "--spark-conf", "spark.driver.memory=512m",
+         "--spark-conf", "spark.executor.memory=512m",
+         "--spark-conf", "spark.cores.max=1",
+         "--spark-conf", f"spark.pyspark.python={sys.executable}",
+         "--spark-conf", "spark.eventLog.enabled=true",
+         "--spark-conf", f"spark.eventLog.dir={events.as_uri()}",
+         "--spark-conf", "spark.eventLog.compress=false",  # plain JSON, so a grep means it
+         *extra],
+        capture_output=True, text=True, timeout=280, cwd=cluster.home,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
+             "PYSPARK_PYTHON": sys.executable})
+
+
+@pytest.fixture(scope="module")
+def cluster_plugins(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    plugins = tmp_path_factory.mktemp("driver-only-plugins")
+    module = f"cluster_rules_{uuid.uuid4().hex[:8]}"
+    (plugins / f"{module}.py").write_text(CLUSTER_PLUGIN)
+    return plugins, module
+
+
+def sasl_ssl_config(path: Path, pki: Pki) -> Path:
+    return write_config(path, security_protocol="SASL_SSL", sasl_mechanism="SCRAM-SHA-256",
+                        sasl_username="alice", sasl_password=PASSWORD,
+                        ssl_truststore_location=str(pki.ca), ssl_truststore_type="PEM",
+                        ssl_keystore_location=str(pki.client_pem_keystore),
+                        ssl_keystore_type="PEM")
+
+
+def test_cluster_replay_of_a_driver_only_plugin_over_100k_records_leaks_no_secret(
+        pki: Pki, sasl_ssl_proxy: ProxyProcess, broker: EmbeddedBroker,
+        spark_cluster: SparkCluster, cluster_plugins: tuple[Path, str],
+        tmp_path: Path) -> None:
+    """SASL_SSL with mTLS, executors in their own processes: exact counts; and neither the
+    report, the Spark event log, the driver's output nor the cluster's logs hold the password
+    or the client key."""
+    topic = create_topic(broker.bootstrap, 4)
+    produce_values(broker.bootstrap, topic, 4, 25_000)
+    truth = truth_of(broker.bootstrap, topic, 4)
+    assert truth.records == 100_000 and truth.rejected_batches > 0
+    config = sasl_ssl_config(tmp_path / "client.properties", pki)
+    plugins, module = cluster_plugins
+    apps_before = len(spark_cluster.state()["completedapps"])
+    report, events = tmp_path / "report", tmp_path / "events"
+    done = cluster_replay(spark_cluster, sasl_ssl_proxy.bootstrap, config, topic, plugins,
+                          module, report, events)
+    assert done.returncode == 0, done.stderr[-5000:]
+    summary = assert_replay(report, truth)
+    assert summary["spark_master"] == spark_cluster.url and summary["reader"] == "fetch"
+    assert summary["security"] == "SASL_SSL, client certificate, SCRAM-SHA-256 as alice"
+    assert {p: v["records"] for p, v in summary["topics"][topic]["partitions"].items()} == \
+        {str(p): 25_000 for p in range(4)}
+    assert len(spark_cluster.state()["completedapps"]) == apps_before + 1
+    [event_log] = list(events.iterdir())  # one application (a directory with rolling files)
+    log_text = b"".join(f.read_bytes() for f in sorted(event_log.rglob("*")) if f.is_file())
+    assert b'"Event":"SparkListenerExecutorAdded"' in log_text  # a real executor process
+    assert b'"Event":"SparkListenerTaskEnd"' in log_text
+    assert b'"spark.cores.max":"1"' in log_text  # the settings Spark shows are in it, greppable
+
+    key_line = pki.client_key.read_text().splitlines()[1].encode()
+    secrets = [PASSWORD.encode(), key_line]
+    searched = [f for f in [*report.rglob("*"), *events.rglob("*"),
+                            *spark_cluster.home.rglob("*")] if f.is_file()]
+    assert any(f.name == "stderr" for f in searched)  # the executors' own logs
+    leaks = [(f, s) for f in searched for s in secrets if s in f.read_bytes()]
+    assert leaks == []
+    assert not [s for s in secrets if s in (done.stdout + done.stderr).encode()]
+
+
+def test_cluster_backfill_writes_exactly_the_transformed_records(
+        pki: Pki, sasl_ssl_proxy: ProxyProcess, broker: EmbeddedBroker,
+        spark_cluster: SparkCluster, cluster_plugins: tuple[Path, str],
+        tmp_path: Path) -> None:
+    topic = create_topic(broker.bootstrap, 3)
+    produce_values(broker.bootstrap, topic, 3, 3_000)
+    truth = truth_of(broker.bootstrap, topic, 3)
+    config = sasl_ssl_config(tmp_path / "client.properties", pki)
+    plugins, module = cluster_plugins
+    out = f"{topic}-backfill"
+    done = cluster_replay(spark_cluster, sasl_ssl_proxy.bootstrap, config, topic, plugins,
+                          module, tmp_path / "report", tmp_path / "events",
+                          "--output-topic", out)
+    assert done.returncode == 0, done.stderr[-5000:]
+    summary = assert_replay(tmp_path / "report", truth)
+    assert truth.written is not None and summary["written_records"] == len(truth.written)
+    assert read_back(out, broker, len(truth.written), 3) == \
+        sorted(truth.written, key=lambda r: (r[0], r[3], r[2] or b""))
