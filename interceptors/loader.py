@@ -84,6 +84,15 @@ def _from_entry_points(spec: str) -> Any | None:
 
 def _import_failed(what: str, exc: BaseException) -> PluginLoadError:
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen ")]
+    if isinstance(exc, ModuleNotFoundError) and exc.name and frames:
+        # A package the plugin needs is missing: say which, and where it is imported.
+        at = frames[-1]
+        return PluginLoadError(
+            f"importing interceptor module {what} failed: {at.filename} line {at.lineno} "
+            f"imports {exc.name!r}, which is not installed ({detail}); install the package "
+            f"that provides {exc.name!r} where kiproxy runs")
     return PluginLoadError(f"importing interceptor module {what} failed: {detail}")
 
 

@@ -13,6 +13,7 @@ Config::
       timeout_ms: 5000
       config:
         module: examples/wasm/uppercase.wat   # default module (optional when `topics` is set)
+        # The next three override what the module declares about itself (see below):
         function: transform                   # exported function (default transform)
         abi: 1                                # 1: one record per call; 2: the whole batch
         encoding: binary                      # json (default) or binary
@@ -29,7 +30,14 @@ Config::
 Topics that match neither ``topics`` nor a default ``module`` pass untouched.
 Relative paths are resolved against the proxy's working directory.
 
-ABI (the README has the full description and a worked example). The module
+Self-description: a module declares its entry function, ABI version and
+encoding in a ``kiproxy.interceptor`` custom section (see
+:mod:`~kiproxy.interceptors.builtin.wasm_declaration`), so ``module:`` alone is
+enough; the three config keys override the declaration (logged at start, and
+named in a rejection when a call then traps or returns something unreadable).
+A module that declares nothing is called with ``transform``, ABI 1, JSON.
+
+ABI (docs/wasm.md has the full description and a worked example). The module
 exports ``memory``, ``alloc(size: i32) -> i32`` (0 = cannot allocate),
 optionally ``dealloc(ptr: i32, size: i32)``, and the function
 ``(ptr: i32, len: i32) -> i64``. The host asks ``alloc`` for an input buffer
@@ -142,15 +150,18 @@ def _target(base: Mapping[str, Any], override: Mapping[str, Any], where: str) ->
     merged = {**base, **override}
     if not merged.get("module"):
         raise ValueError(f"{where}: module (path to a .wasm or .wat file) is required")
-    encoding = str(merged.get("encoding", "json")).lower()
-    if encoding not in _ENCODINGS:
-        raise ValueError(f"{where}: encoding must be json or binary, not {encoding!r}")
+    encoding = merged.get("encoding")
+    if encoding is not None:
+        encoding = str(encoding).lower()
+        if encoding not in _ENCODINGS:
+            raise ValueError(f"{where}: encoding must be json or binary, not {encoding!r}")
     error = str(merged.get("error", "INVALID_RECORD"))
     error_code(error)  # an unknown error name fails at start
+    # function, abi and encoding left unset (None) are taken from the module's declaration.
     return _engine().Target(  # type: ignore[no-any-return]
         module=str(merged["module"]),
-        function=str(merged.get("function", "transform")),
-        abi=_parse_abi(merged.get("abi", 1), f"{where}.abi"),
+        function=None if merged.get("function") is None else str(merged["function"]),
+        abi=None if merged.get("abi") is None else _parse_abi(merged["abi"], f"{where}.abi"),
         encoding=encoding,
         fuel=_positive_int(merged.get("fuel", DEFAULT_FUEL), f"{where}.fuel"),
         max_memory=_positive_int(merged.get("max_memory_bytes", DEFAULT_MAX_MEMORY),

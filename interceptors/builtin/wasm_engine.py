@@ -20,7 +20,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +28,13 @@ import wasmtime
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.builtin.wasm_abi import Malformed, decode_result, encode_input
+from kiproxy.interceptors.builtin.wasm_declaration import (
+    SECTION,
+    Binding,
+    Declaration,
+    bind,
+    read_declaration,
+)
 
 __all__ = ["EpochClock", "Instance", "Program", "Target", "new_engine"]
 
@@ -88,25 +95,31 @@ class EpochClock:
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """One module file and how to call it."""
+    """One module file and how the config asks to call it (None: as the module declares)."""
 
     module: str
-    function: str
-    abi: int
-    encoding: str
+    function: str | None
+    abi: int | None
+    encoding: str | None
     fuel: int
     max_memory: int
     error: str
 
 
 class _Fault(Exception):
-    """A Wasm call failed; the instance must be thrown away."""
+    """A Wasm call failed; the instance must be thrown away.
 
-    def __init__(self, reason: str, timed_out: bool = False, reset: bool = True) -> None:
+    ``suspect`` marks failures that a host and module disagreeing on the ABI or
+    encoding would cause (a trap, an unreadable result): their rejection says so.
+    """
+
+    def __init__(self, reason: str, timed_out: bool = False, reset: bool = True,
+                 suspect: bool = False) -> None:
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out
         self.reset = reset
+        self.suspect = suspect
 
 
 def _trap_reason(exc: Exception) -> str:
@@ -124,6 +137,7 @@ class Instance:
     def __init__(self, program: Program) -> None:
         self.program = program
         self.generation = program.generation
+        self.binding = program.binding
         target = program.target
         self.store = wasmtime.Store(program.engine)
         self.store.set_limits(memory_size=target.max_memory)
@@ -140,7 +154,7 @@ class Instance:
         exports = instance.exports(self.store)
         memory = exports.get("memory")
         alloc = exports.get("alloc")
-        func = exports.get(target.function)
+        func = exports.get(self.binding.function)
         assert isinstance(memory, wasmtime.Memory)  # checked when the module was compiled
         assert isinstance(alloc, wasmtime.Func) and isinstance(func, wasmtime.Func)
         self.memory = memory
@@ -198,23 +212,69 @@ class Instance:
             reason = _trap_reason(exc)
             if self._memory_exhausted():
                 raise _Fault(f"ran out of memory (max_memory_bytes {target.max_memory}): "
-                             f"{reason}") from exc
-            raise _Fault(f"trapped: {reason}") from exc
+                             f"{reason}", suspect=True) from exc
+            raise _Fault(f"trapped: {reason}", suspect=True) from exc
         except wasmtime.WasmtimeError as exc:
             raise _Fault(f"failed: {_trap_reason(exc)}") from exc
         if not isinstance(ret, int):
-            raise _Fault(f"returned a malformed result: {ret!r} is not an i64")
+            raise _Fault(f"returned a malformed result: {ret!r} is not an i64", suspect=True)
         ret &= 0xFFFF_FFFF_FFFF_FFFF
         out_ptr, out_len = ret >> 32, ret & 0xFFFF_FFFF
         size = self.memory.data_len(self.store)
         if out_len == 0 or out_ptr + out_len > size:
             raise _Fault(f"returned a malformed result: {out_len} bytes at {out_ptr} "
-                         f"is not inside its {size}-byte memory")
+                         f"is not inside its {size}-byte memory", suspect=True)
         return bytes(self.memory.read(self.store, out_ptr, out_ptr + out_len))
 
     def _memory_exhausted(self) -> bool:
         page = self.memory.page_size(self.store)
         return self.memory.data_len(self.store) + page > self.program.target.max_memory
+
+
+def _signature(ty: wasmtime.FuncType) -> str:
+    return (f"({', '.join(map(str, ty.params))}) -> "
+            f"{', '.join(map(str, ty.results)) or '()'}")
+
+
+def _abi_problems(exports: Mapping[str, object], binding: Binding,
+                  declaration: Declaration | None) -> list[str]:
+    """What a compiled module lacks to be called as ``binding`` says (empty: nothing)."""
+    problems = []
+    if not isinstance(exports.get("memory"), wasmtime.MemoryType):
+        problems.append("it exports no memory named 'memory'")
+    i32, i64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
+    entry_type = wasmtime.FuncType([i32, i32], [i64])
+    entries = [binding.function, *(declaration.entries if declaration else ())]
+    for name, expected in (("alloc", wasmtime.FuncType([i32], [i32])),
+                           *((n, entry_type) for n in dict.fromkeys(entries))):
+        ty = exports.get(name)
+        if not isinstance(ty, wasmtime.FuncType):
+            problems.append(f"it exports no function {name!r}"
+                            + _whose_function(name, binding, declaration, exports, entry_type))
+        elif ty.params != expected.params or ty.results != expected.results:
+            problems.append(f"{name} must be {_signature(expected)}, not {_signature(ty)}")
+    dealloc = exports.get("dealloc")
+    if dealloc is not None and (not isinstance(dealloc, wasmtime.FuncType)
+                                or dealloc.params != [i32, i32] or dealloc.results):
+        problems.append("dealloc must be (i32, i32) -> ()")
+    return problems
+
+
+def _whose_function(name: str, binding: Binding, declaration: Declaration | None,
+                    exports: Mapping[str, object], entry_type: wasmtime.FuncType) -> str:
+    """Why the host looked for ``name``, and what the module offers instead."""
+    if name == "alloc":
+        return ""
+    offered = sorted(n for n, ty in exports.items() if isinstance(ty, wasmtime.FuncType)
+                     and ty.params == entry_type.params and ty.results == entry_type.results)
+    candidates = f"; its (i32, i32) -> i64 exports are: {', '.join(offered) or 'none'}"
+    if declaration is not None and name in declaration.entries:
+        return f" (its custom section {SECTION!r} declares it){candidates}"
+    if declaration is not None:
+        return (f" (the config sets function {name!r}; the module declares "
+                f"{declaration.describe()}){candidates}")
+    return f" (the host's default entry; the module declares none){candidates}" \
+        if name == "transform" else f" (set by the config){candidates}"
 
 
 class Program:
@@ -239,48 +299,68 @@ class Program:
         except OSError as exc:
             raise ValueError(f"cannot read wasm module {target.module}: {exc}") from None
         self._failed_stamp: tuple[int, int, int] | None = None
-        self.module, self.wasi = self._compile()
+        self.module, self.wasi, self.binding = self._compile()
         self.linker = self._linker()
+        for override in self.binding.overrides:
+            log.warning("wasm module %s: %s; the config wins (remove the key to use the "
+                        "module's declaration)", target.module, override)
 
     @property
     def name(self) -> str:
-        return f"wasm module {self.target.module} ({self.target.function}, abi v{self.target.abi})"
+        return (f"wasm module {self.target.module} "
+                f"({self.binding.function}, abi v{self.binding.abi})")
 
     def _stat(self) -> tuple[int, int, int]:
         st = os.stat(self.path)
         return st.st_mtime_ns, st.st_size, st.st_ino
 
-    def _compile(self) -> tuple[wasmtime.Module, bool]:
+    def _binary(self) -> bytes:
+        """The module file as binary Wasm (``.wat`` text is assembled)."""
         target = self.target
         try:
             data = self.path.read_bytes()
         except OSError as exc:
             raise ValueError(f"cannot read wasm module {target.module}: {exc}") from None
+        if data[:4] == b"\0asm":
+            return data
         try:
-            source: str | bytes = data if data[:4] == b"\0asm" else data.decode()
-            module = wasmtime.Module(self.engine, source)
-        except (wasmtime.WasmtimeError, UnicodeDecodeError) as exc:
+            text = data.decode()
+        except UnicodeDecodeError:
+            text = None
+        if text is None or self.path.suffix == ".wasm":
+            raise ValueError(
+                f"wasm module {target.module} is not WebAssembly: it does not start with the "
+                "Wasm magic bytes \\0asm (a binary module) and "
+                + ("is not text (.wat)" if text is None else "is named .wasm, not .wat"))
+        try:
+            return bytes(wasmtime.wat2wasm(text))
+        except wasmtime.WasmtimeError as exc:
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+            at = next((ln.removeprefix("--> <anon>:") for ln in lines if ln.startswith("-->")),
+                      "")
+            raise ValueError(f"wasm module {target.module} does not compile: it is not valid "
+                             f"WebAssembly text: {lines[0] if lines else exc}"
+                             + (f" (line:column {at})" if at else "")) from None
+
+    def _compile(self) -> tuple[wasmtime.Module, bool, Binding]:
+        target = self.target
+        data = self._binary()
+        try:
+            declaration = read_declaration(data, target.module)
+        except ValueError as exc:
+            # Malformed sections are reported by the compiler below with its own words.
+            if str(exc).startswith(f"wasm module {target.module}:"):
+                raise
+            declaration = None
+        try:
+            module = wasmtime.Module(self.engine, data)
+        except wasmtime.WasmtimeError as exc:
             raise ValueError(f"wasm module {target.module} does not compile: "
                              f"{_trap_reason(exc)}") from None
+        binding = bind(declaration, function=target.function, abi=target.abi,
+                       encoding=target.encoding)
         exports = {e.name: e.type for e in module.exports}
-        problems = []
-        if not isinstance(exports.get("memory"), wasmtime.MemoryType):
-            problems.append("it exports no memory named 'memory'")
-        i32, i64 = wasmtime.ValType.i32(), wasmtime.ValType.i64()
-        for name, params, results in (("alloc", [i32], [i32]),
-                                      (target.function, [i32, i32], [i64])):
-            ty = exports.get(name)
-            if not isinstance(ty, wasmtime.FuncType):
-                problems.append(f"it exports no function {name!r}")
-            elif ty.params != params or ty.results != results:
-                problems.append(
-                    f"{name} must be ({', '.join(map(str, params))}) -> "
-                    f"{', '.join(map(str, results))}, not ({', '.join(map(str, ty.params))}) "
-                    f"-> {', '.join(map(str, ty.results)) or '()'}")
-        dealloc = exports.get("dealloc")
-        if dealloc is not None and (not isinstance(dealloc, wasmtime.FuncType)
-                                    or dealloc.params != [i32, i32] or dealloc.results):
-            problems.append("dealloc must be (i32, i32) -> ()")
+        problems = _abi_problems(exports, binding, declaration)
         foreign = sorted(f"{i.module}.{i.name}" for i in module.imports
                          if i.module not in _WASI_MODULES)
         if foreign:
@@ -289,7 +369,7 @@ class Program:
             raise ValueError(f"wasm module {target.module} does not follow the kiproxy ABI: "
                              + "; ".join(problems))
         wasi = any(i.module in _WASI_MODULES for i in module.imports)
-        return module, wasi
+        return module, wasi, binding
 
     def _linker(self) -> wasmtime.Linker:
         linker = wasmtime.Linker(self.engine)
@@ -324,14 +404,14 @@ class Program:
         if stamp == self._stamp or stamp == self._failed_stamp:
             return
         try:
-            module, wasi = self._compile()
+            module, wasi, binding = self._compile()
         except ValueError as exc:
             log.error("%s changed but cannot be loaded; keeping the previous module: %s",
                       self.name, exc)
             self._failed_stamp = stamp
             return
         with self._lock:
-            self.module, self.wasi = module, wasi
+            self.module, self.wasi, self.binding = module, wasi, binding
             self.linker = self._linker()
             self.generation += 1
             self._idle.clear()
@@ -361,11 +441,12 @@ class Program:
             instance = self._acquire()
         except _Fault as exc:
             self.faults += 1
-            raise self._reject(exc, where, None) from exc
+            raise self._reject(exc, where, None, self.binding) from exc
+        binding = instance.binding
         healthy = False
         try:
             instance.store.set_fuel(target.fuel)
-            if target.abi == 1:
+            if binding.abi == 1:
                 out: list[Record] = []
                 changed = False
                 for index, record in enumerate(batch.records):
@@ -392,26 +473,30 @@ class Program:
         except _Fault as exc:
             self.faults += 1
             healthy = not exc.reset
-            raise self._reject(exc, where, index if target.abi == 1 else None) from exc
+            raise self._reject(exc, where, index if binding.abi == 1 else None,
+                               binding) from exc
         finally:
             if healthy:
                 self._release(instance)
 
     def _decoded(self, instance: Instance, records: Sequence[Record], batch: RecordBatch,
                  deadline: float) -> tuple[Record, ...] | str | None:
-        target = self.target
-        payload = encode_input(target.abi, target.encoding, batch.topic, batch.partition,
+        binding = instance.binding
+        payload = encode_input(binding.abi, binding.encoding, batch.topic, batch.partition,
                                records)
         raw = instance.call(payload, deadline)
         try:
-            return decode_result(target.abi, target.encoding, raw, records)
+            return decode_result(binding.abi, binding.encoding, raw, records)
         except Malformed as exc:
-            raise _Fault(f"returned a malformed result: {exc}") from exc
+            raise _Fault(f"returned a malformed result: {exc}", suspect=True) from exc
 
-    def _reject(self, fault: _Fault, where: str, index: int | None) -> RejectBatch:
+    def _reject(self, fault: _Fault, where: str, index: int | None,
+                binding: Binding) -> RejectBatch:
         at = f"record {index} of {where}" if index is not None else where
         message = f"{self.name} {fault.reason} on {at}; batch rejected" + (
             ", instance reset" if fault.reset else "")
+        if fault.suspect and binding.hint:
+            message += f". {binding.hint}"
         log.warning("%s", message)
         if fault.timed_out:
             return RejectBatch(message, "REQUEST_TIMED_OUT")

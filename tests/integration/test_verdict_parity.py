@@ -1,4 +1,4 @@
-"""The proxy and replay give the same verdict on the same batch.
+"""The proxy, replay and the plugin test kit give the same verdict on the same batch.
 
 One plugin (``tests/plugins/tp_parity.py``) answers by topic: unchanged,
 transformed (sync and ``async def``, values or only offset deltas), rejected by
@@ -6,8 +6,9 @@ policy with record errors, the record-count rule broken, an exception, a wrong
 return type, a missed deadline. Each batch goes through a ``kiproxy run``
 process in front of a real broker (Tansu), sent as a Produce v9 request from a
 socket so that the answer's ``error_message`` and ``record_errors`` can be
-read, and through replay's :class:`~kiproxy.pipelines.apply.InterceptorRunner`.
-Both must agree on the kind (the proxy's from its ``kiproxy_produce_batches``
+read, through replay's :class:`~kiproxy.pipelines.apply.InterceptorRunner` and
+through the test kit's :func:`~kiproxy.interceptors.testing.run_interceptor`.
+All three must agree on the kind (the proxy's from its ``kiproxy_produce_batches``
 metric), the error code, the message, the record errors and the records stored.
 """
 
@@ -23,6 +24,8 @@ import pytest
 from conftest import ProxyProcess, consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
+from kiproxy.interceptors import RecordBatch
+from kiproxy.interceptors.testing import Plugin, load, run_interceptor
 from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec, Outcome
 from kiproxy.pipelines.sources import SourceBatch
 from kiproxy.protocol.records import Record, build_batch, decode_batches
@@ -57,6 +60,12 @@ def runner() -> Iterator[InterceptorRunner]:
     r = InterceptorRunner(InterceptorSpec(SPEC, plugins_dir=str(PLUGINS), timeout_ms=TIMEOUT_MS))
     yield r
     r.close()
+
+
+@pytest.fixture(scope="module")
+def kit_plugin() -> Iterator[Plugin]:
+    with load(SPEC, plugins_dir=PLUGINS) as plugin:
+        yield plugin
 
 
 def _records() -> list[Record]:
@@ -106,17 +115,33 @@ def _through_replay(runner: InterceptorRunner, topic: str, data: bytes) -> dict[
                        for r in outcome.records]}
 
 
+def _through_test_kit(plugin: Plugin, topic: str, data: bytes) -> dict[str, Any]:
+    [decoded] = decode_batches(data)
+    outcome = run_interceptor(plugin, RecordBatch(topic=topic, partition=0,
+                                                  records=decoded.records),
+                              timeout_ms=TIMEOUT_MS)
+    if outcome.kind == "rejected":
+        return {"kind": "rejected", "code": outcome.code, "message": outcome.message,
+                "record_errors": outcome.record_errors}
+    return {"kind": {"unchanged": "passed"}.get(outcome.kind, outcome.kind),
+            "stored": [(r.key, r.value, [(h.key, h.value) for h in r.headers], r.timestamp)
+                       for r in outcome.records]}
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_proxy_and_replay_agree(proxy: tuple[ProxyProcess, str], runner: InterceptorRunner,
-                                case: str) -> None:
+def test_proxy_replay_and_test_kit_agree(proxy: tuple[ProxyProcess, str],
+                                         runner: InterceptorRunner, kit_plugin: Plugin,
+                                         case: str) -> None:
     p, metrics = proxy
     topic = f"{case}-{uuid.uuid4().hex[:8]}"
     data = build_batch(_records())
 
     inline = _through_proxy(p, metrics, topic, data)
     replayed = _through_replay(runner, topic, data)
+    kit = _through_test_kit(kit_plugin, topic, data)
 
     assert inline == replayed
+    assert inline == kit
     assert inline["kind"] == EXPECTED_KIND.get(case, "rejected")
     expected_rejection = {
         "reject": (44, "reject-* is closed", ((1, "the second record"),)),
