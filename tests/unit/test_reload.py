@@ -51,9 +51,13 @@ def test_each_restart_only_key_is_named(key: str, value: Any, named: str) -> Non
 def test_turning_client_tls_on_needs_a_restart_but_a_new_certificate_does_not() -> None:
     plain = _config()
     tls_a = _config(**{"tls.cert": "/a.pem", "tls.key": "/a.key"})
-    tls_b = _config(**{"tls.cert": "/b.pem", "tls.key": "/b.key", "tls.client_ca": "/ca.pem"})
+    tls_b = _config(**{"tls.cert": "/b.pem", "tls.key": "/b.key"})
+    mtls_a = _config(**{"tls.cert": "/a.pem", "tls.key": "/a.key", "tls.client_ca": "/ca1.pem"})
+    mtls_b = _config(**{"tls.cert": "/b.pem", "tls.key": "/b.key", "tls.client_ca": "/ca2.pem"})
     assert restart_only_changes(plain, tls_a) == ["tls (turning TLS on or off)"]
+    assert restart_only_changes(tls_a, mtls_a) == ["tls.client_ca (turning mTLS on or off)"]
     assert restart_only_changes(tls_a, tls_b) == []
+    assert restart_only_changes(mtls_a, mtls_b) == []
 
 
 class _Harness:
