@@ -26,18 +26,16 @@ import argparse
 import datetime
 import gc
 import platform
-import re
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
+from bench.results import write_results
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.routes import RouteTable
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Routes: per-batch route selection, 50 routes against 1"
 LINK = {"class": "a:B"}
 
@@ -138,19 +136,6 @@ client every batch (all routes evaluated: the cache miss).
 """
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace (or add) this benchmark's section of ``path``, leaving the others alone."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
-        return
-    nxt = re.search(r"^## ", old[start + len(SECTION):], re.MULTILINE)
-    end = start + len(SECTION) + nxt.start() if nxt else len(old)
-    tail = old[end:]
-    path.write_text(old[:start] + text + ("\n" + tail if tail else ""))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark; print the table; write RESULTS.md unless ``--no-write``."""
     parser = argparse.ArgumentParser(prog="python -m bench.routes", description=__doc__)
@@ -164,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(results, command, n, repeats, time.monotonic() - started)
     print(text)
     if not args.no_write:
-        write_results(text)
+        write_results(text, SECTION)
     return 0
 
 
