@@ -34,6 +34,21 @@ def _spark_args(p: argparse.ArgumentParser) -> None:
                    help="show Spark's own start-up messages and warnings")
 
 
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--command-config", metavar="FILE",
+                   help="client settings of the cluster, as Kafka's tools take them (a Java "
+                        "client.properties: security.protocol, ssl.*, sasl.*); see "
+                        "docs/replay-security.md. Keep passwords in this file")
+    p.add_argument("--consumer-property", metavar="KEY=VALUE", action="append", default=[],
+                   help="one client setting (repeatable; overrides --command-config)")
+
+
+def _security(args: argparse.Namespace) -> Any:
+    from kiproxy.pipelines.client_security import load_client_security
+
+    return load_client_security(args.command_config, args.consumer_property)
+
+
 def add_parsers(subparsers: Any) -> None:
     """Add ``replay`` and ``report`` to ``kiproxy``'s subcommands."""
     replay = subparsers.add_parser(
@@ -79,6 +94,7 @@ def add_parsers(subparsers: Any) -> None:
     replay.add_argument("--chunk-records", metavar="N", type=int, default=500,
                         help="batch size where stored batch boundaries are not visible "
                              "(default 500)")
+    _client_args(replay)
     _spark_args(replay)
 
     report = subparsers.add_parser(
@@ -99,6 +115,7 @@ def add_parsers(subparsers: Any) -> None:
                         help="window start (ms or ISO-8601; default: the first event)")
     report.add_argument("--until", metavar="TIMESTAMP",
                         help="window end, exclusive (default: after the last event)")
+    _client_args(report)
     _spark_args(report)
 
 
@@ -145,6 +162,7 @@ def _replay(args: argparse.Namespace) -> int:
                            str(Path(args.plugins_dir).resolve()) if args.plugins_dir else None,
                            None, _positive("--interceptor-timeout-ms",
                                            args.interceptor_timeout_ms))
+    security = _security(args)
     from kiproxy.pipelines.replay import ReplayOptions, run_replay
 
     report_dir = Path(args.report or "kiproxy-replay-report")
@@ -157,7 +175,7 @@ def _replay(args: argparse.Namespace) -> int:
         chunk_records=_positive("--chunk-records", args.chunk_records),
         spark_conf=_conf(args.spark_conf), progress=False if args.no_progress else None,
         verbose=args.verbose,
-        from_text=args.from_offsets, to_text=args.to_offsets,
+        from_text=args.from_offsets, to_text=args.to_offsets, security=security,
     ))
     print(f"kiproxy replay: {summary['records']} records in {summary['batches']} batches; "
           f"{summary['transformed_records']} transformed, {summary['rejected_records']} "
@@ -177,6 +195,7 @@ def _report(args: argparse.Namespace) -> int:
         until = parse_timestamp(args.until) if args.until else None
     except ValueError as exc:
         raise PipelineError(f"--since/--until: {exc}") from None
+    security = _security(args)
     from kiproxy.pipelines.report import ReportOptions, run_report
 
     out = Path(args.out)
@@ -184,6 +203,7 @@ def _report(args: argparse.Namespace) -> int:
         audit=args.audit, out_dir=out, audit_topic=args.audit_topic, bootstrap=args.bootstrap,
         since_ms=since, until_ms=until, master=args.master, spark_conf=_conf(args.spark_conf),
         progress=False if args.no_progress else None, verbose=args.verbose,
+        security=security,
     ))
     print(f"kiproxy report: {summary['produce_events']} produce events, {summary['records']} "
           f"records, {summary['bytes']} bytes, {summary['rejected_records']} rejected records")

@@ -12,7 +12,9 @@ executors:
 - ``consumer``: a confluent-kafka consumer, fixed-size chunks; for brokers the
   raw Fetch cannot read.
 
-``auto`` picks ``spark-kafka`` when available, else ``fetch``.
+``auto`` picks ``spark-kafka`` when available and the cluster's settings can
+be given to it without a secret (:meth:`ClientSecurity.spark_kafka_options`),
+else ``fetch``. Every reader connects with the run's :class:`ClientSecurity`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import FetchClient, record_timestamps
 from kiproxy.pipelines.offsets import OffsetRange, ReplayTask
@@ -33,6 +36,7 @@ __all__ = [
     "SourceBatch",
     "choose_reader",
     "chunk_rows",
+    "confluent_config",
     "consumer_chunks",
     "spark_kafka_available",
     "spark_kafka_options",
@@ -76,13 +80,17 @@ def spark_kafka_available(spark: Any) -> bool:
         return False
 
 
-def choose_reader(requested: str, spark_kafka: bool, spark_version: str = "4.0.0") -> str:
+def choose_reader(requested: str, spark_kafka: bool, spark_version: str = "4.0.0",
+                  security: ClientSecurity = PLAINTEXT) -> str:
     """The reader to use for ``--reader requested`` when the Kafka data source is or is not
-    on the classpath."""
+    on the classpath, for a cluster reached with ``security``."""
     if requested not in READERS:
         raise PipelineError(f"--reader {requested!r}: use one of {', '.join(READERS)}")
     if requested == "auto":
-        return "spark-kafka" if spark_kafka else "fetch"
+        secret = security.sasl or security.certificate_pem is not None
+        return "spark-kafka" if spark_kafka and not secret else "fetch"
+    if requested == "spark-kafka":
+        security.spark_kafka_options()  # refuses settings that would put a secret in the plan
     if requested == "spark-kafka" and not spark_kafka:
         scala = "2.13"
         raise PipelineError(
@@ -158,16 +166,23 @@ def _chunks(topic: str, partition: int, items: Iterable[tuple[int, Record]],
                           records=tuple(records), stored=False)
 
 
+def confluent_config(bootstrap: str, security: ClientSecurity,
+                     **settings: Any) -> dict[str, Any]:
+    """confluent-kafka configuration for ``bootstrap`` reached with ``security``."""
+    return {"bootstrap.servers": bootstrap, **security.librdkafka(), **settings}
+
+
 def consumer_chunks(bootstrap: str, task: ReplayTask, chunk_records: int,
-                    poll_timeout: float = 30.0) -> Iterator[SourceBatch]:
+                    poll_timeout: float = 30.0,
+                    security: ClientSecurity = PLAINTEXT) -> Iterator[SourceBatch]:
     """Records of ``[task.start, task.end)`` through a confluent-kafka consumer, in chunks."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap, "group.id": "kiproxy-replay",
-        "enable.auto.commit": False, "enable.partition.eof": True,
-        "auto.offset.reset": "earliest", "isolation.level": "read_uncommitted",
-    })
+    consumer = Consumer(confluent_config(
+        bootstrap, security, **{
+            "group.id": "kiproxy-replay", "enable.auto.commit": False,
+            "enable.partition.eof": True, "auto.offset.reset": "earliest",
+            "isolation.level": "read_uncommitted"}))
 
     def records() -> Iterator[tuple[int, Record]]:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
@@ -221,7 +236,8 @@ def chunk_rows(rows: Iterable[Sequence[Any]], chunk_records: int) -> Iterator[So
 
 
 def spark_kafka_options(bootstrap: str, ranges: Sequence[OffsetRange],
-                        min_partitions: int) -> dict[str, str]:
+                        min_partitions: int,
+                        security: ClientSecurity = PLAINTEXT) -> dict[str, str]:
     """Options of ``spark.read.format("kafka")`` that read exactly ``ranges``."""
     assign: dict[str, list[int]] = {}
     starting: dict[str, dict[str, int]] = {}
@@ -240,4 +256,5 @@ def spark_kafka_options(bootstrap: str, ranges: Sequence[OffsetRange],
         "includeHeaders": "true",
         "failOnDataLoss": "false",
         "minPartitions": str(max(1, min_partitions)),
+        **security.spark_kafka_options(),
     }

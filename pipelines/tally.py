@@ -2,8 +2,8 @@
 driver merges into the report's ``summary.json``.
 
 Counts, per partition: ``batches`` and ``records`` seen; ``transformed_batches``
-(batches the interceptor changed) and ``transformed_records`` (records whose key,
-value, headers or timestamp changed); ``rejected_batches`` and
+(batches the interceptor changed) and ``transformed_records`` (records that differ
+in any field, offset delta included); ``rejected_batches`` and
 ``rejected_records`` (every record of a rejected batch); ``passed_records``
 (records of batches that were not rejected, changed or not). Rejection reasons
 are keyed by error code and message, with batch and record counts and up to

@@ -240,7 +240,8 @@ def test_spark_kafka_reader_is_chosen_when_on_the_classpath_and_chunks_its_rows(
     assert len(rows) == sum(t.records for t in truth.values())
     calls: list[tuple[Any, ...]] = []
 
-    def fake_source(session: Any, bootstrap: str, ranges: list[Any], minimum: int) -> Any:
+    def fake_source(session: Any, bootstrap: str, ranges: list[Any], minimum: int,
+                    security: Any = None) -> Any:
         calls.append((bootstrap, sorted((r.partition, r.start, r.end) for r in ranges), minimum))
         return session.createDataFrame(
             rows, "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, "

