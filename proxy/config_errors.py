@@ -14,7 +14,6 @@ An unknown key is matched against the valid keys at the same level
 from __future__ import annotations
 
 import difflib
-import types
 import typing
 from typing import Any
 
@@ -59,7 +58,7 @@ def _shown(value: Any) -> str:
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list | tuple):
-        return "a list"
+        return "a list" if value else "an empty list"
     return repr(value)
 
 
@@ -80,12 +79,14 @@ def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseMo
 
 
 def _unwrap(annotation: Any) -> Any:
-    """The model inside ``Model | None`` or ``list[Model]``, else the annotation itself."""
-    origin = typing.get_origin(annotation)
-    if origin in (list, typing.Union, types.UnionType):
-        for arg in typing.get_args(annotation):
-            if isinstance(arg, type) and issubclass(arg, BaseModel):
-                return arg
+    """The model inside ``Model | None``, ``list[Model]``, ``tuple[Model, ...]`` and the like,
+    else the annotation itself."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _unwrap(arg)
+        if isinstance(found, type) and issubclass(found, BaseModel):
+            return found
     return annotation
 
 
@@ -123,6 +124,10 @@ def _problem(model: type[BaseModel], item: ErrorDetails) -> str:
         return f"expected {ctx.get('expected')}, got {_shown(given)}"
     if kind == "missing":
         return "required key is missing"
+    if kind == "too_short":
+        return f"needs at least {ctx.get('min_length')} item(s), got {_shown(given)}"
+    if kind == "too_long":
+        return f"takes at most {ctx.get('max_length')} item(s), got {_shown(given)}"
     if kind == "value_error":
         return str(ctx.get("error", item["msg"]))
     return f"{item['msg']}, got {_shown(given)}"

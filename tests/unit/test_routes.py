@@ -137,7 +137,8 @@ def test_identity_rides_on_the_context_with_a_default() -> None:
     ("routes: [{match: {client_id: '[a'}, interceptors: [{class: a:B}]}]",
      "routes[0].match.client_id: '[a' is not a regular expression"),
     ("routes: [{match: {owner: team-a}, interceptors: [{class: a:B}]}]",
-     "routes[0].match.owner: Extra inputs are not permitted"),
+     "routes[0].match.owner: unknown key; valid keys here: topic, principal, "
+     "principal_regex, client_id, client_address, listener, transactional, acks"),
     ("routes: [{match: {acks: 2}, interceptors: [{class: a:B}]}]",
      "routes[0].match.acks: 2 is not an acks value"),
     ("routes: [{match: {transactional: 'yes'}, interceptors: [{class: a:B}]}]",
@@ -153,7 +154,7 @@ def test_identity_rides_on_the_context_with_a_default() -> None:
      "interceptor.class and routes cannot both be set"),
     ("interceptor: {class: a:B}\ndefault: {interceptors: [{class: a:B}]}",
      "interceptor.class and default cannot both be set"),
-    ("default: {match: {topic: x}, interceptors: [{class: a:B}]}", "default.match: Extra inputs"),
+    ("default: {match: {topic: x}, interceptors: [{class: a:B}]}", "default.match: unknown key"),
 ])
 def test_bad_routes_are_config_errors_naming_the_key(tmp_path: Path, text: str,
                                                       message: str) -> None:
