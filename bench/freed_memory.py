@@ -43,14 +43,13 @@ from hardening.bombs import (  # noqa: E402
     bomb_request,
     produce_request,
     rss_of,
+    send_at_once,
 )
-from hardening.raw_kafka import connect, recv_frame  # noqa: E402
 
 from kiproxy.protocol.records import Record, build_batch  # noqa: E402
 from kiproxy.proxy.embedded import EmbeddedBroker, free_port  # noqa: E402
 
 MiB = 2**20
-CLIENTS = 16
 SETTLE = 2.5
 """Seconds after a step before its RSS is read: the heap trimmer checks every second."""
 
@@ -71,18 +70,6 @@ def _launch(upstream: str, keep: str) -> tuple[subprocess.Popen[str], str]:
     return proc, f"127.0.0.1:{listen}"
 
 
-def _all_at_once(address: str, frame: bytes) -> None:
-    socks = [connect(address, timeout=120) for _ in range(CLIENTS)]
-    threads = [threading.Thread(target=s.sendall, args=(frame,)) for s in socks]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for s in socks:
-        recv_frame(s)
-        s.close()
-
-
 def _steps(address: str) -> list[tuple[str, Callable[[], None]]]:
     records = [Record(value=b"x" * (512 * 1024), timestamp=0)] * 8
     large = produce_request("freed-large", build_batch(records), client_id="large")
@@ -91,11 +78,11 @@ def _steps(address: str) -> list[tuple[str, Callable[[], None]]]:
 
     def large_bursts() -> None:
         for _ in range(3):
-            _all_at_once(address, large)
+            send_at_once(address, large)
 
     return [("abandoned", lambda: abandon_large_frames(address, 800)),
             ("large produce", large_bursts),
-            ("bombs", lambda: _all_at_once(address, bomb))]
+            ("bombs", lambda: send_at_once(address, bomb))]
 
 
 def run_mode(broker: EmbeddedBroker, keep: str) -> list[str]:
@@ -103,7 +90,7 @@ def run_mode(broker: EmbeddedBroker, keep: str) -> list[str]:
     proc, address = _launch(broker.bootstrap, keep)
     rows = []
     try:
-        _all_at_once(address, produce_request("freed-large", build_batch(
+        send_at_once(address, produce_request("freed-large", build_batch(
             [Record(value=b"x", timestamp=0)])))
         abandon_large_frames(address, 64)
         time.sleep(SETTLE)
