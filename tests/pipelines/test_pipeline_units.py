@@ -88,6 +88,7 @@ def test_spark_kafka_options_read_exactly_the_ranges() -> None:
     assert json.loads(opts["endingOffsets"]) == {"t": {"0": 9, "2": 4}}
     assert opts["includeHeaders"] == "true" and opts["minPartitions"] == "6"
     assert opts["kafka.bootstrap.servers"] == "b:9092"
+    assert opts["kafka.isolation.level"] == "read_committed"  # as the replay's default
 
 
 def test_chunk_rows_cut_at_size_and_partition_change() -> None:
