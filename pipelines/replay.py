@@ -49,7 +49,7 @@ from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.pipelines.apply import InterceptorSpec, error_name, runner_for
 from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
-from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
+from kiproxy.pipelines.fetch_client import ISOLATION_LEVELS, BrokerError, FetchClient
 from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
@@ -381,6 +381,9 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             and Path(opts.output_path).exists():
         raise PipelineError(f"--output-path {opts.output_path} already exists; give a new "
                             "directory (the backfill never overwrites)")
+    if opts.isolation_level not in ISOLATION_LEVELS:
+        raise PipelineError(f"--isolation-level {opts.isolation_level!r}: use "
+                            f"{' or '.join(ISOLATION_LEVELS)}")
     _check_plugin(opts.interceptor)
     planned_at = time.time()
     topics, ranges = _plan(opts)

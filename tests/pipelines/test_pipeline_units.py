@@ -263,3 +263,14 @@ def test_async_interceptor_past_its_deadline_is_a_timeout() -> None:
     outcome = _runner("async-slow", timeout_ms=50).apply(_batch([b"a"]))
     assert (outcome.kind, outcome.error_code) == ("rejected", 7)
     assert "did not finish within 50 ms" in outcome.message
+
+
+def test_an_unknown_isolation_level_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from kiproxy.pipelines.replay import ReplayOptions, run_replay
+
+    with pytest.raises(PipelineError, match=r"--isolation-level 'read_all': use "
+                                            r"read_committed or read_uncommitted"):
+        run_replay(ReplayOptions(
+            bootstrap="127.0.0.1:1", topic="t", interceptor=InterceptorSpec("no:Such", {}),
+            from_offsets=OffsetBound("earliest"), to_offsets=OffsetBound("latest"),
+            report_dir=tmp_path, isolation_level="read_all"))
