@@ -303,7 +303,7 @@ class ProxyServer:
 
     async def readiness(self) -> str | None:
         """``None`` when ready to carry traffic, else why not."""
-        if self.config.interceptor.class_name and self.generation.produce.interceptor is None:
+        if self.config.interceptor.class_name and not self.generation.produce.intercepts:
             return "the interceptor is not loaded"
         errors = []
         for host, port in self.config.upstream_addresses:
