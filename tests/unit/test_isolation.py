@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Judged, Rejected
 from kiproxy.proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
@@ -53,12 +54,19 @@ def _batch(topic: str = "orders", n: int = 3) -> RecordBatch:
                        compression="zstd")
 
 
+IDENTITY = ClientIdentity(
+    client_host="203.0.113.9", client_port=40001, peer_host="10.0.0.7", peer_port=53412,
+    via_proxy_protocol=True, listener="external", tls_subject="CN=orders,O=Example",
+    tls_sans=(("DNS", "orders.example"), ("URI", "spiffe://example/orders")),
+    sasl_mechanism="SCRAM-SHA-512", principal="alice", client_id="orders-svc")
+
+
 def _ctx(seconds: float = 10.0, **fields: Any) -> InterceptContext:
     values: dict[str, Any] = dict(
         client_id="orders-svc", client_address="10.0.0.7:53412", principal="alice",
         api_version=11, acks=-1, transactional_id="tx-1",
         deadline=time.monotonic() + seconds, received_at_ms=1_763_848_800_000,
-        proxy_host="proxy-1", extra={"note": "kept"})
+        proxy_host="proxy-1", extra={"note": "kept"}, identity=IDENTITY)
     values.update(fields)
     return InterceptContext(**values)
 
@@ -142,7 +150,15 @@ async def test_every_field_crosses_to_the_worker_and_back(make_pool: Any,
                         "principal": "alice", "api_version": 11, "acks": -1,
                         "transactional_id": "tx-1", "deadline": ctx.deadline,
                         "received_at_ms": 1_763_848_800_000, "proxy_host": "proxy-1",
-                        "extra": {"note": "kept"}}
+                        "extra": {"note": "kept"}, "identity": {
+                            "client_host": "203.0.113.9", "client_port": 40001,
+                            "peer_host": "10.0.0.7", "peer_port": 53412,
+                            "via_proxy_protocol": True, "listener": "external",
+                            "tls_subject": "CN=orders,O=Example",
+                            "tls_sans": [["DNS", "orders.example"],
+                                         ["URI", "spiffe://example/orders"]],
+                            "sasl_mechanism": "SCRAM-SHA-512", "principal": "alice",
+                            "client_id": "orders-svc"}}
 
 
 async def test_nullable_context_fields_and_empty_batches_cross_too(make_pool: Any) -> None:
