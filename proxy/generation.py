@@ -34,7 +34,9 @@ from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.observe import ObserverHub
 from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.proxy_protocol import trusted_networks
 from kiproxy.proxy.route_runtime import load_routes
+from kiproxy.proxy.routes import Network
 from kiproxy.proxy.tls import client_context
 
 log = logging.getLogger("kiproxy")
@@ -56,6 +58,8 @@ class Generation:
     """This generation's observers (audit log, observer plugins)."""
     client_tls: ssl.SSLContext | None
     """The listeners' TLS context (certificate, key, client CA), when TLS is on."""
+    proxy_trusted: tuple[Network, ...] = ()
+    """``listener.proxy_protocol_trusted`` as networks: who may send a PROXY header."""
 
     @property
     def tallies(self) -> bool:
@@ -176,7 +180,8 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
         offload=offload, topic_names=topic_names,
     )
     return Generation(number=number, config=config, produce=produce, observers=observers,
-                      client_tls=client_tls)
+                      client_tls=client_tls,
+                      proxy_trusted=trusted_networks(config.listener.proxy_protocol_trusted))
 
 
 def _same_observers(old: ProxyConfig, new: ProxyConfig) -> bool:
