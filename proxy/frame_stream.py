@@ -124,6 +124,8 @@ class FrameStream(asyncio.BufferedProtocol):
         return self._assembler.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._error is not None:
+            return  # the stream failed (reading is paused): what still arrives is dropped
         if self._preface is not None:
             assert self._preface_buffer is not None
             self._preface += self._preface_buffer[:nbytes]

@@ -29,10 +29,10 @@ import yaml
 from conftest import TANSU_NODE_ID, ProxyProcess, launch_proxy
 from cryptography import x509
 from hardening.sasl_gateway import SaslGateway
+
 from integration.haproxy import StartHaproxy
 from integration.test_routes import audit_events, produce, read
 from integration.test_tls import _cert, _key, _name, _write
-
 from kiproxy.proxy.embedded import EmbeddedBroker
 
 pytestmark = [
