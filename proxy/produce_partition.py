@@ -153,6 +153,7 @@ class PartitionHandler:
                             "corrupt")
 
         who = client.identity
+        timeout = self.timeout if chain is None else chain.links[0].timeout
         out: list[bytes] = []
         acked: list[AcknowledgedBatch] = []
         changed = False
@@ -172,7 +173,7 @@ class PartitionHandler:
                 client_id=who.client_id, client_address=who.client_address,
                 principal=who.principal, api_version=version, acks=request.acks,
                 transactional_id=request.transactional_id,
-                deadline=time.monotonic() + self.timeout, received_at_ms=received_at_ms,
+                deadline=time.monotonic() + timeout, received_at_ms=received_at_ms,
                 proxy_host=self.proxy_host, identity=who,
             )
             if chain is None:
