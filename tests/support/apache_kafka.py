@@ -5,7 +5,7 @@
 what most tests use, and a SASL_PLAINTEXT listener offering PLAIN, SCRAM-SHA-256
 and SCRAM-SHA-512 for ``SASL_USERS`` (SCRAM users written into the metadata log
 when the storage is formatted, as ``kafka-storage format --add-scram`` does;
-PLAIN users in the listener's JAAS setting).
+PLAIN users in the listener's JAAS setting). Batches of up to 8 MiB are accepted.
 """
 
 from __future__ import annotations
@@ -56,5 +56,7 @@ def sasl_settings(users: dict[str, str]) -> tuple[dict[str, str], list[str]]:
 def session_cluster(home: Path) -> KafkaCluster:
     """The shared 1-node cluster (not started): PLAINTEXT plus the SASL listener."""
     properties, scram_arguments = sasl_settings(SASL_USERS)
+    # Batches up to 8 MiB, as Tansu takes them (the interception suite sends 1 MiB records).
+    properties["message.max.bytes"] = str(8 << 20)
     return KafkaCluster(home, nodes=1, listeners={SASL_LISTENER: "SASL_PLAINTEXT"},
                         overrides=properties, format_arguments=scram_arguments)
