@@ -56,9 +56,9 @@ from integration.test_sasl import (
     _records,
     _sasl,
 )
+from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from containers.test_apache_kafka import KAFKA_IMAGE, ApacheKafkaContainer, docker_engine
-from support.apache_kafka import SASL_LISTENER, SASL_USERS
 from kiproxy.proxy.embedded import free_port
 
 try:
