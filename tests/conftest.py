@@ -162,14 +162,16 @@ def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
                  plugins_dir: str | Path | None = None,
                  config_file: str | Path | None = None,
                  node_ids: tuple[int, ...] = (TANSU_NODE_ID,)) -> ProxyProcess:
-    """Start ``kiproxy run`` in front of ``upstream`` and wait for its bootstrap line.
+    """Start ``kiproxy run`` in front of ``upstream`` (``host:port[,host:port...]``) and
+    wait for its bootstrap line.
 
     ``node_ids`` are the broker's node ids (Tansu's by default): their proxy ports
     are chosen free and make up ``ProxyProcess.ports``.
     """
     listen = free_port()
     start = broker_port_start(node_ids)
-    cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
+    upstreams = [arg for server in upstream.split(",") for arg in ("--upstream", server)]
+    cmd = [sys.executable, "-m", "kiproxy", "run", *upstreams,
            "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
            "--log-level", "INFO", *extra]
     if interceptor:
