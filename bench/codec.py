@@ -49,12 +49,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.results import RESULTS, write_results
 from kiproxy.protocol.compression import Compression, compress, decompress
 from kiproxy.protocol.records import Header, Record, build_batch, decode_batch, encode_batch
 
 __all__ = ["Impl", "Row", "build_input", "main", "measure"]
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Codec: decode + re-encode"
 CODECS = (Compression.NONE, Compression.GZIP, Compression.SNAPPY, Compression.LZ4,
           Compression.ZSTD)
@@ -451,22 +451,6 @@ Re-encoded batch sizes (bytes) show the effect:
 """
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace (or add) the codec section of ``path``, leaving other sections alone."""
-    if not path.exists():
-        path.write_text("# Benchmark results\n\n" + text)
-        return
-    old = path.read_text()
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
-        return
-    nxt = re.search(r"^## ", old[start + len(SECTION):], re.MULTILINE)
-    end = start + len(SECTION) + nxt.start() if nxt else len(old)
-    tail = old[end:]
-    path.write_text(old[:start] + text + ("\n" + tail if tail else ""))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print the table, and update bench/RESULTS.md."""
     parser = argparse.ArgumentParser(prog="python -m bench.codec", description=__doc__,
@@ -494,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(rows, impls, command, args.records, target, slow_target, elapsed)
     print(text)
     if not args.no_write:
-        write_results(text)
+        write_results(text, SECTION)
         print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
 

@@ -32,7 +32,6 @@ import asyncio
 import datetime
 import os
 import platform
-import re
 import statistics
 import sys
 import time
@@ -40,11 +39,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from bench.results import RESULTS, write_results
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.builtin.uppercase import Uppercase
 from kiproxy.proxy.isolation import IsolatedInterceptor
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Plugin isolation: inline against worker processes"
 SPEC = "kiproxy.interceptors.builtin.uppercase:Uppercase"
 REPEATS = 3
@@ -178,19 +177,6 @@ killable) hides it. Inline stays the default.
 """
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace (or add) this benchmark's section of ``path``, leaving the others alone."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
-        return
-    nxt = re.search(r"^## ", old[start + len(SECTION):], re.MULTILINE)
-    end = start + len(SECTION) + nxt.start() if nxt else len(old)
-    tail = old[end:]
-    path.write_text(old[:start] + text + ("\n" + tail if tail else ""))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print its section, and update bench/RESULTS.md."""
     parser = argparse.ArgumentParser(prog="python -m bench.isolation", description=__doc__,
@@ -212,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(results, command, target, time.monotonic() - started)
     print(text)
     if not args.no_write:
-        write_results(text)
+        write_results(text, SECTION)
         print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
 

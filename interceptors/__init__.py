@@ -16,8 +16,11 @@ plugins directory and name it as ``module:Class`` in the config::
 from kiproxy.interceptors.api import (
     ERROR_CODES,
     AcknowledgedBatch,
+    ClientIdentity,
+    ErrorCode,
     Header,
     InterceptContext,
+    PluginFactory,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
@@ -28,8 +31,11 @@ from kiproxy.interceptors.api import (
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
+    "ClientIdentity",
+    "ErrorCode",
     "Header",
     "InterceptContext",
+    "PluginFactory",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",

@@ -11,56 +11,26 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
+from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
+from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
 from kiproxy.protocol.records import Header, Record
 
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
+    "ClientIdentity",
+    "ErrorCode",
     "Header",
     "InterceptContext",
+    "PluginFactory",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",
     "RejectBatch",
     "error_code",
 ]
-
-ERROR_CODES: Mapping[str, int] = {
-    "UNKNOWN_SERVER_ERROR": -1,
-    "CORRUPT_MESSAGE": 2,
-    "REQUEST_TIMED_OUT": 7,
-    "MESSAGE_TOO_LARGE": 10,
-    "RECORD_LIST_TOO_LARGE": 18,
-    "INVALID_REQUIRED_ACKS": 21,
-    "TOPIC_AUTHORIZATION_FAILED": 29,
-    "CLUSTER_AUTHORIZATION_FAILED": 31,
-    "INVALID_TIMESTAMP": 32,
-    "INVALID_REQUEST": 42,
-    "UNSUPPORTED_FOR_MESSAGE_FORMAT": 43,
-    "POLICY_VIOLATION": 44,
-    "TRANSACTIONAL_ID_AUTHORIZATION_FAILED": 53,
-    "UNSUPPORTED_COMPRESSION_TYPE": 76,
-    "INVALID_RECORD": 87,
-    "THROTTLING_QUOTA_EXCEEDED": 89,
-    "UNKNOWN_TOPIC_ID": 100,
-}
-"""Kafka error names a rejection may use, and their codes."""
-
-
-def error_code(error: str | int) -> int:
-    """The numeric Kafka error code for a name such as ``"POLICY_VIOLATION"`` (or a code)."""
-    if isinstance(error, int):
-        return error
-    try:
-        return ERROR_CODES[error.upper()]
-    except KeyError:
-        raise ValueError(
-            f"unknown Kafka error {error!r}; use one of {', '.join(sorted(ERROR_CODES))} "
-            "or a numeric code"
-        ) from None
-
 
 class RejectBatch(Exception):
     """Raise from ``intercept`` to reject the whole topic-partition batch.
@@ -128,7 +98,13 @@ class RecordBatch:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class InterceptContext:
-    """Who sent the batch and how; the same for every batch of one request."""
+    """Who sent the batch and how; the same for every batch of one request.
+
+    ``identity`` is the stable, complete answer to "who" (original address behind
+    a load balancer, listener, TLS subject and SANs, SASL mechanism and
+    principal); ``client_id``, ``client_address`` and ``principal`` repeat its
+    most used facts.
+    """
 
     client_id: str | None
     """The producer's ``client.id``."""
@@ -150,6 +126,9 @@ class InterceptContext:
     """The host name of the proxy handling the request."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Anything else the runtime knows (kept for forward compatibility)."""
+    identity: ClientIdentity = UNKNOWN_CLIENT
+    """What the proxy knows of the client connection (see :class:`ClientIdentity`);
+    ``UNKNOWN_CLIENT`` where no connection stands behind the batch (replay, tests)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,6 +142,17 @@ class AcknowledgedBatch:
     """Whether the interceptor changed the batch."""
 
 
+class PluginFactory(Protocol):
+    """Loads another interceptor the way the runtime loaded this one (same plugins dir).
+
+    Given to a composite interceptor's ``configure(config, *, plugins=...)`` (see
+    :meth:`ProduceRequestInterceptor.configure`); returns the configured instance.
+    """
+
+    def __call__(self, spec: str, config: Mapping[str, Any], /) -> Any:
+        """Resolve ``spec`` (``MODULE:CLASS`` or an entry-point name), create and configure it."""
+
+
 class ProduceRequestInterceptor(abc.ABC):
     """Base class of interceptor plugins.
 
@@ -172,7 +162,12 @@ class ProduceRequestInterceptor(abc.ABC):
     """
 
     def configure(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Receive the ``interceptor.config`` mapping once, before any batch."""
+        """Receive the ``interceptor.config`` mapping once, before any batch.
+
+        An interceptor that loads others (a chain, a router) may declare a keyword
+        parameter ``plugins: PluginFactory``: the loader then passes a factory that
+        loads them from the same plugins directory as this one.
+        """
 
     @abc.abstractmethod
     def intercept(

@@ -11,6 +11,7 @@ message says what was looked for, where, and what went wrong.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
@@ -22,25 +23,19 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kiproxy.interceptors.api import ProduceRequestInterceptor
+from kiproxy.interceptors.api import PluginFactory, ProduceRequestInterceptor
 from kiproxy.interceptors.observer import Observer
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginLoadError",
-    "current_plugins_dir",
+    "forget_plugin_modules",
     "load_interceptor",
     "load_observer",
     "resolve_class",
 ]
 
 ENTRY_POINT_GROUP = "kiproxy.interceptors"
-_plugins_dir: Path | None = None
-
-
-def current_plugins_dir() -> Path | None:
-    """The plugins dir of the latest top-level load (composite interceptors reuse it)."""
-    return _plugins_dir
 
 
 class PluginLoadError(Exception):
@@ -89,6 +84,15 @@ def _from_entry_points(spec: str) -> Any | None:
 
 def _import_failed(what: str, exc: BaseException) -> PluginLoadError:
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen ")]
+    if isinstance(exc, ModuleNotFoundError) and exc.name and frames:
+        # A package the plugin needs is missing: say which, and where it is imported.
+        at = frames[-1]
+        return PluginLoadError(
+            f"importing interceptor module {what} failed: {at.filename} line {at.lineno} "
+            f"imports {exc.name!r}, which is not installed ({detail}); install the package "
+            f"that provides {exc.name!r} where kiproxy runs")
     return PluginLoadError(f"importing interceptor module {what} failed: {detail}")
 
 
@@ -206,7 +210,18 @@ def load_observer(
     return _instantiate(spec, cls, config)
 
 
-def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) -> Any:
+def _takes_plugins(configure: Callable[..., Any]) -> bool:
+    """Whether ``configure`` declares the ``plugins`` keyword (a composite interceptor)."""
+    try:
+        parameter = inspect.signature(configure).parameters.get("plugins")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+
+
+def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
+                 plugins: PluginFactory | None = None) -> Any:
     try:
         instance = cls()
     except Exception as exc:
@@ -214,7 +229,10 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) ->
     configure = getattr(instance, "configure", None)
     if configure is not None:
         try:
-            configure(dict(config or {}))
+            if plugins is not None and _takes_plugins(configure):
+                configure(dict(config or {}), plugins=plugins)
+            else:
+                configure(dict(config or {}))
         except Exception as exc:
             raise PluginLoadError(
                 f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
@@ -225,8 +243,36 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None) ->
 def load_interceptor(
     spec: str, plugins_dir: str | Path | None = None, config: Mapping[str, Any] | None = None
 ) -> Any:
-    """Resolve, instantiate and configure the interceptor named by ``spec``."""
-    global _plugins_dir
-    if plugins_dir is not None:
-        _plugins_dir = Path(plugins_dir)
-    return _instantiate(spec, resolve_class(spec, plugins_dir), config)
+    """Resolve, instantiate and configure the interceptor named by ``spec``.
+
+    An interceptor whose ``configure`` takes ``plugins`` gets a
+    :class:`~kiproxy.interceptors.api.PluginFactory` that loads from ``plugins_dir`` too.
+    """
+
+    def plugins(inner: str, inner_config: Mapping[str, Any]) -> Any:
+        return load_interceptor(inner, plugins_dir, inner_config)
+
+    return _instantiate(spec, resolve_class(spec, plugins_dir), config, plugins)
+
+
+def forget_plugin_modules(plugins_dir: str | Path | None) -> list[str]:
+    """Drop the modules loaded from ``plugins_dir`` so the next load imports them afresh.
+
+    A reload calls this before it builds the new interceptors: a changed ``.py``
+    file (or a module of a plugin package) then takes effect. Objects made from
+    the old modules keep working; they hold their own module references.
+    """
+    if plugins_dir is None:
+        return []
+    base = Path(plugins_dir).resolve()
+    dropped = []
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path is None:
+            continue
+        with contextlib.suppress(OSError, ValueError):
+            if Path(path).resolve().is_relative_to(base):
+                del sys.modules[name]
+                dropped.append(name)
+    importlib.invalidate_caches()
+    return dropped

@@ -1,9 +1,10 @@
 """The ``kiproxy`` command: one parser above the runtime and the pipelines.
 
 ``run`` and ``dev`` belong to :mod:`kiproxy.proxy.cli`; ``replay`` and ``report``
-to :mod:`kiproxy.pipelines.cli`. This module only puts them under one parser and
-dispatches, so the proxy never imports the pipelines (nor pyspark) and the
-pipelines never import the proxy.
+to :mod:`kiproxy.pipelines.cli`; ``check`` (a plugin author's dry run, which
+needs only the plugin API) to :mod:`kiproxy.interceptors.check`. This module
+only puts them under one parser and dispatches, so the proxy never imports
+the pipelines (nor pyspark) and the pipelines never import the proxy.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import sys
 
 from kiproxy import __version__
+from kiproxy.interceptors import check as check_cli
 from kiproxy.pipelines import cli as pipelines_cli
 from kiproxy.proxy import cli as proxy_cli
 
@@ -29,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     proxy_cli.add_parsers(sub)
     pipelines_cli.add_parsers(sub)
+    check_cli.add_parsers(sub)
     return parser
 
 
@@ -37,6 +40,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in pipelines_cli.COMMANDS:
         return pipelines_cli.run(args)
+    if args.command in check_cli.COMMANDS:
+        return check_cli.run(args)
     return proxy_cli.run(args)
 
 

@@ -2,12 +2,14 @@
 
 The interceptor is loaded once per executor process through the same loader
 and public API as the proxy (:func:`kiproxy.interceptors.loader.load_interceptor`), and
-each batch gets the same verdicts the proxy would give it: ``RejectBatch``
-rejects with its error; any other exception rejects with INVALID_RECORD; a
+each batch is judged by the proxy's own verdict function
+(:func:`kiproxy.interceptors.verdict.judge_sync`), so a dry run predicts the
+proxy exactly: ``RejectBatch`` rejects with its error; any other exception, a
 returned batch with another record count, or something that is not a
-``RecordBatch``, rejects with INVALID_RECORD; an ``async def intercept`` that
+``RecordBatch`` rejects with INVALID_RECORD; an ``async def intercept`` that
 misses ``timeout_ms`` (or a plain one that returns late) rejects with
-REQUEST_TIMED_OUT.
+REQUEST_TIMED_OUT. A batch is ``passed`` when the records come back equal in
+every field (offset deltas included), ``transformed`` otherwise.
 
 A replayed batch comes with an :class:`InterceptContext` whose ``client_id`` is
 ``kiproxy-replay``, ``client_address`` is ``replay``, ``api_version`` is -1 (no
@@ -24,28 +26,19 @@ import contextlib
 import inspect
 import socket
 import time
-import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kiproxy.interceptors.api import ERROR_CODES, InterceptContext, RecordBatch, RejectBatch
+from kiproxy.interceptors.api import InterceptContext, RecordBatch
+from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.loader import load_interceptor
+from kiproxy.interceptors.verdict import Rejected, Unchanged, judge_sync
 from kiproxy.pipelines.sources import SourceBatch
 from kiproxy.protocol.records import Record
 
 __all__ = ["InterceptorRunner", "InterceptorSpec", "Outcome", "error_name", "runner_for"]
-
-_ERROR_NAMES = {code: name for name, code in ERROR_CODES.items()}
-INVALID_RECORD = 87
-REQUEST_TIMED_OUT = 7
-
-
-def error_name(code: int) -> str:
-    """Kafka's name of an error code (``POLICY_VIOLATION``), or ``ERROR_<code>``."""
-    return _ERROR_NAMES.get(code, f"ERROR_{code}")
-
 
 @dataclass(frozen=True, slots=True)
 class InterceptorSpec:
@@ -78,16 +71,11 @@ class Outcome:
     records: tuple[Record, ...] = ()
     """The records to write on (for passed and transformed batches)."""
     transformed_records: int = 0
-    """How many records differ (key, value, headers or timestamp) from the stored ones."""
+    """How many records differ (in any field) from the stored ones."""
     error_code: int = 0
     message: str = ""
     record_errors: tuple[tuple[int, str | None], ...] = ()
     """``(index in batch, message)`` pairs from ``RejectBatch``."""
-
-
-def _same(a: Record, b: Record) -> bool:
-    return (a.key == b.key and a.value == b.value and a.timestamp == b.timestamp
-            and [tuple(h) for h in a.headers] == [tuple(h) for h in b.headers])
 
 
 class InterceptorRunner:
@@ -134,39 +122,16 @@ class InterceptorRunner:
             proxy_host=self._host,
             extra={"replay": True, "offsets": (batch.offsets[0], batch.offsets[-1])},
         )
-        try:
-            result = self.interceptor.intercept(view, ctx)
-            if inspect.isawaitable(result):
-                result = self._run(result, max(ctx.deadline - time.monotonic(), 0))
-            elif time.monotonic() > ctx.deadline:
-                raise TimeoutError
-        except RejectBatch as exc:
-            return Outcome("rejected", error_code=exc.error_code, message=exc.message,
-                           record_errors=exc.record_errors)
-        except TimeoutError:
-            return Outcome("rejected", error_code=REQUEST_TIMED_OUT,
-                           message=f"interceptor {self.name} did not finish within "
-                                   f"{self.timeout * 1000:.0f} ms")
-        except Exception as exc:
-            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            return Outcome("rejected", error_code=INVALID_RECORD,
-                           message=f"interceptor {self.name} failed: {detail}")
-        if not isinstance(result, RecordBatch):
-            return Outcome("rejected", error_code=INVALID_RECORD,
-                           message=f"interceptor {self.name} returned "
-                                   f"{type(result).__name__}, not a RecordBatch")
-        if len(result.records) != len(batch.records):
-            return Outcome("rejected", error_code=INVALID_RECORD,
-                           message=f"interceptor {self.name} broke the record-count rule: "
-                                   f"returned {len(result.records)} records for a batch of "
-                                   f"{len(batch.records)}")
-        if result.records is batch.records:
+        verdict = judge_sync(self.interceptor, view, ctx, name=self.name,
+                             timeout=self.timeout, run=self._run)
+        if isinstance(verdict, Rejected):
+            return Outcome("rejected", error_code=verdict.code, message=verdict.message,
+                           record_errors=verdict.record_errors)
+        if isinstance(verdict, Unchanged):
             return Outcome("passed", records=batch.records)
-        changed = sum(not _same(a, b) for a, b in zip(batch.records, result.records,
-                                                      strict=True))
-        if not changed:
-            return Outcome("passed", records=batch.records)
-        return Outcome("transformed", records=result.records, transformed_records=changed)
+        records = tuple(verdict.batch.records)
+        changed = sum(a != b for a, b in zip(batch.records, records, strict=True))
+        return Outcome("transformed", records=records, transformed_records=changed)
 
 
 _runners: dict[tuple[str, str, str | None, str | None, int], InterceptorRunner] = {}

@@ -32,6 +32,21 @@ def _spark_args(p: argparse.ArgumentParser) -> None:
                    help="no progress bar (it is shown only on a terminal anyway)")
 
 
+def _client_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--command-config", metavar="FILE",
+                   help="client settings of the cluster, as Kafka's tools take them (a Java "
+                        "client.properties: security.protocol, ssl.*, sasl.*); see "
+                        "docs/replay-security.md. Keep passwords in this file")
+    p.add_argument("--consumer-property", metavar="KEY=VALUE", action="append", default=[],
+                   help="one client setting (repeatable; overrides --command-config)")
+
+
+def _security(args: argparse.Namespace) -> Any:
+    from kiproxy.pipelines.client_security import load_client_security
+
+    return load_client_security(args.command_config, args.consumer_property)
+
+
 def add_parsers(subparsers: Any) -> None:
     """Add ``replay`` and ``report`` to ``kiproxy``'s subcommands."""
     replay = subparsers.add_parser(
@@ -56,8 +71,9 @@ def add_parsers(subparsers: Any) -> None:
                         help="where each partition starts: earliest (default), the last N "
                              "records, or the first record at/after a timestamp (ms or ISO-8601)")
     replay.add_argument("--to-offsets", metavar="latest|TIMESTAMP", default="latest",
-                        help="where each partition ends (exclusive): the high watermark at "
-                             "start (default) or the first record at/after a timestamp")
+                        help="where each partition ends (exclusive): the end at start (the "
+                             "last stable offset read_committed, else the high watermark; "
+                             "default) or the first record at/after a timestamp")
     output = replay.add_mutually_exclusive_group()
     output.add_argument("--output-topic", metavar="NAME",
                         help="backfill: produce the transformed records to this topic "
@@ -71,12 +87,18 @@ def add_parsers(subparsers: Any) -> None:
                         help="how executors read: auto (Spark's Kafka source if on the "
                              "classpath, else fetch), fetch (raw Fetch, stored batches), "
                              "consumer (confluent-kafka, fixed-size chunks)")
+    replay.add_argument("--isolation-level", choices=("read_committed", "read_uncommitted"),
+                        default="read_committed",
+                        help="read as a consumer of this isolation.level: read_committed "
+                             "(default) leaves out aborted transactions and stops at the last "
+                             "stable offset; read_uncommitted reads every stored record")
     replay.add_argument("--max-records-per-task", metavar="N", type=int, default=100_000,
                         help="split a partition's range into tasks of N offsets (dry run and "
                              "Parquet; default 100000)")
     replay.add_argument("--chunk-records", metavar="N", type=int, default=500,
                         help="batch size where stored batch boundaries are not visible "
                              "(default 500)")
+    _client_args(replay)
     _spark_args(replay)
 
     report = subparsers.add_parser(
@@ -97,6 +119,7 @@ def add_parsers(subparsers: Any) -> None:
                         help="window start (ms or ISO-8601; default: the first event)")
     report.add_argument("--until", metavar="TIMESTAMP",
                         help="window end, exclusive (default: after the last event)")
+    _client_args(report)
     _spark_args(report)
 
 
@@ -143,6 +166,7 @@ def _replay(args: argparse.Namespace) -> int:
                            str(Path(args.plugins_dir).resolve()) if args.plugins_dir else None,
                            None, _positive("--interceptor-timeout-ms",
                                            args.interceptor_timeout_ms))
+    security = _security(args)
     from kiproxy.pipelines.replay import ReplayOptions, run_replay
 
     report_dir = Path(args.report or "kiproxy-replay-report")
@@ -154,12 +178,15 @@ def _replay(args: argparse.Namespace) -> int:
         max_records_per_task=_positive("--max-records-per-task", args.max_records_per_task),
         chunk_records=_positive("--chunk-records", args.chunk_records),
         spark_conf=_conf(args.spark_conf), progress=False if args.no_progress else None,
-        from_text=args.from_offsets, to_text=args.to_offsets,
+        from_text=args.from_offsets, to_text=args.to_offsets, security=security,
+        isolation_level=args.isolation_level,
     ))
     print(f"kiproxy replay: {summary['records']} records in {summary['batches']} batches; "
           f"{summary['transformed_records']} transformed, {summary['rejected_records']} "
           f"rejected in {summary['rejected_batches']} batches; "
           f"{summary['written_records']} written"
+          + (f"; {summary['aborted_records_skipped']} aborted records skipped"
+             if summary["aborted_records_skipped"] else "")
           + (f" to {args.output_topic or args.output_path}" if summary["output"] else "")
           + f"; {summary['records_per_s']} records/s")
     print(f"kiproxy replay: report in {report_dir.resolve() / 'index.html'}")
@@ -174,13 +201,14 @@ def _report(args: argparse.Namespace) -> int:
         until = parse_timestamp(args.until) if args.until else None
     except ValueError as exc:
         raise PipelineError(f"--since/--until: {exc}") from None
+    security = _security(args)
     from kiproxy.pipelines.report import ReportOptions, run_report
 
     out = Path(args.out)
     summary = run_report(ReportOptions(
         audit=args.audit, out_dir=out, audit_topic=args.audit_topic, bootstrap=args.bootstrap,
         since_ms=since, until_ms=until, master=args.master, spark_conf=_conf(args.spark_conf),
-        progress=False if args.no_progress else None,
+        progress=False if args.no_progress else None, security=security,
     ))
     print(f"kiproxy report: {summary['produce_events']} produce events, {summary['records']} "
           f"records, {summary['bytes']} bytes, {summary['rejected_records']} rejected records")

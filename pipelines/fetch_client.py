@@ -4,39 +4,43 @@ Replay needs what a consumer library hides: the stored batch boundaries and
 their producer fields. So the driver (planning) and the executors (reading)
 speak the Kafka protocol themselves through :mod:`protocol` - Metadata v9,
 ListOffsets v7 and Fetch v12 (topic names, not ids; every broker from Kafka 2.7
-on, and Tansu, answers them) - over plain TCP, one connection per broker.
+on, and Tansu, answers them) - one connection per broker, with TLS and SASL as
+the cluster's :class:`ClientSecurity` asks (:mod:`pipelines.broker_connection`).
 
-The log end is taken from the high watermark of a Fetch response, not from
-ListOffsets "latest": that is what a consumer reads up to, and some
-Kafka-compatible brokers (Tansu) answer ListOffsets with the base offset of the
-last batch. Offsets for a timestamp are found by binary search over stored
-batches (their max timestamps), which gives Kafka's ``offsetsForTimes`` answer
-for logs whose timestamps grow, on any broker.
+The log end is taken from a Fetch response, not from ListOffsets "latest":
+the high watermark for ``read_uncommitted``, the last stable offset (LSO: the
+first offset of the oldest open transaction) for ``read_committed`` - what a
+consumer of that isolation level reads up to; and some Kafka-compatible brokers
+(Tansu) answer ListOffsets with the base offset of the last batch. A
+``read_committed`` client sends Fetch with isolation level 1, so the broker
+returns data up to the LSO and the partition's aborted transactions, which
+:mod:`pipelines.read_committed` applies.
+
+Offsets for a timestamp are found by binary search over stored batches (their
+max timestamps), which gives Kafka's ``offsetsForTimes`` answer for logs whose
+timestamps grow, on any broker.
 """
 
 from __future__ import annotations
 
 import datetime
-import socket
+import ssl
 import struct
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from kiproxy.pipelines.broker_connection import BrokerConnection, BrokerError
+from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
+from kiproxy.pipelines.read_committed import AbortedTransaction
 from kiproxy.protocol.errors import ProtocolError
-from kiproxy.protocol.framing import (
-    encode_frame,
-    encode_request_header,
-    parse_response_header,
-    request_header_version,
-    response_header_version,
-)
-from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
+from kiproxy.protocol.messages import ApiKey, request_type
 from kiproxy.protocol.records import DecodedBatch, decode_batches
 from kiproxy.protocol.records import TimestampType as _TimestampType
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "BrokerError",
     "ClusterMetadata",
     "FetchClient",
@@ -50,6 +54,8 @@ METADATA_VERSION = 9
 LIST_OFFSETS_VERSION = 7
 FETCH_VERSION = 12
 EARLIEST_TIMESTAMP = -2
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+"""The ``isolation.level`` values a Kafka consumer takes (Fetch's 1 and 0)."""
 _LOG_OVERHEAD = 12
 _FETCH_WAITS_MS = (10, 10, 100, 500, 1000)
 LIST_OFFSETS_KEY = 2
@@ -58,14 +64,6 @@ _NOT_LEADER_CODES = frozenset({5, 6, 74, 75})
 
 TopicPartition = tuple[str, int]
 """``(topic, partition)``."""
-
-
-class BrokerError(Exception):
-    """A broker could not be reached, or answered with an error for a partition."""
-
-    def __init__(self, message: str, error_code: int = -1) -> None:
-        super().__init__(message)
-        self.error_code = error_code
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +88,17 @@ class FetchedPartition:
     """First offset still stored (-1 if the broker did not say)."""
     batches: list[DecodedBatch] = field(default_factory=list)
     """The complete batches returned, in offset order (a trailing partial one is dropped)."""
+    last_stable_offset: int = -1
+    """The LSO: a read_committed consumer reads below it (-1 if the broker did not say)."""
+    aborted_transactions: tuple[AbortedTransaction, ...] = ()
+    """Aborted transactions overlapping the returned batches (read_committed fetches only)."""
+
+    def end_offset(self, read_committed: bool) -> int:
+        """The offset a consumer of that isolation level reads up to: the LSO when
+        read_committed and the broker gave one, else the high watermark."""
+        if read_committed and self.last_stable_offset >= 0:
+            return min(self.last_stable_offset, self.high_watermark)
+        return self.high_watermark
 
 
 def complete_prefix(data: bytes) -> bytes:
@@ -125,72 +134,27 @@ def _element(cls: Any, field_name: str) -> Any:
     return typing.get_args(typing.get_type_hints(cls)[field_name])[0]
 
 
-class _BrokerConnection:
-    """One TCP connection to one broker, one request in flight at a time."""
-
-    def __init__(self, host: str, port: int, client_id: str, timeout: float) -> None:
-        self.address = f"{host}:{port}"
-        self.client_id = client_id
-        try:
-            self.sock = socket.create_connection((host, port), timeout=timeout)
-        except OSError as exc:
-            raise BrokerError(f"cannot connect to broker {self.address}: {exc}") from None
-        self.sock.settimeout(timeout)
-        self._correlation_id = 0
-
-    def close(self) -> None:
-        self.sock.close()
-
-    def _exact(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = self.sock.recv(min(n - len(out), 1 << 20))
-            if not chunk:
-                raise BrokerError(f"broker {self.address} closed the connection")
-            out += chunk
-        return bytes(out)
-
-    def request(self, api_key: int, version: int, message: Any) -> Any:
-        self._correlation_id += 1
-        cid = self._correlation_id
-        header_version = request_header_version(api_key, version)
-        response_version = response_header_version(api_key, version)
-        assert header_version is not None and response_version is not None
-        frame = encode_frame(
-            encode_request_header(api_key, version, cid, self.client_id, header_version)
-            + serialize(message)
-        )
-        try:
-            self.sock.sendall(frame)
-            (size,) = struct.unpack(">i", self._exact(4))
-            if size < 0 or size > 1 << 30:
-                raise BrokerError(f"broker {self.address} sent a frame of {size} bytes")
-            data = self._exact(size)
-        except OSError as exc:
-            raise BrokerError(f"broker {self.address}: {exc}") from None
-        try:
-            got, offset = parse_response_header(data, response_version)
-            if got != cid:
-                raise BrokerError(f"broker {self.address} answered correlation id {got}, "
-                                  f"expected {cid}")
-            return parse_response(api_key, version, data, offset)
-        except ProtocolError as exc:
-            raise BrokerError(f"broker {self.address} sent a response that does not "
-                              f"parse: {exc}") from None
-
-
 class FetchClient:
     """Metadata, ListOffsets and Fetch against a cluster, blocking, one socket per broker."""
 
     def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "kiproxy-replay",
-                 timeout: float = 30.0) -> None:
+                 timeout: float = 30.0, security: ClientSecurity = PLAINTEXT,
+                 isolation_level: str = "read_uncommitted") -> None:
+        """``isolation_level``: ``read_uncommitted`` (every stored batch, up to the high
+        watermark) or ``read_committed`` (up to the LSO, with aborted transactions)."""
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation level {isolation_level!r}: use "
+                             f"{' or '.join(ISOLATION_LEVELS)}")
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [_parse_address(a) for s in servers for a in s.split(",") if a.strip()]
         if not self.bootstrap:
             raise ValueError("no bootstrap server given")
         self.client_id = client_id
         self.timeout = timeout
-        self._connections: dict[tuple[str, int], _BrokerConnection] = {}
+        self.security = security
+        self.read_committed = isolation_level == "read_committed"
+        self._ssl_context: ssl.SSLContext | None = None
+        self._connections: dict[tuple[str, int], BrokerConnection] = {}
         self._metadata: ClusterMetadata | None = None
 
     def close(self) -> None:
@@ -207,10 +171,16 @@ class FetchClient:
 
     # ------------------------------------------------------------------ connections
 
-    def _connection(self, address: tuple[str, int]) -> _BrokerConnection:
+    def _connection(self, address: tuple[str, int]) -> BrokerConnection:
         conn = self._connections.get(address)
+        if conn is not None and conn.expired():  # the broker's SASL session is ending
+            conn.close()
+            conn = None
         if conn is None:
-            conn = _BrokerConnection(address[0], address[1], self.client_id, self.timeout)
+            if self.security.tls and self._ssl_context is None:
+                self._ssl_context = self.security.ssl_context()
+            conn = BrokerConnection(address[0], address[1], self.client_id, self.timeout,
+                                    self.security, self._ssl_context)
             self._connections[address] = conn
         return conn
 
@@ -225,15 +195,17 @@ class FetchClient:
             raise
 
     def _any_broker(self, api_key: int, version: int, message: Any) -> Any:
-        errors = []
+        errors: list[BrokerError] = []
         candidates = list(self._connections) + [a for a in self.bootstrap
                                                 if a not in self._connections]
         for address in candidates:
             try:
                 return self._request(address, api_key, version, message)
             except BrokerError as exc:
-                errors.append(str(exc))
-        raise BrokerError("no bootstrap server answered: " + "; ".join(errors))
+                errors.append(exc)
+        if len(errors) == 1:
+            raise errors[0]
+        raise BrokerError("no bootstrap server answered: " + "; ".join(map(str, errors)))
 
     # ------------------------------------------------------------------ metadata
 
@@ -342,7 +314,8 @@ class FetchClient:
         request = cls(
             replica_id=BrokerId(-1),
             max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=max_wait_ms)),
-            min_bytes=i32(0), max_bytes=i32(max_bytes), isolation_level=i8(0),
+            min_bytes=i32(0), max_bytes=i32(max_bytes),
+            isolation_level=i8(1 if self.read_committed else 0),
             session_id=i32(0), session_epoch=i32(-1),
             topics=(topic_cls(topic=TopicName(topic), partitions=(part_cls(
                 partition=i32(partition), fetch_offset=i64(offset),
@@ -367,13 +340,21 @@ class FetchClient:
                 except ProtocolError as exc:
                     raise BrokerError(f"{topic}[{partition}] near offset {offset}: stored "
                                       f"batch does not decode: {exc}") from None
+                aborted = tuple(AbortedTransaction(int(a.first_offset), int(a.producer_id))
+                                for a in p.aborted_transactions or ())
                 return FetchedPartition(int(p.high_watermark), int(p.log_start_offset),
-                                        batches)
+                                        batches, int(p.last_stable_offset), aborted)
         return None
 
     def high_watermark(self, topic: str, partition: int, from_offset: int) -> int:
         """The partition's high watermark, read from a minimal Fetch at ``from_offset``."""
         return self.fetch(topic, partition, from_offset, max_bytes=1).high_watermark
+
+    def end_offset(self, topic: str, partition: int, from_offset: int) -> int:
+        """Where a consumer of this client's isolation level stops reading now: the LSO
+        (read_committed) or the high watermark, from a minimal Fetch at ``from_offset``."""
+        fetched = self.fetch(topic, partition, from_offset, max_bytes=1)
+        return fetched.end_offset(self.read_committed)
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int,
                              low: int, high: int) -> int:

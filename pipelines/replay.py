@@ -14,6 +14,19 @@ count what happened (:mod:`pipelines.tally`). Task tallies come back through an
 accumulator keyed by Spark partition, so a retried task replaces its tally
 instead of counting twice.
 
+The cluster is read (and a backfill topic written) with the run's
+:class:`ClientSecurity` (TLS, mTLS, SASL; :mod:`pipelines.client_security`).
+The driver connects and authenticates first, so a wrong password or an
+untrusted certificate fails before any Spark job starts; executors get the
+settings through a Spark broadcast, never through Spark conf.
+
+Replay reads as a consumer of ``--isolation-level`` would: ``read_committed``
+(the default) reads up to the last stable offset and leaves out the records of
+aborted transactions; ``read_uncommitted`` reads every stored record up to the
+high watermark. Transaction markers are never replayed. The ``fetch`` reader
+counts what it skipped (``aborted_records_skipped``,
+``control_batches_skipped``); the other readers cannot, and say None.
+
 Backfill to a topic keeps keys, headers and timestamps (CreateTime), writes
 source partition N to output partition N, and reads each partition in one task
 so that the output keeps the source order per partition. Delivery is
@@ -23,7 +36,6 @@ at-least-once: a task Spark retries produces its records again.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -35,10 +47,9 @@ from pyspark.accumulators import AccumulatorParam
 
 from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.pipelines.apply import InterceptorSpec, error_name, runner_for
-from kiproxy.pipelines.charts import bar_chart
+from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
-from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
-from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.fetch_client import ISOLATION_LEVELS, BrokerError, FetchClient
 from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
@@ -47,11 +58,13 @@ from kiproxy.pipelines.offsets import (
     split_ranges,
 )
 from kiproxy.pipelines.progress import run_with_progress
+from kiproxy.pipelines.replay_report import write_replay_report
 from kiproxy.pipelines.session import ship_plugins, spark_session
 from kiproxy.pipelines.sources import (
     SourceBatch,
     choose_reader,
     chunk_rows,
+    confluent_config,
     consumer_chunks,
     spark_kafka_available,
     spark_kafka_options,
@@ -86,6 +99,11 @@ class ReplayOptions:
     """None: zip the plugins dir only for a non-local master (True forces it, for tests)."""
     from_text: str = "earliest"
     to_text: str = "latest"
+    security: ClientSecurity = PLAINTEXT
+    """How to connect to the cluster (TLS, SASL); its secrets never reach the report."""
+    isolation_level: str = "read_committed"
+    """``read_committed``: records of committed transactions and non-transactional ones,
+    up to the last stable offset; ``read_uncommitted``: every stored record."""
 
     @property
     def mode(self) -> str:
@@ -119,6 +137,9 @@ class _ExecutorJob:
     output_topic: str | None
     emit_records: bool
     chunk_records: int
+    isolation_level: str
+    security: Any
+    """A Spark broadcast of the :class:`ClientSecurity` (secrets stay out of task closures)."""
 
 
 def _output_row(batch: SourceBatch, offset: int, record: Any) -> tuple[Any, ...]:
@@ -138,15 +159,12 @@ def _rejected_rows(batch: SourceBatch, error_code: int, message: str,
 class _Producer:
     """The backfill's confluent-kafka producer inside one task."""
 
-    def __init__(self, bootstrap: str, topic: str) -> None:
+    def __init__(self, bootstrap: str, topic: str, security: ClientSecurity) -> None:
         from confluent_kafka import Producer
 
         self.topic = topic
         self.errors: list[str] = []
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap, "enable.idempotence": True, "linger.ms": 20,
-            "client.id": "kiproxy-replay-backfill",
-        })
+        self.producer = Producer(producer_config(bootstrap, security))
 
     def _delivered(self, err: Any, msg: Any) -> None:
         if err is not None and len(self.errors) < 10:
@@ -173,13 +191,22 @@ class _Producer:
                                 + "; ".join(self.errors))
 
 
+def producer_config(bootstrap: str, security: ClientSecurity) -> dict[str, Any]:
+    """The backfill producer's confluent-kafka configuration."""
+    return confluent_config(bootstrap, security, **{
+        "enable.idempotence": True, "linger.ms": 20, "client.id": "kiproxy-replay-backfill"})
+
+
 def _process(job: _ExecutorJob, accumulator: Any, index: int,
              items: Iterator[Any]) -> Iterator[tuple[Any, ...]]:
     """One Spark partition: read, intercept, write or emit, and tally."""
     runner = runner_for(job.interceptor)
     tally = ReplayTally()
-    producer = _Producer(job.bootstrap, job.output_topic) if job.output_topic else None
-    client = FetchClient(job.bootstrap) if job.reader == "fetch" else None
+    security: ClientSecurity = job.security.value
+    producer = _Producer(job.bootstrap, job.output_topic, security) if job.output_topic \
+        else None
+    client = FetchClient(job.bootstrap, security=security,
+                         isolation_level=job.isolation_level) if job.reader == "fetch" else None
 
     def batches() -> Iterator[SourceBatch]:
         if job.reader == "spark-kafka":
@@ -187,9 +214,12 @@ def _process(job: _ExecutorJob, accumulator: Any, index: int,
             return
         for task in items:
             if client is not None:
-                yield from stored_batches(client, task)
+                yield from stored_batches(client, task, on_skip=functools.partial(
+                    tally.skip, task.topic, task.partition))
             else:
-                yield from consumer_chunks(job.bootstrap, task, job.chunk_records)
+                yield from consumer_chunks(job.bootstrap, task, job.chunk_records,
+                                           security=security,
+                                           isolation_level=job.isolation_level)
 
     try:
         for batch in batches():
@@ -252,11 +282,12 @@ REJECTED_COLUMNS = ("topic", "partition", "offset", "timestamp", "error_code", "
 
 
 def kafka_source(spark: Any, bootstrap: str, ranges: list[OffsetRange],
-                 min_partitions: int) -> Any:
+                 min_partitions: int, security: ClientSecurity = PLAINTEXT,
+                 isolation_level: str = "read_committed") -> Any:
     """The planned ranges through Spark's Kafka data source, as its DataFrame (columns
     topic, partition, offset, timestamp, key, value, headers, ...)."""
-    return spark.read.format("kafka").options(
-        **spark_kafka_options(bootstrap, ranges, min_partitions)).load()
+    return spark.read.format("kafka").options(**spark_kafka_options(
+        bootstrap, ranges, min_partitions, security, isolation_level)).load()
 
 
 def _spark_uri(path: Path | str, local: bool) -> str:
@@ -281,20 +312,37 @@ def _check_plugin(spec: InterceptorSpec) -> None:
 
 def _plan(opts: ReplayOptions) -> tuple[list[str], list[OffsetRange]]:
     try:
-        client = FetchClient(opts.bootstrap)
+        client = FetchClient(opts.bootstrap, security=opts.security,
+                             isolation_level=opts.isolation_level)
     except ValueError as exc:
         raise PipelineError(f"--bootstrap {opts.bootstrap!r}: {exc}") from None
     with client:
         try:
             metadata = client.metadata()
         except BrokerError as exc:
+            hint = " Check the address and that the broker is up." \
+                if str(exc).startswith("cannot connect") else ""
             raise PipelineError(f"cannot read metadata from --bootstrap {opts.bootstrap}: "
-                                f"{exc}. Check the address and that the broker is up.") from None
+                                f"{exc}{hint}") from None
         topics = select_topics(opts.topic, metadata, opts.bootstrap)
         ranges = plan_ranges(client, topics, opts.from_offsets, opts.to_offsets)
         if opts.output_topic is not None:
+            _check_librdkafka(opts)
             _prepare_output_topic(opts, topics, ranges, metadata.leaders.get(opts.output_topic))
+        elif opts.reader == "consumer":
+            _check_librdkafka(opts)
     return topics, ranges
+
+
+def _check_librdkafka(opts: ReplayOptions) -> None:
+    """confluent-kafka accepts the settings (it loads the certificates and key up front)."""
+    from confluent_kafka import KafkaException, Producer
+
+    try:
+        Producer(producer_config(opts.bootstrap, opts.security))
+    except KafkaException as exc:
+        raise PipelineError(f"confluent-kafka refuses the client settings: "
+                            f"{exc.args[0].str() if exc.args else exc}") from None
 
 
 def _prepare_output_topic(opts: ReplayOptions, topics: list[str], ranges: list[OffsetRange],
@@ -317,7 +365,7 @@ def _prepare_output_topic(opts: ReplayOptions, topics: list[str], ranges: list[O
         NewTopic,
     )
 
-    admin = AdminClient({"bootstrap.servers": opts.bootstrap})
+    admin = AdminClient(confluent_config(opts.bootstrap, opts.security))
     futures = admin.create_topics([NewTopic(out, num_partitions=needed,
                                             replication_factor=-1)])
     try:
@@ -333,6 +381,9 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             and Path(opts.output_path).exists():
         raise PipelineError(f"--output-path {opts.output_path} already exists; give a new "
                             "directory (the backfill never overwrites)")
+    if opts.isolation_level not in ISOLATION_LEVELS:
+        raise PipelineError(f"--isolation-level {opts.isolation_level!r}: use "
+                            f"{' or '.join(ISOLATION_LEVELS)}")
     _check_plugin(opts.interceptor)
     planned_at = time.time()
     topics, ranges = _plan(opts)
@@ -343,20 +394,23 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
     with spark_session("kiproxy replay", opts.master, opts.spark_conf) as spark:
         sc = spark.sparkContext
         local = sc.master.startswith("local")
-        reader = choose_reader(opts.reader, spark_kafka_available(spark), spark.version)
+        reader = choose_reader(opts.reader, spark_kafka_available(spark), spark.version,
+                               opts.security)
         plugins_dir, archive = ship_plugins(spark, opts.interceptor.plugins_dir,
                                             archive=opts.ship_plugins_as_archive)
         spec = InterceptorSpec(opts.interceptor.spec, dict(opts.interceptor.config),
                                plugins_dir, archive, opts.interceptor.timeout_ms)
         job = _ExecutorJob(reader, opts.bootstrap, spec, opts.output_topic,
-                           opts.mode == "backfill-parquet", opts.chunk_records)
+                           opts.mode == "backfill-parquet", opts.chunk_records,
+                           opts.isolation_level, sc.broadcast(opts.security))
         # Backfill to a topic keeps per-partition order: one task per partition.
         per_task = None if opts.mode == "backfill-topic" else opts.max_records_per_task
         tasks = split_ranges(ranges, per_task)
         accumulator = sc.accumulator({}, TallyAccumulator())
         process = functools.partial(_process, job, accumulator)
         if reader == "spark-kafka":
-            source = kafka_source(spark, opts.bootstrap, ranges, len(tasks))
+            source = kafka_source(spark, opts.bootstrap, ranges, len(tasks), opts.security,
+                                  opts.isolation_level)
             rows = source.selectExpr("topic", "partition", "offset",
                                      "unix_millis(timestamp) AS ts", "key", "value",
                                      "headers").rdd
@@ -398,11 +452,13 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             "interceptor": opts.interceptor.spec,
             "interceptor_config": dict(opts.interceptor.config),
             "bootstrap": opts.bootstrap,
+            "security": opts.security.describe(),
             "topic_pattern": opts.topic,
             "topic_list": topics,
             "from_offsets": opts.from_text,
             "to_offsets": opts.to_text,
             "reader": reader,
+            "isolation_level": opts.isolation_level,
             "batching": "stored batches" if reader == "fetch"
             else f"chunks of {opts.chunk_records} records",
             "tasks": n_partitions,
@@ -410,7 +466,8 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             "spark_version": spark.version,
             "planned_at": _iso(planned_at),
             "duration_s": round(duration, 3),
-            **build_summary(tally, ranges),
+            # Only stored batches show what was skipped (librdkafka and Spark do not say).
+            **build_summary(tally, ranges, skips_counted=reader == "fetch"),
             "output": ({"topic": opts.output_topic} if opts.output_topic else
                        {"path": opts.output_path} if opts.output_path else None),
             "rejected_listing": "rejected/ (JSON Lines part files)",
@@ -422,63 +479,3 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
 
 def _iso(epoch_s: float) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch_s))
-
-
-# ---------------------------------------------------------------------------- report
-
-
-def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
-    """``summary.json``, ``chart.png`` and ``index.html`` into ``report_dir``."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    (report_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False)
-                                             + "\n")
-    labels, passed, transformed, rejected = [], [], [], []
-    for topic, t in summary["topics"].items():
-        for partition, p in t["partitions"].items():
-            labels.append(f"{topic}[{partition}]")
-            passed.append(p["passed_records"] - p["transformed_records"])
-            transformed.append(p["transformed_records"])
-            rejected.append(p["rejected_records"])
-    bar_chart(report_dir / "chart.png", "Records per topic-partition", labels,
-              {"passed unchanged": passed, "transformed": transformed, "rejected": rejected},
-              ylabel="records", horizontal=len(labels) > 12)
-
-    totals = table(["", "batches", "records"], [
-        ("seen", summary["batches"], summary["records"]),
-        ("transformed", summary["transformed_batches"], summary["transformed_records"]),
-        ("rejected", summary["rejected_batches"], summary["rejected_records"]),
-        ("written to the output", "", summary["written_records"]),
-    ])
-    run_rows = [
-        ("mode", summary["mode"]), ("interceptor", summary["interceptor"]),
-        ("bootstrap", summary["bootstrap"]), ("topics", ", ".join(summary["topic_list"])),
-        ("from / to", f"{summary['from_offsets']} / {summary['to_offsets']}"),
-        ("reader", f"{summary['reader']} ({summary['batching']})"),
-        ("output", json.dumps(summary["output"]) if summary["output"] else "none (dry run)"),
-        ("Spark", f"{summary['spark_version']} on {summary['spark_master']}, "
-                  f"{summary['tasks']} tasks"),
-        ("duration", f"{summary['duration_s']} s ({summary.get('records_per_s')} records/s)"),
-    ]
-    partitions = [
-        (topic, int(partition), p["start_offset"], p["end_offset"], p["batches"], p["records"],
-         p["transformed_records"], p["rejected_batches"], p["rejected_records"])
-        for topic, t in summary["topics"].items() for partition, p in t["partitions"].items()
-    ]
-    reasons = [
-        (r["error"], r["message"], r["batches"], r["records"],
-         ", ".join(f"{s['topic']}[{s['partition']}]@{s['offset']}" for s in r["samples"]))
-        for r in summary["reasons"]
-    ]
-    html_text = page("kiproxy replay report", [
-        ("Run", table(["setting", "value"], run_rows)),
-        ("Totals", totals),
-        ("Records per topic-partition", '<img src="chart.png" alt="records per partition">'),
-        ("Partitions", table(["topic", "partition", "start", "end", "batches", "records",
-                              "transformed records", "rejected batches", "rejected records"],
-                             partitions)),
-        ("Rejection reasons", table(["error", "message", "batches", "records",
-                                     "sample records (topic[partition]@offset)"], reasons)
-         + '<p class="note">Every rejected record is listed in <code>rejected/</code> '
-           "(JSON Lines).</p>"),
-    ])
-    (report_dir / "index.html").write_text(html_text)

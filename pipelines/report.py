@@ -2,7 +2,10 @@
 
 Input is the audit log the proxy writes with ``--audit-log PATH`` (JSON Lines,
 rotated files match ``PATH*``; ``.gz`` files are read too), and/or the topic the
-proxy's Kafka audit sink writes to (``--audit-topic NAME --bootstrap HOST:PORT``).
+proxy's Kafka audit sink writes to (``--audit-topic NAME --bootstrap HOST:PORT``),
+read with the cluster's :class:`ClientSecurity` (``--command-config``,
+``--consumer-property``; the driver connects first, executors get the settings
+through a Spark broadcast).
 Only ``"event": "produce"`` events feed the produce tables; request events of
 other APIs are counted and otherwise ignored.
 
@@ -35,6 +38,7 @@ from typing import Any
 
 from kiproxy.interceptors.api import ERROR_CODES
 from kiproxy.pipelines.charts import bar_chart, line_chart
+from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
 from kiproxy.pipelines.html import page, table
@@ -62,6 +66,8 @@ class ReportOptions:
     master: str | None = None
     spark_conf: Mapping[str, str] = field(default_factory=dict)
     progress: bool | None = None
+    security: ClientSecurity = PLAINTEXT
+    """How to connect to the ``--bootstrap`` cluster (TLS, SASL)."""
 
 
 def _first_line(path: Path) -> str | None:
@@ -142,10 +148,11 @@ def _schema() -> Any:
     return StructType([StructField(n, t, True) for n, t in fields])
 
 
-def _topic_values(bootstrap: str, topic: str) -> tuple[list[Any], list[str]]:
+def _topic_values(bootstrap: str, topic: str,
+                  security: ClientSecurity) -> tuple[list[Any], list[str]]:
     """Read tasks for the audit topic, and every topic name on the cluster."""
     try:
-        with FetchClient(bootstrap, client_id="kiproxy-report") as client:
+        with FetchClient(bootstrap, client_id="kiproxy-report", security=security) as client:
             md = client.metadata()
             names = sorted(t for t in md.leaders if not t.startswith("__")
                            and t not in md.internal)
@@ -159,8 +166,10 @@ def _topic_values(bootstrap: str, topic: str) -> tuple[list[Any], list[str]]:
     return split_ranges(ranges, 200_000), names
 
 
-def _read_values(bootstrap: str, tasks: Iterator[Any]) -> Iterator[str]:
-    with FetchClient(bootstrap, client_id="kiproxy-report") as client:
+def _read_values(bootstrap: str, security: Any, tasks: Iterator[Any]) -> Iterator[str]:
+    """The audit topic's values, read by an executor (``security``: a Spark broadcast)."""
+    with FetchClient(bootstrap, client_id="kiproxy-report",
+                     security=security.value) as client:
         for task in tasks:
             for batch in stored_batches(client, task):
                 for record in batch.records:
@@ -168,9 +177,9 @@ def _read_values(bootstrap: str, tasks: Iterator[Any]) -> Iterator[str]:
                         yield record.value.decode("utf-8", errors="replace")
 
 
-def _cluster_topics(bootstrap: str) -> list[str]:
+def _cluster_topics(bootstrap: str, security: ClientSecurity) -> list[str]:
     try:
-        with FetchClient(bootstrap, client_id="kiproxy-report") as client:
+        with FetchClient(bootstrap, client_id="kiproxy-report", security=security) as client:
             md = client.metadata()
     except (BrokerError, ValueError) as exc:
         raise PipelineError(f"cannot read metadata from --bootstrap {bootstrap}: {exc}") \
@@ -196,9 +205,10 @@ def run_report(opts: ReportOptions) -> dict[str, Any]:
     cluster_topics: list[str] = []
     if opts.audit_topic:
         assert opts.bootstrap is not None
-        topic_tasks, cluster_topics = _topic_values(opts.bootstrap, opts.audit_topic)
+        topic_tasks, cluster_topics = _topic_values(opts.bootstrap, opts.audit_topic,
+                                                    opts.security)
     elif opts.bootstrap:
-        cluster_topics = _cluster_topics(opts.bootstrap)
+        cluster_topics = _cluster_topics(opts.bootstrap, opts.security)
     if not files and not topic_tasks and not opts.audit_topic:
         raise PipelineError(f"--audit {' '.join(opts.audit)}: every file is empty; no events "
                             "to report")
@@ -218,8 +228,9 @@ def run_report(opts: ReportOptions) -> dict[str, Any]:
         if topic_tasks:
             bootstrap = opts.bootstrap
             assert bootstrap is not None
+            secured = spark.sparkContext.broadcast(opts.security)
             values = spark.sparkContext.parallelize(topic_tasks, len(topic_tasks)) \
-                .mapPartitions(lambda it: _read_values(bootstrap, it))
+                .mapPartitions(lambda it: _read_values(bootstrap, secured, it))
             frames.append(spark.read.schema(_schema()).option("mode", "PERMISSIVE")
                           .option("columnNameOfCorruptRecord", "_corrupt_record").json(values))
         if not frames:

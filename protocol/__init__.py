@@ -6,6 +6,7 @@ and values go back to bytes.
 
 from kiproxy.protocol.errors import (
     CorruptBatch,
+    DecompressionLimitExceeded,
     FrameTooLarge,
     MalformedFrame,
     MalformedMessage,
@@ -17,6 +18,7 @@ from kiproxy.protocol.errors import (
 
 __all__ = [
     "CorruptBatch",
+    "DecompressionLimitExceeded",
     "FrameTooLarge",
     "MalformedFrame",
     "MalformedMessage",

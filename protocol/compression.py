@@ -10,18 +10,34 @@ settings writes, so that re-encoding a batch keeps about the ratio it arrived wi
 gzip 6 (the JDK's and zlib's default), zstd 3 (Kafka's and zstd's default) and LZ4
 fast mode (what Kafka's Java client and librdkafka write by default). Decompression
 does not depend on the level.
+
+Decompression is bounded (:class:`DecompressionLimits`): it stops as soon as the
+output passes the bound and raises :class:`DecompressionLimitExceeded`, so a bomb
+costs no more than the bound in memory and the time to produce it. Ordinary blocks
+take one cramjam call into a buffer a few times their size; a block that fills it is
+streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
+decoder, python-zstandard's stream reader with a bounded window), and raw snappy
+declares its length, checked before anything is allocated. Every decoder used
+releases the GIL while it works, so a decompression may run on a worker thread.
 """
 
 from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import cramjam
+import lz4.frame
+import zstandard
 
-from kiproxy.protocol.errors import CorruptBatch, UnsupportedCompression
+from kiproxy.protocol.errors import (
+    CorruptBatch,
+    DecompressionLimitExceeded,
+    UnsupportedCompression,
+)
 
 XERIAL_MAGIC = b"\x82SNAPPY\x00"
 _XERIAL_HEADER = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
@@ -47,6 +63,8 @@ _MODULES: dict[Compression, Any] = {
 # Upper bounds of output/input size, with a margin: deflate 1032:1, LZ4 255:1, zstd
 # 32768:1 (an RLE block: 128 KiB out of 4 bytes).
 _MAX_RATIO = {Compression.GZIP: 1100, Compression.LZ4: 260, Compression.ZSTD: 40_000}
+_GUESS_RATIO = 8
+_STREAM_CHUNK = 1024 * 1024  # output asked of a streaming decoder per call
 
 
 # Accepted levels, as Kafka's compression.<codec>.level producer configs (KIP-390).
@@ -100,32 +118,81 @@ def compression_from_attributes(attributes: int, offset: int = 0) -> Compression
     return Compression(codec)
 
 
-def _check_size(n: int, limit: int, codec: str) -> None:
-    if n > limit:
-        raise CorruptBatch(
-            f"{codec} payload decompresses to more than {limit} bytes "
-            "(max_decompressed_size); refusing it"
-        )
+DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES = 32 * 1024 * 1024
+"""32 MiB: 32 times Kafka's default ``message.max.bytes`` (1 MiB), the largest a batch
+of default size could hold at 32:1, and far above what producers with default
+``batch.size`` write."""
+DEFAULT_MAX_DECOMPRESSION_RATIO = 256
+"""Decompressed/compressed bytes above which a batch larger than the ratio floor is
+refused; real record data compresses 2-30:1, a bomb 1,000-30,000:1."""
+RATIO_FLOOR = 4 * 1024 * 1024
+"""Output any batch may have regardless of its ratio (small batches of zeros are honest)."""
 
 
-def decompress(codec: Compression, data: bytes | memoryview, limit: int) -> bytes:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DecompressionLimits:
+    """How much output a compressed records block may produce before it is refused.
+
+    A block may decompress to at most ``max_bytes``, and to at most ``max_ratio`` times
+    its compressed size once past :data:`RATIO_FLOOR` (``max_ratio`` 0: no ratio check).
+    Decompression stops as soon as the output passes the bound, so a bomb costs the
+    bound in memory and the time to produce it, never its full expansion.
+    """
+
+    max_bytes: int = DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
+    """Largest decompressed records block (``max_decompressed_batch_bytes``)."""
+    max_ratio: int = DEFAULT_MAX_DECOMPRESSION_RATIO
+    """Largest decompressed/compressed ratio past the floor (``max_decompression_ratio``)."""
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 0 or self.max_ratio < 0:
+            raise ValueError(f"decompression limits must not be negative: {self}")
+
+    def bound(self, compressed_size: int) -> tuple[int, str]:
+        """The output bound of a block of ``compressed_size`` bytes, and the setting it
+        comes from."""
+        if self.max_ratio:
+            by_ratio = max(self.max_ratio * compressed_size, RATIO_FLOOR)
+            if by_ratio < self.max_bytes:
+                return by_ratio, "max_decompression_ratio"
+        return self.max_bytes, "max_decompressed_batch_bytes"
+
+
+DEFAULT_DECOMPRESSION_LIMITS = DecompressionLimits()
+"""32 MiB per records block, and 256:1 past 4 MiB."""
+
+
+def _over(codec: Compression, limit: int, setting: str) -> DecompressionLimitExceeded:
+    detail = (f"{limit} bytes ({setting})" if setting != "max_decompression_ratio" else
+              f"{limit} bytes ({setting}: its compressed size times the ratio)")
+    return DecompressionLimitExceeded(
+        f"{codec.name.lower()} records block decompresses to more than {detail}; "
+        f"refusing it (raise {setting} if such batches are expected)",
+        limit=limit, setting=setting)
+
+
+def decompress(codec: Compression, data: bytes | memoryview, limit: int,
+               setting: str = "max_decompressed_batch_bytes") -> bytes:
     """Decompress one batch's records block; raise :class:`CorruptBatch` if it is damaged.
 
-    ``limit`` bounds the decompressed size; a larger result is an error.
+    More than ``limit`` bytes of output raises :class:`DecompressionLimitExceeded`
+    (naming ``setting``) as soon as the decoder has produced them: memory and time
+    stay bounded by ``limit``.
     """
     try:
         if codec is Compression.SNAPPY:
-            out = _snappy_decompress(bytes(data), limit)
+            out = _snappy_decompress(bytes(data), limit, setting)
         elif codec in _MODULES:  # gzip, lz4, zstd
-            out = _decompress_bounded(codec, data, limit)
+            out = _decompress_bounded(codec, data, limit, setting)
         else:
             return bytes(data)
     except CorruptBatch:
         raise
-    except Exception as exc:  # cramjam raises its own DecompressionError / ValueError
+    except Exception as exc:  # cramjam, zlib, lz4 and zstandard raise their own errors
         name = codec.name.lower()
         raise CorruptBatch(f"{name} records block does not decompress: {exc}") from None
-    _check_size(len(out), limit, codec.name.lower())
+    if len(out) > limit:
+        raise _over(codec, limit, setting)
     return out
 
 
@@ -154,42 +221,125 @@ def _lz4_compress_frame(data: bytes, level: int) -> bytes:
     return bytes(compressor.finish())
 
 
-def _decompress_bounded(codec: Compression, data: bytes | memoryview, limit: int) -> bytes:
+def _decompress_bounded(codec: Compression, data: bytes | memoryview, limit: int,
+                       setting: str) -> bytes:
     module = _MODULES[codec]
     if len(data) * _MAX_RATIO[codec] <= limit:
         # Cannot inflate past the limit: decompress in one go.
-        out = bytes(module.decompress(data))
-        _check_size(len(out), limit, codec.name.lower())
+        return bytes(module.decompress(data))
+    # Most batches compress less than _GUESS_RATIO:1: one cramjam call into a buffer of
+    # that size (what ordinary traffic costs). A block that fills it is streamed with
+    # the codec's own incremental decoder, which stops once past the limit.
+    size = min(limit + 1, max(_GUESS_RATIO * len(data), 64 * 1024))
+    buf = bytearray(size)
+    try:
+        n = int(module.decompress_into(data, buf))
+    except cramjam.DecompressionError as exc:
+        if _OUTPUT_FULL not in str(exc):
+            raise
+        if size > limit:
+            raise _over(codec, limit, setting) from None
+        del buf
+        return _STREAMS[codec](data, limit, codec, setting)
+    if n > limit:
+        raise _over(codec, limit, setting)
+    del buf[n:]
+    return bytes(buf)
+
+
+class _Sink:
+    """Decompressed chunks, refused as soon as their total passes the limit."""
+
+    __slots__ = ("chunks", "codec", "limit", "setting", "size")
+
+    def __init__(self, codec: Compression, limit: int, setting: str) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.codec, self.limit, self.setting = codec, limit, setting
+
+    def add(self, chunk: bytes) -> None:
+        self.size += len(chunk)
+        if self.size > self.limit:
+            self.chunks.clear()
+            raise _over(self.codec, self.limit, self.setting)
+        self.chunks.append(chunk)
+
+    def room(self) -> int:
+        """How much more to ask the decoder for: one byte past the limit detects a bomb."""
+        return min(_STREAM_CHUNK, self.limit + 1 - self.size)
+
+    def join(self) -> bytes:
+        out = b"".join(self.chunks)
+        self.chunks.clear()
         return out
-    # Could be a bomb: decompress into a buffer of at most limit + 1 bytes, grown
-    # from a guess, so that it stops when full instead of inflating whole first.
-    size = min(limit + 1, max(4 * len(data), 64 * 1024))
-    while True:
-        buf = bytearray(size)
-        try:
-            n = int(module.decompress_into(data, buf))
-        except cramjam.DecompressionError as exc:
-            if _OUTPUT_FULL not in str(exc):
-                raise
-            if size <= limit:
-                size = min(4 * size, limit + 1)
-                continue
-            n = size
-        _check_size(n, limit, codec.name.lower())
-        del buf[n:]
-        return bytes(buf)
 
 
-def _snappy_raw(data: bytes, limit: int, already: int = 0) -> bytes:
+def _gzip_stream(data: bytes | memoryview, limit: int, codec: Compression,
+                 setting: str) -> bytes:
+    sink = _Sink(codec, limit, setting)
+    rest = bytes(data)
+    while rest:  # one gzip member after another, as cramjam reads them
+        inflater = zlib.decompressobj(wbits=31)
+        pending = rest
+        while not inflater.eof:
+            chunk = inflater.decompress(pending, sink.room())
+            sink.add(chunk)
+            pending = inflater.unconsumed_tail
+            if not chunk and not pending:
+                raise CorruptBatch("gzip records block is truncated")
+        rest = inflater.unused_data
+    return sink.join()
+
+
+def _lz4_stream(data: bytes | memoryview, limit: int, codec: Compression,
+                setting: str) -> bytes:
+    sink = _Sink(codec, limit, setting)
+    rest = bytes(data)
+    while rest:  # one LZ4 frame after another
+        decoder = lz4.frame.LZ4FrameDecompressor()
+        pending = rest
+        while not decoder.eof:
+            chunk = decoder.decompress(pending, max_length=sink.room())
+            sink.add(chunk)
+            pending = b""
+            if not chunk and decoder.needs_input:
+                raise CorruptBatch("lz4 records block is truncated")
+        rest = decoder.unused_data
+    return sink.join()
+
+
+def _zstd_stream(data: bytes | memoryview, limit: int, codec: Compression,
+                 setting: str) -> bytes:
+    sink = _Sink(codec, limit, setting)
+    # A frame may ask for a window of up to 2 GiB; an honest frame of at most ``limit``
+    # bytes needs no more than the next power of two above it (zstd's own level-22
+    # window is 128 MiB). Only the pages the bounded output passes through get used.
+    window = max(8 << 20, 2 << max(limit, 1).bit_length())
+    decoder = zstandard.ZstdDecompressor(max_window_size=min(window, 1 << 31))
+    with decoder.stream_reader(bytes(data), read_across_frames=True) as reader:
+        while True:
+            chunk = reader.read(sink.room())
+            if not chunk:
+                break
+            sink.add(chunk)
+    return sink.join()
+
+
+_STREAMS = {Compression.GZIP: _gzip_stream, Compression.LZ4: _lz4_stream,
+            Compression.ZSTD: _zstd_stream}
+
+
+def _snappy_raw(data: bytes, limit: int, setting: str, already: int = 0) -> bytes:
     # Raw snappy starts with the decompressed length; check it before cramjam
     # allocates it (a 7-byte input can claim 4 GiB).
-    _check_size(already + int(cramjam.snappy.decompress_raw_len(data)), limit, "snappy")
+    if already + int(cramjam.snappy.decompress_raw_len(data)) > limit:
+        raise _over(Compression.SNAPPY, limit, setting)
     return bytes(cramjam.snappy.decompress_raw(data))
 
 
-def _snappy_decompress(data: bytes, limit: int) -> bytes:
+def _snappy_decompress(data: bytes, limit: int, setting: str) -> bytes:
     if not data.startswith(XERIAL_MAGIC):
-        return _snappy_raw(data, limit)
+        return _snappy_raw(data, limit, setting)
     pos = len(_XERIAL_HEADER)
     if len(data) < pos:
         raise CorruptBatch("snappy xerial header is truncated")
@@ -204,7 +354,7 @@ def _snappy_decompress(data: bytes, limit: int) -> bytes:
                 f"snappy xerial block at byte {pos - 4} claims {size} bytes, "
                 f"{len(data) - pos} remain"
             )
-        out += _snappy_raw(data[pos : pos + size], limit, len(out))
+        out += _snappy_raw(data[pos : pos + size], limit, setting, len(out))
         pos += size
     return bytes(out)
 

@@ -32,6 +32,18 @@ class CorruptBatch(ProtocolError):
     """A record batch that is truncated, inconsistent or fails its CRC-32C."""
 
 
+class DecompressionLimitExceeded(CorruptBatch):
+    """A records block that decompresses to more than its limit allows (a bomb, or a
+    batch larger than the proxy is configured to inspect)."""
+
+    def __init__(self, message: str, *, limit: int, setting: str) -> None:
+        super().__init__(message)
+        self.limit = limit
+        """The byte limit the output passed."""
+        self.setting = setting
+        """The setting that made the limit, for the operator to raise if it was honest."""
+
+
 class UnsupportedMagic(CorruptBatch):
     """A record batch in the old message format (magic 0 or 1)."""
 

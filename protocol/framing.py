@@ -156,6 +156,15 @@ class FrameAssembler:
             return 4 + self._got
         return self._end - self._start
 
+    def discard(self) -> None:
+        """Drop every buffer held, at once: the stream is gone. (A closed connection's
+        objects form reference cycles that only the cyclic collector frees, maybe much
+        later; the partial frame it held must not wait for that.)"""
+        self._chunk, self._view = None, memoryview(b"")
+        self._parts, self._part, self._part_view = None, bytearray(), memoryview(b"")
+        self._start = self._end = self._large = self._need = self._got = 0
+        self._part_filled = 0
+
     def _next_part(self) -> memoryview:
         # Double what has arrived, at most: a client must send bytes to make the
         # assembler hold more of them.

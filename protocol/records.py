@@ -22,21 +22,24 @@ from crc32c import crc32c
 
 from kiproxy.protocol._codec import Header, Record, decode_records, encode_records
 from kiproxy.protocol.compression import (
+    DEFAULT_DECOMPRESSION_LIMITS,
     DEFAULT_LEVELS,
     Compression,
     CompressionLevels,
+    DecompressionLimits,
     compress,
     compression_from_attributes,
     decompress,
 )
-from kiproxy.protocol.errors import CorruptBatch, UnsupportedMagic
+from kiproxy.protocol.errors import CorruptBatch, DecompressionLimitExceeded, UnsupportedMagic
 
 __all__ = [
     "BATCH_HEADER_SIZE",
-    "DEFAULT_MAX_DECOMPRESSED_SIZE",
+    "DEFAULT_DECOMPRESSION_LIMITS",
     "Compression",
     "CompressionLevels",
     "DecodedBatch",
+    "DecompressionLimits",
     "Header",
     "Record",
     "RecordBatchHeader",
@@ -49,7 +52,6 @@ __all__ = [
 ]
 
 BATCH_HEADER_SIZE = 61
-DEFAULT_MAX_DECOMPRESSED_SIZE = 256 * 1024 * 1024
 _LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
 _CRC_START = 21
 _HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -133,6 +135,8 @@ class DecodedBatch:
     """The records, in order."""
     raw: bytes = field(default=b"", repr=False)
     """The batch's original bytes, forwarded as-is when nothing changed."""
+    block_size: int = 0
+    """Bytes of the records block once decompressed (its stored size when uncompressed)."""
 
 
 def _read_header(data: bytes, start: int) -> RecordBatchHeader:
@@ -197,12 +201,14 @@ def decode_batch(
     start: int = 0,
     *,
     verify_crc: bool = True,
-    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+    limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
 ) -> DecodedBatch:
     """Decode the batch starting at ``data[start]``.
 
     Raises a :class:`kiproxy.protocol.errors.CorruptBatch` subclass for anything malformed:
-    truncation, old magic, a CRC mismatch, an unknown codec, a bad record.
+    truncation, old magic, a CRC mismatch, an unknown codec, a bad record, and
+    :class:`~kiproxy.protocol.compression.DecompressionLimitExceeded` for a records block
+    that decompresses past ``limits`` (decompression stops there).
     """
     header = _read_header(data, start)
     end = start + _LOG_OVERHEAD + header.batch_length
@@ -219,29 +225,35 @@ def decode_batch(
         if codec is Compression.NONE:
             records = decode_records(data, body_start, end, header.record_count,
                                      header.base_timestamp)
+            block_size = end - body_start
         else:
-            block = decompress(codec, memoryview(data)[body_start:end], max_decompressed_size)
+            limit, setting = limits.bound(end - body_start)
+            block = decompress(codec, memoryview(data)[body_start:end], limit, setting)
+            block_size = len(block)
             records = decode_records(block, 0, len(block), header.record_count,
                                      header.base_timestamp)
+            del block
+    except DecompressionLimitExceeded as exc:
+        raise DecompressionLimitExceeded(f"record batch at byte {start}: {exc}",
+                                         limit=exc.limit, setting=exc.setting) from None
     except CorruptBatch as exc:
         raise CorruptBatch(f"record batch at byte {start}: {exc}") from None
     raw = data if start == 0 and end == len(data) else data[start:end]
-    return DecodedBatch(header=header, records=records, raw=raw)
+    return DecodedBatch(header=header, records=records, raw=raw, block_size=block_size)
 
 
 def decode_batches(
     data: bytes,
     *,
     verify_crc: bool = True,
-    max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+    limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
 ) -> list[DecodedBatch]:
     """Decode every batch in a partition's ``records`` bytes (several may follow each other)."""
     out = []
     pos = 0
     while pos < len(data):
         batch = decode_batch(
-            data, pos, verify_crc=verify_crc, max_decompressed_size=max_decompressed_size
-        )
+            data, pos, verify_crc=verify_crc, limits=limits)
         out.append(batch)
         pos += _LOG_OVERHEAD + batch.header.batch_length
     return out

@@ -14,16 +14,14 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
-from kiproxy.interceptors.builtin.audit import AuditLog, KafkaAuditSink
-from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, load_observer
+from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
-from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.logs import setup_logging
 from kiproxy.proxy.metrics import Metrics
-from kiproxy.proxy.observe import ObserverHub
-from kiproxy.proxy.produce import ProducePipeline
 from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy")
@@ -83,6 +81,18 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
     p.add_argument("--max-buffered-bytes", metavar="BYTES", type=int,
                    help="response bytes buffered per client before its reads pause "
                         "(default 8388608)")
+    p.add_argument("--max-decompressed-batch-bytes", metavar="BYTES", type=int,
+                   help="largest decompressed records block of one batch; larger ones are "
+                        "refused with INVALID_RECORD (default 33554432)")
+    p.add_argument("--max-decompression-ratio", metavar="N", type=int,
+                   help="largest decompressed/compressed ratio past 4 MiB of output "
+                        "(default 256; 0: no ratio check)")
+    p.add_argument("--max-decode-memory", metavar="BYTES", type=int,
+                   help="process-wide bytes of large batches being decoded or held "
+                        "decoded; more waits (default 268435456)")
+    p.add_argument("--max-client-buffered-bytes", metavar="BYTES", type=int,
+                   help="process-wide bytes of partial request frames held; past it "
+                        "connections' reads pause (default 268435456)")
     p.add_argument("--idle-timeout-ms", metavar="MS", type=int,
                    help="close idle client connections after MS (default 600000; 0: never)")
     tls = p.add_argument_group("TLS")
@@ -167,6 +177,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "workers": args.workers,
         "max_connections": args.max_connections,
         "max_buffered_bytes": args.max_buffered_bytes,
+        "max_decompressed_batch_bytes": args.max_decompressed_batch_bytes,
+        "max_decompression_ratio": args.max_decompression_ratio,
+        "max_decode_memory": args.max_decode_memory,
+        "max_client_buffered_bytes": args.max_client_buffered_bytes,
         "idle_timeout_ms": args.idle_timeout_ms,
         "tls.cert": args.tls_cert,
         "tls.key": args.tls_key,
@@ -180,53 +194,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
-    """Load the audit log and the configured observers."""
-    observers: list[tuple[str, Any]] = []
-    audit = config.audit
-    if audit.path is not None:
-        log_ = AuditLog()
-        try:
-            log_.configure(audit.model_dump())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
-        observers.append(("audit", log_))
-    if audit.topic is not None:
-        sink = KafkaAuditSink()
-        sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
-                        "requests": audit.requests})
-        observers.append(("audit-kafka", sink))
-    for item in config.observers:
-        observers.append((item.class_name,
-                          load_observer(item.class_name, config.plugins_dir, item.config)))
-    return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
-
-
-def build_pipeline(config: ProxyConfig) -> ProducePipeline:
-    """Load the configured interceptor (if any) into a produce pipeline."""
-    spec = config.interceptor.class_name
-    interceptor = None
-    if spec is not None and config.interceptor.isolation == "process":
-        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
-                                   workers=config.interceptor.workers,
-                                   log_setup=(config.log_level, config.log_format))
-        pool.start()  # a plugin that cannot load stops the proxy here (PluginLoadError)
-        interceptor = pool
-        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
-                 len(pool.pids), ", ".join(map(str, pool.pids)))
-    elif spec is not None:
-        interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
-        log.info("interceptor %s loaded", spec)
-    return ProducePipeline(interceptor, name=spec or "", timeout_ms=config.interceptor.timeout_ms,
-                           compression_levels=config.interceptor.compression.levels())
-
-
-async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
-    """Run the proxy until SIGINT/SIGTERM, then shut down gracefully."""
+async def serve(config: ProxyConfig, on_ready: Any = None, *,
+                load: Callable[[], ProxyConfig] | None = None,
+                config_file: str | None = None,
+                siblings: tuple[tuple[str, int], ...] = ()) -> None:
+    """Run the proxy until SIGINT/SIGTERM, then shut down gracefully; SIGHUP reloads
+    (``load`` reads the configuration again)."""
     metrics = Metrics() if config.metrics_listen is not None else None
-    pipeline = build_pipeline(config)
-    server = ProxyServer(config, pipeline, observers=build_observers(config, metrics),
-                         metrics=metrics)
+    server = ProxyServer(config, metrics=metrics, load=load, siblings=siblings,
+                         config_file=config_file)  # builds generation 1, or raises
     # Signal handlers go in before the server announces itself, so a supervisor
     # that stops the proxy right after reading the bootstrap line gets a clean
     # shutdown rather than a KeyboardInterrupt traceback.
@@ -235,6 +211,15 @@ async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError):
             loop.add_signal_handler(sig, stop.set)
+    reloads: set[asyncio.Task[Any]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(server.reload("signal"))
+        reloads.add(task)
+        task.add_done_callback(reloads.discard)
+
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
     await server.start()
     if on_ready is not None:
         on_ready(server)
@@ -246,19 +231,27 @@ async def serve(config: ProxyConfig, on_ready: Any = None) -> None:
 
 _M_TRIM_THRESHOLD = -1
 _M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
 
 
 def _keep_freed_memory() -> None:
-    """Let glibc keep freed heap memory instead of returning it after every request.
+    """Let glibc keep freed heap memory instead of returning it after every request,
+    in one arena that ``malloc_trim(0)`` can give back whole.
 
     A produce request is typically a few hundred KiB to a few MiB; with glibc's
     defaults such blocks are mapped and unmapped (or the heap trimmed) per request,
-    and every page of the next one is faulted in again: measured, 190,000 minor
-    faults and ~20% more proxy CPU per GB on the bench's decode path. Blocks up to
-    32 MiB now come from the heap, and up to 128 MiB of free heap is kept for reuse.
-    A no-op where the C library is not glibc, or with ``KIPROXY_KEEP_FREED_MEMORY=0``
-    in the environment (glibc's own tuning then applies, e.g. through
-    ``GLIBC_TUNABLES``).
+    and every page of the next one is faulted in again: measured (bench/RESULTS.md,
+    "Keeping freed memory"), ~440,000 minor faults and about 1 CPU s more per GB of
+    records on every proxied path. Blocks up to 32 MiB now come from the heap, and up
+    to 128 MiB of free heap is kept for reuse between requests; after a burst of large
+    frames or decoded batches :class:`kiproxy.proxy.memory.HeapTrimmer` gives it back
+    with ``malloc_trim(0)``. Every thread allocates from the one main arena: the
+    decode threads' own arenas would keep their free top (up to 64 MiB each) resident
+    for good, since ``malloc_trim`` trims only the main arena's top and the trim
+    threshold stops the threads' arenas from shrinking themselves; measured, this
+    costs nothing on the bench. A no-op where the C library is not glibc, or with
+    ``KIPROXY_KEEP_FREED_MEMORY=0`` in the environment (glibc's own tuning then
+    applies, e.g. through ``GLIBC_TUNABLES``).
     """
     if os.environ.get("KIPROXY_KEEP_FREED_MEMORY", "1") == "0":
         return
@@ -267,6 +260,7 @@ def _keep_freed_memory() -> None:
         mallopt = libc.mallopt
     except (OSError, AttributeError):
         return
+    mallopt(_M_ARENA_MAX, 1)
     mallopt(_M_MMAP_THRESHOLD, 32 * 1024 * 1024)
     mallopt(_M_TRIM_THRESHOLD, 128 * 1024 * 1024)
 
@@ -294,14 +288,16 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level, config.log_format)
     try:
         if args.command == "dev":
-            return _dev(config, args)
+            return _dev(config, args, overrides)
         if not config.upstream:
             print("kiproxy: config error: upstream: at least one HOST:PORT is required "
                   "(--upstream or the config file's upstream list)", file=sys.stderr)
             return 2
         if config.workers > 1:
-            return _serve_workers(config)
-        _run(serve(config, on_ready=_print_ready))
+            return _serve_workers(config, args.config, overrides)
+        _run(serve(config, on_ready=_print_ready, load=partial(load_config, args.config,
+                                                                overrides),
+                   config_file=args.config))
     except PluginLoadError as exc:
         print(f"kiproxy: plugin error: {exc}", file=sys.stderr)
         return 2
@@ -326,7 +322,21 @@ def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
     return config.model_copy(update=update)
 
 
-def _serve_workers(config: ProxyConfig) -> int:
+def _worker_load(config_file: str | None, overrides: dict[str, Any],
+                 index: int) -> ProxyConfig:
+    return worker_config(load_config(config_file, overrides), index)
+
+
+def _siblings(config: ProxyConfig, index: int) -> tuple[tuple[str, int], ...]:
+    """The metrics endpoints of the other workers (``POST /reload`` reaches them all)."""
+    if config.metrics_listen is None:
+        return ()
+    host, port = config.metrics_listen_address
+    return tuple((host, port + j) for j in range(config.workers) if j != index)
+
+
+def _serve_workers(config: ProxyConfig, config_file: str | None,
+                   overrides: dict[str, Any]) -> int:
     """Fork ``config.workers`` processes serving the same listeners; wait for them."""
     if config.listen_address[1] == 0:
         raise ConfigError("workers: several workers need a fixed listen port, not 0")
@@ -339,7 +349,9 @@ def _serve_workers(config: ProxyConfig) -> int:
             code = 0
             try:
                 _run(serve(worker_config(config, index),
-                           on_ready=_print_ready if index == 0 else None))
+                           on_ready=_print_ready if index == 0 else None,
+                           load=partial(_worker_load, config_file, overrides, index),
+                           config_file=config_file, siblings=_siblings(config, index)))
             except BaseException:
                 log.exception("worker %d failed", index)
                 code = 1
@@ -355,6 +367,7 @@ def _serve_workers(config: ProxyConfig) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGHUP, forward)  # every worker reloads
     failed = 0
     for child in children:
         _, status = os.waitpid(child, 0)
@@ -371,9 +384,9 @@ def _print_ready(server: ProxyServer) -> None:
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
 
 
-def _dev(config: ProxyConfig, args: argparse.Namespace) -> int:
+def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     if args.broker == "kafka":
-        return _dev_kafka(config, args.kafka_home, args.kafka_nodes)
+        return _dev_kafka(config, args, overrides)
     if args.kafka_home is not None or args.kafka_nodes != 1:
         print("kiproxy: config error: --kafka-home and --kafka-nodes need --broker kafka",
               file=sys.stderr)
@@ -389,13 +402,19 @@ def _dev(config: ProxyConfig, args: argparse.Namespace) -> int:
     try:
         log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
         config = config.model_copy(update={"upstream": [broker.bootstrap]})
-        _run(serve(config, on_ready=_print_ready))
+        _serve_dev(config, args.config, {**overrides, "upstream": [broker.bootstrap]})
     finally:
         broker.stop()
     return 0
 
 
-def _dev_kafka(config: ProxyConfig, kafka_home: str | None, nodes: int) -> int:
+def _serve_dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]) -> None:
+    """Serve in front of the embedded broker; a reload keeps its upstream."""
+    _run(serve(config, on_ready=_print_ready,
+               load=partial(load_config, config_file, overrides), config_file=config_file))
+
+
+def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
     """Apache Kafka (``nodes`` brokers and a controller) with the proxy in front of it.
 
     Every launcher failure (no jars, Java too old, a port taken, a node that exits
@@ -403,7 +422,8 @@ def _dev_kafka(config: ProxyConfig, kafka_home: str | None, nodes: int) -> int:
     """
     from kiproxy.proxy.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 
-    home = kafka_home if kafka_home is not None else find_kafka_home()
+    nodes: int = args.kafka_nodes
+    home = args.kafka_home if args.kafka_home is not None else find_kafka_home()
     if home is None:
         print("kiproxy: no Apache Kafka found: run `make kafka` and pass the folder it prints "
               "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
@@ -423,8 +443,9 @@ def _dev_kafka(config: ProxyConfig, kafka_home: str | None, nodes: int) -> int:
     try:
         log.info("embedded broker (Apache Kafka %s, %d node(s), data in %s) on %s",
                  cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
-        config = config.model_copy(update={"upstream": cluster.bootstrap.split(",")})
-        _run(serve(config, on_ready=_print_ready))
+        upstream = cluster.bootstrap.split(",")
+        config = config.model_copy(update={"upstream": upstream})
+        _serve_dev(config, args.config, {**overrides, "upstream": upstream})
     finally:
         cluster.stop()
     return 0

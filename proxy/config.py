@@ -23,18 +23,32 @@ from pydantic import (
 
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
+    DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
+    DEFAULT_MAX_DECOMPRESSION_RATIO,
     GZIP_LEVELS,
     LZ4_LEVELS,
     ZSTD_LEVELS,
     CompressionLevels,
+    DecompressionLimits,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kiproxy.proxy.routes import (
+    ChainLinkSettings,
+    DefaultRouteSettings,
+    MatchSettings,
+    RouteSettings,
+    RouteTable,
+    network,
+    plugin_spec,
+    route_warnings,
+)
 
 __all__ = [
     "AuditSettings",
     "CompressionSettings",
     "ConfigError",
     "InterceptorSettings",
+    "ListenerSettings",
     "ObserverSettings",
     "ProxyConfig",
     "TlsSettings",
@@ -83,14 +97,7 @@ class CompressionSettings(_Strict):
                                  zstd=self.zstd_level)
 
 
-def _plugin_spec(value: str) -> str:
-    """``MODULE:CLASS`` or a bare entry-point name such as ``uppercase``."""
-    module, colon, name = value.partition(":")
-    if colon and module and name.isidentifier() and ":" not in name:
-        return value
-    if not colon and value.isidentifier():
-        return value
-    raise ValueError(f"{value!r} must be MODULE:CLASS or an entry-point name such as 'uppercase'")
+_plugin_spec = plugin_spec
 
 
 class InterceptorSettings(_Strict):
@@ -114,6 +121,18 @@ class InterceptorSettings(_Strict):
     @classmethod
     def _module_colon_class(cls, value: str | None) -> str | None:
         return None if value is None else _plugin_spec(value)
+
+
+class ReloadSettings(_Strict):
+    """How a running proxy takes a changed configuration (SIGHUP and ``POST /reload``
+    always work; this adds the file watch)."""
+
+    watch: bool = False
+    """Reload when the config file, a file in the plugins dir or a TLS file changes."""
+    watch_interval_ms: int = Field(default=1000, gt=0)
+    """How often the watched files are checked (their contents are hashed)."""
+    debounce_ms: int = Field(default=2000, ge=0)
+    """How long the watched files must stay unchanged before a reload starts."""
 
 
 class AuditSettings(_Strict):
@@ -145,6 +164,7 @@ class TlsSettings(_Strict):
     client_ca: str | None = None
     """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
     min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    """Oldest TLS version a client may negotiate."""
 
 
 class UpstreamTlsSettings(_Strict):
@@ -157,6 +177,7 @@ class UpstreamTlsSettings(_Strict):
     cert: str | None = None
     """Client certificate for brokers that require mTLS."""
     key: str | None = None
+    """PEM private key of ``cert``."""
     verify_hostname: bool = True
     """Check that the broker's certificate names the host the proxy connects to."""
 
@@ -180,8 +201,44 @@ class ObserverSettings(_Strict):
         return _plugin_spec(value)
 
 
+class ListenerSettings(_Strict):
+    """The client listener (bootstrap and broker ports): its name and the PROXY protocol."""
+
+    name: str = Field(default="default", min_length=1)
+    """Routes match it with ``match.listener``; logs and the client identity carry it."""
+    proxy_protocol: Literal["off", "optional", "required"] = "off"
+    """``off``: a PROXY header closes the connection; ``optional``: a header from a
+    trusted peer is used when sent; ``required``: every connection must start with one."""
+    proxy_protocol_trusted: tuple[str, ...] = ()
+    """CIDRs of the load balancers allowed to send a PROXY header; a header from any
+    other peer closes the connection. Required unless ``proxy_protocol`` is ``off``."""
+    proxy_protocol_timeout_ms: int = Field(default=5000, gt=0)
+    """How long a connection may take to send its PROXY header before it is closed."""
+
+    @field_validator("proxy_protocol", mode="before")
+    @classmethod
+    def _yaml_off(cls, value: Any) -> Any:
+        return "off" if value is False else value  # YAML 1.1 reads a bare off as false
+
+    @field_validator("proxy_protocol_trusted", mode="before")
+    @classmethod
+    def _cidrs(cls, value: Any) -> Any:
+        items = [value] if isinstance(value, str) else value
+        if isinstance(items, list):
+            return tuple(str(network(str(item))) for item in items)
+        return value
+
+    @model_validator(mode="after")
+    def _trusted_needed(self) -> ListenerSettings:
+        if self.proxy_protocol != "off" and not self.proxy_protocol_trusted:
+            raise ValueError(
+                f"proxy_protocol: {self.proxy_protocol} needs proxy_protocol_trusted, the "
+                "CIDRs of your load balancers (0.0.0.0/0 and ::/0 trust every peer)")
+        return self
+
+
 class ProxyConfig(_Strict):
-    """Every setting of ``kiproxy run``; see the README's configuration reference."""
+    """Every setting of ``kiproxy run``; docs/configuration.md is generated from this model."""
 
     listen: str = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""
@@ -196,14 +253,26 @@ class ProxyConfig(_Strict):
     plugins_dir: str | None = None
     """Directory searched first for interceptor modules."""
     interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
+    """The one interceptor for every batch: shorthand for one route that matches everything.
+    Without ``class`` it still sets ``workers`` and ``compression`` for the routes."""
+    routes: tuple[RouteSettings, ...] = ()
+    """Ordered; the first whose ``match`` holds runs its chain (see ``proxy.routes``)."""
+    default: DefaultRouteSettings | None = None
+    """The chain for batches no route matched; unset: they pass through untouched."""
+    listener: ListenerSettings = Field(default_factory=ListenerSettings)
+    """The client listener's name and its PROXY protocol settings."""
     observers: list[ObserverSettings] = Field(default_factory=list)
     """Observer plugins; each sees every request and response on a thread of its own."""
     observer_queue_size: int = Field(default=100_000, gt=0)
     """Events buffered per observer; beyond it events are dropped and counted."""
+    reload: ReloadSettings = Field(default_factory=ReloadSettings)
+    """Hot reload: the file watch (SIGHUP and ``POST /reload`` need no setting)."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    """The built-in audit log."""
     metrics_listen: str | None = None
     """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
     log_level: str = "INFO"
+    """``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` or ``CRITICAL``."""
     log_format: str = "text"
     """``text`` (key=value pairs) or ``json`` (one JSON object per line)."""
     max_frame_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
@@ -213,16 +282,33 @@ class ProxyConfig(_Strict):
     max_in_flight: int = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
+    """How long connecting to a broker may take before the client connection is closed."""
     workers: int = Field(default=1, ge=1, le=256)
     """Processes serving the same listeners (SO_REUSEPORT); each is one event loop."""
     max_connections: int = Field(default=10000, gt=0)
     """Client connections open at once; more are closed on accept (and logged)."""
     max_buffered_bytes: int = Field(default=8 * 2**20, gt=0)
     """Response bytes buffered for a client that does not read; its reads pause beyond it."""
+    max_decompressed_batch_bytes: int = Field(
+        default=DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES, gt=0, strict=True)
+    """Largest decompressed records block of one batch (32 MiB); decompression stops
+    there and the partition is refused with INVALID_RECORD. See docs/limits.md."""
+    max_decompression_ratio: int = Field(default=DEFAULT_MAX_DECOMPRESSION_RATIO, ge=0,
+                                         strict=True)
+    """Largest decompressed/compressed ratio of a records block once past 4 MiB of
+    output (256; 0: no ratio check); refused like the above."""
+    max_decode_memory: int = Field(default=256 * 2**20, gt=0, strict=True)
+    """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
+    further decodes wait, and their connections stop being read meanwhile."""
+    max_client_buffered_bytes: int = Field(default=256 * 2**20, gt=0, strict=True)
+    """Process-wide bytes of partial request frames held (256 MiB); past it a connection
+    receiving more is paused, except the one holding the most."""
     idle_timeout_ms: int = Field(default=600_000, ge=0)
     """Close client connections with no traffic and nothing owed for this long (0: never)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
+    """TLS on the client-facing listeners."""
     upstream_tls: UpstreamTlsSettings = Field(default_factory=UpstreamTlsSettings)
+    """TLS to the brokers."""
     shutdown_grace_ms: int = Field(default=10000, ge=0)
     """How long in-flight requests may take to finish on SIGTERM/SIGINT."""
 
@@ -266,6 +352,42 @@ class ProxyConfig(_Strict):
         return parse_host_port(self.listen)
 
     @model_validator(mode="after")
+    def _routes(self) -> ProxyConfig:
+        if self.interceptor.class_name is not None:
+            for key, given in (("routes", bool(self.routes)), ("default", self.default)):
+                if given:
+                    raise ValueError(
+                        f"interceptor.class and {key} cannot both be set: interceptor.class "
+                        "is shorthand for one route that matches everything; move it into "
+                        f"{key} as a chain link")
+        names: dict[str, int] = {}
+        for i, route in enumerate(self.routes):
+            name = route.name if route.name is not None else str(i)
+            if name in names:
+                raise ValueError(f"routes[{i}].name: {name!r} is already the name of "
+                                 f"routes[{names[name]}]; route names must be unique")
+            names[name] = i
+        if self.default is not None and self.default.name in names:
+            raise ValueError(f"default.name: {self.default.name!r} is already the name of "
+                             f"routes[{names[self.default.name]}]")
+        return self
+
+    def route_table(self) -> RouteTable:
+        """The compiled routes; the ``interceptor:`` shorthand becomes one route ``default``."""
+        if self.interceptor.class_name is not None:
+            link = ChainLinkSettings.model_validate({
+                "class": self.interceptor.class_name, "config": self.interceptor.config,
+                "timeout_ms": self.interceptor.timeout_ms,
+                "isolation": self.interceptor.isolation})
+            return RouteTable.from_settings(
+                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,))])
+        return RouteTable.from_settings(self.routes, self.default)
+
+    def route_warnings(self) -> list[str]:
+        """Routes that can never match, one line each (log them as warnings at start)."""
+        return route_warnings(self.routes, self.default, [self.listener.name])
+
+    @model_validator(mode="after")
     def _tls_pairs(self) -> ProxyConfig:
         if (self.tls.cert is None) != (self.tls.key is None):
             raise ValueError("tls.cert and tls.key must be given together")
@@ -281,6 +403,11 @@ class ProxyConfig(_Strict):
         assert self.metrics_listen is not None
         return parse_host_port(self.metrics_listen)
 
+    def decompression_limits(self) -> DecompressionLimits:
+        """``max_decompressed_batch_bytes`` and ``max_decompression_ratio`` as one value."""
+        return DecompressionLimits(max_bytes=self.max_decompressed_batch_bytes,
+                                   max_ratio=self.max_decompression_ratio)
+
     @property
     def upstream_addresses(self) -> list[tuple[str, int]]:
         """The upstream bootstrap servers as ``(host, port)``."""
@@ -290,8 +417,11 @@ class ProxyConfig(_Strict):
 def _describe(error: ValidationError) -> str:
     lines = []
     for item in error.errors():
-        key = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        lines.append(f"{key}: {item['msg']}")
+        key = ""
+        for part in item["loc"]:
+            key += f"[{part}]" if isinstance(part, int) else f".{part}" if key else str(part)
+        message = item["msg"].removeprefix("Value error, ")
+        lines.append(f"{key or '(top level)'}: {message}")
     return "; ".join(lines)
 
 

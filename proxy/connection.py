@@ -12,216 +12,86 @@ Contracts, in the order a newcomer needs them:
   behind earlier in-flight responses). acks=0 produce requests take no slot.
 * At most ``max_in_flight`` slots per connection: reads pause when it is
   reached, bounding the memory a connection can hold.
+* Bytes buffered from clients are bounded per connection (a frame above
+  ``max_frame_size`` closes it; a partial frame holds only what arrived) and per
+  process (``max_client_buffered_bytes``: :mod:`kiproxy.proxy.memory` pauses the
+  socket of a connection that would pass it). Decoding a large batch runs off the
+  loop within ``max_decode_memory`` (:mod:`kiproxy.proxy.offload`); the connection
+  waits for it as it waits for its interceptor, so order is unchanged.
 * A malformed or oversized frame from the client closes that client only, with
   one log line naming the client. An upstream that closes or cannot be reached
   closes its client; clients reconnect.
 
-Both sockets are read by a :class:`FrameStream` (an ``asyncio.BufferedProtocol``
-around :class:`kiproxy.protocol.framing.FrameAssembler`): a frame of 16-64 KiB is
-received straight into a buffer of its own size and forwarded from it, a larger
-one into buffers that grow with the bytes that arrive, joined once into ``bytes``.
-A frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before anything
-decodes it with kio (which reads only immutable buffers), so the only
+* Each request runs under the configuration generation that is current when
+  it is read (:mod:`kiproxy.proxy.generation`): a reload never changes the
+  interceptor, observers or limits of a request already under way, and never
+  closes a connection.
+* The connection holds what it needs, never the server: a frozen
+  :class:`ConnectionServices` (router, upstreams, the generation cell, metrics)
+  and the client's :class:`~kiproxy.interceptors.identity.ClientIdentity`, a
+  frozen value replaced when something about the client is learned (its
+  ``client.id``, a SASL exchange decided). SASL bookkeeping is the
+  connection's own.
+
+Both sockets are read by a :class:`~kiproxy.proxy.frame_stream.FrameStream`. A
+frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before
+anything decodes it with kio (which reads only immutable buffers), so the only
 ``bytearray`` a handler sees is a Produce request on a pipeline that neither
-intercepts nor observes, which only scans it for acks and forwards it.
+intercepts nor tallies, which only scans it for acks and forwards it
+(:meth:`ClientConnection._kept_as_received`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
-from kiproxy.protocol.framing import FrameAssembler, RequestHeader, parse_request_header
+from kiproxy.protocol.framing import RequestHeader, parse_request_header
 from kiproxy.protocol.messages import ApiKey, api_name
-from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft
-from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.frame_stream import Frame, FrameStream
+from kiproxy.proxy.outcome import Answer, Forward, PartitionTally
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine
-
-    from kiproxy.proxy.server import ProxyServer
+    from kiproxy.proxy.generation import Generation, GenerationCell
+    from kiproxy.proxy.metrics import Metrics
+    from kiproxy.proxy.nodes import NodeRegistry
+    from kiproxy.proxy.router import RequestRouter
+    from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy.connection")
 
-__all__ = ["ClientConnection", "FrameStream"]
+__all__ = ["ClientConnection", "ConnectionServices"]
 
 _INT32 = struct.Struct(">i")
-_CLOSE_TIMEOUT = 2.0
-"""Seconds a closing socket may take to flush before it is aborted."""
-
-Frame = bytes | bytearray
-"""A frame without its length prefix; large ones are received into a ``bytearray``."""
 
 
-class FrameStream(asyncio.BufferedProtocol):
-    """One socket as a stream of whole frames; the asyncio shell of a FrameAssembler.
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConnectionServices:
+    """What a client connection may use: handed to it, shared by all connections."""
 
-    The socket is read only while its owner waits in :meth:`read`: frames that
-    arrive are kept for the owner and reading pauses until it asks again, so
-    while a request (or a batch of responses) is handled nothing more is read and
-    TCP pushes back. :meth:`drain` waits while the write buffer is above its
-    high-water mark, as ``StreamWriter.drain`` does.
-    """
-
-    def __init__(self, max_frame_size: int,
-                 on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
-                 ) -> None:
-        self._assembler = FrameAssembler(max_frame_size)
-        self._on_open = on_open
-        self._task: asyncio.Task[None] | None = None
-        self._transport: asyncio.Transport | None = None
-        self._frames: list[Frame] = []
-        self._error: BaseException | None = None
-        self._eof = False
-        self._lost = False
-        self._reading = True
-        self._write_paused = False
-        self._waiter: asyncio.Future[None] | None = None
-        self._drain_waiters: deque[asyncio.Future[None]] = deque()
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-    @property
-    def transport(self) -> asyncio.Transport:
-        """The socket's transport (set once connected)."""
-        assert self._transport is not None
-        return self._transport
-
-    def get_extra_info(self, name: str) -> Any:
-        """The transport's ``get_extra_info`` (``peername``, ``peercert``, ...)."""
-        return self.transport.get_extra_info(name)
-
-    # -------------------------------------------------------------- asyncio callbacks
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = cast(asyncio.Transport, transport)
-        if self._on_open is not None:
-            self._task = asyncio.get_running_loop().create_task(self._on_open(self))
-
-    def get_buffer(self, sizehint: int) -> memoryview:
-        return self._assembler.get_buffer()
-
-    def buffer_updated(self, nbytes: int) -> None:
-        try:
-            frames = self._assembler.buffer_updated(nbytes)
-        except ProtocolError as exc:
-            self._error = exc
-            self._pause()
-            self._wake()
-            return
-        if frames:
-            self._frames.extend(frames)
-            self._pause()
-            self._wake()
-
-    def eof_received(self) -> bool:
-        self._eof = True
-        self._wake()
-        # Keep a plain socket half open, as StreamReaderProtocol does (the owner
-        # closes it); over TLS the answer is ignored and asyncio warns about True.
-        return self.transport.get_extra_info("sslcontext") is None
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._lost = True
-        if exc is None:
-            self._eof = True
-        elif self._error is None:
-            self._error = exc
-        self._wake()
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                if exc is None:
-                    waiter.set_result(None)
-                else:
-                    waiter.set_exception(exc)
-        if not self._closed.done():
-            self._closed.set_result(None)
-
-    def pause_writing(self) -> None:
-        self._write_paused = True
-
-    def resume_writing(self) -> None:
-        self._write_paused = False
-        while self._drain_waiters:
-            waiter = self._drain_waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-
-    # -------------------------------------------------------------- the owner's side
-
-    async def read(self) -> list[Frame]:
-        """The frames received since the last call, waiting for one; ``[]`` at end of stream.
-
-        Raises the :class:`ProtocolError` of a bad length prefix, or the error that
-        broke the connection.
-        """
-        while True:
-            if self._frames:
-                frames, self._frames = self._frames, []
-                return frames
-            if self._error is not None:
-                raise self._error
-            if self._eof:
-                return []
-            self._resume()
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await waiter
-            finally:
-                self._waiter = None
-
-    async def drain(self) -> None:
-        """Wait until the write buffer is below its low-water mark."""
-        if isinstance(self._error, OSError):
-            raise self._error  # what broke the connection, as StreamWriter.drain raises it
-        if self.transport.is_closing():
-            # Let connection_lost run first, as StreamWriter.drain does.
-            await asyncio.sleep(0)
-        if self._lost:
-            raise ConnectionResetError("Connection lost")
-        if not self._write_paused:
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._drain_waiters.append(waiter)
-        await waiter
-
-    async def close(self, timeout: float = _CLOSE_TIMEOUT) -> None:
-        """Close the socket (after what is buffered is sent) and wait until it is closed;
-        after ``timeout`` seconds abort it (a peer that does not read its answers, or a
-        TLS peer that never answers close_notify, would otherwise hold it open)."""
-        if self._transport is None:
-            return
-        self._transport.close()
-        try:
-            await asyncio.wait_for(asyncio.shield(self._closed), timeout)
-        except TimeoutError:
-            self._transport.abort()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._closed), timeout)
-
-    def _pause(self) -> None:
-        if self._reading and self._transport is not None and not self._lost:
-            self._reading = False
-            self._transport.pause_reading()
-
-    def _resume(self) -> None:
-        if not self._reading and self._transport is not None and not self._lost:
-            self._reading = True
-            self._transport.resume_reading()
-
-    def _wake(self) -> None:
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
+    generations: GenerationCell
+    """The current configuration generation, read at the start of each request."""
+    router: RequestRouter
+    """Decides what happens to each request."""
+    upstreams: Upstreams
+    """Where broker connections go."""
+    nodes: NodeRegistry
+    """The broker nodes and their proxy listeners (settled before answers leave)."""
+    metrics: Metrics | None
+    """Prometheus metrics, when ``metrics_listen`` is set."""
 
 class _UpstreamLost(Exception):
     """The broker connection broke while a request was being written to it."""
@@ -230,12 +100,14 @@ class _UpstreamLost(Exception):
 class _Slot:
     """A place in the response order, filled when the response is known."""
 
-    __slots__ = ("api", "done", "frame", "info", "produce", "proxy_answer", "t0")
+    __slots__ = ("api", "done", "frame", "generation", "info", "produce", "proxy_answer", "t0")
 
-    def __init__(self, api: str = "", t0: float = 0.0, info: RequestInfo | None = None,
-                 produce: list[ProduceDraft] | None = None, proxy_answer: bool = False) -> None:
+    def __init__(self, generation: Generation, api: str = "", t0: float = 0.0,
+                 info: RequestInfo | None = None, produce: list[PartitionTally] | None = None,
+                 proxy_answer: bool = False) -> None:
         self.frame: Frame | None = None
         self.done = False
+        self.generation = generation
         self.api = api
         self.t0 = t0
         self.info = info
@@ -246,20 +118,17 @@ class _Slot:
 class ClientConnection:
     """Carries one client's traffic to its broker and back, in order."""
 
-    def __init__(self, server: ProxyServer, client: FrameStream, node_id: int | None) -> None:
-        self.server = server
+    def __init__(self, services: ConnectionServices, client: FrameStream, node_id: int | None,
+                 identity: ClientIdentity) -> None:
+        self._services = services
         self.node_id = node_id
         """The broker node this connection stands for; ``None`` for bootstrap."""
         self._client = client
         self._writer = client.transport
-        peer = client.get_extra_info("peername")
-        self.client_address = f"{peer[0]}:{peer[1]}" if peer else "unknown"
-        """``host:port`` of the client."""
-        self.client_id: str | None = None
-        """The client id of the latest request."""
-        self.principal: str | None = None
-        """The authenticated principal, when the proxy knows it."""
+        self.identity = identity
+        """Who the client is, as the proxy knows it now (replaced, never changed)."""
         self.sasl = SaslTracker()
+        """The connection's SASL bookkeeping."""
         self._upstream: FrameStream | None = None
         self._slots: deque[_Slot] = deque()
         self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None]] = deque()
@@ -268,15 +137,31 @@ class ClientConnection:
         self._closed = False
         self._upstream_reported = False
         self._handling = False
-        self._draining = False
+        self._stopping = False
+        self._slot_taken = False
         self._in_read = False
         self._read_task: asyncio.Task[None] | None = None
         self._up_task: asyncio.Task[None] | None = None
         self.upstream_address: tuple[str, int] | None = None
         self.last_activity = asyncio.get_running_loop().time()
         """Loop time of the last whole request or response (a trickle of bytes is no activity)."""
-        limit = server.config.max_buffered_bytes
+        limit = services.generations.current.config.max_buffered_bytes
         self._writer.set_write_buffer_limits(high=limit, low=limit // 4)
+
+    @property
+    def client_address(self) -> str:
+        """``host:port`` of the original client."""
+        return self.identity.client_address
+
+    @property
+    def client_id(self) -> str | None:
+        """The client id of the latest request."""
+        return self.identity.client_id
+
+    @property
+    def principal(self) -> str | None:
+        """The authenticated principal, when the proxy knows it."""
+        return self.identity.principal
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -285,14 +170,14 @@ class ClientConnection:
         try:
             await self._connect_upstream()
         except OSError as exc:
-            if self.server.metrics is not None:
-                self.server.metrics.upstream_errors.labels("connect").inc()
+            if self._services.metrics is not None:
+                self._services.metrics.upstream_errors.labels("connect").inc()
             log.warning("client %s: upstream %s unreachable (%s); closing the client",
                         self.client_address, self._target_description(), exc,
                         extra=self.log_context)
             await self._close_client()
             return
-        limit = self.server.config.max_buffered_bytes
+        limit = self._services.generations.current.config.max_buffered_bytes
         assert self._upstream is not None
         self._upstream.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self._up_task = asyncio.create_task(self._read_upstream())
@@ -300,10 +185,10 @@ class ClientConnection:
         try:
             await self._read_client()
         except asyncio.CancelledError:
-            if not self._draining:
+            if not self._stopping:
                 raise
         finally:
-            if self._draining:
+            if self._stopping:
                 await self._wait_flushed()
             await self.close()
 
@@ -311,20 +196,18 @@ class ClientConnection:
         return "bootstrap" if self.node_id is None else f"for node {self.node_id}"
 
     async def _connect_upstream(self) -> None:
+        upstreams = self._services.upstreams
         candidates = (
-            self.server.bootstrap_upstreams() if self.node_id is None
-            else [self.server.upstream_for_node(self.node_id)]
+            upstreams.bootstrap_candidates() if self.node_id is None
+            else [upstreams.for_node(self.node_id)]
         )
+        max_response = self._services.generations.current.config.max_response_size
         last: OSError = OSError("no upstream address known")
         for address in candidates:
             if address is None:
                 continue
             try:
-                _, upstream = await asyncio.wait_for(
-                    self.server.open_upstream(
-                        *address, partial(FrameStream, self.server.config.max_response_size)),
-                    timeout=self.server.config.upstream_connect_timeout_ms / 1000,
-                )
+                _, upstream = await upstreams.open(*address, partial(FrameStream, max_response))
                 self._upstream = upstream
                 self.upstream_address = address
                 return
@@ -337,9 +220,9 @@ class ClientConnection:
         """No response is owed to the client and no request is being handled."""
         return not self._slots and not self._handling
 
-    async def drain(self) -> None:
+    async def stop_reading(self) -> None:
         """Stop reading new requests; the connection closes once owed responses are sent."""
-        self._draining = True
+        self._stopping = True
         if self._in_read and self._read_task is not None:
             self._read_task.cancel()
 
@@ -354,6 +237,8 @@ class ClientConnection:
             return
         self._closed = True
         self._room.set()
+        while self._slots:  # answers that will never leave hold no generation
+            self._services.generations.release(self._slots.popleft().generation)
         if self._up_task is not None and self._up_task is not asyncio.current_task():
             self._up_task.cancel()
         if self._upstream is not None:
@@ -370,7 +255,7 @@ class ClientConnection:
     async def _read_client(self) -> None:
         client = self._client
         loop = asyncio.get_running_loop()
-        while not self._closed and not self._draining:
+        while not self._closed and not self._stopping:
             self._in_read = True
             try:
                 # A client that does not read its responses stops being read from
@@ -407,37 +292,50 @@ class ClientConnection:
                 return  # the client went away while its answer was being written
 
     def _bad_client(self, exc: ProtocolError) -> None:
-        if self.server.metrics is not None:
-            self.server.metrics.client_errors.inc()
+        if self._services.metrics is not None:
+            self._services.metrics.client_errors.inc()
         log.warning("closing client %s (client_id %r): %s",
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
-    def _decoded_as_is(self, header: RequestHeader) -> bool:
-        """Whether a large request may reach the handler as the ``bytearray`` it arrived in.
+    @staticmethod
+    def _kept_as_received(generation: Generation, header: RequestHeader) -> bool:
+        """Whether a large request may reach the handler as the ``bytearray`` it arrived in
+        (it is not decoded).
 
-        Only Produce on a pipeline that neither intercepts nor observes: it scans
+        Only Produce on a pipeline that neither intercepts nor tallies: it scans
         the frame for acks and forwards it. Anything else may be decoded by kio.
         """
-        produce = self.server.produce
+        produce = generation.produce
         return (header.api_key == ApiKey.PRODUCE and produce.interceptor is None
-                and not produce.observed)
+                and not produce.tallies)
 
     async def _handle_request(self, frame: Frame) -> None:
+        generations = self._services.generations
+        generation = generations.acquire()
+        self._slot_taken = False
+        try:
+            await self._handle_under(generation, frame)
+        finally:
+            # A slot taken for the answer holds the generation until the answer leaves
+            # (or the connection closes); otherwise the request is done with it here.
+            if not self._slot_taken:
+                generations.release(generation)
+
+    async def _handle_under(self, generation: Generation, frame: Frame) -> None:
         t0 = time.monotonic()
         header = parse_request_header(frame)
-        if type(frame) is not bytes and not self._decoded_as_is(header):
+        if type(frame) is not bytes and not self._kept_as_received(generation, header):
             frame = bytes(frame)
-        if header.client_id is not None:
-            self.client_id = header.client_id
-        server = self.server
-        metrics = server.metrics
+        if header.client_id is not None and header.client_id != self.identity.client_id:
+            self.identity = dataclasses.replace(self.identity, client_id=header.client_id)
+        metrics = self._services.metrics
         api = ""
         if metrics is not None:
             api = api_name(header.api_key)
             metrics.messages.labels("request", api).inc()
             metrics.bytes.labels("request", api).inc(len(frame))
         info: RequestInfo | None = None
-        hub = server.observers
+        hub = generation.observers
         if hub.active:
             info = RequestInfo(
                 api_key=header.api_key, api_name=api or api_name(header.api_key),
@@ -447,38 +345,42 @@ class ClientConnection:
                 received_at_ms=int(time.time() * 1000), node_id=self.node_id,
             )
             hub.request(info)
-        while len(self._slots) >= server.config.max_in_flight and not self._closed:
+        while len(self._slots) >= generation.config.max_in_flight and not self._closed:
             self._room.clear()
             await self._room.wait()
-        # A bytearray here is forwarded untouched (see _decoded_as_is).
+        # A bytearray here is forwarded untouched (see _kept_as_received).
         self._handling = True  # a request in the interceptor is owed an answer too
         try:
-            outcome = await server.handle_request(self, header, cast(bytes, frame))
+            outcome = await self._services.router.route(self, generation, header,
+                                                        cast(bytes, frame))
         finally:
             self._handling = False
         if self._closed:
             return
         if isinstance(outcome, Answer):
             if outcome.frame is not None:
-                slot = _Slot(api, t0, info, outcome.produce, proxy_answer=True)
+                slot = _Slot(generation, api, t0, info, outcome.produce, proxy_answer=True)
                 self._slots.append(slot)
+                self._slot_taken = True
                 self._complete(slot, outcome.frame)
                 await self._client.drain()
             elif info is not None or metrics is not None:
-                self._report(_Slot(api, t0, info, outcome.produce, proxy_answer=True), 0)
+                self._report(_Slot(generation, api, t0, info, outcome.produce,
+                                   proxy_answer=True), 0)
             return
-        self._forward(header, outcome, api, t0, info)
+        self._forward(generation, header, outcome, api, t0, info)
         assert self._upstream is not None
         try:
             await self._upstream.drain()
         except ConnectionError as exc:
             raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
-    def _forward(self, header: RequestHeader, outcome: Forward, api: str = "",
-                 t0: float = 0.0, info: RequestInfo | None = None) -> None:
+    def _forward(self, generation: Generation, header: RequestHeader, outcome: Forward,
+                 api: str = "", t0: float = 0.0, info: RequestInfo | None = None) -> None:
         if outcome.expect_response:
-            slot = _Slot(api, t0, info, outcome.produce)
+            slot = _Slot(generation, api, t0, info, outcome.produce)
             self._slots.append(slot)
+            self._slot_taken = True
             self._pending.append((header.correlation_id, slot, outcome.on_response))
         assert self._upstream is not None
         up = self._upstream.transport
@@ -486,12 +388,13 @@ class ClientConnection:
             # writelines() on a closed transport raises RuntimeError under uvloop.
             raise _UpstreamLost("the broker connection is closed")
         up.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
-        if not outcome.expect_response and (info is not None or self.server.metrics is not None):
-            self._report(_Slot(api, t0, info, outcome.produce), 0)
+        if not outcome.expect_response and (info is not None
+                                            or self._services.metrics is not None):
+            self._report(_Slot(generation, api, t0, info, outcome.produce), 0)
 
     def _report(self, slot: _Slot, size: int) -> None:
         """Count a response and tell the observers (``size`` 0: none was sent)."""
-        metrics = self.server.metrics
+        metrics = self._services.metrics
         if metrics is not None:
             if size:
                 metrics.messages.labels("response", slot.api).inc()
@@ -503,7 +406,7 @@ class ClientConnection:
                     metrics.produce_records.labels(d.topic, d.outcome).inc(d.records)
                     metrics.produce_bytes.labels(d.topic, d.outcome).inc(d.bytes)
         if slot.info is not None:
-            self.server.observers.response(ResponseInfo(
+            slot.generation.observers.response(ResponseInfo(
                 request=slot.info, size=size,
                 latency_ms=(time.monotonic() - slot.t0) * 1000,
                 answered_by_proxy=slot.proxy_answer,
@@ -520,19 +423,19 @@ class ClientConnection:
         slots = self._slots
         if not slots or not slots[0].done:
             return
-        observed = self.server.observed
         out: list[Frame] = []
         while slots and slots[0].done:
             done = slots.popleft()
+            self._services.generations.release(done.generation)
             frame = done.frame
             assert frame is not None
             out.append(_INT32.pack(len(frame)))
             out.append(frame)
             done.frame = None
-            if observed:
+            if done.generation.tallies:
                 self._report(done, len(frame))
         self._writer.writelines(out)
-        if len(slots) < self.server.config.max_in_flight:
+        if len(slots) < self._services.generations.current.config.max_in_flight:
             self._room.set()
 
     # ------------------------------------------------------------------ upstream side
@@ -547,8 +450,9 @@ class ClientConnection:
                 if not frames:
                     break
                 ready = [self._match_response(frame) for frame in frames]
-                if self.server.nodes.unsettled:
-                    await self.server.nodes.settle()
+                nodes = self._services.nodes
+                if nodes.unsettled:
+                    await nodes.settle()
                 for slot, frame in ready:
                     slot.frame = frame
                     slot.done = True
@@ -581,8 +485,8 @@ class ClientConnection:
             return
         self._upstream_reported = True
         broken = reason != "closed the connection" or bool(self._slots)
-        if broken and self.server.metrics is not None:
-            self.server.metrics.upstream_errors.labels("broken").inc()
+        if broken and self._services.metrics is not None:
+            self._services.metrics.upstream_errors.labels("broken").inc()
         log.log(logging.WARNING if broken else logging.INFO,
                 "upstream %s %s; closing client %s (client_id %r)",
                 self._upstream_name(), reason, self.client_address, self.client_id,
@@ -609,13 +513,18 @@ class ClientConnection:
             return slot, on_response(frame if type(frame) is bytes else bytes(frame))
         return slot, frame
 
+    # ------------------------------------------------------------------ SASL
+
+    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
+                      frame: bytes) -> bytes:
+        """Learn (or forget) the principal from a SaslAuthenticate answer (see
+        :func:`~kiproxy.proxy.sasl.identity_after_sasl`); pass the answer on unchanged."""
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
+        return frame
+
     @property
     def log_context(self) -> dict[str, object]:
         """``extra=`` fields of connection-level log lines."""
         return {"client_address": self.client_address, "client_id": self.client_id,
                 "principal": self.principal, "node_id": self.node_id}
-
-    def describe(self, header: RequestHeader) -> str:
-        """One-line description of a request, for logs."""
-        return (f"{api_name(header.api_key)} v{header.api_version} from {self.client_address} "
-                f"(client_id {header.client_id!r})")

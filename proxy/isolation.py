@@ -15,12 +15,15 @@ then costs one batch and one worker, never the proxy:
   the message names the plugin, the worker's pid and its exit code (a negative
   code is the signal, e.g. ``-11 (SIGSEGV)``). It is replaced too. A worker
   found dead while idle is replaced without failing anything.
-* **Exceptions** and ``RejectBatch`` behave exactly as inline: a
+* **Exceptions**, ``RejectBatch`` and other plugin faults behave exactly as inline: a
   ``RejectBatch`` keeps its error code, message and record errors; any other
   exception is re-raised in the proxy as an exception of the same class *name*
   (a subclass of :class:`PluginRaised`) with the worker's traceback attached as
   its ``__cause__``, so the pipeline rejects with the same INVALID_RECORD
-  message as in inline mode and logs the plugin's own traceback.
+  message as in inline mode and logs the plugin's own traceback. A wrong return
+  type or a broken record-count rule, judged in the worker, reaches the
+  pipeline as :class:`~kiproxy.interceptors.verdict.Judged` carrying the same
+  rejection inline mode gives.
 * **Concurrency.** Each batch checks out one idle worker for itself, so
   batches from different connections run in different workers, and a wedged
   worker stalls only the batch it holds. When every worker is busy, a batch
@@ -68,29 +71,11 @@ workers. The proxy decodes answers with an unpickler that refuses every
 class, so only plain values (tuples, bytes, str, int, None) cross back and
 no plugin object can bring plugin code into the proxy.
 
-Wire format (plain values only; :class:`RecordBatch`, :class:`Record` and
-:class:`InterceptContext` are rebuilt on each side)::
-
-    request   (topic, partition, producer_id, producer_epoch, base_sequence,
-               transactional, compression, records, context)
-    records   (count, block)
-    context   (client_id, client_address, principal, api_version, acks,
-               transactional_id, deadline, received_at_ms, proxy_host, extra)
-    answer    ("same",)                                  batch unchanged
-              ("records", records)                       transformed
-              ("reject", message, error_code, record_errors)
-              ("raised", class_name, message, traceback)
-    start-up  ("ready", pid, has_on_acknowledgement) | ("load_error", message)
-
-``block`` is the records in Kafka's own magic-2 record encoding (key, value,
-headers with null values and repeats in order, timestamp, offset delta),
-written and read by the compiled codec of ``protocol`` with base timestamp 0
-and the offset deltas kept, so every field crosses exactly. It replaced
-per-record tuples: for 100 records of 100 bytes, pickling and rebuilding
-tuples both ways took ~270 us against ~37 us for the codec.
-
-``deadline`` is ``time.monotonic()`` of the proxy; the monotonic clock is
-system-wide (CLOCK_MONOTONIC on Linux), so it means the same in a worker.
+The messages between the proxy and a worker are described in
+:mod:`kiproxy.proxy.isolation_wire`; the worker process side is
+:mod:`kiproxy.proxy.isolation_worker`. Each worker judges its batch with
+:func:`kiproxy.interceptors.verdict.judge_sync` (the deadline left to the pool),
+so a verdict reads the same as inline.
 
 What differs from inline mode:
 
@@ -109,43 +94,40 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
-import io
 import logging
-import multiprocessing
-import os
 import pickle
-import signal
 import socket
-import struct
-import sys
 import threading
 import time
-import traceback
 from collections import deque
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from functools import cache
-from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
-from kiproxy.interceptors.api import (
-    InterceptContext,
-    ProduceRequestInterceptor,
-    Record,
-    RecordBatch,
-    RejectBatch,
+from kiproxy.interceptors.api import InterceptContext, RecordBatch, RejectBatch
+from kiproxy.interceptors.loader import PluginLoadError
+from kiproxy.interceptors.verdict import Judged, Rejected
+from kiproxy.proxy.isolation_process import (
+    WorkerGone,
+    WorkerProcess,
+    process_context,
+    retrieve,
 )
-from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
-from kiproxy.protocol._codec import decode_records, encode_records
+from kiproxy.proxy.isolation_wire import (
+    describe_exit,
+    encode_request,
+    plain_loads,
+    records_in,
+    recv_message,
+)
+from kiproxy.proxy.isolation_worker import worker_main
 
 log = logging.getLogger("kiproxy.isolation")
 
-__all__ = ["IsolatedInterceptor", "PluginRaised", "WorkerCrashed"]
+__all__ = ["IsolatedInterceptor", "PluginRaised", "WorkerCrashed", "describe_exit"]
 
-_LENGTH = struct.Struct("!Q")
-_PICKLE_PROTOCOL = 5
 _STOP_GRACE = 5.0
 """Seconds a worker gets to run the plugin's ``close()`` and exit before it is killed."""
 _MAX_BACKOFF = 30.0
@@ -182,326 +164,6 @@ def _raised_type(name: str) -> type[PluginRaised]:
     return type(safe, (PluginRaised,), {"__module__": __name__})
 
 
-# ---------------------------------------------------------------- framing
-
-
-class _PlainValues(pickle.Unpickler):
-    """Unpickles tuples, bytes, str, numbers and None only: refuses every class."""
-
-    def find_class(self, module: str, name: str, /) -> Any:
-        raise pickle.UnpicklingError(
-            f"interceptor worker sent an object of class {module}.{name}; only plain "
-            "values may cross from a worker to the proxy"
-        )
-
-
-def _plain_loads(data: bytes) -> Any:
-    return _PlainValues(io.BytesIO(data)).load()
-
-
-def _frame(message: Any) -> bytes:
-    payload = pickle.dumps(message, protocol=_PICKLE_PROTOCOL)
-    return _LENGTH.pack(len(payload)) + payload
-
-
-def _recv_exactly(sock: socket.socket, size: int) -> bytearray:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    got = 0
-    while got < size:
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            raise EOFError("the other end of the interceptor worker socket closed")
-        got += n
-    return buffer
-
-
-def _recv_message(sock: socket.socket, loads: Any = pickle.loads) -> Any:
-    """One framed message from a blocking socket (EOFError when the peer closed)."""
-    (size,) = _LENGTH.unpack(_recv_exactly(sock, _LENGTH.size))
-    return loads(_recv_exactly(sock, size))
-
-
-def _send_message(sock: socket.socket, message: Any) -> None:
-    sock.sendall(_frame(message))
-
-
-# ---------------------------------------------------------------- wire values
-
-def _records_out(records: tuple[Record, ...]) -> tuple[int, bytes]:
-    """``(count, block)``: the records in Kafka's magic-2 record encoding (compiled codec).
-
-    Base timestamp 0 and the offset deltas as they are, so every field comes back
-    exactly (timestamps are int64 varlongs, offset deltas int32, as in ``Record``).
-    """
-    return len(records), encode_records(records, 0, False)[0]
-
-
-def _records_in(wire: tuple[int, bytes]) -> tuple[Record, ...]:
-    count, block = wire
-    return decode_records(block, 0, len(block), count, 0)
-
-
-def _encode_request(batch: RecordBatch, ctx: InterceptContext) -> bytes:
-    context = (ctx.client_id, ctx.client_address, ctx.principal, ctx.api_version, ctx.acks,
-               ctx.transactional_id, ctx.deadline, ctx.received_at_ms, ctx.proxy_host,
-               dict(ctx.extra))
-    return _frame((batch.topic, batch.partition, batch.producer_id, batch.producer_epoch,
-                   batch.base_sequence, batch.transactional, batch.compression,
-                   _records_out(batch.records), context))
-
-
-def _decode_request(message: Any) -> tuple[RecordBatch, InterceptContext]:
-    (topic, partition, producer_id, producer_epoch, base_sequence, transactional, compression,
-     records, context) = message
-    (client_id, client_address, principal, api_version, acks, transactional_id, deadline,
-     received_at_ms, proxy_host, extra) = context
-    batch = RecordBatch(topic=topic, partition=partition, records=_records_in(records),
-                        producer_id=producer_id, producer_epoch=producer_epoch,
-                        base_sequence=base_sequence, transactional=transactional,
-                        compression=compression)
-    ctx = InterceptContext(client_id=client_id, client_address=client_address,
-                           principal=principal, api_version=api_version, acks=acks,
-                           transactional_id=transactional_id, deadline=deadline,
-                           received_at_ms=received_at_ms, proxy_host=proxy_host, extra=extra)
-    return batch, ctx
-
-
-def describe_exit(code: int | None) -> str:
-    """``exit code 3``, ``exit code -11 (SIGSEGV)``, or that it is unknown."""
-    if code is None:
-        return "an unknown exit code"
-    if code < 0:
-        try:
-            return f"exit code {code} ({signal.Signals(-code).name})"
-        except ValueError:
-            pass
-    return f"exit code {code}"
-
-
-# ---------------------------------------------------------------- the worker process
-
-
-def _die_with_parent() -> None:
-    """On Linux, have the kernel SIGKILL this process when its parent exits."""
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):  # no libc prctl: orphans are then only EOF-driven
-        pass
-
-
-def _drop_fork_server_pipe() -> None:
-    """Close this worker's copy of the fork server's keep-alive pipe.
-
-    multiprocessing gives every forked child the write end of the pipe whose EOF
-    tells the fork server that the proxy is gone. A worker holding it would keep
-    the fork server - and so itself (see ``_die_with_parent``) - alive after the
-    proxy died. Workers start no processes, so they do not need it.
-    """
-    from multiprocessing import forkserver
-
-    server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if isinstance(fd, int):
-        with contextlib.suppress(OSError):
-            os.close(fd)
-        server._forkserver_alive_fd = None  # type: ignore[union-attr]
-
-
-def _plain_str(value: Any) -> str:
-    try:
-        return str(value)
-    except Exception:
-        return f"<{type(value).__name__} whose str() failed>"
-
-
-def _answer(plugin: Any, message: Any, loop: list[asyncio.AbstractEventLoop]) -> Any:
-    """Run ``intercept`` on one request and describe the outcome in plain values."""
-    try:
-        batch, ctx = _decode_request(message)
-        result = plugin.intercept(batch, ctx)
-        if inspect.isawaitable(result):
-            if not loop:
-                loop.append(asyncio.new_event_loop())
-            result = loop[0].run_until_complete(_await(result))
-        if not isinstance(result, RecordBatch):
-            raise TypeError(f"intercept returned {type(result).__name__}, not a RecordBatch")
-        if result.records is batch.records or result.records == batch.records:
-            return ("same",)
-        return ("records", _records_out(tuple(result.records)))
-    except RejectBatch as exc:
-        return ("reject", _plain_str(exc.message), int(exc.error_code), tuple(
-            (int(i), None if m is None else _plain_str(m)) for i, m in exc.record_errors))
-    except Exception as exc:
-        return ("raised", type(exc).__name__, _plain_str(exc), traceback.format_exc())
-
-
-async def _await(awaitable: Awaitable[Any]) -> Any:
-    return await awaitable
-
-
-def _close_plugin(plugin: Any, loop: list[asyncio.AbstractEventLoop]) -> None:
-    close = getattr(plugin, "close", None)
-    if close is None:
-        return
-    try:
-        result = close()
-        if inspect.isawaitable(result):
-            if not loop:
-                loop.append(asyncio.new_event_loop())
-            loop[0].run_until_complete(_await(result))
-    except Exception:
-        logging.getLogger("kiproxy.isolation.worker").exception(
-            "interceptor close() failed in worker pid %d", os.getpid())
-
-
-def _worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
-                 config: Mapping[str, Any], log_setup: tuple[str, str] | None) -> None:
-    """Entry point of a worker process: load the plugin, then answer requests until EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _drop_fork_server_pipe()
-    _die_with_parent()
-    if log_setup is not None:
-        from kiproxy.proxy.logs import setup_logging
-
-        setup_logging(*log_setup)
-    try:
-        plugin = load_interceptor(spec, plugins_dir, config)
-    except PluginLoadError as exc:
-        _send_message(sock, ("load_error", str(exc)))
-        return
-    except Exception as exc:
-        _send_message(sock, ("load_error", f"loading {spec} failed: {type(exc).__name__}: {exc}"))
-        return
-    hook = getattr(type(plugin), "on_acknowledgement", None)
-    has_ack_hook = callable(hook) and hook is not ProduceRequestInterceptor.on_acknowledgement
-    _send_message(sock, ("ready", os.getpid(), has_ack_hook))
-    loop: list[asyncio.AbstractEventLoop] = []
-    while True:
-        try:
-            message = _recv_message(sock)
-        except (EOFError, OSError):
-            break
-        reply = _answer(plugin, message, loop)
-        try:
-            frame = _frame(reply)
-        except Exception as exc:  # e.g. a RejectBatch message that does not pickle
-            frame = _frame(("raised", type(exc).__name__, _plain_str(exc), ""))
-        try:
-            sock.sendall(frame)
-        except OSError:  # the proxy closed its end
-            break
-    _close_plugin(plugin, loop)
-
-
-# ---------------------------------------------------------------- the proxy side
-
-
-class _WorkerGone(Exception):
-    """The worker's socket closed while a batch was in flight."""
-
-
-def _retrieve(task: asyncio.Task[Any]) -> None:
-    """Mark a call's outcome as seen (a killed worker's call may end either way)."""
-    if not task.cancelled():
-        task.exception()
-
-
-class _Worker:
-    """One worker process and the proxy's end of its socket."""
-
-    def __init__(self, process: BaseProcess, sock: socket.socket, pid: int) -> None:
-        self.process = process
-        self.sock = sock
-        self.pid = pid
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-        self.retired = False
-        self._exitcode: int | None = None
-        self._process_closed = False
-
-    @property
-    def exitcode(self) -> int | None:
-        """The process's exit code, None while it runs (kept after its handles are freed)."""
-        if self._exitcode is None and not self._process_closed:
-            self._exitcode = self.process.exitcode
-        return self._exitcode
-
-    def free_process(self) -> None:
-        """Release the process's handles once it has exited."""
-        if not self._process_closed and self.exitcode is not None:
-            self._process_closed = True
-            self.process.close()
-
-    async def connect(self) -> None:
-        """Attach the socket to the running event loop (once)."""
-        if self.writer is None:
-            self.reader, self.writer = await asyncio.open_connection(
-                sock=self.sock, limit=2**20)
-
-    async def call(self, frame: bytes) -> Any:
-        """Send one framed request and read the answer (``_WorkerGone`` on EOF)."""
-        assert self.reader is not None and self.writer is not None
-        try:
-            self.writer.write(frame)
-            await self.writer.drain()
-            (size,) = _LENGTH.unpack(await self.reader.readexactly(_LENGTH.size))
-            data = await self.reader.readexactly(size)
-        except (asyncio.IncompleteReadError, OSError) as exc:
-            raise _WorkerGone from exc
-        return _plain_loads(data)
-
-    def close_socket(self) -> None:
-        """Close the proxy's end: an idle worker reads EOF, closes the plugin and exits."""
-        if self.writer is not None:
-            self.writer.close()
-        else:
-            self.sock.close()
-
-    def kill(self) -> None:
-        """SIGKILL the process if it is still running."""
-        if self.exitcode is None:
-            with contextlib.suppress(ProcessLookupError, OSError):
-                self.process.kill()
-
-
-def _preload() -> list[str]:
-    """Modules the fork server imports once, so that forked workers start with them loaded.
-
-    multiprocessing re-runs the parent's main module (as ``__mp_main__``) in every
-    child. A script (the ``kiproxy`` console script) is preloaded as ``__main__``,
-    which the children then reuse. For ``python -m kiproxy`` the module itself
-    must not be preloaded (runpy would warn when re-running it), so the modules of
-    its package that the proxy has loaded are, and re-running it costs next to nothing.
-    """
-    main = sys.modules.get("__main__")
-    main_name = getattr(getattr(main, "__spec__", None), "name", None)
-    preload = ["kiproxy.proxy.isolation", "kiproxy.interceptors", "kiproxy.protocol.records"]
-    if main_name is None:
-        return ["__main__", *preload]
-    if main_name.endswith("__main__"):  # not re-run in children
-        return preload
-    package = main_name.partition(".")[0]
-    return preload + [name for name in list(sys.modules)
-                      if name.partition(".")[0] == package and name != main_name
-                      and not name.startswith(main_name + ".")]
-
-
-@cache
-def _context() -> ForkServerContext | SpawnContext:
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(_preload())
-        return ctx
-    return multiprocessing.get_context("spawn")
-
-
 class IsolatedInterceptor:
     """The configured interceptor, run in a pool of worker processes.
 
@@ -531,9 +193,9 @@ class IsolatedInterceptor:
         self.log_setup = log_setup
         self.restarts = 0
         """Workers killed or found dead and replaced since start."""
-        self._workers: set[_Worker] = set()
-        self._idle: list[_Worker] = []
-        self._waiters: deque[asyncio.Future[_Worker]] = deque()
+        self._workers: set[WorkerProcess] = set()
+        self._idle: list[WorkerProcess] = []
+        self._waiters: deque[asyncio.Future[WorkerProcess]] = deque()
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
         self._closing: asyncio.Event | None = None
@@ -552,8 +214,8 @@ class IsolatedInterceptor:
         ours, theirs = socket.socketpair()
         with self._launch_lock:
             self._serial += 1
-            process = _context().Process(
-                target=_worker_main, name=f"kiproxy-interceptor-{self._serial}", daemon=True,
+            process = process_context().Process(
+                target=worker_main, name=f"kiproxy-interceptor-{self._serial}", daemon=True,
                 args=(theirs, self.spec, self.plugins_dir, self.config, self.log_setup))
             try:
                 process.start()
@@ -564,11 +226,11 @@ class IsolatedInterceptor:
                 theirs.close()
         return process, ours
 
-    def _handshake(self, process: BaseProcess, sock: socket.socket) -> _Worker:
+    def _handshake(self, process: BaseProcess, sock: socket.socket) -> WorkerProcess:
         """Wait (blocking) until the worker loaded the plugin; PluginLoadError otherwise."""
         try:
             sock.settimeout(self.start_timeout)
-            reply = _recv_message(sock, _plain_loads)
+            reply = recv_message(sock, plain_loads)
             sock.settimeout(None)
         except TimeoutError:
             sock.close()
@@ -592,9 +254,9 @@ class IsolatedInterceptor:
             self._warned_ack_hook = True
             log.warning("interceptor %s defines on_acknowledgement, which is not called with "
                         "interceptor.isolation: process", self.spec)
-        return _Worker(process, sock, int(pid))
+        return WorkerProcess(process, sock, int(pid))
 
-    def _spawn(self) -> _Worker:
+    def _spawn(self) -> WorkerProcess:
         return self._handshake(*self._launch())
 
     def start(self) -> None:
@@ -621,7 +283,7 @@ class IsolatedInterceptor:
 
     # ------------------------------------------------------------ checking out workers
 
-    def _release(self, worker: _Worker) -> None:
+    def _release(self, worker: WorkerProcess) -> None:
         """Hand an idle worker to the oldest waiting batch, or park it."""
         if worker.retired:
             return
@@ -635,7 +297,7 @@ class IsolatedInterceptor:
                 return
         self._idle.append(worker)
 
-    async def _checkout(self, deadline: float, where: str) -> _Worker:
+    async def _checkout(self, deadline: float, where: str) -> WorkerProcess:
         """An idle, live worker for this batch; waits for one until ``deadline``."""
         loop = asyncio.get_running_loop()
         while True:
@@ -655,7 +317,7 @@ class IsolatedInterceptor:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TimeoutError(f"no interceptor worker was free for {where}")
-            waiter: asyncio.Future[_Worker] = loop.create_future()
+            waiter: asyncio.Future[WorkerProcess] = loop.create_future()
             self._waiters.append(waiter)
             try:
                 async with asyncio.timeout(remaining):
@@ -677,7 +339,7 @@ class IsolatedInterceptor:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _retire(self, worker: _Worker, where: str | None, *, kill: bool = False) -> None:
+    def _retire(self, worker: WorkerProcess, where: str | None, *, kill: bool = False) -> None:
         """Take ``worker`` out of the pool at once and replace it in the background.
 
         ``kill``: it is still busy at the deadline of ``where``; otherwise it died
@@ -698,14 +360,14 @@ class IsolatedInterceptor:
         self.restarts += 1
         self._background(self._replace(worker, where, killed=kill))
 
-    async def _exit_code(self, worker: _Worker, wait: float) -> int | None:
+    async def _exit_code(self, worker: WorkerProcess, wait: float) -> int | None:
         """The worker's exit code, polling (without blocking the loop) for up to ``wait`` s."""
         until = time.monotonic() + wait
         while worker.exitcode is None and time.monotonic() < until:
             await asyncio.sleep(0.01)
         return worker.exitcode
 
-    async def _reap(self, worker: _Worker) -> int | None:
+    async def _reap(self, worker: WorkerProcess) -> int | None:
         """Wait for a retired worker to exit (kill it after the grace); free its handles."""
         code = await self._exit_code(worker, _STOP_GRACE)
         if code is None:
@@ -716,7 +378,7 @@ class IsolatedInterceptor:
         worker.free_process()  # (a process still running after SIGKILL is left be)
         return code
 
-    async def _replace(self, old: _Worker, where: str, *, killed: bool) -> None:
+    async def _replace(self, old: WorkerProcess, where: str, *, killed: bool) -> None:
         code = await self._reap(old)
         if killed:
             log.warning("interceptor %s: killed worker pid %d, still busy at the deadline of "
@@ -749,14 +411,14 @@ class IsolatedInterceptor:
             self._release(worker)
             return
 
-    async def _settle(self, worker: _Worker, call: asyncio.Task[Any], deadline: float,
+    async def _settle(self, worker: WorkerProcess, call: asyncio.Task[Any], deadline: float,
                       where: str) -> None:
         """After the caller gave up: keep the worker if it answers by ``deadline``."""
         done, _ = await asyncio.wait((call,), timeout=max(deadline - time.monotonic(), 0))
         if not done:
             call.cancel()
             self._retire(worker, where, kill=True)
-        elif isinstance(call.exception(), _WorkerGone):
+        elif isinstance(call.exception(), WorkerGone):
             self._retire(worker, where)
         else:
             self._release(worker)
@@ -768,17 +430,19 @@ class IsolatedInterceptor:
 
         Returns ``batch`` itself when the plugin left the records unchanged.
         Raises ``RejectBatch`` as the plugin did, :class:`PluginRaised` for any
-        other exception, ``TimeoutError`` at the deadline (the worker is killed
-        and replaced) and :class:`WorkerCrashed` if the worker died.
+        other exception, :class:`~kiproxy.interceptors.verdict.Judged` for a wrong
+        return type or a broken record-count rule (judged in the worker),
+        ``TimeoutError`` at the deadline (the worker is killed and replaced) and
+        :class:`WorkerCrashed` if the worker died.
         """
         where = f"{batch.topic}[{batch.partition}]"
         if ctx.deadline <= time.monotonic():  # late already: do not kill a worker over it
             raise TimeoutError(f"the deadline of {where} passed before it reached a worker")
-        frame = _encode_request(batch, ctx)
+        frame = encode_request(batch, ctx)
         worker = await self._checkout(ctx.deadline, where)
         # A task of its own, never cancelled half-way through a message (see _settle).
         call = asyncio.get_running_loop().create_task(worker.call(frame))
-        call.add_done_callback(_retrieve)
+        call.add_done_callback(retrieve)
         try:
             done, _ = await asyncio.wait(
                 (call,), timeout=max(ctx.deadline - time.monotonic(), 0))
@@ -790,7 +454,7 @@ class IsolatedInterceptor:
             self._retire(worker, where, kill=True)
             raise TimeoutError(f"interceptor {self.spec} did not answer by the deadline")
         error = call.exception()
-        if isinstance(error, _WorkerGone):
+        if isinstance(error, WorkerGone):
             self._retire(worker, where)
             code = await self._exit_code(worker, 2.0)
             raise WorkerCrashed(
@@ -806,10 +470,13 @@ class IsolatedInterceptor:
         if kind == "same":
             return batch
         if kind == "records":
-            return batch.with_records(_records_in(answer[1]))
+            return batch.with_records(records_in(answer[1]))
         if kind == "reject":
             _, message, code, record_errors = answer
             raise RejectBatch(message, error=code, record_errors=record_errors)
+        if kind == "fault":
+            _, fault, code, message = answer
+            raise Judged(Rejected(code=code, message=message, fault=fault))
         _, name, message, remote_traceback = answer
         exc = _raised_type(name)(message)
         if remote_traceback:
@@ -833,3 +500,4 @@ class IsolatedInterceptor:
             self._retire(worker, None, kill=worker not in self._idle)
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=self.start_timeout + 2 * _STOP_GRACE)
+

@@ -5,7 +5,13 @@
 * ``/metrics`` - Prometheus text format (the metric names are listed in the README);
 * ``/healthz`` - 200 while the process runs its event loop;
 * ``/readyz`` - 200 when the interceptor is loaded and an upstream broker
-  accepts a TCP connection, 503 with the reason otherwise.
+  accepts a TCP connection, 503 with the reason otherwise;
+* ``POST /reload`` - reload the configuration: 200 with the outcome as JSON
+  when it was applied, 409 when it was refused (a setting that needs a
+  restart), 500 when building it failed; the running configuration is
+  unchanged unless the answer says ``"ok": true``;
+* ``/config`` - the running configuration as JSON, secrets redacted, with its
+  generation and hash.
 
 The endpoint is a small HTTP/1.0 responder on the proxy's own event loop, so a
 scrape costs no thread and a wedged loop shows up as a failing ``/healthz``.
@@ -15,12 +21,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 log = logging.getLogger("kiproxy.metrics")
 
@@ -72,11 +82,31 @@ class Metrics:
         self.observer_dropped = Counter(
             "kiproxy_observer_dropped_events", "Events dropped because an observer's queue "
             "was full", ["observer"], registry=r)
+        self.rejected_batches = Counter(
+            "kiproxy_rejected_batches", "Record batches the proxy refused, by reason "
+            "(interceptor, decompression_limit, corrupt, unsupported_compression, "
+            "old_format)", ["reason"], registry=r)
         self.request_latency = Histogram(
             "kiproxy_request_latency_seconds", "From reading a request to writing its "
             "response, by API", ["api"],
             buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                      2.5, 5.0, 10.0, 30.0), registry=r)
+        self.config_reloads = Counter(
+            "kiproxy_config_reloads", "Configuration reloads by result (ok, failed)",
+            ["result"], registry=r)
+        self.config_generation = Gauge(
+            "kiproxy_config_generation", "The running configuration generation (1 at start, "
+            "one more per applied reload)", registry=r)
+        self.config_last_reload = Gauge(
+            "kiproxy_config_last_reload_success_timestamp_seconds",
+            "When the last reload was applied (Unix time; 0 before the first)", registry=r)
+        self.config_generation.set(1)
+
+    def watch_limits(self, hits: Callable[[], dict[str, int]],
+                     used: Callable[[], dict[str, int]]) -> None:
+        """Serve ``kiproxy_limit_hits_total{limit}`` and ``kiproxy_limit_used_bytes{limit}``
+        from counters the limits keep themselves, read at scrape time."""
+        self.registry.register(_LimitCollector(hits, used))
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -86,13 +116,23 @@ class Metrics:
 ReadinessCheck = Callable[[], Awaitable[str | None]]
 """Returns ``None`` when ready, else the reason it is not."""
 
+ReloadAction = Callable[[str], Awaitable[tuple[int, dict[str, Any]]]]
+"""Runs a reload (given the request's query string); returns the HTTP status and the
+JSON answer."""
+
+ConfigView = Callable[[], dict[str, Any]]
+"""The running configuration, redacted, for ``/config``."""
+
 
 class HealthServer:
-    """Serves ``/metrics``, ``/healthz`` and ``/readyz`` over HTTP/1.0."""
+    """Serves ``/metrics``, ``/healthz``, ``/readyz``, ``/config`` and ``/reload``."""
 
-    def __init__(self, metrics: Metrics, ready: ReadinessCheck) -> None:
+    def __init__(self, metrics: Metrics, ready: ReadinessCheck,
+                 reload: ReloadAction | None = None, config: ConfigView | None = None) -> None:
         self.metrics = metrics
         self._ready = ready
+        self._reload = reload
+        self._config = config
         self._server: asyncio.Server | None = None
         self.started_at = time.time()
 
@@ -123,7 +163,8 @@ class HealthServer:
                     break
             parts = request_line.decode("latin-1").split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-            status, ctype, body = await self._answer(method, path.split("?", 1)[0])
+            path, _, query = path.partition("?")
+            status, ctype, body = await self._answer(method, path, query)
             head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
@@ -137,10 +178,19 @@ class HealthServer:
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _answer(self, method: str, path: str) -> tuple[str, str, bytes]:
+    async def _answer(self, method: str, path: str,
+                      query: str = "") -> tuple[str, str, bytes]:
         text = "text/plain; charset=utf-8"
+        if path == "/reload" and self._reload is not None:
+            if method != "POST":
+                return "405 Method Not Allowed", text, b"POST /reload\n"
+            status, answer = await self._reload(query)
+            return _STATUS[status], "application/json", json.dumps(answer).encode() + b"\n"
         if method not in ("GET", "HEAD"):
             return "405 Method Not Allowed", text, b"only GET and HEAD\n"
+        if path == "/config" and self._config is not None:
+            body = json.dumps(self._config(), indent=2, sort_keys=True).encode() + b"\n"
+            return "200 OK", "application/json", body
         if path == "/metrics":
             return "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
         if path == "/healthz":
@@ -150,4 +200,30 @@ class HealthServer:
             if reason is None:
                 return "200 OK", text, b"ready\n"
             return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
-        return "404 Not Found", text, b"try /metrics, /healthz or /readyz\n"
+        return "404 Not Found", text, b"try /metrics, /healthz, /readyz or /config\n"
+
+
+_STATUS = {200: "200 OK", 409: "409 Conflict", 500: "500 Internal Server Error"}
+
+
+class _LimitCollector(Collector):
+    def __init__(self, hits: Callable[[], dict[str, int]],
+                 used: Callable[[], dict[str, int]]) -> None:
+        self._hits = hits
+        self._used = used
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        hits = CounterMetricFamily(
+            "kiproxy_limit_hits", "Times a resource limit held a client back or refused it: "
+            "max_decode_memory (a decode waited for the budget), max_client_buffered_bytes "
+            "(a connection's reads paused), max_frame_size (a client closed)",
+            labels=["limit"])
+        for name, value in self._hits().items():
+            hits.add_metric([name], value)
+        used = GaugeMetricFamily(
+            "kiproxy_limit_used_bytes", "Bytes counted against a process-wide limit now",
+            labels=["limit"])
+        for name, value in self._used().items():
+            used.add_metric([name], value)
+        yield hits
+        yield used

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kiproxy.interceptors.observer import PartitionSummary
 
-__all__ = ["Answer", "Forward", "ProduceDraft", "RequestOutcome"]
+__all__ = ["Answer", "Forward", "PartitionTally", "RequestOutcome"]
 
 
 @dataclass(slots=True)
@@ -19,7 +19,7 @@ class Forward:
     """False for acks=0 produce requests: the broker sends nothing back."""
     on_response: Callable[[bytes], bytes] | None = None
     """Rewrites the broker's response frame before it goes to the client."""
-    produce: list[ProduceDraft] | None = None
+    produce: list[PartitionTally] | None = None
     """Per-partition summaries of a produce request, when observed."""
 
 
@@ -29,7 +29,7 @@ class Answer:
 
     frame: bytes | None
     """The response frame (no length prefix), or ``None`` to send nothing (acks=0)."""
-    produce: list[ProduceDraft] | None = None
+    produce: list[PartitionTally] | None = None
     """Per-partition summaries of a produce request, when observed."""
 
 
@@ -37,8 +37,9 @@ RequestOutcome = Forward | Answer
 
 
 @dataclass(slots=True)
-class ProduceDraft:
-    """What the proxy knows of one produced topic-partition, filled in as it goes."""
+class PartitionTally:
+    """A tally of one produced topic-partition (batches, records, bytes, outcome), filled
+    in as the request goes; frozen for observers by :meth:`freeze`."""
 
     topic: str
     partition: int

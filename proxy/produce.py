@@ -13,34 +13,39 @@ requests get no answer either way.
 Fail closed: a partition whose data cannot be decoded (old message format,
 corrupt batch, unknown codec) is rejected, never forwarded unchecked. A plugin
 that raises, breaks the record-count rule or misses its deadline rejects only
-that partition; the connection stays open.
+that partition; the connection stays open. What counts as unchanged,
+transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
+alone (the same function replay and the isolation workers call); rejections are
+logged by :class:`kiproxy.proxy.verdict_log.VerdictLog` (policy at INFO, plugin
+faults at WARNING, rate-limited).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import inspect
 import logging
 import socket
 import time
-import typing
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cache
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.api import (
-    AcknowledgedBatch,
-    InterceptContext,
-    ProduceRequestInterceptor,
-    RecordBatch,
-    RejectBatch,
+from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
+from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.verdict import (
+    Rejected,
+    Transformed,
+    Unchanged,
+    acknowledgement_hook,
+    judge,
 )
 from kiproxy.protocol.compression import DEFAULT_LEVELS
 from kiproxy.protocol.errors import (
     CorruptBatch,
+    DecompressionLimitExceeded,
     ProtocolError,
     UnsupportedCompression,
     UnsupportedMagic,
@@ -49,7 +54,6 @@ from kiproxy.protocol.errors import (
 from kiproxy.protocol.framing import (
     RequestHeader,
     encode_response_header,
-    parse_response_header,
     read_uvarint,
 )
 from kiproxy.protocol.legacy_produce import (
@@ -59,65 +63,86 @@ from kiproxy.protocol.legacy_produce import (
 from kiproxy.protocol.messages import (
     ApiKey,
     parse_request,
-    parse_response,
-    response_type,
     serialize,
 )
 from kiproxy.protocol.records import (
-    DEFAULT_MAX_DECOMPRESSED_SIZE,
+    DEFAULT_DECOMPRESSION_LIMITS,
     CompressionLevels,
-    decode_batches,
-    encode_batch,
     read_batch_headers,
 )
-from kiproxy.proxy.addresses import rewrite_message
+from kiproxy.proxy.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
-from kiproxy.proxy.outcome import Answer, Forward, ProduceDraft, RequestOutcome
+from kiproxy.proxy.offload import BatchOffload, WarningLimiter
+from kiproxy.proxy.outcome import Answer, Forward, PartitionTally, RequestOutcome
+from kiproxy.proxy.produce_response import (
+    Acked,
+    Rejection,
+    ResponseMerger,
+    rejection_only_response,
+)
+from kiproxy.proxy.verdict_log import VerdictLog
 
 if TYPE_CHECKING:
-    from kiproxy.proxy.connection import ClientConnection
+    from kiproxy.interceptors.identity import ClientIdentity
+    from kiproxy.proxy.client import RequestingClient
     from kiproxy.proxy.metrics import Metrics
+    from kiproxy.proxy.offload import DecodeLease
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["ProducePipeline", "ProduceStats", "read_acks"]
+__all__ = ["PartitionResult", "ProducePipeline", "learn_topic_ids", "read_acks"]
 
-CORRUPT_MESSAGE = 2
-REQUEST_TIMED_OUT = 7
-UNSUPPORTED_FOR_MESSAGE_FORMAT = 43
-UNSUPPORTED_COMPRESSION_TYPE = 76
-INVALID_RECORD = 87
-UNKNOWN_TOPIC_ID = 100
+CORRUPT_MESSAGE = ErrorCode.CORRUPT_MESSAGE
+REQUEST_TIMED_OUT = ErrorCode.REQUEST_TIMED_OUT
+UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
+UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
+INVALID_RECORD = ErrorCode.INVALID_RECORD
+UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
+
+_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count"}
+"""kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
 
 
-@dataclass(slots=True)
-class ProduceStats:
-    """Counters of what the pipeline did, since start."""
-
-    requests: int = 0
-    batches: int = 0
-    records: int = 0
-    transformed_batches: int = 0
-    rejected_partitions: int = 0
-    plugin_errors: int = 0
-    plugin_timeouts: int = 0
-    undecodable_partitions: int = 0
+def _log_fields(ctx: InterceptContext, topic: str, partition: int) -> dict[str, object]:
+    return {"client_address": ctx.client_address, "client_id": ctx.client_id,
+            "principal": ctx.principal, "topic": topic, "partition": partition}
 
 
 @dataclass(slots=True)
-class _Rejection:
-    topic: Any  # name (str) or topic id (UUID), as the request named it
-    partition: int
-    error_code: int
-    message: str
-    record_errors: tuple[tuple[int, str | None], ...] = ()
+class PartitionResult:
+    """What the proxy decided for one topic-partition of a ProduceRequest."""
+
+    records: bytes | None
+    """The records to forward (the original bytes unless ``changed``); None if refused."""
+    changed: bool = False
+    """The interceptor transformed at least one batch: ``records`` were re-encoded."""
+    acknowledged: list[AcknowledgedBatch] = dataclasses.field(default_factory=list)
+    """The batches the acknowledgement hook hears about once the broker answered."""
+    rejection: Rejection | None = None
+    """Why the partition is not forwarded, when it is not."""
 
 
-@dataclass(slots=True)
-class _Acked:
-    topic_key: Any
-    partition: int
-    batches: list[AcknowledgedBatch]
+def _refused(topic_key: Any, partition: int, code: int, message: str,
+             reason: str) -> PartitionResult:
+    return PartitionResult(None, rejection=Rejection(topic_key, partition, code, message,
+                                                     reason=reason))
+
+
+def _node_rewriter(version: int, nodes_seen: NodeSeen | None
+                   ) -> Callable[[bytes], bytes] | None:
+    """What a forwarded answer needs when nothing is merged into it: its KIP-951
+    node_endpoints (v10+) named as the proxy's listeners."""
+    if nodes_seen is None or not needs_rewrite(ApiKey.PRODUCE, version):
+        return None
+    return partial(rewrite_response_frame, ApiKey.PRODUCE, version, seen=nodes_seen)
+
+
+def learn_topic_ids(topic_names: dict[uuid.UUID, str], metadata: Any) -> None:
+    """Record in ``topic_names`` the topic ids a Metadata response names (for Produce v13)."""
+    for topic in getattr(metadata, "topics", ()):
+        topic_id = getattr(topic, "topic_id", None)
+        if topic_id is not None and topic.name and topic_id.int != 0:
+            topic_names[topic_id] = topic.name
 
 
 def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
@@ -149,70 +174,6 @@ def _count(data: bytes | None) -> tuple[int, int]:
     return len(headers), sum(h.record_count for h in headers)
 
 
-@cache
-def _response_classes(version: int) -> tuple[Any, Any, Any, Any]:
-    response_cls = response_type(ApiKey.PRODUCE, version)
-    hints = typing.get_type_hints(response_cls)
-    topic_cls = typing.get_args(hints["responses"])[0]
-    partition_cls = typing.get_args(typing.get_type_hints(topic_cls)["partition_responses"])[0]
-    record_error_cls = None
-    partition_hints = typing.get_type_hints(partition_cls)
-    if "record_errors" in partition_hints:
-        record_error_cls = typing.get_args(partition_hints["record_errors"])[0]
-    return response_cls, topic_cls, partition_cls, record_error_cls
-
-
-def _error_code_value(code: int) -> Any:
-    from kio.schema.errors import ErrorCode
-
-    try:
-        return ErrorCode(code)
-    except ValueError:
-        return ErrorCode(INVALID_RECORD)
-
-
-def _partition_response(version: int, rejection: _Rejection) -> Any:
-    _, _, partition_cls, record_error_cls = _response_classes(version)
-    fields = {f.name for f in dataclasses.fields(partition_cls)}
-    kwargs: dict[str, Any] = {
-        "index": rejection.partition,
-        "error_code": _error_code_value(rejection.error_code),
-        "base_offset": -1,
-    }
-    if "record_errors" in fields:
-        kwargs["record_errors"] = tuple(
-            record_error_cls(batch_index=i, batch_index_error_message=m)
-            for i, m in rejection.record_errors
-        )
-    if "error_message" in fields:
-        kwargs["error_message"] = rejection.message
-    return partition_cls(**kwargs)
-
-
-def _merge_rejections(version: int, response: Any, rejections: list[_Rejection]) -> Any:
-    _, topic_cls, _, _ = _response_classes(version)
-    key_field = "topic_id" if version >= 13 else "name"
-    topics = list(response.responses)
-    index = {getattr(t, key_field): i for i, t in enumerate(topics)}
-    for rejection in rejections:
-        part = _partition_response(version, rejection)
-        i = index.get(rejection.topic)
-        if i is None:
-            index[rejection.topic] = len(topics)
-            topics.append(topic_cls(**{key_field: rejection.topic, "partition_responses": (part,)}))
-        else:
-            topics[i] = dataclasses.replace(
-                topics[i], partition_responses=(*topics[i].partition_responses, part)
-            )
-    return dataclasses.replace(response, responses=tuple(topics))
-
-
-def _rejection_only_response(version: int, rejections: list[_Rejection]) -> bytes:
-    response_cls, _, _, _ = _response_classes(version)
-    empty = response_cls(responses=())
-    return serialize(_merge_rejections(version, empty, rejections))
-
-
 class ProducePipeline:
     """Runs every produce request through the configured interceptor."""
 
@@ -222,42 +183,41 @@ class ProducePipeline:
         *,
         name: str = "",
         timeout_ms: int = 5000,
-        max_decompressed_size: int = DEFAULT_MAX_DECOMPRESSED_SIZE,
+        offload: BatchOffload | None = None,
         proxy_host: str | None = None,
         compression_levels: CompressionLevels | None = None,
+        max_version: int = PRODUCE_MAX_VERSION,
+        metrics: Metrics | None = None,
+        tallies: bool = False,
+        topic_names: dict[uuid.UUID, str] | None = None,
     ) -> None:
         self.interceptor = interceptor
-        self.max_version = PRODUCE_MAX_VERSION
-        """Highest Produce version accepted: what the ApiVersions cut offers (the server
-        lowers it to 12 with ``workers`` > 1, where topic ids are learned per process)."""
+        self.max_version = max_version
+        """Highest Produce version accepted: what the ApiVersions cut offers (12 with
+        ``workers`` > 1, where topic ids are learned per process)."""
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
         self.timeout = timeout_ms / 1000
-        self.max_decompressed_size = max_decompressed_size
+        self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
+        """Decompression limits, the decode memory budget and the decode threads."""
+        self._limit_warnings = WarningLimiter()
         self.compression_levels = compression_levels or DEFAULT_LEVELS
         """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
         self.proxy_host = proxy_host or socket.gethostname()
-        self.topic_names: dict[uuid.UUID, str] = {}
-        """Topic id -> name, learned from Metadata responses (for Produce v13)."""
-        self.stats = ProduceStats()
-        self.observed = False
-        """Set by the server when responses are observed or counted: summarise partitions."""
-        self.metrics: Metrics | None = None
-        hook = getattr(interceptor, "on_acknowledgement", None)
-        base_hook = ProduceRequestInterceptor.on_acknowledgement
-        self._ack_hook: Callable[[AcknowledgedBatch, int, int | None], None] | None = (
-            hook if callable(hook) and getattr(type(interceptor), "on_acknowledgement", None)
-            is not base_hook else None
-        )
+        self.topic_names: dict[uuid.UUID, str] = {} if topic_names is None else topic_names
+        """Topic id -> name, learned from Metadata responses (for Produce v13); shared by
+        the generations of one process."""
+        self.tallies = tallies
+        """Responses are observed or metered, so each request is tallied per partition."""
+        self.metrics = metrics
+        self.verdict_log = VerdictLog(log)
+        self._ack_hook = acknowledgement_hook(interceptor)
 
     def learn_topic_ids(self, metadata: Any) -> None:
         """Record topic ids named by a Metadata response."""
-        for topic in getattr(metadata, "topics", ()):
-            topic_id = getattr(topic, "topic_id", None)
-            if topic_id is not None and topic.name and topic_id.int != 0:
-                self.topic_names[topic_id] = topic.name
+        learn_topic_ids(self.topic_names, metadata)
 
     async def close(self) -> None:
-        """Run the interceptor's ``close()``."""
+        """Run the interceptor's ``close()`` (the decode threads are the process's)."""
         close = getattr(self.interceptor, "close", None)
         if close is not None:
             try:
@@ -271,10 +231,10 @@ class ProducePipeline:
 
     async def handle(
         self,
-        conn: ClientConnection,
+        client: RequestingClient,
         header: RequestHeader,
         frame: bytes,
-        rewriter: Callable[[bytes], bytes] | None,
+        nodes_seen: NodeSeen | None,
     ) -> RequestOutcome:
         """Decide what reaches the broker and what the client is answered.
 
@@ -282,7 +242,6 @@ class ProducePipeline:
         it has no schema for, a body that does not parse): the connection then closes
         the client with one warning.
         """
-        self.stats.requests += 1
         version = header.api_version
         if header.body_offset is None or version > self.max_version:
             # No schema (v14+ or negative), or one the pipeline was not built for: the
@@ -293,18 +252,19 @@ class ProducePipeline:
                 f"v{self.max_version} (and answers v0-v2 with an error); use a version "
                 "offered in ApiVersions")
         if version < 3:
-            return self._refuse_legacy(conn, header, frame)
+            return self._refuse_legacy(client, header, frame)
         if self.interceptor is None:
-            if self.observed:
-                return self._observed_passthrough(header, frame)
+            if self.tallies:
+                return self._tallied_passthrough(header, frame, nodes_seen)
             acks = read_acks(frame, header.body_offset, header.header_version == 2)
-            return Forward(frame, expect_response=acks != 0, on_response=rewriter)
+            return Forward(frame, expect_response=acks != 0,
+                           on_response=_node_rewriter(version, nodes_seen))
 
         request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
         received_at_ms = int(time.time() * 1000)
-        rejections: list[_Rejection] = []
-        acked: list[_Acked] = []
-        drafts: list[ProduceDraft] | None = [] if self.observed else None
+        rejections: list[Rejection] = []
+        acked: list[Acked] = []
+        tallies: list[PartitionTally] | None = [] if self.tallies else None
         changed = False
         topics_out = []
         for topic in request.topic_data:
@@ -312,40 +272,46 @@ class ProducePipeline:
             topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
             parts_out = []
             for part in topic.partition_data:
-                draft = None
-                if drafts is not None:
+                tally = None
+                if tallies is not None:
                     n_batches, n_records = _count(part.records)
-                    draft = ProduceDraft(topic_name or str(topic_key), part.index, n_batches,
+                    tally = PartitionTally(topic_name or str(topic_key), part.index, n_batches,
                                          n_records, len(part.records or b""))
-                    drafts.append(draft)
+                    tallies.append(tally)
                 if topic_name is None:
-                    rejection = _Rejection(
+                    rejection = Rejection(
                         topic_key, part.index, UNKNOWN_TOPIC_ID,
                         f"topic id {topic_key} is unknown to the proxy; refresh metadata")
                     rejections.append(rejection)
-                    if draft is not None:
-                        draft.outcome = "rejected"
-                        draft.error_code = rejection.error_code
-                        draft.error_message = rejection.message
+                    if tally is not None:
+                        tally.outcome = "rejected"
+                        tally.error_code = rejection.error_code
+                        tally.error_message = rejection.message
                     continue
-                outcome = await self._partition(
-                    conn, request, version, topic_name, topic_key, part, received_at_ms
-                )
-                if isinstance(outcome, _Rejection):
-                    rejections.append(outcome)
-                    self.stats.rejected_partitions += 1
-                    if draft is not None:
-                        draft.outcome = "rejected"
-                        draft.error_code = outcome.error_code
-                        draft.error_message = outcome.message
+                lease = self.offload.lease()
+                try:
+                    result = await self._partition(
+                        client, request, version, topic_name, topic_key, part, received_at_ms,
+                        lease)
+                finally:
+                    lease.release()
+                if result.rejection is not None:
+                    rejection = result.rejection
+                    rejections.append(rejection)
+                    if self.metrics is not None:
+                        self.metrics.rejected_batches.labels(rejection.reason).inc(
+                            max(_count(part.records)[0], 1))
+                    if tally is not None:
+                        tally.outcome = "rejected"
+                        tally.error_code = rejection.error_code
+                        tally.error_message = rejection.message
                     continue
-                records, part_changed, batches = outcome
-                acked.append(_Acked(topic_key, part.index, batches))
-                if part_changed:
+                acked.append(Acked(topic_key, part.index, result.acknowledged))
+                if result.changed:
                     changed = True
-                    part = dataclasses.replace(part, records=records)
-                    if draft is not None:
-                        draft.outcome = "transformed"
+                    part = dataclasses.replace(part, records=result.records)
+                    if tally is not None:
+                        tally.outcome = "transformed"
                 parts_out.append(part)
             if len(parts_out) != len(topic.partition_data) or changed:
                 if parts_out:
@@ -355,54 +321,67 @@ class ProducePipeline:
 
         acks = request.acks
         if rejections:
+            who = client.identity
             for r in rejections:
-                log.info("rejected %s[%d] from %s (client_id %r): error %d: %s",
-                         self.topic_names.get(r.topic, r.topic), r.partition,
-                         conn.client_address, conn.client_id, r.error_code, r.message,
-                         extra=conn.log_context)
+                if not r.logged:
+                    self.verdict_log.policy(
+                        f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]",
+                        who.client_address, who.client_id, r.error_code, r.message,
+                        client.log_context)
         if not topics_out:
             if acks == 0:
-                return Answer(None, produce=drafts)
+                return Answer(None, produce=tallies)
             response_header = encode_response_header(header.correlation_id,
                                                       1 if header.header_version == 2 else 0)
-            return Answer(response_header + _rejection_only_response(version, rejections),
-                          produce=drafts)
+            return Answer(response_header + rejection_only_response(version, rejections),
+                          produce=tallies)
 
         if changed or rejections:
             new_request = dataclasses.replace(request, topic_data=tuple(topics_out))
             frame = frame[: header.body_offset] + serialize(new_request)
         if acks == 0:
-            return Forward(frame, expect_response=False, produce=drafts)
-        if not rejections and self._ack_hook is None and drafts is None:
-            return Forward(frame, on_response=rewriter)
-        return Forward(frame, on_response=self._response_merger(
-            version, header.header_version == 2, rejections, acked, drafts), produce=drafts)
+            return Forward(frame, expect_response=False, produce=tallies)
+        if not rejections and self._ack_hook is None and tallies is None:
+            return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
+        return Forward(frame, on_response=self._merger(
+            version, header.header_version == 2, rejections, acked, tallies, nodes_seen),
+            produce=tallies)
 
-    def _observed_passthrough(self, header: RequestHeader, frame: bytes) -> RequestOutcome:
-        """No interceptor, but observers or metrics want per-partition summaries."""
+    def _merger(self, version: int, flexible: bool, rejections: list[Rejection],
+                acked: list[Acked], tallies: list[PartitionTally] | None,
+                nodes_seen: NodeSeen | None) -> ResponseMerger:
+        return ResponseMerger(version=version, flexible=flexible, rejections=rejections,
+                              acked=acked, tallies=tallies, ack_hook=self._ack_hook,
+                              interceptor_name=self.name, topic_names=self.topic_names,
+                              nodes_seen=nodes_seen)
+
+    def _tallied_passthrough(self, header: RequestHeader, frame: bytes,
+                             nodes_seen: NodeSeen | None) -> RequestOutcome:
+        """No interceptor, but observers or metrics want per-partition tallies."""
         assert header.body_offset is not None
         version = header.api_version
         request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
-        drafts = []
+        tallies = []
         for topic in request.topic_data:
             name = self.topic_names.get(topic.topic_id) if version >= 13 else topic.name
             for part in topic.partition_data:
                 n_batches, n_records = _count(part.records)
-                drafts.append(ProduceDraft(name or str(topic.topic_id), part.index, n_batches,
+                tallies.append(PartitionTally(name or str(topic.topic_id), part.index, n_batches,
                                            n_records, len(part.records or b"")))
         if request.acks == 0:
-            return Forward(frame, expect_response=False, produce=drafts)
-        return Forward(frame, on_response=self._response_merger(
-            version, header.header_version == 2, [], [], drafts), produce=drafts)
+            return Forward(frame, expect_response=False, produce=tallies)
+        return Forward(frame, on_response=self._merger(
+            version, header.header_version == 2, [], [], tallies, nodes_seen), produce=tallies)
 
     def _refuse_legacy(
-        self, conn: ClientConnection, header: RequestHeader, frame: bytes
+        self, client: RequestingClient, header: RequestHeader, frame: bytes
     ) -> RequestOutcome:
         acks, topics = legacy_produce_acks_and_partitions(frame, header.body_offset or 0)
+        who = client.identity
         log.warning("refused Produce v%d (old message format) from %s (client_id %r): "
                     "upgrade the client to magic-2 record batches (Produce v3+)",
-                    header.api_version, conn.client_address, conn.client_id, extra=conn.log_context)
-        self.stats.undecodable_partitions += sum(len(p) for _, p in topics)
+                    header.api_version, who.client_address, who.client_id,
+                    extra=client.log_context)
         if acks == 0:
             return Answer(None)
         body = legacy_produce_error_response(header.api_version, topics,
@@ -411,37 +390,42 @@ class ProducePipeline:
 
     async def _partition(
         self,
-        conn: ClientConnection,
+        client: RequestingClient,
         request: Any,
         version: int,
         topic: str,
         topic_key: Any,
         part: Any,
         received_at_ms: int,
-    ) -> _Rejection | tuple[bytes, bool, list[AcknowledgedBatch]]:
+        lease: DecodeLease,
+    ) -> PartitionResult:
+        """Decode, intercept and re-encode one topic-partition's batches."""
         data = part.records
         if not data:
-            return data, False, []
+            return PartitionResult(data)
         try:
-            batches = decode_batches(data, max_decompressed_size=self.max_decompressed_size)
+            batches = await lease.decode(data)
         except UnsupportedMagic as exc:
-            self.stats.undecodable_partitions += 1
-            return _Rejection(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc))
+            return _refused(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
+                            "old_format")
         except UnsupportedCompression as exc:
-            self.stats.undecodable_partitions += 1
-            return _Rejection(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc))
+            return _refused(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
+                            "unsupported_compression")
+        except DecompressionLimitExceeded as exc:
+            self._warn_limit(client, topic, part.index, exc)
+            return _refused(topic_key, part.index, INVALID_RECORD, str(exc),
+                            "decompression_limit")
         except CorruptBatch as exc:
-            self.stats.undecodable_partitions += 1
-            return _Rejection(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}")
+            return _refused(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
+                            "corrupt")
 
+        who = client.identity
         out: list[bytes] = []
         acked: list[AcknowledgedBatch] = []
         changed = False
         record_offset = 0
         for decoded in batches:
             h = decoded.header
-            self.stats.batches += 1
-            self.stats.records += len(decoded.records)
             if h.is_control:
                 out.append(decoded.raw)
                 continue
@@ -452,160 +436,73 @@ class ProducePipeline:
                 compression=h.compression.name.lower(),
             )
             ctx = InterceptContext(
-                client_id=conn.client_id, client_address=conn.client_address,
-                principal=conn.principal, api_version=version, acks=request.acks,
+                client_id=who.client_id, client_address=who.client_address,
+                principal=who.principal, api_version=version, acks=request.acks,
                 transactional_id=request.transactional_id,
                 deadline=time.monotonic() + self.timeout, received_at_ms=received_at_ms,
-                proxy_host=self.proxy_host,
+                proxy_host=self.proxy_host, identity=who,
             )
             result = await self._intercept(view, ctx, topic, part.index, record_offset)
-            if isinstance(result, _Rejection):
+            if isinstance(result, Rejection):
                 result.topic = topic_key
-                return result
-            if result.records is view.records or result.records == view.records:
+                return PartitionResult(None, rejection=result)
+            if isinstance(result, Unchanged):
                 out.append(decoded.raw)
                 transformed = False
             else:
                 try:
-                    out.append(encode_batch(h, tuple(result.records), renumber=True,
-                                            levels=self.compression_levels))
+                    out.append(await lease.encode(h, tuple(result.batch.records),
+                                                  self.compression_levels, decoded.block_size))
                 except Exception as exc:
                     # Not Records, a header key that is not UTF-8, a timestamp out of
                     # range: the plugin's fault, so that batch is rejected like a raise.
-                    self.stats.plugin_errors += 1
-                    log.error("interceptor %s returned records that cannot be encoded on "
-                              "%s[%d]: %s: %s", self.name, topic, part.index,
-                              type(exc).__name__, exc, extra=conn.log_context)
-                    return _Rejection(topic_key, part.index, INVALID_RECORD,
-                                      f"interceptor {self.name} returned records that cannot "
-                                      f"be encoded: {type(exc).__name__}: {exc}")
+                    message = (f"interceptor {self.name} returned records that cannot "
+                               f"be encoded: {type(exc).__name__}: {exc}")
+                    self.verdict_log.fault(self.name, "encode", f"{topic}[{part.index}]",
+                                           who.client_address, who.client_id, message,
+                                           extra=client.log_context)
+                    return PartitionResult(None, rejection=Rejection(
+                        topic_key, part.index, INVALID_RECORD, message, logged=True))
                 changed = transformed = True
-                self.stats.transformed_batches += 1
             acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
                                            record_count=len(decoded.records),
                                            transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
-            return data, False, acked
-        return b"".join(out), True, acked
+            return PartitionResult(data, acknowledged=acked)
+        return PartitionResult(b"".join(out), changed=True, acknowledged=acked)
+
+    def _warn_limit(self, client: RequestingClient, topic: str, partition: int,
+                    exc: DecompressionLimitExceeded) -> None:
+        """One WARNING per client host per interval: a bomb, or a limit set too low."""
+        who: ClientIdentity = client.identity
+        suppressed = self._limit_warnings.allow(who.client_host)
+        if suppressed is None:
+            return
+        more = f" ({suppressed} more from this host since the last warning)" if suppressed else ""
+        log.warning("refused %s[%d] from %s (client_id %r): %s%s", topic, partition,
+                    who.client_address, who.client_id, exc, more, extra=client.log_context)
 
     async def _intercept(
         self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,
         record_offset: int,
-    ) -> RecordBatch | _Rejection:
-        where = f"{topic}[{partition}]"
+    ) -> Unchanged | Transformed | Rejection:
+        """The verdict on one batch (:func:`~kiproxy.interceptors.verdict.judge`), metered
+        and, for a plugin fault, logged; a rejection's record indices made request-wide."""
         metrics = self.metrics
         started = time.perf_counter()
-        try:
-            result = self.interceptor.intercept(view, ctx)  # type: ignore[union-attr]
-            if inspect.isawaitable(result):
-                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
-            elif time.monotonic() > ctx.deadline:
-                raise TimeoutError
-        except RejectBatch as exc:
-            if metrics is not None:
-                metrics.interceptor_seconds.observe(time.perf_counter() - started)
-            return _Rejection(topic, partition, exc.error_code, exc.message, tuple(
-                (record_offset + i, m) for i, m in exc.record_errors))
-        except TimeoutError:
-            self.stats.plugin_timeouts += 1
-            if metrics is not None:
-                metrics.interceptor_seconds.observe(time.perf_counter() - started)
-                metrics.interceptor_errors.labels("timeout").inc()
-            log.warning("interceptor %s missed its %.0f ms deadline on %s",
-                        self.name, self.timeout * 1000, where)
-            return _Rejection(topic, partition, REQUEST_TIMED_OUT,
-                              f"interceptor {self.name} did not finish within "
-                              f"{self.timeout * 1000:.0f} ms")
-        except Exception as exc:
-            self.stats.plugin_errors += 1
-            if metrics is not None:
-                metrics.interceptor_errors.labels("raised").inc()
-            log.exception("interceptor %s failed on %s", self.name, where)
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} failed: {type(exc).__name__}: {exc}")
-        if metrics is not None:
+        verdict = await judge(self.interceptor, view, ctx, name=self.name, timeout=self.timeout)
+        if metrics is not None and not (isinstance(verdict, Rejected)
+                                        and verdict.fault == "raised"):
             metrics.interceptor_seconds.observe(time.perf_counter() - started)
-        if not isinstance(result, RecordBatch):
-            self.stats.plugin_errors += 1
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} returned {type(result).__name__}, "
-                              "not a RecordBatch")
-        if len(result.records) != len(view.records):
-            self.stats.plugin_errors += 1
-            if metrics is not None:
-                metrics.interceptor_errors.labels("record_count").inc()
-            log.error("interceptor %s broke the record-count rule on %s: %d records in, %d out",
-                      self.name, where, len(view.records), len(result.records))
-            return _Rejection(topic, partition, INVALID_RECORD,
-                              f"interceptor {self.name} broke the record-count rule: returned "
-                              f"{len(result.records)} records for a batch of {len(view.records)}")
-        return result
-
-    # ------------------------------------------------------------------ response
-
-    def _response_merger(
-        self, version: int, flexible: bool, rejections: list[_Rejection], acked: list[_Acked],
-        drafts: list[ProduceDraft] | None = None,
-    ) -> Callable[[bytes], bytes]:
-        nodes_seen = None
-
-        def merge(frame: bytes) -> bytes:
-            _, body_offset = parse_response_header(frame, 1 if flexible else 0)
-            response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
-            if self._ack_hook is not None:
-                self._acknowledge(version, response, acked)
-            if drafts:
-                self._fill_drafts(version, response, drafts)
-            if not rejections and (version < 10 or nodes_seen is None):
-                return frame
-            if rejections:
-                response = _merge_rejections(version, response, rejections)
-            if version >= 10 and nodes_seen is not None:
-                response = rewrite_message(ApiKey.PRODUCE, response, nodes_seen)
-            return frame[:body_offset] + serialize(response)
-
-        nodes_seen = self.nodes_seen
-        return merge
-
-    nodes_seen: Callable[[int, str, int], tuple[str, int]] | None = None
-    """Set by the server: rewrites node_endpoints in merged v10+ responses."""
-
-    def _fill_drafts(self, version: int, response: Any, drafts: list[ProduceDraft]) -> None:
-        key_field = "topic_id" if version >= 13 else "name"
-        results = {}
-        for topic in response.responses:
-            key = getattr(topic, key_field)
-            name = self.topic_names.get(key, str(key)) if version >= 13 else key
-            for p in topic.partition_responses:
-                results[(name, p.index)] = p
-        for draft in drafts:
-            if draft.outcome == "rejected":
-                continue
-            p = results.get((draft.topic, draft.partition))
-            if p is None:
-                continue
-            draft.base_offset = int(p.base_offset)
-            code = int(p.error_code)
-            if code:
-                draft.outcome = "broker_error"
-                draft.error_code = code
-                draft.error_message = getattr(p, "error_message", None)
-
-    def _acknowledge(self, version: int, response: Any, acked: list[_Acked]) -> None:
-        key_field = "topic_id" if version >= 13 else "name"
-        results = {}
-        for topic in response.responses:
-            for p in topic.partition_responses:
-                results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
-                                                                 int(p.error_code))
-        assert self._ack_hook is not None
-        for entry in acked:
-            base_offset, code = results.get((entry.topic_key, entry.partition), (-1, -1))
-            for batch in entry.batches:
-                try:
-                    self._ack_hook(batch, base_offset, code or None)
-                except Exception:
-                    log.exception("interceptor %s: on_acknowledgement failed", self.name)
-                if base_offset >= 0:
-                    base_offset += batch.record_count
+        if not isinstance(verdict, Rejected):
+            return verdict
+        if verdict.fault is not None:
+            if metrics is not None and verdict.fault in _FAULT_METRICS:
+                metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
+            self.verdict_log.rejected(verdict, self.name, f"{topic}[{partition}]",
+                                      ctx.client_address, ctx.client_id,
+                                      extra=_log_fields(ctx, topic, partition))
+        return Rejection(topic, partition, verdict.code, verdict.message, tuple(
+            (record_offset + i, m) for i, m in verdict.record_errors),
+            logged=verdict.fault is not None)

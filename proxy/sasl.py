@@ -31,12 +31,17 @@ not carried: the server refuses SaslHandshake v0 before it reaches the tracker.
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass
 
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
 
-__all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "user_from_token"]
+__all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "identity_after_sasl", "user_from_token"]
+
+log = logging.getLogger("kiproxy.connection")
 
 
 def _scram_unescape(name: str) -> str:
@@ -104,8 +109,7 @@ class SaslVerdict:
 class SaslTracker:
     """Per-connection state of a SASL exchange."""
 
-    __slots__ = ("_decided", "_exchange", "_last", "_pending", "candidate", "mechanism",
-                 "principal")
+    __slots__ = ("_decided", "_exchange", "_pending", "candidate", "mechanism", "principal")
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
@@ -113,7 +117,6 @@ class SaslTracker:
         """The user the exchange in progress names (from its first client message)."""
         self.principal: str | None = None
         """The principal the last decided exchange confirmed (kept by the server)."""
-        self._last: SaslRound | None = None
         self._exchange = 0
         self._decided = 0
         self._pending = False
@@ -137,7 +140,6 @@ class SaslTracker:
             return
         self.mechanism = request.mechanism
         self.candidate = None
-        self._last = None
         self._exchange += 1
         # A first login (not a KIP-368 re-authentication) with a mechanism the proxy judges.
         self._pending = self.principal is None and _judged(self.mechanism)
@@ -172,8 +174,7 @@ class SaslTracker:
             step = "other"
         if step == "other" or (step in ("plain", "scram-first") and self.candidate is None):
             self._pending = False       # unreadable: leave the verdict to the broker alone
-        self._last = SaslRound(self.mechanism, self.candidate, step, self._exchange)
-        return self._last
+        return SaslRound(self.mechanism, self.candidate, step, self._exchange)
 
     def on_response(self, round_: SaslRound | None, api_version: int, flexible: bool,
                     frame: bytes) -> SaslVerdict | None:
@@ -218,11 +219,6 @@ class SaslTracker:
             self.candidate = None
         return verdict
 
-    def authenticated(self, api_version: int, flexible: bool, frame: bytes) -> str | None:
-        """The principal, if this answer to the latest round reports success."""
-        verdict = self.on_response(self._last, api_version, flexible, frame)
-        return verdict.user if verdict is not None and verdict.succeeded else None
-
 
 def _judged(mechanism: str | None) -> bool:
     """Whether the proxy can tell from the exchange when this mechanism's login succeeded."""
@@ -237,3 +233,37 @@ def _error_name(code: int) -> str:
         return ErrorCode(code).name.upper()
     except ValueError:
         return "UNKNOWN"
+
+
+def identity_after_sasl(identity: ClientIdentity, sasl: SaslTracker,
+                        sasl_round: SaslRound | None, version: int, flexible: bool,
+                        frame: bytes, log_context: dict[str, object]) -> ClientIdentity:
+    """The client's identity once a SaslAuthenticate answer (``frame``) has been read.
+
+    The principal is set only when the exchange is decided in the client's
+    favour (PLAIN: error_code 0; SCRAM: the server-final-message's ``v=``),
+    never on the first SCRAM round. A failed exchange clears the principal
+    SASL had given the connection (a failed KIP-368 re-authentication: the
+    broker no longer vouches for it; the mTLS subject, if any, is the
+    principal again) and is logged once.
+    """
+    verdict = sasl.on_response(sasl_round, version, flexible, frame)
+    if verdict is None:
+        return identity
+    mechanism = sasl_round.mechanism if sasl_round is not None else sasl.mechanism
+    if verdict.succeeded:
+        sasl.principal = verdict.user
+        if verdict.user == identity.principal:
+            return identity
+        log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
+                 identity.client_address, identity.client_id, verdict.user, mechanism,
+                 extra=log_context)
+        return dataclasses.replace(identity, principal=verdict.user, sasl_mechanism=mechanism)
+    log.warning("SASL authentication of client %s (client_id %r) as %r failed: %s "
+                "(SASL %s)", identity.client_address, identity.client_id, verdict.user,
+                verdict.reason, mechanism, extra=log_context)
+    if sasl.principal is not None and identity.principal == sasl.principal:
+        identity = dataclasses.replace(identity, principal=identity.tls_subject,
+                                       sasl_mechanism=None)
+    sasl.principal = None
+    return identity

@@ -1,92 +1,86 @@
-"""The proxy server: the bootstrap listener, one listener per broker node, and routing.
+"""The proxy server: listeners, the process-wide parts, and the configuration generation.
 
-Every request is routed by API key: Produce goes through the produce pipeline
-(:mod:`proxy.produce`); ApiVersions answers are cut to what the proxy can
-carry; responses that name broker addresses are rewritten; everything else is
-forwarded as opaque bytes without being decoded.
+Contract:
 
-A request whose answer would have to be rewritten at a version the proxy has no
-schema for (never offered in ApiVersions, but a client can send it) is refused:
-the client is closed with one warning, as a Kafka broker closes a connection
-that sends a request version it cannot parse.
+- One bootstrap listener plus one listener per broker node, discovered from
+  metadata as it changes (:mod:`kiproxy.proxy.discovery`, :mod:`kiproxy.proxy.nodes`).
+- The server owns what lives as long as the process: listeners, the node
+  registry, upstream addresses, the decode threads and memory budgets, metrics.
+  Everything a configuration makes (interceptor, observers, limits) is one
+  :class:`~kiproxy.proxy.generation.Generation`, built completely before it is
+  installed and swapped whole by :meth:`ProxyServer.switch` (hot reload); the
+  replaced one is closed once no request runs under it.
+- Connections get a frozen :class:`~kiproxy.proxy.connection.ConnectionServices`
+  and their client's identity, never the server; what each request does is
+  decided by the :class:`~kiproxy.proxy.router.RequestRouter`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
+from pathlib import Path
+from typing import Any
 
-from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
-from kiproxy.protocol.framing import RequestHeader
-from kiproxy.protocol.messages import ApiKey, api_name
-from kiproxy.proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
-from kiproxy.proxy.api_versions import (
-    PRODUCE_MAX_VERSION,
-    cut_api_versions_frame,
-    known_version_range,
-    unsupported_api_versions_response,
-)
+from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.proxy.audit import AuditLog
 from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.connection import ClientConnection, FrameStream
+from kiproxy.proxy.connection import ClientConnection, ConnectionServices
 from kiproxy.proxy.discovery import DiscoveryError, discover_nodes
+from kiproxy.proxy.frame_stream import FrameStream
+from kiproxy.proxy.generation import (
+    Generation,
+    GenerationCell,
+    build_generation,
+    close_generation,
+)
+from kiproxy.proxy.memory import HeapTrimmer, ReceiveBudget
 from kiproxy.proxy.metrics import HealthServer, Metrics
 from kiproxy.proxy.nodes import NodeRegistry
-from kiproxy.proxy.observe import ObserverHub
-from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
-from kiproxy.proxy.produce import ProducePipeline
-from kiproxy.proxy.sasl import SaslRound
-from kiproxy.proxy.tls import client_context, principal_from_peercert, upstream_context
+from kiproxy.proxy.offload import BatchOffload
+from kiproxy.proxy.produce import learn_topic_ids
+from kiproxy.proxy.reload import (
+    FileWatch,
+    Reloader,
+    ReloadResult,
+    config_hash,
+    redacted,
+    watched_paths,
+)
+from kiproxy.proxy.router import RequestRouter
+from kiproxy.proxy.tls import ListenerTls, principal_from_peercert, upstream_context
+from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy")
 
 __all__ = ["ProxyServer"]
 
-_BEFORE_AUTHENTICATION = frozenset(
-    {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
-"""What a Kafka broker accepts on a connection whose SASL exchange is under way."""
-
 _DISCOVERY_WAIT = 3.0
 """Seconds start() waits for the first node discovery before announcing itself."""
 
-_Protocol = TypeVar("_Protocol", bound=asyncio.BaseProtocol)
-
 
 class ProxyServer:
-    """A running kiproxy: listeners, connections and the produce pipeline."""
+    """A running kiproxy: listeners, connections and the current configuration generation."""
 
-    def __init__(
-        self,
-        config: ProxyConfig,
-        produce: ProducePipeline | None = None,
-        *,
-        observers: ObserverHub | None = None,
-        metrics: Metrics | None = None,
-    ) -> None:
-        self.config = config
+    def __init__(self, config: ProxyConfig, *, metrics: Metrics | None = None,
+                 load: Callable[[], ProxyConfig] | None = None,
+                 siblings: tuple[tuple[str, int], ...] = (),
+                 config_file: str | Path | None = None) -> None:
+        """``load`` reads the configuration again (the file and the command line's
+        overrides) for a reload; ``siblings`` are the metrics endpoints of the other
+        worker processes, which ``POST /reload`` reloads too; ``config_file`` is
+        watched with ``reload.watch``."""
         self.metrics = metrics
         """Prometheus metrics, when ``metrics_listen`` is set."""
-        self.observers = observers or ObserverHub(metrics=metrics)
-        self.observed = self.observers.active or metrics is not None
-        """Responses are counted or observed (the produce pipeline then summarises)."""
-        self._health: HealthServer | None = None
-        self._client_tls = client_context(config.tls)
-        self._upstream_tls = upstream_context(config.upstream_tls)
-        self._sweeper: asyncio.Task[None] | None = None
-        self._discovery: asyncio.Task[None] | None = None
         host, port = config.listen_address
         self.listen_host = host
         self._listen_port = port
-        self.produce = produce or ProducePipeline(None)
-        self.produce.observed = self.observed
-        # Produce v13 names topics by id; with several workers a process may not have
-        # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
-        self.produce.max_version = 12 if config.workers > 1 else PRODUCE_MAX_VERSION
-        self.produce.metrics = metrics
         self.nodes = NodeRegistry(
             advertised_host=config.advertised_host or host,
             broker_port_start=config.broker_port_start
@@ -94,21 +88,159 @@ class ProxyServer:
             node_ports=config.node_ports,
             open_listener=self._open_node_listener,
         )
-        self.produce.nodes_seen = self.nodes.seen
+        self.offload = BatchOffload(config.decompression_limits(),
+                                    max_decode_memory=config.max_decode_memory)
+        """Decode threads and the decode memory budget, shared by every generation."""
+        self.topic_names: dict[uuid.UUID, str] = {}
+        """Topic id -> name from Metadata responses, shared by every generation."""
+        self.receive_budget = ReceiveBudget(config.max_client_buffered_bytes)
+        """Bytes of partial client frames held across every connection."""
+        self._trimmer = HeapTrimmer(
+            lambda: self.receive_budget.released + self.offload.budget.released)
+        self._trim_task: asyncio.Task[None] | None = None
+        if metrics is not None:
+            decode_budget = self.offload.budget
+            metrics.watch_limits(lambda: {
+                "max_decode_memory": decode_budget.waits,
+                "max_client_buffered_bytes": self.receive_budget.pauses,
+                "max_frame_size": self.receive_budget.frames_too_large,
+            }, lambda: {
+                "max_decode_memory": decode_budget.used,
+                "max_client_buffered_bytes": self.receive_budget.used,
+            })
+        self.generations = GenerationCell(build_generation(
+            config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names))
+        """The configuration generation in force, and the older ones still in use."""
+        first_tls = self.generations.current.client_tls
+        self._listener_tls = ListenerTls(first_tls) if first_tls is not None else None
+        self.upstreams = Upstreams(config.upstream_addresses, self.nodes,
+                                   upstream_context(config.upstream_tls),
+                                   config.upstream_connect_timeout_ms / 1000)
+        self.router = RequestRouter(self.nodes)
+        self.services = ConnectionServices(
+            generations=self.generations, router=self.router, upstreams=self.upstreams,
+            nodes=self.nodes, metrics=metrics)
+        self._health: HealthServer | None = None
+        self._sweeper: asyncio.Task[None] | None = None
+        self._discovery: asyncio.Task[None] | None = None
+        self._retiring: set[asyncio.Task[None]] = set()
         self._servers: dict[int | None, asyncio.Server] = {}
         self.connections: set[ClientConnection] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
         self.started_at = 0.0
+        self._siblings = siblings
+        self.reloader: Reloader[Generation] = Reloader(
+            config=config, generation=1, load=load or (lambda: self.config),
+            build=self._build_in_thread, apply=self._apply, on_result=self._reloaded)
+        self._watch: FileWatch | None = None
+        if config.reload.watch:
+            self._watch = FileWatch(
+                lambda: watched_paths(self.config, config_file), partial(self.reload, "watch"),
+                interval=config.reload.watch_interval_ms / 1000,
+                debounce=config.reload.debounce_ms / 1000)
+
+    # ------------------------------------------------------------------ reload
+
+    async def reload(self, trigger: str) -> ReloadResult:
+        """Reload the configuration now (all or nothing); see :mod:`kiproxy.proxy.reload`."""
+        return await self.reloader.reload(trigger)
+
+    async def _build_in_thread(self, config: ProxyConfig, number: int) -> Generation:
+        # Importing plugins, starting isolation workers and compiling Wasm take time;
+        # none of it may hold the event loop.
+        from kiproxy.interceptors.loader import forget_plugin_modules
+
+        forget_plugin_modules(config.plugins_dir)
+        return await asyncio.to_thread(self.build_generation, config, number)
+
+    async def _apply(self, generation: Generation, config: ProxyConfig, trigger: str) -> None:
+        self.switch(generation)
+        logging.getLogger().setLevel(config.log_level)
+        audit = next((w.observer for w in generation.observers.workers
+                      if isinstance(w.observer, AuditLog)), None)
+        if audit is not None:
+            audit.record([{"event": "config_reload", "ts": int(time.time() * 1000),
+                           "generation": generation.number, "trigger": trigger,
+                           "config_hash": config_hash(config)}])
+
+    def _reloaded(self, result: ReloadResult) -> None:
+        if self.metrics is not None:
+            self.metrics.config_reloads.labels("ok" if result.ok else "failed").inc()
+            if result.ok:
+                self.metrics.config_last_reload.set(time.time())
+
+    async def _http_reload(self, query: str) -> tuple[int, dict[str, Any]]:
+        result = await self.reload("http")
+        answer: dict[str, Any] = result.as_json()
+        ok, refused = result.ok, bool(result.restart_required)
+        if self._siblings and "scope=local" not in query:
+            others = await asyncio.gather(*(_post_reload(host, port)
+                                            for host, port in self._siblings))
+            ok = ok and all(o.get("ok") is True for o in others)
+            refused = refused or any(o.get("restart_required") for o in others)
+            answer = {"ok": ok, "workers": [answer, *others]}
+        return (200 if ok else 409 if refused else 500), answer
+
+    def config_view(self) -> dict[str, Any]:
+        """The running configuration for ``/config``: redacted, with generation and hash."""
+        config = self.config
+        return {"generation": self.generation.number, "config_hash": config_hash(config),
+                "last_reload": self.reloader.last_success,
+                "config": redacted(config.model_dump(mode="json", by_alias=True))}
+
+    @property
+    def config(self) -> ProxyConfig:
+        """The settings of the current generation."""
+        return self.generations.current.config
+
+    @property
+    def generation(self) -> Generation:
+        """The current configuration generation."""
+        return self.generations.current
+
+    def build_generation(self, config: ProxyConfig, number: int) -> Generation:
+        """The generation a reload to ``config`` would install, complete, sharing this
+        process's parts; raises (having closed what it opened) if anything in it cannot
+        be built."""
+        return build_generation(config, number, metrics=self.metrics, offload=self.offload,
+                                topic_names=self.topic_names, previous=self.generations.current)
+
+    def switch(self, generation: Generation) -> None:
+        """Make ``generation`` current; close the replaced one once no request uses it
+        (at most its interceptor timeout plus the shutdown grace later)."""
+        old = self.generations.switch(generation)
+        if self._listener_tls is not None and generation.client_tls is not None:
+            self._listener_tls.use(generation.client_tls)
+        if self.metrics is not None:
+            self.metrics.config_generation.set(generation.number)
+        patience = (old.config.interceptor.timeout_ms + old.config.shutdown_grace_ms) / 1000
+        task = asyncio.get_running_loop().create_task(
+            self._retire(old, patience, keep_observers=old.observers is generation.observers))
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _retire(self, old: Generation, patience: float, *,
+                      keep_observers: bool) -> None:
+        try:
+            if not await self.generations.retire(old, patience):
+                log.warning("configuration generation %d still had %d request(s) after "
+                            "%.0f s; closing it anyway", old.number,
+                            self.generations.in_use(old), patience)
+        finally:  # also when shutdown cuts the wait short
+            await close_generation(old, keep_observers=keep_observers)
+
+    def _client_stream(self, node_id: int | None) -> FrameStream:
+        return FrameStream(self.config.max_frame_size, partial(self._accept, node_id=node_id),
+                           self.receive_budget)
 
     # ------------------------------------------------------------------ listeners
 
     async def start(self) -> None:
         """Open the bootstrap listener."""
         server = await asyncio.get_running_loop().create_server(
-            partial(FrameStream, self.config.max_frame_size, partial(self._accept, node_id=None)),
+            partial(self._client_stream, None),
             self.listen_host, self._listen_port,
             reuse_address=True, reuse_port=self.config.workers > 1 or None,
-            ssl=self._client_tls,
+            ssl=self._listener_tls.front if self._listener_tls is not None else None,
         )
         self._servers[None] = server
         self._listen_port = server.sockets[0].getsockname()[1]
@@ -117,10 +249,13 @@ class ProxyServer:
         self.started_at = time.time()
         log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
                  ", ".join(self.config.upstream))
-        if self.config.idle_timeout_ms:
-            self._sweeper = asyncio.create_task(self._close_idle())
+        if self._watch is not None:
+            self._watch.start()
+        self._sweeper = asyncio.create_task(self._close_idle())
+        self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
-            self._health = HealthServer(self.metrics, self.readiness)
+            self._health = HealthServer(self.metrics, self.readiness,
+                                        reload=self._http_reload, config=self.config_view)
             await self._health.start(*self.config.metrics_listen_address)
             log.info("metrics and health checks on http://%s/metrics", self._health.address)
         # Listeners first, then outbound connections: discovery's ephemeral source
@@ -138,7 +273,9 @@ class ProxyServer:
 
     async def _discover_once(self, retry: bool = False) -> bool:
         try:
-            count = await discover_nodes(self)
+            count = await discover_nodes(
+                self.upstreams, self.nodes, partial(learn_topic_ids, self.topic_names),
+                max_response_size=self.config.max_response_size)
         except Exception as exc:  # never fatal: clients' Metadata opens the listeners too
             reason = exc if isinstance(exc, DiscoveryError) else repr(exc)
             # Warn once; a broker that requires SASL before Metadata fails every retry.
@@ -166,7 +303,7 @@ class ProxyServer:
 
     async def readiness(self) -> str | None:
         """``None`` when ready to carry traffic, else why not."""
-        if self.config.interceptor.class_name and self.produce.interceptor is None:
+        if self.config.interceptor.class_name and self.generation.produce.interceptor is None:
             return "the interceptor is not loaded"
         errors = []
         for host, port in self.config.upstream_addresses:
@@ -189,11 +326,10 @@ class ProxyServer:
     async def _open_node_listener(self, node_id: int, port: int) -> None:
         try:
             server = await asyncio.get_running_loop().create_server(
-                partial(FrameStream, self.config.max_frame_size,
-                        partial(self._accept, node_id=node_id)),
+                partial(self._client_stream, node_id),
                 self.listen_host, port,
                 reuse_address=True, reuse_port=self.config.workers > 1 or None,
-                ssl=self._client_tls,
+                ssl=self._listener_tls.front if self._listener_tls is not None else None,
             )
         except OSError as exc:
             log.error("cannot open listener port %d for node %d: %s (set node_ports or "
@@ -207,10 +343,12 @@ class ProxyServer:
         return {k: s.sockets[0].getsockname()[1] for k, s in self._servers.items() if s.sockets}
 
     async def _close_idle(self) -> None:
-        idle = self.config.idle_timeout_ms / 1000
         loop = asyncio.get_running_loop()
         while True:
-            await asyncio.sleep(min(max(idle / 4, 0.05), 5.0))
+            idle = self.config.idle_timeout_ms / 1000  # the current generation's (0: off)
+            await asyncio.sleep(min(max(idle / 4, 0.05), 5.0) if idle else 1.0)
+            if not idle:
+                continue
             now = loop.time()
             closing = []
             for conn in list(self.connections):
@@ -222,6 +360,20 @@ class ProxyServer:
             # Together: one peer that is slow to close must not hold up the others.
             await asyncio.gather(*closing, return_exceptions=True)
 
+    def _identity(self, client: FrameStream) -> ClientIdentity:
+        """What is known of a client as it connects: its address, listener and certificate."""
+        peer = client.get_extra_info("peername")
+        host, port = (str(peer[0]), int(peer[1])) if peer else ("unknown", 0)
+        subject: str | None = None
+        sans: tuple[tuple[str, str], ...] = ()
+        if self._listener_tls is not None and self.config.tls.client_ca is not None:
+            cert = client.get_extra_info("peercert")
+            subject = principal_from_peercert(cert)
+            sans = tuple((str(k), str(v)) for k, v in (cert or {}).get("subjectAltName", ()))
+        return ClientIdentity(client_host=host, client_port=port, peer_host=host,
+                              peer_port=port, listener=self.config.listener.name,
+                              tls_subject=subject, tls_sans=sans, principal=subject)
+
     async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
             peer = client.get_extra_info("peername")
@@ -231,9 +383,7 @@ class ProxyServer:
                 self.metrics.refused_connections.inc()
             client.transport.abort()
             return
-        conn = ClientConnection(self, client, node_id)
-        if self._client_tls is not None and self.config.tls.client_ca is not None:
-            conn.principal = principal_from_peercert(client.get_extra_info("peercert"))
+        conn = ClientConnection(self.services, client, node_id, self._identity(client))
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections.inc()
@@ -250,105 +400,6 @@ class ProxyServer:
                 self.metrics.active_connections.dec()
             await conn.close()
 
-    # ------------------------------------------------------------------ upstream
-
-    def bootstrap_upstreams(self) -> list[tuple[str, int] | None]:
-        """Upstream bootstrap servers, then every node seen, in the order to try them."""
-        out: list[tuple[str, int] | None] = list(self.config.upstream_addresses)
-        out.extend(a for a in self.nodes.known_nodes.values() if a not in out)
-        return out
-
-    def upstream_for_node(self, node_id: int) -> tuple[str, int] | None:
-        """The real address of a broker node."""
-        return self.nodes.upstream_for(node_id)
-
-    async def open_upstream(
-        self, host: str, port: int, protocol_factory: Callable[[], _Protocol]
-    ) -> tuple[asyncio.BaseTransport, _Protocol]:
-        """Open a connection to a broker (TLS if configured), run by the factory's protocol."""
-        tls = self._upstream_tls
-        return await asyncio.get_running_loop().create_connection(
-            protocol_factory, host, port, ssl=tls, server_hostname=host if tls else None)
-
-    # ------------------------------------------------------------------ routing
-
-    def _rewriter(self, header: RequestHeader) -> Callable[[bytes], bytes] | None:
-        if header.api_key == ApiKey.API_VERSIONS:
-            return partial(cut_api_versions_frame, header.api_version,
-                           produce_max=self.produce.max_version)
-        if needs_rewrite(header.api_key, header.api_version):
-            observe = self.produce.learn_topic_ids if header.api_key == ApiKey.METADATA else None
-            return partial(rewrite_response_frame, header.api_key, header.api_version,
-                           seen=self.nodes.seen, observe=observe)
-        return None
-
-    async def handle_request(
-        self, conn: ClientConnection, header: RequestHeader, frame: bytes
-    ) -> RequestOutcome:
-        """Decide what to do with one client request."""
-        if conn.sasl.awaiting_verdict and header.api_key not in _BEFORE_AUTHENTICATION:
-            # The broker refuses this (ILLEGAL_SASL_STATE) and closes the connection; the
-            # proxy must not run the interceptor or answer for it on the broker's behalf.
-            raise SaslStateError(
-                f"{api_name(header.api_key)} request before its SASL {conn.sasl.mechanism} "
-                "authentication succeeded (the broker would refuse it: ILLEGAL_SASL_STATE)")
-        if header.api_key == ApiKey.PRODUCE:
-            return await self.produce.handle(conn, header, frame, self._rewriter(header))
-        if not rewritable(header.api_key, header.api_version):
-            # Checked before forwarding: the broker would act on the request and its
-            # answer could then be neither rewritten nor passed on (it names brokers).
-            raise UnsupportedVersion(_unrewritable_message(header))
-        if header.api_key == ApiKey.API_VERSIONS:
-            known = known_version_range(ApiKey.API_VERSIONS)
-            if known is not None and header.api_version > known[1]:
-                return Answer(unsupported_api_versions_response(header.correlation_id))
-        elif header.api_key == ApiKey.SASL_HANDSHAKE and header.body_offset is not None:
-            if header.api_version == 0:
-                # v0 is followed by raw SASL tokens outside Kafka framing (clients older
-                # than Kafka 1.0); the proxy carries only framed SaslAuthenticate.
-                raise UnsupportedVersion(
-                    "SaslHandshake v0 (raw SASL tokens without Kafka framing) is not carried "
-                    "by the proxy; use a client that sends SaslHandshake v1 and "
-                    "SaslAuthenticate (Kafka 1.0+ clients do)")
-            conn.sasl.on_handshake(header.api_version, frame, header.body_offset)
-        elif header.api_key == ApiKey.SASL_AUTHENTICATE and header.body_offset is not None:
-            sasl_round = conn.sasl.on_authenticate(header.api_version, frame, header.body_offset)
-            return Forward(frame, on_response=partial(
-                self._sasl_answered, conn, sasl_round, header.api_version,
-                header.header_version == 2))
-        return Forward(frame, on_response=self._rewriter(header))
-
-    @staticmethod
-    def _sasl_answered(conn: ClientConnection, sasl_round: SaslRound | None, version: int,
-                       flexible: bool, frame: bytes) -> bytes:
-        """Learn (or forget) the principal from a SaslAuthenticate answer; pass it on unchanged.
-
-        The principal is set only when the exchange is decided in the client's
-        favour (PLAIN: error_code 0; SCRAM: the server-final-message's ``v=``),
-        never on the first SCRAM round. A failed exchange clears the principal
-        SASL had given the connection (a failed KIP-368 re-authentication: the
-        broker no longer vouches for it) and is logged once.
-        """
-        verdict = conn.sasl.on_response(sasl_round, version, flexible, frame)
-        if verdict is None:
-            return frame
-        mechanism = sasl_round.mechanism if sasl_round is not None else conn.sasl.mechanism
-        if verdict.succeeded:
-            if verdict.user != conn.principal:
-                conn.principal = verdict.user
-                log.info("client %s (client_id %r) authenticated as %r (SASL %s)",
-                         conn.client_address, conn.client_id, verdict.user, mechanism,
-                         extra=conn.log_context)
-            conn.sasl.principal = verdict.user
-            return frame
-        if conn.sasl.principal is not None and conn.principal == conn.sasl.principal:
-            conn.principal = None
-        conn.sasl.principal = None
-        log.warning("SASL authentication of client %s (client_id %r) as %r failed: %s "
-                    "(SASL %s)", conn.client_address, conn.client_id, verdict.user,
-                    verdict.reason, mechanism, extra=conn.log_context)
-        return frame
-
     # ------------------------------------------------------------------ shutdown
 
     async def stop(self, grace: float | None = None) -> None:
@@ -359,10 +410,14 @@ class ProxyServer:
             server.close()
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._watch is not None:
+            await self._watch.stop()
+        if self._trim_task is not None:
+            self._trim_task.cancel()
         if self._discovery is not None:
             self._discovery.cancel()
         for conn in list(self.connections):
-            await conn.drain()
+            await conn.stop_reading()
         deadline = time.monotonic() + grace
         while any(not c.idle for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
@@ -371,17 +426,26 @@ class ProxyServer:
         for server in self._servers.values():
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(server.wait_closed(), 1)
-        await self.produce.close()
+        for task in list(self._retiring):
+            task.cancel()
+        await asyncio.gather(*self._retiring, return_exceptions=True)
+        await close_generation(self.generation)
+        self.offload.close()
         if self._health is not None:
             await self._health.stop()
-        await asyncio.to_thread(self.observers.close)
         log.info("kiproxy stopped")
 
 
-def _unrewritable_message(header: RequestHeader) -> str:
-    name = api_name(header.api_key)
-    known = known_version_range(header.api_key)
-    reads = f"; it reads {name} v{known[0]}-v{known[1]}" if known is not None else ""
-    return (f"{name} request v{header.api_version} refused: the proxy has no schema for "
-            f"that version, so the broker addresses in the answer could not be "
-            f"rewritten (use a version offered in ApiVersions{reads})")
+async def _post_reload(host: str, port: int) -> dict[str, Any]:
+    """``POST /reload?scope=local`` to another worker's metrics endpoint; its JSON answer."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
+        writer.write(f"POST /reload?scope=local HTTP/1.0\r\nHost: {host}\r\n"
+                     "Content-Length: 0\r\n\r\n".encode())
+        await writer.drain()
+        raw = await asyncio.wait_for(reader.read(), 120)
+        writer.close()
+        answer = json.loads(raw.partition(b"\r\n\r\n")[2] or b"{}")
+        return answer if isinstance(answer, dict) else {"ok": False, "message": str(answer)}
+    except (OSError, TimeoutError, ValueError) as exc:
+        return {"ok": False, "message": f"worker at {host}:{port} did not answer: {exc}"}

@@ -16,7 +16,7 @@ from typing import Any
 
 from kiproxy.proxy.config import ConfigError, TlsSettings, UpstreamTlsSettings
 
-__all__ = ["client_context", "principal_from_peercert", "upstream_context"]
+__all__ = ["ListenerTls", "client_context", "principal_from_peercert", "upstream_context"]
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 _SHORT = {
@@ -47,6 +47,33 @@ def client_context(settings: TlsSettings) -> ssl.SSLContext | None:
               settings.client_ca)
         ctx.verify_mode = ssl.CERT_REQUIRED
     return ctx
+
+
+class ListenerTls:
+    """The listeners' TLS, with a certificate that can change while they stay open.
+
+    The listeners are opened with :attr:`front`, whose SNI callback (which
+    OpenSSL runs for every handshake, with or without SNI) hands the handshake
+    to the current context. A reload builds a whole new context first
+    (:func:`client_context`: the certificate, its key and the client CA must
+    load and match) and only then switches to it with :meth:`use`: handshakes after
+    that see the new certificate; established connections keep theirs.
+    """
+
+    def __init__(self, context: ssl.SSLContext) -> None:
+        self.current = context
+        self.front = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.front.minimum_version = context.minimum_version
+        self.front.verify_mode = context.verify_mode
+        self.front.sni_callback = self._hand_over
+
+    def use(self, context: ssl.SSLContext) -> None:
+        """Serve new handshakes with ``context``."""
+        self.current = context
+
+    def _hand_over(self, sslobj: ssl.SSLObject, _name: str | None,
+                   _ctx: ssl.SSLContext) -> None:
+        sslobj.context = self.current
 
 
 def upstream_context(settings: UpstreamTlsSettings) -> ssl.SSLContext | None:

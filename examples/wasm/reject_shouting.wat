@@ -1,17 +1,20 @@
 ;; reject_shouting.wat - a kiproxy WebAssembly interceptor that rejects values that are all
 ;; upper case (at least one letter A-Z and none a-z). Anything else passes unchanged.
 ;;
-;; Binary encoding (`encoding: binary`); see uppercase.wat for the layouts.
+;; Binary encoding, declared in its `kiproxy.interceptor` section; see uppercase.wat for
+;; the layouts.
 ;;   transform        ABI v1, one record per call   (function: transform, abi: 1)
 ;;   transform_batch  ABI v2, the whole batch        (function: transform_batch, abi: 2)
 ;;
 ;;   interceptor:
 ;;     class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
-;;     config: {module: examples/wasm/reject_shouting.wat, encoding: binary}
+;;     config: {module: examples/wasm/reject_shouting.wat}       # abi: 2 picks transform_batch
 ;;
 ;; Both results are static data: status 2 ("unchanged") or status 1 followed by the reason.
 ;; A single rejected record rejects the whole batch, as a broker-side plugin would.
 (module
+  ;; Self-description: how the host calls this module, so `module:` alone is enough.
+  (@custom "kiproxy.interceptor" "{\"function\":\"transform\",\"abi\":1,\"encoding\":\"binary\",\"functions\":{\"transform_batch\":{\"abi\":2}}}")
   (memory (export "memory") 1)
   (data (i32.const 16) "\02")
   (data (i32.const 32) "\01value is all upper case")   ;; 24 bytes

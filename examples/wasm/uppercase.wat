@@ -1,12 +1,12 @@
 ;; uppercase.wat - a kiproxy WebAssembly interceptor that upper-cases record values (ASCII a-z).
 ;;
-;; Binary encoding (`encoding: binary`), both ABIs in one module:
+;; Binary encoding, both ABIs in one module, declared in its `kiproxy.interceptor` section:
 ;;   transform        ABI v1, one record per call   (function: transform, abi: 1)
 ;;   transform_batch  ABI v2, the whole batch        (function: transform_batch, abi: 2)
 ;;
 ;;   interceptor:
 ;;     class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
-;;     config: {module: examples/wasm/uppercase.wat, encoding: binary}
+;;     config: {module: examples/wasm/uppercase.wat}       # abi: 2 picks transform_batch
 ;;
 ;; Input layout (little-endian; "bytes" = i32 length, -1 for null, then the bytes):
 ;;   v1: topic(u32 len + UTF-8) | partition i32 | record
@@ -21,6 +21,8 @@
 ;; gives the top-most block back. Results are written just above the heap and stay valid
 ;; until the next call, which is all the ABI asks.
 (module
+  ;; Self-description: how the host calls this module, so `module:` alone is enough.
+  (@custom "kiproxy.interceptor" "{\"function\":\"transform\",\"abi\":1,\"encoding\":\"binary\",\"functions\":{\"transform_batch\":{\"abi\":2}}}")
   (memory (export "memory") 1)
   (global $heap (mut i32) (i32.const 1024))
 

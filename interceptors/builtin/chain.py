@@ -38,11 +38,13 @@ from typing import Any
 from kiproxy.interceptors import (
     AcknowledgedBatch,
     InterceptContext,
+    PluginFactory,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
 )
-from kiproxy.interceptors.loader import current_plugins_dir, load_interceptor
+from kiproxy.interceptors.builtin._composite import link_loader
+from kiproxy.interceptors.verdict import acknowledgement_hook
 
 
 class Chain(ProduceRequestInterceptor):
@@ -51,7 +53,8 @@ class Chain(ProduceRequestInterceptor):
     def __init__(self) -> None:
         self.links: list[tuple[str, Any]] = []
 
-    def configure(self, config: Mapping[str, Any]) -> None:
+    def configure(self, config: Mapping[str, Any], *,
+                  plugins: PluginFactory | None = None) -> None:
         """Load every link's interceptor (a failure names the link)."""
         unknown = set(config) - {"links", "plugins_dir"}
         if unknown:
@@ -60,7 +63,7 @@ class Chain(ProduceRequestInterceptor):
         links = config.get("links")
         if not isinstance(links, list) or not links:
             raise ValueError("links must be a non-empty list of {interceptor, config}")
-        plugins_dir = config.get("plugins_dir", current_plugins_dir())
+        load = link_loader(config, plugins)
         for i, link in enumerate(links, 1):
             if isinstance(link, str):
                 link = {"interceptor": link}
@@ -72,7 +75,7 @@ class Chain(ProduceRequestInterceptor):
                                  "known: config, interceptor")
             spec = str(link["interceptor"])
             try:
-                plugin = load_interceptor(spec, plugins_dir, link.get("config") or {})
+                plugin = load(spec, link.get("config") or {})
             except Exception as exc:
                 raise ValueError(f"links[{i - 1}] ({spec}): {exc}") from exc
             self.links.append((spec, plugin))
@@ -145,8 +148,7 @@ class Chain(ProduceRequestInterceptor):
 
 
 def _has_ack_hook(plugin: Any) -> bool:
-    hook = getattr(type(plugin), "on_acknowledgement", None)
-    return callable(hook) and hook is not ProduceRequestInterceptor.on_acknowledgement
+    return acknowledgement_hook(plugin) is not None
 
 
 class _AcknowledgingChain(Chain):

@@ -33,7 +33,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jsonschema_rs
+try:
+    import jsonschema_rs
+except ModuleNotFoundError as exc:
+    if exc.name != "jsonschema_rs":
+        raise
+    raise ImportError("the json_schema interceptor needs jsonschema-rs: "
+                      "pip install 'kafka-interceptor-proxy[jsonschema]'") from None
 
 from kiproxy.interceptors import (
     InterceptContext,

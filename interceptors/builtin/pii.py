@@ -50,10 +50,9 @@ from kiproxy.interceptors import (
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
-    RejectBatch,
     error_code,
 )
-from kiproxy.interceptors.builtin._per_record import map_records
+from kiproxy.interceptors.builtin._per_record import per_record
 
 __all__ = ["BUILTIN_RULES", "PiiMasker"]
 
@@ -219,14 +218,5 @@ class PiiMasker(ProduceRequestInterceptor):
         rules = self.topics.get(batch.topic, self.topics.get("*"))
         if not rules:
             return batch
-        out, problems = map_records(batch, lambda r: self._one(r, rules))
-        if problems:
-            first_index, first = problems[0]
-            raise RejectBatch(
-                f"PiiMasker: {len(problems)} record(s) of {batch.topic}[{batch.partition}] "
-                f"hold data this topic does not accept; first, record {first_index}: {first}",
-                self.error, problems,
-            )
-        if all(a is b for a, b in zip(out, batch.records, strict=True)):
-            return batch
-        return batch.with_records(out)
+        return per_record(batch, lambda r: self._one(r, rules), plugin="PiiMasker",
+                          refused="hold data this topic does not accept", error=self.error)

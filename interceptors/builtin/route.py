@@ -25,8 +25,13 @@ import re
 from collections.abc import Awaitable, Mapping
 from typing import Any
 
-from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from kiproxy.interceptors.loader import current_plugins_dir, load_interceptor
+from kiproxy.interceptors import (
+    InterceptContext,
+    PluginFactory,
+    ProduceRequestInterceptor,
+    RecordBatch,
+)
+from kiproxy.interceptors.builtin._composite import link_loader
 
 
 class TopicRouter(ProduceRequestInterceptor):
@@ -36,12 +41,13 @@ class TopicRouter(ProduceRequestInterceptor):
         self.routes: list[tuple[re.Pattern[str], Any]] = []
         self._cache: dict[str, Any] = {}
 
-    def configure(self, config: Mapping[str, Any]) -> None:
+    def configure(self, config: Mapping[str, Any], *,
+                  plugins: PluginFactory | None = None) -> None:
         """Load every route's interceptor."""
         routes = config.get("routes")
         if not isinstance(routes, list) or not routes:
             raise ValueError("routes must be a non-empty list of {topic, interceptor, config}")
-        plugins_dir = config.get("plugins_dir", current_plugins_dir())
+        load = link_loader(config, plugins)
         for i, route in enumerate(routes):
             if not isinstance(route, Mapping) or "topic" not in route or "interceptor" not in route:
                 raise ValueError(f"routes[{i}] needs 'topic' (a regex) and 'interceptor'")
@@ -49,8 +55,7 @@ class TopicRouter(ProduceRequestInterceptor):
                 pattern = re.compile(str(route["topic"]))
             except re.error as exc:
                 raise ValueError(f"routes[{i}].topic is not a regular expression: {exc}") from None
-            plugin = load_interceptor(str(route["interceptor"]), plugins_dir,
-                                      route.get("config") or {})
+            plugin = load(str(route["interceptor"]), route.get("config") or {})
             self.routes.append((pattern, plugin))
 
     def _route(self, topic: str) -> Any:

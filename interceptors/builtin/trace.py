@@ -40,10 +40,9 @@ from kiproxy.interceptors import (
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
-    RejectBatch,
     error_code,
 )
-from kiproxy.interceptors.builtin._per_record import map_records
+from kiproxy.interceptors.builtin._per_record import per_record
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?",
                           re.DOTALL)
@@ -122,14 +121,5 @@ class TraceContext(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with a traceparent on every record."""
-        out, problems = map_records(batch, self._one)
-        if problems:
-            first_index, first = problems[0]
-            raise RejectBatch(
-                f"TraceContext: {len(problems)} record(s) of {batch.topic}[{batch.partition}] "
-                f"carry an invalid {self.header}; first, record {first_index}: {first}",
-                self.error, problems,
-            )
-        if all(a is b for a, b in zip(out, batch.records, strict=True)):
-            return batch
-        return batch.with_records(out)
+        return per_record(batch, self._one, plugin="TraceContext",
+                          refused=f"carry an invalid {self.header}", error=self.error)

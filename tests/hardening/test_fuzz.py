@@ -73,6 +73,7 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import (
     FrameDecoder,
@@ -84,12 +85,18 @@ from kiproxy.protocol.framing import (
 )
 from kiproxy.protocol.legacy_produce import legacy_produce_acks_and_partitions
 from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
-from kiproxy.protocol.records import decode_batches, encode_batch, read_batch_headers
+from kiproxy.protocol.records import (
+    DecompressionLimits,
+    decode_batches,
+    encode_batch,
+    read_batch_headers,
+)
 from kiproxy.proxy.addresses import needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.api_versions import cut_api_versions_frame
 from kiproxy.proxy.embedded import EmbeddedBroker
 from kiproxy.proxy.outcome import Answer, Forward
 from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 _LONG_RUN = int(os.environ.get("KIPROXY_FUZZ_EXAMPLES", "0"))
 F = TypeVar("F", bound=Callable[..., None])
@@ -187,17 +194,31 @@ def response_path(api_key: int, api_version: int, frame: bytes) -> None:
 def batch_path(data: bytes, verify_crc: bool = True) -> None:
     """Decode a partition's record batches and re-encode each, as for a transformed batch."""
     read_batch_headers(data)
-    for decoded in decode_batches(data, verify_crc=verify_crc, max_decompressed_size=1 << 20):
+    limits = DecompressionLimits(max_bytes=1 << 20)
+    for decoded in decode_batches(data, verify_crc=verify_crc, limits=limits):
         encode_batch(decoded.header, decoded.records)
 
 
 class _Client:
-    """What the produce pipeline reads of a client connection."""
+    """What the router and the produce pipeline read of a client connection."""
 
-    client_id = "fuzz"
-    client_address = "127.0.0.1:9"
-    principal = None
-    log_context: dict[str, object] = {"client_address": "127.0.0.1:9", "client_id": "fuzz"}
+    def __init__(self, principal: str | None = None, client_id: str = "fuzz") -> None:
+        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
+                                       client_id=client_id, principal=principal)
+        self.sasl = SaslTracker()
+        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
+                                               "client_id": client_id}
+
+    @property
+    def principal(self) -> str | None:
+        return self.identity.principal
+
+    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
+                      frame: bytes) -> bytes:
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
+        return frame
+
 
 
 class _Reject(ProduceRequestInterceptor):

@@ -783,9 +783,11 @@ def test_plugin_exception_is_logged_with_traceback(router: ProxyProcess) -> None
     cf.produce(topic, value=b"x", partition=0, on_delivery=lambda err, msg: errors.append(err))
     cf.flush(20)
     assert [e.code() for e in errors] == [KafkaError.INVALID_RECORD]
-    line = _log_line(router, f"failed on {topic}[0]")
-    assert "Traceback" in line and "tp_raise.py" in line and "RuntimeError" in line
-    assert "ERROR" in line
+    # Plugin bugs are WARNINGs, rate-limited per plugin and fault: the first one the
+    # module's proxy saw (maybe another test's raise- topic) carries the traceback.
+    line = _log_line(router, "rejected raise-", "failed: RuntimeError: tp_raise exploded")
+    assert "Traceback" in line and "tp_raise.py" in line
+    assert "level=WARNING" in line  # a plugin bug, not a policy rejection (INFO)
 
 
 def test_slow_async_plugin_times_out(slow: ProxyProcess) -> None:

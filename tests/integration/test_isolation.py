@@ -105,8 +105,11 @@ def test_a_spinning_plugin_costs_one_batch_and_other_producers_keep_flowing(
     finally:
         assert proxy.stop() == 0
     log = proxy.log
-    assert log.count("interceptor iso_plugins:SpinOrUpper missed its 1000 ms deadline on "
-                     f"{spin}[0]") == 2
+    # Plugin faults are WARNINGs rate-limited per plugin and fault (one per 10 s): the
+    # first of the two missed deadlines is always logged, the second only if 10 s apart.
+    missed = [line for line in proxy.lines if f"rejected {spin}[0] from" in line
+              and "interceptor iso_plugins:SpinOrUpper did not finish within 1000 ms" in line]
+    assert 1 <= len(missed) <= 2 and all("level=WARNING" in line for line in missed)
     assert log.count(f"still busy at the deadline of {spin}[0]; starting a replacement") == 2
     assert log.count("started, replacing pid") == 2
     assert consume(broker.bootstrap, spin, 1, timeout=3) == []  # nothing of it was stored

@@ -81,18 +81,20 @@ def assert_rejected(errors: list[Any], code: int) -> None:
 # ---------------------------------------------------------------------------- fixtures
 
 WASM_TOPICS = {"up": _name("wasm-up"), "up2": _name("wasm-up2"), "shout": _name("wasm-shout"),
-               "spin": _name("wasm-spin")}
+               "spin": _name("wasm-spin"), "json": _name("wasm-json")}
 
 
 @pytest.fixture(scope="module")
 def wasm_proxy(broker: EmbeddedBroker) -> Iterator[ProxyProcess]:
     uppercase = str(ROOT / "examples" / "wasm" / "uppercase.wat")
+    # The examples declare their entry, ABI and encoding: a path (and `abi: 2` to pick the
+    # batch entry) is all the config says; `json` overrides the declared encoding on purpose.
     config = {
-        "encoding": "binary",
         "topics": {
             WASM_TOPICS["up"]: uppercase,
-            WASM_TOPICS["up2"]: {"module": uppercase, "function": "transform_batch", "abi": 2},
+            WASM_TOPICS["up2"]: {"module": uppercase, "abi": 2},
             WASM_TOPICS["shout"]: str(ROOT / "examples" / "wasm" / "reject_shouting.wat"),
+            WASM_TOPICS["json"]: {"module": uppercase, "encoding": "json"},
             WASM_TOPICS["spin"]: {"module": str(TESTS / "wasm" / "faults.wat"),
                                   "function": "spin_on_bang", "fuel": 200_000_000},
         },
@@ -156,6 +158,17 @@ def test_uppercase_wat_transforms_through_the_proxy(wasm_proxy: ProxyProcess,
         (b"k1", b"HELLO KAFKA", HEADERS), (None, b"MIXED", []), (b"k3", None, HEADERS)]
 
 
+def test_an_encoding_the_module_does_not_declare_is_named_in_the_rejection(
+        wasm_proxy: ProxyProcess) -> None:
+    topic = WASM_TOPICS["json"]
+    assert_rejected(produce(wasm_proxy.bootstrap, topic, [(None, b"hello", [])]), INVALID_RECORD)
+    message = rejection_message(wasm_proxy.bootstrap, topic, b"hello")
+    assert "uppercase.wat (transform, abi v1) trapped" in message
+    assert ("The host and the module disagree: the config sets encoding json but the module "
+            "declares binary for 'transform'") in message
+    assert "the config sets encoding json but the module declares binary" in wasm_proxy.log
+
+
 def test_reject_shouting_wat_rejects_the_whole_batch(wasm_proxy: ProxyProcess) -> None:
     topic = WASM_TOPICS["shout"]
     errors = produce(wasm_proxy.bootstrap, topic, [(None, b"calm", []), (None, b"LOUD!", [])])
@@ -187,8 +200,7 @@ def test_a_replaced_module_file_is_served_without_a_restart(broker: EmbeddedBrok
     module = tmp_path / "live.wat"
     shutil.copyfile(ROOT / "examples" / "wasm" / "uppercase.wat", module)
     proxy = launch_proxy(broker.bootstrap, interceptor="wasm",
-                         interceptor_config={"module": str(module), "encoding": "binary",
-                                             "reload_interval_ms": 0})
+                         interceptor_config={"module": str(module), "reload_interval_ms": 0})
     try:
         topic = _name("wasm-live")
         assert produce(proxy.bootstrap, topic, [(None, b"before", [])]) == [None]

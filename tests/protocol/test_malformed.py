@@ -57,6 +57,7 @@ from kiproxy.protocol.messages import (
 )
 from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
+    DecompressionLimits,
     Record,
     build_batch,
     decode_batch,
@@ -401,10 +402,10 @@ def test_decompression_bomb_over_the_limit(codec: Compression) -> None:
     data = build_batch(records, compression=codec)
     assert len(data) < 200 * 1024
     assert len(decode_batch(data).records) == 16  # fine under the default limit
-    with pytest.raises(CorruptBatch, match="max_decompressed_size"):
-        decode_batch(data, max_decompressed_size=256 * 1024)
-    with pytest.raises(CorruptBatch, match="max_decompressed_size"):
-        decode_batches(data, max_decompressed_size=256 * 1024)
+    with pytest.raises(CorruptBatch, match="max_decompressed_batch_bytes"):
+        decode_batch(data, limits=DecompressionLimits(max_bytes=256 * 1024))
+    with pytest.raises(CorruptBatch, match="max_decompressed_batch_bytes"):
+        decode_batches(data, limits=DecompressionLimits(max_bytes=256 * 1024))
 
 
 @pytest.mark.parametrize(
@@ -418,9 +419,9 @@ def test_output_exactly_at_the_limit_is_accepted(codec: Compression, raw: bytes)
     payload = compress(codec, raw)
     assert decompress(codec, payload, len(raw)) == raw
     assert decompress(codec, payload, len(raw) + 1) == raw
-    with pytest.raises(CorruptBatch, match="max_decompressed_size"):
+    with pytest.raises(CorruptBatch, match="max_decompressed_batch_bytes"):
         decompress(codec, payload, len(raw) - 1)
-    with pytest.raises(CorruptBatch, match="max_decompressed_size"):
+    with pytest.raises(CorruptBatch, match="max_decompressed_batch_bytes"):
         decompress(codec, payload, 0)
 
 
@@ -516,7 +517,8 @@ def damaged(draw: st.DrawFn) -> bytes:
 
 def _decode_or_protocol_error(data: bytes, verify_crc: bool) -> None:
     try:
-        batches = decode_batches(data, verify_crc=verify_crc, max_decompressed_size=1 << 20)
+        batches = decode_batches(data, verify_crc=verify_crc,
+                                 limits=DecompressionLimits(max_bytes=1 << 20))
     except ProtocolError:
         return
     for batch in batches:

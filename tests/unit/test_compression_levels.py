@@ -16,14 +16,17 @@ import pytest
 
 from kiproxy.cli import build_parser
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.messages import ApiKey, parse_request
 from kiproxy.protocol.records import decode_batches, encode_batch
-from kiproxy.proxy.cli import _overrides, build_pipeline
+from kiproxy.proxy.cli import _overrides
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.generation import build_generation
 from kiproxy.proxy.outcome import Forward
 from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 LOW = CompressionLevels(gzip=1, lz4=1, zstd=1)
@@ -38,12 +41,25 @@ class _Identity(ProduceRequestInterceptor):
 
 
 class _Client:
-    """What the produce pipeline reads of a client connection."""
+    """What the router and the produce pipeline read of a client connection."""
 
-    client_id = "unit"
-    client_address = "127.0.0.1:9"
-    principal = None
-    log_context: dict[str, object] = {"client_address": "127.0.0.1:9", "client_id": "unit"}
+    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
+        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
+                                       client_id=client_id, principal=principal)
+        self.sasl = SaslTracker()
+        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
+                                               "client_id": client_id}
+
+    @property
+    def principal(self) -> str | None:
+        return self.identity.principal
+
+    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
+                      frame: bytes) -> bytes:
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
+        return frame
+
 
 
 def _partition_records(frame: bytes) -> list[bytes]:
@@ -85,7 +101,7 @@ def test_a_changed_batch_is_recompressed_at_the_configured_level(codec: str) -> 
             "interceptor.class": "kiproxy.interceptors.builtin.uppercase:Uppercase",
             f"interceptor.compression.{codec}_level": getattr(levels, codec),
         })
-        pipeline = build_pipeline(config)
+        pipeline = build_generation(config, 1, metrics=None).produce
         assert getattr(pipeline.compression_levels, codec) == getattr(levels, codec)
         [data] = _forwarded_batches(pipeline, frame)
         [batch] = decode_batches(data)
@@ -116,8 +132,8 @@ def test_yaml_section_reaches_the_pipeline(tmp_path: Path) -> None:
                     "interceptor:\n"
                     "  compression: {gzip_level: 1, lz4_level: 9, zstd_level: -5}\n")
     config = load_config(path, {})
-    assert build_pipeline(config).compression_levels == CompressionLevels(
-        gzip=1, lz4=9, zstd=-5)
+    produce = build_generation(config, 1, metrics=None).produce
+    assert produce.compression_levels == CompressionLevels(gzip=1, lz4=9, zstd=-5)
 
 
 def test_flags_override_the_file(tmp_path: Path) -> None:

@@ -325,7 +325,7 @@ def test_dockerignore_keeps_the_build_inputs_and_drops_host_artifacts() -> None:
 
 def test_compose_runs_apache_kafka_in_kraft_mode_with_three_nodes() -> None:
     kafka = kafka_services()
-    assert len(kafka) == 3, "the README explains why three brokers"
+    assert len(kafka) == 3, "docs/deployment.md explains why three brokers"
     images = {s["image"] for s in kafka.values()}
     assert len(images) == 1
     (image,) = images
@@ -418,8 +418,8 @@ def test_kubernetes_mounts_the_configmaps_where_the_image_reads_them(tmp_path: P
     config = kubernetes_config(tmp_path)
     assert config.plugins_dir is not None
     plugins = mounts[config.plugins_dir]["configMap"]["name"]
-    readme = (ROOT / "README.md").read_text()
-    assert f"kubectl create configmap {plugins} --from-file=plugins/" in readme
+    deployment = (ROOT / "docs" / "deployment.md").read_text()
+    assert f"kubectl create configmap {plugins} --from-file=plugins/" in deployment
     assert config.interceptor.class_name is not None
     resolve_class(config.interceptor.class_name, ROOT / "plugins")
 
@@ -448,14 +448,11 @@ def test_kubernetes_app_uses_the_sidecar_bootstrap_on_loopback(tmp_path: Path) -
     assert env["KAFKA_BOOTSTRAP_SERVERS"] == f"{config.advertised_host}:{listen_port}"
 
 
-# ---------------------------------------------------------------------------- README
+# ---------------------------------------------------------------------------- docs
 
 
-def test_readme_deploy_section_covers_compose_and_kubernetes() -> None:
-    readme = (ROOT / "README.md").read_text()
-    found = re.search(r"^## Deploy\n(.*?)(?=^## )", readme, re.MULTILINE | re.DOTALL)
-    assert found, "README.md has a '## Deploy' section"
-    section = found.group(1)
+def test_deployment_page_covers_compose_and_kubernetes() -> None:
+    section = (ROOT / "docs" / "deployment.md").read_text()
     for needle in ("docker compose up", "kcat -b localhost:", "deploy/kubernetes",
                    "kubectl apply", "three brokers", "no Docker engine"):
         assert needle in section, needle
@@ -465,4 +462,4 @@ def test_readme_deploy_section_covers_compose_and_kubernetes() -> None:
     assert runs, f"a `docker run ... {image} ...` example"
     for line in runs:
         flags = shlex.split(line.split(f" {image} ", 1)[1].split("#")[0])
-        parse_flags(image_entrypoint() + flags, f"README: {line.strip()}")
+        parse_flags(image_entrypoint() + flags, f"docs/deployment.md: {line.strip()}")

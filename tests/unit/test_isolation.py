@@ -29,6 +29,7 @@ import pytest
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.interceptors.verdict import Judged, Rejected
 from kiproxy.proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
 from kiproxy.proxy.produce import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
 
@@ -198,8 +199,12 @@ async def test_an_exception_keeps_its_class_name_and_the_workers_traceback(
 
 async def test_returning_something_other_than_a_batch_is_an_error(make_pool: Any) -> None:
     pool = make_pool("ReturnsNone")
-    with pytest.raises(PluginRaised, match="intercept returned NoneType, not a RecordBatch"):
+    with pytest.raises(Judged) as caught:
         await pool.intercept(_batch(), _ctx())
+    # The same rejection as inline (the verdict is judged in the worker).
+    assert caught.value.verdict == Rejected(
+        code=87, message="interceptor iso_plugins:ReturnsNone returned NoneType, not a "
+        "RecordBatch", fault="return_type")
 
 
 # ------------------------------------------------------------------ deadlines
@@ -330,7 +335,7 @@ async def test_the_pipeline_rejects_a_spinning_batch_with_request_timed_out(
     ctx = _ctx(0.4)
     rejection = await pipeline._intercept(_batch("spin"), ctx, "spin", 3, 0)
     assert rejection.error_code == REQUEST_TIMED_OUT  # type: ignore[union-attr]
-    assert pipeline.stats.plugin_timeouts == 1
+    assert "did not finish within 400 ms" in rejection.message  # type: ignore[union-attr]
     await _eventually(lambda: pool.restarts == 1)
 
 

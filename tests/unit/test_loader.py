@@ -22,7 +22,6 @@ from kiproxy.interceptors.builtin.uppercase import Uppercase
 from kiproxy.interceptors.loader import (
     ENTRY_POINT_GROUP,
     PluginLoadError,
-    current_plugins_dir,
     load_interceptor,
     resolve_class,
 )
@@ -304,13 +303,20 @@ def test_missing_plugins_dir(tmp_path: Path) -> None:
         resolve_class("tp_reject:Reject", tmp_path / "nowhere")
 
 
-def test_load_interceptor_configures_and_remembers_the_plugins_dir() -> None:
+def test_load_interceptor_configures_it() -> None:
     plugin = load_interceptor("tp_reject:Reject", PLUGINS,
                               {"topics": "audit\\..*", "error": "INVALID_RECORD",
                                "message": "read-only"})
     assert plugin.pattern.pattern == "audit\\..*"
     assert (plugin.error, plugin.message) == ("INVALID_RECORD", "read-only")
-    assert current_plugins_dir() == PLUGINS
+
+
+def test_a_composite_gets_a_factory_for_its_plugins_dir() -> None:
+    # No global state: a chain loaded from PLUGINS finds its links there too.
+    chain = load_interceptor("chain", PLUGINS, {"links": ["tp_reject:Reject"]})
+    [(spec, link)] = chain.links
+    assert (spec, type(link).__name__) == ("tp_reject:Reject", "Reject")
+    assert type(link).__module__ == "tp_reject"
 
 
 def test_configure_gets_a_copy_of_the_config() -> None:

@@ -345,7 +345,12 @@ def test_tokens_as_sha256_digests_or_env(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("TEST_TOKEN", "env-token")
     plugin = configured(HeaderTokenAuthorizer,
                         tokens={"orders": [f"sha256:{digest}", {"env": "TEST_TOKEN"}]})
-    run(plugin, batch(token_rec(b"hashed-token"), token_rec(b"env-token")))
+    out = run(plugin, batch(token_rec(b"hashed-token"), token_rec(b"env-token")))
+    # Both records pass, their token header stripped (strip is on by default).
+    assert [list(r.headers) for r in out.records] == [[Header("a", b"1"), Header("a", b"2")]] * 2
+    # The env token is read at configure time; a wrong token is still refused.
+    exc = rejection(plugin, batch(token_rec(b"sha256:" + digest.encode())))
+    assert exc.record_errors == ((0, "its kiproxy-token is not valid for topic 'orders'"),)
 
 
 def test_records_without_a_valid_token_reject_the_batch() -> None:

@@ -160,7 +160,7 @@ def test_a_bare_entry_point_name_is_a_valid_interceptor_setting() -> None:
 def test_the_isolation_fork_server_preloads_modules_by_their_kiproxy_names() -> None:
     import importlib
 
-    from kiproxy.proxy.isolation import _preload
+    from kiproxy.proxy.isolation_process import preload as _preload
 
     names = [n for n in _preload() if n != "__main__"]
     assert "kiproxy.proxy.isolation" in names

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from kiproxy.interceptors.builtin.audit import AuditLog
 from kiproxy.interceptors.observer import Observer, PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.framing import encode_response_header
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
+from kiproxy.proxy.audit import AuditLog
 from kiproxy.proxy.logs import JsonFormatter, KeyValueFormatter
 from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.observe import ObserverHub
@@ -198,14 +198,10 @@ def test_user_from_token(mechanism: str, token: bytes, user: str | None) -> None
 
 @pytest.mark.parametrize("version", [0, 1, 2])
 def test_tracker_sets_principal_only_on_success(version: int) -> None:
-    tracker = SaslTracker()
-    frame, off = _frame(ApiKey.SASL_HANDSHAKE, 1, mechanism="PLAIN")
-    tracker.on_handshake(1, frame, off)
-    frame, off = _frame(ApiKey.SASL_AUTHENTICATE, version, auth_bytes=b"\x00carol\x00pw")
-    tracker.on_authenticate(version, frame, off)
+    from kio.schema.errors import ErrorCode
+
     flexible = version >= 2
     resp_cls = response_type(ApiKey.SASL_AUTHENTICATE, version)
-    from kio.schema.errors import ErrorCode
 
     def response(code: ErrorCode) -> bytes:
         kwargs: dict[str, Any] = {"error_code": code, "error_message": None,
@@ -216,12 +212,19 @@ def test_tracker_sets_principal_only_on_success(version: int) -> None:
             kwargs["session_lifetime"] = datetime.timedelta(0)
         return encode_response_header(5, 1 if flexible else 0) + serialize(resp_cls(**kwargs))
 
-    assert tracker.authenticated(version, flexible, response(ErrorCode.none)) == "carol"
-    bad = SaslTracker()
-    bad.mechanism = "PLAIN"
-    bad.candidate = "mallory"
-    assert bad.authenticated(version, flexible,
-                             response(ErrorCode.sasl_authentication_failed)) is None
+    def login(user: str, code: ErrorCode) -> Any:
+        tracker = SaslTracker()
+        frame, off = _frame(ApiKey.SASL_HANDSHAKE, 1, mechanism="PLAIN")
+        tracker.on_handshake(1, frame, off)
+        frame, off = _frame(ApiKey.SASL_AUTHENTICATE, version,
+                            auth_bytes=b"\x00" + user.encode() + b"\x00pw")
+        round_ = tracker.on_authenticate(version, frame, off)
+        return tracker.on_response(round_, version, flexible, response(code))
+
+    ok = login("carol", ErrorCode.none)
+    assert (ok.user, ok.succeeded) == ("carol", True)
+    refused = login("mallory", ErrorCode.sasl_authentication_failed)
+    assert (refused.user, refused.succeeded) == ("mallory", False)
 
 
 # ---------------------------------------------------------------------- logs

@@ -23,6 +23,7 @@ import pytest
 from hardening.sasl_gateway import ScramCredential
 from kio.schema.errors import ErrorCode
 
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import (
     encode_request_header,
@@ -33,7 +34,7 @@ from kiproxy.protocol.framing import (
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.outcome import Forward
-from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.server import ProxyServer
 
 # ---------------------------------------------------------------------- RFC 5802
@@ -132,15 +133,25 @@ class ScramClient:
 
 
 class _Client:
-    """What the server reads and writes of a client connection."""
+    """What the router and the produce pipeline read of a client connection."""
 
-    def __init__(self, principal: str | None = None) -> None:
-        self.client_id = "unit"
-        self.client_address = "127.0.0.1:9"
-        self.principal = principal
+    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
+        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
+                                       client_id=client_id, principal=principal)
         self.sasl = SaslTracker()
         self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
-                                               "client_id": "unit"}
+                                               "client_id": client_id}
+
+    @property
+    def principal(self) -> str | None:
+        return self.identity.principal
+
+    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
+                      frame: bytes) -> bytes:
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
+        return frame
+
 
 
 @pytest.fixture
@@ -158,7 +169,8 @@ def _request(server: ProxyServer, conn: _Client, api_key: int, version: int,
     body = serialize(request_type(api_key, version)(**fields))
     frame = encode_request_header(api_key, version, next(_correlation), "unit",
                                   header_version) + body
-    outcome = asyncio.run(server.handle_request(conn, parse_request_header(frame), frame))  # type: ignore[arg-type]
+    outcome = asyncio.run(server.router.route(conn, server.generation, parse_request_header(frame),
+                                                frame))  # type: ignore[arg-type]
     assert isinstance(outcome, Forward)
     assert outcome.frame == frame            # SASL passes through byte for byte
     return outcome

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import ProtocolError, UnsupportedVersion
 from kiproxy.protocol.framing import (
     encode_request_header,
@@ -30,27 +31,37 @@ from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_fra
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.outcome import Forward
 from kiproxy.proxy.produce import ProducePipeline, read_acks
-from kiproxy.proxy.sasl import SaslTracker
+from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.server import ProxyServer
 
 
 class _Client:
-    """What the server and the produce pipeline read of a client connection."""
+    """What the router and the produce pipeline read of a client connection."""
 
-    client_id = "unit"
-    client_address = "127.0.0.1:9"
-    principal = None
-    log_context: dict[str, object] = {"client_address": "127.0.0.1:9", "client_id": "unit"}
-
-    def __init__(self) -> None:
+    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
+        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
+                                       client_id=client_id, principal=principal)
         self.sasl = SaslTracker()
+        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
+                                               "client_id": client_id}
+
+    @property
+    def principal(self) -> str | None:
+        return self.identity.principal
+
+    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
+                      frame: bytes) -> bytes:
+        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
+                                            flexible, frame, self.log_context)
+        return frame
+
 
 
 def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b"") -> Any:
     header_version = request_header_version(api_key, api_version) or 1
     frame = encode_request_header(api_key, api_version, 5, "unit", header_version) + body
     header = parse_request_header(frame)
-    return asyncio.run(server.handle_request(_Client(), header, frame))  # type: ignore[arg-type]
+    return asyncio.run(server.router.route(_Client(), server.generation, header, frame))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -75,7 +86,7 @@ def test_with_several_workers_produce_v13_is_neither_offered_nor_accepted() -> N
     workers = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"], workers=2))
     with pytest.raises(UnsupportedVersion, match=r"Produce request v13 refused.*v3-v12"):
         _handle(workers, ApiKey.PRODUCE, 13, b"\x00" * 20)
-    rewriter = workers._rewriter(parse_request_header(
+    rewriter = workers.router.rewriter(workers.generation, parse_request_header(
         encode_request_header(ApiKey.API_VERSIONS, 3, 1, "unit", 2)))
     assert rewriter is not None and rewriter.keywords["produce_max"] == 12
 

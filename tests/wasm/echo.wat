@@ -4,6 +4,8 @@
 ;;   echo_binary  status 0 + the input after topic and partition; ABI v1 and v2
 ;; `alloc` is a bump allocator; results are written just above the heap.
 (module
+  ;; Self-description (the config's abi picks v1 or v2: both functions serve both).
+  (@custom "kiproxy.interceptor" "{\"function\":\"echo_json\",\"encoding\":\"json\",\"functions\":{\"echo_binary\":{\"encoding\":\"binary\"}}}")
   (memory (export "memory") 1)
   (global $heap (mut i32) (i32.const 1024))
 

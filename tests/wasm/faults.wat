@@ -10,6 +10,8 @@
 ;;   empty_batch      ABI v2: returns status 0 and a batch of zero records
 ;;   bad_alloc_*      see the modules built inline by the tests
 (module
+  ;; Self-description: every failing function, binary unless noted.
+  (@custom "kiproxy.interceptor" "{\"function\":\"trap\",\"encoding\":\"binary\",\"functions\":{\"spin\":{},\"spin_on_bang\":{},\"oom\":{},\"bad_pointer\":{},\"bad_status\":{},\"truncated\":{},\"bad_json\":{\"encoding\":\"json\"},\"empty_batch\":{\"abi\":2}}}")
   (memory (export "memory") 1)
   (data (i32.const 16) "\02")
   (data (i32.const 24) "\07")

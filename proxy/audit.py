@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.util
 import json
 import logging
 import os
@@ -145,7 +146,10 @@ class AuditLog(Observer):
 
     def on_response(self, info: ResponseInfo) -> None:
         """Write the response's events."""
-        events = _events(info, self.requests)
+        self.record(_events(info, self.requests))
+
+    def record(self, events: list[dict[str, Any]]) -> None:
+        """Append ``events`` (each with an ``event`` field), as one write."""
         if not events:
             return
         text = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events)
@@ -237,6 +241,9 @@ class KafkaAuditSink(Observer):
         self.bootstrap = str(config.get("bootstrap") or "")
         if not self.topic or not self.bootstrap:
             raise ValueError("the Kafka audit sink needs topic and bootstrap")
+        if importlib.util.find_spec("aiokafka") is None:
+            raise ImportError("audit.topic needs aiokafka: "
+                              "pip install 'kafka-interceptor-proxy[kafka-audit]'")
         self.requests = bool(config.get("requests", False))
         self._thread = threading.Thread(target=self._run_loop, name="audit-kafka", daemon=True)
         self._thread.start()

@@ -1,0 +1,479 @@
+"""One run of the proxy benchmark: start broker, proxy or haproxy, drive a real producer.
+
+:func:`run_once` starts a fresh embedded broker (and the scenario's hop), runs
+:func:`run_producer` in a subprocess of its own (warm-up, throughput phase,
+paced latency phase) and fills a :class:`~bench.proxy_stats.RunResult` with
+its rates, latencies and the CPU each process used. Everything it starts is
+stopped before it returns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.proxy_cpu import (
+    cpu_delta,
+    machine_busy_cpu,
+    process_cpu,
+    process_cpu_split,
+    process_memory,
+)
+from bench.proxy_scenarios import ROOT, TANSU_NODE_ID, Case, Scenario
+from bench.proxy_stats import RunResult, haproxy_config, json_values, percentile
+
+
+def _producer_config(spec: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "bootstrap.servers": spec["bootstrap"],
+        "client.id": "bench-proxy",
+        "acks": str(spec["acks"]),
+        "compression.type": spec["codec"],
+        "linger.ms": spec["linger_ms"],
+        "max.in.flight.requests.per.connection": spec["max_in_flight"],
+        # A short queue: what is still queued when a slow scenario's throughput phase
+        # hits --max-seconds must drain quickly, and it is plenty for 5 x 1 MB in flight.
+        "queue.buffering.max.messages": 100_000,
+        "queue.buffering.max.kbytes": 32 * 1024,
+        "enable.idempotence": False,
+    }
+
+
+def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(topic, num_partitions=partitions,
+                                            replication_factor=1)], operation_timeout=10)
+    for future in futures.values():
+        future.result(timeout=30)
+
+
+def _read_first_value(bootstrap: str, topic: str, timeout: float = 10) -> bytes | None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-check",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                value: bytes | None = msg.value()
+                return value
+        return None
+    finally:
+        consumer.close()
+
+
+class _Sampler:
+    """CPU of the processes under test, of this process and of the whole machine."""
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+
+    def sample(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        for name, pid in self.pids.items():
+            split = process_cpu_split(pid)
+            out[name] = None if split is None else split[0] + split[1]
+            out[f"{name}_user"] = None if split is None else split[0]
+        out["self"] = process_cpu(os.getpid(), tree=False)
+        out["machine"] = machine_busy_cpu()
+        return out
+
+    @staticmethod
+    def delta(before: Mapping[str, float | None],
+              after: Mapping[str, float | None]) -> dict[str, float | None]:
+        out = {k: cpu_delta(before.get(k), after.get(k)) for k in after}
+        mine = [out.get(k) for k in before if k != "machine" and not k.endswith("_user")]
+        machine = out.get("machine")
+        if machine is not None and all(v is not None for v in mine):
+            out["other"] = machine - sum(v for v in mine if v is not None)
+        else:
+            out["other"] = None
+        return out
+
+
+def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The producer side of one run (runs in its own process: ``--worker SPEC``).
+
+    Creates the topic, warms up, then runs the throughput phase and the paced
+    latency phase, sampling the CPU of ``spec["pids"]`` at the phase boundaries.
+    """
+    from confluent_kafka import Producer
+
+    bootstrap, topic, partitions = spec["bootstrap"], spec["topic"], spec["partitions"]
+    values = json_values(spec["value_size"], 1000)
+    n_values = len(values)
+    _create_topic(bootstrap, topic, partitions)
+    sampler = _Sampler(spec["pids"])
+    errors: list[str] = []
+
+    def on_error(err: Any, msg: Any) -> None:
+        if err is not None and len(errors) < 5:
+            errors.append(str(err))
+
+    def warm_up(producer: Any) -> None:
+        for i in range(spec["warmup"]):
+            producer.produce(topic, values[i % n_values], partition=i % partitions)
+        if producer.flush(30):
+            raise RuntimeError("warm-up records were not delivered within 30 s")
+
+    # Throughput: one producer that reports only failed deliveries.
+    producer = Producer({**_producer_config(spec), "delivery.report.only.error": True,
+                         "on_delivery": on_error})
+    warm_up(producer)
+    if errors:
+        return {"error": f"warm-up: {errors[0]}"}
+    count = spec["records"]
+    produce, poll = producer.produce, producer.poll
+    proxy_pid = spec["pids"].get("proxy")
+    memory_before = process_memory(proxy_pid) if proxy_pid else None
+    before = sampler.sample()
+    t0 = time.perf_counter()
+    stop_at = t0 + spec["max_seconds"]
+    i = 0
+    while i < count:
+        try:
+            produce(topic, values[i % n_values], partition=i % partitions)
+        except BufferError:
+            poll(0.001)
+            continue
+        i += 1
+        if not i % 1000 and time.perf_counter() > stop_at:
+            break  # a slow scenario: fewer records rather than a longer run
+    count = i
+    left = producer.flush(120)
+    seconds = time.perf_counter() - t0
+    cpu = _Sampler.delta(before, sampler.sample())
+    if left:
+        errors.append(f"{left} records not delivered after flush")
+    result: dict[str, Any] = {"records": count, "seconds": seconds, "cpu": cpu}
+    memory_after = process_memory(proxy_pid) if proxy_pid else None
+    if memory_before is not None and memory_after is not None:
+        result["proxy_minflt"] = memory_after["minflt"] - memory_before["minflt"]
+        result["proxy_rss"] = memory_after.get("rss")
+        result["proxy_peak_rss"] = memory_after.get("hwm")
+    if errors:
+        result["error"] = f"throughput phase: {errors[0]}"
+        return result
+
+    # Latency: a paced producer; every delivery reports librdkafka's own latency.
+    offered = spec.get("offered_rps") or spec["load_fraction"] * count / seconds
+    result["offered_rps"] = offered
+    if offered > count / seconds:
+        # Above this scenario's own throughput the latency is just queue growth.
+        result["saturated"] = True
+        return result
+    latencies: list[float] = []
+
+    def on_delivery(err: Any, msg: Any) -> None:
+        if err is not None:
+            if len(errors) < 5:
+                errors.append(str(err))
+            return
+        latency = msg.latency()
+        if latency is not None:
+            latencies.append(latency)
+
+    paced = Producer({**_producer_config(spec), "on_delivery": on_delivery})
+    warm_up(paced)
+    latencies.clear()
+    total = max(int(offered * spec["latency_seconds"]), 1)
+    produce, poll = paced.produce, paced.poll
+    tick = 0.001
+    before = sampler.sample()
+    start = time.perf_counter()
+    sent = 0
+    while sent < total:
+        now = time.perf_counter()
+        due = min(total, int((now - start) * offered) + 1)
+        while sent < due:
+            try:
+                produce(topic, values[sent % n_values], partition=sent % partitions)
+            except BufferError:
+                poll(0.001)
+                continue
+            sent += 1
+        poll(0)
+        pause = start + sent / offered - time.perf_counter()
+        if pause > 0:
+            time.sleep(max(pause, tick))
+    produced_in = time.perf_counter() - start
+    left = paced.flush(120)
+    paced_seconds = time.perf_counter() - start
+    paced_cpu = _Sampler.delta(before, sampler.sample())
+    if left:
+        errors.append(f"{left} paced records not delivered after flush")
+    result.update(paced_records=total, paced_seconds=paced_seconds,
+                  paced_rps=total / produced_in if produced_in > 0 else None,
+                  paced_cpu=paced_cpu, latencies=len(latencies))
+    if latencies:
+        ms = [v * 1000 for v in latencies]
+        result.update(p50_ms=percentile(ms, 50), p99_ms=percentile(ms, 99),
+                      p999_ms=percentile(ms, 99.9))
+    if errors:
+        result["error"] = f"latency phase: {errors[0]}"
+        return result
+    if spec.get("check"):
+        value = _read_first_value(bootstrap, topic)
+        result["check"] = None if value is None else value[:40].decode("latin-1")
+    return result
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _broker_port_start() -> int:
+    # Node N is served on start + N; pick start so that Tansu's node 111 gets a free port.
+    for _ in range(50):
+        port = _free_port()
+        if port - TANSU_NODE_ID > 1024:
+            return port - TANSU_NODE_ID
+    raise RuntimeError("no free port found for the proxy's broker listener")
+
+
+def _wait_listening(port: int, proc: subprocess.Popen[Any], what: str,
+                    timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode} while starting")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen on 127.0.0.1:{port} within {timeout} s")
+
+
+def _stop(proc: subprocess.Popen[Any] | None, timeout: float = 10) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+class _Tail:
+    """Keeps the last lines a process printed (and notices one line)."""
+
+    def __init__(self, proc: subprocess.Popen[str], marker: str) -> None:
+        self.lines: list[str] = []
+        self.ready = threading.Event()
+        self._marker = marker
+        self._thread = threading.Thread(target=self._pump, args=(proc,), daemon=True)
+        self._thread.start()
+
+    def _pump(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            self.lines = [*self.lines[-40:], line.rstrip("\n")]
+            if self._marker in line:
+                self.ready.set()
+        self.ready.set()
+
+    @property
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+
+@dataclass(slots=True)
+class Setup:
+    """What one run started: the broker, perhaps a proxy, and where the producer connects."""
+
+    bootstrap: str
+    pids: dict[str, int]
+    processes: list[subprocess.Popen[Any]] = field(default_factory=list)
+
+
+def _no_attach(setup: Setup) -> contextlib.AbstractContextManager[None]:
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> Iterator[Setup]:
+    """Start a fresh broker and the scenario's proxy; stop both afterwards."""
+    from kiproxy.proxy.embedded import broker_binary
+
+    broker_port = _free_port()
+    advertised = broker_port
+    hap_port = None
+    if scenario.kind == "haproxy":
+        hap_port = _free_port()
+        advertised = hap_port
+    setup = Setup(bootstrap=f"127.0.0.1:{broker_port}", pids={})
+    log = open(workdir / "broker.log", "ab")  # noqa: SIM115 - closed below
+    try:
+        broker = subprocess.Popen(
+            [broker_binary(), "broker", "--listener-url", f"tcp://127.0.0.1:{broker_port}",
+             "--advertised-listener-url", f"tcp://127.0.0.1:{advertised}",
+             "--storage-engine", "memory://tansu/"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+        setup.processes.append(broker)
+        setup.pids["broker"] = broker.pid
+        _wait_listening(broker_port, broker, "the Tansu broker")
+        if scenario.kind == "haproxy":
+            assert hap_port is not None
+            cfg = workdir / "haproxy.cfg"
+            cfg.write_text(haproxy_config(hap_port, broker_port))
+            hap = subprocess.Popen([haproxy_binary() or "haproxy", "-f", str(cfg), "-db"],
+                                   stdout=log, stderr=subprocess.STDOUT,
+                                   stdin=subprocess.DEVNULL)
+            setup.processes.append(hap)
+            setup.pids["proxy"] = hap.pid
+            _wait_listening(hap_port, hap, "haproxy")
+            setup.bootstrap = f"127.0.0.1:{hap_port}"
+        elif scenario.kind == "kiproxy":
+            listen = _free_port()
+            cmd = [sys.executable, "-m", "kiproxy", "run",
+                   "--upstream", f"127.0.0.1:{broker_port}", "--listen", f"127.0.0.1:{listen}",
+                   "--broker-port-start", str(_broker_port_start()), "--log-level", "WARNING",
+                   *proxy_flags]
+            if scenario.interceptor:
+                cmd += ["--interceptor", scenario.interceptor]
+            if scenario.interceptor_config is not None:
+                cmd += ["--interceptor-config", json.dumps(scenario.interceptor_config)]
+            if scenario.plugins_dir is not None:
+                cmd += ["--plugins-dir", str(scenario.plugins_dir)]
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            setup.processes.append(proc)
+            tail = _Tail(proc, "bootstrap address")
+            if not tail.ready.wait(60) or proc.poll() is not None:
+                raise RuntimeError(f"kiproxy did not start:\n{tail.text}")
+            setup.pids["proxy"] = proc.pid
+            setup.bootstrap = f"127.0.0.1:{listen}"
+        yield setup
+    finally:
+        for proc in reversed(setup.processes):
+            _stop(proc)
+        log.close()
+
+
+def haproxy_binary() -> str | None:
+    explicit = os.environ.get("HAPROXY")
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    return shutil.which("haproxy") or next(
+        (p for p in ("/usr/sbin/haproxy", "/usr/local/sbin/haproxy") if Path(p).exists()), None)
+
+
+def kiproxy_has_flag(flag: str) -> bool:
+    out = subprocess.run([sys.executable, "-m", "kiproxy", "run", "--help"], cwd=ROOT,
+                         capture_output=True, text=True, check=False)
+    return flag in out.stdout
+
+
+@dataclass(slots=True, kw_only=True)
+class Options:
+    """What the command line asked for."""
+
+    records: dict[int, int]
+    """Throughput-phase records per value size."""
+    warmup: int
+    latency_seconds: float
+    load_fraction: float
+    partitions: int
+    acks: str
+    linger_ms: float
+    max_in_flight: int
+    proxy_flags: list[str]
+    max_seconds: float = 10.0
+    """The throughput phase stops producing after this long (slow scenarios)."""
+    timeout: float = 600
+
+
+def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
+             offered_rps: float | None, check: bool,
+             attach: Callable[[Setup], contextlib.AbstractContextManager[None]] | None = None,
+             ) -> RunResult:
+    """Start a broker (and proxy), run the producer process against it, collect the result."""
+    result = RunResult(scenario=scenario.name, case=case, round=round_,
+                       load=os.getloadavg()[0])
+    with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
+        try:
+            with _started(scenario, Path(tmp), options.proxy_flags) as setup, \
+                    (attach or _no_attach)(setup):
+                spec = {
+                    "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
+                    "partitions": options.partitions, "value_size": case.value_size,
+                    "codec": case.codec, "acks": options.acks, "linger_ms": options.linger_ms,
+                    "max_in_flight": options.max_in_flight,
+                    "records": options.records[case.value_size], "warmup": options.warmup,
+                    "max_seconds": options.max_seconds,
+                    "latency_seconds": options.latency_seconds,
+                    "load_fraction": options.load_fraction, "offered_rps": offered_rps,
+                    "pids": setup.pids, "check": check,
+                }
+                out = subprocess.run(
+                    [sys.executable, "-m", "bench.proxy", "--worker", json.dumps(spec)],
+                    cwd=ROOT, capture_output=True, text=True, timeout=options.timeout,
+                    check=False)
+                if out.returncode != 0 or not out.stdout.strip():
+                    tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+                    result.error = f"producer exited {out.returncode}: " + " | ".join(tail)
+                    return result
+                data = json.loads(out.stdout.strip().splitlines()[-1])
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            result.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            return result
+    _fill(result, data, scenario)
+    return result
+
+
+def _fill(result: RunResult, data: Mapping[str, Any], scenario: Scenario) -> None:
+    cpu = data.get("cpu") or {}
+    paced_cpu = data.get("paced_cpu") or {}
+    result.records = int(data.get("records", 0))
+    result.seconds = float(data.get("seconds", 0.0))
+    result.proxy_cpu = cpu.get("proxy")
+    result.proxy_user_cpu = cpu.get("proxy_user")
+    result.broker_cpu = cpu.get("broker")
+    result.producer_cpu = cpu.get("self")
+    result.proxy_minflt = data.get("proxy_minflt")
+    result.proxy_rss = data.get("proxy_rss")
+    result.proxy_peak_rss = data.get("proxy_peak_rss")
+    result.other_cpu = cpu.get("other")
+    result.offered_rps = data.get("offered_rps")
+    result.paced_rps = data.get("paced_rps")
+    result.paced_records = int(data.get("paced_records", 0))
+    result.paced_seconds = float(data.get("paced_seconds", 0.0))
+    result.paced_proxy_cpu = paced_cpu.get("proxy")
+    result.paced_other_cpu = paced_cpu.get("other")
+    result.saturated = bool(data.get("saturated"))
+    result.p50_ms = data.get("p50_ms")
+    result.p99_ms = data.get("p99_ms")
+    result.p999_ms = data.get("p999_ms")
+    result.check = data.get("check")
+    result.error = data.get("error")
+    if result.error is None and result.check is not None:
+        upper = result.check == result.check.upper()
+        if scenario.transforms != upper:
+            result.error = (f"stored value {result.check!r} is "
+                            f"{'not ' if scenario.transforms else ''}upper-cased")

@@ -1,0 +1,83 @@
+"""The proxy benchmark's matrix: scenarios (what sits between producer and broker) and cases.
+
+:data:`SCENARIOS` names every way the benchmark puts something (or nothing)
+between the producer and the broker; a :class:`Case` is one record size and
+codec. The constants are the matrix's defaults and the paths it uses.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+PLUGINS = Path(__file__).resolve().parent / "plugins"
+SECTION = "## Proxy: end to end (producer, proxy, broker)"
+TANSU_NODE_ID = 111
+"""The node id Tansu gives itself; kiproxy serves it on ``broker_port_start + 111``."""
+MB = 1_000_000
+GB = 1_000_000_000
+
+SIZES = (100, 1024)
+CODECS = ("none", "lz4", "zstd")
+
+VALIDATOR_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["id", "kind"],
+    "properties": {"id": {"type": "integer", "minimum": 0}, "kind": {"type": "string"}},
+}
+
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Scenario:
+    """One way of putting something (or nothing) between the producer and the broker."""
+
+    name: str
+    kind: str
+    """``direct``, ``haproxy`` or ``kiproxy``."""
+    description: str
+    interceptor: str | None = None
+    """``MODULE:CLASS`` for ``kiproxy run --interceptor``."""
+    interceptor_config: Mapping[str, Any] | None = None
+    plugins_dir: Path | None = None
+    transforms: bool = False
+    """Stored values are upper-cased (checked on one record of the first round)."""
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
+    Scenario(name="direct", kind="direct", description="producer to broker, no hop"),
+    Scenario(name="haproxy", kind="haproxy",
+             description="haproxy 'mode tcp', nbthread 1, broker advertises haproxy's port"),
+    Scenario(name="passthrough", kind="kiproxy", description="kiproxy, no interceptor"),
+    Scenario(name="identity", kind="kiproxy", interceptor="identity:Identity",
+             plugins_dir=PLUGINS,
+             description="kiproxy, bench/plugins/identity.py (decode, return the batch)"),
+    Scenario(name="uppercase", kind="kiproxy",
+             interceptor="kiproxy.interceptors.builtin.uppercase:Uppercase", transforms=True,
+             description="kiproxy, kiproxy.interceptors.builtin.uppercase:Uppercase "
+                         "(decode, transform, re-encode)"),
+    Scenario(name="validator", kind="kiproxy",
+             interceptor="kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
+             interceptor_config={"default_schema": VALIDATOR_SCHEMA},
+             description="kiproxy, kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator, "
+                         "default_schema " + json.dumps(VALIDATOR_SCHEMA, separators=(",", ":"))),
+)}
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class Case:
+    """Record size and codec of one cell of the matrix."""
+
+    value_size: int
+    codec: str
+
+    @property
+    def label(self) -> str:
+        """``100 B`` / ``1 KiB``."""
+        return f"{self.value_size // 1024} KiB" if self.value_size % 1024 == 0 \
+            else f"{self.value_size} B"

@@ -1,0 +1,277 @@
+"""Write ``docs/configuration.md`` from the config model: one source of truth.
+
+Every key of :class:`kiproxy.proxy.config.ProxyConfig` and its nested models
+appears with its dotted path, type, default, the field's docstring, and the
+``kiproxy run``/``kiproxy dev`` flag that sets it (read from the command's own
+argparse parser). A key without a docstring is an error: document it in
+``proxy/config.py``.
+
+    python docs/gen_config_reference.py           # rewrite docs/configuration.md
+    python docs/gen_config_reference.py --check   # exit 1 if the page is stale
+
+``tests/docs/test_docs_site.py`` runs the check in ``make test``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import itertools
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+from kiproxy.cli import build_parser
+from kiproxy.proxy import cli as proxy_cli
+from kiproxy.proxy.config import ProxyConfig
+
+PAGE = Path(__file__).resolve().parent / "configuration.md"
+REGENERATE = "python docs/gen_config_reference.py (or: make docs-config)"
+
+
+@dataclass(frozen=True)
+class Key:
+    """One row of the reference."""
+
+    path: str
+    type: str
+    default: str
+    flag: str
+    description: str
+
+
+def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
+    """The string literal under each annotated field of ``model``'s class body."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs: dict[str, str] = {}
+    for node, following in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(following, ast.Expr)
+                and isinstance(following.value, ast.Constant)
+                and isinstance(following.value.value, str)):
+            docs[node.target.id] = inspect.cleandoc(following.value.value)
+    return docs
+
+
+def _markdown(text: str) -> str:
+    """Docstring text as one Markdown table cell: reST literals to code, one line."""
+    text = re.sub(r"``(.+?)``", r"`\1`", text)
+    text = re.sub(r":\w+:`~?([^`]+)`", r"`\1`", text)
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if origin is typing.Literal:
+        return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in args)
+    if origin is list:
+        return f"list of {_type_name(args[0])}"
+    if origin is dict:
+        return f"map {_type_name(args[0])} → {_type_name(args[1])}"
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "mapping"
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", Any: "any"}
+    return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _bounds(info: FieldInfo) -> str:
+    parts = []
+    for item in info.metadata:
+        for attr, symbol in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<")):
+            value = getattr(item, attr, None)
+            if value is not None:
+                parts.append(f"{symbol} {value}")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _default(info: FieldInfo) -> str:
+    if info.default_factory is not None:
+        value = info.default_factory()  # type: ignore[call-arg]
+    elif info.default is PydanticUndefined:
+        return "required"
+    else:
+        value = info.default
+    if isinstance(value, BaseModel):
+        return "see below"
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, str):
+        return f"`{value}`"
+    if isinstance(value, list | dict):
+        return f"`{value!r}`"
+    return f"`{value}`"
+
+
+def cli_flags() -> dict[str, str]:
+    """Config key -> the ``kiproxy run``/``dev`` flag (with its metavar) that sets it.
+
+    Found by setting one flag at a time and seeing which config key the CLI's own
+    translation (``proxy.cli._overrides``) fills, so a new flag shows up here by itself.
+    """
+    commands = next(a for a in build_parser()._actions
+                    if isinstance(a, argparse._SubParsersAction))
+    run = commands.choices["run"]
+    dev_dests = {a.dest for a in commands.choices["dev"]._actions}
+    actions = [a for a in run._actions if a.option_strings and a.dest not in ("help", "config")]
+    blank = argparse.Namespace(**{a.dest: None for a in actions}, command="run")
+    flags: dict[str, str] = {}
+    for action in actions:
+        trial = argparse.Namespace(**vars(blank))
+        if isinstance(action, argparse._StoreTrueAction):
+            value: Any = True
+        elif action.choices:
+            value = next(iter(action.choices))
+        elif action.type is int:
+            value = 1
+        else:
+            value = "{}"
+        setattr(trial, action.dest, [value] if isinstance(action, argparse._AppendAction)
+                else value)
+        if action.dest == "node_port":
+            trial.node_port = ["1=2"]
+        filled = [k for k, v in proxy_cli._overrides(trial).items() if v is not None]
+        flag = action.option_strings[-1]
+        if action.metavar:
+            flag += f" {action.metavar}"
+        text = f"`{flag}`"
+        if isinstance(action, argparse._AppendAction):
+            text += " (repeatable)"
+        if action.dest not in dev_dests:
+            text += " (`run` only)"
+        for key in filled:
+            flags[key] = text
+    return flags
+
+
+def keys(model: type[BaseModel], prefix: str, flags: dict[str, str]) -> Iterator[Key]:
+    """Every key of ``model`` under ``prefix``, nested models after their parent."""
+    docs = attribute_docstrings(model)
+    nested: list[tuple[str, type[BaseModel]]] = []
+    for name, info in model.model_fields.items():
+        key = info.alias or name
+        path = f"{prefix}{key}"
+        annotation = info.annotation
+        description = docs.get(name)
+        if description is None:
+            raise SystemExit(f"{model.__name__}.{name} ({path}) has no docstring: add one "
+                             "under the field in proxy/config.py")
+        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            nested.append((f"{path}.", annotation))
+        elif isinstance(item, type) and issubclass(item, BaseModel):
+            nested.append((f"{path}[].", item))
+        yield Key(path=path, type=_type_name(annotation) + _bounds(info),
+                  default=_default(info), flag=flags.get(path, "—"),
+                  description=_markdown(description))
+    for sub_prefix, sub in nested:
+        yield from keys(sub, sub_prefix, flags)
+
+
+def _sections() -> Iterator[tuple[str, str, list[Key]]]:
+    flags = cli_flags()
+    groups: dict[str, list[Key]] = {}
+    for key in keys(ProxyConfig, "", flags):
+        section = key.path.rsplit(".", 1)[0] if "." in key.path else ""
+        groups.setdefault(section, []).append(key)
+    models: dict[str, type[BaseModel]] = {"": ProxyConfig}
+
+    def collect(model: type[BaseModel], prefix: str) -> None:
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            args = typing.get_args(annotation)
+            inner = args[0] if typing.get_origin(annotation) is list else annotation
+            if isinstance(inner, type) and issubclass(inner, BaseModel):
+                suffix = "[]" if inner is not annotation else ""
+                path = f"{prefix}{info.alias or name}{suffix}"
+                models[path] = inner
+                collect(inner, f"{path}.")
+
+    collect(ProxyConfig, "")
+    for section, rows in groups.items():
+        if section:
+            intro = _markdown(inspect.cleandoc(models[section].__doc__ or "").split("\n\n")[0])
+        else:
+            intro = "Settings of the proxy itself; the nested mappings follow."
+        yield section, intro, rows
+
+
+def render() -> str:
+    """The whole page, as committed in ``docs/configuration.md``."""
+    out = [
+        "<!-- Generated by docs/gen_config_reference.py from kiproxy.proxy.config; do not",
+        f"     edit by hand. After changing a setting run: {REGENERATE} -->",
+        "",
+        "# Configuration reference",
+        "",
+        "kiproxy reads one YAML file (`--config FILE`), validated at start; command-line",
+        "flags fill in or override it. Unknown keys are errors, and every error names",
+        "the key, e.g. `kiproxy: config error: config file k.yaml: interceptor.timeout_ms:",
+        "Input should be a valid integer`. `kiproxy run` and `kiproxy dev` take the same",
+        "flags, except that `dev` has no `--upstream`: it starts an embedded broker",
+        "(Tansu, memory storage) and uses it as the upstream.",
+        "",
+        "Nested keys are written with dots (`interceptor.timeout_ms` is `timeout_ms`",
+        "under `interceptor:`); `[]` marks the keys of each item of a list.",
+        "",
+        "<!-- test: config -->",
+        "```yaml",
+        "# /etc/kiproxy/config.yaml",
+        "upstream: [kafka-1:9092, kafka-2:9092]",
+        "listen: 0.0.0.0:9192",
+        "advertised_host: kiproxy.internal",
+        "interceptor:",
+        "  class: json_schema",
+        "  timeout_ms: 2000",
+        "  config: {schemas: {orders: {type: object}}}",
+        "```",
+        "",
+    ]
+    for section, intro, rows in _sections():
+        title = f"`{section}`" if section else "Top-level keys"
+        out += [f"## {title}", "", intro, "",
+                "| key | type | default | flag | description |",
+                "|---|---|---|---|---|"]
+        out += [f"| `{k.path}` | {k.type} | {k.default} | {k.flag} | {k.description} |"
+                for k in rows]
+        out.append("")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Write the page, or with ``--check`` say whether the committed one is current."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/configuration.md differs from the model")
+    args = parser.parse_args(argv)
+    page = render()
+    if args.check:
+        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != page:
+            print(f"{PAGE} is stale: regenerate it with {REGENERATE}", file=sys.stderr)
+            return 1
+        return 0
+    PAGE.write_text(page, encoding="utf-8")
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

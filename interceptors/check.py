@@ -1,0 +1,264 @@
+"""``kiproxy check``: load a plugin as the proxy would, run it over samples, say what happens.
+
+Exit status: 0 when the plugin loads, configures and answers every sample
+batch (a ``RejectBatch`` is an answer); 2, with the reason on stderr, when it
+cannot be loaded or configured, when the sample file cannot be read, or when
+the plugin fails on a batch (raises, breaks the record-count rule, returns
+something else than a batch, misses the deadline) - and, with
+``--fail-on-reject``, when any batch is rejected (the Wasm interceptor reports
+a module's trap as a rejection). A plugin repository's CI job can run it as is.
+
+Loading is the proxy's (:func:`kiproxy.interceptors.testing.load`, the
+loader of ``kiproxy run``) and so is every verdict
+(:func:`kiproxy.interceptors.testing.run_interceptor`). A ``.wasm`` or
+``.wat`` path in place of ``MODULE:CLASS`` is short for the ``wasm``
+interceptor with that ``module``.
+
+Sample file (``--sample``): JSON Lines, one record per line::
+
+    {"key": "order-1", "value": "card 4111 1111 1111 1111", "headers": [["src", "web"]]}
+    {"value": {"b64": "AAEC"}, "topic": "payments", "partition": 1}
+
+``key``, ``value`` and header values are text (sent as UTF-8), ``null``, or
+``{"b64": "..."}`` for any bytes (the Wasm JSON encoding's spelling); every
+field is optional, ``timestamp`` (ms) too. ``topic`` (default ``--topic``)
+and ``partition`` (default 0) pick the batch: consecutive lines for the same
+topic-partition form one batch. Blank lines are skipped. Without
+``--sample`` a few built-in records are used: text, a card number, JSON,
+binary bytes, a null value, headers. Results are printed in the same format.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import binascii
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from kiproxy.interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.loader import PluginLoadError
+from kiproxy.interceptors.testing import (
+    DEFAULT_TIMEOUT_MS,
+    Outcome,
+    Plugin,
+    load,
+    make_batch,
+    make_record,
+    run_interceptor,
+)
+
+__all__ = ["COMMANDS", "CheckFailed", "add_parsers", "read_samples", "run"]
+
+COMMANDS = ("check",)
+_WASM_SUFFIXES = (".wasm", ".wat")
+
+
+class CheckFailed(Exception):
+    """The plugin or the input cannot be checked; the message says why."""
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``check`` to ``kiproxy``'s subcommands."""
+    check = subparsers.add_parser(
+        "check", help="load an interceptor as the proxy would and run it over sample records",
+        description="Load and configure an interceptor as the proxy would, run it over "
+                    "sample records and print what each batch would become. Exit 0 when it "
+                    "loads and answers every batch, 2 with the reason when it does not.")
+    check.add_argument("spec", metavar="MODULE:CLASS",
+                       help="the interceptor (as --interceptor takes it), or a .wasm/.wat file")
+    check.add_argument("--plugins-dir", metavar="DIR",
+                       help="directory searched first for interceptor modules")
+    check.add_argument("--config", metavar="JSON",
+                       help="JSON object passed to the interceptor's configure()")
+    check.add_argument("--sample", metavar="FILE",
+                       help="JSON Lines file of records (default: built-in samples)")
+    check.add_argument("--topic", metavar="TOPIC", default="check",
+                       help="topic of records that name none (default: check)")
+    check.add_argument("--fail-on-reject", action="store_true",
+                       help="exit 2 when any sample batch is rejected (for samples that must "
+                            "pass; a Wasm module's trap is such a rejection)")
+    check.add_argument("--timeout-ms", metavar="MS", type=int, default=DEFAULT_TIMEOUT_MS,
+                       help=f"per-batch deadline (default {DEFAULT_TIMEOUT_MS})")
+
+
+def _bytes(value: Any, what: str) -> bytes | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
+        try:
+            return base64.b64decode(value["b64"], validate=True)
+        except binascii.Error as exc:
+            raise ValueError(f"{what}: {{\"b64\": ...}} is not base64 ({exc})") from None
+    raise ValueError(f"{what} must be a string, null or {{\"b64\": \"...\"}}, "
+                     f"not {json.dumps(value)}")
+
+
+def _sample_record(doc: Any, offset_delta: int) -> tuple[str | None, int, Record]:
+    if not isinstance(doc, dict):
+        raise ValueError(f"expected a JSON object, got {type(doc).__name__}")
+    unknown = set(doc) - {"key", "value", "headers", "timestamp", "topic", "partition"}
+    if unknown:
+        raise ValueError(f"unknown field(s) {', '.join(sorted(unknown))}; known: key, value, "
+                         "headers, timestamp, topic, partition")
+    headers = doc.get("headers", [])
+    if not isinstance(headers, list) or not all(
+            isinstance(h, list) and len(h) == 2 and isinstance(h[0], str) for h in headers):
+        raise ValueError('headers must be a list of [name, value] pairs, e.g. [["src", "web"]]')
+    topic, partition, timestamp = doc.get("topic"), doc.get("partition", 0), doc.get("timestamp")
+    if topic is not None and not isinstance(topic, str):
+        raise ValueError("topic must be a string")
+    if isinstance(partition, bool) or not isinstance(partition, int):
+        raise ValueError("partition must be an integer")
+    if timestamp is not None and (isinstance(timestamp, bool) or not isinstance(timestamp, int)):
+        raise ValueError("timestamp must be an integer (ms since the epoch)")
+    record = make_record(
+        _bytes(doc.get("value"), "value"), key=_bytes(doc.get("key"), "key"),
+        headers=[(name, _bytes(v, f"header {name!r}")) for name, v in headers],
+        timestamp=timestamp, offset_delta=offset_delta)
+    return topic, partition, record
+
+
+def read_samples(path: str | Path, topic: str) -> list[RecordBatch]:
+    """The batches of a JSON Lines sample file (see the module docstring)."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckFailed(f"cannot read sample file {path}: {exc}") from None
+    groups: list[tuple[str, int, list[Record]]] = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+            at = len(groups[-1][2]) if groups else 0
+            record_topic, partition, record = _sample_record(doc, at)
+        except ValueError as exc:  # json.JSONDecodeError is one
+            raise CheckFailed(f"sample file {path} line {number}: {exc}") from None
+        record_topic = record_topic or topic
+        if not groups or groups[-1][:2] != (record_topic, partition):
+            groups.append((record_topic, partition, []))
+            record = record.with_offset_delta(0)
+        groups[-1][2].append(record)
+    if not groups:
+        raise CheckFailed(f"sample file {path} holds no records")
+    return [make_batch(records=records, topic=t, partition=p) for t, p, records in groups]
+
+
+def builtin_samples(topic: str) -> list[RecordBatch]:
+    """Typical records (text, a card number, JSON, binary, a null value, headers), then a
+    batch of one upper-case value."""
+    return [make_batch(
+        "hello, world",
+        make_record("card 4111 1111 1111 1111 paid", key="order-1",
+                    headers=[("src", "web"), ("trace", None)], offset_delta=1),
+        make_record('{"id": 1, "kind": "order"}', key="order-2", offset_delta=2),
+        make_record(b"\x00\x01\xfe\xff", offset_delta=3),
+        make_record(None, key="tombstone", offset_delta=4),
+        topic=topic), make_batch("PLEASE READ THIS", topic=topic)]
+
+
+def _json_bytes(data: bytes | None) -> Any:
+    if data is None:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return {"b64": base64.b64encode(data).decode()}
+
+
+def _record_line(record: Record) -> str:
+    return json.dumps({"key": _json_bytes(record.key), "value": _json_bytes(record.value),
+                       "headers": [[h.key, _json_bytes(h.value)] for h in record.headers],
+                       "timestamp": record.timestamp}, ensure_ascii=False)
+
+
+def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> None:
+    where = (f"batch {number}: {batch.topic}[{batch.partition}], {len(batch)} "
+             + ("record" if len(batch) == 1 else "records"))
+    if outcome.kind == "rejected":
+        print(f"{where}: rejected with {outcome.error} ({outcome.code}): {outcome.message}",
+              file=out)
+        for index, message in outcome.record_errors:
+            print(f"  record {index}: {message}", file=out)
+        return
+    if outcome.kind == "unchanged":
+        print(f"{where}: forwarded unchanged", file=out)
+        return
+    changed = [i for i, (a, b) in enumerate(zip(batch.records, outcome.records, strict=True))
+               if a != b]
+    print(f"{where}: transformed ({len(changed)} changed)", file=out)
+    for index in changed:
+        print(f"  record {index}: {_record_line(outcome.records[index])}", file=out)
+
+
+def _batches(n: int) -> str:
+    return f"{n} batch" if n == 1 else f"{n} batches"
+
+
+def _plugin(args: argparse.Namespace) -> Plugin:
+    config: Any = {}
+    if args.config:
+        try:
+            config = json.loads(args.config)
+        except ValueError as exc:
+            raise CheckFailed(f"--config is not valid JSON: {exc}") from None
+        if not isinstance(config, dict):
+            raise CheckFailed(f"--config must be a JSON object, not {args.config}")
+    spec = args.spec
+    if spec.endswith(_WASM_SUFFIXES) and ":" not in spec:
+        config = {"module": spec, **config}
+        spec = "wasm"
+    try:
+        return load(spec, plugins_dir=args.plugins_dir, config=config)
+    except PluginLoadError as exc:
+        raise CheckFailed(str(exc)) from None
+
+
+def check(args: argparse.Namespace, out: TextIO) -> None:
+    """Load, run and report; raises :class:`CheckFailed` with the reason to exit 2."""
+    batches = (read_samples(args.sample, args.topic) if args.sample
+               else builtin_samples(args.topic))
+    with _plugin(args) as plugin:
+        faults: list[str] = []
+        counts = {"unchanged": 0, "transformed": 0, "rejected": 0}
+        for number, batch in enumerate(batches, 1):
+            outcome = run_interceptor(plugin, batch, timeout_ms=args.timeout_ms)
+            _report(number, batch, outcome, out)
+            counts[outcome.kind] += 1
+            if outcome.fault is not None or (args.fail_on_reject and not outcome.forwarded):
+                faults.append(f"batch {number}: {(outcome.message or '').rstrip('.')}")
+    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
+    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {summary}", file=out)
+    if faults:
+        raise CheckFailed(f"{plugin.name} failed on {len(faults)} of {_batches(len(batches))}"
+                          + (" (--fail-on-reject)" if args.fail_on_reject else "") + ": "
+                          + "; ".join(faults))
+
+
+def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run ``kiproxy check``; returns the exit code (0 or 2)."""
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        check(args, out or sys.stdout)
+    except CheckFailed as exc:
+        print(f"kiproxy check: {exc}", file=err or sys.stderr)
+        return 2
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``kiproxy check`` on its own (``python -m kiproxy.interceptors.check``)."""
+    parser = argparse.ArgumentParser(prog="kiproxy")
+    add_parsers(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["check", *(argv if argv is not None else sys.argv[1:])]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

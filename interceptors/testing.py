@@ -1,0 +1,267 @@
+"""The plugin test kit: build batches, run an interceptor by the proxy's rules, read the outcome.
+
+:func:`run_interceptor` hands a batch to an interceptor through
+:func:`kiproxy.interceptors.verdict.judge` - the very function the proxy, its
+isolation workers and replay call - so the :class:`Outcome` it returns is what
+the proxy would do with that batch: forward it unchanged, forward the
+transformed records, or reject it (error name, code, message, record errors).
+Every rule comes with it: a ``RejectBatch``, any other exception, a returned
+batch with another record count or something that is not a batch, an
+``async def intercept`` (awaited on an event loop, as the proxy does) and the
+deadline (``timeout_ms``, the proxy's ``interceptor.timeout_ms``, 5000 by
+default).
+
+:func:`load` loads a plugin by ``MODULE:CLASS`` (or an entry-point name) with
+the proxy's loader, from a plugins directory and with a config, so the names
+in rejection messages are the proxy's too. :func:`make_batch`,
+:func:`make_record` and :func:`make_context` build inputs with defaults a
+producer would send; text is encoded as UTF-8.
+
+The pytest fixtures over these (``make_batch``, ``make_record``,
+``kiproxy_run``, ``kiproxy_load``) are in :mod:`kiproxy.interceptors.pytest_plugin`,
+registered for pytest when kiproxy is installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import concurrent.futures
+import dataclasses
+import socket
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.loader import load_interceptor
+from kiproxy.interceptors.verdict import Fault, Rejected, Transformed, Verdict, judge
+
+__all__ = [
+    "DEFAULT_TIMEOUT_MS",
+    "Outcome",
+    "Plugin",
+    "load",
+    "make_batch",
+    "make_context",
+    "make_record",
+    "run_interceptor",
+    "run_interceptor_async",
+]
+
+DEFAULT_TIMEOUT_MS = 5000
+"""The proxy's default ``interceptor.timeout_ms``."""
+
+Bytes = bytes | bytearray | str | None
+"""A key, value or header value: bytes, text (encoded as UTF-8) or None (null)."""
+
+
+def _bytes(data: Bytes) -> bytes | None:
+    if data is None:
+        return None
+    return data.encode() if isinstance(data, str) else bytes(data)
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def make_record(
+    value: Bytes = b"value",
+    *,
+    key: Bytes = None,
+    headers: Iterable[Header | tuple[str, Bytes]] | Mapping[str, Bytes] = (),
+    timestamp: int | None = None,
+    offset_delta: int = 0,
+) -> Record:
+    """One record: ``value`` and ``key`` as bytes or text, headers as pairs or a mapping.
+
+    ``timestamp`` (ms since the epoch) defaults to now.
+    """
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    return Record(
+        key=_bytes(key), value=_bytes(value),
+        headers=[h if isinstance(h, Header) else Header(h[0], _bytes(h[1])) for h in pairs],
+        timestamp=_now_ms() if timestamp is None else timestamp, offset_delta=offset_delta,
+    )
+
+
+def make_batch(
+    *values: Bytes | Record,
+    records: Iterable[Record] | None = None,
+    topic: str = "test-topic",
+    partition: int = 0,
+    producer_id: int = -1,
+    producer_epoch: int = -1,
+    base_sequence: int = -1,
+    transactional: bool = False,
+    compression: str = "none",
+) -> RecordBatch:
+    """A topic-partition batch as the proxy hands it to an interceptor.
+
+    Positional ``values`` become records (a value as bytes or text, or a
+    :class:`Record`), numbered by offset delta 0, 1, ... and stamped with one
+    timestamp; or pass ``records``. With neither, the batch holds one record.
+    The producer fields default to a plain (not idempotent) producer's.
+    """
+    if records is None:
+        stamp = _now_ms()
+        records = [v if isinstance(v, Record)
+                   else make_record(v, timestamp=stamp, offset_delta=i)
+                   for i, v in enumerate(values or (b"value",))]
+    elif values:
+        raise TypeError("make_batch takes values or records=, not both")
+    return RecordBatch(topic=topic, partition=partition, records=tuple(records),
+                       producer_id=producer_id, producer_epoch=producer_epoch,
+                       base_sequence=base_sequence, transactional=transactional,
+                       compression=compression)
+
+
+def make_context(**fields: Any) -> InterceptContext:
+    """An :class:`InterceptContext` as the proxy fills it for a Produce v9, acks=all client.
+
+    Any field can be given; ``deadline`` is set by :func:`run_interceptor` from ``timeout_ms``.
+    """
+    defaults: dict[str, Any] = {
+        "client_id": "kiproxy-test", "client_address": "127.0.0.1:50000", "principal": None,
+        "api_version": 9, "acks": -1, "transactional_id": None,
+        "deadline": time.monotonic() + DEFAULT_TIMEOUT_MS / 1000,
+        "received_at_ms": _now_ms(), "proxy_host": socket.gethostname(),
+    }
+    return InterceptContext(**{**defaults, **fields})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What the proxy would do with the batch: one of three kinds, with the details."""
+
+    kind: Literal["unchanged", "transformed", "rejected"]
+    """``unchanged`` (the original bytes are forwarded), ``transformed`` or ``rejected``."""
+    records: tuple[Record, ...]
+    """The records forwarded: the original ones, the transformed ones, or () when rejected."""
+    error: str | None
+    """The Kafka error name the producer gets (``POLICY_VIOLATION``), or None."""
+    code: int
+    """The Kafka error code (0 unless rejected)."""
+    message: str | None
+    """The partition's ``error_message``, or None."""
+    record_errors: tuple[tuple[int, str | None], ...]
+    """``(record index, message)`` pairs of a rejection."""
+    fault: Fault | None
+    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``),
+    or None (it answered, or rejected by policy with ``RejectBatch``)."""
+    verdict: Verdict
+    """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
+
+    @classmethod
+    def of(cls, verdict: Verdict) -> Outcome:
+        """The outcome a verdict stands for."""
+        if isinstance(verdict, Rejected):
+            return cls(kind="rejected", records=(), error=verdict.error, code=verdict.code,
+                       message=verdict.message, record_errors=verdict.record_errors,
+                       fault=verdict.fault, verdict=verdict)
+        kind: Literal["unchanged", "transformed"] = (
+            "transformed" if isinstance(verdict, Transformed) else "unchanged")
+        return cls(kind=kind, records=verdict.batch.records, error=None, code=0, message=None,
+                   record_errors=(), fault=None, verdict=verdict)
+
+    @property
+    def forwarded(self) -> bool:
+        """Whether the batch reaches the broker (unchanged or transformed)."""
+        return self.kind != "rejected"
+
+    @property
+    def values(self) -> list[bytes | None]:
+        """The forwarded records' values, in order."""
+        return [r.value for r in self.records]
+
+
+@dataclass(frozen=True, slots=True)
+class Plugin:
+    """An interceptor loaded as the proxy loads it, and the name the proxy's messages use."""
+
+    interceptor: Any
+    """The configured instance."""
+    name: str
+    """The spec it was loaded by (``module:Class``)."""
+
+    def run(self, batch: RecordBatch, ctx: InterceptContext | None = None, *,
+            timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Outcome:
+        """:func:`run_interceptor` on this plugin."""
+        return run_interceptor(self, batch, ctx, timeout_ms=timeout_ms)
+
+    def close(self) -> None:
+        """Run the interceptor's ``close()``, as the proxy does at shutdown."""
+        close = getattr(self.interceptor, "close", None)
+        if close is not None:
+            close()
+
+    def __enter__(self) -> Plugin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def load(spec: str, *, plugins_dir: str | Path | None = None,
+         config: Mapping[str, Any] | None = None) -> Plugin:
+    """Load and configure ``spec`` with the proxy's loader (raises ``PluginLoadError``)."""
+    return Plugin(load_interceptor(spec, plugins_dir, config), spec)
+
+
+def _judge_args(interceptor: Any, batch: RecordBatch, ctx: InterceptContext | None,
+                timeout_ms: int, name: str | None) -> tuple[Any, RecordBatch,
+                                                            InterceptContext, str, float]:
+    if isinstance(interceptor, Plugin):
+        name = name or interceptor.name
+        interceptor = interceptor.interceptor
+    timeout = timeout_ms / 1000
+    # As in the proxy, the deadline starts when the batch is handed over.
+    context = dataclasses.replace(ctx or make_context(), deadline=time.monotonic() + timeout)
+    return interceptor, batch, context, name or type(interceptor).__name__, timeout
+
+
+async def run_interceptor_async(
+    interceptor: Any, batch: RecordBatch, ctx: InterceptContext | None = None, *,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None,
+) -> Outcome:
+    """:func:`run_interceptor` for a test that already runs on an event loop."""
+    plugin, batch, context, label, timeout = _judge_args(interceptor, batch, ctx, timeout_ms,
+                                                         name)
+    return Outcome.of(await judge(plugin, batch, context, name=label, timeout=timeout))
+
+
+_loops = threading.local()
+
+
+def _thread_loop() -> asyncio.AbstractEventLoop:
+    """This thread's event loop for plugins, kept across calls as the proxy's is."""
+    loop: asyncio.AbstractEventLoop | None = getattr(_loops, "loop", None)
+    if loop is None or loop.is_closed():
+        loop = _loops.loop = asyncio.new_event_loop()
+        atexit.register(loop.close)
+    return loop
+
+
+def run_interceptor(
+    interceptor: Any, batch: RecordBatch, ctx: InterceptContext | None = None, *,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None,
+) -> Outcome:
+    """Hand ``batch`` to ``interceptor`` by the proxy's rules and say what becomes of it.
+
+    ``interceptor`` is an instance or a :class:`Plugin` from :func:`load`;
+    ``ctx`` defaults to :func:`make_context`'s; ``timeout_ms`` is the deadline;
+    ``name`` names the plugin in messages (default: the spec it was loaded by,
+    or its class name). Never raises for anything the plugin does.
+    """
+    call = run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms, name=name)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _thread_loop().run_until_complete(call)
+    # Called from a coroutine: that loop is busy here, so a thread of our own runs the plugin.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(lambda: _thread_loop().run_until_complete(call)).result()

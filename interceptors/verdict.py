@@ -1,0 +1,220 @@
+"""The verdict: what an interceptor's answer to one batch means.
+
+Every runtime that hands a batch to a plugin - the proxy, its isolation
+workers, the replay pipeline - asks :func:`judge` (or :func:`judge_sync` on a
+thread with no running event loop) and acts on the :data:`Verdict` it gets;
+nothing else decides. The rules, in order:
+
+* ``RejectBatch`` raised: :class:`Rejected` with its error code, message and
+  record errors (indices within this batch) - a *policy* rejection
+  (``plugin_fault`` false).
+* The deadline (``ctx.deadline``, when a ``timeout`` is given) passes before
+  an ``async def intercept`` finishes, or a plain one returns after it:
+  REQUEST_TIMED_OUT, "interceptor X did not finish within N ms".
+* Any other exception: INVALID_RECORD, "interceptor X failed: Class: text";
+  the exception (with its traceback) is kept on the verdict for logging.
+* Something other than a :class:`RecordBatch` returned: INVALID_RECORD,
+  "interceptor X returned NoneType, not a RecordBatch".
+* Another number of records returned (the record-count rule): INVALID_RECORD,
+  "interceptor X broke the record-count rule: returned 1 records for a batch of 2".
+* The same records returned (the same tuple, or records equal in every field:
+  key, value, headers in order, timestamp and offset delta): :class:`Unchanged`,
+  and the proxy forwards the original bytes.
+* Anything else: :class:`Transformed`, carrying the returned batch.
+
+The four plugin-bug rejections set ``plugin_fault`` (and ``fault``, one of
+:data:`FAULTS`), so a runtime can log them apart from policy rejections.
+
+A runtime that judged a batch elsewhere (the isolation pool, whose worker
+process ran :func:`judge_sync`) passes the rejection on by raising
+:class:`Judged` from its ``intercept``; :func:`judge` returns the carried
+verdict as it is.
+
+The acknowledgement hook (``on_acknowledgement``) is the plugin's only when it
+overrides the base class's: :func:`acknowledgement_hook` says which callable,
+if any, to call once the broker answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from kiproxy.interceptors.api import (
+    AcknowledgedBatch,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from kiproxy.interceptors.errors import ErrorCode, error_name
+
+__all__ = [
+    "FAULTS",
+    "AcknowledgementHook",
+    "Fault",
+    "Judged",
+    "Rejected",
+    "Transformed",
+    "Unchanged",
+    "Verdict",
+    "acknowledgement_hook",
+    "fault_rejection",
+    "judge",
+    "judge_sync",
+]
+
+Fault = Literal["raised", "return_type", "record_count", "timeout"]
+"""Why a plugin-bug rejection happened."""
+FAULTS: tuple[Fault, ...] = ("raised", "return_type", "record_count", "timeout")
+
+AcknowledgementHook = Callable[[AcknowledgedBatch, int, "int | None"], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Unchanged:
+    """The plugin returned the batch's records as they were: forward the original."""
+
+    batch: RecordBatch
+    """The batch as it was handed to the plugin."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transformed:
+    """The plugin changed the records (same count): forward these instead."""
+
+    batch: RecordBatch
+    """The batch the plugin returned."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rejected:
+    """The batch is not forwarded; the producer gets ``code`` and ``message``."""
+
+    code: int
+    """The Kafka error code (see :class:`~kiproxy.interceptors.errors.ErrorCode`)."""
+    message: str
+    """The partition's ``error_message``."""
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+    """``(record index in this batch, message)`` pairs, from ``RejectBatch``."""
+    fault: Fault | None = None
+    """None for a policy rejection (``RejectBatch``); why the plugin failed otherwise."""
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+    """The exception a ``raised`` fault came from (its traceback, for the log)."""
+
+    @property
+    def error(self) -> str:
+        """Kafka's name of ``code`` (``POLICY_VIOLATION``), or ``ERROR_<code>``."""
+        return error_name(self.code)
+
+    @property
+    def plugin_fault(self) -> bool:
+        """True when the plugin misbehaved, False when it rejected by policy."""
+        return self.fault is not None
+
+
+Verdict = Unchanged | Transformed | Rejected
+"""What became of one batch."""
+
+
+class Judged(Exception):
+    """Raised by a runtime's ``intercept`` wrapper that judged the batch elsewhere.
+
+    :func:`judge` returns :attr:`verdict` unchanged. Plugins raise ``RejectBatch``.
+    """
+
+    def __init__(self, verdict: Rejected) -> None:
+        super().__init__(verdict.message)
+        self.verdict = verdict
+
+
+def fault_rejection(kind: Fault, name: str, detail: str, *,
+          exception: BaseException | None = None) -> Rejected:
+    """The rejection for a plugin bug: ``interceptor {name} {detail}``."""
+    code = ErrorCode.REQUEST_TIMED_OUT if kind == "timeout" else ErrorCode.INVALID_RECORD
+    return Rejected(code=int(code), message=f"interceptor {name} {detail}", fault=kind,
+                    exception=exception)
+
+
+def _timed_out(name: str, timeout: float | None) -> Rejected:
+    within = "" if timeout is None else f" within {timeout * 1000:.0f} ms"
+    return fault_rejection("timeout", name, f"did not finish{within}")
+
+
+def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Rejected:
+    if isinstance(exc, Judged):
+        return exc.verdict
+    if isinstance(exc, RejectBatch):
+        return Rejected(code=exc.error_code, message=exc.message,
+                        record_errors=exc.record_errors)
+    if isinstance(exc, TimeoutError):
+        return _timed_out(name, timeout)
+    return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
+
+
+def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+    if not isinstance(result, RecordBatch):
+        return fault_rejection("return_type", name,
+                               f"returned {type(result).__name__}, not a RecordBatch")
+    if len(result.records) != len(batch.records):
+        return fault_rejection("record_count", name,
+                     f"broke the record-count rule: returned {len(result.records)} records "
+                     f"for a batch of {len(batch.records)}")
+    if result.records is batch.records or result.records == batch.records:
+        return Unchanged(batch)
+    return Transformed(result)
+
+
+async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
+                name: str, timeout: float | None) -> Verdict:
+    """Run ``interceptor.intercept(batch, ctx)`` and return the verdict; never raises.
+
+    ``name`` names the plugin in messages. ``timeout`` (seconds, the configured
+    ``interceptor.timeout_ms``) turns on the deadline ``ctx.deadline``; None
+    leaves the deadline to the caller (an isolation worker, killed by its pool).
+    """
+    try:
+        result = interceptor.intercept(batch, ctx)
+        if inspect.isawaitable(result):
+            if timeout is None:
+                result = await result
+            else:
+                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
+        elif timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
+    except Exception as exc:
+        return _exception_verdict(exc, name, timeout)
+    return _result_verdict(batch, result, name)
+
+
+def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
+               name: str, timeout: float | None,
+               run: Callable[[Awaitable[Any], float | None], Any]) -> Verdict:
+    """:func:`judge` for a caller without a running event loop.
+
+    ``run(awaitable, seconds)`` runs an ``async def intercept``'s awaitable to
+    completion on the caller's own loop, raising ``TimeoutError`` after
+    ``seconds`` (None: no limit).
+    """
+    try:
+        result = interceptor.intercept(batch, ctx)
+        if inspect.isawaitable(result):
+            remaining = None if timeout is None else max(ctx.deadline - time.monotonic(), 0)
+            result = run(result, remaining)
+        elif timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
+    except Exception as exc:
+        return _exception_verdict(exc, name, timeout)
+    return _result_verdict(batch, result, name)
+
+
+def acknowledgement_hook(interceptor: Any) -> AcknowledgementHook | None:
+    """The plugin's ``on_acknowledgement``, or None when it keeps the base class's no-op."""
+    hook = getattr(interceptor, "on_acknowledgement", None)
+    overridden = (getattr(type(interceptor), "on_acknowledgement", None)
+                  is not ProduceRequestInterceptor.on_acknowledgement)
+    return hook if callable(hook) and overridden else None

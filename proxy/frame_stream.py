@@ -1,0 +1,225 @@
+"""One socket as a stream of whole Kafka frames: the asyncio shell of a FrameAssembler.
+
+Contract: a :class:`FrameStream` is an ``asyncio.BufferedProtocol`` around
+:class:`kiproxy.protocol.framing.FrameAssembler`, used for both the client and
+the broker side of a connection. A frame of 16-64 KiB is received straight
+into a buffer of its own size and handed over from it, a larger one into
+buffers that grow with the bytes that arrive (never with the length a frame
+claims), joined once into ``bytes``. The socket is read only while its owner
+waits in :meth:`FrameStream.read`, so while the owner handles what it got,
+TCP pushes back. With a receive budget (client sockets), the bytes of a
+partial frame count against the process-wide
+:class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, cast
+
+from kiproxy.protocol.errors import FrameTooLarge, ProtocolError
+from kiproxy.protocol.framing import FrameAssembler
+
+if TYPE_CHECKING:
+    from kiproxy.proxy.memory import ReceiveBudget
+
+__all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream"]
+
+CLOSE_TIMEOUT = 2.0
+"""Seconds a closing socket may take to flush before it is aborted."""
+
+Frame = bytes | bytearray
+"""A frame without its length prefix; large ones are received into a ``bytearray``."""
+
+
+class FrameStream(asyncio.BufferedProtocol):
+    """One socket as a stream of whole frames; the asyncio shell of a FrameAssembler.
+
+    The socket is read only while its owner waits in :meth:`read`: frames that
+    arrive are kept for the owner and reading pauses until it asks again, so
+    while a request (or a batch of responses) is handled nothing more is read and
+    TCP pushes back. :meth:`drain` waits while the write buffer is above its
+    high-water mark, as ``StreamWriter.drain`` does. With a ``budget`` (client
+    sockets), the bytes of a partial frame count against the process-wide
+    :class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
+    """
+
+    def __init__(self, max_frame_size: int,
+                 on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
+                 budget: ReceiveBudget | None = None) -> None:
+        self._assembler = FrameAssembler(max_frame_size)
+        self._on_open = on_open
+        self._budget = budget
+        self._budget_held = 0
+        self._held_back = False
+        self._task: asyncio.Task[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._frames: list[Frame] = []
+        self._error: BaseException | None = None
+        self._eof = False
+        self._lost = False
+        self._reading = True
+        self._write_paused = False
+        self._waiter: asyncio.Future[None] | None = None
+        self._drain_waiters: deque[asyncio.Future[None]] = deque()
+        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    @property
+    def transport(self) -> asyncio.Transport:
+        """The socket's transport (set once connected)."""
+        assert self._transport is not None
+        return self._transport
+
+    def get_extra_info(self, name: str) -> Any:
+        """The transport's ``get_extra_info`` (``peername``, ``peercert``, ...)."""
+        return self.transport.get_extra_info(name)
+
+    # -------------------------------------------------------------- asyncio callbacks
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)
+        if self._on_open is not None:
+            self._task = asyncio.get_running_loop().create_task(self._on_open(self))
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._assembler.get_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        try:
+            frames = self._assembler.buffer_updated(nbytes)
+        except ProtocolError as exc:
+            if self._budget is not None and isinstance(exc, FrameTooLarge):
+                self._budget.refused_frame()
+            self._error = exc
+            self._pause()
+            self._wake()
+            return
+        held = self._assembler.buffered
+        if self._budget is not None and (held or self._budget_held):
+            self._budget_held = held
+            self._budget.update(self, held)
+        if frames:
+            self._frames.extend(frames)
+            self._pause()
+            self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        # Keep a plain socket half open, as StreamReaderProtocol does (the owner
+        # closes it); over TLS the answer is ignored and asyncio warns about True.
+        return self.transport.get_extra_info("sslcontext") is None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._lost = True
+        self._assembler.discard()
+        if self._budget is not None:
+            self._budget.forget(self)
+            self._budget_held = 0
+        if exc is None:
+            self._eof = True
+        elif self._error is None:
+            self._error = exc
+        self._wake()
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        self._write_paused = True
+
+    def resume_writing(self) -> None:
+        self._write_paused = False
+        while self._drain_waiters:
+            waiter = self._drain_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -------------------------------------------------------------- the owner's side
+
+    async def read(self) -> list[Frame]:
+        """The frames received since the last call, waiting for one; ``[]`` at end of stream.
+
+        Raises the :class:`ProtocolError` of a bad length prefix, or the error that
+        broke the connection.
+        """
+        while True:
+            if self._frames:
+                frames, self._frames = self._frames, []
+                return frames
+            if self._error is not None:
+                raise self._error
+            if self._eof:
+                return []
+            self._resume()
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await waiter
+            finally:
+                self._waiter = None
+
+    async def drain(self) -> None:
+        """Wait until the write buffer is below its low-water mark."""
+        if isinstance(self._error, OSError):
+            raise self._error  # what broke the connection, as StreamWriter.drain raises it
+        if self.transport.is_closing():
+            # Let connection_lost run first, as StreamWriter.drain does.
+            await asyncio.sleep(0)
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._write_paused:
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._drain_waiters.append(waiter)
+        await waiter
+
+    async def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Close the socket (after what is buffered is sent) and wait until it is closed;
+        after ``timeout`` seconds abort it (a peer that does not read its answers, or a
+        TLS peer that never answers close_notify, would otherwise hold it open)."""
+        if self._transport is None:
+            return
+        self._transport.close()
+        try:
+            await asyncio.wait_for(asyncio.shield(self._closed), timeout)
+        except TimeoutError:
+            self._transport.abort()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._closed), timeout)
+
+    def _pause(self) -> None:
+        if self._reading and self._transport is not None and not self._lost:
+            self._reading = False
+            self._transport.pause_reading()
+
+    def hold_back(self) -> None:
+        """Stop reading the socket until :meth:`let_go` (the receive budget is spent)."""
+        self._held_back = True
+        self._pause()
+
+    def let_go(self) -> None:
+        """Read the socket again, if the owner is waiting for frames."""
+        self._held_back = False
+        if self._waiter is not None:
+            self._resume()
+
+    def _resume(self) -> None:
+        if self._held_back:
+            return
+        if not self._reading and self._transport is not None and not self._lost:
+            self._reading = True
+            self._transport.resume_reading()
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)

@@ -1,0 +1,208 @@
+"""One configuration generation: everything a configuration makes, built in one place.
+
+Contract:
+
+- :func:`build_generation` turns a validated :class:`ProxyConfig` into a
+  :class:`Generation`: the produce pipeline with its interceptor loaded and
+  configured (or its isolation workers started), the observers (audit log,
+  observer plugins) opened, and the per-client limits. It either returns a
+  complete generation or raises (``PluginLoadError``, ``ConfigError``,
+  ``OSError``) having closed whatever it had already opened; nothing is ever
+  half built.
+- A generation is immutable. The server swaps the current one atomically
+  (:class:`GenerationCell`); a request runs entirely under the generation it
+  started with, so a batch already inside an interceptor finishes there.
+- :func:`close_generation` runs the interceptor's ``close()`` and closes the
+  observers; the server calls it once no request of that generation is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from kiproxy.interceptors.loader import load_interceptor, load_observer
+from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
+from kiproxy.proxy.config import ConfigError, ProxyConfig
+from kiproxy.proxy.isolation import IsolatedInterceptor
+from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.observe import ObserverHub
+from kiproxy.proxy.offload import BatchOffload
+from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.tls import client_context
+
+log = logging.getLogger("kiproxy")
+
+__all__ = ["Generation", "GenerationCell", "build_generation", "close_generation"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Generation:
+    """The configuration in force and what it built; swapped whole on reload."""
+
+    number: int
+    """1 at start, one more per applied reload."""
+    config: ProxyConfig
+    """The settings this generation was built from."""
+    produce: ProducePipeline
+    """The produce pipeline with this generation's interceptor."""
+    observers: ObserverHub
+    """This generation's observers (audit log, observer plugins)."""
+    client_tls: ssl.SSLContext | None
+    """The listeners' TLS context (certificate, key, client CA), when TLS is on."""
+
+    @property
+    def tallies(self) -> bool:
+        """Responses are observed or metered, so produce requests are tallied."""
+        return self.produce.tallies
+
+
+class GenerationCell:
+    """The current generation, and how many requests still run under each older one.
+
+    A connection takes the current generation with :meth:`acquire` when it reads a
+    request and gives it back with :meth:`release` once the request's answer has left
+    (or none is owed); :meth:`retire` waits until a replaced generation has no request
+    left.
+    """
+
+    def __init__(self, generation: Generation) -> None:
+        self.current = generation
+        self._users: dict[int, int] = {}
+        self._idle: dict[int, asyncio.Event] = {}
+
+    def acquire(self) -> Generation:
+        """The current generation, counted as in use by one more request."""
+        generation = self.current
+        self._users[generation.number] = self._users.get(generation.number, 0) + 1
+        return generation
+
+    def release(self, generation: Generation) -> None:
+        """One request of ``generation`` is done."""
+        left = self._users.get(generation.number, 0) - 1
+        if left > 0:
+            self._users[generation.number] = left
+            return
+        self._users.pop(generation.number, None)
+        idle = self._idle.get(generation.number)
+        if idle is not None:
+            idle.set()
+
+    def in_use(self, generation: Generation) -> int:
+        """Requests still running under ``generation``."""
+        return self._users.get(generation.number, 0)
+
+    def switch(self, generation: Generation) -> Generation:
+        """Make ``generation`` current; return the one it replaces."""
+        old, self.current = self.current, generation
+        return old
+
+    async def retire(self, generation: Generation, timeout: float) -> bool:
+        """Wait until no request runs under ``generation`` (at most ``timeout`` seconds);
+        False if some still did then."""
+        if not self.in_use(generation):
+            return True
+        idle = self._idle.setdefault(generation.number, asyncio.Event())
+        try:
+            await asyncio.wait_for(idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self._idle.pop(generation.number, None)
+        return True
+
+
+def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
+    """Open the audit log and load the configured observers."""
+    observers: list[tuple[str, Any]] = []
+    audit = config.audit
+    try:
+        if audit.path is not None:
+            log_ = AuditLog()
+            try:
+                log_.configure(audit.model_dump())
+            except (OSError, ValueError) as exc:
+                raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
+            observers.append(("audit", log_))
+        if audit.topic is not None:
+            sink = KafkaAuditSink()
+            sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
+                            "requests": audit.requests})
+            observers.append(("audit-kafka", sink))
+        for item in config.observers:
+            observers.append((item.class_name,
+                              load_observer(item.class_name, config.plugins_dir, item.config)))
+    except BaseException:
+        ObserverHub(observers).close(timeout=5)
+        raise
+    return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
+
+
+def _load_interceptor(config: ProxyConfig) -> Any | None:
+    spec = config.interceptor.class_name
+    if spec is None:
+        return None
+    if config.interceptor.isolation == "process":
+        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
+                                   workers=config.interceptor.workers,
+                                   log_setup=(config.log_level, config.log_format))
+        pool.start()  # a plugin that cannot load raises PluginLoadError here
+        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
+                 len(pool.pids), ", ".join(map(str, pool.pids)))
+        return pool
+    interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
+    log.info("interceptor %s loaded", spec)
+    return interceptor
+
+
+def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
+                     offload: BatchOffload | None = None,
+                     topic_names: dict[uuid.UUID, str] | None = None,
+                     previous: Generation | None = None) -> Generation:
+    """Everything ``config`` needs, complete, or an exception and nothing left open.
+
+    With ``previous`` (a reload), its observers are kept when the observer and
+    audit settings did not change: one audit file has one writer.
+    """
+    client_tls = client_context(config.tls)  # first: a bad certificate opens nothing
+    if previous is not None and _same_observers(previous.config, config):
+        observers = previous.observers
+    else:
+        observers = build_observers(config, metrics)
+    try:
+        interceptor = _load_interceptor(config)
+    except BaseException:
+        if previous is None or observers is not previous.observers:
+            observers.close(timeout=5)
+        raise
+    # Produce v13 names topics by id; with several workers a process may not have
+    # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
+    produce = ProducePipeline(
+        interceptor, name=config.interceptor.class_name or "",
+        timeout_ms=config.interceptor.timeout_ms,
+        compression_levels=config.interceptor.compression.levels(),
+        max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
+        metrics=metrics, tallies=observers.active or metrics is not None,
+        offload=offload, topic_names=topic_names,
+    )
+    return Generation(number=number, config=config, produce=produce, observers=observers,
+                      client_tls=client_tls)
+
+
+def _same_observers(old: ProxyConfig, new: ProxyConfig) -> bool:
+    return (old.audit == new.audit and old.observers == new.observers
+            and old.observer_queue_size == new.observer_queue_size
+            and old.plugins_dir == new.plugins_dir)
+
+
+async def close_generation(generation: Generation, *, keep_observers: bool = False) -> None:
+    """Close the interceptor and (unless the next generation kept them) the observers of
+    a generation no request uses any more."""
+    await generation.produce.close()
+    if not keep_observers:
+        await asyncio.to_thread(generation.observers.close)

@@ -1,0 +1,137 @@
+"""Memory held for clients: a global limit on bytes buffered from them, and giving
+freed heap memory back to the system.
+
+Contract:
+
+* Per connection, a partial frame holds at most what the client has sent of it (the
+  assembler grows its buffers with arriving bytes, never with the claimed length) and
+  never more than ``max_frame_size``: a longer frame closes the client and counts as
+  a ``max_frame_size`` limit hit.
+* Across connections, :class:`ReceiveBudget` (``max_client_buffered_bytes``) bounds
+  the bytes of partial frames held. Past it, a connection that keeps receiving is
+  paused (its socket is not read; TCP pushes back) unless it holds the most: that one
+  keeps reading, completes its frame and frees room, so the process always makes
+  progress. Paused connections resume, oldest first, once the total is back under
+  the limit. Every pause counts as a ``max_client_buffered_bytes`` limit hit.
+* :class:`HeapTrimmer` returns freed heap memory to the system with glibc's
+  ``malloc_trim(0)``, on a worker thread, after large frames or decoded batches
+  are released (``kiproxy.proxy.cli`` lets glibc keep freed memory between requests
+  for speed, in the one main arena so that this trim reaches all of it; without
+  trimming, the heap of a burst stays resident for good).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+__all__ = ["HeapTrimmer", "ReceiveBudget", "Receiver"]
+
+log = logging.getLogger("kiproxy.memory")
+
+TRIM_AFTER_BYTES = 8 * 1024 * 1024
+"""Released bytes (large frames, decoded batches) after which the heap is trimmed."""
+_LARGE = 64 * 1024  # frames at least this large have buffers of their own
+TRIM_INTERVAL = 1.0
+"""Seconds between checks; a trim runs at most this often."""
+
+
+class Receiver(Protocol):
+    """A socket reader the budget can hold back (a :class:`FrameStream`)."""
+
+    def hold_back(self) -> None:
+        """Stop reading the socket until :meth:`let_go`."""
+
+    def let_go(self) -> None:
+        """Read the socket again if its owner wants to."""
+
+
+class ReceiveBudget:
+    """Bytes of partial client frames held across every connection of the process."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        """``max_client_buffered_bytes``."""
+        self.used = 0
+        """Bytes of partial frames held now."""
+        self.released = 0
+        """Bytes given back by frames of 64 KiB or more (read by :class:`HeapTrimmer`)."""
+        self.pauses = 0
+        """Connections paused because the total passed the capacity."""
+        self.frames_too_large = 0
+        """Connections closed for a frame above ``max_frame_size``."""
+        self._held: dict[Receiver, int] = {}
+        self._paused: dict[Receiver, None] = {}  # insertion order: oldest first
+
+    def update(self, receiver: Receiver, held: int) -> None:
+        """``receiver`` now holds ``held`` bytes of a partial frame; pause it if the
+        total is over the capacity and it is not the largest holder."""
+        before = self._held.pop(receiver, 0)
+        if held:
+            self._held[receiver] = held
+        self.used += held - before
+        if before - held >= _LARGE:
+            self.released += before - held
+        if held > before and self.used > self.capacity and receiver not in self._paused:
+            if held < max(self._held.values()):
+                self._paused[receiver] = None
+                self.pauses += 1
+                receiver.hold_back()
+        elif held < before:
+            self._resume()
+
+    def refused_frame(self) -> None:
+        """Count a connection closed for a frame above ``max_frame_size``."""
+        self.frames_too_large += 1
+
+    def forget(self, receiver: Receiver) -> None:
+        """The connection is gone: drop what it held."""
+        self._paused.pop(receiver, None)
+        self.update(receiver, 0)
+
+    def _resume(self) -> None:
+        while self._paused and self.used <= self.capacity:
+            receiver = next(iter(self._paused))
+            del self._paused[receiver]
+            receiver.let_go()
+        if self._paused and self._held and not any(
+                r not in self._paused for r in self._held):
+            # Everyone holding bytes is paused: let the largest finish its frame.
+            largest = max(self._paused, key=lambda r: self._held.get(r, 0))
+            del self._paused[largest]
+            largest.let_go()
+
+
+class HeapTrimmer:
+    """Calls ``malloc_trim(0)`` after enough memory was released (glibc only)."""
+
+    def __init__(self, released: Callable[[], int]) -> None:
+        self._released = released
+        self._seen = 0
+        self.trims = 0
+        """Trims run so far."""
+        self._trim: Callable[[int], int] | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._trim = ctypes.CDLL("libc.so.6").malloc_trim
+
+    @property
+    def available(self) -> bool:
+        """Whether the C library has ``malloc_trim``."""
+        return self._trim is not None
+
+    async def run(self) -> None:
+        """Check every :data:`TRIM_INTERVAL` seconds until cancelled."""
+        if self._trim is None:
+            return
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(TRIM_INTERVAL)
+            released = self._released()
+            if released - self._seen >= TRIM_AFTER_BYTES:
+                self._seen = released
+                self.trims += 1
+                await loop.run_in_executor(None, self._trim, 0)

@@ -1,0 +1,235 @@
+"""Decoding record batches off the event loop, within a process-wide memory budget.
+
+Contract:
+
+* A partition's ``records`` bytes of at most ``inline_bytes`` are decoded on the event
+  loop with each records block's output capped at ``inline_output_bytes``: ordinary
+  batches never pay for a thread hop.
+* Anything larger, and a small block that decompresses past the inline cap, is decoded
+  on a worker thread of :class:`BatchOffload` after its worst case (stored bytes plus
+  each block's decompression bound) is reserved from :class:`MemoryBudget`
+  (``max_decode_memory``). Concurrent bombs therefore queue against the budget
+  instead of multiplying memory, and a connection waiting for the budget reads
+  nothing more (its requests are handled one at a time), so only it slows down.
+* Once decoded, the reservation shrinks to what the batches hold and stays until the
+  partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
+  A reservation above the whole budget is cut to the budget: it waits to run alone.
+* Re-encoding a large transformed batch runs on the same threads.
+* Order is untouched: a connection awaits its own decode before it handles anything
+  else, exactly as it awaits the interceptor.
+
+The decompressors (cramjam, zlib, python-lz4, python-zstandard) release the GIL; the
+record decoder holds it, in slices of the interpreter's switch interval, so the
+event loop keeps turning while a large batch is decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from kiproxy.protocol.compression import Compression, CompressionLevels, DecompressionLimits
+from kiproxy.protocol.errors import DecompressionLimitExceeded, ProtocolError
+from kiproxy.protocol.records import (
+    DecodedBatch,
+    Record,
+    RecordBatchHeader,
+    decode_batches,
+    encode_batch,
+    read_batch_headers,
+)
+
+__all__ = ["BatchOffload", "DecodeLease", "MemoryBudget", "WarningLimiter"]
+
+log = logging.getLogger("kiproxy.offload")
+
+DEFAULT_INLINE_BYTES = 64 * 1024
+"""Records bytes decoded on the loop (measured in bench/bombs.py: below this a thread
+hop costs more than the decode)."""
+DEFAULT_INLINE_OUTPUT_BYTES = 1024 * 1024
+"""Decompressed bytes a block may produce on the loop before it moves to a thread."""
+DEFAULT_MAX_DECODE_MEMORY = 256 * 1024 * 1024
+"""Process-wide bytes of batches being decoded or held decoded (``max_decode_memory``)."""
+_RECORD_OVERHEAD = 160
+"""Bytes a decoded Record object costs beyond its key and value (measured, CPython 3.11)."""
+_HEADER = 61
+
+
+class MemoryBudget:
+    """Bytes shared by every connection; waiters are served first come, first served."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        """The budget, in bytes."""
+        self.used = 0
+        """Bytes reserved now."""
+        self.waits = 0
+        """Reservations that had to wait (each is a limit hit)."""
+        self.released = 0
+        """Bytes given back by reservations of 1 MiB or more (read by the heap trimmer)."""
+        self._waiters: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    async def acquire(self, nbytes: int) -> int:
+        """Reserve ``nbytes`` (cut to the capacity), waiting for room; return what was
+        reserved, to be given back with :meth:`release`."""
+        nbytes = min(nbytes, self.capacity)
+        if not self._waiters and self.used + nbytes <= self.capacity:
+            self.used += nbytes
+            return nbytes
+        self.waits += 1
+        waiter = asyncio.get_running_loop().create_future()
+        entry = (nbytes, waiter)
+        self._waiters.append(entry)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self.release(nbytes)  # granted just as it was cancelled
+            else:
+                self._waiters.remove(entry)
+                self._grant()
+            raise
+        return nbytes
+
+    def release(self, nbytes: int) -> None:
+        """Give back ``nbytes`` of a reservation."""
+        self.used -= nbytes
+        if nbytes >= 1024 * 1024:
+            self.released += nbytes
+        self._grant()
+
+    def _grant(self) -> None:
+        while self._waiters and self.used + self._waiters[0][0] <= self.capacity:
+            nbytes, waiter = self._waiters.popleft()
+            if waiter.done():
+                continue
+            self.used += nbytes
+            waiter.set_result(None)
+
+
+class BatchOffload:
+    """Where and within what memory a partition's batches are decoded and re-encoded."""
+
+    def __init__(self, limits: DecompressionLimits, *,
+                 max_decode_memory: int = DEFAULT_MAX_DECODE_MEMORY,
+                 inline_bytes: int = DEFAULT_INLINE_BYTES,
+                 inline_output_bytes: int = DEFAULT_INLINE_OUTPUT_BYTES,
+                 threads: int | None = None) -> None:
+        self.limits = limits
+        """Decompression bounds of every records block."""
+        self.budget = MemoryBudget(max_decode_memory)
+        """The process-wide budget of decoded data."""
+        self.inline_bytes = inline_bytes
+        """Partitions of at most this many records bytes are tried on the loop."""
+        self.inline_limits = DecompressionLimits(
+            max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
+        """The bounds of an inline attempt: past them the block moves to a thread."""
+        self.threads = threads or min(4, os.cpu_count() or 1)
+        """Worker threads decoding and encoding large batches."""
+        self._pool: ThreadPoolExecutor | None = None
+
+    def lease(self) -> DecodeLease:
+        """A lease for one partition; release it when the partition is done."""
+        return DecodeLease(self)
+
+    async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` on a worker thread."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def worst_case(self, data: bytes) -> int:
+        """Bytes decoding ``data`` may hold at most: its size plus each block's bound."""
+        total = len(data)
+        try:
+            headers = read_batch_headers(data)
+        except ProtocolError:
+            return total  # the decoder refuses it before decompressing anything
+        for h in headers:
+            if h.attributes & 0x07 != Compression.NONE:
+                total += self.limits.bound(h.batch_length + 12 - _HEADER)[0]
+        return total
+
+    def close(self) -> None:
+        """Stop the worker threads (after the work they hold)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+class DecodeLease:
+    """One partition's share of the budget, from decode to release."""
+
+    __slots__ = ("_held", "_offload")
+
+    def __init__(self, offload: BatchOffload) -> None:
+        self._offload = offload
+        self._held = 0
+
+    async def decode(self, data: bytes) -> list[DecodedBatch]:
+        """Decode every batch of a partition's ``records`` bytes (see the module contract).
+
+        Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
+        """
+        offload = self._offload
+        if len(data) <= offload.inline_bytes:
+            try:
+                return decode_batches(data, limits=offload.inline_limits)
+            except DecompressionLimitExceeded as exc:
+                if not (exc.setting == "max_decompressed_batch_bytes"
+                        and exc.limit < offload.limits.max_bytes):
+                    raise  # the real bound, not the inline one
+        budget = offload.budget
+        self._held += await budget.acquire(offload.worst_case(data))
+        batches: list[DecodedBatch] = await offload.run(decode_batches, data,
+                                                        limits=offload.limits)
+        used = len(data) + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+                               for b in batches)
+        if used < self._held:
+            budget.release(self._held - used)
+            self._held = used
+        return batches
+
+    async def encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
+                     levels: CompressionLevels, size_hint: int) -> bytes:
+        """:func:`~kiproxy.protocol.records.encode_batch`, on a thread when the batch
+        is larger than what is decoded inline (``size_hint``: its decoded size)."""
+        if size_hint <= self._offload.inline_bytes:
+            return encode_batch(header, records, renumber=True, levels=levels)
+        out: bytes = await self._offload.run(encode_batch, header, records, renumber=True,
+                                             levels=levels)
+        return out
+
+    def release(self) -> None:
+        """Give the partition's reservation back."""
+        if self._held:
+            self._offload.budget.release(self._held)
+            self._held = 0
+
+
+class WarningLimiter:
+    """At most one WARNING per key (a client host) per ``interval`` seconds; the
+    suppressed count is reported with the next one."""
+
+    def __init__(self, interval: float = 10.0, max_keys: int = 10_000) -> None:
+        self.interval = interval
+        self._last: dict[str, tuple[float, int]] = {}
+        self._max_keys = max_keys
+
+    def allow(self, key: str) -> int | None:
+        """``None`` if a warning for ``key`` is suppressed now, else how many were."""
+        now = time.monotonic()
+        last, suppressed = self._last.get(key, (0.0, 0))
+        if last and now - last < self.interval:
+            self._last[key] = (last, suppressed + 1)
+            return None
+        if len(self._last) >= self._max_keys:
+            self._last.clear()
+        self._last[key] = (now, 0)
+        return suppressed

@@ -1,0 +1,201 @@
+"""The produce pipeline's response side: the broker's answer merged with the proxy's.
+
+Contract: when the proxy refused some topic-partitions of a ProduceRequest and
+forwarded the rest, the client gets one response: the broker's, with a
+partition response added for each refusal (``error_code``, and on v8+
+``error_message`` and ``record_errors``). A request refused whole is answered
+with a response the proxy makes (:func:`rejection_only_response`). On the way,
+:class:`ResponseMerger` calls the interceptor's ``on_acknowledgement`` hook
+with each forwarded batch's base offset, fills in the per-partition tallies
+(base offset, broker errors) for observers and metrics, and rewrites the
+KIP-951 ``node_endpoints`` of v10+ answers to the proxy's listeners.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import typing
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from kiproxy.interceptors.api import AcknowledgedBatch
+from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.verdict import AcknowledgementHook
+from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.proxy.addresses import rewrite_message
+from kiproxy.proxy.outcome import PartitionTally
+
+log = logging.getLogger("kiproxy.produce")
+
+__all__ = ["Acked", "Rejection", "ResponseMerger", "merge_rejections", "rejection_only_response"]
+
+
+@dataclass(slots=True)
+class Rejection:
+    """One topic-partition the proxy refused, and what the producer is told."""
+
+    topic: Any  # name (str) or topic id (UUID), as the request named it
+    partition: int
+    error_code: int
+    message: str
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+    logged: bool = False
+    """Already logged as a plugin fault (a WARNING), so not again at INFO."""
+    reason: str = "interceptor"
+    """The ``reason`` label of kiproxy_rejected_batches_total."""
+
+
+@dataclass(slots=True)
+class Acked:
+    """The batches of one forwarded topic-partition, for ``on_acknowledgement``."""
+
+    topic_key: Any
+    partition: int
+    batches: list[AcknowledgedBatch]
+
+
+@cache
+def _response_classes(version: int) -> tuple[Any, Any, Any, Any]:
+    response_cls = response_type(ApiKey.PRODUCE, version)
+    hints = typing.get_type_hints(response_cls)
+    topic_cls = typing.get_args(hints["responses"])[0]
+    partition_cls = typing.get_args(typing.get_type_hints(topic_cls)["partition_responses"])[0]
+    record_error_cls = None
+    partition_hints = typing.get_type_hints(partition_cls)
+    if "record_errors" in partition_hints:
+        record_error_cls = typing.get_args(partition_hints["record_errors"])[0]
+    return response_cls, topic_cls, partition_cls, record_error_cls
+
+
+def _error_code_value(code: int) -> Any:
+    """kio's value for ``code`` (its serializer wants its own enum; our codes are Kafka's)."""
+    from kio.schema.errors import ErrorCode as KioErrorCode
+
+    try:
+        return KioErrorCode(code)
+    except ValueError:
+        return KioErrorCode(int(ErrorCode.INVALID_RECORD))
+
+
+def _partition_response(version: int, rejection: Rejection) -> Any:
+    _, _, partition_cls, record_error_cls = _response_classes(version)
+    fields = {f.name for f in dataclasses.fields(partition_cls)}
+    kwargs: dict[str, Any] = {
+        "index": rejection.partition,
+        "error_code": _error_code_value(rejection.error_code),
+        "base_offset": -1,
+    }
+    if "record_errors" in fields:
+        kwargs["record_errors"] = tuple(
+            record_error_cls(batch_index=i, batch_index_error_message=m)
+            for i, m in rejection.record_errors
+        )
+    if "error_message" in fields:
+        kwargs["error_message"] = rejection.message
+    return partition_cls(**kwargs)
+
+
+def merge_rejections(version: int, response: Any, rejections: list[Rejection]) -> Any:
+    _, topic_cls, _, _ = _response_classes(version)
+    key_field = "topic_id" if version >= 13 else "name"
+    topics = list(response.responses)
+    index = {getattr(t, key_field): i for i, t in enumerate(topics)}
+    for rejection in rejections:
+        part = _partition_response(version, rejection)
+        i = index.get(rejection.topic)
+        if i is None:
+            index[rejection.topic] = len(topics)
+            topics.append(topic_cls(**{key_field: rejection.topic, "partition_responses": (part,)}))
+        else:
+            topics[i] = dataclasses.replace(
+                topics[i], partition_responses=(*topics[i].partition_responses, part)
+            )
+    return dataclasses.replace(response, responses=tuple(topics))
+
+
+def rejection_only_response(version: int, rejections: list[Rejection]) -> bytes:
+    response_cls, _, _, _ = _response_classes(version)
+    empty = response_cls(responses=())
+    return serialize(merge_rejections(version, empty, rejections))
+
+
+class ResponseMerger:
+    """Turns the broker's answer to a forwarded ProduceRequest into the client's."""
+
+    def __init__(self, *, version: int, flexible: bool, rejections: list[Rejection],
+                 acked: list[Acked], tallies: list[PartitionTally] | None,
+                 ack_hook: AcknowledgementHook | None, interceptor_name: str,
+                 topic_names: dict[uuid.UUID, str],
+                 nodes_seen: Callable[[int, str, int], tuple[str, int]] | None) -> None:
+        self._version = version
+        self._flexible = flexible
+        self._rejections = rejections
+        self._acked = acked
+        self._tallies = tallies
+        self._ack_hook = ack_hook
+        self._name = interceptor_name
+        self._topic_names = topic_names
+        self._nodes_seen = nodes_seen
+
+    def __call__(self, frame: bytes) -> bytes:
+        version = self._version
+        _, body_offset = parse_response_header(frame, 1 if self._flexible else 0)
+        response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
+        if self._ack_hook is not None:
+            self._acknowledge(response)
+        if self._tallies:
+            self._fill_tallies(response)
+        rewrite_nodes = version >= 10 and self._nodes_seen is not None
+        if not self._rejections and not rewrite_nodes:
+            return frame
+        if self._rejections:
+            response = merge_rejections(version, response, self._rejections)
+        if rewrite_nodes:
+            assert self._nodes_seen is not None
+            response = rewrite_message(ApiKey.PRODUCE, response, self._nodes_seen)
+        return frame[:body_offset] + serialize(response)
+
+    def _fill_tallies(self, response: Any) -> None:
+        version = self._version
+        key_field = "topic_id" if version >= 13 else "name"
+        results = {}
+        for topic in response.responses:
+            key = getattr(topic, key_field)
+            name = self._topic_names.get(key, str(key)) if version >= 13 else key
+            for p in topic.partition_responses:
+                results[(name, p.index)] = p
+        for tally in self._tallies or ():
+            if tally.outcome == "rejected":
+                continue
+            p = results.get((tally.topic, tally.partition))
+            if p is None:
+                continue
+            tally.base_offset = int(p.base_offset)
+            code = int(p.error_code)
+            if code:
+                tally.outcome = "broker_error"
+                tally.error_code = code
+                tally.error_message = getattr(p, "error_message", None)
+
+    def _acknowledge(self, response: Any) -> None:
+        key_field = "topic_id" if self._version >= 13 else "name"
+        results = {}
+        for topic in response.responses:
+            for p in topic.partition_responses:
+                results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
+                                                                 int(p.error_code))
+        assert self._ack_hook is not None
+        for entry in self._acked:
+            base_offset, code = results.get((entry.topic_key, entry.partition), (-1, -1))
+            for batch in entry.batches:
+                try:
+                    self._ack_hook(batch, base_offset, code or None)
+                except Exception:
+                    log.exception("interceptor %s: on_acknowledgement failed", self._name)
+                if base_offset >= 0:
+                    base_offset += batch.record_count

@@ -1,0 +1,147 @@
+"""Routing one client request: a table from API key to what the proxy does with it.
+
+Contract:
+
+- Produce goes through the configuration generation's produce pipeline
+  (:mod:`kiproxy.proxy.produce`); ApiVersions answers are cut to what the proxy
+  can carry; responses that name broker addresses are rewritten; SASL requests
+  are read as they pass so the connection learns its principal; everything
+  else is forwarded as opaque bytes without being decoded.
+- A request whose answer would have to be rewritten at a version the proxy has
+  no schema for (never offered in ApiVersions, but a client can send it) is
+  refused with :class:`~kiproxy.protocol.errors.UnsupportedVersion`: the
+  connection closes the client with one warning, as a Kafka broker closes a
+  connection that sends a request version it cannot parse.
+- While a SASL exchange is under way, only ApiVersions, SaslHandshake and
+  SaslAuthenticate pass (:class:`~kiproxy.protocol.errors.SaslStateError`
+  otherwise), as the broker would have it.
+
+The router holds no connection: it is handed the requesting client (a
+:class:`RequestingClient`) and the generation the request runs under.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
+from kiproxy.protocol.framing import RequestHeader
+from kiproxy.protocol.messages import ApiKey, api_name
+from kiproxy.proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
+from kiproxy.proxy.api_versions import (
+    cut_api_versions_frame,
+    known_version_range,
+    unsupported_api_versions_response,
+)
+from kiproxy.proxy.client import RequestingClient
+from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
+
+if TYPE_CHECKING:
+    from kiproxy.proxy.generation import Generation
+    from kiproxy.proxy.nodes import NodeRegistry
+
+__all__ = ["RequestRouter"]
+
+_BEFORE_AUTHENTICATION = frozenset(
+    {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
+"""What a Kafka broker accepts on a connection whose SASL exchange is under way."""
+
+
+_Handler = Callable[["RequestRouter", RequestingClient, "Generation", RequestHeader, bytes],
+                    Awaitable[RequestOutcome]]
+
+
+class RequestRouter:
+    """Decides, per API key, what happens to one client request."""
+
+    def __init__(self, nodes: NodeRegistry) -> None:
+        self._nodes = nodes
+
+    async def route(self, client: RequestingClient, generation: Generation,
+                    header: RequestHeader, frame: bytes) -> RequestOutcome:
+        """What to do with ``frame``: forward it (with a response rewriter) or answer it."""
+        if client.sasl.awaiting_verdict and header.api_key not in _BEFORE_AUTHENTICATION:
+            # The broker refuses this (ILLEGAL_SASL_STATE) and closes the connection; the
+            # proxy must not run the interceptor or answer for it on the broker's behalf.
+            raise SaslStateError(
+                f"{api_name(header.api_key)} request before its SASL "
+                f"{client.sasl.mechanism} authentication succeeded (the broker would refuse "
+                "it: ILLEGAL_SASL_STATE)")
+        handler: _Handler = _HANDLERS.get(header.api_key, RequestRouter._other)
+        return await handler(self, client, generation, header, frame)
+
+    def rewriter(self, generation: Generation,
+                 header: RequestHeader) -> Callable[[bytes], bytes] | None:
+        """What the answer to ``header`` needs before it reaches the client, if anything."""
+        if header.api_key == ApiKey.API_VERSIONS:
+            return partial(cut_api_versions_frame, header.api_version,
+                           produce_max=generation.produce.max_version)
+        if needs_rewrite(header.api_key, header.api_version):
+            observe = (generation.produce.learn_topic_ids
+                       if header.api_key == ApiKey.METADATA else None)
+            return partial(rewrite_response_frame, header.api_key, header.api_version,
+                           seen=self._nodes.seen, observe=observe)
+        return None
+
+    # ------------------------------------------------------------------ handlers
+
+    async def _produce(self, client: RequestingClient, generation: Generation,
+                       header: RequestHeader, frame: bytes) -> RequestOutcome:
+        return await generation.produce.handle(client, header, frame, self._nodes.seen)
+
+    async def _api_versions(self, client: RequestingClient, generation: Generation,
+                            header: RequestHeader, frame: bytes) -> RequestOutcome:
+        known = known_version_range(ApiKey.API_VERSIONS)
+        if known is not None and header.api_version > known[1]:
+            return Answer(unsupported_api_versions_response(header.correlation_id))
+        return Forward(frame, on_response=self.rewriter(generation, header))
+
+    async def _sasl_handshake(self, client: RequestingClient, generation: Generation,
+                              header: RequestHeader, frame: bytes) -> RequestOutcome:
+        if header.body_offset is not None:
+            if header.api_version == 0:
+                # v0 is followed by raw SASL tokens outside Kafka framing (clients older
+                # than Kafka 1.0); the proxy carries only framed SaslAuthenticate.
+                raise UnsupportedVersion(
+                    "SaslHandshake v0 (raw SASL tokens without Kafka framing) is not "
+                    "carried by the proxy; use a client that sends SaslHandshake v1 and "
+                    "SaslAuthenticate (Kafka 1.0+ clients do)")
+            client.sasl.on_handshake(header.api_version, frame, header.body_offset)
+        return Forward(frame, on_response=self.rewriter(generation, header))
+
+    async def _sasl_authenticate(self, client: RequestingClient, generation: Generation,
+                                 header: RequestHeader, frame: bytes) -> RequestOutcome:
+        if header.body_offset is None:
+            return Forward(frame)
+        sasl_round = client.sasl.on_authenticate(header.api_version, frame, header.body_offset)
+        return Forward(frame, on_response=partial(
+            client.sasl_answered, sasl_round, header.api_version, header.header_version == 2))
+
+    async def _other(self, client: RequestingClient, generation: Generation,
+                     header: RequestHeader, frame: bytes) -> RequestOutcome:
+        if not rewritable(header.api_key, header.api_version):
+            # Checked before forwarding: the broker would act on the request and its
+            # answer could then be neither rewritten nor passed on (it names brokers).
+            raise UnsupportedVersion(unrewritable_message(header))
+        return Forward(frame, on_response=self.rewriter(generation, header))
+
+
+_HANDLERS: dict[int, _Handler] = {
+    ApiKey.PRODUCE: RequestRouter._produce,
+    ApiKey.API_VERSIONS: RequestRouter._api_versions,
+    ApiKey.SASL_HANDSHAKE: RequestRouter._sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: RequestRouter._sasl_authenticate,
+}
+"""API key -> handler; every other key is :meth:`RequestRouter._other`."""
+
+
+def unrewritable_message(header: RequestHeader) -> str:
+    """Why a request whose answer the proxy could not rewrite is refused."""
+    name = api_name(header.api_key)
+    known = known_version_range(header.api_key)
+    reads = f"; it reads {name} v{known[0]}-v{known[1]}" if known is not None else ""
+    return (f"{name} request v{header.api_version} refused: the proxy has no schema for "
+            f"that version, so the broker addresses in the answer could not be "
+            f"rewritten (use a version offered in ApiVersions{reads})")

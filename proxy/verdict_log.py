@@ -1,0 +1,79 @@
+"""How the proxy logs rejections: policy at INFO, plugin bugs at WARNING, rate-limited.
+
+A policy rejection (the plugin raised ``RejectBatch``, or the proxy could not
+decode the partition) is one INFO line naming the client address, client id,
+topic-partition, error code and reason: it is what the producer was told.
+
+A plugin bug (an exception, a wrong return type, a broken record-count rule,
+a missed deadline, records that cannot be encoded) is a WARNING, rate-limited
+per plugin and kind of fault: the first occurrence is logged (with the
+plugin's traceback for an exception), then at most one line per
+:data:`WARNING_INTERVAL` seconds, saying how many were suppressed since the
+last line. A plugin failing on every batch therefore costs a line every 10 s,
+not one per batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kiproxy.interceptors.verdict import Rejected
+
+__all__ = ["WARNING_INTERVAL", "VerdictLog"]
+
+WARNING_INTERVAL = 10.0
+"""Seconds between two WARNING lines for the same plugin and fault."""
+
+
+@dataclass(slots=True)
+class _Window:
+    last: float
+    suppressed: int = 0
+
+
+class VerdictLog:
+    """Writes the proxy's rejection lines to ``log`` (see the module docstring)."""
+
+    def __init__(self, log: logging.Logger, *, interval: float = WARNING_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.log = log
+        self.interval = interval
+        self.clock = clock
+        self._windows: dict[tuple[str, str], _Window] = {}
+
+    def policy(self, where: str, client_address: str, client_id: str | None, code: int,
+               message: str, extra: Mapping[str, object] | None = None) -> None:
+        """One INFO line for a batch rejected by policy (or as undecodable)."""
+        self.log.info("rejected %s from %s (client_id %r): error %d: %s", where,
+                      client_address, client_id, code, message, extra=extra)
+
+    def fault(self, plugin: str, kind: str, where: str, client_address: str,
+              client_id: str | None, message: str, *, exception: BaseException | None = None,
+              extra: Mapping[str, object] | None = None) -> None:
+        """A WARNING for a plugin bug, unless one for ``(plugin, kind)`` was written lately."""
+        now = self.clock()
+        key = (plugin, kind)
+        window = self._windows.get(key)
+        if window is not None and now - window.last < self.interval:
+            window.suppressed += 1
+            return
+        suppressed = 0 if window is None else window.suppressed
+        self._windows[key] = _Window(now)
+        note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
+                if suppressed else "")
+        exc_info = ((type(exception), exception, exception.__traceback__)
+                    if exception is not None else None)
+        self.log.warning("rejected %s from %s (client_id %r): %s%s", where, client_address,
+                         client_id, message, note, exc_info=exc_info, extra=extra)
+
+    def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
+                 client_id: str | None, extra: Mapping[str, object] | None = None) -> None:
+        """Log ``verdict`` as a policy rejection or a plugin fault."""
+        if verdict.fault is None:
+            self.policy(where, client_address, client_id, verdict.code, verdict.message, extra)
+        else:
+            self.fault(plugin, verdict.fault, where, client_address, client_id,
+                       verdict.message, exception=verdict.exception, extra=extra)

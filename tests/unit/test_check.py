@@ -1,0 +1,155 @@
+"""``kiproxy check``: the repository's example plugins pass, broken ones are named exactly.
+
+Run through the real ``kiproxy`` parser and dispatch (:func:`kiproxy.cli.main`);
+what is asserted is the exit code and what a CI log would show.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from kiproxy.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PLUGINS = ROOT / "plugins"
+WASM = ROOT / "examples" / "wasm"
+
+
+def check(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["check", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def plugin_dir(tmp_path: Path, name: str, source: str) -> Path:
+    (tmp_path / f"{name}.py").write_text(textwrap.dedent(source))
+    return tmp_path
+
+
+def test_the_card_masking_plugin_on_the_built_in_samples(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = check(capsys, "mask_card_numbers:MaskCardNumbers",
+                           "--plugins-dir", str(PLUGINS))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "batch 1: check[0], 5 records: transformed (1 changed)"
+    assert lines[1].startswith('  record 1: {"key": "order-1", "value": "card '
+                               '****-****-****-1111 paid", "headers": [["src", "web"], '
+                               '["trace", null]], "timestamp": ')
+    assert lines[2:] == ["batch 2: check[0], 1 record: forwarded unchanged",
+                         "mask_card_numbers:MaskCardNumbers: loaded; 2 batches: 1 unchanged, "
+                         "1 transformed, 0 rejected"]
+
+
+def test_a_sample_file_and_a_config(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    sample = tmp_path / "samples.jsonl"
+    sample.write_text("\n".join(json.dumps(doc) for doc in [
+        {"key": "o1", "value": "card 4111-1111-1111-1111", "topic": "payments"},
+        {"value": {"b64": "AAE="}, "headers": [["src", {"b64": "/w=="}]], "topic": "payments",
+         "timestamp": 1700000000000},
+        {"value": "card 4111-1111-1111-1111", "topic": "logs"},
+    ]) + "\n\n")
+    code, out, _ = check(capsys, "mask_card_numbers:MaskCardNumbers", "--plugins-dir",
+                         str(PLUGINS), "--config", '{"topics": ["payments"]}',
+                         "--sample", str(sample))
+    assert code == 0
+    assert out.splitlines()[0] == "batch 1: payments[0], 2 records: transformed (1 changed)"
+    assert out.splitlines()[2:] == [
+        "batch 2: logs[0], 1 record: forwarded unchanged",
+        "mask_card_numbers:MaskCardNumbers: loaded; 2 batches: 1 unchanged, 1 transformed, "
+        "0 rejected"]
+
+
+def test_the_wasm_examples_by_path_alone(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = check(capsys, str(WASM / "uppercase.wat"))
+    assert code == 0
+    assert '"value": "HELLO, WORLD"' in out
+    code, out, _ = check(capsys, "wasm", "--config",
+                         json.dumps({"module": str(WASM / "reject_shouting.wat"), "abi": 2}))
+    assert code == 0
+    assert out.splitlines()[-2:] == [
+        f"batch 2: check[0], 1 record: rejected with INVALID_RECORD (87): wasm module "
+        f"{WASM / 'reject_shouting.wat'} (transform_batch, abi v2) rejected check[0]: value is "
+        "all upper case",
+        "wasm: loaded; 2 batches: 1 unchanged, 0 transformed, 1 rejected"]
+    code, _, err = check(capsys, str(WASM / "reject_shouting.wat"), "--fail-on-reject")
+    assert code == 2
+    assert err.startswith("kiproxy check: wasm failed on 1 of 2 batches (--fail-on-reject): "
+                          "batch 2: wasm module ")
+
+
+def test_a_plugin_that_imports_a_missing_package(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "needs_pkg", """\
+        import json
+        import no_such_package_for_kiproxy
+    """)
+    code, out, err = check(capsys, "needs_pkg:Plugin", "--plugins-dir", str(plugins))
+    assert (code, out) == (2, "")
+    assert err == (
+        f"kiproxy check: importing interceptor module 'needs_pkg' from {plugins} failed: "
+        f"{plugins / 'needs_pkg.py'} line 2 imports 'no_such_package_for_kiproxy', which is "
+        "not installed (ModuleNotFoundError: No module named 'no_such_package_for_kiproxy'); "
+        "install the package that provides 'no_such_package_for_kiproxy' where kiproxy runs\n")
+
+
+@pytest.mark.parametrize(("content", "line", "reason"), [
+    ('{"value": "ok"}\n{"value": "broken"\n', 2,
+     "Expecting ',' delimiter: line 1 column 19 (char 18)"),
+    ('\n["a list"]\n', 2, "expected a JSON object, got list"),
+    ('{"value": 5}\n', 1, 'value must be a string, null or {"b64": "..."}, not 5'),
+    ('{"value": {"b64": "***"}}\n', 1,
+     'value: {"b64": ...} is not base64 (Only base64 data is allowed)'),
+    ('{"headers": {"a": "b"}}\n', 1,
+     'headers must be a list of [name, value] pairs, e.g. [["src", "web"]]'),
+    ('{"val": "typo"}\n', 1,
+     "unknown field(s) val; known: key, value, headers, timestamp, topic, partition"),
+])
+def test_a_malformed_sample_line_is_named(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                          content: str, line: int, reason: str) -> None:
+    sample = tmp_path / "bad.jsonl"
+    sample.write_text(content)
+    code, out, err = check(capsys, "uppercase", "--sample", str(sample))
+    assert (code, out) == (2, "")
+    assert err == f"kiproxy check: sample file {sample} line {line}: {reason}\n"
+
+
+def test_a_plugin_that_fails_on_a_batch(capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "dropper", """\
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Drop(ProduceRequestInterceptor):
+            def intercept(self, batch, ctx):
+                return batch.with_records(batch.records[1:])
+    """)
+    code, out, err = check(capsys, "dropper:Drop", "--plugins-dir", str(plugins))
+    assert code == 2
+    assert out.splitlines()[0] == (
+        "batch 1: check[0], 5 records: rejected with INVALID_RECORD (87): interceptor "
+        "dropper:Drop broke the record-count rule: returned 4 records for a batch of 5")
+    assert err == (
+        "kiproxy check: dropper:Drop failed on 2 of 2 batches: batch 1: interceptor "
+        "dropper:Drop broke the record-count rule: returned 4 records for a batch of 5; "
+        "batch 2: interceptor dropper:Drop broke the record-count rule: returned 0 records "
+        "for a batch of 1\n")
+
+
+@pytest.mark.parametrize(("argv", "reason"), [
+    (["nowhere:Plugin"], "interceptor module 'nowhere' not found (looked in: sys.path, entry "
+                         "points (kiproxy.interceptors))"),
+    (["uppercase", "--config", "[1]"], "--config must be a JSON object, not [1]"),
+    (["uppercase", "--config", "{"], "--config is not valid JSON: Expecting property name "
+                                     "enclosed in double quotes: line 1 column 2 (char 1)"),
+    (["uppercase", "--sample", "/nonexistent/s.jsonl"],
+     "cannot read sample file /nonexistent/s.jsonl: [Errno 2] No such file or directory: "
+     "'/nonexistent/s.jsonl'"),
+])
+def test_what_cannot_be_checked_is_said(capsys: pytest.CaptureFixture[str], argv: list[str],
+                                        reason: str) -> None:
+    code, _, err = check(capsys, *argv)
+    assert (code, err) == (2, f"kiproxy check: {reason}\n")

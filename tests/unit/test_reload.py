@@ -1,0 +1,231 @@
+"""Reload rules: restart-only keys, all-or-nothing, coalescing, the debounced file watch."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.reload import (
+    FileWatch,
+    Reloader,
+    ReloadResult,
+    config_hash,
+    redacted,
+    restart_only_changes,
+    watched_paths,
+)
+
+BASE = {"upstream": ["127.0.0.1:9092"]}
+
+
+def _config(**overrides: Any) -> ProxyConfig:
+    return load_config(None, {**BASE, **overrides})
+
+
+def test_live_settings_are_not_restart_only() -> None:
+    old = _config()
+    new = _config(**{"interceptor.class": "uppercase", "interceptor.timeout_ms": 100,
+                     "max_in_flight": 7, "idle_timeout_ms": 5, "log_level": "DEBUG",
+                     "plugins_dir": "/x", "max_frame_size": 1000})
+    assert restart_only_changes(old, new) == []
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("listen", "127.0.0.1:9999", "listen"),
+    ("advertised_host", "proxy.example.com", "advertised_host"),
+    ("broker_port_start", 20000, "broker_port_start"),
+    ("workers", 2, "workers"),
+    ("metrics_listen", "127.0.0.1:9404", "metrics_listen"),
+    ("upstream", ["127.0.0.1:9093"], "upstream"),
+    ("upstream_tls.enabled", True, "upstream_tls"),
+    ("log_format", "json", "log_format"),
+])
+def test_each_restart_only_key_is_named(key: str, value: Any, named: str) -> None:
+    assert restart_only_changes(_config(), _config(**{key: value})) == [named]
+
+
+def test_turning_client_tls_on_needs_a_restart_but_a_new_certificate_does_not() -> None:
+    plain = _config()
+    tls_a = _config(**{"tls.cert": "/a.pem", "tls.key": "/a.key"})
+    tls_b = _config(**{"tls.cert": "/b.pem", "tls.key": "/b.key"})
+    mtls_a = _config(**{"tls.cert": "/a.pem", "tls.key": "/a.key", "tls.client_ca": "/ca1.pem"})
+    mtls_b = _config(**{"tls.cert": "/b.pem", "tls.key": "/b.key", "tls.client_ca": "/ca2.pem"})
+    assert restart_only_changes(plain, tls_a) == ["tls (turning TLS on or off)"]
+    assert restart_only_changes(tls_a, mtls_a) == ["tls.client_ca (turning mTLS on or off)"]
+    assert restart_only_changes(tls_a, tls_b) == []
+    assert restart_only_changes(mtls_a, mtls_b) == []
+
+
+class _Harness:
+    def __init__(self, files: list[ProxyConfig | Exception], build_fails: bool = False) -> None:
+        self.files = files
+        self.builds: list[int] = []
+        self.applied: list[tuple[int, str]] = []
+        self.results: list[ReloadResult] = []
+        self.build_fails = build_fails
+        self.gate: asyncio.Event | None = None
+        self.reloader: Reloader[int] = Reloader(
+            config=_config(), generation=1, load=self.load, build=self.build,
+            apply=self.apply, on_result=self.results.append)
+
+    def load(self) -> ProxyConfig:
+        item = self.files.pop(0) if len(self.files) > 1 else self.files[0]
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    async def build(self, config: ProxyConfig, generation: int) -> int:
+        self.builds.append(generation)
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.build_fails:
+            raise RuntimeError("configure() of my_policy:Policy failed: ValueError: boom")
+        return generation
+
+    async def apply(self, built: int, config: ProxyConfig, trigger: str) -> None:
+        self.applied.append((built, trigger))
+
+
+async def test_a_good_reload_switches_and_counts_a_generation() -> None:
+    h = _Harness([_config(**{"interceptor.class": "uppercase"})])
+    result = await h.reloader.reload("http")
+    assert result.ok and result.message == "applied" and result.generation == 2
+    assert h.applied == [(2, "http")]
+    assert h.reloader.config.interceptor.class_name == "uppercase"
+    assert result.config_hash == config_hash(h.reloader.config)
+
+
+async def test_a_bad_file_changes_nothing_and_says_why() -> None:
+    h = _Harness([ConfigError("config file p.yaml: interceptor.timeout: unknown key")])
+    before = h.reloader.config
+    result = await h.reloader.reload("signal")
+    assert not result.ok and result.generation == 1
+    assert result.message == "config file p.yaml: interceptor.timeout: unknown key"
+    assert h.builds == [] and h.applied == [] and h.reloader.config is before
+
+
+async def test_a_failing_build_changes_nothing() -> None:
+    h = _Harness([_config(**{"interceptor.class": "uppercase"})], build_fails=True)
+    result = await h.reloader.reload("watch")
+    assert not result.ok and h.applied == [] and h.reloader.generation == 1
+    assert "configure() of my_policy:Policy failed" in result.message
+
+
+async def test_a_restart_only_change_is_refused_whole() -> None:
+    h = _Harness([_config(**{"listen": "127.0.0.1:1234", "interceptor.class": "uppercase"})])
+    result = await h.reloader.reload("http")
+    assert not result.ok and result.restart_required == ("listen",)
+    assert result.message == ("listen changed: a restart is needed to apply it; "
+                              "nothing was reloaded")
+    assert h.builds == [] and h.reloader.config.interceptor.class_name is None
+
+
+async def test_a_storm_of_triggers_builds_at_most_twice() -> None:
+    h = _Harness([_config(**{"interceptor.class": "uppercase"})])
+    h.gate = asyncio.Event()
+    tasks = [asyncio.create_task(h.reloader.reload("http")) for _ in range(100)]
+    await asyncio.sleep(0.01)
+    h.gate.set()
+    results = await asyncio.gather(*tasks)
+    assert all(r.ok for r in results)
+    assert h.builds == [2, 3]
+    assert h.reloader.generation == 3
+
+
+def test_redacted_hides_secret_looking_values_but_not_key_paths() -> None:
+    config = {"interceptor": {"config": {"password": "hunter2", "api_token": "t",
+                                         "keys": {"k1": "secret-value"}, "limit": 3}},
+              "tls": {"key": "/etc/kiproxy/tls.key"}}
+    out = redacted(config)
+    assert out["interceptor"]["config"]["password"] == "***"
+    assert out["interceptor"]["config"]["api_token"] == "***"
+    assert out["interceptor"]["config"]["limit"] == 3
+    assert out["tls"]["key"] == "/etc/kiproxy/tls.key"
+
+
+def test_watched_paths_name_the_config_file_plugins_dir_and_tls_files(tmp_path: Path) -> None:
+    config = _config(**{"plugins_dir": str(tmp_path), "tls.cert": "/c.pem", "tls.key": "/k.pem"})
+    assert watched_paths(config, "proxy.yaml") == [
+        Path("proxy.yaml"), tmp_path, Path("/c.pem"), Path("/k.pem")]
+
+
+async def test_the_file_watch_waits_for_writes_to_settle(tmp_path: Path) -> None:
+    watched = tmp_path / "plugin.py"
+    watched.write_text("v1")
+    fired: list[str] = []
+
+    async def trigger() -> None:
+        fired.append(watched.read_text())
+
+    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.2)
+    watch.start()
+    await asyncio.sleep(0.1)
+    for i in range(5):  # a writer still at work: no trigger yet
+        watched.write_text(f"partial {i}")
+        await asyncio.sleep(0.05)
+    assert fired == []
+    watched.write_text("v2")
+    for _ in range(200):
+        if fired:
+            break
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(0.3)
+    await watch.stop()
+    assert fired == ["v2"]
+
+
+async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
+    # How a Kubernetes ConfigMap volume updates: ..data points at a new directory.
+    for name, text in (("v1", "a"), ("v2", "b")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "proxy.yaml").write_text(text)
+    (tmp_path / "..data").symlink_to(tmp_path / "v1")
+    (tmp_path / "proxy.yaml").symlink_to(tmp_path / "..data" / "proxy.yaml")
+    fired: list[str] = []
+
+    async def trigger() -> None:
+        fired.append((tmp_path / "proxy.yaml").read_text())
+
+    watch = FileWatch(lambda: [tmp_path / "proxy.yaml"], trigger, interval=0.02, debounce=0.05)
+    watch.start()
+    await asyncio.sleep(0.1)
+    (tmp_path / "..data_tmp").symlink_to(tmp_path / "v2")
+    (tmp_path / "..data_tmp").rename(tmp_path / "..data")
+    for _ in range(200):
+        if fired:
+            break
+        await asyncio.sleep(0.02)
+    await watch.stop()
+    assert fired == ["b"]
+
+
+def test_forgetting_plugin_modules_makes_a_changed_file_take_effect(tmp_path: Path) -> None:
+    from kiproxy.interceptors.api import InterceptContext, Record, RecordBatch
+    from kiproxy.interceptors.loader import forget_plugin_modules, load_interceptor
+
+    source = '''
+from kiproxy.interceptors import ProduceRequestInterceptor
+from suffix_helper import SUFFIX
+
+class Suffix(ProduceRequestInterceptor):
+    def intercept(self, batch, ctx):
+        return batch.with_records(r.with_value(r.value + SUFFIX) for r in batch.records)
+'''
+    (tmp_path / "reload_suffix.py").write_text(source)
+    (tmp_path / "suffix_helper.py").write_text("SUFFIX = b'-A'\n")
+    batch = RecordBatch(topic="t", partition=0, records=(Record(key=None, value=b"v"),))
+    ctx = InterceptContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                           api_version=9, acks=1, transactional_id=None, deadline=0.0)
+    try:
+        first = load_interceptor("reload_suffix:Suffix", tmp_path)
+        (tmp_path / "suffix_helper.py").write_text("SUFFIX = b'-B'\n")
+        assert sorted(forget_plugin_modules(tmp_path)) == ["reload_suffix", "suffix_helper"]
+        second = load_interceptor("reload_suffix:Suffix", tmp_path)
+        assert first.intercept(batch, ctx).records[0].value == b"v-A"
+        assert second.intercept(batch, ctx).records[0].value == b"v-B"
+    finally:
+        forget_plugin_modules(tmp_path)

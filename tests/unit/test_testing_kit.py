@@ -1,0 +1,173 @@
+"""The plugin test kit (``kiproxy.interceptors.testing``) and its pytest fixtures.
+
+That its verdicts are the proxy's is shown end to end by
+``tests/integration/test_verdict_parity.py``; here: the builders' defaults,
+each kind of outcome, a call from inside a running event loop, loading by
+spec, and the fixtures in a pytest run of their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from kiproxy.interceptors import (
+    Header,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from kiproxy.interceptors.loader import PluginLoadError
+from kiproxy.interceptors.testing import (
+    load,
+    make_batch,
+    make_context,
+    make_record,
+    run_interceptor,
+    run_interceptor_async,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Upper(ProduceRequestInterceptor):
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        return batch.with_records(r.with_value((r.value or b"").upper()) for r in batch.records)
+
+
+class Closed(ProduceRequestInterceptor):
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        raise RejectBatch("closed", "POLICY_VIOLATION", [(0, "first")])
+
+
+class Sleepy(ProduceRequestInterceptor):
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        await asyncio.sleep(1)
+        return batch
+
+
+class Blocking(ProduceRequestInterceptor):
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        time.sleep(0.05)
+        return batch
+
+
+def test_make_record_encodes_text_and_takes_headers_as_pairs_or_a_mapping() -> None:
+    record = make_record("v", key="k", headers=[("a", "1"), ("a", None)], timestamp=5)
+    assert (record.key, record.value, record.timestamp) == (b"k", b"v", 5)
+    assert record.headers == (Header("a", b"1"), Header("a", None))
+    assert make_record(None, headers={"h": b"x"}).headers == (Header("h", b"x"),)
+    assert make_record().timestamp > 1_700_000_000_000  # now, in ms
+
+
+def test_make_batch_numbers_its_records_and_defaults_to_a_plain_producer() -> None:
+    batch = make_batch("a", b"b", None, topic="orders", partition=3)
+    assert (batch.topic, batch.partition) == ("orders", 3)
+    assert [r.value for r in batch.records] == [b"a", b"b", None]
+    assert [r.offset_delta for r in batch.records] == [0, 1, 2]
+    assert len({r.timestamp for r in batch.records}) == 1
+    assert (batch.producer_id, batch.base_sequence, batch.compression) == (-1, -1, "none")
+    assert len(make_batch()) == 1
+    with pytest.raises(TypeError, match="not both"):
+        make_batch("a", records=[make_record()])
+
+
+def test_each_kind_of_outcome() -> None:
+    batch = make_batch("a", "b")
+    transformed = run_interceptor(Upper(), batch)
+    assert (transformed.kind, transformed.values, transformed.forwarded) == \
+        ("transformed", [b"A", b"B"], True)
+
+    unchanged = run_interceptor(Upper(), make_batch("A"))
+    assert (unchanged.kind, unchanged.values, unchanged.code) == ("unchanged", [b"A"], 0)
+
+    rejected = run_interceptor(Closed(), batch)
+    assert (rejected.kind, rejected.error, rejected.code, rejected.message,
+            rejected.record_errors, rejected.fault, rejected.records) == \
+        ("rejected", "POLICY_VIOLATION", 44, "closed", ((0, "first"),), None, ())
+
+
+def test_deadlines_of_async_and_plain_plugins_are_the_proxys() -> None:
+    late = run_interceptor(Sleepy(), make_batch(), timeout_ms=20)
+    assert (late.error, late.fault, late.message) == \
+        ("REQUEST_TIMED_OUT", "timeout", "interceptor Sleepy did not finish within 20 ms")
+    blocked = run_interceptor(Blocking(), make_batch(), timeout_ms=1, name="mine")
+    assert (blocked.error, blocked.message) == \
+        ("REQUEST_TIMED_OUT", "interceptor mine did not finish within 1 ms")
+
+
+async def test_it_runs_from_inside_a_running_event_loop() -> None:
+    assert run_interceptor(Upper(), make_batch("x")).values == [b"X"]
+    assert (await run_interceptor_async(Upper(), make_batch("y"))).values == [b"Y"]
+
+
+def test_the_context_is_the_callers_with_a_fresh_deadline() -> None:
+    seen: list[InterceptContext] = []
+
+    class Spy(ProduceRequestInterceptor):
+        def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            seen.append(ctx)
+            return batch
+
+    run_interceptor(Spy(), make_batch(), make_context(principal="User:alice", deadline=0))
+    assert seen[0].principal == "User:alice"
+    assert seen[0].deadline > time.monotonic()
+
+
+def test_load_uses_the_proxys_loader_and_names_the_spec(tmp_path: Path) -> None:
+    (tmp_path / "shrinker.py").write_text(textwrap.dedent("""
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Shrink(ProduceRequestInterceptor):
+            def configure(self, config):
+                self.keep = config["keep"]
+
+            def intercept(self, batch, ctx):
+                return batch.with_records(batch.records[:self.keep])
+    """))
+    with load("shrinker:Shrink", plugins_dir=tmp_path, config={"keep": 1}) as plugin:
+        outcome = plugin.run(make_batch("a", "b"))
+    assert (outcome.error, outcome.fault, outcome.message) == (
+        "INVALID_RECORD", "record_count",
+        "interceptor shrinker:Shrink broke the record-count rule: returned 1 records for a "
+        "batch of 2")
+    with pytest.raises(PluginLoadError, match=r"shrinker:Shrink.configure\(\) failed: KeyError"):
+        load("shrinker:Shrink", plugins_dir=tmp_path)
+
+
+def _pytest(path: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    # -p no:kiproxy: the installed entry point, if any, gives way to the module under test.
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:kiproxy",
+         "-p", "kiproxy.interceptors.pytest_plugin", "-p", "no:cacheprovider", str(path)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_the_documented_plugin_test_file_passes() -> None:
+    done = _pytest(ROOT / "examples" / "plugin_tests", ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "4 passed" in done.stdout
+
+
+def test_the_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
+    (tmp_path / "test_plugin.py").write_text(textwrap.dedent(f"""
+        def test_fixtures(kiproxy_load, kiproxy_run, make_batch, make_record):
+            plugin = kiproxy_load("mask_card_numbers:MaskCardNumbers",
+                                  plugins_dir={str(ROOT / "plugins")!r})
+            batch = make_batch("card 4111 1111 1111 1111", make_record("none"))
+            outcome = kiproxy_run(plugin, batch)
+            assert outcome.kind == "transformed"
+            assert outcome.values == [b"card ****-****-****-1111", b"none"]
+    """))
+    done = _pytest(tmp_path / "test_plugin.py", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout

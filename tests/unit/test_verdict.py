@@ -1,0 +1,149 @@
+"""The verdict function (``interceptors.verdict``) and how the proxy logs verdicts."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import pytest
+
+from kiproxy.interceptors import (
+    ErrorCode,
+    InterceptContext,
+    ProduceRequestInterceptor,
+    Record,
+    RecordBatch,
+    RejectBatch,
+    error_code,
+)
+from kiproxy.interceptors.verdict import (
+    Judged,
+    Rejected,
+    Transformed,
+    Unchanged,
+    acknowledgement_hook,
+    judge,
+    judge_sync,
+)
+from kiproxy.proxy.verdict_log import VerdictLog
+
+BATCH = RecordBatch(topic="t", partition=0, records=tuple(
+    Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(2)))
+
+
+def _ctx(seconds: float = 5.0) -> InterceptContext:
+    return InterceptContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                            api_version=9, acks=-1, transactional_id=None,
+                            deadline=time.monotonic() + seconds)
+
+
+class _Answer(ProduceRequestInterceptor):
+    def __init__(self, answer: Any) -> None:
+        self.answer = answer
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> Any:
+        if isinstance(self.answer, BaseException):
+            raise self.answer
+        return self.answer(batch) if callable(self.answer) else self.answer
+
+
+def _run(awaitable: Any, timeout: float | None) -> Any:
+    async def bounded() -> Any:
+        return await asyncio.wait_for(awaitable, timeout)
+
+    return asyncio.run(bounded())
+
+
+@pytest.mark.parametrize("answer", [
+    lambda b: b,
+    lambda b: b.with_records(list(b.records)),
+    lambda b: b.with_records(Record(value=r.value, timestamp=r.timestamp,
+                                    offset_delta=r.offset_delta) for r in b.records),
+])
+async def test_equal_records_are_unchanged(answer: Any) -> None:
+    assert await judge(_Answer(answer), BATCH, _ctx(), name="p", timeout=1) == Unchanged(BATCH)
+
+
+async def test_a_different_offset_delta_is_a_transformation() -> None:
+    moved = BATCH.with_records(r.with_offset_delta(5 - i) for i, r in enumerate(BATCH.records))
+    verdict = await judge(_Answer(moved), BATCH, _ctx(), name="p", timeout=1)
+    assert verdict == Transformed(moved)
+
+
+@pytest.mark.parametrize(("answer", "expected"), [
+    (RejectBatch("no", error="POLICY_VIOLATION", record_errors=[(1, "x")]),
+     Rejected(code=44, message="no", record_errors=((1, "x"),))),
+    (KeyError("k"), Rejected(code=87, message="interceptor p failed: KeyError: 'k'",
+                             fault="raised")),
+    (None, Rejected(code=87, message="interceptor p returned NoneType, not a RecordBatch",
+                    fault="return_type")),
+    (lambda b: b.with_records(b.records[:1]), Rejected(
+        code=87, message="interceptor p broke the record-count rule: returned 1 records "
+        "for a batch of 2", fault="record_count")),
+    (Judged(Rejected(code=87, message="judged elsewhere", fault="return_type")),
+     Rejected(code=87, message="judged elsewhere", fault="return_type")),
+])
+def test_rejections(answer: Any, expected: Rejected) -> None:
+    plugin = _Answer(answer)
+    verdict = asyncio.run(judge(plugin, BATCH, _ctx(), name="p", timeout=1))
+    assert verdict == expected
+    assert judge_sync(plugin, BATCH, _ctx(), name="p", timeout=1, run=_run) == expected
+    assert verdict.plugin_fault is (expected.fault is not None)  # type: ignore[union-attr]
+
+
+def test_the_deadline_sync_and_async() -> None:
+    class Slow(ProduceRequestInterceptor):
+        async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            await asyncio.sleep(5)
+            return batch
+
+    timed_out = Rejected(code=7, message="interceptor p did not finish within 50 ms",
+                         fault="timeout")
+    assert asyncio.run(judge(Slow(), BATCH, _ctx(0.05), name="p", timeout=0.05)) == timed_out
+    assert judge_sync(Slow(), BATCH, _ctx(0.05), name="p", timeout=0.05, run=_run) == timed_out
+    late = asyncio.run(judge(_Answer(lambda b: b), BATCH, _ctx(-1), name="p", timeout=0.05))
+    assert late == timed_out
+
+
+def test_the_acknowledgement_hook_only_when_overridden() -> None:
+    class Acked(_Answer):
+        def on_acknowledgement(self, batch: Any, base_offset: int, error: int | None) -> None:
+            pass
+
+    assert acknowledgement_hook(_Answer(None)) is None
+    plugin = Acked(None)
+    assert acknowledgement_hook(plugin) == plugin.on_acknowledgement
+
+
+def test_one_error_code_enum_and_its_old_spellings() -> None:
+    assert ErrorCode.POLICY_VIOLATION == 44 == error_code("policy_violation")
+    assert Rejected(code=87, message="").error == "INVALID_RECORD"
+    assert Rejected(code=12345, message="").error == "ERROR_12345"
+
+
+def test_plugin_faults_are_rate_limited_per_plugin_and_kind(
+        caplog: pytest.LogCaptureFixture) -> None:
+    now = [0.0]
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"), clock=lambda: now[0])
+    fault = Rejected(code=87, message="interceptor p returned NoneType, not a RecordBatch",
+                     fault="return_type")
+    policy = Rejected(code=44, message="closed")
+    with caplog.at_level(logging.INFO, "kiproxy.test.verdicts"):
+        for _ in range(5):
+            log.rejected(fault, "p", "t[0]", "127.0.0.1:1", "c")
+            log.rejected(policy, "p", "t[0]", "127.0.0.1:1", "c")
+        log.rejected(Rejected(code=7, message="slow", fault="timeout"), "p", "t[0]", "a", "c")
+        now[0] = 11.0
+        log.rejected(fault, "p", "t[0]", "127.0.0.1:1", "c")
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert warnings == [
+        "rejected t[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned NoneType, "
+        "not a RecordBatch",
+        "rejected t[0] from a (client_id 'c'): slow",
+        "rejected t[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned NoneType, "
+        "not a RecordBatch (4 more like it in the last 10 s not logged)",
+    ]
+    assert infos == ["rejected t[0] from 127.0.0.1:1 (client_id 'c'): error 44: closed"] * 5
