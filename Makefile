@@ -25,9 +25,16 @@ $(TEST_STAMP): $(SOURCES) | $(BIN)/python
 
 install: $(TEST_STAMP)
 
-## Start an embedded broker with the proxy and the example plugin in front of it.
+## Start an embedded broker with the proxy and the example plugin in front of it:
+## Tansu by default; BROKER=kafka for Apache Kafka (fetched by `make kafka` first, needs Java 17+).
+BROKER ?= tansu
 run: $(RUN_STAMP)
+ifeq ($(BROKER),kafka)
+	out="$$(apache-kafka/fetch.sh)" && home="$$(printf '%s\n' "$$out" | tail -n 1)" && \
+		$(BIN)/kiproxy dev --broker kafka --kafka-home "$$home" $(RUN_FLAGS)
+else
 	$(BIN)/kiproxy dev $(RUN_FLAGS)
+endif
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

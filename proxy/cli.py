@@ -139,6 +139,15 @@ def add_parsers(subparsers: Any) -> None:
         description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
                     "the proxy in front of it.")
     _add_common(dev, upstream=False)
+    dev.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                     help="tansu (default: starts in a second, no JVM) or kafka (Apache Kafka "
+                          "in KRaft mode, JVMs on 127.0.0.1, from --kafka-home)")
+    dev.add_argument("--kafka-home", metavar="DIR",
+                     help="with --broker kafka: an unpacked Apache Kafka 4 distribution, or "
+                          "the folder `make kafka` prints (default: $KIPROXY_KAFKA_HOME, "
+                          "then the newest `make kafka` folder)")
+    dev.add_argument("--kafka-nodes", metavar="N", type=int, default=1,
+                     help="with --broker kafka: brokers (node ids 1..N; plus one controller)")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -293,7 +302,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level, config.log_format)
     try:
         if args.command == "dev":
-            return _dev(config, args.config, overrides)
+            return _dev(config, args, overrides)
         if not config.upstream:
             print("kiproxy: config error: upstream: at least one HOST:PORT is required "
                   "(--upstream or the config file's upstream list)", file=sys.stderr)
@@ -394,7 +403,13 @@ def _print_ready(server: ProxyServer) -> None:
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
 
 
-def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]) -> int:
+def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    if args.broker == "kafka":
+        return _dev_kafka(config, args, overrides)
+    if args.kafka_home is not None or args.kafka_nodes != 1:
+        print("kiproxy: config error: --kafka-home and --kafka-nodes need --broker kafka",
+              file=sys.stderr)
+        return 2
     from kiproxy.proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
 
     broker = EmbeddedBroker()
@@ -406,10 +421,50 @@ def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]
     try:
         log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
         config = config.model_copy(update={"upstream": [broker.bootstrap]})
-        overrides = {**overrides, "upstream": [broker.bootstrap]}
-        _run(serve(config, on_ready=_print_ready,
-                   load=partial(load_config, config_file, overrides), config_file=config_file))
+        _serve_dev(config, args.config, {**overrides, "upstream": [broker.bootstrap]})
     finally:
         broker.stop()
     return 0
 
+
+def _serve_dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]) -> None:
+    """Serve in front of the embedded broker; a reload keeps its upstream."""
+    _run(serve(config, on_ready=_print_ready,
+               load=partial(load_config, config_file, overrides), config_file=config_file))
+
+
+def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """Apache Kafka (``nodes`` brokers and a controller) with the proxy in front of it.
+
+    Every launcher failure (no jars, Java too old, a port taken, a node that exits
+    or never becomes ready) is one line; the launcher has ended its JVMs by then.
+    """
+    from kiproxy.proxy.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
+
+    nodes: int = args.kafka_nodes
+    home = args.kafka_home if args.kafka_home is not None else find_kafka_home()
+    if home is None:
+        print("kiproxy: no Apache Kafka found: run `make kafka` and pass the folder it prints "
+              "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
+        return 1
+    try:
+        cluster = KafkaCluster(home, nodes=nodes)
+        log.info("starting Apache Kafka %s (%d broker(s) and a controller) from %s",
+                 cluster.kafka_version, nodes, home)
+        cluster.start()
+    except KafkaClusterError as exc:
+        first, _, detail = str(exc).partition("\n")
+        if detail:
+            log.debug("%s", detail)
+            first += " (--log-level DEBUG prints the end of its log)"
+        print(f"kiproxy: {first}", file=sys.stderr)
+        return 1
+    try:
+        log.info("embedded broker (Apache Kafka %s, %d node(s), data in %s) on %s",
+                 cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
+        upstream = cluster.bootstrap.split(",")
+        config = config.model_copy(update={"upstream": upstream})
+        _serve_dev(config, args.config, {**overrides, "upstream": upstream})
+    finally:
+        cluster.stop()
+    return 0

@@ -44,16 +44,13 @@ readiness check's Metadata request).
 
 from __future__ import annotations
 
-import atexit
 import base64
 import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
-import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -69,6 +66,7 @@ from .kafka_distribution import (
     storage_tool_class,
 )
 from .kafka_metadata_probe import MetadataView, probe_metadata
+from .kafka_processes import HOST, end_process, free_ports, port_free, register, signal_group, tail
 
 __all__ = [
     "DEFAULT_JVM_OPTIONS",
@@ -80,7 +78,6 @@ __all__ = [
     "probe_metadata",
 ]
 
-HOST = "127.0.0.1"
 CONTROLLER_ID = 0
 DEFAULT_JVM_OPTIONS: tuple[str, ...] = (
     "-XX:+UseSerialGC",
@@ -89,72 +86,6 @@ DEFAULT_JVM_OPTIONS: tuple[str, ...] = (
     "-XX:+ExitOnOutOfMemoryError",
     "-Djava.awt.headless=true",
 )
-LOG_TAIL_LINES = 40
-
-
-# --- Processes ----------------------------------------------------------------------------
-
-_RUNNING: set[subprocess.Popen[bytes]] = set()
-_RUNNING_LOCK = threading.Lock()
-
-
-def _kill_leftovers() -> None:
-    # The last line of defence: a JVM outlives neither its cluster object nor this process.
-    with _RUNNING_LOCK:
-        procs = list(_RUNNING)
-    for proc in procs:
-        _signal_group(proc, signal.SIGKILL)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=10)
-
-
-atexit.register(_kill_leftovers)
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, sig)
-
-
-def _end_process(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL it."""
-    if proc.poll() is None and grace > 0:
-        _signal_group(proc, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
-    _signal_group(proc, signal.SIGKILL)  # also reaps anything the JVM left in its group
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=30)
-    with _RUNNING_LOCK:
-        _RUNNING.discard(proc)
-
-
-def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
-    try:
-        text = path.read_text(errors="replace")
-    except OSError:
-        return "(no log written)"
-    return "\n".join(text.splitlines()[-lines:]) or "(empty: the JVM had not logged yet)"
-
-
-def _port_free(port: int) -> bool:
-    # SO_REUSEADDR as Java sets it, so only a listening socket counts as taken.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_ports(n: int) -> list[int]:
-    # Hold every socket until all are chosen, so the n ports differ.
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind((HOST, 0))
-        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _new_cluster_id() -> str:
@@ -168,9 +99,18 @@ def _new_cluster_id() -> str:
 class _Node:
     """One JVM of the cluster: its config, data and log live in ``directory``."""
 
-    def __init__(self, *, node_id: int, port: int, directory: Path, heap: str) -> None:
+    def __init__(
+        self,
+        *,
+        node_id: int,
+        port: int,
+        directory: Path,
+        heap: str,
+        listener_ports: Mapping[str, int] | None = None,
+    ) -> None:
         self.node_id = node_id
         self.port = port
+        self.listener_ports = dict(listener_ports or {})
         self.directory = directory
         self.heap = heap
         self.process: subprocess.Popen[bytes] | None = None
@@ -209,6 +149,8 @@ class KafkaCluster:
         broker_ports: Sequence[int] | None = None,
         controller_port: int | None = None,
         overrides: Mapping[str, str] | None = None,
+        listeners: Mapping[str, str] | None = None,
+        format_arguments: Sequence[str] = (),
         java: str | None = None,
         jvm_options: Sequence[str] = DEFAULT_JVM_OPTIONS,
         stop_timeout: float = 15.0,
@@ -217,6 +159,10 @@ class KafkaCluster:
 
         ``overrides`` are server properties set on every node after the defaults.
         ``broker_ports``/``controller_port`` pin ports (default: free ones).
+        ``listeners`` adds client listeners to every broker beside PLAINTEXT (name ->
+        security protocol, e.g. ``{"SASL_PLAINTEXT": "SASL_PLAINTEXT"}``), each on its
+        own free port (``listener_bootstrap``); their settings go in ``overrides``.
+        ``format_arguments`` are added to ``kafka-storage format`` (``--add-scram ...``).
         """
         if nodes < 1:
             raise KafkaClusterError(f"nodes must be at least 1, not {nodes}")
@@ -227,12 +173,12 @@ class KafkaCluster:
         self.kafka_home = Path(kafka_home)
         self.kafka_version = kafka_version_of(self.kafka_home)
         self.java = find_java(java)
-        ports = list(broker_ports) if broker_ports is not None else _free_ports(nodes)
-        controller_port = controller_port if controller_port is not None else _free_ports(1)[0]
+        ports = list(broker_ports) if broker_ports is not None else free_ports(nodes)
+        controller_port = controller_port if controller_port is not None else free_ports(1)[0]
         for what, port in [("the controller", controller_port)] + [
             (f"broker {i}", p) for i, p in enumerate(ports, start=1)
         ]:
-            if not _port_free(port):
+            if not port_free(port):
                 raise KafkaClusterError(
                     f"port {HOST}:{port} for {what} is already in use; "
                     "stop what listens there or choose another port"
@@ -245,16 +191,15 @@ class KafkaCluster:
         self._heap = heap
         self._jvm_options = tuple(jvm_options)
         self._overrides = dict(overrides or {})
+        self._listeners = dict(listeners or {})
+        self._format_arguments = tuple(format_arguments)
         self._controller = _Node(
             node_id=CONTROLLER_ID,
             port=controller_port,
             directory=self.workdir / "controller",
             heap=controller_heap,
         )
-        self._brokers = {
-            i: _Node(node_id=i, port=p, directory=self.workdir / f"broker-{i}", heap=heap)
-            for i, p in enumerate(ports, start=1)
-        }
+        self._brokers = {i: self._new_broker(i, p) for i, p in enumerate(ports, start=1)}
 
     # --- what tests read
 
@@ -262,6 +207,13 @@ class KafkaCluster:
     def bootstrap(self) -> str:
         """The brokers as a client's ``bootstrap.servers``: ``127.0.0.1:p1,127.0.0.1:p2``."""
         return ",".join(f"{HOST}:{b.port}" for b in self._brokers.values())
+
+    def listener_bootstrap(self, listener: str) -> str:
+        """The brokers' ports of one of the ``listeners`` given, as ``bootstrap.servers``."""
+        if listener not in self._listeners:
+            raise KafkaClusterError(f"no listener {listener!r}: the extra listeners are "
+                                    f"{sorted(self._listeners) or 'none'}")
+        return ",".join(f"{HOST}:{b.listener_ports[listener]}" for b in self._brokers.values())
 
     @property
     def broker_ids(self) -> list[int]:
@@ -318,12 +270,12 @@ class KafkaCluster:
         brokers = [b for b in self._brokers.values() if b.process is not None]
         for b in brokers:  # SIGTERM all at once: controlled shutdowns overlap
             if b.process is not None and b.process.poll() is None:
-                _signal_group(b.process, signal.SIGTERM)
+                signal_group(b.process, signal.SIGTERM)
         for b in brokers:
             if b.process is not None:
-                _end_process(b.process, self.stop_timeout)
+                end_process(b.process, self.stop_timeout)
         if self._controller.process is not None:
-            _end_process(self._controller.process, self.stop_timeout)
+            end_process(self._controller.process, self.stop_timeout)
         if self._own_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
@@ -331,25 +283,20 @@ class KafkaCluster:
         """SIGKILL one node (a broker, or the controller as node 0), as a crash would."""
         node = self._node(node_id)
         if node.process is not None:
-            _end_process(node.process, grace=0)
+            end_process(node.process, grace=0)
 
     def restart_node(self, node_id: int, timeout: float = 120.0) -> None:
         """Start a node again on its data (stopping it first if it runs) and wait until ready."""
         node = self._node(node_id)
         if node.process is not None:
-            _end_process(node.process, self.stop_timeout)
+            end_process(node.process, self.stop_timeout)
         self._spawn(node)
         self._wait_ready(self._running_brokers() if node.is_controller else [node], timeout)
 
     def add_broker(self, timeout: float = 120.0) -> int:
         """Start a new broker that joins the running cluster; its node id is returned."""
         node_id = max(self._brokers) + 1
-        node = _Node(
-            node_id=node_id,
-            port=_free_ports(1)[0],
-            directory=self.workdir / f"broker-{node_id}",
-            heap=self._heap,
-        )
+        node = self._new_broker(node_id, free_ports(1)[0])
         self._brokers[node_id] = node
         self._format([node])
         self._spawn(node)
@@ -369,6 +316,16 @@ class KafkaCluster:
         self.stop()
 
     # --- internals
+
+    def _new_broker(self, node_id: int, port: int) -> _Node:
+        extra = dict(zip(self._listeners, free_ports(len(self._listeners)), strict=True))
+        return _Node(
+            node_id=node_id,
+            port=port,
+            directory=self.workdir / f"broker-{node_id}",
+            heap=self._heap,
+            listener_ports=extra,
+        )
 
     def _node(self, node_id: int) -> _Node:
         if node_id == CONTROLLER_ID:
@@ -416,10 +373,17 @@ class KafkaCluster:
                 "listeners": f"CONTROLLER://{HOST}:{node.port}",
             }
         else:
+            addresses = ",".join(
+                [f"PLAINTEXT://{HOST}:{node.port}"]
+                + [f"{name}://{HOST}:{port}" for name, port in node.listener_ports.items()]
+            )
+            protocols = "".join(f",{name}:{proto}" for name, proto in self._listeners.items())
             props |= {
                 "process.roles": "broker",
-                "listeners": f"PLAINTEXT://{HOST}:{node.port}",
-                "advertised.listeners": f"PLAINTEXT://{HOST}:{node.port}",
+                "listeners": addresses,
+                "advertised.listeners": addresses,
+                "listener.security.protocol.map": props["listener.security.protocol.map"]
+                + protocols,
                 "inter.broker.listener.name": "PLAINTEXT",
                 "auto.create.topics.enable": "true",
                 "offsets.topic.replication.factor": rf,
@@ -455,6 +419,7 @@ class KafkaCluster:
                 out = node.directory / "format.log"
                 cmd = self._java_command(None, "256m", "tools-log4j2.yaml")
                 cmd += [tool, "format", "-t", self.cluster_id, "-c", str(node.config_path)]
+                cmd += self._format_arguments
                 with out.open("wb") as f:
                     proc = subprocess.Popen(
                         cmd,
@@ -463,8 +428,7 @@ class KafkaCluster:
                         stderr=subprocess.STDOUT,
                         start_new_session=True,
                     )
-                with _RUNNING_LOCK:
-                    _RUNNING.add(proc)
+                register(proc)
                 runs.append((node, proc, out))
             for node, proc, out in runs:
                 try:
@@ -475,11 +439,11 @@ class KafkaCluster:
                     raise KafkaClusterError(
                         f"formatting the storage of {node.describe()} failed "
                         f"({'timed out' if code is None else f'exit status {code}'}):\n"
-                        + _tail(out)
+                        + tail(out)
                     )
         finally:
             for _, proc, _ in runs:
-                _end_process(proc, grace=0)
+                end_process(proc, grace=0)
 
     def _spawn(self, node: _Node) -> None:
         cmd = self._java_command(node, node.heap, "log4j2.yaml")
@@ -493,8 +457,7 @@ class KafkaCluster:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        with _RUNNING_LOCK:
-            _RUNNING.add(node.process)
+        register(node.process)
 
     def _wait_ready(self, nodes: Sequence[_Node], timeout: float) -> None:
         """Wait until each node answers Metadata naming a controller and every running broker."""
@@ -506,7 +469,7 @@ class KafkaCluster:
                     raise KafkaClusterError(
                         f"{node.describe()} exited with status {node.process.returncode} "
                         f"before the cluster was ready; the end of {self._log_name(node)}:\n"
-                        + _tail(node.log_path)
+                        + tail(node.log_path)
                     )
             expected = {b.node_id for b in self._running_brokers()}
             for node in list(pending):
@@ -516,7 +479,7 @@ class KafkaCluster:
                         pending.remove(node)
             if pending and time.monotonic() > deadline:
                 tails = "\n".join(
-                    f"--- the end of {self._log_name(n)}:\n{_tail(n.log_path)}" for n in pending
+                    f"--- the end of {self._log_name(n)}:\n{tail(n.log_path)}" for n in pending
                 )
                 names = ", ".join(n.describe() for n in pending)
                 raise KafkaClusterError(f"{names} not ready after {timeout:g}s\n{tails}")

@@ -1,8 +1,20 @@
-"""Shared fixtures: a real broker (Tansu), and kiproxy started as its own process.
+"""Shared fixtures: a real broker (Tansu or Apache Kafka), and kiproxy as its own process.
+
+Brokers:
+
+* ``broker``: one Tansu (memory storage) for the session, node id 111.
+* ``apache_kafka``: one 1-node Apache Kafka cluster (KRaft, JVMs on loopback,
+  node id 1) for the session, started when a test first asks for it; skipped,
+  saying how to get it, when no distribution is found (``make kafka``).
+* ``upstream``: module-scoped and parametrized with ids ``tansu`` and ``kafka``:
+  a module whose fixtures ask for it runs all its tests on both brokers, Tansu
+  first. ``tansu_gap(upstream, request, why)`` marks the Tansu variant of a test
+  as an expected failure (strict) where Tansu differs from Kafka.
 
 The proxy runs as a subprocess (``python -m kiproxy run ...``) so that the
 test process's own sockets are only the Kafka clients' - which lets tests assert
-that no client ever connects to the broker directly.
+that no client ever connects to the broker directly. ``--broker-port-start``
+serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
 """
 
 from __future__ import annotations
@@ -21,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.apache_kafka import kafka_home_or_skip, session_cluster
 
 from kiproxy.proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.proxy.kafka_cluster import KafkaCluster
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -39,18 +53,73 @@ def broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedBroker]
     b.stop()
 
 
+@pytest.fixture(scope="session")
+def apache_kafka() -> Iterator[KafkaCluster]:
+    """One 1-node Apache Kafka cluster for the session (PLAINTEXT and SASL listeners)."""
+    cluster = session_cluster(kafka_home_or_skip())
+    cluster.start()
+    yield cluster
+    cluster.stop()
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """The broker behind the proxy in a test: its name, bootstrap and node ids."""
+
+    name: str
+    """``tansu`` or ``kafka``."""
+    bootstrap: str
+    node_ids: tuple[int, ...]
+    kafka: KafkaCluster | None = None
+    """The Apache Kafka cluster, when it is one."""
+
+
+BROKERS = ("tansu", "kafka")
+
+
+@pytest.fixture(scope="module", params=BROKERS)
+def upstream(request: pytest.FixtureRequest) -> Upstream:
+    """The module's broker: Tansu, then Apache Kafka (every test of the module runs on both)."""
+    if request.param == "tansu":
+        tansu: EmbeddedBroker = request.getfixturevalue("broker")
+        return Upstream("tansu", tansu.bootstrap, (TANSU_NODE_ID,))
+    kafka: KafkaCluster = request.getfixturevalue("apache_kafka")
+    return Upstream("kafka", kafka.bootstrap, tuple(kafka.broker_ids), kafka)
+
+
+def tansu_gap(upstream: Upstream, request: pytest.FixtureRequest, why: str,
+              run: bool = True) -> None:
+    """Expect this test to fail on Tansu (strict: a Tansu that closes the gap is noticed).
+
+    ``run=False`` does not run it there at all (for a gap that shows as a long wait).
+    """
+    if upstream.name == "tansu" and not run:
+        pytest.xfail(f"Tansu gap (not run): {why}")
+    if upstream.name == "tansu":
+        request.applymarker(pytest.mark.xfail(reason=f"Tansu gap: {why}", strict=True))
+
+
 @pytest.fixture
 def topic() -> str:
     """A fresh topic name (the broker auto-creates topics on first use)."""
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
-def _broker_port_start() -> int:
-    # Node N is served on start + N; pick start so that Tansu's node 111 gets a free port.
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def broker_port_start(node_ids: tuple[int, ...] = (TANSU_NODE_ID,)) -> int:
+    """A ``--broker-port-start`` under which every node of ``node_ids`` gets a free port."""
     for _ in range(50):
-        port = free_port()
-        if port - TANSU_NODE_ID > 1024:
-            return port - TANSU_NODE_ID
+        start = free_port() - min(node_ids)
+        if start > 1024 and all(_port_free(start + n) for n in node_ids):
+            return start
     raise RuntimeError("no free port found")
 
 
@@ -62,6 +131,7 @@ class ProxyProcess:
     bootstrap: str
     broker_port_start: int
     lines: list[str] = field(default_factory=list)
+    node_ids: tuple[int, ...] = (TANSU_NODE_ID,)
 
     @property
     def log(self) -> str:
@@ -70,8 +140,9 @@ class ProxyProcess:
 
     @property
     def ports(self) -> set[int]:
-        """The bootstrap port and the port of Tansu's node."""
-        return {int(self.bootstrap.rsplit(":", 1)[1]), self.broker_port_start + TANSU_NODE_ID}
+        """The bootstrap port and the ports of the nodes (Tansu's 111 unless told)."""
+        return {int(self.bootstrap.rsplit(":", 1)[1]),
+                *(self.broker_port_start + n for n in self.node_ids)}
 
     def alive(self) -> bool:
         """Whether the process is still running."""
@@ -91,11 +162,18 @@ class ProxyProcess:
 def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
                  interceptor_config: dict[str, Any] | None = None,
                  plugins_dir: str | Path | None = None,
-                 config_file: str | Path | None = None) -> ProxyProcess:
-    """Start ``kiproxy run`` in front of ``upstream`` and wait for its bootstrap line."""
+                 config_file: str | Path | None = None,
+                 node_ids: tuple[int, ...] = (TANSU_NODE_ID,)) -> ProxyProcess:
+    """Start ``kiproxy run`` in front of ``upstream`` (``host:port[,host:port...]``) and
+    wait for its bootstrap line.
+
+    ``node_ids`` are the broker's node ids (Tansu's by default): their proxy ports
+    are chosen free and make up ``ProxyProcess.ports``.
+    """
     listen = free_port()
-    start = _broker_port_start()
-    cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
+    start = broker_port_start(node_ids)
+    upstreams = [arg for server in upstream.split(",") for arg in ("--upstream", server)]
+    cmd = [sys.executable, "-m", "kiproxy", "run", *upstreams,
            "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
            "--log-level", "INFO", *extra]
     if interceptor:
@@ -108,7 +186,7 @@ def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
         cmd += ["--config", str(config_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    handle = ProxyProcess(proc, f"127.0.0.1:{listen}", start)
+    handle = ProxyProcess(proc, f"127.0.0.1:{listen}", start, node_ids=node_ids)
     ready = threading.Event()
 
     def pump() -> None:

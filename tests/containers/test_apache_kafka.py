@@ -8,14 +8,18 @@ seeing the error and nothing stored, an idempotent and a transactional producer
 whose sequence numbers the broker checks, a consumer group (classic and KIP-848)
 that commits and resumes, and metadata that never names the broker.
 
-The broker runs in Docker through testcontainers' Kafka module, set up for the
-``apache/kafka`` image (the module's own defaults start Confluent's image). The
-proxy runs on this machine as its own process (``kiproxy run``, the way
-tests/conftest.py starts it), in front of the broker's published port.
+Every test runs on two brokers (the ``kafka`` fixture's ids):
 
-They need a Docker engine. Where none answers, every test here is skipped with
-the reason "no Docker engine: ..." (pytest's ``-ra`` summary, set in
-pyproject.toml, prints it).
+* ``jvm``: the session's 1-node Apache Kafka cluster of JVMs on loopback
+  (tests/conftest.py's ``apache_kafka``, from ``make kafka``); skipped, saying
+  how to get it, when no distribution is found.
+* ``docker``: the official ``apache/kafka`` image through testcontainers' Kafka
+  module, set up for that image (the module's own defaults start Confluent's
+  image). It needs a Docker engine; where none answers, these are skipped with
+  the reason "no Docker engine: ..." (pytest's ``-ra`` summary prints it).
+
+The proxy runs on this machine as its own process (``kiproxy run``, the way
+tests/conftest.py starts it), in front of the broker's port.
 """
 
 from __future__ import annotations
@@ -125,9 +129,15 @@ def docker_engine() -> None:
         pytest.skip(f"no Docker engine: {exc}")
 
 
-@pytest.fixture(scope="module")
-def kafka(docker_engine: None) -> Iterator[KafkaCluster]:
-    """One Apache Kafka broker (KRaft, combined broker and controller, node id 1)."""
+@pytest.fixture(scope="module", params=["jvm", "docker"])
+def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """One Apache Kafka broker (node id 1): the shared JVM cluster, or a container
+    (KRaft, combined broker and controller)."""
+    if request.param == "jvm":
+        cluster = request.getfixturevalue("apache_kafka")
+        yield KafkaCluster(cluster.bootstrap, tuple(cluster.broker_ids))
+        return
+    request.getfixturevalue("docker_engine")
     container = ApacheKafkaContainer()
     container.start(timeout=180)
     try:

@@ -28,8 +28,12 @@ Broker set-up (one combined broker and controller, node id 1):
   formatted" and carries on. Should that not have happened (a changed image),
   the users are added through ``kafka-configs --alter`` on the inside listener.
 
-They need a Docker engine; where none answers, every test here is skipped with
-the reason "no Docker engine: ...".
+Every test runs on two brokers (the ``kafka`` fixture's ids): ``jvm``, the
+session's 1-node Apache Kafka cluster of JVMs on loopback, whose SASL_PLAINTEXT
+listener is set up the same way (tests/support/apache_kafka.py: SCRAM users from
+``kafka-storage format --add-scram``, PLAIN users in the listener's JAAS
+setting); and ``docker``, the container above, which needs a Docker engine
+(where none answers, skipped with the reason "no Docker engine: ...").
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from integration.test_sasl import (
     _records,
     _sasl,
 )
+from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from containers.test_apache_kafka import KAFKA_IMAGE, ApacheKafkaContainer, docker_engine
 from kiproxy.proxy.embedded import free_port
@@ -196,9 +201,17 @@ def _wait_authenticated(bootstrap: str, timeout: float = 60) -> None:
             time.sleep(1)
 
 
-@pytest.fixture(scope="module")
-def kafka(docker_engine: None) -> Iterator[KafkaCluster]:
-    """Apache Kafka (KRaft) that requires SASL on its published listener."""
+@pytest.fixture(scope="module", params=["jvm", "docker"])
+def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
+    """Apache Kafka (KRaft) that requires SASL on the listener the proxy uses."""
+    if request.param == "jvm":
+        assert SASL_USERS == USERS, "the shared cluster's SASL users differ from test_sasl's"
+        jvm = request.getfixturevalue("apache_kafka")
+        cluster = KafkaCluster(jvm.listener_bootstrap(SASL_LISTENER), tuple(jvm.broker_ids))
+        _wait_authenticated(cluster.bootstrap)
+        yield cluster
+        return
+    request.getfixturevalue("docker_engine")
     container = SaslKafkaContainer(USERS)
     container.start(timeout=180)
     try:

@@ -80,12 +80,12 @@ class TansuBroker:
             proc.wait(5)
 
 
-def free_broker_port_start() -> int:
-    """A ``--broker-port-start`` that puts Tansu's node (id 111) on a free port."""
+def free_broker_port_start(node_id: int = TANSU_NODE_ID) -> int:
+    """A ``--broker-port-start`` that puts node ``node_id`` (Tansu's 111) on a free port."""
     for _ in range(50):
         port = free_port()
-        if port - TANSU_NODE_ID > 1024:
-            return int(port - TANSU_NODE_ID)
+        if port - node_id > 1024:
+            return int(port - node_id)
     raise RuntimeError("no free port found")
 
 

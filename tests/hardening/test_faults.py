@@ -36,6 +36,13 @@ The same stream first runs through the same relay and faults without the proxy
 (producer -> relay -> Tansu): the baseline. A loss or duplicate that the baseline
 shows too is the broker's (or the client's), not the proxy's; the test fails
 only on what the proxy adds. Both runs' counts are printed (``-s``).
+
+The same test runs against Apache Kafka (a 1-node cluster of its own whose
+listener advertises the relay's port), with 20,000 records: Kafka's own
+producer-state checks (sequence numbers per producer id and epoch; a duplicate
+batch answered with the first one's offset, a gap refused with
+OUT_OF_ORDER_SEQUENCE_NUMBER) are what keeps a re-sent batch from being stored
+twice, and every acknowledged record must be stored exactly once.
 """
 
 from __future__ import annotations
@@ -56,6 +63,7 @@ from typing import Any
 
 import pytest
 from conftest import ProxyProcess
+from support.apache_kafka import kafka_home_or_skip
 
 from hardening.fault_relay import FaultRelay, wait_until
 from hardening.processes import TansuBroker, free_broker_port_start, launch_proxy_at
@@ -65,8 +73,10 @@ from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.messages import ApiKey, parse_request
 from kiproxy.protocol.records import read_batch_headers
 from kiproxy.proxy.embedded import free_port
+from kiproxy.proxy.kafka_cluster import KafkaCluster
 
 RECORDS = max(50_000, int(os.environ.get("KIPROXY_FAULT_RECORDS", "50000")))
+KAFKA_RECORDS = 20_000
 PARTITIONS = 3
 SEED = 20261122
 CUT_EVERY = (0.3, 1.5)
@@ -242,9 +252,9 @@ class ProduceTap:
 
 @dataclass
 class Rig:
-    """Tansu advertising the relay; the relay; kiproxy on fixed ports in front of it."""
+    """A broker advertising the relay; the relay; kiproxy on fixed ports in front of it."""
 
-    broker: TansuBroker
+    broker: TansuBroker | KafkaCluster
     relay: FaultRelay
     tap: ProduceTap
     listen_port: int
@@ -277,6 +287,27 @@ def rig(tmp_path: Path) -> Iterator[Rig]:
             rig.proxy.stop()
         relay.close()
         broker.stop()
+
+
+@pytest.fixture
+def kafka_rig() -> Iterator[Rig]:
+    """The rig with a 1-node Apache Kafka whose PLAINTEXT listener advertises the relay."""
+    home = kafka_home_or_skip()
+    relay_port = free_port()
+    cluster = KafkaCluster(home, nodes=1, overrides={
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{relay_port}"})
+    cluster.start()
+    tap = ProduceTap()
+    relay = FaultRelay(("127.0.0.1", cluster.port(1)), relay_port, seed=SEED, on_request=tap,
+                       response_delay=RESPONSE_DELAY).start()
+    rig = Rig(cluster, relay, tap, free_port(), free_broker_port_start(node_id=1), [])
+    try:
+        yield rig
+    finally:
+        if rig.proxy is not None:
+            rig.proxy.stop()
+        relay.close()
+        cluster.stop()
 
 
 def create_topics(bootstrap: str, *names: str) -> None:
@@ -324,31 +355,45 @@ class Restarter:
 
 
 def test_idempotent_stream_survives_cut_connections_and_proxy_restarts(rig: Rig) -> None:
+    stream_through_faults(rig, "Tansu", RECORDS)
+
+
+def test_idempotent_stream_on_apache_kafka_survives_cut_connections_and_proxy_restarts(
+        kafka_rig: Rig) -> None:
+    stream_through_faults(kafka_rig, "Apache Kafka", KAFKA_RECORDS, exact=True)
+
+
+def stream_through_faults(rig: Rig, broker: str, records: int, exact: bool = False) -> None:
+    """The stream, without and then with the proxy (see the module docstring).
+
+    ``exact``: the broker keeps idempotence exactly (Apache Kafka), so the baseline
+    must be exact too, and so must the run through the proxy.
+    """
     suffix = uuid.uuid4().hex[:8]
     direct, proxied = f"faults-direct-{suffix}", f"faults-proxied-{suffix}"
     create_topics(rig.relay.address, direct, proxied)
 
     # Baseline: the same stream and faults, without the proxy.
     rig.relay.start_faults(*CUT_EVERY)
-    baseline = produce_stream(rig.relay.address, direct, RECORDS)
+    baseline = produce_stream(rig.relay.address, direct, records)
     rig.relay.stop_faults()
     baseline_cuts = rig.relay.stats.cuts
     baseline_tally = Tally.of(baseline, read_back(rig.relay.address, direct,
-                                                  set(baseline.acked)), RECORDS)
+                                                  set(baseline.acked)), records)
 
     # Through the proxy, which is also killed and restarted.
     rig.start_proxy()
     rig.relay.start_faults(*CUT_EVERY)
     with Restarter(rig) as restarter:
-        result = produce_stream(rig.bootstrap, proxied, RECORDS, min_seconds=PROXIED_SECONDS)
+        result = produce_stream(rig.bootstrap, proxied, records, min_seconds=PROXIED_SECONDS)
     rig.relay.stop_faults()
     cuts = rig.relay.stats.cuts - baseline_cuts
-    tally = Tally.of(result, read_back(rig.relay.address, proxied, set(result.acked)), RECORDS)
+    tally = Tally.of(result, read_back(rig.relay.address, proxied, set(result.acked)), records)
 
     tracebacks = sum("Traceback" in line for line in rig.lines)
     report = (
-        f"\n{RECORDS} records, {PARTITIONS} partitions, seed {SEED}\n"
-        f"baseline (producer -> relay -> Tansu): {baseline.seconds:.1f} s, "
+        f"\n{broker}: {records} records, {PARTITIONS} partitions, seed {SEED}\n"
+        f"baseline (producer -> relay -> {broker}): {baseline.seconds:.1f} s, "
         f"{baseline_cuts} cuts, {rig.tap.resent(direct)} batches re-sent to the broker, "
         f"failed deliveries "
         f"{dict(baseline.failed)}\n  {baseline_tally.line()}\n"
@@ -374,8 +419,11 @@ def test_idempotent_stream_survives_cut_connections_and_proxy_restarts(rig: Rig)
     assert tally.unknown == 0, report
     assert tracebacks == 0, f"the proxy logged unhandled exceptions:\n{report}"
     # and with a baseline that is exact, so is the proxy: every acked record once
+    if exact:
+        assert not (baseline.failed or baseline_tally.lost or baseline_tally.duplicated), (
+            f"{broker} without the proxy was not exact:\n{report}")
     if not (baseline.failed or baseline_tally.lost or baseline_tally.duplicated):
-        assert tally.acked == RECORDS and tally.stored == RECORDS, report
+        assert tally.acked == records and tally.stored == records, report
 
 
 # ---------------------------------------------------------------------------- a reset mid-request

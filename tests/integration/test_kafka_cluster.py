@@ -11,7 +11,6 @@ import socket
 import stat
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -111,12 +110,9 @@ def _pid_alive(pid: int) -> bool:
 
 
 @pytest.fixture(scope="module")
-def one_node() -> Iterator[KafkaCluster]:
-    home = kafka_home_or_skip()
-    started = time.monotonic()
-    with KafkaCluster(home, nodes=1) as cluster:
-        print(f"1-node cluster ready in {time.monotonic() - started:.1f}s")
-        yield cluster
+def one_node(apache_kafka: KafkaCluster) -> KafkaCluster:
+    """The session's shared 1-node cluster (tests/conftest.py)."""
+    return apache_kafka
 
 
 def test_one_node_cluster_serves_a_produce_and_consume_round_trip(one_node: KafkaCluster) -> None:

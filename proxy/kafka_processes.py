@@ -1,0 +1,95 @@
+"""The JVM processes of a local Kafka cluster: started in their own process group,
+always ended (a registry and an ``atexit`` hook), and the port checks done before.
+
+Contract: every process the cluster starts is ``register``-ed; ``end_process``
+ends its whole group (SIGTERM, a grace period, then SIGKILL) and forgets it; a
+process still registered when Python exits is killed. Standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+__all__ = ["HOST", "end_process", "free_ports", "port_free", "register", "signal_group", "tail"]
+
+HOST = "127.0.0.1"
+LOG_TAIL_LINES = 40
+
+_RUNNING: set[subprocess.Popen[bytes]] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+def _kill_leftovers() -> None:
+    # The last line of defence: a JVM outlives neither its cluster object nor this process.
+    with _RUNNING_LOCK:
+        procs = list(_RUNNING)
+    for proc in procs:
+        signal_group(proc, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+
+atexit.register(_kill_leftovers)
+
+
+def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group of ``proc`` (gone already: nothing)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def end_process(proc: subprocess.Popen[bytes], grace: float) -> None:
+    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL it."""
+    if proc.poll() is None and grace > 0:
+        signal_group(proc, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    signal_group(proc, signal.SIGKILL)  # also reaps anything the JVM left in its group
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=30)
+    with _RUNNING_LOCK:
+        _RUNNING.discard(proc)
+
+
+def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a log, or a note saying there is none."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log written)"
+    return "\n".join(text.splitlines()[-lines:]) or "(empty: the JVM had not logged yet)"
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port``."""
+    # SO_REUSEADDR as Java sets it, so only a listening socket counts as taken.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` different free ports on 127.0.0.1."""
+    # Hold every socket until all are chosen, so the n ports differ.
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind((HOST, 0))
+        return [int(s.getsockname()[1]) for s in socks]
+
+
+def register(proc: subprocess.Popen[bytes]) -> None:
+    """Remember a started process, so that it is ended at the latest when Python exits."""
+    with _RUNNING_LOCK:
+        _RUNNING.add(proc)
