@@ -606,3 +606,66 @@ def encode_records(tuple records, int64_t base_timestamp, bint renumber):
         return block, (max_ts if n else None)
     finally:
         PyMem_Free(bodies)
+
+
+# ---------------------------------------------------------------- per-record built-ins
+
+cdef inline object _ascii_upper(const unsigned char* s, Py_ssize_t n):
+    """``bytes.upper()`` of ``s[:n]`` (ASCII a-z only), or None when nothing changes."""
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        if 97 <= s[i] <= 122:
+            break
+    else:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, n)
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    for i in range(n):
+        c = s[i]
+        o[i] = c - 32 if 97 <= c <= 122 else c
+    return out
+
+
+cdef object _upper_field(Record r, int bit, object value, Py_ssize_t at, int32_t n):
+    if r._lazy & bit:
+        if n < 0:
+            return None
+        return _ascii_upper(<const unsigned char*>PyBytes_AS_STRING(r._block) + at, n)
+    if value is None:
+        return None
+    return _ascii_upper(<const unsigned char*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
+
+def upper_values(tuple records, bint keys=False):
+    """``records`` with every non-null value (and key, with ``keys``) upper-cased as
+    ``bytes.upper()`` does (ASCII letters only).
+
+    A record with nothing to change is returned as it is, and ``records`` itself when
+    no record changed. A field nobody read is read straight from the decoded block.
+    """
+    cdef Py_ssize_t i, n = len(records)
+    cdef list out = None
+    cdef Record r, c
+    for i in range(n):
+        item = records[i]
+        if type(item) is not Record:
+            raise TypeError(f"record {i} is a {type(item).__name__}, not a Record")
+        r = <Record>item
+        value = _upper_field(r, _LAZY_VALUE, r._value, r._value_at, r._value_len)
+        key = _upper_field(r, _LAZY_KEY, r._key, r._key_at, r._key_len) if keys else None
+        if value is None and key is None:
+            if out is not None:
+                out.append(r)
+            continue
+        if out is None:
+            out = list(records[:i])
+        c = r._copy()
+        if value is not None:
+            c._value = value
+            c._built(_LAZY_VALUE)
+        if key is not None:
+            c._key = key
+            c._built(_LAZY_KEY)
+        out.append(c)
+    return records if out is None else tuple(out)

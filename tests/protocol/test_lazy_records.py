@@ -15,7 +15,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiproxy.protocol._codec import Header, Record, decode_records, encode_records
+from kiproxy.protocol._codec import (
+    Header,
+    Record,
+    decode_records,
+    encode_records,
+    upper_values,
+)
 from kiproxy.protocol.errors import CorruptBatch
 
 NULLABLE = st.none() | st.binary(max_size=40)
@@ -122,3 +128,17 @@ def test_a_record_read_in_full_lets_go_of_its_block() -> None:
     held = sys.getrefcount(block)
     _ = record.key, record.value, record.headers
     assert sys.getrefcount(block) == held - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(recs=records(), keys=st.booleans(), lazy=st.booleans())
+def test_upper_values_is_bytes_upper_of_every_value(recs: tuple[Record, ...], keys: bool,
+                                                    lazy: bool) -> None:
+    source = _decoded(recs) if lazy else recs
+    out = upper_values(source, keys)
+    expected = tuple(
+        r.with_value(None if r.value is None else r.value.upper())
+        .with_key(r.key.upper() if keys and r.key is not None else r.key) for r in recs)
+    assert out == expected
+    assert (out is source) == (expected == recs)  # nothing to change: the same tuple
+    assert encode_records(out, BASE_TS, True) == encode_records(expected, BASE_TS, True)
