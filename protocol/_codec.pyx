@@ -244,6 +244,12 @@ def _record_from_state(key, value, headers, timestamp, offset_delta):
 
 
 cdef tuple _as_headers(object headers):
+    if type(headers) is tuple:
+        for h in <tuple>headers:
+            if type(h) is not Header:
+                break
+        else:
+            return <tuple>headers  # already a tuple of Header (r.headers + added)
     cdef list out = []
     for h in headers:
         if type(h) is Header:
