@@ -18,7 +18,9 @@ two trees alternately (one child process per tree and round) so that drift hits 
 
 Plugins: ``identity`` (returns the batch), ``uppercase`` (the built-in),
 ``readme`` (``batch.with_records(r.with_value(r.value.upper()) for r in
-batch.records)``, the way the README teaches), ``stamp`` (the built-in header
+batch.records)``, the way the README teaches), ``mask`` (the README's example,
+``r.with_value(r.value.replace(word, b"***"))``, on values without the word: every
+record copied, the batch judged unchanged), ``stamp`` (the built-in header
 stamper), ``reject1`` (rejects partition 0, keeps the others unchanged).
 """
 
@@ -35,7 +37,7 @@ from typing import Any
 
 __all__ = ["main"]
 
-PLUGINS = ("identity", "uppercase", "readme", "stamp", "reject1")
+PLUGINS = ("identity", "uppercase", "readme", "mask", "stamp", "reject1")
 SIZES = (100, 1024)
 CODECS = ("none", "lz4", "zstd")
 SECTION = "## Intercept micro-benchmark: CPU per record of the produce pipeline"
@@ -62,13 +64,20 @@ def _plugin(name: str) -> Any:
         def intercept(self, batch: Any, ctx: Any) -> Any:
             return batch.with_records(r.with_value(r.value.upper()) for r in batch.records)
 
+    class Mask(ProduceRequestInterceptor):
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            return batch.with_records(
+                r.with_value(r.value.replace(b"hunter2", b"***")) if r.value else r
+                for r in batch.records)
+
     class RejectFirst(ProduceRequestInterceptor):
         def intercept(self, batch: Any, ctx: Any) -> Any:
             if batch.partition == 0:
                 raise RejectBatch("partition 0 is closed", error="POLICY_VIOLATION")
             return batch
 
-    plugins: dict[str, Any] = {"identity": Identity, "readme": Readme, "reject1": RejectFirst}
+    plugins: dict[str, Any] = {"identity": Identity, "readme": Readme, "mask": Mask,
+                               "reject1": RejectFirst}
     return plugins[name]()
 
 

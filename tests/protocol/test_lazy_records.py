@@ -142,3 +142,15 @@ def test_upper_values_is_bytes_upper_of_every_value(recs: tuple[Record, ...], ke
     assert out == expected
     assert (out is source) == (expected == recs)  # nothing to change: the same tuple
     assert encode_records(out, BASE_TS, True) == encode_records(expected, BASE_TS, True)
+
+
+@settings(max_examples=300, deadline=None)
+@given(recs=records(), data=st.data())
+def test_equality_of_unbuilt_fields_is_equality_of_their_values(
+        recs: tuple[Record, ...], data: st.DataObject) -> None:
+    decoded = [_touch(r, data.draw(TOUCHES)).with_offset_delta(0) for r in _decoded(recs)]
+    copies = [r.with_timestamp(r.timestamp) for r in decoded]  # same spans, nothing built
+    for i, a in enumerate(decoded):
+        assert a == copies[i]
+        for b in copies:
+            assert (a == b) == (_eager(a) == _eager(b))
