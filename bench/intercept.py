@@ -258,10 +258,32 @@ def main(argv: list[str] | None = None) -> None:
         ratio = f" {cells[1] / cells[0]:.2f} |" if args.ab else ""
         lines.append(f"| {case} | " + " | ".join(f"{c:.3f}" for c in cells) + " |" + ratio)
     table = "\n".join(lines)
-    print(f"load average {os.getloadavg()[0]:.1f}; {args.partitions} partitions x "
-          f"{args.records} records per request; best of {args.rounds if args.ab else 1} "
-          f"round(s) x {args.repeats} repeats (CPU time)")
+    setup = (f"load average {os.getloadavg()[0]:.1f}; {args.partitions} partitions x "
+             f"{args.records} records per request; best of {args.rounds if args.ab else 1} "
+             f"round(s) x {args.repeats} repeats (CPU time)")
+    print(setup)
     print(table)
+    if args.write:
+        _write(table, setup, args, argv)
+
+
+def _write(table: str, setup: str, args: argparse.Namespace, argv: list[str] | None) -> None:
+    import datetime
+
+    from bench.results import write_results
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m bench.intercept " + " ".join(sys.argv[1:] if argv is None else argv)
+    trees = (f"A = `{args.ab}`, B = this tree (commit {commit})" if args.ab
+             else f"commit {commit}")
+    write_results("\n".join([
+        SECTION, "",
+        f"`{command}` ({when}; {trees}). {setup}. CPU microseconds per record of "
+        "`ProducePipeline.handle` on one Produce v9 request (no sockets, no broker); "
+        "see the module docstring of `bench/intercept.py` for the plugins.", "",
+        table, ""]), SECTION)
 
 
 if __name__ == "__main__":
