@@ -1,8 +1,10 @@
-"""CPU accounting for the proxy benchmark, from ``/proc``.
+"""CPU and memory accounting for the proxy benchmark, from ``/proc``.
 
 :func:`process_cpu` is the user + system CPU seconds of a process (and its
 children), :func:`machine_busy_cpu` the whole machine's busy CPU seconds;
 the benchmark reads them at phase boundaries and takes differences.
+:func:`process_memory` is a process's minor page faults so far, and its resident
+and peak resident memory.
 """
 
 from __future__ import annotations
@@ -61,6 +63,22 @@ def process_cpu(pid: int, tree: bool = True) -> float | None:
     """CPU seconds (user + system, all threads) of ``pid`` and, with ``tree``, its descendants."""
     split = process_cpu_split(pid, tree)
     return None if split is None else split[0] + split[1]
+
+
+def process_memory(pid: int) -> dict[str, int] | None:
+    """``minflt`` (minor page faults so far), ``rss`` and ``hwm`` (peak RSS), in bytes,
+    of ``pid`` alone (not its children); ``None`` if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    out = {"minflt": int(text[text.rfind(")") + 1:].split()[7])}  # field 10
+    for line in status.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            out["rss" if key == "VmRSS" else "hwm"] = int(value.split()[0]) * 1024
+    return out
 
 
 def machine_busy_cpu() -> float | None:

@@ -26,7 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_cpu import cpu_delta, machine_busy_cpu, process_cpu, process_cpu_split
+from bench.proxy_cpu import (
+    cpu_delta,
+    machine_busy_cpu,
+    process_cpu,
+    process_cpu_split,
+    process_memory,
+)
 from bench.proxy_scenarios import ROOT, TANSU_NODE_ID, Case, Scenario
 from bench.proxy_stats import RunResult, haproxy_config, json_values, percentile
 
@@ -137,6 +143,8 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
         return {"error": f"warm-up: {errors[0]}"}
     count = spec["records"]
     produce, poll = producer.produce, producer.poll
+    proxy_pid = spec["pids"].get("proxy")
+    memory_before = process_memory(proxy_pid) if proxy_pid else None
     before = sampler.sample()
     t0 = time.perf_counter()
     stop_at = t0 + spec["max_seconds"]
@@ -157,6 +165,11 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
     if left:
         errors.append(f"{left} records not delivered after flush")
     result: dict[str, Any] = {"records": count, "seconds": seconds, "cpu": cpu}
+    memory_after = process_memory(proxy_pid) if proxy_pid else None
+    if memory_before is not None and memory_after is not None:
+        result["proxy_minflt"] = memory_after["minflt"] - memory_before["minflt"]
+        result["proxy_rss"] = memory_after.get("rss")
+        result["proxy_peak_rss"] = memory_after.get("hwm")
     if errors:
         result["error"] = f"throughput phase: {errors[0]}"
         return result
@@ -443,6 +456,9 @@ def _fill(result: RunResult, data: Mapping[str, Any], scenario: Scenario) -> Non
     result.proxy_user_cpu = cpu.get("proxy_user")
     result.broker_cpu = cpu.get("broker")
     result.producer_cpu = cpu.get("self")
+    result.proxy_minflt = data.get("proxy_minflt")
+    result.proxy_rss = data.get("proxy_rss")
+    result.proxy_peak_rss = data.get("proxy_peak_rss")
     result.other_cpu = cpu.get("other")
     result.offered_rps = data.get("offered_rps")
     result.paced_rps = data.get("paced_rps")

@@ -134,6 +134,12 @@ class RunResult:
     proxy_user_cpu: float | None = None
     """The user-space part of ``proxy_cpu`` (the rest is the kernel: socket I/O)."""
     broker_cpu: float | None = None
+    proxy_minflt: int | None = None
+    """Minor page faults of the proxy process in the throughput phase."""
+    proxy_rss: int | None = None
+    """The proxy's resident memory after the throughput phase, in bytes."""
+    proxy_peak_rss: int | None = None
+    """The proxy's peak resident memory (VmHWM) up to then, in bytes."""
     producer_cpu: float | None = None
     other_cpu: float | None = None
     """CPU seconds the rest of the machine used in the throughput phase (a noise gauge)."""

@@ -55,6 +55,9 @@ class PartitionSummary:
     error_message: str | None = None
     base_offset: int = -1
     """Offset the broker assigned to the first record; -1 when none (rejected, acks=0)."""
+    route: str | None = None
+    """The name of the route whose chain handled the partition (``default`` for the
+    ``interceptor:`` shorthand); None when no route matched and it passed through."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -71,8 +71,9 @@ def add_parsers(subparsers: Any) -> None:
                         help="where each partition starts: earliest (default), the last N "
                              "records, or the first record at/after a timestamp (ms or ISO-8601)")
     replay.add_argument("--to-offsets", metavar="latest|TIMESTAMP", default="latest",
-                        help="where each partition ends (exclusive): the high watermark at "
-                             "start (default) or the first record at/after a timestamp")
+                        help="where each partition ends (exclusive): the end at start (the "
+                             "last stable offset read_committed, else the high watermark; "
+                             "default) or the first record at/after a timestamp")
     output = replay.add_mutually_exclusive_group()
     output.add_argument("--output-topic", metavar="NAME",
                         help="backfill: produce the transformed records to this topic "
@@ -86,6 +87,11 @@ def add_parsers(subparsers: Any) -> None:
                         help="how executors read: auto (Spark's Kafka source if on the "
                              "classpath, else fetch), fetch (raw Fetch, stored batches), "
                              "consumer (confluent-kafka, fixed-size chunks)")
+    replay.add_argument("--isolation-level", choices=("read_committed", "read_uncommitted"),
+                        default="read_committed",
+                        help="read as a consumer of this isolation.level: read_committed "
+                             "(default) leaves out aborted transactions and stops at the last "
+                             "stable offset; read_uncommitted reads every stored record")
     replay.add_argument("--max-records-per-task", metavar="N", type=int, default=100_000,
                         help="split a partition's range into tasks of N offsets (dry run and "
                              "Parquet; default 100000)")
@@ -173,11 +179,14 @@ def _replay(args: argparse.Namespace) -> int:
         chunk_records=_positive("--chunk-records", args.chunk_records),
         spark_conf=_conf(args.spark_conf), progress=False if args.no_progress else None,
         from_text=args.from_offsets, to_text=args.to_offsets, security=security,
+        isolation_level=args.isolation_level,
     ))
     print(f"kiproxy replay: {summary['records']} records in {summary['batches']} batches; "
           f"{summary['transformed_records']} transformed, {summary['rejected_records']} "
           f"rejected in {summary['rejected_batches']} batches; "
           f"{summary['written_records']} written"
+          + (f"; {summary['aborted_records_skipped']} aborted records skipped"
+             if summary["aborted_records_skipped"] else "")
           + (f" to {args.output_topic or args.output_path}" if summary["output"] else "")
           + f"; {summary['records_per_s']} records/s")
     print(f"kiproxy replay: report in {report_dir.resolve() / 'index.html'}")

@@ -7,12 +7,18 @@ ListOffsets v7 and Fetch v12 (topic names, not ids; every broker from Kafka 2.7
 on, and Tansu, answers them) - one connection per broker, with TLS and SASL as
 the cluster's :class:`ClientSecurity` asks (:mod:`pipelines.broker_connection`).
 
-The log end is taken from the high watermark of a Fetch response, not from
-ListOffsets "latest": that is what a consumer reads up to, and some
-Kafka-compatible brokers (Tansu) answer ListOffsets with the base offset of the
-last batch. Offsets for a timestamp are found by binary search over stored
-batches (their max timestamps), which gives Kafka's ``offsetsForTimes`` answer
-for logs whose timestamps grow, on any broker.
+The log end is taken from a Fetch response, not from ListOffsets "latest":
+the high watermark for ``read_uncommitted``, the last stable offset (LSO: the
+first offset of the oldest open transaction) for ``read_committed`` - what a
+consumer of that isolation level reads up to; and some Kafka-compatible brokers
+(Tansu) answer ListOffsets with the base offset of the last batch. A
+``read_committed`` client sends Fetch with isolation level 1, so the broker
+returns data up to the LSO and the partition's aborted transactions, which
+:mod:`pipelines.read_committed` applies.
+
+Offsets for a timestamp are found by binary search over stored batches (their
+max timestamps), which gives Kafka's ``offsetsForTimes`` answer for logs whose
+timestamps grow, on any broker.
 """
 
 from __future__ import annotations
@@ -27,12 +33,14 @@ from typing import Any
 
 from kiproxy.pipelines.broker_connection import BrokerConnection, BrokerError
 from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
+from kiproxy.pipelines.read_committed import AbortedTransaction
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.messages import ApiKey, request_type
 from kiproxy.protocol.records import DecodedBatch, decode_batches
 from kiproxy.protocol.records import TimestampType as _TimestampType
 
 __all__ = [
+    "ISOLATION_LEVELS",
     "BrokerError",
     "ClusterMetadata",
     "FetchClient",
@@ -46,6 +54,8 @@ METADATA_VERSION = 9
 LIST_OFFSETS_VERSION = 7
 FETCH_VERSION = 12
 EARLIEST_TIMESTAMP = -2
+ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
+"""The ``isolation.level`` values a Kafka consumer takes (Fetch's 1 and 0)."""
 _LOG_OVERHEAD = 12
 _FETCH_WAITS_MS = (10, 10, 100, 500, 1000)
 LIST_OFFSETS_KEY = 2
@@ -78,6 +88,17 @@ class FetchedPartition:
     """First offset still stored (-1 if the broker did not say)."""
     batches: list[DecodedBatch] = field(default_factory=list)
     """The complete batches returned, in offset order (a trailing partial one is dropped)."""
+    last_stable_offset: int = -1
+    """The LSO: a read_committed consumer reads below it (-1 if the broker did not say)."""
+    aborted_transactions: tuple[AbortedTransaction, ...] = ()
+    """Aborted transactions overlapping the returned batches (read_committed fetches only)."""
+
+    def end_offset(self, read_committed: bool) -> int:
+        """The offset a consumer of that isolation level reads up to: the LSO when
+        read_committed and the broker gave one, else the high watermark."""
+        if read_committed and self.last_stable_offset >= 0:
+            return min(self.last_stable_offset, self.high_watermark)
+        return self.high_watermark
 
 
 def complete_prefix(data: bytes) -> bytes:
@@ -117,7 +138,13 @@ class FetchClient:
     """Metadata, ListOffsets and Fetch against a cluster, blocking, one socket per broker."""
 
     def __init__(self, bootstrap: str | Sequence[str], *, client_id: str = "kiproxy-replay",
-                 timeout: float = 30.0, security: ClientSecurity = PLAINTEXT) -> None:
+                 timeout: float = 30.0, security: ClientSecurity = PLAINTEXT,
+                 isolation_level: str = "read_uncommitted") -> None:
+        """``isolation_level``: ``read_uncommitted`` (every stored batch, up to the high
+        watermark) or ``read_committed`` (up to the LSO, with aborted transactions)."""
+        if isolation_level not in ISOLATION_LEVELS:
+            raise ValueError(f"isolation level {isolation_level!r}: use "
+                             f"{' or '.join(ISOLATION_LEVELS)}")
         servers = [bootstrap] if isinstance(bootstrap, str) else list(bootstrap)
         self.bootstrap = [_parse_address(a) for s in servers for a in s.split(",") if a.strip()]
         if not self.bootstrap:
@@ -125,6 +152,7 @@ class FetchClient:
         self.client_id = client_id
         self.timeout = timeout
         self.security = security
+        self.read_committed = isolation_level == "read_committed"
         self._ssl_context: ssl.SSLContext | None = None
         self._connections: dict[tuple[str, int], BrokerConnection] = {}
         self._metadata: ClusterMetadata | None = None
@@ -286,7 +314,8 @@ class FetchClient:
         request = cls(
             replica_id=BrokerId(-1),
             max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=max_wait_ms)),
-            min_bytes=i32(0), max_bytes=i32(max_bytes), isolation_level=i8(0),
+            min_bytes=i32(0), max_bytes=i32(max_bytes),
+            isolation_level=i8(1 if self.read_committed else 0),
             session_id=i32(0), session_epoch=i32(-1),
             topics=(topic_cls(topic=TopicName(topic), partitions=(part_cls(
                 partition=i32(partition), fetch_offset=i64(offset),
@@ -311,13 +340,21 @@ class FetchClient:
                 except ProtocolError as exc:
                     raise BrokerError(f"{topic}[{partition}] near offset {offset}: stored "
                                       f"batch does not decode: {exc}") from None
+                aborted = tuple(AbortedTransaction(int(a.first_offset), int(a.producer_id))
+                                for a in p.aborted_transactions or ())
                 return FetchedPartition(int(p.high_watermark), int(p.log_start_offset),
-                                        batches)
+                                        batches, int(p.last_stable_offset), aborted)
         return None
 
     def high_watermark(self, topic: str, partition: int, from_offset: int) -> int:
         """The partition's high watermark, read from a minimal Fetch at ``from_offset``."""
         return self.fetch(topic, partition, from_offset, max_bytes=1).high_watermark
+
+    def end_offset(self, topic: str, partition: int, from_offset: int) -> int:
+        """Where a consumer of this client's isolation level stops reading now: the LSO
+        (read_committed) or the high watermark, from a minimal Fetch at ``from_offset``."""
+        fetched = self.fetch(topic, partition, from_offset, max_bytes=1)
+        return fetched.end_offset(self.read_committed)
 
     def offset_for_timestamp(self, topic: str, partition: int, timestamp: int,
                              low: int, high: int) -> int:

@@ -76,7 +76,8 @@ def parse_from_offsets(text: str) -> OffsetBound:
 
 
 def parse_to_offsets(text: str) -> OffsetBound:
-    """``latest`` (the high watermark when the job is planned) or a TIMESTAMP (exclusive)."""
+    """``latest`` (the end when the job is planned: the high watermark, or the last stable
+    offset for read_committed) or a TIMESTAMP (exclusive)."""
     text = text.strip()
     if text == "latest":
         return OffsetBound("latest", 0)
@@ -148,7 +149,12 @@ def select_topics(pattern: str, metadata: ClusterMetadata, bootstrap: str) -> li
 
 def plan_ranges(client: FetchClient, topics: Sequence[str], start: OffsetBound,
                 end: OffsetBound) -> list[OffsetRange]:
-    """One range per partition of ``topics``, resolved against the cluster now."""
+    """One range per partition of ``topics``, resolved against the cluster now.
+
+    A partition ends where a consumer of the client's isolation level stops: the
+    high watermark, or the last stable offset (LSO) for read_committed, so an
+    open transaction and everything after it is left for a later run.
+    """
     metadata = client.metadata()
     tps = [(t, p) for t in topics for p in sorted(metadata.leaders[t])]
     try:
@@ -156,7 +162,7 @@ def plan_ranges(client: FetchClient, topics: Sequence[str], start: OffsetBound,
         out = []
         for topic, partition in tps:
             low = earliest[(topic, partition)]
-            high = client.high_watermark(topic, partition, low)
+            high = client.end_offset(topic, partition, low)
             first = _resolve(client, topic, partition, start, low, high)
             last = high if end.kind == "latest" else \
                 client.offset_for_timestamp(topic, partition, end.value, low, high)

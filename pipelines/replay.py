@@ -20,6 +20,13 @@ The driver connects and authenticates first, so a wrong password or an
 untrusted certificate fails before any Spark job starts; executors get the
 settings through a Spark broadcast, never through Spark conf.
 
+Replay reads as a consumer of ``--isolation-level`` would: ``read_committed``
+(the default) reads up to the last stable offset and leaves out the records of
+aborted transactions; ``read_uncommitted`` reads every stored record up to the
+high watermark. Transaction markers are never replayed. The ``fetch`` reader
+counts what it skipped (``aborted_records_skipped``,
+``control_batches_skipped``); the other readers cannot, and say None.
+
 Backfill to a topic keeps keys, headers and timestamps (CreateTime), writes
 source partition N to output partition N, and reads each partition in one task
 so that the output keeps the source order per partition. Delivery is
@@ -42,7 +49,7 @@ from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.pipelines.apply import InterceptorSpec, error_name, runner_for
 from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
-from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
+from kiproxy.pipelines.fetch_client import ISOLATION_LEVELS, BrokerError, FetchClient
 from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
@@ -94,6 +101,9 @@ class ReplayOptions:
     to_text: str = "latest"
     security: ClientSecurity = PLAINTEXT
     """How to connect to the cluster (TLS, SASL); its secrets never reach the report."""
+    isolation_level: str = "read_committed"
+    """``read_committed``: records of committed transactions and non-transactional ones,
+    up to the last stable offset; ``read_uncommitted``: every stored record."""
 
     @property
     def mode(self) -> str:
@@ -127,6 +137,7 @@ class _ExecutorJob:
     output_topic: str | None
     emit_records: bool
     chunk_records: int
+    isolation_level: str
     security: Any
     """A Spark broadcast of the :class:`ClientSecurity` (secrets stay out of task closures)."""
 
@@ -194,7 +205,8 @@ def _process(job: _ExecutorJob, accumulator: Any, index: int,
     security: ClientSecurity = job.security.value
     producer = _Producer(job.bootstrap, job.output_topic, security) if job.output_topic \
         else None
-    client = FetchClient(job.bootstrap, security=security) if job.reader == "fetch" else None
+    client = FetchClient(job.bootstrap, security=security,
+                         isolation_level=job.isolation_level) if job.reader == "fetch" else None
 
     def batches() -> Iterator[SourceBatch]:
         if job.reader == "spark-kafka":
@@ -202,10 +214,12 @@ def _process(job: _ExecutorJob, accumulator: Any, index: int,
             return
         for task in items:
             if client is not None:
-                yield from stored_batches(client, task)
+                yield from stored_batches(client, task, on_skip=functools.partial(
+                    tally.skip, task.topic, task.partition))
             else:
                 yield from consumer_chunks(job.bootstrap, task, job.chunk_records,
-                                           security=security)
+                                           security=security,
+                                           isolation_level=job.isolation_level)
 
     try:
         for batch in batches():
@@ -268,11 +282,12 @@ REJECTED_COLUMNS = ("topic", "partition", "offset", "timestamp", "error_code", "
 
 
 def kafka_source(spark: Any, bootstrap: str, ranges: list[OffsetRange],
-                 min_partitions: int, security: ClientSecurity = PLAINTEXT) -> Any:
+                 min_partitions: int, security: ClientSecurity = PLAINTEXT,
+                 isolation_level: str = "read_committed") -> Any:
     """The planned ranges through Spark's Kafka data source, as its DataFrame (columns
     topic, partition, offset, timestamp, key, value, headers, ...)."""
-    return spark.read.format("kafka").options(
-        **spark_kafka_options(bootstrap, ranges, min_partitions, security)).load()
+    return spark.read.format("kafka").options(**spark_kafka_options(
+        bootstrap, ranges, min_partitions, security, isolation_level)).load()
 
 
 def _spark_uri(path: Path | str, local: bool) -> str:
@@ -297,7 +312,8 @@ def _check_plugin(spec: InterceptorSpec) -> None:
 
 def _plan(opts: ReplayOptions) -> tuple[list[str], list[OffsetRange]]:
     try:
-        client = FetchClient(opts.bootstrap, security=opts.security)
+        client = FetchClient(opts.bootstrap, security=opts.security,
+                             isolation_level=opts.isolation_level)
     except ValueError as exc:
         raise PipelineError(f"--bootstrap {opts.bootstrap!r}: {exc}") from None
     with client:
@@ -365,6 +381,9 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             and Path(opts.output_path).exists():
         raise PipelineError(f"--output-path {opts.output_path} already exists; give a new "
                             "directory (the backfill never overwrites)")
+    if opts.isolation_level not in ISOLATION_LEVELS:
+        raise PipelineError(f"--isolation-level {opts.isolation_level!r}: use "
+                            f"{' or '.join(ISOLATION_LEVELS)}")
     _check_plugin(opts.interceptor)
     planned_at = time.time()
     topics, ranges = _plan(opts)
@@ -383,14 +402,15 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
                                plugins_dir, archive, opts.interceptor.timeout_ms)
         job = _ExecutorJob(reader, opts.bootstrap, spec, opts.output_topic,
                            opts.mode == "backfill-parquet", opts.chunk_records,
-                           sc.broadcast(opts.security))
+                           opts.isolation_level, sc.broadcast(opts.security))
         # Backfill to a topic keeps per-partition order: one task per partition.
         per_task = None if opts.mode == "backfill-topic" else opts.max_records_per_task
         tasks = split_ranges(ranges, per_task)
         accumulator = sc.accumulator({}, TallyAccumulator())
         process = functools.partial(_process, job, accumulator)
         if reader == "spark-kafka":
-            source = kafka_source(spark, opts.bootstrap, ranges, len(tasks), opts.security)
+            source = kafka_source(spark, opts.bootstrap, ranges, len(tasks), opts.security,
+                                  opts.isolation_level)
             rows = source.selectExpr("topic", "partition", "offset",
                                      "unix_millis(timestamp) AS ts", "key", "value",
                                      "headers").rdd
@@ -438,6 +458,7 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             "from_offsets": opts.from_text,
             "to_offsets": opts.to_text,
             "reader": reader,
+            "isolation_level": opts.isolation_level,
             "batching": "stored batches" if reader == "fetch"
             else f"chunks of {opts.chunk_records} records",
             "tasks": n_partitions,
@@ -445,7 +466,8 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
             "spark_version": spark.version,
             "planned_at": _iso(planned_at),
             "duration_s": round(duration, 3),
-            **build_summary(tally, ranges),
+            # Only stored batches show what was skipped (librdkafka and Spark do not say).
+            **build_summary(tally, ranges, skips_counted=reader == "fetch"),
             "output": ({"topic": opts.output_topic} if opts.output_topic else
                        {"path": opts.output_path} if opts.output_path else None),
             "rejected_listing": "rejected/ (JSON Lines part files)",

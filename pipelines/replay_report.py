@@ -18,6 +18,9 @@ from kiproxy.pipelines.html import page, table
 __all__ = ["write_replay_report"]
 
 
+def _count(value: int | None) -> str | int:
+    return "not counted by this reader" if value is None else value
+
 
 def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
     """``summary.json``, ``chart.png`` and ``index.html`` into ``report_dir``."""
@@ -40,6 +43,8 @@ def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
         ("transformed", summary["transformed_batches"], summary["transformed_records"]),
         ("rejected", summary["rejected_batches"], summary["rejected_records"]),
         ("written to the output", "", summary["written_records"]),
+        ("aborted records skipped", "", _count(summary.get("aborted_records_skipped"))),
+        ("transaction markers skipped", _count(summary.get("control_batches_skipped")), ""),
     ])
     run_rows = [
         ("mode", summary["mode"]), ("interceptor", summary["interceptor"]),
@@ -47,6 +52,7 @@ def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
         ("topics", ", ".join(summary["topic_list"])),
         ("from / to", f"{summary['from_offsets']} / {summary['to_offsets']}"),
         ("reader", f"{summary['reader']} ({summary['batching']})"),
+        ("isolation level", summary.get("isolation_level", "read_uncommitted")),
         ("output", json.dumps(summary["output"]) if summary["output"] else "none (dry run)"),
         ("Spark", f"{summary['spark_version']} on {summary['spark_master']}, "
                   f"{summary['tasks']} tasks"),
@@ -54,7 +60,8 @@ def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
     ]
     partitions = [
         (topic, int(partition), p["start_offset"], p["end_offset"], p["batches"], p["records"],
-         p["transformed_records"], p["rejected_batches"], p["rejected_records"])
+         p["transformed_records"], p["rejected_batches"], p["rejected_records"],
+         _count(p.get("aborted_records_skipped")))
         for topic, t in summary["topics"].items() for partition, p in t["partitions"].items()
     ]
     reasons = [
@@ -67,7 +74,8 @@ def write_replay_report(summary: Mapping[str, Any], report_dir: Path) -> None:
         ("Totals", totals),
         ("Records per topic-partition", '<img src="chart.png" alt="records per partition">'),
         ("Partitions", table(["topic", "partition", "start", "end", "batches", "records",
-                              "transformed records", "rejected batches", "rejected records"],
+                              "transformed records", "rejected batches", "rejected records",
+                              "aborted records skipped"],
                              partitions)),
         ("Rejection reasons", table(["error", "message", "batches", "records",
                                      "sample records (topic[partition]@offset)"], reasons)

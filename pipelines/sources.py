@@ -20,7 +20,7 @@ else ``fetch``. Every reader connects with the run's :class:`ClientSecurity`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +28,7 @@ from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import FetchClient, record_timestamps
 from kiproxy.pipelines.offsets import OffsetRange, ReplayTask
+from kiproxy.pipelines.read_committed import BatchFate, read_committed
 from kiproxy.protocol.records import Header, Record
 
 __all__ = [
@@ -104,23 +105,32 @@ def choose_reader(requested: str, spark_kafka: bool, spark_version: str = "4.0.0
 # ---------------------------------------------------------------------------- fetch reader
 
 
-def stored_batches(client: FetchClient, task: ReplayTask, *,
-                   max_bytes: int = 8 << 20) -> Iterator[SourceBatch]:
+def stored_batches(client: FetchClient, task: ReplayTask, *, max_bytes: int = 8 << 20,
+                   on_skip: Callable[[BatchFate, int], None] | None = None
+                   ) -> Iterator[SourceBatch]:
     """The stored batches a task owns, rebuilt whole (clipped to the partition's range).
 
-    Control batches (transaction markers) are skipped: they hold no records.
+    Control batches (transaction markers) are skipped: they hold no records. A
+    ``read_committed`` client also skips the batches of aborted transactions, as
+    Kafka's consumer does (:func:`pipelines.read_committed.read_committed`).
+    ``on_skip(fate, records)`` hears of every batch skipped so, with the number of
+    its records inside the range (a control batch counts as one).
     """
     position = task.start
     while position < task.end:
         fetched = client.fetch(task.topic, task.partition, position, max_bytes=max_bytes)
         if not fetched.batches:
-            if position >= fetched.high_watermark:
+            end = fetched.end_offset(client.read_committed)
+            if position >= end:
                 return
-            raise PipelineError(
-                f"{task.topic}[{task.partition}]: the broker returned no batch at offset "
-                f"{position} below its high watermark {fetched.high_watermark}"
-            )
-        for decoded in fetched.batches:
+            bound = "last stable offset" if client.read_committed else "high watermark"
+            raise PipelineError(f"{task.topic}[{task.partition}]: the broker returned no batch "
+                                f"at offset {position} below its {bound} {end}")
+        fates = read_committed(fetched.batches, fetched.aborted_transactions) \
+            if client.read_committed else \
+            ((b, BatchFate.CONTROL if b.header.is_control else BatchFate.RECORDS)
+             for b in fetched.batches)
+        for decoded, fate in fates:
             h = decoded.header
             base, last = h.base_offset, h.base_offset + h.last_offset_delta
             if last < position:
@@ -129,8 +139,8 @@ def stored_batches(client: FetchClient, task: ReplayTask, *,
             if anchor >= task.end:
                 return
             position = last + 1
-            if anchor < task.start or h.is_control or not decoded.records:
-                continue  # the previous task's batch, or no records to replay
+            if anchor < task.start or not decoded.records:
+                continue  # the previous task's batch, or no records left by compaction
             offsets, records = [], []
             log_append = h.timestamp_type == 1
             for record, ts in zip(decoded.records, record_timestamps(decoded), strict=True):
@@ -138,6 +148,10 @@ def stored_batches(client: FetchClient, task: ReplayTask, *,
                 if task.range_start <= offset < task.range_end:
                     offsets.append(offset)
                     records.append(record.with_timestamp(ts) if log_append else record)
+            if fate is not BatchFate.RECORDS:
+                if on_skip is not None and records:
+                    on_skip(fate, 1 if fate is BatchFate.CONTROL else len(records))
+                continue
             if records:
                 yield SourceBatch(
                     topic=task.topic, partition=task.partition, offsets=tuple(offsets),
@@ -173,16 +187,21 @@ def confluent_config(bootstrap: str, security: ClientSecurity,
 
 
 def consumer_chunks(bootstrap: str, task: ReplayTask, chunk_records: int,
-                    poll_timeout: float = 30.0,
-                    security: ClientSecurity = PLAINTEXT) -> Iterator[SourceBatch]:
-    """Records of ``[task.start, task.end)`` through a confluent-kafka consumer, in chunks."""
+                    poll_timeout: float = 30.0, security: ClientSecurity = PLAINTEXT,
+                    isolation_level: str = "read_committed") -> Iterator[SourceBatch]:
+    """Records of ``[task.start, task.end)`` through a confluent-kafka consumer, in chunks.
+
+    librdkafka skips control batches and, read_committed, aborted transactions
+    without saying how many records it dropped: the offsets it skips are markers,
+    aborted records and compacted-away records alike, so no count comes from here.
+    """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     consumer = Consumer(confluent_config(
         bootstrap, security, **{
             "group.id": "kiproxy-replay", "enable.auto.commit": False,
             "enable.partition.eof": True, "auto.offset.reset": "earliest",
-            "isolation.level": "read_uncommitted"}))
+            "isolation.level": isolation_level}))
 
     def records() -> Iterator[tuple[int, Record]]:
         consumer.assign([TopicPartition(task.topic, task.partition, task.start)])
@@ -236,8 +255,8 @@ def chunk_rows(rows: Iterable[Sequence[Any]], chunk_records: int) -> Iterator[So
 
 
 def spark_kafka_options(bootstrap: str, ranges: Sequence[OffsetRange],
-                        min_partitions: int,
-                        security: ClientSecurity = PLAINTEXT) -> dict[str, str]:
+                        min_partitions: int, security: ClientSecurity = PLAINTEXT,
+                        isolation_level: str = "read_committed") -> dict[str, str]:
     """Options of ``spark.read.format("kafka")`` that read exactly ``ranges``."""
     assign: dict[str, list[int]] = {}
     starting: dict[str, dict[str, int]] = {}
@@ -256,5 +275,6 @@ def spark_kafka_options(bootstrap: str, ranges: Sequence[OffsetRange],
         "includeHeaders": "true",
         "failOnDataLoss": "false",
         "minPartitions": str(max(1, min_partitions)),
+        "kafka.isolation.level": isolation_level,
         **security.spark_kafka_options(),
     }

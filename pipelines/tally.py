@@ -5,7 +5,10 @@ Counts, per partition: ``batches`` and ``records`` seen; ``transformed_batches``
 (batches the interceptor changed) and ``transformed_records`` (records that differ
 in any field, offset delta included); ``rejected_batches`` and
 ``rejected_records`` (every record of a rejected batch); ``passed_records``
-(records of batches that were not rejected, changed or not). Rejection reasons
+(records of batches that were not rejected, changed or not);
+``aborted_records_skipped`` (records of aborted transactions a read_committed
+reader dropped) and ``control_batches_skipped`` (transaction markers), which only
+the ``fetch`` reader can count (None in the summary for the others). Rejection reasons
 are keyed by error code and message, with batch and record counts and up to
 :data:`MAX_SAMPLES` record coordinates each (the lowest offsets, so merging is
 deterministic).
@@ -19,15 +22,19 @@ from typing import Any
 
 from kiproxy.pipelines.apply import Outcome, error_name
 from kiproxy.pipelines.offsets import OffsetRange
+from kiproxy.pipelines.read_committed import BatchFate
 from kiproxy.pipelines.sources import SourceBatch
 
-__all__ = ["COUNTERS", "MAX_SAMPLES", "PartitionTally", "ReasonTally", "ReplayTally",
-           "build_summary"]
+__all__ = ["COUNTERS", "MAX_SAMPLES", "SKIP_COUNTERS", "PartitionTally", "ReasonTally",
+           "ReplayTally", "build_summary"]
 
 MAX_SAMPLES = 5
 COUNTERS = ("batches", "records", "passed_records", "transformed_batches",
             "transformed_records", "rejected_batches", "rejected_records", "stored_batches",
-            "chunked_batches", "written_records")
+            "chunked_batches", "written_records", "aborted_records_skipped",
+            "control_batches_skipped")
+SKIP_COUNTERS = ("aborted_records_skipped", "control_batches_skipped")
+"""Counters only the ``fetch`` reader can fill: None in a summary of the other readers."""
 
 
 @dataclass(slots=True)
@@ -107,6 +114,15 @@ class ReplayTally:
             c["transformed_batches"] += 1
             c["transformed_records"] += outcome.transformed_records
 
+    def skip(self, topic: str, partition: int, fate: BatchFate, records: int) -> None:
+        """Count a batch the reader skipped: ``records`` records of an aborted transaction
+        (``BatchFate.ABORTED``) or one transaction marker (``BatchFate.CONTROL``)."""
+        c = self.partitions.setdefault((topic, partition), PartitionTally()).counts
+        if fate is BatchFate.ABORTED:
+            c["aborted_records_skipped"] += records
+        elif fate is BatchFate.CONTROL:
+            c["control_batches_skipped"] += 1
+
     def merge(self, other: ReplayTally) -> ReplayTally:
         """Add ``other`` into this tally and return self."""
         for key, part in other.partitions.items():
@@ -151,9 +167,14 @@ def _merge_reasons(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return sorted(merged.values(), key=lambda r: (-r["records"], r["error_code"], r["message"]))
 
 
-def build_summary(tally: ReplayTally, ranges: Iterable[OffsetRange]) -> dict[str, Any]:
+def build_summary(tally: ReplayTally, ranges: Iterable[OffsetRange],
+                  skips_counted: bool = True) -> dict[str, Any]:
     """The counting part of ``summary.json``: totals at the top level, then per topic
-    and per partition (every planned partition appears, read or empty)."""
+    and per partition (every planned partition appears, read or empty).
+
+    ``skips_counted`` False (a reader that cannot count them): the
+    :data:`SKIP_COUNTERS` are None at every level.
+    """
     topics: dict[str, dict[str, Any]] = {}
     for r in sorted(ranges, key=lambda r: (r.topic, r.partition)):
         part = tally.partitions.get((r.topic, r.partition), PartitionTally())
@@ -172,4 +193,8 @@ def build_summary(tally: ReplayTally, ranges: Iterable[OffsetRange]) -> dict[str
     all_reasons = _merge_reasons(r for t in topics.values() for r in t["reasons"])
     for t in topics.values():
         t["reasons"] = _merge_reasons(t["reasons"])
+    if not skips_counted:
+        for level in (totals, *topics.values(),
+                      *(p for t in topics.values() for p in t["partitions"].values())):
+            level.update(dict.fromkeys(SKIP_COUNTERS))
     return {**totals, "reasons": all_reasons, "topics": topics}

@@ -16,8 +16,12 @@ produce request::
     {"event": "produce", "ts": 1763848800123, "client_id": "orders-svc",
      "client_address": "10.0.0.7:53412", "principal": null, "api_version": 11,
      "correlation_id": 42, "topic": "orders", "partition": 3, "batches": 1,
-     "records": 500, "bytes": 20480, "outcome": "transformed", "error_code": 0,
-     "error_message": null, "base_offset": 1200, "latency_ms": 2.41}
+     "records": 500, "bytes": 20480, "outcome": "transformed", "route": "payments",
+     "error_code": 0, "error_message": null, "base_offset": 1200, "latency_ms": 2.41}
+
+``route`` is the name of the route whose chain handled the partition
+(``default`` for the ``interceptor:`` shorthand), or null when no route matched
+and the partition passed through untouched.
 
 Request event (``"event": "request"``, only with ``requests: true``), one per
 request of any other API: ``ts``, ``client_id``, ``client_address``,
@@ -70,6 +74,7 @@ def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
             "records": p.records,
             "bytes": p.bytes,
             "outcome": p.outcome,
+            "route": p.route,
             "error_code": p.error_code,
             "error_message": p.error_message,
             "base_offset": p.base_offset,

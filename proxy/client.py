@@ -2,8 +2,9 @@
 
 Contract: the router and the produce pipeline see a client only through
 :class:`RequestingClient`: its identity (a frozen value), its SASL
-bookkeeping, the ``extra=`` fields for log lines, and the one callback that
-reads a SaslAuthenticate answer. They never hold the connection itself.
+bookkeeping, the ``extra=`` fields for log lines, the routes that hold for it
+(cached while its identity stays the same), and the one callback that reads a
+SaslAuthenticate answer. They never hold the connection itself.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kiproxy.interceptors.identity import ClientIdentity
+    from kiproxy.proxy.routes import ClientRoutes, RouteTable
     from kiproxy.proxy.sasl import SaslRound, SaslTracker
 
 __all__ = ["RequestingClient"]
@@ -31,6 +33,9 @@ class RequestingClient(Protocol):
     @property
     def log_context(self) -> dict[str, object]:
         """``extra=`` fields for log lines about this client."""
+
+    def routes(self, table: RouteTable) -> ClientRoutes:
+        """The routes of ``table`` that can hold for this client (cached per identity)."""
 
     def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
                       frame: bytes) -> bytes:

@@ -395,6 +395,11 @@ class ProxyConfig(_Strict):
             raise ValueError("tls.client_ca needs tls.cert and tls.key")
         if (self.upstream_tls.cert is None) != (self.upstream_tls.key is None):
             raise ValueError("upstream_tls.cert and upstream_tls.key must be given together")
+        if self.tls.cert is not None and self.listener.proxy_protocol != "off":
+            raise ValueError(
+                f"listener.proxy_protocol: {self.listener.proxy_protocol} cannot be combined "
+                "with tls.cert yet (the PROXY header comes before the TLS handshake); "
+                "terminate TLS at the load balancer, or set proxy_protocol: off")
         return self
 
     @property

@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
+from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
@@ -69,6 +70,7 @@ if TYPE_CHECKING:
     from kiproxy.proxy.metrics import Metrics
     from kiproxy.proxy.nodes import NodeRegistry
     from kiproxy.proxy.router import RequestRouter
+    from kiproxy.proxy.routes import ClientRoutes, RouteTable
     from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy.connection")
@@ -129,6 +131,7 @@ class ClientConnection:
         """Who the client is, as the proxy knows it now (replaced, never changed)."""
         self.sasl = SaslTracker()
         """The connection's SASL bookkeeping."""
+        self._routes: tuple[ClientIdentity, RouteTable, ClientRoutes] | None = None
         self._upstream: FrameStream | None = None
         self._slots: deque[_Slot] = deque()
         self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None]] = deque()
@@ -162,6 +165,16 @@ class ClientConnection:
     def principal(self) -> str | None:
         """The authenticated principal, when the proxy knows it."""
         return self.identity.principal
+
+    def routes(self, table: RouteTable) -> ClientRoutes:
+        """The routes of ``table`` that hold for this client, kept until the identity or
+        the table (a reload) changes."""
+        cached = self._routes
+        if cached is not None and cached[0] is self.identity and cached[1] is table:
+            return cached[2]
+        found = table.for_client(self.identity)
+        self._routes = (self.identity, table, found)
+        return found
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -306,7 +319,7 @@ class ClientConnection:
         the frame for acks and forwards it. Anything else may be decoded by kio.
         """
         produce = generation.produce
-        return (header.api_key == ApiKey.PRODUCE and produce.interceptor is None
+        return (header.api_key == ApiKey.PRODUCE and not produce.intercepts
                 and not produce.tallies)
 
     async def _handle_request(self, frame: Frame) -> None:
@@ -405,6 +418,12 @@ class ClientConnection:
                     metrics.produce_batches.labels(d.topic, d.outcome).inc(d.batches)
                     metrics.produce_records.labels(d.topic, d.outcome).inc(d.records)
                     metrics.produce_bytes.labels(d.topic, d.outcome).inc(d.bytes)
+                    if d.route is not None:
+                        metrics.route_batches.labels(d.route, d.outcome).inc(d.batches)
+                        metrics.route_records.labels(d.route, d.outcome).inc(d.records)
+                        if d.outcome == "rejected":
+                            metrics.route_rejections.labels(
+                                d.route, error_name(d.error_code)).inc()
         if slot.info is not None:
             slot.generation.observers.response(ResponseInfo(
                 request=slot.info, size=size,

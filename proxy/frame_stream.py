@@ -10,6 +10,17 @@ waits in :meth:`FrameStream.read`, so while the owner handles what it got,
 TCP pushes back. With a receive budget (client sockets), the bytes of a
 partial frame count against the process-wide
 :class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
+
+PROXY protocol: a client stream may start with a pre-framing phase in which
+the first bytes go to :func:`kiproxy.protocol.proxy_header.parse_proxy_header`
+(from the start, each time more arrive) until it answers something other than
+``Incomplete``; the bytes after the header (all of them, when there is none)
+then go to the assembler as if just received. With ``proxy_header="read"``
+the owner waits for that answer in :meth:`FrameStream.read_proxy_header` before
+it reads any frame and decides what to do with it; with ``"refuse"`` (a
+listener with ``proxy_protocol: off``) the owner never waits, and a PROXY
+header, well-formed or not, fails the stream with a
+:class:`~kiproxy.protocol.proxy_header.ProxyHeaderError` naming the setting.
 """
 
 from __future__ import annotations
@@ -18,15 +29,30 @@ import asyncio
 import contextlib
 from collections import deque
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from kiproxy.protocol.errors import FrameTooLarge, ProtocolError
 from kiproxy.protocol.framing import FrameAssembler
+from kiproxy.protocol.proxy_header import (
+    Incomplete,
+    Local,
+    ParsedProxyHeader,
+    ProxyHeader,
+    ProxyHeaderError,
+    parse_proxy_header,
+)
+from kiproxy.proxy.proxy_protocol import Refuse, accept_proxy_header
 
 if TYPE_CHECKING:
     from kiproxy.proxy.memory import ReceiveBudget
 
-__all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream"]
+__all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
+
+ProxyHeaderMode = Literal["read", "refuse"]
+"""How a client stream treats a PROXY header (see the module docstring)."""
+
+_PREFACE_CHUNK = 2048
+"""Bytes received at a time while the PROXY header is looked for."""
 
 CLOSE_TIMEOUT = 2.0
 """Seconds a closing socket may take to flush before it is aborted."""
@@ -49,8 +75,14 @@ class FrameStream(asyncio.BufferedProtocol):
 
     def __init__(self, max_frame_size: int,
                  on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
-                 budget: ReceiveBudget | None = None) -> None:
+                 budget: ReceiveBudget | None = None, *,
+                 proxy_header: ProxyHeaderMode | None = None) -> None:
         self._assembler = FrameAssembler(max_frame_size)
+        self._proxy_mode = proxy_header
+        self._preface: bytearray | None = None if proxy_header is None else bytearray()
+        self._preface_buffer: bytearray | None = None
+        self.proxy_header: ParsedProxyHeader | ProxyHeaderError | None = None
+        """What the PROXY header phase found (None until it ended, or without one)."""
         self._on_open = on_open
         self._budget = budget
         self._budget_held = 0
@@ -85,18 +117,35 @@ class FrameStream(asyncio.BufferedProtocol):
             self._task = asyncio.get_running_loop().create_task(self._on_open(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
+        if self._preface is not None:
+            if self._preface_buffer is None:
+                self._preface_buffer = bytearray(_PREFACE_CHUNK)
+            return memoryview(self._preface_buffer)
         return self._assembler.get_buffer()
 
     def buffer_updated(self, nbytes: int) -> None:
+        if self._error is not None:
+            return  # the stream failed (reading is paused): what still arrives is dropped
+        if self._preface is not None:
+            assert self._preface_buffer is not None
+            self._preface += self._preface_buffer[:nbytes]
+            self._look_for_proxy_header()
+            return
         try:
             frames = self._assembler.buffer_updated(nbytes)
         except ProtocolError as exc:
-            if self._budget is not None and isinstance(exc, FrameTooLarge):
-                self._budget.refused_frame()
-            self._error = exc
-            self._pause()
-            self._wake()
+            self._fail(exc)
             return
+        self._received(frames)
+
+    def _fail(self, exc: ProtocolError) -> None:
+        if self._budget is not None and isinstance(exc, FrameTooLarge):
+            self._budget.refused_frame()
+        self._error = exc
+        self._pause()
+        self._wake()
+
+    def _received(self, frames: list[Frame]) -> None:
         held = self._assembler.buffered
         if self._budget is not None and (held or self._budget_held):
             self._budget_held = held
@@ -105,6 +154,62 @@ class FrameStream(asyncio.BufferedProtocol):
             self._frames.extend(frames)
             self._pause()
             self._wake()
+
+    def _look_for_proxy_header(self) -> None:
+        """The pre-framing phase: judge the bytes so far; once decided, hand the rest on."""
+        data = self._preface
+        assert data is not None
+        parsed: ParsedProxyHeader | ProxyHeaderError
+        try:
+            parsed = parse_proxy_header(data)
+        except ProxyHeaderError as exc:
+            parsed = exc
+        if isinstance(parsed, Incomplete):
+            return
+        self._preface = self._preface_buffer = None
+        self.proxy_header = parsed
+        if self._proxy_mode == "refuse":
+            peer = self.get_extra_info("peername")
+            decision = accept_proxy_header("off", (), (str(peer[0]), int(peer[1])) if peer
+                                           else ("unknown", 0), parsed)
+            if isinstance(decision, Refuse):
+                self._fail(ProxyHeaderError(decision.reason))
+                return
+        if isinstance(parsed, ProxyHeaderError):
+            self._wake()  # the owner judges it (read_proxy_header)
+            return
+        rest = memoryview(data)[parsed.length if isinstance(parsed, ProxyHeader | Local)
+                                else 0:]
+        frames: list[Frame] = []
+        try:
+            while rest:
+                buffer = self._assembler.get_buffer()
+                n = min(len(buffer), len(rest))
+                buffer[:n] = rest[:n]
+                rest = rest[n:]
+                frames.extend(self._assembler.buffer_updated(n))
+        except ProtocolError as exc:
+            self._fail(exc)
+            return
+        self._received(frames)
+        self._wake()
+
+    async def read_proxy_header(self, timeout: float) -> ParsedProxyHeader | ProxyHeaderError:
+        """The PROXY header phase's answer (``proxy_header="read"``), waiting at most
+        ``timeout`` seconds; ``Incomplete`` when it ran out or the client closed first."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while self.proxy_header is None:
+            if self._error is not None or self._eof:
+                return Incomplete(0)
+            self._resume()
+            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await asyncio.wait_for(waiter, deadline - asyncio.get_running_loop().time())
+            except TimeoutError:
+                return Incomplete(0)
+            finally:
+                self._waiter = None
+        return self.proxy_header
 
     def eof_received(self) -> bool:
         self._eof = True

@@ -3,8 +3,9 @@
 Contract:
 
 - :func:`build_generation` turns a validated :class:`ProxyConfig` into a
-  :class:`Generation`: the produce pipeline with its interceptor loaded and
-  configured (or its isolation workers started), the observers (audit log,
+  :class:`Generation`: the produce pipeline with every route's chain of
+  interceptors loaded and configured (or their isolation workers started;
+  :mod:`kiproxy.proxy.route_runtime`), the observers (audit log,
   observer plugins) opened, and the per-client limits. It either returns a
   complete generation or raises (``PluginLoadError``, ``ConfigError``,
   ``OSError``) having closed whatever it had already opened; nothing is ever
@@ -25,15 +26,17 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from kiproxy.interceptors.loader import load_interceptor, load_observer
+from kiproxy.interceptors.loader import load_observer
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
 from kiproxy.proxy.config import ConfigError, ProxyConfig
-from kiproxy.proxy.isolation import IsolatedInterceptor
 from kiproxy.proxy.metrics import Metrics
 from kiproxy.proxy.observe import ObserverHub
 from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.proxy_protocol import trusted_networks
+from kiproxy.proxy.route_runtime import load_routes
+from kiproxy.proxy.routes import Network
 from kiproxy.proxy.tls import client_context
 
 log = logging.getLogger("kiproxy")
@@ -55,6 +58,8 @@ class Generation:
     """This generation's observers (audit log, observer plugins)."""
     client_tls: ssl.SSLContext | None
     """The listeners' TLS context (certificate, key, client CA), when TLS is on."""
+    proxy_trusted: tuple[Network, ...] = ()
+    """``listener.proxy_protocol_trusted`` as networks: who may send a PROXY header."""
 
     @property
     def tallies(self) -> bool:
@@ -143,23 +148,6 @@ def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub
     return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
 
 
-def _load_interceptor(config: ProxyConfig) -> Any | None:
-    spec = config.interceptor.class_name
-    if spec is None:
-        return None
-    if config.interceptor.isolation == "process":
-        pool = IsolatedInterceptor(spec, config.plugins_dir, config.interceptor.config,
-                                   workers=config.interceptor.workers,
-                                   log_setup=(config.log_level, config.log_format))
-        pool.start()  # a plugin that cannot load raises PluginLoadError here
-        log.info("interceptor %s loaded in %d worker processes (pids %s)", spec,
-                 len(pool.pids), ", ".join(map(str, pool.pids)))
-        return pool
-    interceptor = load_interceptor(spec, config.plugins_dir, config.interceptor.config)
-    log.info("interceptor %s loaded", spec)
-    return interceptor
-
-
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
                      offload: BatchOffload | None = None,
                      topic_names: dict[uuid.UUID, str] | None = None,
@@ -175,23 +163,25 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
     else:
         observers = build_observers(config, metrics)
     try:
-        interceptor = _load_interceptor(config)
+        routes = load_routes(config)
     except BaseException:
         if previous is None or observers is not previous.observers:
             observers.close(timeout=5)
         raise
+    for warning in config.route_warnings():
+        log.warning("routes: %s", warning)
     # Produce v13 names topics by id; with several workers a process may not have
     # seen the Metadata that maps an id, so v13 is neither offered nor accepted.
     produce = ProducePipeline(
-        interceptor, name=config.interceptor.class_name or "",
-        timeout_ms=config.interceptor.timeout_ms,
+        None, routes=routes,
         compression_levels=config.interceptor.compression.levels(),
         max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
         metrics=metrics, tallies=observers.active or metrics is not None,
         offload=offload, topic_names=topic_names,
     )
     return Generation(number=number, config=config, produce=produce, observers=observers,
-                      client_tls=client_tls)
+                      client_tls=client_tls,
+                      proxy_trusted=trusted_networks(config.listener.proxy_protocol_trusted))
 
 
 def _same_observers(old: ProxyConfig, new: ProxyConfig) -> bool:

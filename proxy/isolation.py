@@ -483,6 +483,19 @@ class IsolatedInterceptor:
             raise exc from _RemoteTraceback(remote_traceback)
         raise exc
 
+    def stop_now(self) -> None:
+        """Kill every worker at once, without an event loop (a pool started but never
+        used, e.g. when a later chain link of the same configuration failed to load)."""
+        self._closed = True
+        for worker in list(self._workers):
+            worker.retired = True
+            worker.kill()
+            worker.close_socket()
+            worker.process.join(_STOP_GRACE)
+            worker.free_process()
+        self._workers.clear()
+        self._idle.clear()
+
     async def close(self) -> None:
         """Stop every worker: each closes its plugin and exits, or is killed after 5 s."""
         if self._closed:

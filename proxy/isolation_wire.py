@@ -12,7 +12,10 @@ Wire format (plain values only; :class:`RecordBatch`, :class:`Record` and
                transactional, compression, records, context)
     records   (count, block)
     context   (client_id, client_address, principal, api_version, acks,
-               transactional_id, deadline, received_at_ms, proxy_host, extra)
+               transactional_id, deadline, received_at_ms, proxy_host, extra, identity)
+    identity  the ClientIdentity's fields in declaration order (client_host,
+              client_port, peer_host, peer_port, via_proxy_protocol, listener,
+              tls_subject, tls_sans, sasl_mechanism, principal, client_id)
     answer    ("same",)                                  batch unchanged
               ("records", records)                       transformed
               ("reject", message, error_code, record_errors)
@@ -32,6 +35,7 @@ system-wide (CLOCK_MONOTONIC on Linux), so it means the same in a worker.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import pickle
 import signal
@@ -40,6 +44,7 @@ import struct
 from typing import Any
 
 from kiproxy.interceptors.api import InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol._codec import decode_records, encode_records
 
 __all__ = [
@@ -116,10 +121,14 @@ def records_in(wire: tuple[int, bytes]) -> tuple[Record, ...]:
     return decode_records(block, 0, len(block), count, 0)
 
 
+_IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(ClientIdentity))
+
+
 def encode_request(batch: RecordBatch, ctx: InterceptContext) -> bytes:
+    identity = ctx.identity
     context = (ctx.client_id, ctx.client_address, ctx.principal, ctx.api_version, ctx.acks,
                ctx.transactional_id, ctx.deadline, ctx.received_at_ms, ctx.proxy_host,
-               dict(ctx.extra))
+               dict(ctx.extra), tuple(getattr(identity, name) for name in _IDENTITY_FIELDS))
     return frame((batch.topic, batch.partition, batch.producer_id, batch.producer_epoch,
                    batch.base_sequence, batch.transactional, batch.compression,
                    records_out(batch.records), context))
@@ -129,7 +138,8 @@ def decode_request(message: Any) -> tuple[RecordBatch, InterceptContext]:
     (topic, partition, producer_id, producer_epoch, base_sequence, transactional, compression,
      records, context) = message
     (client_id, client_address, principal, api_version, acks, transactional_id, deadline,
-     received_at_ms, proxy_host, extra) = context
+     received_at_ms, proxy_host, extra, identity) = context
+    who = ClientIdentity(**dict(zip(_IDENTITY_FIELDS, identity, strict=True)))
     batch = RecordBatch(topic=topic, partition=partition, records=records_in(records),
                         producer_id=producer_id, producer_epoch=producer_epoch,
                         base_sequence=base_sequence, transactional=transactional,
@@ -137,7 +147,8 @@ def decode_request(message: Any) -> tuple[RecordBatch, InterceptContext]:
     ctx = InterceptContext(client_id=client_id, client_address=client_address,
                            principal=principal, api_version=api_version, acks=acks,
                            transactional_id=transactional_id, deadline=deadline,
-                           received_at_ms=received_at_ms, proxy_host=proxy_host, extra=extra)
+                           received_at_ms=received_at_ms, proxy_host=proxy_host, extra=extra,
+                           identity=who)
     return batch, ctx
 
 

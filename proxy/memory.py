@@ -16,7 +16,8 @@ Contract:
 * :class:`HeapTrimmer` returns freed heap memory to the system with glibc's
   ``malloc_trim(0)``, on a worker thread, after large frames or decoded batches
   are released (``kiproxy.proxy.cli`` lets glibc keep freed memory between requests
-  for speed; without trimming, the heap of a burst stays resident for good).
+  for speed, in the one main arena so that this trim reaches all of it; without
+  trimming, the heap of a burst stays resident for good).
 """
 
 from __future__ import annotations

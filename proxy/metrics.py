@@ -86,6 +86,17 @@ class Metrics:
             "kiproxy_rejected_batches", "Record batches the proxy refused, by reason "
             "(interceptor, decompression_limit, corrupt, unsupported_compression, "
             "old_format)", ["reason"], registry=r)
+        self.route_batches = Counter(
+            "kiproxy_route_batches", "Produced record batches a route handled, by route and "
+            "outcome (forwarded, transformed, rejected, broker_error)", ["route", "outcome"],
+            registry=r)
+        self.route_records = Counter(
+            "kiproxy_route_records", "Produced records a route handled, by route and outcome",
+            ["route", "outcome"], registry=r)
+        self.route_rejections = Counter(
+            "kiproxy_route_rejections", "Topic-partition batches a route refused, by route and "
+            "Kafka error name (POLICY_VIOLATION, INVALID_RECORD, ...)", ["route", "error"],
+            registry=r)
         self.request_latency = Histogram(
             "kiproxy_request_latency_seconds", "From reading a request to writing its "
             "response, by API", ["api"],

@@ -50,6 +50,8 @@ class PartitionTally:
     error_code: int = 0
     error_message: str | None = None
     base_offset: int = -1
+    route: str | None = None
+    """The route that handled the partition; None when it passed through unrouted."""
 
     def freeze(self) -> PartitionSummary:
         """The observer-facing, immutable summary."""
@@ -58,5 +60,5 @@ class PartitionTally:
             records=self.records, bytes=self.bytes,
             outcome=self.outcome,  # type: ignore[arg-type]
             error_code=self.error_code, error_message=self.error_message,
-            base_offset=self.base_offset,
+            base_offset=self.base_offset, route=self.route,
         )

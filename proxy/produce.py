@@ -1,7 +1,12 @@
 """The produce pipeline: decode, intercept, re-encode, forward, merge the answer.
 
 For each topic-partition of a ProduceRequest the proxy decodes the record
-batches and hands each batch to the configured interceptor. A batch returned
+batches and hands each batch to the configured interceptor - or, with
+``routes``, selects the route for the partition from the client's identity,
+the topic, acks and whether the producer is transactional
+(:meth:`~kiproxy.proxy.routes.ClientRoutes.select`, cached per connection
+identity) and runs that route's chain; a partition no route (and no
+``default``) matches is forwarded as it came, undecoded. A batch returned
 unchanged is forwarded as its original bytes; a transformed one (same record
 count, enforced) is re-encoded with the original codec and every producer
 field kept. Rejection is per topic-partition, as a broker would do it: the
@@ -23,34 +28,16 @@ faults at WARNING, rate-limited).
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import logging
-import socket
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.interceptors.verdict import (
-    Rejected,
-    Transformed,
-    Unchanged,
-    acknowledgement_hook,
-    judge,
-)
-from kiproxy.protocol.compression import DEFAULT_LEVELS
-from kiproxy.protocol.errors import (
-    CorruptBatch,
-    DecompressionLimitExceeded,
-    ProtocolError,
-    UnsupportedCompression,
-    UnsupportedMagic,
-    UnsupportedVersion,
-)
+from kiproxy.interceptors.verdict import acknowledgement_hook
+from kiproxy.protocol.errors import ProtocolError, UnsupportedVersion
 from kiproxy.protocol.framing import (
     RequestHeader,
     encode_response_header,
@@ -60,10 +47,7 @@ from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
 )
-from kiproxy.protocol.messages import (
-    ApiKey,
-    parse_request,
-)
+from kiproxy.protocol.messages import ApiKey, parse_request
 from kiproxy.protocol.produce_splice import splice_produce_request
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
@@ -72,21 +56,21 @@ from kiproxy.protocol.records import (
 )
 from kiproxy.proxy.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
-from kiproxy.proxy.offload import BatchOffload, WarningLimiter
+from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.outcome import Answer, Forward, PartitionTally, RequestOutcome
+from kiproxy.proxy.produce_partition import PartitionHandler, PartitionResult
 from kiproxy.proxy.produce_response import (
     Acked,
     Rejection,
     ResponseMerger,
     rejection_only_response,
 )
-from kiproxy.proxy.verdict_log import VerdictLog
+from kiproxy.proxy.route_runtime import LoadedChain, close_interceptor
 
 if TYPE_CHECKING:
-    from kiproxy.interceptors.identity import ClientIdentity
     from kiproxy.proxy.client import RequestingClient
     from kiproxy.proxy.metrics import Metrics
-    from kiproxy.proxy.offload import DecodeLease
+    from kiproxy.proxy.route_runtime import LoadedRoutes
 
 log = logging.getLogger("kiproxy.produce")
 
@@ -98,34 +82,6 @@ UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
 UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 INVALID_RECORD = ErrorCode.INVALID_RECORD
 UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
-
-_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count"}
-"""kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
-
-
-def _log_fields(ctx: InterceptContext, topic: str, partition: int) -> dict[str, object]:
-    return {"client_address": ctx.client_address, "client_id": ctx.client_id,
-            "principal": ctx.principal, "topic": topic, "partition": partition}
-
-
-@dataclass(slots=True)
-class PartitionResult:
-    """What the proxy decided for one topic-partition of a ProduceRequest."""
-
-    records: bytes | None
-    """The records to forward (the original bytes unless ``changed``); None if refused."""
-    changed: bool = False
-    """The interceptor transformed at least one batch: ``records`` were re-encoded."""
-    acknowledged: list[AcknowledgedBatch] = dataclasses.field(default_factory=list)
-    """The batches the acknowledgement hook hears about once the broker answered."""
-    rejection: Rejection | None = None
-    """Why the partition is not forwarded, when it is not."""
-
-
-def _refused(topic_key: Any, partition: int, code: int, message: str,
-             reason: str) -> PartitionResult:
-    return PartitionResult(None, rejection=Rejection(topic_key, partition, code, message,
-                                                     reason=reason))
 
 
 def _node_rewriter(version: int, nodes_seen: NodeSeen | None
@@ -190,42 +146,62 @@ class ProducePipeline:
         metrics: Metrics | None = None,
         tallies: bool = False,
         topic_names: dict[uuid.UUID, str] | None = None,
+        routes: LoadedRoutes | None = None,
     ) -> None:
+        self._loaded = routes
+        single = routes.single if routes is not None else None
+        timeout = timeout_ms / 1000
+        if single is not None:  # one link on a catch-all route: the single-interceptor path
+            link = single.links[0]
+            interceptor, name, timeout = link.interceptor, link.name, link.timeout
+        self.routes = routes if routes is not None and single is None else None
+        """The routes when batches are selected per client and topic (None: one
+        interceptor, or none, for every batch)."""
         self.interceptor = interceptor
+        self.intercepts = interceptor is not None or self.routes is not None
+        """Some batch may go through an interceptor (so Produce requests are decoded)."""
         self.max_version = max_version
         """Highest Produce version accepted: what the ApiVersions cut offers (12 with
         ``workers`` > 1, where topic ids are learned per process)."""
         self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
-        self.timeout = timeout_ms / 1000
+        self.route_name: str | None = single.name if single is not None else (
+            "default" if interceptor is not None else None)
+        """The route the single interceptor's partitions are tallied under."""
         self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
         """Decompression limits, the decode memory budget and the decode threads."""
-        self._limit_warnings = WarningLimiter()
-        self.compression_levels = compression_levels or DEFAULT_LEVELS
-        """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
-        self.proxy_host = proxy_host or socket.gethostname()
+        self.partitions = PartitionHandler(
+            interceptor, name=self.name, timeout=timeout, route_name=self.route_name, log=log,
+            compression_levels=compression_levels, proxy_host=proxy_host, metrics=metrics)
+        """Decodes, intercepts and re-encodes one topic-partition."""
         self.topic_names: dict[uuid.UUID, str] = {} if topic_names is None else topic_names
         """Topic id -> name, learned from Metadata responses (for Produce v13); shared by
         the generations of one process."""
         self.tallies = tallies
         """Responses are observed or metered, so each request is tallied per partition."""
         self.metrics = metrics
-        self.verdict_log = VerdictLog(log)
+        self.verdict_log = self.partitions.verdict_log
         self._ack_hook = acknowledgement_hook(interceptor)
+
+    @property
+    def compression_levels(self) -> CompressionLevels:
+        """Levels a batch an interceptor changed is re-compressed with (its own codec)."""
+        return self.partitions.compression_levels
+
+    @property
+    def timeout(self) -> float:
+        """The single interceptor's deadline, in seconds."""
+        return self.partitions.timeout
 
     def learn_topic_ids(self, metadata: Any) -> None:
         """Record topic ids named by a Metadata response."""
         learn_topic_ids(self.topic_names, metadata)
 
     async def close(self) -> None:
-        """Run the interceptor's ``close()`` (the decode threads are the process's)."""
-        close = getattr(self.interceptor, "close", None)
-        if close is not None:
-            try:
-                result = close()
-                if inspect.isawaitable(result):
-                    await result
-            except Exception:
-                log.exception("interceptor %s: close() failed", self.name)
+        """Run every interceptor's ``close()`` (the decode threads are the process's)."""
+        if self._loaded is not None:
+            await self._loaded.close()
+        elif self.interceptor is not None:
+            await close_interceptor(self.interceptor, self.name)
 
     # ------------------------------------------------------------------ request
 
@@ -253,7 +229,7 @@ class ProducePipeline:
                 "offered in ApiVersions")
         if version < 3:
             return self._refuse_legacy(client, header, frame)
-        if self.interceptor is None:
+        if not self.intercepts:
             if self.tallies:
                 return self._tallied_passthrough(header, frame, nodes_seen)
             acks = read_acks(frame, header.body_offset, header.header_version == 2)
@@ -262,6 +238,9 @@ class ProducePipeline:
 
         request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
         received_at_ms = int(time.time() * 1000)
+        client_routes = client.routes(self.routes.table) if self.routes is not None else None
+        transactional = request.transactional_id is not None
+        hooked = self._ack_hook is not None
         rejections: list[Rejection] = []
         acked: list[Acked] = []
         tallies: list[PartitionTally] | None = [] if self.tallies else None
@@ -278,8 +257,20 @@ class ProducePipeline:
                 if tallies is not None:
                     n_batches, n_records = _count(part.records)
                     tally = PartitionTally(topic_name or str(topic_key), part.index, n_batches,
-                                         n_records, len(part.records or b""))
+                                         n_records, len(part.records or b""),
+                                         route=self.route_name)
                     tallies.append(tally)
+                chain: LoadedChain | None = None
+                if client_routes is not None and topic_name is not None:
+                    assert self.routes is not None
+                    route = client_routes.select(topic_name, request.acks, transactional)
+                    if route is None:  # no route and no default: forwarded untouched
+                        parts_out.append(part)
+                        continue
+                    chain = self.routes.chain(route)
+                    hooked = hooked or bool(chain.hooks)
+                    if tally is not None:
+                        tally.route = chain.name
                 if topic_name is None:
                     rejection = Rejection(
                         topic_key, part.index, UNKNOWN_TOPIC_ID,
@@ -293,9 +284,9 @@ class ProducePipeline:
                     continue
                 lease = self.offload.lease()
                 try:
-                    result = await self._partition(
+                    result = await self.partitions.handle(
                         client, request, version, topic_name, topic_key, part, received_at_ms,
-                        lease)
+                        lease, chain)
                 finally:
                     lease.release()
                 if result.rejection is not None:
@@ -310,7 +301,8 @@ class ProducePipeline:
                         tally.error_code = rejection.error_code
                         tally.error_message = rejection.message
                     continue
-                acked.append(Acked(topic_key, part.index, result.acknowledged))
+                acked.append(Acked(topic_key, part.index, result.acknowledged,
+                                   chain.hooks if chain is not None else ()))
                 if result.changed:
                     changed = True
                     part = dataclasses.replace(part, records=result.records)
@@ -332,7 +324,7 @@ class ProducePipeline:
                     self.verdict_log.policy(
                         f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]",
                         who.client_address, who.client_id, r.error_code, r.message,
-                        client.log_context)
+                        client.log_context, route=r.route)
         if not topics_out:
             if acks == 0:
                 return Answer(None, produce=tallies)
@@ -346,7 +338,7 @@ class ProducePipeline:
             frame = splice_produce_request(frame, header.body_offset, version, edits)
         if acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
-        if not rejections and self._ack_hook is None and tallies is None:
+        if not rejections and not hooked and tallies is None:
             return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
         return Forward(frame, on_response=self._merger(
             version, header.header_version == 2, rejections, acked, tallies, nodes_seen),
@@ -392,122 +384,3 @@ class ProducePipeline:
         body = legacy_produce_error_response(header.api_version, topics,
                                              UNSUPPORTED_FOR_MESSAGE_FORMAT)
         return Answer(encode_response_header(header.correlation_id, 0) + body)
-
-    async def _partition(
-        self,
-        client: RequestingClient,
-        request: Any,
-        version: int,
-        topic: str,
-        topic_key: Any,
-        part: Any,
-        received_at_ms: int,
-        lease: DecodeLease,
-    ) -> PartitionResult:
-        """Decode, intercept and re-encode one topic-partition's batches."""
-        data = part.records
-        if not data:
-            return PartitionResult(data)
-        try:
-            batches = await lease.decode(data)
-        except UnsupportedMagic as exc:
-            return _refused(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
-                            "old_format")
-        except UnsupportedCompression as exc:
-            return _refused(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
-                            "unsupported_compression")
-        except DecompressionLimitExceeded as exc:
-            self._warn_limit(client, topic, part.index, exc)
-            return _refused(topic_key, part.index, INVALID_RECORD, str(exc),
-                            "decompression_limit")
-        except CorruptBatch as exc:
-            return _refused(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
-                            "corrupt")
-
-        who = client.identity
-        out: list[bytes] = []
-        acked: list[AcknowledgedBatch] = []
-        changed = False
-        record_offset = 0
-        for decoded in batches:
-            h = decoded.header
-            if h.is_control:
-                out.append(decoded.raw)
-                continue
-            view = RecordBatch(
-                topic=topic, partition=part.index, records=decoded.records,
-                producer_id=h.producer_id, producer_epoch=h.producer_epoch,
-                base_sequence=h.base_sequence, transactional=h.is_transactional,
-                compression=h.compression.name.lower(),
-            )
-            ctx = InterceptContext(
-                client_id=who.client_id, client_address=who.client_address,
-                principal=who.principal, api_version=version, acks=request.acks,
-                transactional_id=request.transactional_id,
-                deadline=time.monotonic() + self.timeout, received_at_ms=received_at_ms,
-                proxy_host=self.proxy_host, identity=who,
-            )
-            result = await self._intercept(view, ctx, topic, part.index, record_offset)
-            if isinstance(result, Rejection):
-                result.topic = topic_key
-                return PartitionResult(None, rejection=result)
-            if isinstance(result, Unchanged):
-                out.append(decoded.raw)
-                transformed = False
-            else:
-                try:
-                    out.append(await lease.encode(h, tuple(result.batch.records),
-                                                  self.compression_levels, decoded.block_size))
-                except Exception as exc:
-                    # Not Records, a header key that is not UTF-8, a timestamp out of
-                    # range: the plugin's fault, so that batch is rejected like a raise.
-                    message = (f"interceptor {self.name} returned records that cannot "
-                               f"be encoded: {type(exc).__name__}: {exc}")
-                    self.verdict_log.fault(self.name, "encode", f"{topic}[{part.index}]",
-                                           who.client_address, who.client_id, message,
-                                           extra=client.log_context)
-                    return PartitionResult(None, rejection=Rejection(
-                        topic_key, part.index, INVALID_RECORD, message, logged=True))
-                changed = transformed = True
-            acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
-                                           record_count=len(decoded.records),
-                                           transformed=transformed))
-            record_offset += len(decoded.records)
-        if not changed:
-            return PartitionResult(data, acknowledged=acked)
-        return PartitionResult(b"".join(out), changed=True, acknowledged=acked)
-
-    def _warn_limit(self, client: RequestingClient, topic: str, partition: int,
-                    exc: DecompressionLimitExceeded) -> None:
-        """One WARNING per client host per interval: a bomb, or a limit set too low."""
-        who: ClientIdentity = client.identity
-        suppressed = self._limit_warnings.allow(who.client_host)
-        if suppressed is None:
-            return
-        more = f" ({suppressed} more from this host since the last warning)" if suppressed else ""
-        log.warning("refused %s[%d] from %s (client_id %r): %s%s", topic, partition,
-                    who.client_address, who.client_id, exc, more, extra=client.log_context)
-
-    async def _intercept(
-        self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,
-        record_offset: int,
-    ) -> Unchanged | Transformed | Rejection:
-        """The verdict on one batch (:func:`~kiproxy.interceptors.verdict.judge`), metered
-        and, for a plugin fault, logged; a rejection's record indices made request-wide."""
-        metrics = self.metrics
-        started = time.perf_counter()
-        verdict = await judge(self.interceptor, view, ctx, name=self.name, timeout=self.timeout)
-        if metrics is not None and not (isinstance(verdict, Rejected)
-                                        and verdict.fault == "raised"):
-            metrics.interceptor_seconds.observe(time.perf_counter() - started)
-        if not isinstance(verdict, Rejected):
-            return verdict
-        if verdict.fault is not None:
-            if metrics is not None and verdict.fault in _FAULT_METRICS:
-                metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
-            self.verdict_log.rejected(verdict, self.name, f"{topic}[{partition}]",
-                                      ctx.client_address, ctx.client_id,
-                                      extra=_log_fields(ctx, topic, partition))
-        return Rejection(topic, partition, verdict.code, verdict.message, tuple(
-            (record_offset + i, m) for i, m in verdict.record_errors),
-            logged=verdict.fault is not None)

@@ -48,6 +48,8 @@ class Rejection:
     """Already logged as a plugin fault (a WARNING), so not again at INFO."""
     reason: str = "interceptor"
     """The ``reason`` label of kiproxy_rejected_batches_total."""
+    route: str | None = None
+    """The route whose chain (or decoding on its behalf) refused it, for the log line."""
 
 
 @dataclass(slots=True)
@@ -57,6 +59,9 @@ class Acked:
     topic_key: Any
     partition: int
     batches: list[AcknowledgedBatch]
+    hooks: tuple[AcknowledgementHook, ...] = ()
+    """The ``on_acknowledgement`` hooks of the route's chain (the single interceptor's is
+    the merger's own)."""
 
 
 @cache
@@ -146,7 +151,7 @@ class ResponseMerger:
         version = self._version
         _, body_offset = parse_response_header(frame, 1 if self._flexible else 0)
         response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
-        if self._ack_hook is not None:
+        if self._ack_hook is not None or any(entry.hooks for entry in self._acked):
             self._acknowledge(response)
         if self._tallies:
             self._fill_tallies(response)
@@ -189,13 +194,19 @@ class ResponseMerger:
             for p in topic.partition_responses:
                 results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
                                                                  int(p.error_code))
-        assert self._ack_hook is not None
+        single = (self._ack_hook,) if self._ack_hook is not None else ()
         for entry in self._acked:
+            hooks = entry.hooks or single
+            if not hooks:
+                continue
             base_offset, code = results.get((entry.topic_key, entry.partition), (-1, -1))
             for batch in entry.batches:
-                try:
-                    self._ack_hook(batch, base_offset, code or None)
-                except Exception:
-                    log.exception("interceptor %s: on_acknowledgement failed", self._name)
+                for hook in hooks:
+                    try:
+                        hook(batch, base_offset, code or None)
+                    except Exception:
+                        log.exception("interceptor %s: on_acknowledgement failed",
+                                      getattr(hook, "__self__", self._name).__class__.__name__
+                                      if entry.hooks else self._name)
                 if base_offset >= 0:
                     base_offset += batch.record_count

@@ -10,6 +10,12 @@ Contract:
   :class:`~kiproxy.proxy.generation.Generation`, built completely before it is
   installed and swapped whole by :meth:`ProxyServer.switch` (hot reload); the
   replaced one is closed once no request runs under it.
+- A listener with ``proxy_protocol`` on reads the PROXY header first
+  (:meth:`~kiproxy.proxy.frame_stream.FrameStream.read_proxy_header`, at most
+  ``proxy_protocol_timeout_ms``) and judges it
+  (:func:`~kiproxy.proxy.proxy_protocol.accept_proxy_header`); a refused
+  connection is closed with one WARNING line, and nothing reaches a broker.
+  The client identity then names the original client (the peer is kept).
 - Connections get a frozen :class:`~kiproxy.proxy.connection.ConnectionServices`
   and their client's identity, never the server; what each request does is
   decided by the :class:`~kiproxy.proxy.router.RequestRouter`.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -45,6 +52,7 @@ from kiproxy.proxy.metrics import HealthServer, Metrics
 from kiproxy.proxy.nodes import NodeRegistry
 from kiproxy.proxy.offload import BatchOffload
 from kiproxy.proxy.produce import learn_topic_ids
+from kiproxy.proxy.proxy_protocol import Refuse, UseHeader, accept_proxy_header
 from kiproxy.proxy.reload import (
     FileWatch,
     Reloader,
@@ -126,6 +134,8 @@ class ProxyServer:
         self._retiring: set[asyncio.Task[None]] = set()
         self._servers: dict[int | None, asyncio.Server] = {}
         self.connections: set[ClientConnection] = set()
+        self._prefacing: set[FrameStream] = set()
+        """Client streams whose PROXY header is awaited (not connections yet)."""
         self.started_at = 0.0
         self._siblings = siblings
         self.reloader: Reloader[Generation] = Reloader(
@@ -229,8 +239,10 @@ class ProxyServer:
             await close_generation(old, keep_observers=keep_observers)
 
     def _client_stream(self, node_id: int | None) -> FrameStream:
+        mode = self.config.listener.proxy_protocol
         return FrameStream(self.config.max_frame_size, partial(self._accept, node_id=node_id),
-                           self.receive_budget)
+                           self.receive_budget,
+                           proxy_header="refuse" if mode == "off" else "read")
 
     # ------------------------------------------------------------------ listeners
 
@@ -303,7 +315,7 @@ class ProxyServer:
 
     async def readiness(self) -> str | None:
         """``None`` when ready to carry traffic, else why not."""
-        if self.config.interceptor.class_name and self.generation.produce.interceptor is None:
+        if self.config.interceptor.class_name and not self.generation.produce.intercepts:
             return "the interceptor is not loaded"
         errors = []
         for host, port in self.config.upstream_addresses:
@@ -374,6 +386,34 @@ class ProxyServer:
                               peer_port=port, listener=self.config.listener.name,
                               tls_subject=subject, tls_sans=sans, principal=subject)
 
+    async def _client_behind(self, client: FrameStream,
+                             identity: ClientIdentity) -> ClientIdentity | None:
+        """The identity once the PROXY header (if the listener reads one) is judged; None
+        when the connection is refused (logged once, and closed)."""
+        listener = self.config.listener
+        if listener.proxy_protocol == "off":
+            return identity  # the stream itself refuses a header (proxy_header="refuse")
+        self._prefacing.add(client)
+        try:
+            parsed = await client.read_proxy_header(listener.proxy_protocol_timeout_ms / 1000)
+        finally:
+            self._prefacing.discard(client)
+        decision = accept_proxy_header(
+            listener.proxy_protocol, self.generation.proxy_trusted,
+            (identity.peer_host, identity.peer_port), parsed)
+        if isinstance(decision, Refuse):
+            log.warning("closing connection on listener %s: %s", listener.name,
+                        decision.reason)
+            if self.metrics is not None:
+                self.metrics.client_errors.inc()
+            client.transport.abort()
+            return None
+        if isinstance(decision, UseHeader):
+            host, port = decision.client
+            return dataclasses.replace(identity, client_host=host, client_port=port,
+                                       via_proxy_protocol=True)
+        return identity
+
     async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
             peer = client.get_extra_info("peername")
@@ -383,7 +423,10 @@ class ProxyServer:
                 self.metrics.refused_connections.inc()
             client.transport.abort()
             return
-        conn = ClientConnection(self.services, client, node_id, self._identity(client))
+        identity = await self._client_behind(client, self._identity(client))
+        if identity is None:
+            return
+        conn = ClientConnection(self.services, client, node_id, identity)
         self.connections.add(conn)
         if self.metrics is not None:
             self.metrics.connections.inc()
@@ -416,6 +459,8 @@ class ProxyServer:
             self._trim_task.cancel()
         if self._discovery is not None:
             self._discovery.cancel()
+        for stream in list(self._prefacing):
+            stream.transport.abort()
         for conn in list(self.connections):
             await conn.stop_reading()
         deadline = time.monotonic() + grace

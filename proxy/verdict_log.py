@@ -2,7 +2,8 @@
 
 A policy rejection (the plugin raised ``RejectBatch``, or the proxy could not
 decode the partition) is one INFO line naming the client address, client id,
-topic-partition, error code and reason: it is what the producer was told.
+topic-partition, the route (when routes are configured), error code and
+reason: it is what the producer was told.
 
 A plugin bug (an exception, a wrong return type, a broken record-count rule,
 a missed deadline, records that cannot be encoded) is a WARNING, rate-limited
@@ -45,14 +46,16 @@ class VerdictLog:
         self._windows: dict[tuple[str, str], _Window] = {}
 
     def policy(self, where: str, client_address: str, client_id: str | None, code: int,
-               message: str, extra: Mapping[str, object] | None = None) -> None:
+               message: str, extra: Mapping[str, object] | None = None, *,
+               route: str | None = None) -> None:
         """One INFO line for a batch rejected by policy (or as undecodable)."""
-        self.log.info("rejected %s from %s (client_id %r): error %d: %s", where,
-                      client_address, client_id, code, message, extra=extra)
+        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s", where,
+                      client_address, client_id, _on(route), code, message,
+                      extra=_with_route(extra, route))
 
     def fault(self, plugin: str, kind: str, where: str, client_address: str,
               client_id: str | None, message: str, *, exception: BaseException | None = None,
-              extra: Mapping[str, object] | None = None) -> None:
+              extra: Mapping[str, object] | None = None, route: str | None = None) -> None:
         """A WARNING for a plugin bug, unless one for ``(plugin, kind)`` was written lately."""
         now = self.clock()
         key = (plugin, kind)
@@ -66,14 +69,29 @@ class VerdictLog:
                 if suppressed else "")
         exc_info = ((type(exception), exception, exception.__traceback__)
                     if exception is not None else None)
-        self.log.warning("rejected %s from %s (client_id %r): %s%s", where, client_address,
-                         client_id, message, note, exc_info=exc_info, extra=extra)
+        self.log.warning("rejected %s from %s (client_id %r)%s: %s%s", where, client_address,
+                         client_id, _on(route), message, note, exc_info=exc_info,
+                         extra=_with_route(extra, route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
-                 client_id: str | None, extra: Mapping[str, object] | None = None) -> None:
+                 client_id: str | None, extra: Mapping[str, object] | None = None, *,
+                 route: str | None = None) -> None:
         """Log ``verdict`` as a policy rejection or a plugin fault."""
         if verdict.fault is None:
-            self.policy(where, client_address, client_id, verdict.code, verdict.message, extra)
+            self.policy(where, client_address, client_id, verdict.code, verdict.message, extra,
+                        route=route)
         else:
             self.fault(plugin, verdict.fault, where, client_address, client_id,
-                       verdict.message, exception=verdict.exception, extra=extra)
+                       verdict.message, exception=verdict.exception, extra=extra, route=route)
+
+
+def _on(route: str | None) -> str:
+    """`` on route NAME`` for a line about a routed batch, else nothing."""
+    return "" if route is None else f" on route {route}"
+
+
+def _with_route(extra: Mapping[str, object] | None,
+                route: str | None) -> Mapping[str, object] | None:
+    if route is None:
+        return extra
+    return {**(extra or {}), "route": route}

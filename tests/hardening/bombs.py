@@ -23,7 +23,7 @@ from kiproxy.protocol.framing import encode_frame, encode_request_header
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 
 __all__ = ["BOMBS", "RssSampler", "abandon_large_frames", "batch_around", "bomb_request",
-           "produce_answer", "produce_request", "rss_of"]
+           "produce_answer", "produce_request", "rss_of", "send_at_once"]
 
 MiB = 2**20
 PRODUCE_VERSION = 8  # zstd needs v7+; v8 answers carry error_message
@@ -159,3 +159,33 @@ def abandon_large_frames(address: str, connections: int, at_once: int = 16,
         time.sleep(0.05)
         for sock in socks:
             sock.close()
+
+
+def send_at_once(address: str, frame: bytes, clients: int = 16) -> list[bytes]:
+    """``clients`` connections each send ``frame`` at once; their answers, in order."""
+    host, port = address.rsplit(":", 1)
+    socks = [socket.create_connection((host, int(port)), 120) for _ in range(clients)]
+    try:
+        senders = [threading.Thread(target=s.sendall, args=(frame,)) for s in socks]
+        for t in senders:
+            t.start()
+        for t in senders:
+            t.join()
+        answers = []
+        for sock in socks:
+            size = struct.unpack(">i", _exact(sock, 4))[0]
+            answers.append(_exact(sock, size))
+        return answers
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _exact(sock: socket.socket, n: int) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        if not chunk:
+            raise ConnectionError(f"closed after {len(out)} of {n} bytes")
+        out += chunk
+    return bytes(out)

@@ -14,14 +14,14 @@ from integration.haproxy import HaproxyFront, StartHaproxy, haproxy_binary, runn
 
 @pytest.fixture
 def haproxy(tmp_path: Path) -> Iterator[StartHaproxy]:
-    """``haproxy(backend_port, send_proxy="v2"|"v1", bind="127.0.0.1")``: a started
+    """``haproxy(backend_port, send_proxy="v2"|"v1", bind="127.0.0.1", port=None)``: a started
     HAProxy (``mode tcp``) in front of the port, stopped after the test."""
     if haproxy_binary() is None:
         pytest.skip("haproxy is not installed; `make test` installs it with "
                     "`apt-get install haproxy` (needs root or sudo)")
     with ExitStack() as stack:
         def start(backend_port: int, send_proxy: Literal["v1", "v2"] = "v2",
-                  bind: str = "127.0.0.1") -> HaproxyFront:
-            return stack.enter_context(
-                running_haproxy(tmp_path, backend_port, send_proxy=send_proxy, bind=bind))
+                  bind: str = "127.0.0.1", port: int | None = None) -> HaproxyFront:
+            return stack.enter_context(running_haproxy(
+                tmp_path, backend_port, send_proxy=send_proxy, bind=bind, port=port))
         yield start

@@ -42,7 +42,8 @@ class HaproxyFront:
 
 
 StartHaproxy = Callable[..., HaproxyFront]
-"""The ``haproxy`` fixture: ``haproxy(backend_port, send_proxy="v2", bind="127.0.0.1")``."""
+"""The ``haproxy`` fixture: ``haproxy(backend_port, send_proxy="v2", bind="127.0.0.1",
+port=None)``."""
 
 
 def haproxy_config(bind: str, port: int, backend_port: int,
@@ -67,13 +68,15 @@ backend kafka
 
 @contextmanager
 def running_haproxy(workdir: Path, backend_port: int, *, send_proxy: Literal["v1", "v2"] = "v2",
-                    bind: str = "127.0.0.1") -> Iterator[HaproxyFront]:
-    """Start haproxy in front of ``backend_port``; stop it on exit."""
+                    bind: str = "127.0.0.1", port: int | None = None) -> Iterator[HaproxyFront]:
+    """Start haproxy in front of ``backend_port`` (listening on ``port``, else a free
+    one); stop it on exit."""
     binary = haproxy_binary()
     if binary is None:
         raise FileNotFoundError("haproxy is not installed (apt-get install haproxy)")
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    port = free_port(bind) if family == socket.AF_INET else _free_port6(bind)
+    if port is None:
+        port = free_port(bind) if family == socket.AF_INET else _free_port6(bind)
     cfg = workdir / f"haproxy-{port}.cfg"
     cfg.write_text(haproxy_config(bind, port, backend_port, send_proxy))
     log = (workdir / f"haproxy-{port}.log").open("wb")

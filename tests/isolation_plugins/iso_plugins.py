@@ -71,6 +71,7 @@ class Reveal(ProduceRequestInterceptor):
             "transactional_id": ctx.transactional_id, "deadline": ctx.deadline,
             "received_at_ms": ctx.received_at_ms, "proxy_host": ctx.proxy_host,
             "extra": dict(ctx.extra),
+            "identity": {f: getattr(ctx.identity, f) for f in ctx.identity.__slots__},
         }, sort_keys=True).encode()
         return batch.with_records(
             r.with_key(r.key[::-1] if r.key is not None else None)

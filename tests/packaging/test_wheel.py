@@ -131,6 +131,13 @@ def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
         assert ready.wait(60) and proc.poll() is None, "".join(lines)
         bootstrap = next(ln for ln in lines if "bootstrap address" in ln).split()[-1]
         topic = f"wheel-{uuid.uuid4().hex[:8]}"
+        # Created first: the embedded broker may acknowledge, and drop, records produced
+        # to a topic it is still auto-creating.
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        for future in admin.create_topics([NewTopic(topic, 1, 1)]).values():
+            future.result(30)
         producer = Producer({"bootstrap.servers": bootstrap})
         producer.produce(topic, value=b"hello")
         assert producer.flush(30) == 0

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import stat
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,16 @@ from kiproxy.pipelines.offsets import (
     parse_to_offsets,
     split_ranges,
 )
+from kiproxy.pipelines.read_committed import (
+    AbortedTransaction,
+    BatchFate,
+    ControlRecordType,
+    control_type,
+    read_committed,
+)
 from kiproxy.pipelines.session import check_java, java_major_version
 from kiproxy.pipelines.sources import SourceBatch, choose_reader, chunk_rows, spark_kafka_options
-from kiproxy.pipelines.tally import ReplayTally
+from kiproxy.pipelines.tally import ReplayTally, build_summary
 from kiproxy.protocol.records import Compression, Record, build_batch, decode_batches
 
 
@@ -80,6 +88,7 @@ def test_spark_kafka_options_read_exactly_the_ranges() -> None:
     assert json.loads(opts["endingOffsets"]) == {"t": {"0": 9, "2": 4}}
     assert opts["includeHeaders"] == "true" and opts["minPartitions"] == "6"
     assert opts["kafka.bootstrap.servers"] == "b:9092"
+    assert opts["kafka.isolation.level"] == "read_committed"  # as the replay's default
 
 
 def test_chunk_rows_cut_at_size_and_partition_change() -> None:
@@ -101,6 +110,51 @@ def test_complete_prefix_drops_a_cut_batch() -> None:
     assert complete_prefix(one + two[:-3]) == one
     assert complete_prefix(one[:10]) == b""
     assert len(decode_batches(complete_prefix(one + two[:20]))) == 1
+
+
+def _txn(base: int, pid: int, n: int = 2, *, transactional: bool = True) -> bytes:
+    return build_batch([Record(value=b"v%d" % (base + i), timestamp=1) for i in range(n)],
+                       base_offset=base, producer_id=pid, producer_epoch=0,
+                       base_sequence=0, transactional=transactional)
+
+
+def _marker(offset: int, pid: int, kind: ControlRecordType) -> bytes:
+    key = struct.pack(">hh", 0, int(kind))
+    return build_batch([Record(key=key, value=b"\x00\x00\x00\x00\x00\x00", timestamp=1)],
+                       base_offset=offset, producer_id=pid, producer_epoch=0,
+                       transactional=True, control=True)
+
+
+def test_read_committed_drops_aborted_transactions_as_kafkas_consumer_does() -> None:
+    """Producer 1 aborts twice (the second abort begins after its first marker), producer 2
+    commits in between, plain records interleave: only producer 1's data is dropped."""
+    abort, commit = ControlRecordType.ABORT, ControlRecordType.COMMIT
+    stored = decode_batches(b"".join([
+        _txn(0, 1), _txn(2, 2), _marker(4, 1, abort), _txn(5, 7, transactional=False),
+        _txn(7, 1), _marker(9, 2, commit), _marker(10, 1, abort), _txn(11, 1),
+        _marker(13, 1, commit), _txn(14, -1, 1, transactional=False)]))
+    aborted = [AbortedTransaction(7, 1), AbortedTransaction(0, 1)]  # any order
+    fates = [(b.header.base_offset, fate) for b, fate in read_committed(stored, aborted)]
+    R, A, C = BatchFate.RECORDS, BatchFate.ABORTED, BatchFate.CONTROL
+    assert fates == [(0, A), (2, R), (4, C), (5, R), (7, A), (9, C), (10, C), (11, R),
+                     (13, C), (14, R)]
+    assert [control_type(b) for b in stored if b.header.is_control] == [abort, commit, abort,
+                                                                        commit]
+    # Without the broker's list (read_uncommitted, or Tansu) nothing is aborted.
+    assert A not in {fate for _, fate in read_committed(stored, ())}
+
+
+def test_summary_says_none_where_the_reader_cannot_count_skipped_records() -> None:
+    tally = ReplayTally()
+    tally.skip("t", 0, BatchFate.ABORTED, 5)
+    tally.skip("t", 0, BatchFate.CONTROL, 1)
+    ranges = [OffsetRange(topic="t", partition=0, start=0, end=9)]
+    counted = build_summary(tally, ranges)
+    assert (counted["aborted_records_skipped"], counted["control_batches_skipped"]) == (5, 1)
+    assert counted["topics"]["t"]["partitions"]["0"]["aborted_records_skipped"] == 5
+    unknown = build_summary(ReplayTally(), ranges, skips_counted=False)
+    assert unknown["aborted_records_skipped"] is None
+    assert unknown["topics"]["t"]["partitions"]["0"]["control_batches_skipped"] is None
 
 
 def test_java_version_parsing_and_missing_java(tmp_path: Path) -> None:
@@ -209,3 +263,14 @@ def test_async_interceptor_past_its_deadline_is_a_timeout() -> None:
     outcome = _runner("async-slow", timeout_ms=50).apply(_batch([b"a"]))
     assert (outcome.kind, outcome.error_code) == ("rejected", 7)
     assert "did not finish within 50 ms" in outcome.message
+
+
+def test_an_unknown_isolation_level_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    from kiproxy.pipelines.replay import ReplayOptions, run_replay
+
+    with pytest.raises(PipelineError, match=r"--isolation-level 'read_all': use "
+                                            r"read_committed or read_uncommitted"):
+        run_replay(ReplayOptions(
+            bootstrap="127.0.0.1:1", topic="t", interceptor=InterceptorSpec("no:Such", {}),
+            from_offsets=OffsetBound("earliest"), to_offsets=OffsetBound("latest"),
+            report_dir=tmp_path, isolation_level="read_all"))

@@ -241,8 +241,9 @@ def test_spark_kafka_reader_is_chosen_when_on_the_classpath_and_chunks_its_rows(
     calls: list[tuple[Any, ...]] = []
 
     def fake_source(session: Any, bootstrap: str, ranges: list[Any], minimum: int,
-                    security: Any = None) -> Any:
-        calls.append((bootstrap, sorted((r.partition, r.start, r.end) for r in ranges), minimum))
+                    security: Any = None, isolation_level: str = "") -> Any:
+        calls.append((bootstrap, sorted((r.partition, r.start, r.end) for r in ranges), minimum,
+                      isolation_level))
         return session.createDataFrame(
             rows, "key BINARY, value BINARY, topic STRING, partition INT, offset LONG, "
                   "timestamp TIMESTAMP, timestampType INT, "
@@ -255,7 +256,9 @@ def test_spark_kafka_reader_is_chosen_when_on_the_classpath_and_chunks_its_rows(
         interceptor=InterceptorSpec("replay_rules:RejectBad", {}, str(PLUGINS)),
         from_offsets=OffsetBound("earliest"), to_offsets=OffsetBound("latest"),
         report_dir=tmp_path / "report", chunk_records=1, progress=False))
-    assert calls == [(broker.bootstrap, [(p, 0, t.records) for p, t in truth.items()], 3)]
+    assert calls == [(broker.bootstrap, [(p, 0, t.records) for p, t in truth.items()], 3,
+                      "read_committed")]
+    assert summary["aborted_records_skipped"] is None  # Spark's source does not say
     assert (summary["reader"], summary["batching"]) == ("spark-kafka", "chunks of 1 records")
     # One record per chunk: exactly the bad records are rejected, every lower: one changed.
     assert summary["records"] == summary["chunked_batches"] == len(rows)

@@ -496,8 +496,9 @@ def test_transactional_topic_control_batches_are_skipped_across_offset_gaps(
     """Committed and aborted transactions on Tansu: the transaction markers (control
     batches) take offsets but hold no records; replay skips them, tasks cut through the
     gaps, and every data record is read once. Tansu reports no aborted transactions in
-    Fetch (docs: PROTOCOL.md), so aborted records are replayed too, as a read_uncommitted
-    consumer sees them; read_committed filtering needs Apache Kafka to be tested."""
+    Fetch (docs: PROTOCOL.md), so even read_committed (the default) replays the aborted
+    records, as a read_uncommitted consumer sees them; read_committed filtering is tested
+    on Apache Kafka (test_replay_apache_kafka.py)."""
     from confluent_kafka import Producer
 
     topic = create_topic(broker.bootstrap, 1)
@@ -528,6 +529,7 @@ def test_transactional_topic_control_batches_are_skipped_across_offset_gaps(
     summary = json.loads((report / "summary.json").read_text())
     assert (summary["records"], summary["batches"]) == (60, len(data))
     assert summary["transformed_records"] == 40 and summary["rejected_records"] == 0
+    assert (summary["control_batches_skipped"], summary["aborted_records_skipped"]) == (3, 0)
 
 
 # ---------------------------------------------------------------------------- bad input

@@ -28,6 +28,7 @@ import psutil
 import pytest
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Judged, Rejected
 from kiproxy.proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
@@ -53,12 +54,19 @@ def _batch(topic: str = "orders", n: int = 3) -> RecordBatch:
                        compression="zstd")
 
 
+IDENTITY = ClientIdentity(
+    client_host="203.0.113.9", client_port=40001, peer_host="10.0.0.7", peer_port=53412,
+    via_proxy_protocol=True, listener="external", tls_subject="CN=orders,O=Example",
+    tls_sans=(("DNS", "orders.example"), ("URI", "spiffe://example/orders")),
+    sasl_mechanism="SCRAM-SHA-512", principal="alice", client_id="orders-svc")
+
+
 def _ctx(seconds: float = 10.0, **fields: Any) -> InterceptContext:
     values: dict[str, Any] = dict(
         client_id="orders-svc", client_address="10.0.0.7:53412", principal="alice",
         api_version=11, acks=-1, transactional_id="tx-1",
         deadline=time.monotonic() + seconds, received_at_ms=1_763_848_800_000,
-        proxy_host="proxy-1", extra={"note": "kept"})
+        proxy_host="proxy-1", extra={"note": "kept"}, identity=IDENTITY)
     values.update(fields)
     return InterceptContext(**values)
 
@@ -142,7 +150,15 @@ async def test_every_field_crosses_to_the_worker_and_back(make_pool: Any,
                         "principal": "alice", "api_version": 11, "acks": -1,
                         "transactional_id": "tx-1", "deadline": ctx.deadline,
                         "received_at_ms": 1_763_848_800_000, "proxy_host": "proxy-1",
-                        "extra": {"note": "kept"}}
+                        "extra": {"note": "kept"}, "identity": {
+                            "client_host": "203.0.113.9", "client_port": 40001,
+                            "peer_host": "10.0.0.7", "peer_port": 53412,
+                            "via_proxy_protocol": True, "listener": "external",
+                            "tls_subject": "CN=orders,O=Example",
+                            "tls_sans": [["DNS", "orders.example"],
+                                         ["URI", "spiffe://example/orders"]],
+                            "sasl_mechanism": "SCRAM-SHA-512", "principal": "alice",
+                            "client_id": "orders-svc"}}
 
 
 async def test_nullable_context_fields_and_empty_batches_cross_too(make_pool: Any) -> None:
@@ -333,7 +349,7 @@ async def test_the_pipeline_rejects_a_spinning_batch_with_request_timed_out(
     pool = make_pool("SpinOrUpper", workers=1)
     pipeline = ProducePipeline(pool, name="iso_plugins:SpinOrUpper", timeout_ms=400)
     ctx = _ctx(0.4)
-    rejection = await pipeline._intercept(_batch("spin"), ctx, "spin", 3, 0)
+    rejection = await pipeline.partitions._intercept(_batch("spin"), ctx, "spin", 3, 0)
     assert rejection.error_code == REQUEST_TIMED_OUT  # type: ignore[union-attr]
     assert "did not finish within 400 ms" in rejection.message  # type: ignore[union-attr]
     await _eventually(lambda: pool.restarts == 1)
@@ -343,7 +359,7 @@ async def test_the_pipeline_rejects_a_crashed_batch_with_invalid_record(
         make_pool: Any) -> None:
     pool = make_pool("Crash", workers=1, code=9)
     pipeline = ProducePipeline(pool, name="iso_plugins:Crash", timeout_ms=5000)
-    rejection = await pipeline._intercept(_batch("crash"), _ctx(5), "crash", 3, 0)
+    rejection = await pipeline.partitions._intercept(_batch("crash"), _ctx(5), "crash", 3, 0)
     assert rejection.error_code == INVALID_RECORD  # type: ignore[union-attr]
     message = rejection.message  # type: ignore[union-attr]
     assert message.startswith("interceptor iso_plugins:Crash failed: WorkerCrashed: ")

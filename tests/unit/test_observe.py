@@ -152,7 +152,7 @@ def test_audit_event_fields(tmp_path: Path) -> None:
         "event": "produce", "ts": 1_700_000_000_000, "client_id": "c",
         "client_address": "127.0.0.1:5000", "principal": None, "api_version": 9,
         "correlation_id": 7, "topic": "t", "partition": 0, "batches": 1, "records": 4,
-        "bytes": 200, "outcome": "forwarded", "error_code": 0, "error_message": None,
+        "bytes": 200, "outcome": "forwarded", "route": None, "error_code": 0, "error_message": None,
         "base_offset": 7, "latency_ms": 1.5}
     assert other["event"] == "request" and other["api_name"] == "Metadata"
     assert (other["request_bytes"], other["response_bytes"]) == (100, 321)
