@@ -179,7 +179,7 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     """
     try:
         result = interceptor.intercept(batch, ctx)
-        if inspect.isawaitable(result):
+        if type(result) is not RecordBatch and inspect.isawaitable(result):
             if timeout is None:
                 result = await result
             else:

@@ -7,11 +7,18 @@ and back, because that loop runs once per record and dominates the cost.
 
 All varints are zigzag-encoded (Kafka's ``varint``/``varlong``). Every length
 read from the wire is checked against the bytes that remain before it is used.
+
+Decoding validates every record completely (lengths, varints, header keys' UTF-8)
+but builds a record's key, value and headers only when they are first read: a
+decoded ``Record`` holds the records block and where its fields lie. An
+interceptor that returns the batch untouched never pays for them, and encoding
+copies a field nobody read straight from the block it came from.
 """
 
 cimport cython
+
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
-from cpython.mem cimport PyMem_Free, PyMem_Malloc, PyMem_Realloc
+from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
@@ -36,6 +43,8 @@ cdef object _as_bytes(object value, str what):
 # Record's keyword-only arguments wrongly ("Record(key=None, *, value=None, ...)"); the
 # docstrings state the signatures themselves.
 @cython.embedsignature(False)
+@cython.no_gc
+@cython.freelist(64)
 cdef class Header:
     """Header(key, value): one record header (KIP-82), a UTF-8 key and a nullable byte value.
 
@@ -80,7 +89,17 @@ cdef inline Header _new_header(str key, object value):
     return h
 
 
+cdef enum:
+    _LAZY_KEY = 1
+    _LAZY_VALUE = 2
+    _LAZY_HEADERS = 4
+
+
+# Records hold only bytes, str, ints and tuples of Header: they cannot form a cycle,
+# so they stay out of the cyclic GC (whose gen-0 runs their allocations would trigger).
 @cython.embedsignature(False)
+@cython.no_gc
+@cython.freelist(256)
 cdef class Record:
     """Record(*, key=None, value=None, headers=(), timestamp=0, offset_delta=0)
 
@@ -90,16 +109,18 @@ cdef class Record:
     derive a changed copy.
     """
 
-    cdef readonly object key
-    """The record key, or ``None``."""
-    cdef readonly object value
-    """The record value, or ``None`` (a tombstone)."""
-    cdef readonly tuple headers
-    """The headers, in wire order; keys may repeat."""
+    cdef object _key
+    cdef object _value
+    cdef tuple _headers
     cdef readonly int64_t timestamp
     """The record timestamp in milliseconds since the epoch."""
     cdef readonly int32_t offset_delta
     """The record's offset relative to its batch's base offset."""
+    # A decoded record's fields not built yet (_LAZY_* bits) lie in _block:
+    cdef int _lazy
+    cdef bytes _block
+    cdef Py_ssize_t _key_at, _value_at, _headers_at, _headers_end
+    cdef int32_t _key_len, _value_len
 
     def __init__(self, *positional, key=None, value=None, headers=(), int64_t timestamp=0,
                  int32_t offset_delta=0):
@@ -107,43 +128,91 @@ cdef class Record:
             raise TypeError(
                 f"Record() takes keyword arguments only ({len(positional)} positional given): "
                 "Record(key=..., value=..., headers=..., timestamp=..., offset_delta=...)")
-        self.key = _as_bytes(key, "record key")
-        self.value = _as_bytes(value, "record value")
-        self.headers = _as_headers(headers)
+        self._key = _as_bytes(key, "record key")
+        self._value = _as_bytes(value, "record value")
+        self._headers = _as_headers(headers)
         self.timestamp = timestamp
         self.offset_delta = offset_delta
+        self._lazy = 0
+        self._block = None
+
+    @property
+    def key(self):
+        """The record key, or ``None``."""
+        if self._lazy & _LAZY_KEY:
+            self._key = self._slice(self._key_at, self._key_len)
+            self._built(_LAZY_KEY)
+        return self._key
+
+    @property
+    def value(self):
+        """The record value, or ``None`` (a tombstone)."""
+        if self._lazy & _LAZY_VALUE:
+            self._value = self._slice(self._value_at, self._value_len)
+            self._built(_LAZY_VALUE)
+        return self._value
+
+    @property
+    def headers(self):
+        """The headers, in wire order; keys may repeat."""
+        if self._lazy & _LAZY_HEADERS:
+            self._headers = _decode_headers(self._block, self._headers_at, self._headers_end)
+            self._built(_LAZY_HEADERS)
+        return self._headers
+
+    cdef inline object _slice(self, Py_ssize_t at, int32_t n):
+        if n < 0:
+            return None
+        return PyBytes_FromStringAndSize(PyBytes_AS_STRING(self._block) + at, n)
+
+    cdef inline void _built(self, int bit):
+        self._lazy &= ~bit
+        if not self._lazy:
+            self._block = None  # every field built: the block is no longer needed
 
     cdef Record _copy(self):
         cdef Record r = Record.__new__(Record)
-        r.key = self.key
-        r.value = self.value
-        r.headers = self.headers
+        r._key = self._key
+        r._value = self._value
+        r._headers = self._headers
         r.timestamp = self.timestamp
         r.offset_delta = self.offset_delta
+        r._lazy = self._lazy
+        r._block = self._block
+        r._key_at = self._key_at
+        r._key_len = self._key_len
+        r._value_at = self._value_at
+        r._value_len = self._value_len
+        r._headers_at = self._headers_at
+        r._headers_end = self._headers_end
         return r
 
     def with_key(self, key):
         """A copy of this record with another key."""
         cdef Record r = self._copy()
-        r.key = _as_bytes(key, "record key")
+        r._key = _as_bytes(key, "record key")
+        r._built(_LAZY_KEY)
         return r
 
     def with_value(self, value):
         """A copy of this record with another value."""
         cdef Record r = self._copy()
-        r.value = _as_bytes(value, "record value")
+        r._value = _as_bytes(value, "record value")
+        r._built(_LAZY_VALUE)
         return r
 
     def with_headers(self, headers):
         """A copy of this record with these headers (an iterable of ``Header``)."""
         cdef Record r = self._copy()
-        r.headers = _as_headers(headers)
+        r._headers = _as_headers(headers)
+        r._built(_LAZY_HEADERS)
         return r
 
     def with_header(self, str key, value):
         """A copy of this record with one header appended after the existing ones."""
         cdef Record r = self._copy()
-        r.headers = self.headers + (Header(key, value),)
+        r._headers = self.headers + (Header(key, value),)
+        r._built(_LAZY_HEADERS)
         return r
 
     def with_timestamp(self, int64_t timestamp):
@@ -162,12 +231,28 @@ cdef class Record:
         """The values of every header named ``key``, in order."""
         return [h.value for h in self.headers if (<Header>h).key == key]
 
+    cdef inline bint _same_span(self, Record o, int bit):
+        """Whether a field neither record has built lies at the same place of one block."""
+        if not (self._lazy & o._lazy & bit) or self._block is not o._block:
+            return False
+        if bit == _LAZY_KEY:
+            return self._key_at == o._key_at and self._key_len == o._key_len
+        if bit == _LAZY_VALUE:
+            return self._value_at == o._value_at and self._value_len == o._value_len
+        return self._headers_at == o._headers_at and self._headers_end == o._headers_end
+
     def __eq__(self, other):
         if type(other) is not Record:
             return NotImplemented
         cdef Record o = <Record>other
+        if self is o:
+            return True
+        # A plugin that copied records without changing them (the verdict's "equal in
+        # every field") is told apart without building the fields it never read.
         return (self.timestamp == o.timestamp and self.offset_delta == o.offset_delta
-                and self.key == o.key and self.value == o.value and self.headers == o.headers)
+                and (self._same_span(o, _LAZY_KEY) or self.key == o.key)
+                and (self._same_span(o, _LAZY_VALUE) or self.value == o.value)
+                and (self._same_span(o, _LAZY_HEADERS) or self.headers == o.headers))
 
     def __hash__(self):
         return hash((self.key, self.value, self.headers, self.timestamp, self.offset_delta))
@@ -187,6 +272,12 @@ def _record_from_state(key, value, headers, timestamp, offset_delta):
 
 
 cdef tuple _as_headers(object headers):
+    if type(headers) is tuple:
+        for h in <tuple>headers:
+            if type(h) is not Header:
+                break
+        else:
+            return <tuple>headers  # already a tuple of Header (r.headers + added)
     cdef list out = []
     for h in headers:
         if type(h) is Header:
@@ -248,18 +339,75 @@ cdef inline int32_t _read_varint(Cursor* c, const char* field, Py_ssize_t record
     return <int32_t>((result >> 1) ^ (~(result & 1) + 1))
 
 
-cdef inline object _read_bytes(Cursor* c, const char* field, Py_ssize_t record_no):
+cdef inline int32_t _skip_bytes(Cursor* c, const char* field, Py_ssize_t record_no,
+                                 Py_ssize_t* at) except? -2:
+    """Check a nullable bytes field; return its length (-1: null), its start in ``at``."""
     cdef Py_ssize_t start = c.pos
     cdef int32_t n = _read_varint(c, field, record_no)
+    at[0] = c.pos
     if n == -1:
-        return None
+        return -1
     if n < -1:
         _fail(f"record {record_no}: {field.decode()} length {n} at byte {start} is negative")
     if n > c.end - c.pos:
         _fail(f"record {record_no}: {field.decode()} length {n} at byte {start} "
               f"exceeds the {c.end - c.pos} bytes left")
-    cdef object out = PyBytes_FromStringAndSize(<const char*>c.data + c.pos, n)
     c.pos += n
+    return n
+
+
+cdef inline bint _utf8_valid(const unsigned char* s, Py_ssize_t n) noexcept:
+    """Whether ``s[:n]`` is UTF-8 that Python's strict decoder accepts (RFC 3629:
+    no overlong forms, no surrogates, nothing above U+10FFFF)."""
+    cdef Py_ssize_t i = 0
+    cdef unsigned char b
+    while i < n:
+        b = s[i]
+        if b < 0x80:
+            i += 1
+        elif 0xC2 <= b <= 0xDF:
+            if i + 1 >= n or (s[i + 1] & 0xC0) != 0x80:
+                return False
+            i += 2
+        elif 0xE0 <= b <= 0xEF:
+            if i + 2 >= n or (s[i + 1] & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80:
+                return False
+            if (b == 0xE0 and s[i + 1] < 0xA0) or (b == 0xED and s[i + 1] > 0x9F):
+                return False
+            i += 3
+        elif 0xF0 <= b <= 0xF4:
+            if (i + 3 >= n or (s[i + 1] & 0xC0) != 0x80 or (s[i + 2] & 0xC0) != 0x80
+                    or (s[i + 3] & 0xC0) != 0x80):
+                return False
+            if (b == 0xF0 and s[i + 1] < 0x90) or (b == 0xF4 and s[i + 1] > 0x8F):
+                return False
+            i += 4
+        else:
+            return False
+    return True
+
+
+cdef tuple _decode_headers(bytes block, Py_ssize_t at, Py_ssize_t end):
+    """The headers of a record whose header count starts at ``block[at]`` (validated
+    by :func:`decode_records`)."""
+    cdef Cursor c
+    c.data = <const unsigned char*>PyBytes_AS_STRING(block)
+    c.pos = at
+    c.end = end
+    cdef Py_ssize_t nh = _read_varint(&c, b"header count", 0)
+    cdef Py_ssize_t j, vat
+    cdef int32_t klen, vlen
+    cdef tuple out = PyTuple_New(nh)
+    cdef Header h
+    for j in range(nh):
+        klen = _read_varint(&c, b"header key length", 0)
+        key = PyUnicode_DecodeUTF8(<const char*>c.data + c.pos, klen, NULL)
+        c.pos += klen
+        vlen = _skip_bytes(&c, b"header value", 0, &vat)
+        h = _new_header(key, None if vlen < 0 else
+                        PyBytes_FromStringAndSize(<const char*>c.data + vat, vlen))
+        Py_INCREF(h)
+        PyTuple_SET_ITEM(out, j, h)
     return out
 
 
@@ -268,7 +416,8 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     """Decode ``count`` records from ``data[start:end]`` into a tuple of ``Record``.
 
     The block must hold exactly ``count`` records; anything else raises
-    :class:`protocol.errors.CorruptBatch` naming the record and byte offset.
+    :class:`protocol.errors.CorruptBatch` naming the record and byte offset. Every
+    field is checked here; keys, values and headers are built when first read.
     """
     if start < 0 or end > PyBytes_GET_SIZE(data) or start > end:
         raise ValueError("records block bounds are outside the buffer")
@@ -283,13 +432,9 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     c.pos = start
     c.end = end
     cdef tuple out = PyTuple_New(count)
-    cdef Py_ssize_t i, j, record_end, record_start, nh, hstart
+    cdef Py_ssize_t i, j, record_end, record_start, nh, hstart, at
     cdef int32_t length, klen
     cdef Record r
-    cdef list headers
-    cdef str hkey
-    cdef tuple htuple
-    cdef Header h
     for i in range(count):
         record_start = c.pos
         length = _read_varint(&c, b"record length", i)
@@ -302,35 +447,35 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
             _fail(f"record {i}: attributes missing at byte {c.pos}")
         c.pos += 1  # record attributes: unused in magic 2
         r = Record.__new__(Record)
+        r._block = data
         r.timestamp = base_timestamp + _read_varlong(&c, b"timestamp delta", i)
         r.offset_delta = _read_varint(&c, b"offset delta", i)
-        r.key = _read_bytes(&c, b"key", i)
-        r.value = _read_bytes(&c, b"value", i)
-        hstart = c.pos
+        r._key_len = _skip_bytes(&c, b"key", i, &at)
+        r._key_at = at
+        r._value_len = _skip_bytes(&c, b"value", i, &at)
+        r._value_at = at
+        r._headers_at = hstart = c.pos
         nh = _read_varint(&c, b"header count", i)
         if nh < 0 or nh > c.end - c.pos:
             _fail(f"record {i}: header count {nh} at byte {hstart} is impossible")
-        if nh == 0:
-            r.headers = ()
-        else:
-            htuple = PyTuple_New(nh)
-            for j in range(nh):
-                hstart = c.pos
-                klen = _read_varint(&c, b"header key length", i)
-                if klen < 0 or klen > c.end - c.pos:
-                    _fail(f"record {i}: header {j} key length {klen} at byte {hstart} is impossible")
-                try:
-                    hkey = PyUnicode_DecodeUTF8(<const char*>c.data + c.pos, klen, NULL)
-                except UnicodeDecodeError:
-                    _fail(f"record {i}: header {j} key at byte {c.pos} is not valid UTF-8")
-                c.pos += klen
-                h = _new_header(hkey, _read_bytes(&c, b"header value", i))
-                Py_INCREF(h)
-                PyTuple_SET_ITEM(htuple, j, h)
-            r.headers = htuple
+        for j in range(nh):
+            hstart = c.pos
+            klen = _read_varint(&c, b"header key length", i)
+            if klen < 0 or klen > c.end - c.pos:
+                _fail(f"record {i}: header {j} key length {klen} at byte {hstart} is impossible")
+            if not _utf8_valid(c.data + c.pos, klen):
+                _fail(f"record {i}: header {j} key at byte {c.pos} is not valid UTF-8")
+            c.pos += klen
+            _skip_bytes(&c, b"header value", i, &at)
         if c.pos != record_end:
             _fail(f"record {i}: declared length {length} at byte {record_start} "
                   f"but its fields end at byte {c.pos}")
+        r._headers_end = record_end
+        if nh == 0:
+            r._headers = ()
+            r._lazy = _LAZY_KEY | _LAZY_VALUE
+        else:
+            r._lazy = _LAZY_KEY | _LAZY_VALUE | _LAZY_HEADERS
         c.end = end
         Py_INCREF(r)
         PyTuple_SET_ITEM(out, i, r)
@@ -345,23 +490,6 @@ cdef struct Buffer:
     char* data
     Py_ssize_t size
     Py_ssize_t cap
-
-
-cdef int _reserve(Buffer* b, Py_ssize_t extra) except -1:
-    cdef Py_ssize_t need = b.size + extra
-    cdef Py_ssize_t cap
-    cdef char* grown
-    if need <= b.cap:
-        return 0
-    cap = b.cap * 2
-    if cap < need:
-        cap = need
-    grown = <char*>PyMem_Realloc(b.data, cap)
-    if grown == NULL:
-        raise MemoryError()
-    b.data = grown
-    b.cap = cap
-    return 0
 
 
 cdef inline Py_ssize_t _varint_size(uint64_t zz) noexcept:
@@ -400,65 +528,178 @@ cdef inline void _put_bytes(Buffer* b, object v) noexcept:
     b.size += n
 
 
+cdef inline Py_ssize_t _field_size(Py_ssize_t n) noexcept:
+    """Bytes of a nullable bytes field of length ``n`` (-1: null) on the wire."""
+    return _varint_size(_zigzag64(n)) + (n if n > 0 else 0)
+
+
+cdef inline void _put_span(char* out, Py_ssize_t* pos, const char* src, Py_ssize_t n) noexcept:
+    """A nullable bytes field of length ``n`` (-1: null) whose bytes are at ``src``."""
+    cdef Buffer b
+    b.data = out
+    b.size = pos[0]
+    _put_uvarint(&b, _zigzag64(n))
+    if n > 0:
+        memcpy(b.data + b.size, src, n)
+        b.size += n
+    pos[0] = b.size
+
+
+cdef Py_ssize_t _record_body(Record r, int64_t ts_delta, int32_t off) except -1:
+    """Bytes of ``r`` on the wire after its length varint."""
+    cdef Py_ssize_t klen, vlen, hk_len, hv_len
+    cdef Py_ssize_t body = 1 + _varint_size(_zigzag64(ts_delta)) + _varint_size(_zigzag64(off))
+    cdef Header h
+    klen = r._key_len if r._lazy & _LAZY_KEY else _bytes_len(r._key)
+    vlen = r._value_len if r._lazy & _LAZY_VALUE else _bytes_len(r._value)
+    body += _field_size(klen) + _field_size(vlen)
+    if r._lazy & _LAZY_HEADERS:
+        return body + r._headers_end - r._headers_at
+    body += _varint_size(_zigzag64(len(r._headers)))
+    for h in r._headers:
+        PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+        hv_len = _bytes_len(h.value)
+        body += _varint_size(_zigzag64(hk_len)) + hk_len + _field_size(hv_len)
+    return body
+
+
+cdef int _write_record(char* out, Py_ssize_t* pos, Record r, Py_ssize_t body,
+                       int64_t ts_delta, int32_t off) except -1:
+    """Write ``r`` (length varint first); fields not built are copied from its block."""
+    cdef Buffer b
+    cdef Header h
+    cdef Py_ssize_t hk_len
+    cdef const char* hk
+    cdef const char* block = NULL
+    if r._lazy:
+        block = PyBytes_AS_STRING(r._block)
+    b.data = out
+    b.size = pos[0]
+    _put_uvarint(&b, _zigzag64(body))
+    b.data[b.size] = 0
+    b.size += 1
+    _put_uvarint(&b, _zigzag64(ts_delta))
+    _put_uvarint(&b, _zigzag64(off))
+    if r._lazy & _LAZY_KEY:
+        _put_span(b.data, &b.size, block + r._key_at, r._key_len)
+    else:
+        _put_bytes(&b, r._key)
+    if r._lazy & _LAZY_VALUE:
+        _put_span(b.data, &b.size, block + r._value_at, r._value_len)
+    else:
+        _put_bytes(&b, r._value)
+    if r._lazy & _LAZY_HEADERS:
+        memcpy(b.data + b.size, block + r._headers_at, r._headers_end - r._headers_at)
+        b.size += r._headers_end - r._headers_at
+    else:
+        _put_uvarint(&b, _zigzag64(len(r._headers)))
+        for h in r._headers:
+            hk = PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+            _put_uvarint(&b, _zigzag64(hk_len))
+            memcpy(b.data + b.size, hk, hk_len)
+            b.size += hk_len
+            _put_bytes(&b, h.value)
+    pos[0] = b.size
+    return 0
+
+
 def encode_records(tuple records, int64_t base_timestamp, bint renumber):
     """Encode ``records`` as a magic-2 records block.
 
     Timestamps are written as deltas from ``base_timestamp``. With ``renumber``
     the offset deltas are written as 0..n-1, which is what a producer must send.
     Returns ``(block, max_timestamp)``; ``max_timestamp`` is ``None`` for no records.
+    The block's size is computed first and the records written straight into it.
     """
-    cdef Buffer b
-    b.cap = 64 + 64 * len(records)
-    b.size = 0
-    b.data = <char*>PyMem_Malloc(b.cap)
-    if b.data == NULL:
-        raise MemoryError()
-    cdef Py_ssize_t i = 0, body, klen, vlen, nh, j
-    cdef Py_ssize_t hk_len, hv_len
-    cdef int64_t ts_delta, max_ts = 0
-    cdef int32_t off
+    cdef Py_ssize_t n = len(records)
+    cdef Py_ssize_t i, total = 0, pos = 0
+    cdef int64_t max_ts = 0
     cdef Record r
-    cdef Header h
-    cdef const char* hk
+    cdef Py_ssize_t* bodies = <Py_ssize_t*>PyMem_Malloc((n + 1) * sizeof(Py_ssize_t))
+    if bodies == NULL:
+        raise MemoryError()
     try:
-        for item in records:
+        for i in range(n):
+            item = records[i]
             if type(item) is not Record:
                 raise TypeError(f"record {i} is a {type(item).__name__}, not a Record")
             r = <Record>item
-            ts_delta = r.timestamp - base_timestamp
             if i == 0 or r.timestamp > max_ts:
                 max_ts = r.timestamp
-            off = <int32_t>i if renumber else r.offset_delta
-            klen = _bytes_len(r.key)
-            vlen = _bytes_len(r.value)
-            nh = len(r.headers)
-            body = (1 + _varint_size(_zigzag64(ts_delta)) + _varint_size(_zigzag64(off))
-                    + _varint_size(_zigzag64(klen)) + (klen if klen > 0 else 0)
-                    + _varint_size(_zigzag64(vlen)) + (vlen if vlen > 0 else 0)
-                    + _varint_size(_zigzag64(nh)))
-            for h in r.headers:
-                PyUnicode_AsUTF8AndSize(h.key, &hk_len)
-                hv_len = _bytes_len(h.value)
-                body += (_varint_size(_zigzag64(hk_len)) + hk_len
-                         + _varint_size(_zigzag64(hv_len)) + (hv_len if hv_len > 0 else 0))
-            if body > 0x7FFFFFFF:
+            bodies[i] = _record_body(r, r.timestamp - base_timestamp,
+                                     <int32_t>i if renumber else r.offset_delta)
+            if bodies[i] > 0x7FFFFFFF:
                 raise ValueError(f"record {i} is larger than 2 GiB")
-            _reserve(&b, body + 5)
-            _put_uvarint(&b, _zigzag64(body))
-            b.data[b.size] = 0
-            b.size += 1
-            _put_uvarint(&b, _zigzag64(ts_delta))
-            _put_uvarint(&b, _zigzag64(off))
-            _put_bytes(&b, r.key)
-            _put_bytes(&b, r.value)
-            _put_uvarint(&b, _zigzag64(nh))
-            for h in r.headers:
-                hk = PyUnicode_AsUTF8AndSize(h.key, &hk_len)
-                _put_uvarint(&b, _zigzag64(hk_len))
-                memcpy(b.data + b.size, hk, hk_len)
-                b.size += hk_len
-                _put_bytes(&b, h.value)
-            i += 1
-        return PyBytes_FromStringAndSize(b.data, b.size), (max_ts if i else None)
+            total += _varint_size(_zigzag64(bodies[i])) + bodies[i]
+        block = PyBytes_FromStringAndSize(NULL, total)
+        out = PyBytes_AS_STRING(block)
+        for i in range(n):
+            r = <Record>records[i]
+            _write_record(out, &pos, r, bodies[i], r.timestamp - base_timestamp,
+                          <int32_t>i if renumber else r.offset_delta)
+        return block, (max_ts if n else None)
     finally:
-        PyMem_Free(b.data)
+        PyMem_Free(bodies)
+
+
+# ---------------------------------------------------------------- per-record built-ins
+
+cdef inline object _ascii_upper(const unsigned char* s, Py_ssize_t n):
+    """``bytes.upper()`` of ``s[:n]`` (ASCII a-z only), or None when nothing changes."""
+    cdef Py_ssize_t i
+    cdef unsigned char c
+    for i in range(n):
+        if 97 <= s[i] <= 122:
+            break
+    else:
+        return None
+    out = PyBytes_FromStringAndSize(NULL, n)
+    cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+    for i in range(n):
+        c = s[i]
+        o[i] = c - 32 if 97 <= c <= 122 else c
+    return out
+
+
+cdef object _upper_field(Record r, int bit, object value, Py_ssize_t at, int32_t n):
+    if r._lazy & bit:
+        if n < 0:
+            return None
+        return _ascii_upper(<const unsigned char*>PyBytes_AS_STRING(r._block) + at, n)
+    if value is None:
+        return None
+    return _ascii_upper(<const unsigned char*>PyBytes_AS_STRING(value), PyBytes_GET_SIZE(value))
+
+
+def upper_values(tuple records, bint keys=False):
+    """``records`` with every non-null value (and key, with ``keys``) upper-cased as
+    ``bytes.upper()`` does (ASCII letters only).
+
+    A record with nothing to change is returned as it is, and ``records`` itself when
+    no record changed. A field nobody read is read straight from the decoded block.
+    """
+    cdef Py_ssize_t i, n = len(records)
+    cdef list out = None
+    cdef Record r, c
+    for i in range(n):
+        item = records[i]
+        if type(item) is not Record:
+            raise TypeError(f"record {i} is a {type(item).__name__}, not a Record")
+        r = <Record>item
+        value = _upper_field(r, _LAZY_VALUE, r._value, r._value_at, r._value_len)
+        key = _upper_field(r, _LAZY_KEY, r._key, r._key_at, r._key_len) if keys else None
+        if value is None and key is None:
+            if out is not None:
+                out.append(r)
+            continue
+        if out is None:
+            out = list(records[:i])
+        c = r._copy()
+        if value is not None:
+            c._value = value
+            c._built(_LAZY_VALUE)
+        if key is not None:
+            c._key = key
+            c._built(_LAZY_KEY)
+        out.append(c)
+    return records if out is None else tuple(out)

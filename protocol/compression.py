@@ -115,8 +115,11 @@ def compression_from_attributes(attributes: int, offset: int = 0) -> Compression
             f"record batch at offset {offset}: unknown compression codec id {codec} "
             "in attributes (known: 0 none, 1 gzip, 2 snappy, 3 lz4, 4 zstd)"
         )
-    return Compression(codec)
+    return _CODECS[codec]
 
+
+_CODECS = tuple(Compression(i) for i in range(5))
+"""Codec by id: an index is cheaper than ``Compression(id)`` (called per batch)."""
 
 DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES = 32 * 1024 * 1024
 """32 MiB: 32 times Kafka's default ``message.max.bytes`` (1 MiB), the largest a batch

@@ -20,7 +20,13 @@ from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
-from kiproxy.protocol._codec import Header, Record, decode_records, encode_records
+from kiproxy.protocol._codec import (
+    Header,
+    Record,
+    decode_records,
+    encode_records,
+    upper_values,
+)
 from kiproxy.protocol.compression import (
     DEFAULT_DECOMPRESSION_LIMITS,
     DEFAULT_LEVELS,
@@ -49,6 +55,7 @@ __all__ = [
     "decode_batches",
     "encode_batch",
     "read_batch_headers",
+    "upper_values",
 ]
 
 BATCH_HEADER_SIZE = 61

@@ -4,7 +4,10 @@ Contract:
 
 * A partition's ``records`` bytes of at most ``inline_bytes`` are decoded on the event
   loop with each records block's output capped at ``inline_output_bytes``: ordinary
-  batches never pay for a thread hop.
+  batches never pay for a thread hop. Uncompressed records of at most
+  ``inline_plain_bytes`` holding at most ``inline_records`` records (as their batch
+  headers declare) are decoded on the loop too: decoding them is a validity pass and
+  one small object per record (fields are built when read), cheaper than the hop.
 * Anything larger, and a small block that decompresses past the inline cap, is decoded
   on a worker thread of :class:`BatchOffload` after its worst case (stored bytes plus
   each block's decompression bound) is reserved from :class:`MemoryBudget`
@@ -14,7 +17,8 @@ Contract:
 * Once decoded, the reservation shrinks to what the batches hold and stays until the
   partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
   A reservation above the whole budget is cut to the budget: it waits to run alone.
-* Re-encoding a large transformed batch runs on the same threads.
+* Re-encoding a large transformed batch runs on the same threads (an uncompressed one
+  of at most ``inline_plain_bytes`` on the loop: a copy and a CRC).
 * Order is untouched: a connection awaits its own decode before it handles anything
   else, exactly as it awaits the interceptor.
 
@@ -53,6 +57,12 @@ DEFAULT_INLINE_BYTES = 64 * 1024
 hop costs more than the decode)."""
 DEFAULT_INLINE_OUTPUT_BYTES = 1024 * 1024
 """Decompressed bytes a block may produce on the loop before it moves to a thread."""
+DEFAULT_INLINE_PLAIN_BYTES = 1024 * 1024
+"""Uncompressed records bytes decoded on the loop (bench/intercept.py: a hop to a thread
+cost more CPU than decoding 1 MiB of records, about 0.15 ms)."""
+DEFAULT_INLINE_RECORDS = 4096
+"""Records an uncompressed partition decoded on the loop may declare (bounds the
+objects and time of one inline decode)."""
 DEFAULT_MAX_DECODE_MEMORY = 256 * 1024 * 1024
 """Process-wide bytes of batches being decoded or held decoded (``max_decode_memory``)."""
 _RECORD_OVERHEAD = 160
@@ -119,6 +129,8 @@ class BatchOffload:
                  max_decode_memory: int = DEFAULT_MAX_DECODE_MEMORY,
                  inline_bytes: int = DEFAULT_INLINE_BYTES,
                  inline_output_bytes: int = DEFAULT_INLINE_OUTPUT_BYTES,
+                 inline_plain_bytes: int = DEFAULT_INLINE_PLAIN_BYTES,
+                 inline_records: int = DEFAULT_INLINE_RECORDS,
                  threads: int | None = None) -> None:
         self.limits = limits
         """Decompression bounds of every records block."""
@@ -126,6 +138,10 @@ class BatchOffload:
         """The process-wide budget of decoded data."""
         self.inline_bytes = inline_bytes
         """Partitions of at most this many records bytes are tried on the loop."""
+        self.inline_plain_bytes = inline_plain_bytes
+        """Uncompressed partitions of at most this many bytes are decoded on the loop..."""
+        self.inline_records = inline_records
+        """...when their batches declare at most this many records in all."""
         self.inline_limits = DecompressionLimits(
             max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
         """The bounds of an inline attempt: past them the block moves to a thread."""
@@ -143,6 +159,17 @@ class BatchOffload:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode")
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+
+    def plain_inline(self, data: bytes) -> bool:
+        """Whether ``data`` is uncompressed and small enough to decode on the loop."""
+        if len(data) > self.inline_plain_bytes:
+            return False
+        try:
+            headers = read_batch_headers(data)
+        except ProtocolError:
+            return False  # decoded (and refused) the way it always was
+        return (sum(h.record_count for h in headers) <= self.inline_records
+                and all(h.attributes & 0x07 == Compression.NONE for h in headers))
 
     def worst_case(self, data: bytes) -> int:
         """Bytes decoding ``data`` may hold at most: its size plus each block's bound."""
@@ -178,7 +205,7 @@ class DecodeLease:
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
         offload = self._offload
-        if len(data) <= offload.inline_bytes:
+        if len(data) <= offload.inline_bytes or offload.plain_inline(data):
             try:
                 return decode_batches(data, limits=offload.inline_limits)
             except DecompressionLimitExceeded as exc:
@@ -200,7 +227,10 @@ class DecodeLease:
                      levels: CompressionLevels, size_hint: int) -> bytes:
         """:func:`~kiproxy.protocol.records.encode_batch`, on a thread when the batch
         is larger than what is decoded inline (``size_hint``: its decoded size)."""
-        if size_hint <= self._offload.inline_bytes:
+        offload = self._offload
+        if size_hint <= offload.inline_bytes or (
+                header.attributes & 0x07 == Compression.NONE
+                and size_hint <= offload.inline_plain_bytes):
             return encode_batch(header, records, renumber=True, levels=levels)
         out: bytes = await self._offload.run(encode_batch, header, records, renumber=True,
                                              levels=levels)

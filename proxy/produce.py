@@ -47,7 +47,8 @@ from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
 )
-from kiproxy.protocol.messages import ApiKey, parse_request, serialize
+from kiproxy.protocol.messages import ApiKey, parse_request
+from kiproxy.protocol.produce_splice import splice_produce_request
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     CompressionLevels,
@@ -245,11 +246,13 @@ class ProducePipeline:
         tallies: list[PartitionTally] | None = [] if self.tallies else None
         changed = False
         topics_out = []
-        for topic in request.topic_data:
+        # (topic position, partition position) -> new records; None: not forwarded.
+        edits: dict[tuple[int, int], bytes | None] = {}
+        for ti, topic in enumerate(request.topic_data):
             topic_key = topic.topic_id if version >= 13 else topic.name
             topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
             parts_out = []
-            for part in topic.partition_data:
+            for pj, part in enumerate(topic.partition_data):
                 tally = None
                 if tallies is not None:
                     n_batches, n_records = _count(part.records)
@@ -273,6 +276,7 @@ class ProducePipeline:
                         topic_key, part.index, UNKNOWN_TOPIC_ID,
                         f"topic id {topic_key} is unknown to the proxy; refresh metadata")
                     rejections.append(rejection)
+                    edits[ti, pj] = None
                     if tally is not None:
                         tally.outcome = "rejected"
                         tally.error_code = rejection.error_code
@@ -288,6 +292,7 @@ class ProducePipeline:
                 if result.rejection is not None:
                     rejection = result.rejection
                     rejections.append(rejection)
+                    edits[ti, pj] = None
                     if self.metrics is not None:
                         self.metrics.rejected_batches.labels(rejection.reason).inc(
                             max(_count(part.records)[0], 1))
@@ -301,6 +306,7 @@ class ProducePipeline:
                 if result.changed:
                     changed = True
                     part = dataclasses.replace(part, records=result.records)
+                    edits[ti, pj] = result.records
                     if tally is not None:
                         tally.outcome = "transformed"
                 parts_out.append(part)
@@ -327,9 +333,9 @@ class ProducePipeline:
             return Answer(response_header + rejection_only_response(version, rejections),
                           produce=tallies)
 
-        if changed or rejections:
-            new_request = dataclasses.replace(request, topic_data=tuple(topics_out))
-            frame = frame[: header.body_offset] + serialize(new_request)
+        if edits:
+            # The new records spliced into the frame: no kio re-serialization.
+            frame = splice_produce_request(frame, header.body_offset, version, edits)
         if acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         if not rejections and not hooked and tallies is None:

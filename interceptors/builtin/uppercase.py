@@ -6,6 +6,11 @@ Config (all optional)::
       class: kiproxy.interceptors.builtin.uppercase:Uppercase
       config:
         keys: false        # also upper-case keys
+
+The per-record loop is the codec's compiled :func:`~kiproxy.protocol.records.upper_values`
+(``bytes.upper()`` semantics): it reads each value straight from the decoded batch and
+keeps a record that has nothing to upper-case as it is, so a batch with nothing to
+change is returned unchanged and forwarded as its original bytes.
 """
 
 from __future__ import annotations
@@ -13,7 +18,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.protocol.records import upper_values
 
 
 class Uppercase(ProduceRequestInterceptor):
@@ -25,13 +31,7 @@ class Uppercase(ProduceRequestInterceptor):
         """Read ``keys``."""
         self.keys = bool(config.get("keys", False))
 
-    def _one(self, record: Record) -> Record:
-        if record.value is not None:
-            record = record.with_value(record.value.upper())
-        if self.keys and record.key is not None:
-            record = record.with_key(record.key.upper())
-        return record
-
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
-        """Return the batch with upper-cased values."""
-        return batch.with_records(self._one(r) for r in batch.records)
+        """Return the batch with upper-cased values (the batch itself if none changes)."""
+        records = upper_values(batch.records, self.keys)
+        return batch if records is batch.records else batch.with_records(records)

@@ -1,0 +1,292 @@
+"""The produce pipeline without sockets: CPU per record of ``ProducePipeline.handle``.
+
+Run from the repository root with the project's virtualenv::
+
+    python -m bench.intercept                       # this tree, prints a table
+    python -m bench.intercept --ab /path/to/other   # A/B: that tree against this one
+    python -m bench.intercept --profile uppercase/1024/none   # cProfile, top 20
+
+One Produce request (v9, flexible) of ``--partitions`` partitions, each holding one
+batch of ``--records`` records (16-byte key, one header, JSON-looking values of
+100 B or 1 KiB, idempotent-producer fields), is built once per case; a pipeline with
+the plugin handles it again and again on one event loop, and the process CPU time
+(``time.process_time``, the best of the repeats: other work on the machine only
+ever adds to it) per record is the figure: parse, decode, CRC, plugin,
+verdict, re-encode, and rebuilding the forwarded request. No broker, no sockets, so
+the machine's load hurts it far less than the end-to-end bench, and ``--ab`` runs the
+two trees alternately (one child process per tree and round) so that drift hits both.
+
+Plugins: ``identity`` (returns the batch), ``uppercase`` (the built-in),
+``readme`` (``batch.with_records(r.with_value(r.value.upper()) for r in
+batch.records)``, the way the README teaches), ``mask`` (the README's example,
+``r.with_value(r.value.replace(word, b"***"))``, on values without the word: every
+record copied, the batch judged unchanged), ``stamp`` (the built-in header
+stamper), ``reject1`` (rejects partition 0, keeps the others unchanged).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["main"]
+
+PLUGINS = ("identity", "uppercase", "readme", "mask", "stamp", "reject1")
+SIZES = (100, 1024)
+CODECS = ("none", "lz4", "zstd")
+SECTION = "## Intercept micro-benchmark: CPU per record of the produce pipeline"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plugin(name: str) -> Any:
+    from kiproxy.interceptors import ProduceRequestInterceptor, RejectBatch
+
+    if name == "uppercase":
+        from kiproxy.interceptors.builtin.uppercase import Uppercase
+        return Uppercase()
+    if name == "stamp":
+        from kiproxy.interceptors.builtin.headers import StampHeaders
+        stamper = StampHeaders()
+        stamper.configure({"headers": {"x-env": "bench"}})
+        return stamper
+
+    class Identity(ProduceRequestInterceptor):
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            return batch
+
+    class Readme(ProduceRequestInterceptor):
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            return batch.with_records(r.with_value(r.value.upper()) for r in batch.records)
+
+    class Mask(ProduceRequestInterceptor):
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            return batch.with_records(
+                r.with_value(r.value.replace(b"hunter2", b"***")) if r.value else r
+                for r in batch.records)
+
+    class RejectFirst(ProduceRequestInterceptor):
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            if batch.partition == 0:
+                raise RejectBatch("partition 0 is closed", error="POLICY_VIOLATION")
+            return batch
+
+    plugins: dict[str, Any] = {"identity": Identity, "readme": Readme, "mask": Mask,
+                               "reject1": RejectFirst}
+    return plugins[name]()
+
+
+def _frame(size: int, codec: str, records: int, partitions: int) -> bytes:
+    import datetime
+    import random
+
+    from kio.schema.produce.v9.request import (
+        PartitionProduceData,
+        ProduceRequest,
+        TopicProduceData,
+    )
+    from kio.schema.types import TopicName
+    from kio.static.primitive import Records, i16, i32, i32Timedelta
+
+    from kiproxy.protocol.compression import Compression
+    from kiproxy.protocol.framing import encode_request_header
+    from kiproxy.protocol.messages import serialize
+    from kiproxy.protocol.records import Header, Record, build_batch
+
+    rng = random.Random(42)
+    words = ("order", "payment", "status", "pending", "shipped", "refund", "lisbon", "sku")
+    parts = []
+    for p in range(partitions):
+        recs = []
+        for i in range(records):
+            text = ""
+            while len(text) < size:
+                text += f'"{rng.choice(words)}":{rng.randint(0, 99999)},'
+            recs.append(Record(key=f"key-{p}-{i:010d}".encode(), value=text[:size].encode(),
+                               headers=(Header("source", b"bench"),),
+                               timestamp=1_700_000_000_000 + i))
+        batch = build_batch(recs, compression=Compression[codec.upper()], producer_id=4242,
+                            producer_epoch=0, base_sequence=p * records)
+        parts.append(PartitionProduceData(index=i32(p), records=Records(batch)))
+    topic = TopicProduceData(name=TopicName("bench"), partition_data=tuple(parts))
+    request = ProduceRequest(transactional_id=None, acks=i16(-1),
+                             timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+                             topic_data=(topic,))
+    return encode_request_header(0, 9, 7, "bench", 2) + serialize(request)
+
+
+def _setup(case: str, records: int, partitions: int,
+           inline: bool = False) -> tuple[Any, Any, Any, bytes]:
+    import asyncio  # noqa: F401  (the pipeline needs it imported)
+
+    from kiproxy.interceptors.identity import ClientIdentity
+    from kiproxy.protocol.framing import parse_request_header
+    from kiproxy.proxy.produce import ProducePipeline
+    from kiproxy.proxy.sasl import SaslTracker
+
+    plugin, size, codec = case.split("/")
+
+    class Client:
+        identity = ClientIdentity(client_host="127.0.0.1", client_port=9, client_id="bench")
+        sasl = SaslTracker()
+        log_context: dict[str, object] = {}
+
+    frame = _frame(int(size), codec, records, partitions)
+    offload = None
+    if inline:  # everything on the calling thread, where cProfile sees it
+        from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS
+        from kiproxy.proxy.offload import BatchOffload
+        offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS, inline_bytes=1 << 30)
+    pipeline = ProducePipeline(_plugin(plugin), name=plugin, offload=offload)
+    return pipeline, Client(), parse_request_header(frame), frame
+
+
+def _measure(case: str, records: int, partitions: int, seconds: float,
+             repeats: int) -> dict[str, Any]:
+    import asyncio
+    import logging
+
+    from kiproxy.proxy.cli import _keep_freed_memory
+
+    logging.disable(logging.WARNING)
+    _keep_freed_memory()  # glibc tuned as `kiproxy run` tunes it
+    pipeline, client, header, frame = _setup(case, records, partitions)
+    loop = asyncio.new_event_loop()
+
+    async def run(n: int) -> None:
+        for _ in range(n):
+            await pipeline.handle(client, header, frame, None)
+
+    loop.run_until_complete(run(2))
+    started = time.process_time()
+    n = 1
+    while time.process_time() - started < seconds / 4:
+        loop.run_until_complete(run(n))
+        n *= 2
+    per_call = (time.process_time() - started) / (2 * n - 1)
+    n = max(1, int(seconds / max(per_call, 1e-9)))
+    samples = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        loop.run_until_complete(run(n))
+        samples.append((time.process_time() - t0) / n)
+    loop.close()
+    per_request = min(samples)  # interference from other work only ever adds
+    return {"case": case, "us_per_record": per_request * 1e6 / (records * partitions),
+            "ms_per_request": per_request * 1e3, "request_bytes": len(frame)}
+
+
+def _profile(case: str, records: int, partitions: int, top: int) -> None:
+    import asyncio
+    import cProfile
+    import logging
+    import pstats
+
+    from kiproxy.proxy.cli import _keep_freed_memory
+
+    logging.disable(logging.WARNING)
+    _keep_freed_memory()
+    pipeline, client, header, frame = _setup(case, records, partitions, inline=True)
+    loop = asyncio.new_event_loop()
+
+    async def run(n: int) -> None:
+        for _ in range(n):
+            await pipeline.handle(client, header, frame, None)
+
+    profiler = cProfile.Profile(time.process_time)
+    profiler.enable()
+    loop.run_until_complete(run(40))
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
+
+
+def _child(tree: str, cases: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
+    env = dict(os.environ, PYTHONPATH=tree)
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--records",
+           str(args.records), "--partitions", str(args.partitions), "--seconds",
+           str(args.seconds), "--repeats", str(args.repeats), "--cases", ",".join(cases)]
+    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def _cases(args: argparse.Namespace) -> list[str]:
+    if args.cases:
+        return [c for c in args.cases.split(",") if c]
+    return [f"{p}/{s}/{c}" for p in args.plugins.split(",") for s in SIZES for c in CODECS]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line entry point (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=250, help="records per partition")
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.3, help="CPU seconds per repeat")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--plugins", default="identity,uppercase,readme")
+    parser.add_argument("--cases", default="", help="PLUGIN/SIZE/CODEC,... (overrides --plugins)")
+    parser.add_argument("--ab", metavar="TREE", help="another tree to compare against (A)")
+    parser.add_argument("--rounds", type=int, default=2, help="alternations for --ab")
+    parser.add_argument("--profile", metavar="CASE")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
+    args = parser.parse_args(argv)
+    if args.profile:
+        _profile(args.profile, args.records, args.partitions, 25)
+        return
+    cases = _cases(args)
+    if args.child:
+        for case in cases:
+            print(json.dumps(_measure(case, args.records, args.partitions, args.seconds,
+                                      args.repeats)), flush=True)
+        return
+    trees = ([("A", args.ab)] if args.ab else []) + [("B", str(ROOT))]
+    results: dict[tuple[str, str], list[float]] = {}
+    for _ in range(args.rounds if args.ab else 1):
+        for label, tree in trees:
+            for row in _child(tree, cases, args):
+                results.setdefault((label, row["case"]), []).append(row["us_per_record"])
+    lines = ["| case | " + " | ".join(f"{lab} us/record" for lab, _ in trees)
+             + (" | B/A |" if args.ab else " |"),
+             "|---|" + "---:|" * (len(trees) + (1 if args.ab else 0))]
+    for case in cases:
+        cells = [min(results[(lab, case)]) for lab, _ in trees]
+        ratio = f" {cells[1] / cells[0]:.2f} |" if args.ab else ""
+        lines.append(f"| {case} | " + " | ".join(f"{c:.3f}" for c in cells) + " |" + ratio)
+    table = "\n".join(lines)
+    setup = (f"load average {os.getloadavg()[0]:.1f}; {args.partitions} partitions x "
+             f"{args.records} records per request; best of {args.rounds if args.ab else 1} "
+             f"round(s) x {args.repeats} repeats (CPU time)")
+    print(setup)
+    print(table)
+    if args.write:
+        _write(table, setup, args, argv)
+
+
+def _write(table: str, setup: str, args: argparse.Namespace, argv: list[str] | None) -> None:
+    import datetime
+
+    from bench.results import write_results
+
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip()
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = "python -m bench.intercept " + " ".join(sys.argv[1:] if argv is None else argv)
+    trees = (f"A = `{args.ab}`, B = this tree (commit {commit})" if args.ab
+             else f"commit {commit}")
+    write_results("\n".join([
+        SECTION, "",
+        f"`{command}` ({when}; {trees}). {setup}. CPU microseconds per record of "
+        "`ProducePipeline.handle` on one Produce v9 request (no sockets, no broker); "
+        "see the module docstring of `bench/intercept.py` for the plugins.", "",
+        table, ""]), SECTION)
+
+
+if __name__ == "__main__":
+    if "--child" in sys.argv:
+        sys.path.pop(0)  # the bench directory: kiproxy must come from PYTHONPATH
+    main()
