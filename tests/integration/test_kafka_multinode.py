@@ -51,6 +51,8 @@ JOINER = 4
 PARTITIONS = 3
 RSS_BOUND = 64 << 20
 FD_SLACK = 4
+THREAD_SLACK = 8
+"""Threads the proxy's fixed-size pools may add on demand (2 decode + 6 resolver)."""
 
 
 @pytest.fixture(scope="module")
@@ -357,7 +359,9 @@ def test_idempotent_stream_survives_leader_kill_restart_and_preferred_election(
     gc.collect()
     _wait(lambda: _active_connections(proxy) == 0, 30, "no client connection left")
     assert me.num_fds() <= fds + FD_SLACK, (me.num_fds(), fds)
-    assert me.num_threads() <= threads, (me.num_threads(), threads)
+    # Fixed-size pools (decode threads, asyncio's resolver executor used on reconnects)
+    # start their threads on demand; anything beyond their sizes would be a leak.
+    assert me.num_threads() <= threads + THREAD_SLACK, (me.num_threads(), threads)
     assert me.memory_info().rss - rss < RSS_BOUND, (me.memory_info().rss, rss)
     assert "Traceback" not in proxy.log
 
