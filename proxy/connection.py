@@ -196,7 +196,9 @@ class ClientConnection:
             return
         limit = self._services.generations.current.config.max_buffered_bytes
         assert self._upstream is not None
-        self._upstream.transport.set_write_buffer_limits(high=limit, low=limit // 4)
+        if not self._upstream.transport.is_closing():
+            # A broker that closed already (it is shutting down) is seen by the reader.
+            self._upstream.transport.set_write_buffer_limits(high=limit, low=limit // 4)
         self._up_task = asyncio.create_task(self._read_upstream())
         self._read_task = asyncio.current_task()
         try:
