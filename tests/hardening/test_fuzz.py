@@ -54,6 +54,7 @@ from conftest import consume, launch_proxy
 from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.client import Client
 
 from hardening.fuzz_corpus import (
     DECODED_APIS,
@@ -73,7 +74,6 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.uppercase import Uppercase
-from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import (
     FrameDecoder,
@@ -96,7 +96,6 @@ from kiproxy.proxy.api_versions import cut_api_versions_frame
 from kiproxy.proxy.embedded import EmbeddedBroker
 from kiproxy.proxy.outcome import Answer, Forward
 from kiproxy.proxy.produce import ProducePipeline
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 _LONG_RUN = int(os.environ.get("KIPROXY_FUZZ_EXAMPLES", "0"))
 F = TypeVar("F", bound=Callable[..., None])
@@ -199,26 +198,8 @@ def batch_path(data: bytes, verify_crc: bool = True) -> None:
         encode_batch(decoded.header, decoded.records)
 
 
-class _Client:
-    """What the router and the produce pipeline read of a client connection."""
-
-    def __init__(self, principal: str | None = None, client_id: str = "fuzz") -> None:
-        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
-                                       client_id=client_id, principal=principal)
-        self.sasl = SaslTracker()
-        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
-                                               "client_id": client_id}
-
-    @property
-    def principal(self) -> str | None:
-        return self.identity.principal
-
-    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
-                      frame: bytes) -> bytes:
-        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
-                                            flexible, frame, self.log_context)
-        return frame
-
+def _Client() -> Client:
+    return Client(client_id="fuzz")
 
 
 class _Reject(ProduceRequestInterceptor):

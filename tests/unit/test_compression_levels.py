@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.client import Client
 
 from kiproxy.cli import build_parser
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.messages import ApiKey, parse_request
@@ -26,7 +26,6 @@ from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
 from kiproxy.proxy.generation import build_generation
 from kiproxy.proxy.outcome import Forward
 from kiproxy.proxy.produce import ProducePipeline
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 LOW = CompressionLevels(gzip=1, lz4=1, zstd=1)
@@ -40,27 +39,7 @@ class _Identity(ProduceRequestInterceptor):
         return batch
 
 
-class _Client:
-    """What the router and the produce pipeline read of a client connection."""
-
-    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
-        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
-                                       client_id=client_id, principal=principal)
-        self.sasl = SaslTracker()
-        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
-                                               "client_id": client_id}
-
-    @property
-    def principal(self) -> str | None:
-        return self.identity.principal
-
-    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
-                      frame: bytes) -> bytes:
-        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
-                                            flexible, frame, self.log_context)
-        return frame
-
-
+_Client = Client
 
 def _partition_records(frame: bytes) -> list[bytes]:
     """The partitions' ``records`` bytes of a Produce request frame."""

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from hardening.sasl_gateway import ScramCredential
 from kio.schema.errors import ErrorCode
+from support.client import Client
 
-from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import (
     encode_request_header,
@@ -34,7 +34,6 @@ from kiproxy.protocol.framing import (
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.outcome import Forward
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.server import ProxyServer
 
 # ---------------------------------------------------------------------- RFC 5802
@@ -132,27 +131,7 @@ class ScramClient:
 # ---------------------------------------------------------------------- the proxy side
 
 
-class _Client:
-    """What the router and the produce pipeline read of a client connection."""
-
-    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
-        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
-                                       client_id=client_id, principal=principal)
-        self.sasl = SaslTracker()
-        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
-                                               "client_id": client_id}
-
-    @property
-    def principal(self) -> str | None:
-        return self.identity.principal
-
-    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
-                      frame: bytes) -> bytes:
-        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
-                                            flexible, frame, self.log_context)
-        return frame
-
-
+_Client = Client
 
 @pytest.fixture
 def server() -> ProxyServer:

@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
+from support.client import Client
 
-from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.errors import ProtocolError, UnsupportedVersion
 from kiproxy.protocol.framing import (
     encode_request_header,
@@ -31,31 +31,9 @@ from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_fra
 from kiproxy.proxy.config import ProxyConfig
 from kiproxy.proxy.outcome import Forward
 from kiproxy.proxy.produce import ProducePipeline, read_acks
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.server import ProxyServer
 
-
-class _Client:
-    """What the router and the produce pipeline read of a client connection."""
-
-    def __init__(self, principal: str | None = None, client_id: str = "unit") -> None:
-        self.identity = ClientIdentity(client_host="127.0.0.1", client_port=9,
-                                       client_id=client_id, principal=principal)
-        self.sasl = SaslTracker()
-        self.log_context: dict[str, object] = {"client_address": "127.0.0.1:9",
-                                               "client_id": client_id}
-
-    @property
-    def principal(self) -> str | None:
-        return self.identity.principal
-
-    def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
-                      frame: bytes) -> bytes:
-        self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
-                                            flexible, frame, self.log_context)
-        return frame
-
-
+_Client = Client
 
 def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b"") -> Any:
     header_version = request_header_version(api_key, api_version) or 1
