@@ -21,7 +21,10 @@ Plugins: ``identity`` (returns the batch), ``uppercase`` (the built-in),
 batch.records)``, the way the README teaches), ``mask`` (the README's example,
 ``r.with_value(r.value.replace(word, b"***"))``, on values without the word: every
 record copied, the batch judged unchanged), ``stamp`` (the built-in header
-stamper), ``reject1`` (rejects partition 0, keeps the others unchanged).
+stamper), ``reject1`` (rejects partition 0, keeps the others unchanged),
+``validator`` (the built-in JSON Schema validator with ``bench.proxy``'s schema:
+``id`` and ``kind`` required). Values are JSON objects
+(``{"id":N,"kind":WORD,"note":"WORDS..."}``) of exactly the record size.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from typing import Any
 
 __all__ = ["main"]
 
-PLUGINS = ("identity", "uppercase", "readme", "mask", "stamp", "reject1")
+PLUGINS = ("identity", "uppercase", "readme", "mask", "stamp", "reject1", "validator")
+SCHEMA = {"type": "object", "required": ["id", "kind"],
+          "properties": {"id": {"type": "integer", "minimum": 0}, "kind": {"type": "string"}}}
 SIZES = (100, 1024)
 CODECS = ("none", "lz4", "zstd")
 SECTION = "## Intercept micro-benchmark: CPU per record of the produce pipeline"
@@ -55,6 +60,11 @@ def _plugin(name: str) -> Any:
         stamper = StampHeaders()
         stamper.configure({"headers": {"x-env": "bench"}})
         return stamper
+    if name == "validator":
+        from kiproxy.interceptors.builtin.json_schema import JsonSchemaValidator
+        validator = JsonSchemaValidator()
+        validator.configure({"default_schema": SCHEMA})
+        return validator
 
     class Identity(ProduceRequestInterceptor):
         def intercept(self, batch: Any, ctx: Any) -> Any:
@@ -104,10 +114,12 @@ def _frame(size: int, codec: str, records: int, partitions: int) -> bytes:
     for p in range(partitions):
         recs = []
         for i in range(records):
+            head = f'{{"id":{rng.randint(0, 99999)},"kind":"{rng.choice(words)}","note":"'
             text = ""
             while len(text) < size:
-                text += f'"{rng.choice(words)}":{rng.randint(0, 99999)},'
-            recs.append(Record(key=f"key-{p}-{i:010d}".encode(), value=text[:size].encode(),
+                text += f"{rng.choice(words)} {rng.randint(0, 99999)} "
+            value = (head + text)[:size - 2] + '"}'
+            recs.append(Record(key=f"key-{p}-{i:010d}".encode(), value=value.encode(),
                                headers=(Header("source", b"bench"),),
                                timestamp=1_700_000_000_000 + i))
         batch = build_batch(recs, compression=Compression[codec.upper()], producer_id=4242,

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
-from kiproxy.protocol.records import Header, Record
+from kiproxy.protocol.records import Header, Record, upper_values
 
 __all__ = [
     "ERROR_CODES",
@@ -95,6 +95,17 @@ class RecordBatch:
             base_sequence=self.base_sequence, transactional=self.transactional,
             compression=self.compression,
         )
+
+    def with_upper_case(self, *, keys: bool = False) -> RecordBatch:
+        """This batch with every non-null value (and key, with ``keys``) upper-cased.
+
+        ``bytes.upper()`` semantics (ASCII letters only), in compiled code that reads
+        each value straight from the decoded batch. Records with nothing to change are
+        kept as they are, and the batch itself is returned when no record changes, so
+        it is forwarded as its original bytes.
+        """
+        records = upper_values(self.records, keys)
+        return self if records is self.records else self.with_records(records)
 
     def __len__(self) -> int:
         return len(self.records)

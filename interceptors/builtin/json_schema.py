@@ -18,7 +18,8 @@ Config::
         allow_null: true               # tombstones (null values) pass
         error: INVALID_RECORD          # or POLICY_VIOLATION
 
-Schemas are checked by jsonschema-rs (compiled; the draft comes from ``$schema``,
+Values are parsed by orjson (the standard ``json`` decides what orjson refuses) and
+schemas are checked by jsonschema-rs (compiled; the draft comes from ``$schema``,
 2020-12 when absent). Each record is first only asked ``is_valid``; the errors are
 collected for failing records alone. As with the Python ``jsonschema`` package
 before it, ``format`` is an annotation, not an assertion, and no ``$ref`` is fetched
@@ -35,10 +36,11 @@ from typing import Any
 
 try:
     import jsonschema_rs
+    import orjson
 except ModuleNotFoundError as exc:
-    if exc.name != "jsonschema_rs":
+    if exc.name not in ("jsonschema_rs", "orjson"):
         raise
-    raise ImportError("the json_schema interceptor needs jsonschema-rs: "
+    raise ImportError(f"the json_schema interceptor needs {exc.name}: "
                       "pip install 'kafka-interceptor-proxy[jsonschema]'") from None
 
 from kiproxy.interceptors import (
@@ -85,7 +87,17 @@ _DECODER = json.JSONDecoder(parse_constant=_not_json)
 
 
 def _parse(value: bytes) -> Any:
-    """``json.loads(value)`` (same encoding detection), without NaN and Infinity."""
+    """``json.loads(value)`` (same encoding detection), without NaN and Infinity.
+
+    orjson reads strict UTF-8 JSON several times faster than ``json`` and refuses NaN
+    and Infinity as well; what it refuses besides (UTF-16 and UTF-32 text, a byte-order
+    mark, integers beyond 64 bits, nesting deeper than 1024) goes to ``json``, which
+    decides, so a value's verdict is the one ``json`` gives.
+    """
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError:
+        pass
     return _DECODER.decode(value.decode(json.detect_encoding(value), "surrogatepass"))
 
 

@@ -7,10 +7,11 @@ Config (all optional)::
       config:
         keys: false        # also upper-case keys
 
-The per-record loop is the codec's compiled :func:`~kiproxy.protocol.records.upper_values`
-(``bytes.upper()`` semantics): it reads each value straight from the decoded batch and
-keeps a record that has nothing to upper-case as it is, so a batch with nothing to
-change is returned unchanged and forwarded as its original bytes.
+The per-record loop is the public :meth:`RecordBatch.with_upper_case
+<kiproxy.interceptors.RecordBatch.with_upper_case>` (compiled, ``bytes.upper()``
+semantics): it reads each value straight from the decoded batch and keeps a record
+that has nothing to upper-case as it is, so a batch with nothing to change is
+returned unchanged and forwarded as its original bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from kiproxy.protocol.records import upper_values
 
 
 class Uppercase(ProduceRequestInterceptor):
@@ -33,5 +33,4 @@ class Uppercase(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with upper-cased values (the batch itself if none changes)."""
-        records = upper_values(batch.records, self.keys)
-        return batch if records is batch.records else batch.with_records(records)
+        return batch.with_upper_case(keys=self.keys)

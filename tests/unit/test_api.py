@@ -213,6 +213,21 @@ def test_with_records_keeps_producer_facts_and_takes_any_iterable() -> None:
     assert b.with_records(list(records)) == b
 
 
+def test_with_upper_case_is_bytes_upper_and_returns_the_batch_when_nothing_changes() -> None:
+    records = (_record(key=b"k1", value=b"ab\xe9c"), _record(key=b"k2", value=None),
+               _record(key=None, value=b"DONE"))
+    b = _batch(records)
+    upper = b.with_upper_case()
+    assert [r.value for r in upper.records] == [b"AB\xe9C", None, b"DONE"]
+    assert [r.key for r in upper.records] == [b"k1", b"k2", None]
+    assert upper.records[2] is records[2]  # nothing to change: the record itself
+    assert [r.key for r in b.with_upper_case(keys=True).records] == [b"K1", b"K2", None]
+    assert upper.with_upper_case() is upper
+    for attr in ("topic", "partition", "producer_id", "producer_epoch", "base_sequence",
+                 "transactional", "compression"):
+        assert getattr(upper, attr) == getattr(b, attr), attr
+
+
 def test_record_batch_equality() -> None:
     assert _batch((_record(),)) == _batch((_record(),))
     assert _batch((_record(),)) != _batch((_record(value=b"x"),))

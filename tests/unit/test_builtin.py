@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.builtin.headers import StampHeaders
-from kiproxy.interceptors.builtin.json_schema import JsonSchemaValidator
+from kiproxy.interceptors.builtin.json_schema import JsonSchemaValidator, _parse
 from kiproxy.interceptors.builtin.route import TopicRouter
 from kiproxy.interceptors.builtin.uppercase import Uppercase
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
@@ -271,6 +273,44 @@ def test_json_lone_surrogate_is_a_record_error_not_a_crash() -> None:
     assert index == 1 and reason.startswith("not JSON")
 
 
+def _standard_parse(value: bytes) -> Any:
+    """What the validator read before orjson: ``json`` without NaN and Infinity."""
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+    text = value.decode(json.detect_encoding(value), "surrogatepass")
+    return json.JSONDecoder(parse_constant=refuse).decode(text)
+
+
+def _verdict(parse: Any, value: bytes) -> tuple[str, Any]:
+    try:
+        return "ok", parse(value)
+    except (ValueError, RecursionError):
+        return "not JSON", None
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                max_size=4),
+    max_leaves=12)
+
+
+@settings(max_examples=300, deadline=None)
+@given(doc=_JSON, encoding=st.sampled_from(["utf-8", "utf-16-le", "utf-32-be", "utf-8-sig"]))
+def test_json_parse_reads_every_json_document_as_json_does(doc: Any, encoding: str) -> None:
+    value = json.dumps(doc, ensure_ascii=False).encode(encoding, "surrogatepass")
+    assert _verdict(_parse, value) == _verdict(_standard_parse, value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=st.binary(max_size=40) | st.sampled_from([
+    b'{"x": NaN}', b"Infinity", b'"\\ud800"', b"[" * 1100 + b"]" * 1100, b"1e400",
+    b'{"a": 1, "a": 2}', b"\xef\xbb\xbf{}", b'"\xed\xa0\x80"', b" 1 ", b"01"]))
+def test_json_parse_accepts_and_refuses_what_json_does(value: bytes) -> None:
+    assert _verdict(_parse, value) == _verdict(_standard_parse, value)
+
+
 def test_json_format_is_an_annotation() -> None:
     # As with the Python jsonschema package before: format is not asserted (any draft).
     for draft in ("http://json-schema.org/draft-07/schema#",
@@ -371,7 +411,7 @@ def test_router_close_closes_every_route(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_router_uses_its_own_plugins_dir_setting(tmp_path: Path) -> None:
     (tmp_path / "tp_local.py").write_text(
-        "from interceptors import ProduceRequestInterceptor\n\n\n"
+        "from kiproxy.interceptors import ProduceRequestInterceptor\n\n\n"
         "class Local(ProduceRequestInterceptor):\n"
         "    def intercept(self, batch, ctx):\n"
         "        return batch.with_records(r.with_value(b'local') for r in batch.records)\n")

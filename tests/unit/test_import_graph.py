@@ -115,3 +115,12 @@ def test_imports_go_one_way() -> None:
 
 def test_a_cycle_is_found_when_there_is_one() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_built_in_interceptors_use_only_the_public_api() -> None:
+    builtin = {name: deps for name, deps in _graph().items()
+               if name.startswith("kiproxy.interceptors.builtin.")}
+    assert builtin  # the walk found them
+    wrong = sorted(f"{src} -> {dst}" for src, dsts in builtin.items() for dst in dsts
+                   if not dst.startswith("kiproxy.interceptors"))
+    assert wrong == []
