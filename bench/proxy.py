@@ -98,6 +98,7 @@ __all__ = [
     "main",
     "median",
     "millicores_per_mbps",
+    "paced_load",
     "parse_proc_stat",
     "percentile",
     "ratio",
@@ -118,15 +119,44 @@ def rotated(items: Sequence[str], by: int) -> list[str]:
     return [*items[by:], *items[:by]]
 
 
+def paced_load(capacity: Sequence[RunResult], fraction: float,
+               pace_of: Sequence[str]) -> dict[Case, float]:
+    """``fraction`` of the slowest throughput among ``pace_of`` per case (capacity round)."""
+    out: dict[Case, float] = {}
+    for r in capacity:
+        if r.ok and r.scenario in pace_of and r.rps:
+            out[r.case] = min(out.get(r.case, r.rps), r.rps)
+    return {case: rps * fraction for case, rps in out.items()}
+
+
 def run_matrix(scenarios: Sequence[Scenario], cases: Sequence[Case], repeats: int,
-               options: Options, log: Callable[[str], None]) -> list[RunResult]:
-    """Every scenario for every case, ``repeats`` rounds, interleaved and rotated."""
+               options: Options, log: Callable[[str], None],
+               pace_of: Sequence[str] | None = None) -> list[RunResult]:
+    """Every scenario for every case, ``repeats`` rounds, interleaved and rotated.
+
+    With ``pace_of``, a capacity round (throughput only, round 0) comes first and every
+    paced phase offers ``load_fraction`` of the slowest of those scenarios' throughput
+    in it; without, the paced load is that fraction of direct's throughput in round 1.
+    """
     results: list[RunResult] = []
     offered: dict[Case, float] = {}
     names = [s.name for s in scenarios]
-    for round_ in range(repeats):
+    first = 0
+    if pace_of is not None:
+        capacity_options = dataclasses.replace(options, latency_seconds=0.0)
         for case in cases:
-            order = names if round_ == 0 else rotated(names, round_)
+            for name in names:
+                r = run_once(SCENARIOS[name], case, 0, capacity_options, None,
+                             check=SCENARIOS[name].kind == "kiproxy")
+                results.append(r)
+                log(_progress(r))
+        offered = paced_load(results, options.load_fraction, pace_of)
+        log("paced load, records/s: " + ", ".join(
+            f"{c.label} {c.codec} {num(v)}" for c, v in offered.items()))
+        first = 1
+    for round_ in range(first, first + repeats):
+        for case in cases:
+            order = rotated(names, round_)
             for name in order:
                 scenario = SCENARIOS[name]
                 r = run_once(scenario, case, round_, options, offered.get(case),
@@ -142,10 +172,12 @@ def _progress(r: RunResult) -> str:
     head = f"  round {r.round + 1} {r.case.label:>5} {r.case.codec:4} {r.scenario:11}"
     if not r.ok:
         return f"{head} FAILED: {r.error}"
-    latency = (f"over capacity for {num(r.offered_rps)} rec/s" if r.saturated else
-               f"p50 {num(r.p50_ms, '.2f')} p99 {num(r.p99_ms, '.2f')} ms "
-               f"@ {num(r.paced_rps)}/{num(r.offered_rps)} rec/s "
-               f"(other {num(_cores(r.paced_other_cpu, r.paced_seconds), '.2f')} cores)")
+    latency = (
+        "capacity round" if r.offered_rps is None else
+        f"over capacity for {num(r.offered_rps)} rec/s" if r.saturated else
+        f"p50 {num(r.p50_ms, '.2f')} p99 {num(r.p99_ms, '.2f')} ms "
+        f"@ {num(r.paced_rps)}/{num(r.offered_rps)} rec/s "
+        f"(other {num(_cores(r.paced_other_cpu, r.paced_seconds), '.2f')} cores)")
     return (f"{head} {num(r.rps):>9} rec/s {num(r.mbps(), '6.1f')} MB/s  {latency}  "
             f"proxy {num(r.cpu_s_per_gb(), '.1f')} s/GB  cores: "
             f"producer {num(_cores(r.producer_cpu, r.seconds), '.2f')} "
@@ -281,7 +313,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--latency-seconds", type=float,
                    help="length of the paced phase (default 5, quick 2)")
     p.add_argument("--load-fraction", type=float, default=0.5,
-                   help="paced load as a fraction of direct's throughput (default 0.5)")
+                   help="paced load as a fraction of the pace's throughput (default 0.5)")
+    p.add_argument("--pace-of", metavar="SCENARIOS",
+                   help="pace at --load-fraction of the slowest of these scenarios, measured "
+                        "in a capacity round run first (default: every scenario run); "
+                        "'direct' alone paces at direct's throughput in round 1, no "
+                        "capacity round")
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--acks", default="1", choices=("0", "1", "all", "-1"))
     p.add_argument("--linger-ms", type=float, default=5.0)
@@ -370,7 +407,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     log(f"{len(scenarios)} scenarios x {len(cases)} cases x {repeats} rounds; "
         f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     started = time.monotonic()
-    results = run_matrix(scenarios, cases, repeats, options, log)
+    pace_of = _csv(args.pace_of, names, str)
+    if pace_of == ["direct"]:
+        results = run_matrix(scenarios, cases, repeats, options, log)
+        pace = "the direct scenario's throughput (from the first round)"
+    else:
+        results = run_matrix(scenarios, cases, repeats, options, log, pace_of)
+        pace = (f"the slowest throughput among {', '.join(pace_of)} in a capacity round "
+                f"(throughput only) run first; the {repeats} rounds after it are paced")
     elapsed = time.monotonic() - started
     load = load_note(results, load_before, os.getloadavg(), elapsed)
     order = [*names, *unavailable]
@@ -378,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     checks = evaluate_targets(summaries)
     command = " ".join(["python -m bench.proxy", *(argv if argv is not None else sys.argv[1:])])
     text = section(summaries, checks, command=command, options=options, repeats=repeats,
-                   scenarios=[*scenarios], load=load, notes=notes, code=code)
+                   scenarios=[*scenarios], load=load, notes=notes, code=code, pace=pace)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(

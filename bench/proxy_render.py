@@ -25,7 +25,8 @@ from bench.proxy_stats import RunResult, Summary, TargetCheck, contention_note, 
 def render_table(summaries: Sequence[Summary]) -> str:
     """The markdown results table."""
     head = ["records", "codec", "scenario", "rec/s", "MB/s", "x direct", "p50 ms", "p99 ms",
-            "p99 added ms", "proxy CPU s/GB", "proxy CPU s/M rec", "paced CPU s/GB", "runs"]
+            "p99 added ms", "proxy CPU s/GB", "CPU x haproxy", "proxy CPU s/M rec",
+            "paced CPU s/GB", "runs"]
     lines = ["| " + " | ".join(head) + " |",
              "|---|---|---|" + "---:|" * (len(head) - 4) + "---|"]
     for s in summaries:
@@ -44,7 +45,8 @@ def render_table(summaries: Sequence[Summary]) -> str:
             s.case.label, s.case.codec, s.scenario, num(s.rps), num(s.mbps, ",.1f"),
             num(s.vs_direct, ".2f"), num(s.p50_ms, ".2f", over), num(s.p99_ms, ".2f", over),
             num(s.p99_added_ms, "+.2f", over), num(s.cpu_s_per_gb, ".1f"),
-            num(s.cpu_s_per_mrec, ".1f"), num(s.paced_cpu_s_per_gb, ".1f"), runs,
+            num(s.cpu_vs_haproxy, ".1f"), num(s.cpu_s_per_mrec, ".1f"),
+            num(s.paced_cpu_s_per_gb, ".1f"), runs,
         ]) + " |")
     return "\n".join(lines)
 
@@ -131,7 +133,7 @@ def load_note(results: Sequence[RunResult], load_before: tuple[float, float, flo
 
 def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, command: str,
             options: Options, repeats: int, scenarios: Sequence[Scenario], load: str,
-            notes: Sequence[str], code: str) -> str:
+            notes: Sequence[str], code: str, pace: str = "direct's throughput") -> str:
     """The RESULTS.md section for this benchmark."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -159,8 +161,8 @@ Command: `{command}` (from the repository root, project virtualenv)
   linger.ms={options.linger_ms:g}, max.in.flight={options.max_in_flight}, no keys, JSON values
   (1,000 distinct, lower case), {options.partitions} partitions, round-robin; a fresh broker
   (and proxy) per run, {options.warmup:,} warm-up records, then {records} records as fast as
-  possible, then {options.latency_seconds:g} s paced at {options.load_fraction:.0%} of the
-  direct scenario's throughput (from the first round).
+  possible, then {options.latency_seconds:g} s paced at {options.load_fraction:.0%} of
+  {pace}.
 - Scenarios:
 {described}
 - {repeats} rounds, scenarios interleaved and rotated each round; medians. "x direct" and
@@ -174,7 +176,8 @@ Command: `{command}` (from the repository root, project virtualenv)
 {extra}
 {render_table(summaries)}
 
-Targets (1 KiB records, uncompressed, acks={options.acks}, medians):
+Targets (acks={options.acks}, medians; "CPU x haproxy" is the median of per-round
+ratios to haproxy's CPU per GB):
 
 ```
 {render_targets(checks)}

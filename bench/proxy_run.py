@@ -174,6 +174,8 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
         result["error"] = f"throughput phase: {errors[0]}"
         return result
 
+    if spec["latency_seconds"] <= 0:  # a capacity round: throughput only
+        return result
     # Latency: a paced producer; every delivery reports librdkafka's own latency.
     offered = spec.get("offered_rps") or spec["load_fraction"] * count / seconds
     result["offered_rps"] = offered

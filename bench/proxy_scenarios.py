@@ -61,6 +61,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              interceptor="kiproxy.interceptors.builtin.uppercase:Uppercase", transforms=True,
              description="kiproxy, kiproxy.interceptors.builtin.uppercase:Uppercase "
                          "(decode, transform, re-encode)"),
+    Scenario(name="readme", kind="kiproxy", interceptor="readme:Readme", plugins_dir=PLUGINS,
+             transforms=True,
+             description="kiproxy, bench/plugins/readme.py (every value rewritten the way the "
+                         "README teaches: batch.with_records(r.with_value(r.value.upper()) ...))"),
     Scenario(name="validator", kind="kiproxy",
              interceptor="kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
              interceptor_config={"default_schema": VALIDATOR_SCHEMA},

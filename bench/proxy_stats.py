@@ -212,6 +212,8 @@ class Summary:
     rps: float | None = None
     mbps: float | None = None
     vs_direct: float | None = None
+    cpu_vs_haproxy: float | None = None
+    """The proxy's CPU per GB over haproxy's, median of per-round pairs."""
     p50_ms: float | None = None
     p99_ms: float | None = None
     p99_added_ms: float | None = None
@@ -237,6 +239,7 @@ def summarize(results: Sequence[RunResult], unavailable: Mapping[str, str] | Non
     names = list(scenarios) if scenarios is not None else \
         list(dict.fromkeys(r.scenario for r in results))
     direct = {(r.case, r.round): r for r in results if r.scenario == "direct" and r.ok}
+    haproxy = {(r.case, r.round): r for r in results if r.scenario == "haproxy" and r.ok}
     out = []
     for case in cases:
         for name in names:
@@ -248,6 +251,8 @@ def summarize(results: Sequence[RunResult], unavailable: Mapping[str, str] | Non
                 continue
             good = [r for r in runs if r.ok]
             ratios, added = [], []
+            cpu_ratios = [ratio(r.cpu_s_per_gb(), h.cpu_s_per_gb()) for r in good
+                          if (h := haproxy.get((case, r.round))) is not None]
             for r in good:
                 base = direct.get((case, r.round))
                 if base is None:
@@ -266,6 +271,7 @@ def summarize(results: Sequence[RunResult], unavailable: Mapping[str, str] | Non
                 scenario=name, case=case, runs=len(runs), ok_runs=len(good),
                 rps=median(r.rps for r in good), mbps=median(r.mbps() for r in good),
                 vs_direct=median(ratios), p50_ms=median(r.p50_ms for r in good),
+                cpu_vs_haproxy=median(cpu_ratios) if name != "haproxy" else None,
                 p99_ms=median(r.p99_ms for r in good), p99_added_ms=median(added),
                 cpu_s_per_gb=median(r.cpu_s_per_gb() for r in good),
                 cpu_s_per_mrec=median(r.cpu_s_per_mrec() for r in good),
@@ -283,35 +289,43 @@ def summarize(results: Sequence[RunResult], unavailable: Mapping[str, str] | Non
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A goal on one metric of one scenario (1 KiB records, uncompressed)."""
+    """A goal on one metric of one scenario, for one record size and codec."""
 
     scenario: str
     metric: str
-    """``vs_direct``, ``cpu`` (millicores per MB/s) or ``p99_added_ms``."""
+    """``vs_direct``, ``cpu`` (millicores per MB/s), ``cpu_vs_haproxy`` or ``p99_added_ms``."""
     bound: float
     at_least: bool
     """The value must be >= bound (else <=)."""
+    case: Case = Case(1024, "none")  # noqa: RUF009 - a frozen (immutable) value
 
     @property
     def label(self) -> str:
         """What is compared, in words."""
         what = {"vs_direct": "throughput / direct", "cpu": "proxy millicores per MB/s",
+                "cpu_vs_haproxy": "proxy CPU per GB / haproxy's",
                 "p99_added_ms": "p99 latency added (ms)"}[self.metric]
-        return f"{self.scenario}: {what} {'>=' if self.at_least else '<='} {self.bound:g}"
+        return (f"{self.scenario} {self.case.label} {self.case.codec}: {what} "
+                f"{'>=' if self.at_least else '<='} {self.bound:g}")
 
 
+TARGET_CASE = Case(1024, "none")
+_EVERY_CASE = tuple(Case(size, codec) for size in (100, 1024) for codec in ("none", "lz4", "zstd"))
+_UNCOMPRESSED = (Case(1024, "none"), Case(100, "none"))
 TARGETS: tuple[Target, ...] = (
     Target("passthrough", "vs_direct", 0.95, True),
     Target("identity", "vs_direct", 0.90, True),
     Target("uppercase", "vs_direct", 0.80, True),
     Target("passthrough", "cpu", 10, False),
     Target("uppercase", "cpu", 25, False),
-    Target("passthrough", "p99_added_ms", 1.0, False),
-    Target("identity", "p99_added_ms", 1.0, False),
-    Target("uppercase", "p99_added_ms", 1.0, False),
-    Target("validator", "p99_added_ms", 1.0, False),
+    *(Target(name, "cpu_vs_haproxy", bound, False, case) for case in _UNCOMPRESSED
+      for name, bound in (("passthrough", 1.2), ("identity", 2.0), ("uppercase", 4.0),
+                          ("readme", 4.0))),
+    *(Target(name, "p99_added_ms", bound, False, case) for case in _EVERY_CASE
+      for name, bound in (("passthrough", 1.0), ("identity", 2.0), ("uppercase", 2.0))),
 )
-TARGET_CASE = Case(1024, "none")
+"""The goals: throughput and CPU (1 KiB uncompressed), CPU against haproxy in the same
+round (uncompressed, both sizes), p99 added at the paced load (every size and codec)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -341,13 +355,16 @@ class TargetCheck:
         return f"{verdict}  {t.label}: measured {self.value:.2f}, {how} {abs(margin):.2f}{rel}"
 
 
-def evaluate_targets(summaries: Sequence[Summary], case: Case = TARGET_CASE,
+def evaluate_targets(summaries: Sequence[Summary],
                      targets: Sequence[Target] = TARGETS) -> list[TargetCheck]:
-    """Check every target against the medians of ``case`` (1 KiB, uncompressed)."""
-    by_name = {s.scenario: s for s in summaries if s.case == case}
+    """Check every target whose record size and codec was run against its medians."""
+    by_key = {(s.scenario, s.case): s for s in summaries}
+    ran = {s.case for s in summaries}
     checks = []
     for t in targets:
-        s = by_name.get(t.scenario)
+        if t.case not in ran:
+            continue
+        s = by_key.get((t.scenario, t.case))
         value = None
         if s is not None:
             # millicores per MB/s equals CPU seconds per GB (see millicores_per_mbps).

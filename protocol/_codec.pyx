@@ -17,6 +17,7 @@ copies a field nobody read straight from the block it came from.
 
 cimport cython
 
+from cpython.bytearray cimport PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -703,3 +704,16 @@ def upper_values(tuple records, bint keys=False):
             c._built(_LAZY_KEY)
         out.append(c)
     return records if out is None else tuple(out)
+
+
+def receive_buffer(Py_ssize_t size):
+    """A ``bytearray`` of ``size`` bytes left as the allocator gave them, not zeroed.
+
+    For receive buffers only: every byte is written by a receive before anything
+    reads it (the frame assembler hands out a frame only once all of it arrived).
+    Zeroing a buffer that is about to be overwritten cost as much CPU as the
+    kernel's copy into it.
+    """
+    if size < 0:
+        raise ValueError(f"negative size {size}")
+    return PyByteArray_FromStringAndSize(NULL, size)

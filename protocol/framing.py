@@ -19,6 +19,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
+from kiproxy.protocol._codec import receive_buffer
 from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
 
 __all__ = [
@@ -168,7 +169,7 @@ class FrameAssembler:
     def _next_part(self) -> memoryview:
         # Double what has arrived, at most: a client must send bytes to make the
         # assembler hold more of them.
-        part = bytearray(min(self._need - self._got, max(self.part_size, self._got)))
+        part = receive_buffer(min(self._need - self._got, max(self.part_size, self._got)))
         assert self._parts is not None
         self._parts.append(part)
         self._part, self._part_view, self._part_filled = part, memoryview(part), 0
@@ -187,7 +188,7 @@ class FrameAssembler:
             self._need, self._large = self._large, 0
             have = end - start - 4
             self._parts, self._got = [], have
-            part = bytearray(self._need if self._need <= self.part_size else self.part_size)
+            part = receive_buffer(self._need if self._need <= self.part_size else self.part_size)
             part[:have] = self._view[start + 4 : end]
             self._parts.append(part)
             self._part, self._part_view, self._part_filled = part, memoryview(part), have
@@ -196,7 +197,7 @@ class FrameAssembler:
             return self._part_view[have:]
         chunk = self._chunk
         if chunk is None:
-            chunk = self._chunk = bytearray(self._chunk_size)
+            chunk = self._chunk = receive_buffer(self._chunk_size)
             self._view = memoryview(chunk)
             self._start = self._end = start = end = 0
         elif len(chunk) - end < len(chunk) // 4:

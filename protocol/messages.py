@@ -26,6 +26,7 @@ __all__ = [
     "parse_request",
     "parse_response",
     "request_type",
+    "response_tags",
     "response_type",
     "serialize",
 ]
@@ -264,7 +265,8 @@ def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool,
 
 
 @cache
-def _entity_skipper(entity_type: Any) -> _Skip:
+def _entity_plan(entity_type: Any) -> tuple[bool, tuple[_Skip, ...], dict[int, _Skip]]:
+    """``(flexible, skips of the plain fields in order, skips of the tagged fields by tag)``."""
     flexible = bool(entity_type.__flexible__)
     owner = entity_type.__name__
     plain: list[_Skip] = []
@@ -286,25 +288,69 @@ def _entity_skipper(entity_type: Any) -> _Skip:
         plain.append(field_skip)
     if fixed_run:
         plain.append(_fixed(fixed_run))
+    return flexible, tuple(plain), tagged
+
+
+def _skip_tagged(data: bytes, pos: int, end: int, tagged: dict[int, _Skip],
+                 seen: list[int] | None = None) -> int:
+    """Skip a tagged-field section (checking the fields the schema knows)."""
+    if pos < end and data[pos] == 0:  # no tagged fields: the common case
+        return pos + 1
+    count, pos = _uvarint(data, pos, end)
+    for _ in range(count):
+        tag, pos = _uvarint(data, pos, end)
+        size, pos = _uvarint(data, pos, end)
+        if size > end - pos:
+            raise _TooLong(f"tagged field {tag} at byte {pos} runs past the body")
+        if tag in tagged:
+            tagged[tag](data, pos, pos + size)
+        if seen is not None:
+            seen.append(tag)
+        pos += size
+    return pos
+
+
+@cache
+def _entity_skipper(entity_type: Any) -> _Skip:
+    flexible, plain, tagged = _entity_plan(entity_type)
 
     def skip(data: bytes, pos: int, end: int) -> int:
         for field_skip in plain:
             pos = field_skip(data, pos, end)
         if flexible:
-            if pos < end and data[pos] == 0:  # no tagged fields: the common case
-                return pos + 1
-            count, pos = _uvarint(data, pos, end)
-            for _ in range(count):
-                tag, pos = _uvarint(data, pos, end)
-                size, pos = _uvarint(data, pos, end)
-                if size > end - pos:
-                    raise _TooLong(f"tagged field {tag} at byte {pos} runs past the body")
-                if tag in tagged:
-                    tagged[tag](data, pos, pos + size)
-                pos += size
+            return _skip_tagged(data, pos, end, tagged)
         return pos
 
     return skip
+
+
+def response_tags(api_key: int, api_version: int, data: bytes, offset: int = 0) -> list[int]:
+    """The tags of the top-level tagged fields of a response body, without building it.
+
+    The body is checked as :func:`parse_response` checks it before reading (every
+    length, array count and known tagged field within the body, nothing left over),
+    so a caller that needs only to know whether a tagged field is present (KIP-951's
+    ``node_endpoints``) can skip parsing the rest. Raises :class:`MalformedMessage`.
+    """
+    entity_type = response_type(api_key, api_version)
+    flexible, plain, tagged = _entity_plan(entity_type)
+    end = len(data)
+    seen: list[int] = []
+    try:
+        pos = offset
+        for field_skip in plain:
+            pos = field_skip(data, pos, end)
+        if flexible:
+            pos = _skip_tagged(data, pos, end, tagged, seen)
+    except (_TooLong, _NullInNonNullable) as exc:
+        raise MalformedMessage(
+            f"{api_name(api_key)} response v{api_version} does not parse "
+            f"(body at byte {offset}): {exc}") from None
+    if pos != end:
+        raise MalformedMessage(
+            f"{api_name(api_key)} response v{api_version}: {end - pos} unread bytes after "
+            f"the body (byte {pos})")
+    return seen
 
 
 def _parse(kind: str, entity_type: Any, api_key: int, api_version: int,

@@ -17,7 +17,14 @@ from typing import Any
 
 from kiproxy.protocol.errors import UnsupportedVersion
 from kiproxy.protocol.framing import parse_response_header, response_header_version
-from kiproxy.protocol.messages import ApiKey, api_name, parse_response, response_type, serialize
+from kiproxy.protocol.messages import (
+    ApiKey,
+    api_name,
+    parse_response,
+    response_tags,
+    response_type,
+    serialize,
+)
 
 __all__ = [
     "REWRITTEN_APIS",
@@ -94,6 +101,19 @@ def needs_rewrite(api_key: int, api_version: int) -> bool:
     return entry is not None and api_version >= entry[0]
 
 
+@lru_cache(maxsize=256)
+def _endpoints_tag(api_key: int, api_version: int) -> int | None:
+    """The tag of ``node_endpoints`` when it is a top-level tagged field of the response
+    and the only field naming addresses (Produce v10+, Fetch v16+), else ``None``."""
+    entry = _REWRITERS.get(api_key)
+    if entry is None or entry[1] is not _node_endpoints:
+        return None
+    for f in dataclasses.fields(response_type(api_key, api_version)):
+        if f.name == "node_endpoints":
+            return int(f.metadata["tag"]) if "tag" in f.metadata else None
+    return None
+
+
 @lru_cache(maxsize=1024)
 def rewritable(api_key: int, api_version: int) -> bool:
     """Whether the proxy can read, and so rewrite, the answer to this request version.
@@ -143,6 +163,11 @@ def rewrite_response_frame(
             "the broker addresses in it cannot be rewritten"
         )
     _, body_offset = parse_response_header(frame, header_version)
+    tag = _endpoints_tag(api_key, api_version) if observe is None else None
+    if tag is not None and tag not in response_tags(api_key, api_version, frame, body_offset):
+        # No node_endpoints (a broker sends them only with NOT_LEADER errors): the body is
+        # checked, not built. Produce and Fetch answers are most of a client's traffic.
+        return frame
     message = parse_response(api_key, api_version, frame, body_offset)
     if observe is not None:
         observe(message)

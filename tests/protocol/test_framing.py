@@ -332,3 +332,12 @@ def test_api_versions_response_always_uses_header_v0(api_version: int) -> None:
 )
 def test_response_header_version(api_key: int, api_version: int, header_version: int) -> None:
     assert response_header_version(api_key, api_version) == header_version
+
+
+def test_receive_buffers_have_the_size_asked_and_refuse_a_negative_one() -> None:
+    from kiproxy.protocol._codec import receive_buffer
+
+    assert [len(receive_buffer(n)) for n in (0, 1, 65536)] == [0, 1, 65536]
+    assert isinstance(receive_buffer(8), bytearray)
+    with pytest.raises(ValueError, match="negative size"):
+        receive_buffer(-1)

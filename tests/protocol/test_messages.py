@@ -30,6 +30,7 @@ from kiproxy.protocol.messages import (
     parse_request,
     parse_response,
     request_type,
+    response_tags,
     response_type,
     serialize,
 )
@@ -165,6 +166,60 @@ def test_node_endpoints_round_trip(api_key: int, api_version: int, data: st.Data
     assert [(e.host, e.port) for e in reparsed.node_endpoints] == [("proxy", 30111),
                                                                      ("proxy", 30002)]
     assert b"broker-111.internal" not in serialize(rewritten)
+
+
+_TAGGED_ENDPOINTS = ([(ApiKey.PRODUCE, v) for v in versions("produce") if v >= 10]
+                     + [(ApiKey.FETCH, v) for v in versions("fetch") if v >= 16])
+
+
+@pytest.mark.parametrize(("api_key", "api_version"), _TAGGED_ENDPOINTS)
+@settings(max_examples=12, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_response_tags_name_the_tagged_fields_a_full_parse_finds(
+        api_key: int, api_version: int, data: st.DataObject) -> None:
+    message = data.draw(st.from_type(response_type(api_key, api_version)))
+    if data.draw(st.booleans()):
+        message = dataclasses.replace(message, node_endpoints=())
+    body = serialize(message)
+    tags = response_tags(api_key, api_version, body)
+    assert (0 in tags) == bool(parse_response(api_key, api_version, body).node_endpoints)
+    # What a full parse refuses, the scan refuses too.
+    with pytest.raises(MalformedMessage):
+        response_tags(api_key, api_version, body + b"\x00")
+    with pytest.raises(MalformedMessage):
+        response_tags(api_key, api_version, body[:-1])
+
+
+@pytest.mark.parametrize(("api_key", "api_version"), _TAGGED_ENDPOINTS)
+@settings(max_examples=3, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(data=st.data())
+def test_an_answer_without_node_endpoints_is_forwarded_as_it_came(
+        api_key: int, api_version: int, data: st.DataObject) -> None:
+    from kiproxy.proxy.addresses import rewrite_response_frame
+
+    message_type = response_type(api_key, api_version)
+    message = data.draw(st.from_type(message_type))
+    header = struct.pack(">i", 7) + b"\x00"  # correlation id, no tagged fields (header v1)
+    plain = header + serialize(dataclasses.replace(message, node_endpoints=()))
+    seen: list[int] = []
+
+    def advertise(node_id: int, host: str, port: int) -> tuple[str, int]:
+        seen.append(node_id)
+        return "proxy", 30000 + node_id
+
+    assert rewrite_response_frame(api_key, api_version, plain, advertise) is plain
+    endpoint = _nested(message_type, "NodeEndpoint")
+    named = header + serialize(dataclasses.replace(message, node_endpoints=tuple(
+        endpoint(node_id=n, host=h, port=p, rack=r) for n, h, p, r in ENDPOINTS)))
+    out = rewrite_response_frame(api_key, api_version, named, advertise)
+    assert seen == [111, 2]
+    assert b"broker-111.internal" not in out
+    assert [(e.host, e.port) for e in parse_response(api_key, api_version, out, 5)
+            .node_endpoints] == [("proxy", 30111), ("proxy", 30002)]
+    with pytest.raises(MalformedMessage):
+        rewrite_response_frame(api_key, api_version, plain[:-2], advertise)
 
 
 @pytest.mark.parametrize("api_version", versions("metadata"))

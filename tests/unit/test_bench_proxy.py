@@ -32,6 +32,7 @@ from bench.proxy import (  # noqa: E402
     json_values,
     median,
     millicores_per_mbps,
+    paced_load,
     parse_proc_stat,
     percentile,
     ratio,
@@ -237,7 +238,8 @@ def test_render_table_has_one_row_per_summary() -> None:
                 vs_direct=1.0, p50_ms=5.1, p99_ms=9.0, p99_added_ms=0.0),
         Summary(scenario="passthrough", case=KIB, runs=3, ok_runs=3, rps=230_000,
                 mbps=235.5, vs_direct=0.92, p50_ms=5.6, p99_ms=9.8, p99_added_ms=0.8,
-                cpu_s_per_gb=1.1, cpu_s_per_mrec=1.2, paced_cpu_s_per_gb=1.6),
+                cpu_s_per_gb=1.1, cpu_s_per_mrec=1.2, paced_cpu_s_per_gb=1.6,
+                cpu_vs_haproxy=1.8),
         Summary(scenario="validator", case=KIB, runs=3, ok_runs=3, rps=40_000, mbps=41.0,
                 vs_direct=0.16, saturated_runs=3, cpu_s_per_gb=23.0),
         Summary(scenario="haproxy", case=KIB, runs=0, ok_runs=0,
@@ -248,7 +250,7 @@ def test_render_table_has_one_row_per_summary() -> None:
     assert len(lines) == 2 + len(rows)
     assert all(line.count("|") == lines[0].count("|") for line in lines)
     assert "| 1 KiB | none | passthrough | 230,000 | 235.5 | 0.92 | 5.60 | 9.80 | +0.80 | " \
-           "1.1 | 1.2 | 1.6 | 3/3 |" in lines
+           "1.1 | 1.8 | 1.2 | 1.6 | 3/3 |" in lines
     assert "over capacity" in lines[4]
     assert "haproxy not installed" in lines[5] and "n/a" in lines[5]
 
@@ -261,26 +263,55 @@ def test_case_labels() -> None:
 def test_targets_pass_and_miss_with_margins() -> None:
     rows = [
         Summary(scenario="passthrough", case=KIB, runs=3, ok_runs=3, vs_direct=0.97,
-                cpu_s_per_gb=12.0, p99_added_ms=0.4),
+                cpu_s_per_gb=12.0, p99_added_ms=0.4, cpu_vs_haproxy=1.5),
         Summary(scenario="uppercase", case=KIB, runs=3, ok_runs=3, vs_direct=0.6,
-                cpu_s_per_gb=3.0),
-        # another case must not be used
-        Summary(scenario="identity", case=Case(100, "none"), runs=3, ok_runs=3, vs_direct=1.0),
+                cpu_s_per_gb=3.0, p99_added_ms=2.0),
+        Summary(scenario="identity", case=Case(100, "none"), runs=3, ok_runs=3, vs_direct=1.0,
+                p99_added_ms=2.5),
     ]
-    checks = {(c.target.scenario, c.target.metric): c for c in evaluate_targets(rows)}
-    assert checks[("passthrough", "vs_direct")].passed is True
-    assert checks[("passthrough", "cpu")].passed is False
-    assert checks[("passthrough", "p99_added_ms")].passed is True
-    assert checks[("uppercase", "vs_direct")].passed is False
-    assert checks[("uppercase", "cpu")].passed is True
-    assert checks[("identity", "vs_direct")].passed is None
+    checks = {(c.target.scenario, c.target.metric, c.target.case): c
+              for c in evaluate_targets(rows)}
+    b100 = Case(100, "none")
+    assert checks[("passthrough", "vs_direct", KIB)].passed is True
+    assert checks[("passthrough", "cpu", KIB)].passed is False
+    assert checks[("passthrough", "p99_added_ms", KIB)].passed is True
+    assert checks[("passthrough", "cpu_vs_haproxy", KIB)].passed is False
+    assert checks[("uppercase", "vs_direct", KIB)].passed is False
+    assert checks[("uppercase", "cpu", KIB)].passed is True
+    assert checks[("uppercase", "p99_added_ms", KIB)].passed is True  # at the bound of 2
+    assert checks[("identity", "p99_added_ms", b100)].passed is False
+    assert checks[("identity", "vs_direct", KIB)].passed is None  # only 100 B was summarized
+    # Targets of a size and codec that did not run are left out, not "n/a".
+    assert not any(case.codec != "none" for _, _, case in checks)
     text = render_targets(list(checks.values()))
-    assert "PASS  passthrough: throughput / direct >= 0.95: measured 0.97, ahead by 0.02" in text
-    assert "MISS  passthrough: proxy millicores per MB/s <= 10: measured 12.00, short by 2.00" \
-        in text
-    assert "MISS  uppercase: throughput / direct >= 0.8: measured 0.60, short by 0.20, " \
-           "25% of the bound" in text
-    assert "n/a   identity: throughput / direct >= 0.9: not measured" in text
+    assert "PASS  passthrough 1 KiB none: throughput / direct >= 0.95: measured 0.97, " \
+           "ahead by 0.02" in text
+    assert "MISS  passthrough 1 KiB none: proxy millicores per MB/s <= 10: measured 12.00, " \
+           "short by 2.00" in text
+    assert "MISS  passthrough 1 KiB none: proxy CPU per GB / haproxy's <= 1.2: measured " \
+           "1.50" in text
+    assert "MISS  identity 100 B none: p99 latency added (ms) <= 2: measured 2.50" in text
+    assert "n/a   identity 1 KiB none: throughput / direct >= 0.9: not measured" in text
+
+
+def test_summarize_pairs_cpu_with_haproxy_per_round() -> None:
+    results = [_run("haproxy", 0, 100_000, proxy_cpu=1.0), _run("uppercase", 0, 100_000,
+                                                                 proxy_cpu=3.0),
+               _run("haproxy", 1, 100_000, proxy_cpu=2.0), _run("uppercase", 1, 100_000,
+                                                                 proxy_cpu=4.0)]
+    rows = {s.scenario: s for s in summarize(results)}
+    assert rows["uppercase"].cpu_vs_haproxy == pytest.approx(2.5)  # 3x and 2x
+    assert rows["haproxy"].cpu_vs_haproxy is None
+
+
+def test_paced_load_is_a_fraction_of_the_slowest_chosen_scenario() -> None:
+    b100 = Case(100, "none")
+    capacity = [_run("direct", 0, 100_000), _run("uppercase", 0, 60_000),
+                _run("validator", 0, 20_000), _run("direct", 0, 300_000, case=b100),
+                _run("uppercase", 0, 0, case=b100, error="failed")]
+    assert paced_load(capacity, 0.5, ["direct", "uppercase"]) == {KIB: 30_000,
+                                                                  b100: 150_000}
+    assert paced_load(capacity, 0.5, ["direct", "uppercase", "validator"])[KIB] == 10_000
 
 
 def test_target_check_at_the_bound_passes() -> None:
