@@ -4,13 +4,15 @@
 children), :func:`machine_busy_cpu` the whole machine's busy CPU seconds;
 the benchmark reads them at phase boundaries and takes differences.
 :func:`process_memory` is a process's minor page faults so far, and its resident
-and peak resident memory.
+and peak resident memory. :class:`CpuSampler` reads a set of processes and the
+machine at once, so that a bench can take the difference over one phase.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -95,3 +97,39 @@ def machine_busy_cpu() -> float | None:
 
 def cpu_delta(before: float | None, after: float | None) -> float | None:
     return None if before is None or after is None else after - before
+
+
+class CpuSampler:
+    """CPU of the processes under test, of this process and of the whole machine.
+
+    :meth:`sample` reads them all at once (``pids`` by name, ``self`` and ``machine``);
+    :meth:`delta` is the difference of two samples plus ``other``: the machine's busy
+    CPU that none of them used (a gauge of noise from other work).
+    """
+
+    def __init__(self, pids: Mapping[str, int]) -> None:
+        self.pids = dict(pids)
+
+    def sample(self) -> dict[str, float | None]:
+        """CPU seconds so far: each pid's tree (and its user part), ``self`` and ``machine``."""
+        out: dict[str, float | None] = {}
+        for name, pid in self.pids.items():
+            split = process_cpu_split(pid)
+            out[name] = None if split is None else split[0] + split[1]
+            out[f"{name}_user"] = None if split is None else split[0]
+        out["self"] = process_cpu(os.getpid(), tree=False)
+        out["machine"] = machine_busy_cpu()
+        return out
+
+    @staticmethod
+    def delta(before: Mapping[str, float | None],
+              after: Mapping[str, float | None]) -> dict[str, float | None]:
+        """CPU seconds used between two samples, by name, and ``other``."""
+        out = {k: cpu_delta(before.get(k), after.get(k)) for k in after}
+        mine = [out.get(k) for k in before if k != "machine" and not k.endswith("_user")]
+        machine = out.get("machine")
+        if machine is not None and all(v is not None for v in mine):
+            out["other"] = machine - sum(v for v in mine if v is not None)
+        else:
+            out["other"] = None
+        return out

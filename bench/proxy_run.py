@@ -26,13 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_cpu import (
-    cpu_delta,
-    machine_busy_cpu,
-    process_cpu,
-    process_cpu_split,
-    process_memory,
-)
+from bench.proxy_cpu import CpuSampler, process_memory
 from bench.proxy_scenarios import ROOT, TANSU_NODE_ID, Case, Scenario
 from bench.proxy_stats import RunResult, haproxy_config, json_values, percentile
 
@@ -53,7 +47,8 @@ def _producer_config(spec: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+    """Create ``topic`` (``partitions`` partitions, one replica) through ``bootstrap``."""
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": bootstrap})
@@ -81,35 +76,6 @@ def _read_first_value(bootstrap: str, topic: str, timeout: float = 10) -> bytes 
         consumer.close()
 
 
-class _Sampler:
-    """CPU of the processes under test, of this process and of the whole machine."""
-
-    def __init__(self, pids: Mapping[str, int]) -> None:
-        self.pids = dict(pids)
-
-    def sample(self) -> dict[str, float | None]:
-        out: dict[str, float | None] = {}
-        for name, pid in self.pids.items():
-            split = process_cpu_split(pid)
-            out[name] = None if split is None else split[0] + split[1]
-            out[f"{name}_user"] = None if split is None else split[0]
-        out["self"] = process_cpu(os.getpid(), tree=False)
-        out["machine"] = machine_busy_cpu()
-        return out
-
-    @staticmethod
-    def delta(before: Mapping[str, float | None],
-              after: Mapping[str, float | None]) -> dict[str, float | None]:
-        out = {k: cpu_delta(before.get(k), after.get(k)) for k in after}
-        mine = [out.get(k) for k in before if k != "machine" and not k.endswith("_user")]
-        machine = out.get("machine")
-        if machine is not None and all(v is not None for v in mine):
-            out["other"] = machine - sum(v for v in mine if v is not None)
-        else:
-            out["other"] = None
-        return out
-
-
 def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The producer side of one run (runs in its own process: ``--worker SPEC``).
 
@@ -121,8 +87,8 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
     bootstrap, topic, partitions = spec["bootstrap"], spec["topic"], spec["partitions"]
     values = json_values(spec["value_size"], 1000)
     n_values = len(values)
-    _create_topic(bootstrap, topic, partitions)
-    sampler = _Sampler(spec["pids"])
+    create_topic(bootstrap, topic, partitions)
+    sampler = CpuSampler(spec["pids"])
     errors: list[str] = []
 
     def on_error(err: Any, msg: Any) -> None:
@@ -161,7 +127,7 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
     count = i
     left = producer.flush(120)
     seconds = time.perf_counter() - t0
-    cpu = _Sampler.delta(before, sampler.sample())
+    cpu = CpuSampler.delta(before, sampler.sample())
     if left:
         errors.append(f"{left} records not delivered after flush")
     result: dict[str, Any] = {"records": count, "seconds": seconds, "cpu": cpu}
@@ -220,7 +186,7 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
     produced_in = time.perf_counter() - start
     left = paced.flush(120)
     paced_seconds = time.perf_counter() - start
-    paced_cpu = _Sampler.delta(before, sampler.sample())
+    paced_cpu = CpuSampler.delta(before, sampler.sample())
     if left:
         errors.append(f"{left} paced records not delivered after flush")
     result.update(paced_records=total, paced_seconds=paced_seconds,
@@ -317,8 +283,13 @@ def _no_attach(setup: Setup) -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
-def _started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> Iterator[Setup]:
-    """Start a fresh broker and the scenario's proxy; stop both afterwards."""
+def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> Iterator[Setup]:
+    """Start a fresh broker and the scenario's proxy; stop both afterwards.
+
+    The broker listens on a free loopback port with memory storage; a kiproxy scenario
+    runs ``kiproxy run`` with the scenario's interceptor and ``proxy_flags``. The
+    :class:`Setup` says where a client connects and the processes' pids.
+    """
     from kiproxy.proxy.embedded import broker_binary
 
     broker_port = _free_port()
@@ -420,7 +391,7 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
                        load=os.getloadavg()[0])
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         try:
-            with _started(scenario, Path(tmp), options.proxy_flags) as setup, \
+            with started(scenario, Path(tmp), options.proxy_flags) as setup, \
                     (attach or _no_attach)(setup):
                 spec = {
                     "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
