@@ -24,14 +24,20 @@ Contract:
 
 The decompressors (cramjam, zlib, python-lz4, python-zstandard) release the GIL; the
 record decoder holds it, in slices of the interpreter's switch interval, so the
-event loop keeps turning while a large batch is decoded.
+event loop keeps turning while a large batch is decoded. The worker threads run at a
+lower scheduling priority than the event loop's thread (Linux: a thread's own nice
+value, :data:`WORKER_NICE` above the process's), so when the cores are busy the
+kernel runs the loop, which serves every connection, before one connection's large
+batch.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -65,9 +71,20 @@ DEFAULT_INLINE_RECORDS = 4096
 objects and time of one inline decode)."""
 DEFAULT_MAX_DECODE_MEMORY = 256 * 1024 * 1024
 """Process-wide bytes of batches being decoded or held decoded (``max_decode_memory``)."""
+WORKER_NICE = 5
+"""How much lower the worker threads' priority is than the event loop's (nice steps)."""
 _RECORD_OVERHEAD = 160
 """Bytes a decoded Record object costs beyond its key and value (measured, CPython 3.11)."""
 _HEADER = 61
+
+
+def _lower_priority() -> None:
+    """Make the calling thread yield to the event loop's thread (Linux; elsewhere, and
+    where the process may not change it, the thread keeps the process's priority)."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid,
+                       min(19, os.getpriority(os.PRIO_PROCESS, tid) + WORKER_NICE))
 
 
 class MemoryBudget:
@@ -156,7 +173,8 @@ class BatchOffload:
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker thread."""
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode")
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode",
+                                            initializer=_lower_priority)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 

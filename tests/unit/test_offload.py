@@ -9,6 +9,8 @@ records or bytes than that, goes to a thread within the memory budget.
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
 
 import pytest
 
@@ -19,7 +21,7 @@ from kiproxy.protocol.records import (
     build_batch,
     decode_batches,
 )
-from kiproxy.proxy.offload import BatchOffload
+from kiproxy.proxy.offload import WORKER_NICE, BatchOffload
 
 
 def _records(count: int, size: int) -> list[Record]:
@@ -62,3 +64,21 @@ def test_uncompressed_above_inline_plain_bytes_goes_to_a_thread() -> None:
     data = build_batch(_records(100, 1024))
     started, _ = _decoded_where(data, inline_plain_bytes=64 * 1024)
     assert started
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority here")
+def test_decode_threads_run_below_the_event_loop_thread() -> None:
+    offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
+
+    def own_nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    async def both() -> tuple[int, int]:
+        return own_nice(), await offload.run(own_nice)
+
+    try:
+        loop_nice, worker_nice = asyncio.run(both())
+    finally:
+        offload.close()
+    assert worker_nice == min(19, loop_nice + WORKER_NICE)
+    assert WORKER_NICE > 0
