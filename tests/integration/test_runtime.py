@@ -23,7 +23,6 @@ Notes on what the environment allows:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -42,6 +41,7 @@ import psutil
 import pytest
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess, consume, launch_proxy
 from support.confluent import confluent_producer, poll_messages
+from support.dev_mode import running_dev
 from support.raw_client import RawClient
 
 from kiproxy.protocol.framing import (
@@ -889,29 +889,12 @@ def test_dev_mode_serves_and_stops_on_ctrl_c(target: str) -> None:
     broker included). ``kiproxy``: SIGINT to kiproxy alone, which must stop its broker."""
     listen = free_port()
     start = free_port() - TANSU_NODE_ID
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiproxy", "dev", "--listen", f"127.0.0.1:{listen}",
-         "--broker-port-start", str(start)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if "bootstrap address" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        assert ready.wait(40) and proc.poll() is None, "\n".join(lines)
-        bootstrap_lines = [ln for ln in lines if "bootstrap address" in ln]
+    with running_dev("--listen", f"127.0.0.1:{listen}",
+                     "--broker-port-start", str(start)) as dev:
+        dev.wait_bootstrap(40)
+        bootstrap_lines = [ln for ln in dev.lines if "bootstrap address" in ln]
         assert bootstrap_lines[0].endswith(f"127.0.0.1:{listen}")
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children = psutil.Process(dev.process.pid).children(recursive=True)
         assert children, "kiproxy dev started no broker process"
 
         topic = f"d-{uuid.uuid4().hex[:8]}"
@@ -922,17 +905,12 @@ def test_dev_mode_serves_and_stops_on_ctrl_c(target: str) -> None:
         assert [(m.key(), m.value()) for m in got] == [(b"k", b"dev")]
 
         if target == "group":
-            os.killpg(proc.pid, signal.SIGINT)
+            dev.interrupt()
         else:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(20)
-        assert code == 0, "\n".join(lines)
+            dev.process.send_signal(signal.SIGINT)
+        code = dev.process.wait(20)
+        assert code == 0, dev.output
         _gone, alive = psutil.wait_procs(children, timeout=10)
         alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"embedded broker still running: {alive}"
-        assert "Traceback" not in "\n".join(lines)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        assert "Traceback" not in dev.output
