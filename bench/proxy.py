@@ -53,62 +53,13 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_cpu import parse_proc_stat
-from bench.proxy_render import code_version, load_note, render_table, render_targets, section
+from bench.proxy_render import code_version, load_note, section
 from bench.proxy_run import Options, Setup, haproxy_binary, kiproxy_has_flag, run_once, run_producer
 from bench.proxy_scenarios import CODECS, ROOT, SCENARIOS, SECTION, SIZES, Case, Scenario
-from bench.proxy_stats import (
-    TARGETS,
-    RunResult,
-    Summary,
-    Target,
-    TargetCheck,
-    contention_note,
-    cpu_bound_ratio,
-    cpu_per_gb,
-    cpu_per_million,
-    evaluate_targets,
-    haproxy_config,
-    json_values,
-    median,
-    millicores_per_mbps,
-    num,
-    percentile,
-    ratio,
-    summarize,
-)
-from bench.results import RESULTS, replace_section, write_results
+from bench.proxy_stats import RunResult, evaluate_targets, num, summarize
+from bench.results import RESULTS, write_results
 
-__all__ = [
-    "SCENARIOS",
-    "TARGETS",
-    "Case",
-    "RunResult",
-    "Scenario",
-    "Summary",
-    "Target",
-    "TargetCheck",
-    "contention_note",
-    "cpu_bound_ratio",
-    "cpu_per_gb",
-    "cpu_per_million",
-    "evaluate_targets",
-    "haproxy_config",
-    "json_values",
-    "main",
-    "median",
-    "millicores_per_mbps",
-    "paced_load",
-    "parse_proc_stat",
-    "percentile",
-    "ratio",
-    "render_table",
-    "render_targets",
-    "replace_section",
-    "rotated",
-    "summarize",
-    "summarize_collapsed",
-]
+__all__ = ["main", "paced_load", "profile", "rotated", "run_matrix", "summarize_collapsed"]
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:

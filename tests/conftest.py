@@ -148,6 +148,18 @@ class ProxyProcess:
         """Whether the process is still running."""
         return self.process.poll() is None
 
+    def wait_for_line(self, *needles: str, timeout: float = 30) -> str:
+        """The first line holding every one of ``needles``, waiting for it to be read
+        (the proxy's output reaches ``lines`` through a thread, a little after it is
+        written); AssertionError with the log after ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            for line in list(self.lines):
+                if all(n in line for n in needles):
+                    return line
+            assert time.monotonic() < deadline, f"no log line with {needles}:\n{self.log}"
+            time.sleep(0.05)
+
     def stop(self, sig: int = 15, timeout: float = 15) -> int:
         """Send ``sig`` and wait for the exit code."""
         if self.process.poll() is None:

@@ -25,7 +25,6 @@ tests/conftest.py starts it), in front of the broker's port.
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
+from support.confluent import poll_messages
 
 from kiproxy.proxy.embedded import free_port
 
@@ -188,16 +188,6 @@ def _produce(bootstrap: str, topic: str, records: list[tuple[bytes | None, bytes
     return [results[i] for i in range(len(records))]
 
 
-def _read_group(consumer: Any, count: int, timeout: float = 60) -> list[Any]:
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and not msg.error():
-            out.append(msg)
-    return out
-
-
 # ---------------------------------------------------------------------------- transform
 
 
@@ -326,7 +316,7 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess, group_protocol:
     first = Consumer(conf)
     try:
         first.subscribe([topic])
-        got = _read_group(first, 4)
+        got = poll_messages(first, 4)
         assert [m.value() for m in got] == [f"m{i}".encode() for i in range(4)]
         first.commit(message=got[-1], asynchronous=False)
         assert first.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 4
@@ -336,7 +326,7 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess, group_protocol:
     second = Consumer(conf)
     try:
         second.subscribe([topic])
-        rest = _read_group(second, 6)
+        rest = poll_messages(second, 6)
         assert [m.value() for m in rest] == [f"m{i}".encode() for i in range(4, 10)]
         second.commit(asynchronous=False)
         assert second.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 10

@@ -107,18 +107,28 @@ def produce_answer(frame: bytes) -> tuple[int, str | None]:
     return int(part.error_code), part.error_message
 
 
-def rss_of(pid: int) -> int:
-    """Resident memory of a process, in bytes (VmRSS)."""
-    return int(psutil.Process(pid).memory_info().rss)
+def rss_of(pid: int, *, children: bool = False) -> int:
+    """Resident memory of a process (VmRSS), in bytes; with ``children``, plus that of
+    every process below it that is still there when asked (isolation workers)."""
+    process = psutil.Process(pid)
+    total = process.memory_info().rss
+    if children:
+        for child in process.children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += child.memory_info().rss
+    return int(total)
 
 
 @dataclass
 class RssSampler:
-    """Samples a process's RSS on a thread; keeps the peak."""
+    """Samples a process's RSS (``rss_of``, with ``children`` as given) on a thread
+    until the process is gone or the block ends; keeps the peak and counts samples."""
 
     pid: int
     interval: float = 0.05
+    children: bool = False
     peak: int = 0
+    samples: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -130,7 +140,8 @@ class RssSampler:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                self.peak = max(self.peak, rss_of(self.pid))
+                self.peak = max(self.peak, rss_of(self.pid, children=self.children))
+                self.samples += 1
             except psutil.NoSuchProcess:
                 return
             self._stop.wait(self.interval)

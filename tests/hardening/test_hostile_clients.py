@@ -26,7 +26,6 @@ reads its answers stops being read once its buffered answers reach the limit.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import socket
 import struct
@@ -36,13 +35,12 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
 import pytest
-from conftest import ROOT, ProxyProcess, consume, launch_proxy
+from conftest import ROOT, consume, launch_proxy
 
+from hardening.bombs import RssSampler, rss_of
 from hardening.fault_relay import wait_until
 from hardening.raw_kafka import (
     api_versions_frame,
@@ -63,47 +61,6 @@ TOPICS = 40
 GOOD_RECORDS = 2000
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def rss(proxy: ProxyProcess) -> int:
-    """Resident memory of the proxy process and its children, in bytes."""
-    process = psutil.Process(proxy.process.pid)
-    total = process.memory_info().rss
-    for child in process.children(recursive=True):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += child.memory_info().rss
-    return int(total)
-
-
-@dataclass
-class RssSampler:
-    """Samples a proxy's RSS on a thread; keeps the peak."""
-
-    proxy: ProxyProcess
-    interval: float = 0.1
-    peak: int = 0
-    samples: int = 0
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-
-    def __enter__(self) -> RssSampler:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-        return self
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.peak = max(self.peak, rss(self.proxy))
-                self.samples += 1
-            except psutil.NoSuchProcess:
-                return
-            self._stop.wait(self.interval)
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
 
 
 @functools.cache
@@ -301,8 +258,8 @@ def test_hostile_clients_do_not_hurt_the_proxy_or_a_well_behaved_client(
     non_readers: list[NonReader] = []
     try:
         produce_and_read_back(proxy.bootstrap, 500)  # warm up: codecs, schemas, listeners
-        baseline = rss(proxy)
-        with RssSampler(proxy) as sampler:
+        baseline = rss_of(proxy.process.pid, children=True)
+        with RssSampler(proxy.process.pid, interval=0.1, children=True) as sampler:
             for _ in range(FLOOD):
                 flood.append(connect(proxy.bootstrap))
             slowloris = Slowloris(proxy.bootstrap, SLOWLORIS).start()
@@ -427,12 +384,12 @@ def test_idle_connections_are_closed_after_the_idle_timeout(
 def test_a_client_that_never_reads_stops_being_read(hostile_broker: EmbeddedBroker) -> None:
     _needs_flag("--max-buffered-bytes")
     proxy = launch_proxy(hostile_broker.bootstrap, "--max-buffered-bytes", str(MiB))
-    baseline = rss(proxy)
+    baseline = rss_of(proxy.process.pid, children=True)
     reader = NonReader(proxy.bootstrap).start()
     try:
         assert wait_until(lambda: reader.stalled, 30), (
             "the proxy kept reading requests of a client that reads no answers")
-        growth = rss(proxy) - baseline
+        growth = rss_of(proxy.process.pid, children=True) - baseline
         assert reader.sent < len(reader.payload)
         assert growth < 64 * MiB, f"RSS grew {growth / MiB:.1f} MiB for one non-reader"
         produce_and_read_back(proxy.bootstrap, 200)

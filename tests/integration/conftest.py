@@ -8,8 +8,16 @@ from pathlib import Path
 from typing import Literal
 
 import pytest
+from support.confluent import close_producers
 
 from integration.haproxy import HaproxyFront, StartHaproxy, haproxy_binary, running_haproxy
+
+
+@pytest.fixture(autouse=True)
+def _close_producers() -> Iterator[None]:
+    """Producers made with ``support.confluent.confluent_producer`` end with their test."""
+    yield
+    close_producers()
 
 
 @pytest.fixture

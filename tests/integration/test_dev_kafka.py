@@ -8,31 +8,20 @@ The bad-input tests need no Kafka jars (they stop before any JVM starts).
 from __future__ import annotations
 
 import contextlib
-import os
 import re
-import signal
 import socket
-import subprocess
-import sys
-import threading
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import ROOT, consume
+from conftest import consume
 from support.apache_kafka import kafka_home_or_skip
+from support.dev_mode import popen_dev, running_dev
 
 from kiproxy.proxy.embedded import free_port
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _dev(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "kiproxy", "dev", *args], cwd=ROOT, text=True,
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
 
 
 def _jvms_of(workdir: str) -> list[psutil.Process]:
@@ -56,25 +45,12 @@ def _workdir(lines: list[str]) -> str:
 def test_dev_with_apache_kafka_serves_transforms_and_stops_every_jvm_on_ctrl_c() -> None:
     home = kafka_home_or_skip()
     listen = free_port()
-    proc = _dev("--broker", "kafka", "--kafka-home", str(home), "--listen",
-                f"127.0.0.1:{listen}", "--interceptor", "uppercase")
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if "bootstrap address" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        assert ready.wait(150) and proc.poll() is None, "\n".join(lines)
-        assert [ln for ln in lines if "bootstrap address" in ln] == [
+    with running_dev("--broker", "kafka", "--kafka-home", str(home), "--listen",
+                     f"127.0.0.1:{listen}", "--interceptor", "uppercase") as dev:
+        dev.wait_bootstrap(150)
+        assert [ln for ln in dev.lines if "bootstrap address" in ln] == [
             f"kiproxy: bootstrap address 127.0.0.1:{listen}"]
-        workdir = _workdir(lines)
+        workdir = _workdir(dev.lines)
         jvms = _jvms_of(workdir)
         assert len(jvms) == 2, "expected one broker and one controller"
 
@@ -87,17 +63,12 @@ def test_dev_with_apache_kafka_serves_transforms_and_stops_every_jvm_on_ctrl_c()
         got = consume(f"127.0.0.1:{listen}", topic, 1)
         assert [(m.key(), m.value()) for m in got] == [(b"k", b"THROUGH KAFKA")]
 
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C in a terminal
-        assert proc.wait(60) == 0, "\n".join(lines)
+        dev.interrupt()  # Ctrl-C in a terminal
+        assert dev.process.wait(60) == 0, dev.output
         _gone, alive = psutil.wait_procs(jvms, timeout=20)
         assert not alive, f"JVMs still running: {alive}"
         assert not Path(workdir).exists()
-        assert "Traceback" not in "\n".join(lines)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        assert "Traceback" not in dev.output
 
 
 def test_a_taken_listen_port_is_one_line_and_leaves_no_jvm() -> None:
@@ -106,8 +77,8 @@ def test_a_taken_listen_port_is_one_line_and_leaves_no_jvm() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = _dev("--broker", "kafka", "--kafka-home", str(home),
-                    "--listen", f"127.0.0.1:{port}")
+        proc = popen_dev("--broker", "kafka", "--kafka-home", str(home),
+                         "--listen", f"127.0.0.1:{port}")
         out, _ = proc.communicate(timeout=150)
     lines = out.splitlines()
     assert proc.returncode == 1, out
@@ -117,7 +88,7 @@ def test_a_taken_listen_port_is_one_line_and_leaves_no_jvm() -> None:
 
 
 def _one_error_line(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    proc = _dev(*args, env=env)
+    proc = popen_dev(*args, env=env)
     out, _ = proc.communicate(timeout=60)
     assert len(out.splitlines()) == 1, out
     return proc.returncode, out.strip()

@@ -13,11 +13,9 @@ import asyncio
 import contextlib
 import logging
 import os
-import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TANSU_NODE_ID, launch_proxy
+from support.dev_mode import running_dev
 
 from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 from kiproxy.proxy.upstream_failures import UpstreamFailureLog
@@ -38,34 +37,13 @@ _ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 def dev_proxy() -> Iterator[str]:
     """``kiproxy dev`` as a user starts it; yields its bootstrap address."""
     listen = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiproxy", "dev", "--listen", f"127.0.0.1:{listen}",
-         "--broker-port-start", str(free_port() - TANSU_NODE_ID)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_ENV,
-        start_new_session=True)
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if "bootstrap address" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        assert ready.wait(60) and proc.poll() is None, "\n".join(lines)
-        yield f"127.0.0.1:{listen}"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
+    with running_dev("--listen", f"127.0.0.1:{listen}",
+                     "--broker-port-start", str(free_port() - TANSU_NODE_ID)) as dev:
         try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+            dev.wait_bootstrap(60)
+            yield f"127.0.0.1:{listen}"
+        finally:
+            dev.stop()
 
 
 def test_a_group_consumer_gets_its_first_record_through_kiproxy_dev(dev_proxy: str) -> None:

@@ -35,11 +35,9 @@ What each client can show (checked below, and why some checks go over a raw sock
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import random
 import re
-import socket
 import struct
 import time
 import typing
@@ -52,15 +50,9 @@ from typing import Any
 import pytest
 from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
 from crc32c import crc32c
+from support.confluent import confluent_producer, poll_messages
+from support.raw_client import RawClient
 
-from kiproxy.protocol.framing import (
-    encode_frame,
-    encode_request_header,
-    parse_response_header,
-    request_header_version,
-    response_header_version,
-)
-from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 from kiproxy.protocol.records import Compression, Record, build_batch
 
 pytestmark = pytest.mark.timeout(120)
@@ -137,28 +129,10 @@ def _name(prefix: str) -> str:
 
 # ---------------------------------------------------------------------------- clients
 
-_OPEN: list[Any] = []
-
-
 def _cf_producer(bootstrap: str, **conf: Any) -> Any:
     """A confluent-kafka Producer, closed when the test ends."""
-    from confluent_kafka import Producer
-
-    producer = Producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 20000, **conf})
-    _OPEN.append(producer)
-    return producer
-
-
-@pytest.fixture(autouse=True)
-def _close_clients() -> Iterator[None]:
-    yield
-    while _OPEN:
-        producer = _OPEN.pop()
-        producer.purge()
-        producer.flush(5)
-        close = getattr(producer, "close", None)
-        if close is not None:
-            close()
+    return confluent_producer({"bootstrap.servers": bootstrap, "message.timeout.ms": 20000,
+                               **conf})
 
 
 def _create_topics(bootstrap: str, *names: str) -> None:
@@ -624,16 +598,6 @@ def test_read_committed_sees_committed_records_and_never_aborted_ones(
 # ============================================================================ consumer groups
 
 
-def _group_read(consumer: Any, count: int, timeout: float = 60) -> list[Any]:
-    out: list[Any] = []
-    deadline = time.monotonic() + timeout
-    while len(out) < count and time.monotonic() < deadline:
-        msg = consumer.poll(0.5)
-        if msg is not None and not msg.error():
-            out.append(msg)
-    return out
-
-
 @pytest.mark.parametrize("group_protocol", ["classic", "consumer"])
 def test_consumer_group_commits_and_resumes(router: ProxyProcess, upstream: Upstream,
                                             request: pytest.FixtureRequest,
@@ -661,7 +625,7 @@ def test_consumer_group_commits_and_resumes(router: ProxyProcess, upstream: Upst
     first = Consumer(conf)
     try:
         first.subscribe([topic])
-        got = _group_read(first, 4)
+        got = poll_messages(first, 4)
         assert [m.value() for m in got][:4] == [b"M%d" % i for i in range(4)]
         first.commit(offsets=[TopicPartition(topic, 0, 4)], asynchronous=False)
         assert first.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 4
@@ -670,7 +634,7 @@ def test_consumer_group_commits_and_resumes(router: ProxyProcess, upstream: Upst
     second = Consumer(conf)
     try:
         second.subscribe([topic])
-        rest = _group_read(second, 6)
+        rest = poll_messages(second, 6)
         assert [m.value() for m in rest] == [b"M%d" % i for i in range(4, 10)]
         second.commit(asynchronous=False)
         assert second.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 10
@@ -853,64 +817,6 @@ def test_one_mebibyte_record_is_transformed_intact(router: ProxyProcess, codec: 
 
 
 # ============================================================================ raw socket
-
-
-class RawClient:
-    """A bare socket speaking Kafka frames through the protocol helpers."""
-
-    def __init__(self, address: str, timeout: float = 15) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-
-    def __enter__(self) -> RawClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.sock.close()
-
-    def send(self, frame: bytes) -> None:
-        self.sock.sendall(frame)
-
-    def _exact(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError(f"connection closed after {len(out)} of {n} bytes")
-            out += chunk
-        return bytes(out)
-
-    @staticmethod
-    def produce(version: int, parts: list[tuple[str, bytes]], *, acks: int = -1,
-                correlation_id: int = 1) -> bytes:
-        """A Produce request frame: ``parts`` are (topic, records bytes) for partition 0."""
-        from kio.schema.types import TopicName
-        from kio.static.primitive import i16, i32, i32Timedelta
-
-        cls = request_type(ApiKey.PRODUCE, version)
-        topic_cls = typing.get_args(typing.get_type_hints(cls)["topic_data"])[0]
-        part_cls = typing.get_args(typing.get_type_hints(topic_cls)["partition_data"])[0]
-        message = cls(
-            transactional_id=None, acks=i16(acks),
-            timeout=i32Timedelta.parse(datetime.timedelta(seconds=10)),
-            topic_data=tuple(
-                topic_cls(name=TopicName(topic),
-                          partition_data=(part_cls(index=i32(0), records=records),))
-                for topic, records in parts),
-        )
-        header_version = request_header_version(ApiKey.PRODUCE, version)
-        assert header_version is not None
-        header = encode_request_header(ApiKey.PRODUCE, version, correlation_id,
-                                       "kiproxy-raw-test", header_version)
-        return encode_frame(header + serialize(message))
-
-    def read_produce(self, version: int) -> tuple[int, Any]:
-        (size,) = struct.unpack(">i", self._exact(4))
-        frame = self._exact(size)
-        header_version = response_header_version(ApiKey.PRODUCE, version)
-        assert header_version is not None
-        correlation_id, offset = parse_response_header(frame, header_version)
-        return correlation_id, parse_response(ApiKey.PRODUCE, version, frame, offset)
 
 
 def _batch(values: list[bytes], compression: Compression = Compression.NONE) -> bytes:

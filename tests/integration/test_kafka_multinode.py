@@ -7,11 +7,14 @@ broker 4. The proxy serves node N on ``--broker-port-start`` + N; its ports for
 nodes 1-4 are chosen free up front.
 
 "No client ever connects to a broker port" is checked two ways: every TCP
-connection of this test process is sampled (psutil, every 50 ms) while the
-clients run, and librdkafka's own statistics list the brokers each client
-connected to. The launcher's readiness probe (``restart_node``) connects to a
-broker itself, so sampling pauses while it runs; a client connection to a broker
-would outlive it and be seen.
+connection of this test process is sampled (psutil, as the clients start, every
+50 ms and as they finish), and librdkafka's own statistics list the brokers each
+client connected to. The launcher's readiness probe (``restart_node``) connects to
+a broker itself, so sampling pauses while it runs; a client connection to a broker
+would outlive it and be seen. That a client *did* use a proxy port is never read
+from samples (a produce to a fresh node can start and finish between two): it is
+the client's statistics counting requests sent to that port, and the records
+arriving, transformed, on the broker behind it.
 
 Leaks: after the clients close, the proxy's ``kiproxy_active_connections`` gauge
 (``--metrics-listen``) returns to 0, and its open file descriptors and threads to
@@ -98,32 +101,43 @@ def _broker_ports(cluster: KafkaCluster) -> set[int]:
 
 
 class ConnectionSampler:
-    """This process's TCP connections, sampled every 50 ms; ``pause()`` around probes."""
+    """This process's TCP connections, sampled on entry, every 50 ms and on exit;
+    ``pause()`` around probes.
+
+    It can only miss a connection that opens and closes between two samples, so it
+    serves "no connection to X" checks; that a connection was made is asserted from
+    the client's own statistics instead.
+    """
 
     def __init__(self) -> None:
         self.remote_ports: set[int] = set()
+        self._me = psutil.Process()
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def __enter__(self) -> ConnectionSampler:
+        self._sample()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(10)
+        self._sample()
 
     def pause(self) -> threading.Lock:
         return self._lock
 
+    def _sample(self) -> None:
+        with self._lock:
+            for c in self._me.net_connections(kind="tcp"):
+                if c.raddr:
+                    self.remote_ports.add(c.raddr.port)
+
     def _run(self) -> None:
-        me = psutil.Process()
         while not self._stop.wait(0.05):
-            with self._lock:
-                for c in me.net_connections(kind="tcp"):
-                    if c.raddr:
-                        self.remote_ports.add(c.raddr.port)
+            self._sample()
 
 
 def _stats_brokers(stats: list[str]) -> set[str]:
@@ -131,6 +145,37 @@ def _stats_brokers(stats: list[str]) -> set[str]:
     not its logical coordinator handles, which have no address of their own)."""
     return {broker["nodename"] for line in stats
             for broker in json.loads(line)["brokers"].values() if broker["nodename"]}
+
+
+def _stats_node(stats: list[str], node: int) -> str:
+    """``host:port`` librdkafka's latest statistics give for broker ``node``."""
+    brokers = json.loads(stats[-1])["brokers"].values()
+    return str(next(b["nodename"] for b in brokers if b["nodeid"] == node))
+
+
+def _produce_requests(stats: list[str], node: int) -> int:
+    """Produce requests the client sent to broker ``node``, by its latest statistics."""
+    if not stats:
+        return 0
+    brokers = json.loads(stats[-1])["brokers"].values()
+    return sum(int(b["req"]["Produce"]) for b in brokers if b["nodeid"] == node)
+
+
+def _read_back(bootstrap: str, topic: str, count: int) -> list[bytes | None]:
+    """The first ``count`` values of partition 0 of ``topic``, read through ``bootstrap``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"v-{topic}",
+                         "enable.auto.commit": False})
+    values: list[bytes | None] = []
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        deadline = time.monotonic() + 60
+        while len(values) < count and time.monotonic() < deadline:
+            values += [m.value() for m in consumer.consume(count, 0.5) if m.error() is None]
+    finally:
+        consumer.close()
+    return values
 
 
 def _leaders(admin: Any, topic: str) -> dict[int, int]:
@@ -387,12 +432,27 @@ def test_a_broker_added_after_the_proxy_started_gets_a_listener_and_is_used(
     admin.create_topics([NewTopic(topic, 1, replica_assignment=[[JOINER]])])[topic].result(30)
     _wait(lambda: _leaders(admin, topic) == {0: JOINER}, 30, f"broker {JOINER} leading")
     errors: list[Any] = []
+    stats: list[str] = []
+    sent = [b"to the new node %d" % i for i in range(10)]
     with ConnectionSampler() as sampler:
-        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all"})
-        for i in range(10):
-            producer.produce(topic, value=b"to the new node %d" % i, partition=0,
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
+                             "statistics.interval.ms": 100, "stats_cb": stats.append})
+        for value in sent:
+            producer.produce(topic, value=value, partition=0,
                              on_delivery=lambda err, msg: errors.append(err))
         assert producer.flush(30) == 0
-    assert errors == [None] * 10
-    assert port in sampler.remote_ports
+
+        # Broker JOINER alone holds the partition, so acks=all succeeded only if the
+        # Produce reached it; the client's statistics say on which address.
+        def counted() -> bool:
+            producer.poll(0.1)  # serves the statistics callback
+            return _produce_requests(stats, JOINER) > 0
+
+        _wait(counted, 30, f"the producer's statistics counting a Produce to node {JOINER}")
+    assert errors == [None] * len(sent)
+    assert _stats_node(stats, JOINER) == f"127.0.0.1:{port}"
+    assert _stats_brokers(stats) <= {f"127.0.0.1:{p}" for p in proxy.ports}, stats[-1]
     assert cluster.port(JOINER) not in sampler.remote_ports
+
+    # Read straight from broker JOINER: the records passed the proxy's interceptor.
+    assert _read_back(cluster.bootstrap, topic, len(sent)) == [v.upper() for v in sent]

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ipaddress
 import socket
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,16 +50,6 @@ def _topic(prefix: str) -> str:
 def _config(path: Path, **settings: Any) -> Path:
     path.write_text(yaml.safe_dump(settings))
     return path
-
-
-def _wait_for_line(proxy: ProxyProcess, *needles: str, timeout: float = 10) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for line in proxy.lines:
-            if all(n in line for n in needles):
-                return line
-        time.sleep(0.05)
-    raise AssertionError(f"no log line with {needles}:\n{proxy.log}")
 
 
 # ---------------------------------------------------------------------------- SASL
@@ -214,16 +203,16 @@ def test_a_client_behind_haproxy_is_known_by_its_own_address(
             liar.connect(("127.0.0.1", listen))
             liar.sendall(b"PROXY TCP4 198.51.100.7 127.0.0.1 4000 9092\r\n")
             assert _closed_without_answer(liar)
-        _wait_for_line(proxy, "closing connection on listener external", "127.0.0.2",
-                       "not in proxy_protocol_trusted")
+        proxy.wait_for_line("closing connection on listener external", "127.0.0.2",
+                            "not in proxy_protocol_trusted")
         # No header on a required listener, and a client that sends nothing: closed too.
         with socket.create_connection(("127.0.0.1", listen)) as direct:
             direct.sendall(b"\x00\x00\x00\x0a")
             assert _closed_without_answer(direct)
-        _wait_for_line(proxy, "sent no PROXY header", "proxy_protocol: required")
+        proxy.wait_for_line("sent no PROXY header", "proxy_protocol: required")
         with socket.create_connection(("127.0.0.1", listen)) as silent:
             assert _closed_without_answer(silent)
-        _wait_for_line(proxy, "sent no complete PROXY header in time")
+        proxy.wait_for_line("sent no complete PROXY header in time")
     finally:
         assert proxy.stop() == 0, proxy.log
 
@@ -236,7 +225,7 @@ def test_a_proxy_header_on_a_listener_with_it_off_closes_that_connection(
         with socket.create_connection((host, int(port))) as sock:
             sock.sendall(b"PROXY TCP4 198.51.100.7 127.0.0.1 4000 9092\r\n")
             assert _closed_without_answer(sock)
-        line = _wait_for_line(proxy, "closing client", "proxy_protocol: off")
+        line = proxy.wait_for_line("closing client", "proxy_protocol: off")
         assert "198.51.100.7" not in line  # the header is not believed, only refused
         topic = _topic("after")
         assert produce(proxy.bootstrap, topic, [b"still served"]) == [None]

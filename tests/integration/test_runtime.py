@@ -23,7 +23,6 @@ Notes on what the environment allows:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import socket
@@ -41,13 +40,13 @@ from typing import Any
 import psutil
 import pytest
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess, consume, launch_proxy
+from support.confluent import confluent_producer, poll_messages
+from support.dev_mode import running_dev
+from support.raw_client import RawClient
 
 from kiproxy.protocol.framing import (
     encode_frame,
-    encode_request_header,
     parse_response_header,
-    request_header_version,
-    response_header_version,
 )
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, known_version_range
@@ -92,29 +91,6 @@ def _assert_records(got: list[tuple[Any, Any, Any]], expected: list[Any] = RECOR
 # ---------------------------------------------------------------------------- fixtures
 
 
-_OPEN_PRODUCERS: list[Any] = []
-
-
-def _cf_producer(conf: dict[str, Any]) -> Any:
-    """A confluent-kafka Producer, closed when the test ends (no instance outlives it)."""
-    from confluent_kafka import Producer
-
-    producer = Producer(conf)
-    _OPEN_PRODUCERS.append(producer)
-    return producer
-
-
-@pytest.fixture(autouse=True)
-def _close_producers() -> Iterator[None]:
-    yield
-    while _OPEN_PRODUCERS:
-        producer = _OPEN_PRODUCERS.pop()
-        producer.purge()
-        close = getattr(producer, "close", None)  # newer confluent-kafka versions
-        if close is not None:
-            close()
-
-
 @pytest.fixture(scope="module")
 def proxy(broker: EmbeddedBroker) -> Iterator[ProxyProcess]:
     """One passthrough proxy (no interceptor) shared by the client tests of this module."""
@@ -137,61 +113,6 @@ def _create_topic(bootstrap: str, partitions: int = 1) -> str:
 
 
 # ---------------------------------------------------------------------------- raw protocol
-
-
-class RawClient:
-    """A bare socket that speaks Kafka frames through the protocol helpers."""
-
-    def __init__(self, address: str, timeout: float = 10) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.settimeout(timeout)
-
-    def close(self) -> None:
-        self.sock.close()
-
-    @property
-    def local_address(self) -> str:
-        host, port = self.sock.getsockname()[:2]
-        return f"{host}:{port}"
-
-    @staticmethod
-    def frame(api_key: int, version: int, correlation_id: int, message: Any) -> bytes:
-        header_version = request_header_version(api_key, version)
-        assert header_version is not None
-        header = encode_request_header(api_key, version, correlation_id, "kiproxy-test",
-                                       header_version)
-        return encode_frame(header + serialize(message))
-
-    def send(self, data: bytes) -> None:
-        self.sock.sendall(data)
-
-    def _exact(self, n: int) -> bytes:
-        out = bytearray()
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            if not chunk:
-                raise ConnectionError(f"connection closed after {len(out)} of {n} bytes")
-            out += chunk
-        return bytes(out)
-
-    def recv_frame(self) -> bytes:
-        (size,) = struct.unpack(">i", self._exact(4))
-        assert 0 <= size < 64 * 1024 * 1024
-        return self._exact(size)
-
-    @staticmethod
-    def parse(api_key: int, version: int, frame: bytes) -> tuple[int, Any]:
-        header_version = response_header_version(api_key, version)
-        assert header_version is not None
-        correlation_id, offset = parse_response_header(frame, header_version)
-        return correlation_id, parse_response(api_key, version, frame, offset)
-
-    def request(self, api_key: int, version: int, message: Any, correlation_id: int = 7) -> Any:
-        self.send(self.frame(api_key, version, correlation_id, message))
-        got, response = self.parse(api_key, version, self.recv_frame())
-        assert got == correlation_id
-        return response
 
 
 def _api_versions_request(version: int = 3) -> Any:
@@ -223,8 +144,9 @@ def test_confluent_produce_consume(proxy: ProxyProcess, codec: str) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     topic = f"cf-{codec}-{uuid.uuid4().hex[:8]}"
-    producer = _cf_producer({"bootstrap.servers": proxy.bootstrap, "compression.type": codec,
-                         "linger.ms": 20, "message.timeout.ms": 15000})
+    producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                   "compression.type": codec, "linger.ms": 20,
+                                   "message.timeout.ms": 15000})
     reports: list[tuple[Any, int]] = []
     stamp = 1_700_000_000_123
     for key, value, headers in RECORDS:
@@ -286,7 +208,7 @@ def test_kafka_python_produce_consume(proxy: ProxyProcess, codec: str) -> None:
         producer.close(timeout=5)
     assert offsets == list(range(len(RECORDS)))
     extra = (b"nulls", b"from confluent", [("x", None), ("x", b"1"), ("x", None)])
-    cf = _cf_producer({"bootstrap.servers": proxy.bootstrap, "compression.type": codec})
+    cf = confluent_producer({"bootstrap.servers": proxy.bootstrap, "compression.type": codec})
     cf.produce(topic, key=extra[0], value=extra[1], headers=extra[2], partition=0)
     assert cf.flush(15) == 0
     expected = [*sent, extra]
@@ -399,7 +321,7 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess) -> None:
     from confluent_kafka import Consumer, TopicPartition
 
     topic = _create_topic(proxy.bootstrap, partitions=1)
-    producer = _cf_producer({"bootstrap.servers": proxy.bootstrap})
+    producer = confluent_producer({"bootstrap.servers": proxy.bootstrap})
     for i in range(10):
         producer.produce(topic, value=f"m{i}".encode(), partition=0)
     assert producer.flush(15) == 0
@@ -409,19 +331,10 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess) -> None:
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
             "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}
 
-    def read(consumer: Any, count: int, timeout: float = 30) -> list[Any]:
-        out: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while len(out) < count and time.monotonic() < deadline:
-            msg = consumer.poll(0.5)
-            if msg is not None and not msg.error():
-                out.append(msg)
-        return out
-
     first = Consumer(conf)
     try:
         first.subscribe([topic])
-        got = read(first, 4)
+        got = poll_messages(first, 4)
         assert [m.value() for m in got] == [f"m{i}".encode() for i in range(4)]
         first.commit(message=got[-1], asynchronous=False)
         committed = first.committed([TopicPartition(topic, 0)], timeout=10)
@@ -432,7 +345,7 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess) -> None:
     second = Consumer(conf)
     try:
         second.subscribe([topic])
-        rest = read(second, 6)
+        rest = poll_messages(second, 6)
         assert [m.value() for m in rest] == [f"m{i}".encode() for i in range(4, 10)]
         assert rest[0].offset() == 4
         second.commit(asynchronous=False)
@@ -463,7 +376,7 @@ async def test_no_client_connects_to_the_broker_directly(proxy: ProxyProcess,
     topic = _create_topic(proxy.bootstrap, partitions=1)
     group = f"grp-{uuid.uuid4().hex[:8]}"
 
-    cf_producer = _cf_producer({"bootstrap.servers": proxy.bootstrap})
+    cf_producer = confluent_producer({"bootstrap.servers": proxy.bootstrap})
     cf_producer.produce(topic, value=b"confluent", partition=0)
     assert cf_producer.flush(15) == 0
     cf_consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group,
@@ -743,7 +656,8 @@ def test_pipelined_requests_answered_in_order(proxy: ProxyProcess) -> None:
                          ids=["int32-min", "negative", "2GiB-1"])
 def test_garbage_frame_closes_only_that_connection(proxy: ProxyProcess, prefix: bytes) -> None:
     topic = f"g-{uuid.uuid4().hex[:8]}"
-    producer = _cf_producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 15000})
+    producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                   "message.timeout.ms": 15000})
     producer.produce(topic, value=b"before", partition=0)
     assert producer.flush(15) == 0
 
@@ -785,8 +699,9 @@ def test_broker_stopped_and_restarted(tmp_path: Path) -> None:
     proxy = launch_proxy(first.bootstrap)
     try:
         topic = f"o-{uuid.uuid4().hex[:8]}"
-        producer = _cf_producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 3000,
-                             "socket.timeout.ms": 2000, "reconnect.backoff.max.ms": 500})
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                       "message.timeout.ms": 3000, "socket.timeout.ms": 2000,
+                                       "reconnect.backoff.max.ms": 500})
         errors: list[Any] = []
         producer.produce(topic, value=b"one", partition=0,
                          on_delivery=lambda err, msg: errors.append(err))
@@ -803,8 +718,8 @@ def test_broker_stopped_and_restarted(tmp_path: Path) -> None:
 
         second = EmbeddedBroker(port=port, log_path=tmp_path / "broker2.log")
         second.start()
-        producer = _cf_producer({"bootstrap.servers": proxy.bootstrap,
-                             "message.timeout.ms": 15000})
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                       "message.timeout.ms": 15000})
         errors.clear()
         producer.produce(topic, value=b"two", partition=0,
                          on_delivery=lambda err, msg: errors.append(err))
@@ -848,7 +763,7 @@ def test_sigterm_exits_zero_within_grace(broker: EmbeddedBroker, tmp_path: Path)
     quick = slow = None
     try:
         topic = _create_topic(proxy.bootstrap, partitions=1)  # empty: Fetch long-polls
-        producer = _cf_producer({"bootstrap.servers": proxy.bootstrap})
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap})
         producer.produce(f"s-{uuid.uuid4().hex[:8]}", value=b"x", partition=0)
         assert producer.flush(15) == 0  # an idle client is connected too
         quick, slow = RawClient(proxy.bootstrap), RawClient(proxy.bootstrap)
@@ -889,8 +804,8 @@ def test_sigterm_waits_for_a_request_inside_the_interceptor(
                          interceptor_config={"sleep_ms": 1500, "topics": "st-.*"})
     delivered: list[Any] = []
     try:
-        producer = _cf_producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
-                                 "message.timeout.ms": 20000})
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap, "acks": "all",
+                                       "message.timeout.ms": 20000})
         producer.produce(f"warm-{uuid.uuid4().hex[:8]}", value=b"w", partition=0)
         assert producer.flush(15) == 0  # connected, metadata known
         producer.produce(topic, value=b"in the interceptor", partition=0,
@@ -974,50 +889,28 @@ def test_dev_mode_serves_and_stops_on_ctrl_c(target: str) -> None:
     broker included). ``kiproxy``: SIGINT to kiproxy alone, which must stop its broker."""
     listen = free_port()
     start = free_port() - TANSU_NODE_ID
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kiproxy", "dev", "--listen", f"127.0.0.1:{listen}",
-         "--broker-port-start", str(start)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
-    )
-    lines: list[str] = []
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.rstrip("\n"))
-            if "bootstrap address" in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    try:
-        assert ready.wait(40) and proc.poll() is None, "\n".join(lines)
-        bootstrap_lines = [ln for ln in lines if "bootstrap address" in ln]
+    with running_dev("--listen", f"127.0.0.1:{listen}",
+                     "--broker-port-start", str(start)) as dev:
+        dev.wait_bootstrap(40)
+        bootstrap_lines = [ln for ln in dev.lines if "bootstrap address" in ln]
         assert bootstrap_lines[0].endswith(f"127.0.0.1:{listen}")
-        children = psutil.Process(proc.pid).children(recursive=True)
+        children = psutil.Process(dev.process.pid).children(recursive=True)
         assert children, "kiproxy dev started no broker process"
 
         topic = f"d-{uuid.uuid4().hex[:8]}"
-        producer = _cf_producer({"bootstrap.servers": f"127.0.0.1:{listen}"})
+        producer = confluent_producer({"bootstrap.servers": f"127.0.0.1:{listen}"})
         producer.produce(topic, key=b"k", value=b"dev", headers=[("h", b"1")], partition=0)
         assert producer.flush(15) == 0
         got = consume(f"127.0.0.1:{listen}", topic, 1)
         assert [(m.key(), m.value()) for m in got] == [(b"k", b"dev")]
 
         if target == "group":
-            os.killpg(proc.pid, signal.SIGINT)
+            dev.interrupt()
         else:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(20)
-        assert code == 0, "\n".join(lines)
+            dev.process.send_signal(signal.SIGINT)
+        code = dev.process.wait(20)
+        assert code == 0, dev.output
         _gone, alive = psutil.wait_procs(children, timeout=10)
         alive = [p for p in alive if p.status() != psutil.STATUS_ZOMBIE]
         assert not alive, f"embedded broker still running: {alive}"
-        assert "Traceback" not in "\n".join(lines)
-    finally:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+        assert "Traceback" not in dev.output

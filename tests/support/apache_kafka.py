@@ -5,7 +5,8 @@
 what most tests use, and a SASL_PLAINTEXT listener offering PLAIN, SCRAM-SHA-256
 and SCRAM-SHA-512 for ``SASL_USERS`` (SCRAM users written into the metadata log
 when the storage is formatted, as ``kafka-storage format --add-scram`` does;
-PLAIN users in the listener's JAAS setting). Batches of up to 8 MiB are accepted.
+PLAIN users in the listener's JAAS setting). Batches of up to 8 MiB are accepted;
+records are never aged out (no time retention).
 """
 
 from __future__ import annotations
@@ -58,5 +59,9 @@ def session_cluster(home: Path) -> KafkaCluster:
     properties, scram_arguments = sasl_settings(SASL_USERS)
     # Batches up to 8 MiB, as Tansu takes them (the interception suite sends 1 MiB records).
     properties["message.max.bytes"] = str(8 << 20)
+    # Tests write records stamped years ago (timestamps must survive to the ms); time
+    # retention would delete them at the broker's first retention check, 30 s after start,
+    # under whichever test happens to be reading then.
+    properties["log.retention.ms"] = "-1"
     return KafkaCluster(home, nodes=1, listeners={SASL_LISTENER: "SASL_PLAINTEXT"},
                         overrides=properties, format_arguments=scram_arguments)

@@ -16,9 +16,11 @@ _ROOT = str(Path(__file__).resolve().parents[2])
 if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
-from bench.proxy import (  # noqa: E402
-    SCENARIOS,
-    Case,
+from bench.proxy import paced_load, rotated, summarize_collapsed  # noqa: E402
+from bench.proxy_cpu import parse_proc_stat  # noqa: E402
+from bench.proxy_render import render_table, render_targets  # noqa: E402
+from bench.proxy_scenarios import SCENARIOS, Case  # noqa: E402
+from bench.proxy_stats import (  # noqa: E402
     RunResult,
     Summary,
     Target,
@@ -32,17 +34,11 @@ from bench.proxy import (  # noqa: E402
     json_values,
     median,
     millicores_per_mbps,
-    paced_load,
-    parse_proc_stat,
     percentile,
     ratio,
-    render_table,
-    render_targets,
-    replace_section,
-    rotated,
     summarize,
-    summarize_collapsed,
 )
+from bench.results import replace_section  # noqa: E402
 
 KIB = Case(1024, "none")
 
