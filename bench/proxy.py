@@ -82,18 +82,20 @@ def paced_load(capacity: Sequence[RunResult], fraction: float,
 
 def run_matrix(scenarios: Sequence[Scenario], cases: Sequence[Case], repeats: int,
                options: Options, log: Callable[[str], None],
-               pace_of: Sequence[str] | None = None) -> list[RunResult]:
+               pace_of: Sequence[str] | None = None,
+               fixed_rps: float | None = None) -> list[RunResult]:
     """Every scenario for every case, ``repeats`` rounds, interleaved and rotated.
 
     With ``pace_of``, a capacity round (throughput only, round 0) comes first and every
     paced phase offers ``load_fraction`` of the slowest of those scenarios' throughput
     in it; without, the paced load is that fraction of direct's throughput in round 1.
+    ``fixed_rps`` paces every case at that rate.
     """
     results: list[RunResult] = []
-    offered: dict[Case, float] = {}
+    offered: dict[Case, float] = {case: fixed_rps for case in cases} if fixed_rps else {}
     names = [s.name for s in scenarios]
     first = 0
-    if pace_of is not None:
+    if pace_of is not None and not fixed_rps:
         capacity_options = dataclasses.replace(options, latency_seconds=0.0)
         for case in cases:
             for name in names:
@@ -270,6 +272,9 @@ def _parser() -> argparse.ArgumentParser:
                         "in a capacity round run first (default: every scenario run); "
                         "'direct' alone paces at direct's throughput in round 1, no "
                         "capacity round")
+    p.add_argument("--pace-rps", type=float,
+                   help="pace every case at this many records/s instead (for A/B runs of "
+                        "two trees at the same load); no capacity round")
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--acks", default="1", choices=("0", "1", "all", "-1"))
     p.add_argument("--linger-ms", type=float, default=5.0)
@@ -359,7 +364,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"load average {load_before[0]:.2f} {load_before[1]:.2f} {load_before[2]:.2f}")
     started = time.monotonic()
     pace_of = _csv(args.pace_of, names, str)
-    if pace_of == ["direct"]:
+    if args.pace_rps:
+        results = run_matrix(scenarios, cases, repeats, options, log,
+                             fixed_rps=args.pace_rps)
+        pace = f"a fixed {args.pace_rps:,.0f} records/s (--pace-rps); no capacity round"
+    elif pace_of == ["direct"]:
         results = run_matrix(scenarios, cases, repeats, options, log)
         pace = "the direct scenario's throughput (from the first round)"
     else:

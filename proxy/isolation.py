@@ -303,7 +303,7 @@ class IsolatedInterceptor:
         while True:
             while self._idle:
                 worker = self._idle.pop()
-                if worker.exitcode is not None:
+                if worker.exitcode is not None or worker.peer_closed():
                     self._retire(worker, "while idle")
                     continue
                 try:

@@ -57,6 +57,19 @@ class WorkerProcess:
             self._exitcode = self.process.exitcode
         return self._exitcode
 
+    def peer_closed(self) -> bool:
+        """Whether the worker's end of the socket is closed: it died, even if nobody has
+        reaped it yet (the kernel closes a dead process's sockets at once; the exit code
+        waits for the fork server, which a loaded machine may schedule late)."""
+        if self.reader is not None and self.reader.at_eof():
+            return True
+        try:
+            return self.sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False  # nothing to read and still open: alive
+        except OSError:
+            return True
+
     def free_process(self) -> None:
         """Release the process's handles once it has exited."""
         if not self._process_closed and self.exitcode is not None:

@@ -116,6 +116,14 @@ def _exit_known(pool: IsolatedInterceptor, pid: int) -> bool:
     return any(w.pid == pid and w.exitcode is not None for w in pool._workers)
 
 
+def _fork_server_pid(pool: IsolatedInterceptor) -> int:
+    """The fork server the pool's workers come from (the test is skipped without one)."""
+    pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+    if pid is None or not any(psutil.Process(w.pid).ppid() == pid for w in pool._workers):
+        pytest.skip("the workers do not come from a fork server here")
+    return int(pid)
+
+
 def _forkserver_children() -> list[int]:
     pid = multiprocessing.forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
     if pid is None:
@@ -340,12 +348,30 @@ async def test_a_worker_that_died_while_idle_is_replaced_without_failing_a_batch
     pool = make_pool("Same", workers=1)
     [pid] = pool.pids
     os.kill(pid, signal.SIGKILL)
-    # Not psutil's view (a zombie at once) but the pool's: multiprocessing learns of the
-    # exit from the fork server, which may be slow to be scheduled on a loaded machine.
-    await _eventually(lambda: _exit_known(pool, pid))
+    # Dead (its sockets closed by the kernel), whether or not the fork server has told
+    # multiprocessing yet: the pool must see it either way and not hand it the batch.
+    await _eventually(lambda: _gone(pid))
     batch = _batch()
     assert await pool.intercept(batch, _ctx(30)) is batch
     assert pool.restarts == 1 and pool.pids != [pid]
+
+
+async def test_a_dead_idle_worker_is_seen_before_its_exit_is_reported(make_pool: Any) -> None:
+    pool = make_pool("Same", workers=2)
+    server = _fork_server_pid(pool)
+    dead = pool._idle[-1]  # the worker the next batch would be handed
+    os.kill(server, signal.SIGSTOP)  # no exit is reported while it is stopped
+    try:
+        os.kill(dead.pid, signal.SIGKILL)
+        await _eventually(lambda: _gone(dead.pid))
+        assert not _exit_known(pool, dead.pid)
+        assert dead.peer_closed()
+        assert not pool._idle[0].peer_closed()
+        batch = _batch()
+        assert await pool.intercept(batch, _ctx(30)) is batch  # on the live worker
+        assert pool.restarts == 1
+    finally:
+        os.kill(server, signal.SIGCONT)
 
 
 # ------------------------------------------------------------------ the pipeline's view
