@@ -181,6 +181,7 @@ class ProducePipeline:
         self.metrics = metrics
         self.verdict_log = self.partitions.verdict_log
         self._ack_hook = acknowledgement_hook(interceptor)
+        self.partitions.acknowledges = self._ack_hook is not None
 
     @property
     def compression_levels(self) -> CompressionLevels:

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, judge
-from kiproxy.protocol.compression import DEFAULT_LEVELS
+from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.errors import (
     CorruptBatch,
     DecompressionLimitExceeded,
@@ -55,6 +55,9 @@ INVALID_RECORD = ErrorCode.INVALID_RECORD
 
 _FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count"}
 """kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
+
+
+_CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 
 def _log_fields(ctx: InterceptContext, topic: str, partition: int,
@@ -104,6 +107,9 @@ class PartitionHandler:
         self.metrics = metrics
         self.log = log
         self.verdict_log = VerdictLog(log)
+        self.acknowledges = False
+        """The single interceptor has an ``on_acknowledgement`` hook (a chain knows its
+        own): only then are the batches it will hear about written down."""
         self._limit_warnings = WarningLimiter()
 
     async def handle(
@@ -154,6 +160,7 @@ class PartitionHandler:
 
         who = client.identity
         timeout = self.timeout if chain is None else chain.links[0].timeout
+        hooked = self.acknowledges or (chain is not None and bool(chain.hooks))
         out: list[bytes] = []
         acked: list[AcknowledgedBatch] = []
         changed = False
@@ -167,7 +174,7 @@ class PartitionHandler:
                 topic=topic, partition=part.index, records=decoded.records,
                 producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                 base_sequence=h.base_sequence, transactional=h.is_transactional,
-                compression=h.compression.name.lower(),
+                compression=_CODEC_NAMES[h.compression],
             )
             ctx = InterceptContext(
                 client_id=who.client_id, client_address=who.client_address,
@@ -204,9 +211,10 @@ class PartitionHandler:
                     return PartitionResult(None, rejection=Rejection(
                         topic_key, part.index, INVALID_RECORD, message, logged=True))
                 changed = transformed = True
-            acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
-                                           record_count=len(decoded.records),
-                                           transformed=transformed))
+            if hooked:
+                acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
+                                               record_count=len(decoded.records),
+                                               transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
             return PartitionResult(data, acknowledged=acked)
