@@ -5,17 +5,10 @@ No timing here: the harness's measurements are checked by running it, not by tes
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+import support.bench  # noqa: F401  (bench/ is not an installed package)
 
-# bench/ is not an installed package; the benchmark runs from the repository root.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.neighbours_stats import (  # noqa: E402
+from bench.neighbours_stats import (
     BatchCost,
     BatchShape,
     Latency,
@@ -30,7 +23,7 @@ from bench.neighbours_stats import (  # noqa: E402
     render_table,
     summarize,
 )
-from bench.proxy_cpu import CpuSampler  # noqa: E402
+from bench.proxy_cpu import CpuSampler
 
 
 def _run(path: str, large: bool, round_: int, p99: float, *, proxy_cpu: float | None = None,

@@ -6,21 +6,15 @@ No timing here: the harness's measurements are checked by running it, not by tes
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+import support.bench  # noqa: F401  (bench/ is not an installed package)
 
-# bench/ is not an installed package; the benchmark runs from the repository root.
-_ROOT = str(Path(__file__).resolve().parents[2])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
-
-from bench.proxy import paced_load, rotated, summarize_collapsed  # noqa: E402
-from bench.proxy_cpu import parse_proc_stat  # noqa: E402
-from bench.proxy_render import render_table, render_targets  # noqa: E402
-from bench.proxy_scenarios import SCENARIOS, Case  # noqa: E402
-from bench.proxy_stats import (  # noqa: E402
+from bench.proxy import paced_load, rotated, summarize_collapsed
+from bench.proxy_cpu import parse_proc_stat
+from bench.proxy_render import render_table, render_targets
+from bench.proxy_scenarios import SCENARIOS, Case
+from bench.proxy_stats import (
     RunResult,
     Summary,
     Target,
@@ -38,7 +32,7 @@ from bench.proxy_stats import (  # noqa: E402
     ratio,
     summarize,
 )
-from bench.results import replace_section  # noqa: E402
+from bench.results import replace_section
 
 KIB = Case(1024, "none")
 

@@ -218,11 +218,9 @@ def test_client_ip(host: str, parsed: str | None) -> None:
 
 
 def test_the_route_benchmark_runs_and_picks_the_last_route() -> None:
-    import sys
+    from support.bench import load_bench
 
-    root = str(Path(__file__).resolve().parents[2])  # bench/ is not an installed package
-    if root not in sys.path:
-        sys.path.insert(0, root)
+    load_bench()  # bench/ is not an installed package
     from bench.routes import measure
 
     results = measure(50, 1)
