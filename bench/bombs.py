@@ -51,13 +51,16 @@ CLIENTS = 16
 BURSTS = 3
 
 
-def _launch(tree: Path, upstream: str) -> tuple[subprocess.Popen[str], str]:
+def launch_uppercase(tree: Path, upstream: str,
+                     env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str]:
+    """``kiproxy run`` with the uppercase interceptor from ``tree`` (extra ``env`` on top);
+    returns the process and its bootstrap address once it printed it."""
     listen = free_port()
     cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
            "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(free_port() - 111),
            "--interceptor", "uppercase", "--log-level", "ERROR"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree)})
+                            cwd=tree, env={**os.environ, "PYTHONPATH": str(tree), **(env or {})})
     assert proc.stdout is not None
     for line in proc.stdout:
         if "bootstrap address" in line:
@@ -105,7 +108,7 @@ def burst_case(tree: Path, broker: EmbeddedBroker, kind: str) -> str:
     bomb = bomb_request(f"bomb-{kind}", codec, build())
     small = [produce_request("small", build_batch([Record(value=b"x" * 100, timestamp=0)] * 10),
                              client_id="other")]
-    proc, address = _launch(tree, broker.bootstrap)
+    proc, address = launch_uppercase(tree, broker.bootstrap)
     try:
         _burst(address, small[0])  # topic created, warm
         baseline = rss_of(proc.pid)

@@ -26,9 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,28 +44,13 @@ from hardening.bombs import (  # noqa: E402
     send_at_once,
 )
 
+from bench.bombs import launch_uppercase  # noqa: E402
 from kiproxy.protocol.records import Record, build_batch  # noqa: E402
-from kiproxy.proxy.embedded import EmbeddedBroker, free_port  # noqa: E402
+from kiproxy.proxy.embedded import EmbeddedBroker  # noqa: E402
 
 MiB = 2**20
 SETTLE = 2.5
 """Seconds after a step before its RSS is read: the heap trimmer checks every second."""
-
-
-def _launch(upstream: str, keep: str) -> tuple[subprocess.Popen[str], str]:
-    listen = free_port()
-    cmd = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
-           "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(free_port() - 111),
-           "--interceptor", "uppercase", "--log-level", "ERROR"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KIPROXY_KEEP_FREED_MEMORY": keep}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env=env)
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        if "bootstrap address" in line:
-            break
-    threading.Thread(target=lambda: [None for _ in proc.stdout or ()], daemon=True).start()
-    return proc, f"127.0.0.1:{listen}"
 
 
 def _steps(address: str) -> list[tuple[str, Callable[[], None]]]:
@@ -87,7 +70,8 @@ def _steps(address: str) -> list[tuple[str, Callable[[], None]]]:
 
 def run_mode(broker: EmbeddedBroker, keep: str) -> list[str]:
     """Markdown rows for one value of ``KIPROXY_KEEP_FREED_MEMORY``."""
-    proc, address = _launch(broker.bootstrap, keep)
+    proc, address = launch_uppercase(ROOT, broker.bootstrap,
+                                     {"KIPROXY_KEEP_FREED_MEMORY": keep})
     rows = []
     try:
         send_at_once(address, produce_request("freed-large", build_batch(
