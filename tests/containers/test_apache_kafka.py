@@ -33,7 +33,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
-from support.confluent import poll_messages
+from support.confluent import group_consumer_conf, poll_messages
 
 from kiproxy.proxy.embedded import free_port
 
@@ -306,12 +306,7 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess, group_protocol:
     assert _produce(proxy.bootstrap, topic, [(None, f"m{i}".encode()) for i in range(10)]) \
         == [None] * 10
 
-    conf: dict[str, Any] = {"bootstrap.servers": proxy.bootstrap,
-                            "group.id": f"grp-{uuid.uuid4().hex[:8]}",
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                            "group.protocol": group_protocol}
-    if group_protocol == "classic":  # KIP-848 groups take these from the broker
-        conf.update({"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000})
+    conf = group_consumer_conf(proxy.bootstrap, f"grp-{uuid.uuid4().hex[:8]}", group_protocol)
 
     first = Consumer(conf)
     try:

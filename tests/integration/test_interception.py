@@ -50,7 +50,7 @@ from typing import Any
 import pytest
 from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
 from crc32c import crc32c
-from support.confluent import confluent_producer, poll_messages
+from support.confluent import confluent_producer, group_consumer_conf, poll_messages
 from support.raw_client import RawClient
 
 from kiproxy.protocol.records import Compression, Record, build_batch
@@ -617,11 +617,7 @@ def test_consumer_group_commits_and_resumes(router: ProxyProcess, upstream: Upst
         producer.produce(topic, value=b"m%d" % i, partition=0)
     assert producer.flush(20) == 0
 
-    conf: dict[str, Any] = {"bootstrap.servers": router.bootstrap, "group.id": _name("grp"),
-                            "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                            "group.protocol": group_protocol}
-    if group_protocol == "classic":  # KIP-848 groups take these from the broker
-        conf.update({"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000})
+    conf = group_consumer_conf(router.bootstrap, _name("grp"), group_protocol)
     first = Consumer(conf)
     try:
         first.subscribe([topic])

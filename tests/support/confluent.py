@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["close_producers", "confluent_producer", "poll_messages"]
+__all__ = ["close_producers", "confluent_producer", "group_consumer_conf", "poll_messages"]
 
 _OPEN: list[Any] = []
 
@@ -26,6 +26,18 @@ def confluent_producer(conf: dict[str, Any]) -> Any:
     producer = Producer(conf)
     _OPEN.append(producer)
     return producer
+
+
+def group_consumer_conf(bootstrap: str, group: str, group_protocol: str) -> dict[str, Any]:
+    """A consumer in ``group`` that commits by hand and starts at the earliest offset;
+    the classic protocol gets short session and heartbeat times (KIP-848 groups take
+    theirs from the broker)."""
+    conf: dict[str, Any] = {"bootstrap.servers": bootstrap, "group.id": group,
+                            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                            "group.protocol": group_protocol}
+    if group_protocol == "classic":
+        conf.update({"session.timeout.ms": 10000, "heartbeat.interval.ms": 1000})
+    return conf
 
 
 def close_producers() -> None:
