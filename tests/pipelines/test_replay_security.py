@@ -674,8 +674,8 @@ def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkClu
             try:
                 if cluster.state().get("aliveworkers", 0) >= 1:
                     break
-            except OSError:  # the master's web UI is still starting
-                pass
+            except (OSError, ValueError):  # the web UI is still starting: refused, or an
+                pass                            # empty or partial page while Jetty comes up
             assert time.monotonic() < deadline, (home / "worker.log").read_text()[-3000:]
             time.sleep(0.5)
         yield cluster
