@@ -27,7 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.proxy_cpu import CpuSampler, process_memory
-from bench.proxy_scenarios import ROOT, TANSU_NODE_ID, Case, Scenario
+from bench.proxy_scenarios import (
+    README_PLUGINS,
+    ROOT,
+    TANSU_NODE_ID,
+    Case,
+    Scenario,
+    readme_plugin,
+)
 from bench.proxy_stats import RunResult, haproxy_config, json_values, percentile
 
 
@@ -332,6 +339,8 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> It
             if scenario.interceptor_config is not None:
                 cmd += ["--interceptor-config", json.dumps(scenario.interceptor_config)]
             if scenario.plugins_dir is not None:
+                if scenario.plugins_dir == README_PLUGINS:
+                    readme_plugin()
                 cmd += ["--plugins-dir", str(scenario.plugins_dir)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
@@ -450,3 +459,6 @@ def _fill(result: RunResult, data: Mapping[str, Any], scenario: Scenario) -> Non
         if scenario.transforms != upper:
             result.error = (f"stored value {result.check!r} is "
                             f"{'not ' if scenario.transforms else ''}upper-cased")
+        elif scenario.stored_prefix and not result.check.startswith(scenario.stored_prefix):
+            result.error = (f"stored value {result.check!r} does not start with "
+                            f"{scenario.stored_prefix!r}")

@@ -8,6 +8,7 @@ codec. The constants are the matrix's defaults and the paths it uses.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +17,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 PLUGINS = Path(__file__).resolve().parent / "plugins"
+README_PLUGINS = Path(__file__).resolve().parent / "out" / "readme-plugins"
+"""Where the README's plugin is written, as printed there (:func:`readme_plugin`)."""
 SECTION = "## Proxy: end to end (producer, proxy, broker)"
 TANSU_NODE_ID = 111
 """The node id Tansu gives itself; kiproxy serves it on ``broker_port_start + 111``."""
@@ -47,6 +50,8 @@ class Scenario:
     plugins_dir: Path | None = None
     transforms: bool = False
     """Stored values are upper-cased (checked on one record of the first round)."""
+    stored_prefix: str | None = None
+    """Stored values start with this (checked on the same record)."""
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
@@ -65,12 +70,30 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              transforms=True,
              description="kiproxy, bench/plugins/readme.py (every value rewritten the way the "
                          "README teaches: batch.with_records(r.with_value(r.value.upper()) ...))"),
+    Scenario(name="no_secrets", kind="kiproxy", interceptor="no_secrets:NoSecrets",
+             plugins_dir=README_PLUGINS, interceptor_config={"word": "id"}, stored_prefix='{"***":',
+             description="kiproxy, the README's plugin as printed there (plugins/no_secrets.py; "
+                         "word \"id\", which every value holds, so every value is "
+                         "rewritten)"),
     Scenario(name="validator", kind="kiproxy",
              interceptor="kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
              interceptor_config={"default_schema": VALIDATOR_SCHEMA},
              description="kiproxy, kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator, "
                          "default_schema " + json.dumps(VALIDATOR_SCHEMA, separators=(",", ":"))),
 )}
+
+
+def readme_plugin(into: Path = README_PLUGINS) -> Path:
+    """Write the README's plugin (its ``plugins/no_secrets.py`` block) into ``into``,
+    as printed there, and return the module's path."""
+    text = (ROOT / "README.md").read_text()
+    found = re.search(r"```python\n# plugins/no_secrets\.py\n(.*?)```", text, re.S)
+    if found is None:
+        raise LookupError("README.md no longer holds a plugins/no_secrets.py block")
+    into.mkdir(parents=True, exist_ok=True)
+    module = into / "no_secrets.py"
+    module.write_text(found.group(1))
+    return module
 
 
 @dataclass(frozen=True, slots=True, order=True)

@@ -320,7 +320,7 @@ TARGETS: tuple[Target, ...] = (
     Target("uppercase", "cpu", 25, False),
     *(Target(name, "cpu_vs_haproxy", bound, False, case) for case in _UNCOMPRESSED
       for name, bound in (("passthrough", 1.2), ("identity", 2.0), ("uppercase", 4.0),
-                          ("readme", 4.0))),
+                          ("readme", 4.0), ("no_secrets", 4.0))),
     *(Target(name, "p99_added_ms", bound, False, case) for case in _EVERY_CASE
       for name, bound in (("passthrough", 1.0), ("identity", 2.0), ("uppercase", 2.0))),
 )

@@ -85,7 +85,7 @@ class Metrics:
         self.rejected_batches = Counter(
             "kiproxy_rejected_batches", "Record batches the proxy refused, by reason "
             "(interceptor, decompression_limit, corrupt, unsupported_compression, "
-            "old_format)", ["reason"], registry=r)
+            "old_format, unknown_topic_id)", ["reason"], registry=r)
         self.route_batches = Counter(
             "kiproxy_route_batches", "Produced record batches a route handled, by route and "
             "outcome (forwarded, transformed, rejected, broker_error)", ["route", "outcome"],

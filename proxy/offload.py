@@ -18,7 +18,9 @@ Contract:
   partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
   A reservation above the whole budget is cut to the budget: it waits to run alone.
 * Re-encoding a large transformed batch runs on the same threads (an uncompressed one
-  of at most ``inline_plain_bytes`` on the loop: a copy and a CRC).
+  of at most ``inline_plain_bytes`` on the loop: a copy and a CRC). It need not be
+  awaited at once (:meth:`DecodeLease.start_encode`): a request's next partition is
+  decoded and intercepted while the previous one compresses.
 * Order is untouched: a connection awaits its own decode before it handles anything
   else, exactly as it awaits the interceptor.
 
@@ -172,11 +174,15 @@ class BatchOffload:
 
     async def run(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """``fn(*args, **kwargs)`` on a worker thread."""
+        return await self.submit(fn, *args, **kwargs)
+
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
+        """Start ``fn(*args, **kwargs)`` on a worker thread; its result, to be awaited."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode",
                                             initializer=_lower_priority)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
     def plain_inline(self, data: bytes) -> bool:
         """Whether ``data`` is uncompressed and small enough to decode on the loop."""
@@ -245,14 +251,21 @@ class DecodeLease:
                      levels: CompressionLevels, size_hint: int) -> bytes:
         """:func:`~kiproxy.protocol.records.encode_batch`, on a thread when the batch
         is larger than what is decoded inline (``size_hint``: its decoded size)."""
+        started = self.start_encode(header, records, levels, size_hint)
+        return started if isinstance(started, bytes) else await started
+
+    def start_encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
+                     levels: CompressionLevels, size_hint: int) -> bytes | asyncio.Future[bytes]:
+        """:meth:`encode` without waiting: the bytes when the batch is encoded on the
+        loop, else the worker thread's future (the loop goes on meanwhile, e.g. with
+        the request's next partition). Raises what ``encode_batch`` raises on the loop;
+        the future holds what it raises on a thread."""
         offload = self._offload
         if size_hint <= offload.inline_bytes or (
                 header.attributes & 0x07 == Compression.NONE
                 and size_hint <= offload.inline_plain_bytes):
             return encode_batch(header, records, renumber=True, levels=levels)
-        out: bytes = await self._offload.run(encode_batch, header, records, renumber=True,
-                                             levels=levels)
-        return out
+        return offload.submit(encode_batch, header, records, renumber=True, levels=levels)
 
     def release(self) -> None:
         """Give the partition's reservation back."""

@@ -27,6 +27,7 @@ faults at WARNING, rate-limited).
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import time
@@ -117,6 +118,12 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     if pos + 2 > len(frame):
         raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
+_Slot = tuple[int, Any, PartitionTally | None, "LoadedChain | None",
+              "PartitionResult | asyncio.Task[PartitionResult] | None"]
+"""A partition of a request: its position, data, tally, chain and what was decided (None:
+forwarded untouched; a task: re-encoding still running)."""
 
 
 def _count(data: bytes | None) -> tuple[int, int]:
@@ -249,73 +256,88 @@ class ProducePipeline:
         topics_out = []
         # (topic position, partition position) -> new records; None: not forwarded.
         edits: dict[tuple[int, int], bytes | None] = {}
-        for ti, topic in enumerate(request.topic_data):
-            topic_key = topic.topic_id if version >= 13 else topic.name
-            topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
-            parts_out = []
-            for pj, part in enumerate(topic.partition_data):
-                tally = None
-                if tallies is not None:
-                    n_batches, n_records = _count(part.records)
-                    tally = PartitionTally(topic_name or str(topic_key), part.index, n_batches,
-                                         n_records, len(part.records or b""),
-                                         route=self.route_name)
-                    tallies.append(tally)
-                chain: LoadedChain | None = None
-                if client_routes is not None and topic_name is not None:
-                    assert self.routes is not None
-                    route = client_routes.select(topic_name, request.acks, transactional)
-                    if route is None:  # no route and no default: forwarded untouched
+        # Per topic, in order: a partition forwarded untouched, or the handler's answer
+        # (a task while its re-encoding runs on a decode thread; awaited in order below).
+        slots: list[list[_Slot]] = []
+        tasks: list[asyncio.Task[PartitionResult]] = []
+        try:
+            for topic in request.topic_data:
+                topic_key = topic.topic_id if version >= 13 else topic.name
+                topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
+                topic_slots: list[_Slot] = []
+                slots.append(topic_slots)
+                for pj, part in enumerate(topic.partition_data):
+                    tally = None
+                    if tallies is not None:
+                        n_batches, n_records = _count(part.records)
+                        tally = PartitionTally(topic_name or str(topic_key), part.index,
+                                               n_batches, n_records, len(part.records or b""),
+                                               route=self.route_name)
+                        tallies.append(tally)
+                    chain: LoadedChain | None = None
+                    if client_routes is not None and topic_name is not None:
+                        assert self.routes is not None
+                        route = client_routes.select(topic_name, request.acks, transactional)
+                        if route is None:  # no route and no default: forwarded untouched
+                            topic_slots.append((pj, part, tally, None, None))
+                            continue
+                        chain = self.routes.chain(route)
+                        hooked = hooked or bool(chain.hooks)
+                        if tally is not None:
+                            tally.route = chain.name
+                    if topic_name is None:
+                        result: PartitionResult | asyncio.Task[PartitionResult] = (
+                            PartitionResult(None, rejection=Rejection(
+                                topic_key, part.index, UNKNOWN_TOPIC_ID,
+                                f"topic id {topic_key} is unknown to the proxy; refresh "
+                                "metadata", reason="unknown_topic_id")))
+                    else:
+                        result = await self.partitions.handle(
+                            client, request, version, topic_name, topic_key, part,
+                            received_at_ms, self.offload.lease(), chain)
+                        if isinstance(result, asyncio.Task):
+                            tasks.append(result)
+                    topic_slots.append((pj, part, tally, chain, result))
+
+            for ti, topic in enumerate(request.topic_data):
+                parts_out = []
+                for pj, part, tally, chain, answer in slots[ti]:
+                    if answer is None:
                         parts_out.append(part)
                         continue
-                    chain = self.routes.chain(route)
-                    hooked = hooked or bool(chain.hooks)
-                    if tally is not None:
-                        tally.route = chain.name
-                if topic_name is None:
-                    rejection = Rejection(
-                        topic_key, part.index, UNKNOWN_TOPIC_ID,
-                        f"topic id {topic_key} is unknown to the proxy; refresh metadata")
-                    rejections.append(rejection)
-                    edits[ti, pj] = None
-                    if tally is not None:
-                        tally.outcome = "rejected"
-                        tally.error_code = rejection.error_code
-                        tally.error_message = rejection.message
-                    continue
-                lease = self.offload.lease()
-                try:
-                    result = await self.partitions.handle(
-                        client, request, version, topic_name, topic_key, part, received_at_ms,
-                        lease, chain)
-                finally:
-                    lease.release()
-                if result.rejection is not None:
-                    rejection = result.rejection
-                    rejections.append(rejection)
-                    edits[ti, pj] = None
-                    if self.metrics is not None:
-                        self.metrics.rejected_batches.labels(rejection.reason).inc(
-                            max(_count(part.records)[0], 1))
-                    if tally is not None:
-                        tally.outcome = "rejected"
-                        tally.error_code = rejection.error_code
-                        tally.error_message = rejection.message
-                    continue
-                acked.append(Acked(topic_key, part.index, result.acknowledged,
-                                   chain.hooks if chain is not None else ()))
-                if result.changed:
-                    changed = True
-                    part = dataclasses.replace(part, records=result.records)
-                    edits[ti, pj] = result.records
-                    if tally is not None:
-                        tally.outcome = "transformed"
-                parts_out.append(part)
-            if len(parts_out) != len(topic.partition_data) or changed:
-                if parts_out:
-                    topics_out.append(dataclasses.replace(topic, partition_data=tuple(parts_out)))
-            else:
-                topics_out.append(topic)
+                    done = await answer if isinstance(answer, asyncio.Task) else answer
+                    if done.rejection is not None:
+                        rejection = done.rejection
+                        rejections.append(rejection)
+                        edits[ti, pj] = None
+                        if self.metrics is not None:
+                            self.metrics.rejected_batches.labels(rejection.reason).inc(
+                                max(_count(part.records)[0], 1))
+                        if tally is not None:
+                            tally.outcome = "rejected"
+                            tally.error_code = rejection.error_code
+                            tally.error_message = rejection.message
+                        continue
+                    acked.append(Acked(topic.topic_id if version >= 13 else topic.name,
+                                       part.index, done.acknowledged,
+                                       chain.hooks if chain is not None else ()))
+                    if done.changed:
+                        changed = True
+                        part = dataclasses.replace(part, records=done.records)
+                        edits[ti, pj] = done.records
+                        if tally is not None:
+                            tally.outcome = "transformed"
+                    parts_out.append(part)
+                if len(parts_out) != len(topic.partition_data) or changed:
+                    if parts_out:
+                        topics_out.append(dataclasses.replace(topic,
+                                                              partition_data=tuple(parts_out)))
+                else:
+                    topics_out.append(topic)
+        finally:
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
 
         acks = request.acks
         if rejections:

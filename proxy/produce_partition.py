@@ -12,15 +12,23 @@ Control batches pass untouched. Fail closed: a batch that cannot be decoded
 the partition. What counts as unchanged, transformed or rejected is decided by
 :func:`kiproxy.interceptors.verdict.judge` alone; plugin faults are metered and
 logged here, policy rejections by the pipeline once per request.
+
+The handler owns the partition's :class:`~kiproxy.proxy.offload.DecodeLease` and
+releases it when the partition is done. A transformed batch large enough to be
+re-encoded on a decode thread is not waited for: once the interceptor has seen
+every batch of the partition, :meth:`PartitionHandler.handle` answers with a task
+that finishes the re-encoding (the pipeline awaits these in partition order), so a
+request's next partition is decoded and intercepted while this one compresses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
@@ -87,6 +95,34 @@ def _refused(topic_key: Any, partition: int, code: int, message: str,
                                                      reason=reason))
 
 
+Piece = bytes | asyncio.Future[bytes]
+"""One batch of a partition on its way out: its bytes, or its re-encoding on a thread."""
+
+
+def _discard(pieces: list[Piece]) -> None:
+    """Let go of re-encodings nobody will read (their exceptions retrieved)."""
+    for piece in pieces:
+        if isinstance(piece, bytes):
+            continue
+        if not piece.done():
+            piece.cancel()
+        elif not piece.cancelled():
+            piece.exception()
+
+
+@dataclass(slots=True)
+class _Encoding:
+    """A partition the interceptor is done with whose re-encoding is still running."""
+
+    pieces: list[Piece]
+    acknowledged: list[AcknowledgedBatch]
+    client: RequestingClient
+    chain: LoadedChain | None
+    topic: str
+    topic_key: Any
+    partition: int
+
+
 
 class PartitionHandler:
     """Runs one topic-partition's batches through the interceptor or a route's chain."""
@@ -123,24 +159,77 @@ class PartitionHandler:
         received_at_ms: int,
         lease: DecodeLease,
         chain: LoadedChain | None = None,
-    ) -> PartitionResult:
+    ) -> PartitionResult | asyncio.Task[PartitionResult]:
         """Decode, intercept (the one interceptor, or ``chain``) and re-encode one
-        topic-partition's batches."""
-        data = part.records
-        if not data:
-            return PartitionResult(data)
+        topic-partition's batches; release ``lease`` when done.
+
+        The answer is a task when re-encoding still runs on a decode thread (the
+        interceptor has seen every batch): await it for the partition's result.
+        """
         route = chain.name if chain is not None else None  # the shorthand's lines as before
-        result = await self._decode_and_intercept(client, request, version, topic, topic_key,
-                                                  part, received_at_ms, lease, chain)
-        if result.rejection is not None:
-            result.rejection.route = route
-        return result
+        finishing = False
+        try:
+            if not part.records:
+                return PartitionResult(part.records)
+            result = await self._decode_and_intercept(client, request, version, topic,
+                                                      topic_key, part, received_at_ms, lease,
+                                                      chain)
+            if isinstance(result, _Encoding):
+                task = asyncio.ensure_future(self._finish(result, lease, route))
+                finishing = True
+                return task
+            if result.rejection is not None:
+                result.rejection.route = route
+            return result
+        finally:
+            if not finishing:
+                lease.release()
+
+    async def _finish(self, encoding: _Encoding, lease: DecodeLease,
+                      route: str | None) -> PartitionResult:
+        """The partition's result once every re-encoding has finished."""
+        pieces = encoding.pieces
+        try:
+            out = []
+            for piece in pieces:
+                if isinstance(piece, bytes):
+                    out.append(piece)
+                    continue
+                try:
+                    out.append(await piece)
+                except Exception as exc:
+                    result = self._unencodable(encoding.client, encoding.chain, encoding.topic,
+                                               encoding.topic_key, encoding.partition, exc)
+                    assert result.rejection is not None
+                    result.rejection.route = route
+                    return result
+            return PartitionResult(b"".join(out), changed=True,
+                                   acknowledged=encoding.acknowledged)
+        finally:
+            _discard(pieces)
+            lease.release()
+
+    def _unencodable(self, client: RequestingClient, chain: LoadedChain | None, topic: str,
+                     topic_key: Any, partition: int, exc: Exception) -> PartitionResult:
+        """Records the plugin returned that cannot be encoded (not Records, a header key
+        that is not UTF-8, a timestamp out of range): the plugin's fault, so the
+        partition is rejected like a raise."""
+        who = client.identity
+        name = self.name if chain is None else f"of route {chain.name}"
+        message = (f"interceptor {name} returned records that cannot "
+                   f"be encoded: {type(exc).__name__}: {exc}")
+        self.verdict_log.fault(name, "encode", f"{topic}[{partition}]",
+                               who.client_address, who.client_id, message,
+                               extra=client.log_context,
+                               route=chain.name if chain is not None else None)
+        return PartitionResult(None, rejection=Rejection(
+            topic_key, partition, INVALID_RECORD, message, logged=True))
 
     async def _decode_and_intercept(
         self, client: RequestingClient, request: Any, version: int, topic: str,
         topic_key: Any, part: Any, received_at_ms: int, lease: DecodeLease,
         chain: LoadedChain | None,
-    ) -> PartitionResult:
+    ) -> PartitionResult | _Encoding:
         data = part.records
         try:
             batches = await lease.decode(data)
@@ -158,12 +247,26 @@ class PartitionHandler:
             return _refused(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
                             "corrupt")
 
+        out: list[Piece] = []
+        try:
+            return await self._intercept_batches(client, request, version, topic, topic_key,
+                                                 part, received_at_ms, lease, chain, batches,
+                                                 out)
+        except BaseException:
+            _discard(out)
+            raise
+
+    async def _intercept_batches(
+        self, client: RequestingClient, request: Any, version: int, topic: str,
+        topic_key: Any, part: Any, received_at_ms: int, lease: DecodeLease,
+        chain: LoadedChain | None, batches: list[Any], out: list[Piece],
+    ) -> PartitionResult | _Encoding:
         who = client.identity
         timeout = self.timeout if chain is None else chain.links[0].timeout
         hooked = self.acknowledges or (chain is not None and bool(chain.hooks))
-        out: list[bytes] = []
         acked: list[AcknowledgedBatch] = []
         changed = False
+        threaded = False
         record_offset = 0
         for decoded in batches:
             h = decoded.header
@@ -189,6 +292,7 @@ class PartitionHandler:
                 result = await self._intercept_chain(chain, view, ctx, topic, part.index,
                                                      record_offset)
             if isinstance(result, Rejection):
+                _discard(out)
                 result.topic = topic_key
                 return PartitionResult(None, rejection=result)
             if isinstance(result, Unchanged):
@@ -196,20 +300,13 @@ class PartitionHandler:
                 transformed = False
             else:
                 try:
-                    out.append(await lease.encode(h, tuple(result.batch.records),
-                                                  self.compression_levels, decoded.block_size))
+                    piece = lease.start_encode(h, tuple(result.batch.records),
+                                               self.compression_levels, decoded.block_size)
                 except Exception as exc:
-                    # Not Records, a header key that is not UTF-8, a timestamp out of
-                    # range: the plugin's fault, so that batch is rejected like a raise.
-                    name = self.name if chain is None else f"of route {chain.name}"
-                    message = (f"interceptor {name} returned records that cannot "
-                               f"be encoded: {type(exc).__name__}: {exc}")
-                    self.verdict_log.fault(name, "encode", f"{topic}[{part.index}]",
-                                           who.client_address, who.client_id, message,
-                                           extra=client.log_context,
-                                           route=chain.name if chain is not None else None)
-                    return PartitionResult(None, rejection=Rejection(
-                        topic_key, part.index, INVALID_RECORD, message, logged=True))
+                    _discard(out)
+                    return self._unencodable(client, chain, topic, topic_key, part.index, exc)
+                out.append(piece)
+                threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
             if hooked:
                 acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
@@ -217,8 +314,11 @@ class PartitionHandler:
                                                transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
-            return PartitionResult(data, acknowledged=acked)
-        return PartitionResult(b"".join(out), changed=True, acknowledged=acked)
+            return PartitionResult(part.records, acknowledged=acked)
+        if threaded:
+            return _Encoding(out, acked, client, chain, topic, topic_key, part.index)
+        return PartitionResult(b"".join(cast("list[bytes]", out)), changed=True,
+                               acknowledged=acked)
 
     def _warn_limit(self, client: RequestingClient, topic: str, partition: int,
                     exc: DecompressionLimitExceeded) -> None:

@@ -6,14 +6,15 @@ No timing here: the harness's measurements are checked by running it, not by tes
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-import support.bench  # noqa: F401  (bench/ is not an installed package)
+import support.bench  # bench/ is not an installed package: this makes it importable
 
 from bench.proxy import paced_load, rotated, summarize_collapsed
 from bench.proxy_cpu import parse_proc_stat
 from bench.proxy_render import render_table, render_targets
-from bench.proxy_scenarios import SCENARIOS, Case
+from bench.proxy_scenarios import SCENARIOS, Case, readme_plugin
 from bench.proxy_stats import (
     RunResult,
     Summary,
@@ -348,3 +349,22 @@ def test_summarize_collapsed_stacks() -> None:
     total = text.split("total (inclusive) time:")[1]
     assert "100.0%  main" in total or "100.0%  loop" in total
     assert summarize_collapsed("") == "no samples"
+
+
+def test_the_readme_plugin_is_benchmarked_as_printed(tmp_path: Path) -> None:
+    """The ``no_secrets`` scenario runs the README's block itself, and with the
+    scenario's word it rewrites every value the benchmark sends."""
+    from kiproxy.interceptors.testing import load, make_batch, run_interceptor
+
+    module = readme_plugin(tmp_path)
+    assert module.read_text() in (support.bench.ROOT / "README.md").read_text()
+    scenario = SCENARIOS["no_secrets"]
+    plugin = load(scenario.interceptor or "", plugins_dir=tmp_path,
+                  config=scenario.interceptor_config)
+    values = json_values(100, 50)
+    outcome = run_interceptor(plugin, make_batch(*values, topic="bench"))
+    assert outcome.kind == "transformed", outcome
+    assert scenario.stored_prefix is not None
+    assert all(r.value is not None and r.value.startswith(scenario.stored_prefix.encode())
+               for r in outcome.records)
+    assert [(r.value or b"").replace(b"***", b"id") for r in outcome.records] == values
