@@ -18,7 +18,9 @@ take one cramjam call into a buffer a few times their size; a block that fills i
 streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
 decoder, python-zstandard's stream reader with a bounded window), and raw snappy
 declares its length, checked before anything is allocated. Every decoder used
-releases the GIL while it works, so a decompression may run on a worker thread.
+releases the GIL while it works, so a decompression may run on a worker thread; so
+does every compressor (LZ4 frames are written by python-lz4, except at level 2),
+so re-compressing on a worker thread does not stall the event loop.
 """
 
 from __future__ import annotations
@@ -215,13 +217,22 @@ def compress(
 
 
 def _lz4_compress_frame(data: bytes, level: int) -> bytes:
-    # An LZ4 frame with independent blocks and no content checksum: the Java
-    # client (KIP-57) cannot read linked blocks, cramjam's one-shot default.
-    # cramjam's own default level is 4 (LZ4HC), ~6x the CPU of fast mode.
-    compressor = cramjam.lz4.Compressor(level=level, content_checksum=False,
-                                        block_linked=False)
-    compressor.compress(data)
-    return bytes(compressor.finish())
+    # An LZ4 frame with independent 64 KiB blocks, block checksums and no content
+    # checksum: the Java client (KIP-57) cannot read linked blocks, cramjam's one-shot
+    # default. python-lz4 writes it and releases the GIL while it compresses;
+    # cramjam's streaming Compressor holds the GIL, which stalled the event loop for
+    # as long as a batch compressing on a decode thread took. The frames are
+    # byte-identical for every level but 2, which is LZ4 1.10's middle mode in
+    # cramjam's liblz4 and fast mode in python-lz4's 1.9.4: cramjam writes that one.
+    if level == 2:
+        compressor = cramjam.lz4.Compressor(level=level, content_checksum=False,
+                                            block_linked=False)
+        compressor.compress(data)
+        return bytes(compressor.finish())
+    out: bytes = lz4.frame.compress(
+        data, compression_level=level, block_size=lz4.frame.BLOCKSIZE_MAX64KB,
+        block_linked=False, content_checksum=False, block_checksum=True, store_size=False)
+    return out
 
 
 def _decompress_bounded(codec: Compression, data: bytes | memoryview, limit: int,

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import cramjam
 import lz4.block
 import lz4.frame
 import pytest
@@ -323,6 +324,33 @@ def test_lz4_compress_of_300_kib_varied_data() -> None:
     assert len(blocks) >= 300 * 1024 // max_block
     assert b"".join(lz4.block.decompress(b, uncompressed_size=max_block) if c else b
                     for b, c in blocks) == raw
+
+
+def _cramjam_lz4_frame(data: bytes, level: int) -> bytes:
+    """The LZ4 frame cramjam's streaming compressor writes (what kiproxy wrote at first)."""
+    compressor = cramjam.lz4.Compressor(level=level, content_checksum=False, block_linked=False)
+    compressor.compress(data)
+    return bytes(compressor.finish())
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.one_of(st.binary(max_size=3_000),
+                      st.integers(0, 200_000).map(_varied_bytes)),
+       level=st.integers(1, 17).filter(lambda lv: lv != 2))
+def test_lz4_frames_are_byte_identical_to_cramjams(data: bytes, level: int) -> None:
+    """LZ4 is written by python-lz4 (it releases the GIL; cramjam's compressor does not):
+    the frames are the ones cramjam wrote, byte for byte, at every level but 2."""
+    assert compress(Compression.LZ4, data, CompressionLevels(lz4=level)) == \
+        _cramjam_lz4_frame(data, level)
+
+
+def test_lz4_level_2_is_lz4s_middle_mode() -> None:
+    """Level 2 stays with cramjam, whose liblz4 has the middle mode (smaller than fast)."""
+    raw = _varied_bytes(200 * 1024)
+    middle = compress(Compression.LZ4, raw, CompressionLevels(lz4=2))
+    assert middle == _cramjam_lz4_frame(raw, 2)
+    assert len(middle) < len(compress(Compression.LZ4, raw, CompressionLevels(lz4=1)))
+    assert lz4.frame.decompress(middle) == raw
 
 
 # ------------------------------------------------------------- compression levels
