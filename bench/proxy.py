@@ -280,6 +280,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--linger-ms", type=float, default=5.0)
     p.add_argument("--max-in-flight", type=int, default=5,
                    help="producer max.in.flight.requests.per.connection")
+    p.add_argument("--connections", type=int, default=1,
+                   help="producer instances in the throughput phase, each with connections "
+                        "of its own (so that --workers has connections to spread)")
     p.add_argument("--workers", type=int,
                    help="pass --workers N to kiproxy run, if this kiproxy has that flag")
     p.add_argument("--write", action="store_true", help="update RESULTS.md even with --quick")
@@ -330,8 +333,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         acks="-1" if args.acks == "all" else args.acks, linger_ms=args.linger_ms,
         max_in_flight=args.max_in_flight, proxy_flags=[],
         max_seconds=args.max_seconds or (4.0 if quick else 10.0),
+        connections=args.connections,
     )
     notes: list[str] = []
+    if args.connections > 1:
+        notes.append(f"throughput phase: {args.connections} producers, each with its own "
+                     "connections, taking turns by 1,000 records")
     if args.workers is not None:
         if kiproxy_has_flag("--workers"):
             options.proxy_flags += ["--workers", str(args.workers)]

@@ -108,20 +108,24 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
         if producer.flush(30):
             raise RuntimeError("warm-up records were not delivered within 30 s")
 
-    # Throughput: one producer that reports only failed deliveries.
-    producer = Producer({**_producer_config(spec), "delivery.report.only.error": True,
-                         "on_delivery": on_error})
-    warm_up(producer)
+    # Throughput: producers that report only failed deliveries; with --connections N,
+    # N of them, each with connections of its own, taking turns by 1,000 records.
+    producers = [Producer({**_producer_config(spec), "delivery.report.only.error": True,
+                           "on_delivery": on_error})
+                 for _ in range(spec.get("connections", 1))]
+    for producer in producers:
+        warm_up(producer)
     if errors:
         return {"error": f"warm-up: {errors[0]}"}
     count = spec["records"]
-    produce, poll = producer.produce, producer.poll
     proxy_pid = spec["pids"].get("proxy")
     memory_before = process_memory(proxy_pid) if proxy_pid else None
     before = sampler.sample()
     t0 = time.perf_counter()
     stop_at = t0 + spec["max_seconds"]
     i = 0
+    producer = producers[0]
+    produce, poll = producer.produce, producer.poll
     while i < count:
         try:
             produce(topic, values[i % n_values], partition=i % partitions)
@@ -129,10 +133,13 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
             poll(0.001)
             continue
         i += 1
-        if not i % 1000 and time.perf_counter() > stop_at:
-            break  # a slow scenario: fewer records rather than a longer run
+        if not i % 1000:
+            if time.perf_counter() > stop_at:
+                break  # a slow scenario: fewer records rather than a longer run
+            producer = producers[i // 1000 % len(producers)]
+            produce, poll = producer.produce, producer.poll
     count = i
-    left = producer.flush(120)
+    left = sum(p.flush(120) for p in producers)
     seconds = time.perf_counter() - t0
     cpu = CpuSampler.delta(before, sampler.sample())
     if left:
@@ -389,6 +396,9 @@ class Options:
     max_seconds: float = 10.0
     """The throughput phase stops producing after this long (slow scenarios)."""
     timeout: float = 600
+    connections: int = 1
+    """Producer instances of the throughput phase, each with connections of its own
+    (so that ``--workers`` has connections to spread)."""
 
 
 def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
@@ -411,7 +421,7 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
                     "max_seconds": options.max_seconds,
                     "latency_seconds": options.latency_seconds,
                     "load_fraction": options.load_fraction, "offered_rps": offered_rps,
-                    "pids": setup.pids, "check": check,
+                    "pids": setup.pids, "check": check, "connections": options.connections,
                 }
                 out = subprocess.run(
                     [sys.executable, "-m", "bench.proxy", "--worker", json.dumps(spec)],

@@ -75,6 +75,10 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
              description="kiproxy, the README's plugin as printed there (plugins/no_secrets.py; "
                          "word \"id\", which every value holds, so every value is "
                          "rewritten)"),
+    Scenario(name="pii", kind="kiproxy", interceptor="pii_masker",
+             interceptor_config={"topics": {"*": ["email", "card", "ssn", "iban", "ipv4"]}},
+             description="kiproxy, the built-in pii_masker with its five rules on every topic "
+                         "(regular expressions over every value: CPU-bound in the proxy)"),
     Scenario(name="validator", kind="kiproxy",
              interceptor="kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator",
              interceptor_config={"default_schema": VALIDATOR_SCHEMA},
