@@ -79,13 +79,23 @@ def _mask_card(match: re.Match[bytes]) -> bytes:
 
 BUILTIN_RULES: dict[str, tuple[str, Replacement]] = {
     "email": (r"(?<![\w.+-])[\w.+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b", b"***@***"),
-    "card": (r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d])", _mask_card),
+    # card and iban begin with the character they match first and check the one before
+    # it after it (the same matches as (?<![\d-])(?:\d[ -]?){12,18}\d(?![\d]) and
+    # \b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b, a property test shows): a pattern that begins
+    # with a look-behind or \b makes Python's re try every position, and these run on
+    # every value (2-2.5x faster on 1 KiB JSON values).
+    "card": (r"\d(?<![\d-]\d)(?:[ -]?\d){12,18}(?!\d)", _mask_card),
     "ssn": (r"\b\d{3}-\d{2}-\d{4}\b", b"***-**-****"),
-    "iban": (r"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b", lambda m: b"****" + m.group()[-4:]),
+    "iban": (r"[A-Z](?<!\w[A-Z])[A-Z]\d{2}[A-Z0-9]{11,30}\b",
+             lambda m: b"****" + m.group()[-4:]),
     "ipv4": (r"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b",
              b"*.*.*.*"),
 }
 """Name -> (pattern, replacement) of the rules every topic may use by name."""
+
+BUILTIN_NEEDS: dict[str, bytes] = {"email": b"@", "ssn": b"-", "ipv4": b"."}
+"""A byte every match of the built-in pattern holds: a value without it is not
+searched (``in`` on bytes is a memchr, the pattern a scan of every position)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +104,17 @@ class _Rule:
     pattern: re.Pattern[bytes]
     replacement: Replacement
     reject: bool
+    needs: bytes = b""
+    """A byte every match holds (empty: none known)."""
 
     def apply(self, data: bytes) -> bytes:
+        if self.needs not in data:
+            return data
         return self.pattern.sub(self.replacement, data)
 
     def matches(self, data: bytes) -> bool:
+        if self.needs not in data:
+            return False
         if isinstance(self.replacement, bytes):
             return self.pattern.search(data) is not None
         # A callable replacement may decline a match (card: the Luhn check).
@@ -126,12 +142,14 @@ def _rule(name: str, spec: Any) -> _Rule:
     if ("pattern" in spec) == ("builtin" in spec):
         raise ValueError(f"{where} needs exactly one of pattern and builtin")
     replacement: Replacement
+    needs = b""
     if "builtin" in spec:
         builtin = str(spec["builtin"])
         if builtin not in BUILTIN_RULES:
             raise ValueError(f"{where}.builtin {builtin!r} is not one of "
                              f"{', '.join(BUILTIN_RULES)}")
         pattern_text, replacement = BUILTIN_RULES[builtin]
+        needs = BUILTIN_NEEDS.get(builtin, b"")
     else:
         pattern_text, replacement = str(spec["pattern"]), b"****"
     pattern = _compile(pattern_text, where)
@@ -142,7 +160,7 @@ def _rule(name: str, spec: Any) -> _Rule:
             if not ((ref.isdigit() and int(ref) <= pattern.groups) or ref in pattern.groupindex):
                 raise ValueError(f"{where}.replacement refers to group {ref}, which the "
                                  "pattern does not have")
-    return _Rule(name, pattern, replacement, action == "reject")
+    return _Rule(name, pattern, replacement, action == "reject", needs)
 
 
 class PiiMasker(ProduceRequestInterceptor):

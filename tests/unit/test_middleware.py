@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kiproxy.interceptors import (
     AcknowledgedBatch,
@@ -450,6 +452,53 @@ def test_pii_masker_reject_rule() -> None:
 def test_pii_config_errors(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         PiiMasker().configure(config)
+
+
+# The built-in patterns as first written: the ones in use are faster forms of these, and
+# rules with a needed byte skip values without it; neither may change a single match.
+_REFERENCE_PATTERNS = {
+    "email": rb"(?<![\w.+-])[\w.+-]+@(?:[A-Za-z0-9-]+\.)+[A-Za-z]{2,}\b",
+    "card": rb"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d])",
+    "ssn": rb"\b\d{3}-\d{2}-\d{4}\b",
+    "iban": rb"\b[A-Z]{2}\d{2}[A-Z0-9]{11,30}\b",
+    "ipv4": rb"\b(?:(?:25[0-5]|2[0-4]\d|1?\d?\d)\.){3}(?:25[0-5]|2[0-4]\d|1?\d?\d)\b",
+}
+_PII_ALPHABET = b"0123456789 -.@_+aZBX"
+
+
+_pii_text = st.binary(max_size=30).map(
+    lambda b: bytes(_PII_ALPHABET[c % len(_PII_ALPHABET)] for c in b))
+_ipv4_like = st.lists(st.integers(0, 299), min_size=3, max_size=5).map(
+    lambda octets: b".".join(b"%d" % o for o in octets))
+_digits_and_separators = st.lists(st.tuples(st.integers(0, 9), st.sampled_from(
+    [b"", b"", b"", b" ", b"-", b"--"])), min_size=8, max_size=22).map(
+    lambda pairs: b"".join(b"%d%s" % (d, sep) for d, sep in pairs))
+
+
+@settings(max_examples=600, deadline=None)
+@given(data=st.one_of(
+    st.tuples(_pii_text, st.one_of(_ipv4_like, _digits_and_separators), _pii_text).map(
+        b"".join),
+    st.binary(max_size=60).map(lambda b: bytes(_PII_ALPHABET[c % len(_PII_ALPHABET)]
+                                               for c in b)),
+    st.lists(st.sampled_from([b"4111 1111 1111 1111", b"4111-1111-1111-1111", b"123-45-6789",
+                              b"DE89370400440532013000", b"jane.doe@example.com", b"10.0.0.1",
+                              b"-", b" ", b"1", b"a", b"@", b".", b"X"]),
+             max_size=12).map(b"".join),
+    st.binary(max_size=80)))
+def test_pii_rules_match_exactly_what_their_reference_patterns_match(data: bytes) -> None:
+    from kiproxy.interceptors.builtin.pii import BUILTIN_RULES, _rule
+
+    for name, reference in _REFERENCE_PATTERNS.items():
+        rule = _rule(name, {"builtin": name})
+        expected = re.compile(reference)
+        assert [m.span() for m in rule.pattern.finditer(data)] == \
+            [m.span() for m in expected.finditer(data)], name
+        replacement = BUILTIN_RULES[name][1]
+        assert rule.apply(data) == expected.sub(replacement, data), name
+        assert rule.matches(data) == (
+            expected.search(data) is not None if isinstance(replacement, bytes)
+            else any(replacement(m) != m.group() for m in expected.finditer(data))), name
 
 
 # ---------------------------------------------------------------------------- Chain
