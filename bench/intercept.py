@@ -20,7 +20,8 @@ two trees alternately (one child process per tree and round) so that drift hits 
 
 Plugins: ``identity`` (returns the batch), ``uppercase`` (the built-in),
 ``readme`` (``batch.with_records(r.with_value(r.value.upper()) for r in
-batch.records)``, the way the README teaches), ``mask`` (the README's example,
+batch.records)``, the way the README teaches), ``no_secrets`` (the README's plugin
+as printed there, word ``id``, which every value holds), ``mask`` (the README's example,
 ``r.with_value(r.value.replace(word, b"***"))``, on values without the word: every
 record copied, the batch judged unchanged), ``stamp`` (the built-in header
 stamper), ``reject1`` (rejects partition 0, keeps the others unchanged),
@@ -42,7 +43,8 @@ from typing import Any
 
 __all__ = ["main", "measure"]
 
-PLUGINS = ("identity", "uppercase", "readme", "mask", "stamp", "reject1", "validator")
+PLUGINS = ("identity", "uppercase", "readme", "no_secrets", "mask", "stamp", "reject1",
+           "validator")
 SCHEMA = {"type": "object", "required": ["id", "kind"],
           "properties": {"id": {"type": "integer", "minimum": 0}, "kind": {"type": "string"}}}
 SIZES = (100, 1024)
@@ -87,6 +89,12 @@ def _plugin(name: str) -> Any:
             if batch.partition == 0:
                 raise RejectBatch("partition 0 is closed", error="POLICY_VIOLATION")
             return batch
+
+    if name == "no_secrets":  # the README's plugin as printed there, word "id"
+        from bench.proxy_scenarios import README_PLUGINS, readme_plugin
+        from kiproxy.interceptors.loader import load_interceptor
+        readme_plugin()
+        return load_interceptor("no_secrets:NoSecrets", README_PLUGINS, {"word": "id"})
 
     plugins: dict[str, Any] = {"identity": Identity, "readme": Readme, "mask": Mask,
                                "reject1": RejectFirst}
