@@ -251,8 +251,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="1 KiB uncompressed only, fewer records, 3 rounds: under 5 minutes; "
                         "prints the table without writing RESULTS.md (unless --write)")
-    p.add_argument("--scenarios", default=",".join(SCENARIOS),
-                   help="comma-separated subset of " + ", ".join(SCENARIOS))
+    p.add_argument("--scenarios",
+                   default=",".join(n for n, s in SCENARIOS.items() if s.by_default),
+                   help="comma-separated subset of " + ", ".join(SCENARIOS)
+                   + " (default: all but "
+                   + ", ".join(n for n, s in SCENARIOS.items() if not s.by_default) + ")")
     p.add_argument("--sizes", help="record value sizes in bytes (default 100,1024)")
     p.add_argument("--codecs", help="producer compression.type values (default none,lz4,zstd)")
     p.add_argument("--repeats", type=int, help="rounds (default 3)")

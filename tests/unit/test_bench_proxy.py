@@ -368,3 +368,13 @@ def test_the_readme_plugin_is_benchmarked_as_printed(tmp_path: Path) -> None:
     assert all(r.value is not None and r.value.startswith(scenario.stored_prefix.encode())
                for r in outcome.records)
     assert [(r.value or b"").replace(b"***", b"id") for r in outcome.records] == values
+
+
+def test_the_default_matrix_leaves_out_opt_in_scenarios() -> None:
+    """``pii`` paces nothing and measures scaling: it runs only when named."""
+    from bench.proxy import _parser
+
+    default = _parser().parse_args([]).scenarios.split(",")
+    assert "pii" in SCENARIOS and "pii" not in default
+    assert {"direct", "haproxy", "uppercase", "readme", "no_secrets"} <= set(default)
+    assert _parser().parse_args(["--scenarios", "direct,pii"]).scenarios == "direct,pii"
