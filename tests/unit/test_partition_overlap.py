@@ -128,11 +128,8 @@ def _pipeline(plugin: ProduceRequestInterceptor) -> ProducePipeline:
     return ProducePipeline(plugin, name="upper", offload=offload)
 
 
-@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZSTD, Compression.GZIP])
-def test_next_partition_is_intercepted_while_the_previous_one_compresses(
-        codec: Compression, gated_encodes: threading.Event) -> None:
-    frame, batches = _frame(codec)
-    plugin = _Upper(on_last=gated_encodes)  # re-encoding may go on once the last is seen
+def _handled(plugin: ProduceRequestInterceptor, frame: bytes) -> tuple[ProducePipeline, Forward]:
+    """The pipeline (its decode threads stopped) and what it forwards for ``frame``."""
     pipeline = _pipeline(plugin)
     try:
         outcome = asyncio.run(pipeline.handle(Client(), parse_request_header(frame), frame,
@@ -140,6 +137,15 @@ def test_next_partition_is_intercepted_while_the_previous_one_compresses(
     finally:
         pipeline.offload.close()
     assert isinstance(outcome, Forward)
+    return pipeline, outcome
+
+
+@pytest.mark.parametrize("codec", [Compression.LZ4, Compression.ZSTD, Compression.GZIP])
+def test_next_partition_is_intercepted_while_the_previous_one_compresses(
+        codec: Compression, gated_encodes: threading.Event) -> None:
+    frame, batches = _frame(codec)
+    plugin = _Upper(on_last=gated_encodes)  # re-encoding may go on once the last is seen
+    pipeline, outcome = _handled(plugin, frame)
     assert plugin.seen == list(range(PARTITIONS))
     forwarded = _forwarded(outcome.frame)
     for p, original in enumerate(batches):
@@ -154,13 +160,7 @@ def test_next_partition_is_intercepted_while_the_previous_one_compresses(
 def test_records_that_cannot_be_encoded_on_a_thread_reject_only_their_partition(
         caplog: pytest.LogCaptureFixture) -> None:
     frame, _ = _frame(Compression.LZ4)
-    pipeline = _pipeline(_Upper(unencodable=1))
-    try:
-        outcome = asyncio.run(pipeline.handle(Client(), parse_request_header(frame), frame,
-                                              None))  # type: ignore[arg-type]
-    finally:
-        pipeline.offload.close()
-    assert isinstance(outcome, Forward)
+    pipeline, outcome = _handled(_Upper(unencodable=1), frame)
     assert sorted(_forwarded(outcome.frame)) == [0, 2]
     assert outcome.on_response is not None
     # The broker answers for the two partitions it got; the client hears of all three.
