@@ -28,7 +28,6 @@ faults at WARNING, rate-limited).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 import uuid
@@ -252,8 +251,9 @@ class ProducePipeline:
         rejections: list[Rejection] = []
         acked: list[Acked] = []
         tallies: list[PartitionTally] | None = [] if self.tallies else None
-        changed = False
-        topics_out = []
+        # Partitions forwarded, and topics that came without any (forwarded as they came):
+        # none of either and the proxy answers the request itself.
+        forwarded = sum(1 for topic in request.topic_data if not topic.partition_data)
         # (topic position, partition position) -> new records; None: not forwarded.
         edits: dict[tuple[int, int], bytes | None] = {}
         # Per topic, in order: a partition forwarded untouched, or the handler's answer
@@ -300,10 +300,9 @@ class ProducePipeline:
                     topic_slots.append((pj, part, tally, chain, result))
 
             for ti, topic in enumerate(request.topic_data):
-                parts_out = []
                 for pj, part, tally, chain, answer in slots[ti]:
                     if answer is None:
-                        parts_out.append(part)
+                        forwarded += 1
                         continue
                     done = await answer if isinstance(answer, asyncio.Task) else answer
                     if done.rejection is not None:
@@ -322,18 +321,10 @@ class ProducePipeline:
                                        part.index, done.acknowledged,
                                        chain.hooks if chain is not None else ()))
                     if done.changed:
-                        changed = True
-                        part = dataclasses.replace(part, records=done.records)
                         edits[ti, pj] = done.records
                         if tally is not None:
                             tally.outcome = "transformed"
-                    parts_out.append(part)
-                if len(parts_out) != len(topic.partition_data) or changed:
-                    if parts_out:
-                        topics_out.append(dataclasses.replace(topic,
-                                                              partition_data=tuple(parts_out)))
-                else:
-                    topics_out.append(topic)
+                    forwarded += 1
         finally:
             for task in tasks:
                 if not task.done():
@@ -348,7 +339,7 @@ class ProducePipeline:
                         f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]",
                         who.client_address, who.client_id, r.error_code, r.message,
                         client.log_context, route=r.route)
-        if not topics_out:
+        if not forwarded:
             if acks == 0:
                 return Answer(None, produce=tallies)
             response_header = encode_response_header(header.correlation_id,
