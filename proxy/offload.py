@@ -247,19 +247,14 @@ class DecodeLease:
             self._held = used
         return batches
 
-    async def encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
-                     levels: CompressionLevels, size_hint: int) -> bytes:
-        """:func:`~kiproxy.protocol.records.encode_batch`, on a thread when the batch
-        is larger than what is decoded inline (``size_hint``: its decoded size)."""
-        started = self.start_encode(header, records, levels, size_hint)
-        return started if isinstance(started, bytes) else await started
-
     def start_encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
                      levels: CompressionLevels, size_hint: int) -> bytes | asyncio.Future[bytes]:
-        """:meth:`encode` without waiting: the bytes when the batch is encoded on the
-        loop, else the worker thread's future (the loop goes on meanwhile, e.g. with
-        the request's next partition). Raises what ``encode_batch`` raises on the loop;
-        the future holds what it raises on a thread."""
+        """:func:`~kiproxy.protocol.records.encode_batch`: the bytes when the batch is
+        encoded on the loop (no larger than what is decoded inline; ``size_hint`` is its
+        decoded size), else a worker thread's future, which the caller awaits when it
+        needs the bytes (the loop goes on meanwhile, e.g. with the request's next
+        partition). Raises what ``encode_batch`` raises on the loop; the future holds
+        what it raises on a thread."""
         offload = self._offload
         if size_hint <= offload.inline_bytes or (
                 header.attributes & 0x07 == Compression.NONE

@@ -119,8 +119,8 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
-_Slot = tuple[int, Any, PartitionTally | None, "LoadedChain | None",
-              "PartitionResult | asyncio.Task[PartitionResult] | None"]
+_Slot = tuple[int, Any, PartitionTally | None, LoadedChain | None,
+              PartitionResult | asyncio.Task[PartitionResult] | None]
 """A partition of a request: its position, data, tally, chain and what was decided (None:
 forwarded untouched; a task: re-encoding still running)."""
 
