@@ -25,14 +25,19 @@ collected for failing records alone. As with the Python ``jsonschema`` package
 before it, ``format`` is an annotation, not an assertion, and no ``$ref`` is fetched
 over the network: a schema whose ``$ref`` does not resolve fails at start. ``NaN``
 and ``Infinity``, which Python's ``json`` reads but JSON does not have, are "not JSON".
+
+Simple schemas (an object of required and typed scalar properties, see
+``_json_typed``) first get a typed look: msgspec decodes only the named fields and
+skips the rest. A value it accepts is valid; anything else takes the path above,
+which decides and writes the error, so verdicts and messages are the same either way.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 try:
     import jsonschema_rs
@@ -49,11 +54,22 @@ from kiproxy.interceptors import (
     RecordBatch,
     RejectBatch,
 )
+from kiproxy.interceptors.builtin._json_typed import typed_check
 
 _MAX_REPORTED = 50
 
 
-def _load_schema(value: Any, where: str) -> jsonschema_rs.Validator:
+class _Schema(NamedTuple):
+    """A topic's schema: the compiled validator and, for simple schemas, the typed check."""
+
+    validator: jsonschema_rs.Validator | None
+    accepts: Callable[[bytes], bool] | None
+
+
+_ANY_JSON = _Schema(None, typed_check({}))
+
+
+def _load_schema(value: Any, where: str) -> _Schema:
     if isinstance(value, str):
         try:
             value = json.loads(Path(value).read_text())
@@ -64,12 +80,14 @@ def _load_schema(value: Any, where: str) -> jsonschema_rs.Validator:
     try:
         # format stays an annotation and $ref never goes to the network: what the
         # Python jsonschema package, used before, did by default.
-        return jsonschema_rs.validator_for(dict(value), validate_formats=False, offline=True)
+        validator = jsonschema_rs.validator_for(dict(value), validate_formats=False,
+                                                offline=True)
     except jsonschema_rs.ValidationError as exc:  # the schema breaks its meta-schema
         at = f" (at {_path(exc.instance_path)})" if exc.instance_path else ""
         raise ValueError(f"{where}: invalid JSON Schema{at}: {exc.message}") from None
     except jsonschema_rs.ReferencingError as exc:
         raise ValueError(f"{where}: invalid JSON Schema: {exc}") from None
+    return _Schema(validator, typed_check(value))
 
 
 def _path(parts: list[str | int]) -> str:
@@ -107,8 +125,8 @@ class JsonSchemaValidator(ProduceRequestInterceptor):
     """Rejects batches with values that are not JSON or break the topic's JSON Schema."""
 
     def __init__(self) -> None:
-        self.validators: dict[str, jsonschema_rs.Validator] = {}
-        self.default: jsonschema_rs.Validator | None = None
+        self.schemas: dict[str, _Schema] = {}
+        self.default = _ANY_JSON
         self.require_schema = False
         self.allow_null = True
         self.error = "INVALID_RECORD"
@@ -118,7 +136,7 @@ class JsonSchemaValidator(ProduceRequestInterceptor):
         schemas = config.get("schemas", {}) or {}
         if not isinstance(schemas, Mapping):
             raise ValueError("schemas must be a mapping of topic to schema")
-        self.validators = {str(t): _load_schema(s, f"schemas.{t}") for t, s in schemas.items()}
+        self.schemas = {str(t): _load_schema(s, f"schemas.{t}") for t, s in schemas.items()}
         if config.get("default_schema") is not None:
             self.default = _load_schema(config["default_schema"], "default_schema")
         self.require_schema = bool(config.get("require_schema", False))
@@ -128,12 +146,12 @@ class JsonSchemaValidator(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch unchanged, or raise RejectBatch listing the bad records."""
-        validator = self.validators.get(batch.topic, self.default)
-        if validator is None and self.require_schema:
+        schema = self.schemas.get(batch.topic, self.default)
+        if schema.validator is None and self.require_schema:
             return batch
         errors: list[tuple[int, str]] = []
         for i, record in enumerate(batch.records):
-            problem = self._check(record.value, validator)
+            problem = self._check(record.value, schema)
             if problem is not None:
                 errors.append((i, problem))
                 if len(errors) >= _MAX_REPORTED:
@@ -147,11 +165,12 @@ class JsonSchemaValidator(ProduceRequestInterceptor):
             )
         return batch
 
-    def _check(
-        self, value: bytes | None, validator: jsonschema_rs.Validator | None
-    ) -> str | None:
+    def _check(self, value: bytes | None, schema: _Schema) -> str | None:
         if value is None:
             return None if self.allow_null else "null value"
+        if schema.accepts is not None and schema.accepts(value):
+            return None
+        validator = schema.validator
         try:
             doc = _parse(value)
         except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
