@@ -140,28 +140,31 @@ class DecodedBatch:
     """Every field of the batch header, as read."""
     records: tuple[Record, ...]
     """The records, in order."""
-    raw: bytes = field(default=b"", repr=False)
-    """The batch's original bytes, forwarded as-is when nothing changed."""
+    raw: bytes | memoryview = field(default=b"", repr=False)
+    """The batch's original bytes, forwarded as-is when nothing changed (a view into
+    the bytes it was decoded from when those hold more than this batch)."""
     block_size: int = 0
     """Bytes of the records block once decompressed (its stored size when uncompressed)."""
 
 
-def _read_header(data: bytes, start: int) -> RecordBatchHeader:
-    remaining = len(data) - start
+def _read_header(data: bytes, start: int, end: int, origin: int = 0) -> RecordBatchHeader:
+    # Messages count bytes from ``origin``, the start of the partition's records.
+    at = start - origin
+    remaining = end - start
     if remaining < 17:
         raise CorruptBatch(
-            f"record batch at byte {start}: {remaining} bytes cannot hold "
+            f"record batch at byte {at}: {remaining} bytes cannot hold "
             "baseOffset, batchLength and magic"
         )
     magic = data[start + 16]
     if magic != 2:
         raise UnsupportedMagic(
-            f"record batch at byte {start}: magic {magic} (old message format); "
+            f"record batch at byte {at}: magic {magic} (old message format); "
             "only magic 2 record batches are supported"
         )
     if remaining < BATCH_HEADER_SIZE:
         raise CorruptBatch(
-            f"record batch at byte {start}: {remaining} bytes, the header alone needs "
+            f"record batch at byte {at}: {remaining} bytes, the header alone needs "
             f"{BATCH_HEADER_SIZE}"
         )
     (
@@ -170,17 +173,17 @@ def _read_header(data: bytes, start: int) -> RecordBatchHeader:
     ) = _HEADER.unpack_from(data, start)
     if batch_length < BATCH_HEADER_SIZE - _LOG_OVERHEAD:
         raise CorruptBatch(
-            f"record batch at byte {start}: batchLength {batch_length} is smaller than "
+            f"record batch at byte {at}: batchLength {batch_length} is smaller than "
             f"the header ({BATCH_HEADER_SIZE - _LOG_OVERHEAD})"
         )
     if batch_length > remaining - _LOG_OVERHEAD:
         raise CorruptBatch(
-            f"record batch at byte {start}: batchLength {batch_length} runs past the "
+            f"record batch at byte {at}: batchLength {batch_length} runs past the "
             f"{remaining - _LOG_OVERHEAD} bytes that follow"
         )
     if count < 0:
-        raise CorruptBatch(f"record batch at byte {start}: recordCount {count} is negative")
-    compression_from_attributes(attributes, start)
+        raise CorruptBatch(f"record batch at byte {at}: recordCount {count} is negative")
+    compression_from_attributes(attributes, at)
     return RecordBatchHeader(
         base_offset=base_offset, batch_length=batch_length, partition_leader_epoch=leader_epoch,
         crc=crc, attributes=attributes, last_offset_delta=last_offset_delta,
@@ -189,15 +192,18 @@ def _read_header(data: bytes, start: int) -> RecordBatchHeader:
     )
 
 
-def read_batch_headers(data: bytes) -> list[RecordBatchHeader]:
+def read_batch_headers(data: bytes, start: int = 0, end: int | None = None
+                       ) -> list[RecordBatchHeader]:
     """Headers of every batch in a partition's ``records`` bytes, without decoding records.
 
-    Checks framing and magic but not CRCs; cheap enough for passthrough accounting.
+    The records are ``data[start:end]`` (all of ``data`` by default). Checks framing and
+    magic but not CRCs; cheap enough for passthrough accounting.
     """
+    stop = len(data) if end is None else end
     out = []
-    pos = 0
-    while pos < len(data):
-        header = _read_header(data, pos)
+    pos = start
+    while pos < stop:
+        header = _read_header(data, pos, stop, start)
         out.append(header)
         pos += _LOG_OVERHEAD + header.batch_length
     return out
@@ -207,24 +213,27 @@ def decode_batch(
     data: bytes,
     start: int = 0,
     *,
+    stop: int | None = None,
+    origin: int = 0,
     verify_crc: bool = True,
     limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
 ) -> DecodedBatch:
-    """Decode the batch starting at ``data[start]``.
+    """Decode the batch starting at ``data[start]``; it must end by ``data[stop]``
+    (the end of ``data`` by default). Error messages count bytes from ``data[origin]``.
 
     Raises a :class:`kiproxy.protocol.errors.CorruptBatch` subclass for anything malformed:
     truncation, old magic, a CRC mismatch, an unknown codec, a bad record, and
     :class:`~kiproxy.protocol.compression.DecompressionLimitExceeded` for a records block
     that decompresses past ``limits`` (decompression stops there).
     """
-    header = _read_header(data, start)
+    header = _read_header(data, start, len(data) if stop is None else stop, origin)
     end = start + _LOG_OVERHEAD + header.batch_length
     if verify_crc:
         actual = crc32c(memoryview(data)[start + _CRC_START : end])
         if actual != header.crc:
             raise CorruptBatch(
-                f"record batch at byte {start}: CRC-32C mismatch (declared {header.crc:#010x}, "
-                f"computed {actual:#010x})"
+                f"record batch at byte {start - origin}: CRC-32C mismatch (declared "
+                f"{header.crc:#010x}, computed {actual:#010x})"
             )
     body_start = start + BATCH_HEADER_SIZE
     codec = header.compression
@@ -241,26 +250,33 @@ def decode_batch(
                                      header.base_timestamp)
             del block
     except DecompressionLimitExceeded as exc:
-        raise DecompressionLimitExceeded(f"record batch at byte {start}: {exc}",
+        raise DecompressionLimitExceeded(f"record batch at byte {start - origin}: {exc}",
                                          limit=exc.limit, setting=exc.setting) from None
     except CorruptBatch as exc:
-        raise CorruptBatch(f"record batch at byte {start}: {exc}") from None
-    raw = data if start == 0 and end == len(data) else data[start:end]
+        raise CorruptBatch(f"record batch at byte {start - origin}: {exc}") from None
+    raw = data if start == 0 and end == len(data) else memoryview(data)[start:end]
     return DecodedBatch(header=header, records=records, raw=raw, block_size=block_size)
 
 
 def decode_batches(
     data: bytes,
+    start: int = 0,
+    end: int | None = None,
     *,
     verify_crc: bool = True,
     limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
 ) -> list[DecodedBatch]:
-    """Decode every batch in a partition's ``records`` bytes (several may follow each other)."""
+    """Decode every batch in a partition's ``records`` bytes (several may follow each other).
+
+    The records are ``data[start:end]`` (all of ``data`` by default): a partition is
+    decoded where it lies in its request frame, without a copy.
+    """
+    stop = len(data) if end is None else end
     out = []
-    pos = 0
-    while pos < len(data):
+    pos = start
+    while pos < stop:
         batch = decode_batch(
-            data, pos, verify_crc=verify_crc, limits=limits)
+            data, pos, stop=stop, origin=start, verify_crc=verify_crc, limits=limits)
         out.append(batch)
         pos += _LOG_OVERHEAD + batch.header.batch_length
     return out

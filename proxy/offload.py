@@ -184,22 +184,23 @@ class BatchOffload:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
-    def plain_inline(self, data: bytes) -> bool:
-        """Whether ``data`` is uncompressed and small enough to decode on the loop."""
-        if len(data) > self.inline_plain_bytes:
+    def plain_inline(self, data: bytes, start: int, end: int) -> bool:
+        """Whether ``data[start:end]`` is uncompressed and small enough to decode on the loop."""
+        if end - start > self.inline_plain_bytes:
             return False
         try:
-            headers = read_batch_headers(data)
+            headers = read_batch_headers(data, start, end)
         except ProtocolError:
             return False  # decoded (and refused) the way it always was
         return (sum(h.record_count for h in headers) <= self.inline_records
                 and all(h.attributes & 0x07 == Compression.NONE for h in headers))
 
-    def worst_case(self, data: bytes) -> int:
-        """Bytes decoding ``data`` may hold at most: its size plus each block's bound."""
-        total = len(data)
+    def worst_case(self, data: bytes, start: int, end: int) -> int:
+        """Bytes decoding ``data[start:end]`` may hold at most: its size plus each block's
+        bound."""
+        total = end - start
         try:
-            headers = read_batch_headers(data)
+            headers = read_batch_headers(data, start, end)
         except ProtocolError:
             return total  # the decoder refuses it before decompressing anything
         for h in headers:
@@ -223,24 +224,29 @@ class DecodeLease:
         self._offload = offload
         self._held = 0
 
-    async def decode(self, data: bytes) -> list[DecodedBatch]:
-        """Decode every batch of a partition's ``records`` bytes (see the module contract).
+    async def decode(self, data: bytes, start: int = 0, end: int | None = None
+                     ) -> list[DecodedBatch]:
+        """Decode every batch of a partition's ``records``, ``data[start:end]`` (all of
+        ``data`` by default; see the module contract).
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
         offload = self._offload
-        if len(data) <= offload.inline_bytes or offload.plain_inline(data):
+        if end is None:
+            end = len(data)
+        size = end - start
+        if size <= offload.inline_bytes or offload.plain_inline(data, start, end):
             try:
-                return decode_batches(data, limits=offload.inline_limits)
+                return decode_batches(data, start, end, limits=offload.inline_limits)
             except DecompressionLimitExceeded as exc:
                 if not (exc.setting == "max_decompressed_batch_bytes"
                         and exc.limit < offload.limits.max_bytes):
                     raise  # the real bound, not the inline one
         budget = offload.budget
-        self._held += await budget.acquire(offload.worst_case(data))
-        batches: list[DecodedBatch] = await offload.run(decode_batches, data,
+        self._held += await budget.acquire(offload.worst_case(data, start, end))
+        batches: list[DecodedBatch] = await offload.run(decode_batches, data, start, end,
                                                         limits=offload.limits)
-        used = len(data) + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+        used = size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
                                for b in batches)
         if used < self._held:
             budget.release(self._held - used)

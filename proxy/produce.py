@@ -47,7 +47,8 @@ from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
 )
-from kiproxy.protocol.messages import ApiKey, parse_request
+from kiproxy.protocol.messages import ApiKey
+from kiproxy.protocol.produce_request import PartitionSpan, read_produce_request
 from kiproxy.protocol.produce_splice import splice_produce_request
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
@@ -119,18 +120,18 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
-_Slot = tuple[int, Any, PartitionTally | None, LoadedChain | None,
+_Slot = tuple[int, PartitionSpan, PartitionTally | None, LoadedChain | None,
               PartitionResult | asyncio.Task[PartitionResult] | None]
 """A partition of a request: its position, data, tally, chain and what was decided (None:
 forwarded untouched; a task: re-encoding still running)."""
 
 
-def _count(data: bytes | None) -> tuple[int, int]:
-    """(batches, records) of a partition's records bytes, from batch headers only."""
-    if not data:
+def _count(frame: bytes, part: PartitionSpan) -> tuple[int, int]:
+    """(batches, records) of a partition's records in the frame, from batch headers only."""
+    if part.data_end == part.data_start:
         return 0, 0
     try:
-        headers = read_batch_headers(data)
+        headers = read_batch_headers(frame, part.data_start, part.data_end)
     except ProtocolError:
         return 0, 0
     return len(headers), sum(h.record_count for h in headers)
@@ -243,7 +244,12 @@ class ProducePipeline:
             return Forward(frame, expect_response=acks != 0,
                            on_response=_node_rewriter(version, nodes_seen))
 
-        request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
+        if type(frame) is not bytes:
+            # A 16-64 KiB frame arrives in a bytearray of its own; records are decoded
+            # where they lie in the frame and need bytes (larger frames are joined into
+            # bytes, smaller ones copied out of the receive chunk).
+            frame = bytes(frame)
+        request = read_produce_request(frame, header.body_offset, version)
         received_at_ms = int(time.time() * 1000)
         client_routes = client.routes(self.routes.table) if self.routes is not None else None
         transactional = request.transactional_id is not None
@@ -253,7 +259,7 @@ class ProducePipeline:
         tallies: list[PartitionTally] | None = [] if self.tallies else None
         # Partitions forwarded, and topics that came without any (forwarded as they came):
         # none of either and the proxy answers the request itself.
-        forwarded = sum(1 for topic in request.topic_data if not topic.partition_data)
+        forwarded = sum(1 for topic in request.topics if not topic.partitions)
         # (topic position, partition position) -> new records; None: not forwarded.
         edits: dict[tuple[int, int], bytes | None] = {}
         # Per topic, in order: a partition forwarded untouched, or the handler's answer
@@ -261,17 +267,22 @@ class ProducePipeline:
         slots: list[list[_Slot]] = []
         tasks: list[asyncio.Task[PartitionResult]] = []
         try:
-            for topic in request.topic_data:
-                topic_key = topic.topic_id if version >= 13 else topic.name
-                topic_name = self.topic_names.get(topic_key) if version >= 13 else topic.name
+            for topic in request.topics:
+                topic_key: uuid.UUID | str | None = topic.name
+                topic_name = topic.name
+                if version >= 13:
+                    topic_key = topic.topic_id
+                    topic_name = (self.topic_names.get(topic.topic_id)
+                                  if topic.topic_id is not None else None)
                 topic_slots: list[_Slot] = []
                 slots.append(topic_slots)
-                for pj, part in enumerate(topic.partition_data):
+                for pj, part in enumerate(topic.partitions):
                     tally = None
                     if tallies is not None:
-                        n_batches, n_records = _count(part.records)
-                        tally = PartitionTally(topic_name or str(topic_key), part.index,
-                                               n_batches, n_records, len(part.records or b""),
+                        n_batches, n_records = _count(frame, part)
+                        tally = PartitionTally(topic_name or str(topic_key), part.partition,
+                                               n_batches, n_records,
+                                               part.data_end - part.data_start,
                                                route=self.route_name)
                         tallies.append(tally)
                     chain: LoadedChain | None = None
@@ -288,18 +299,18 @@ class ProducePipeline:
                     if topic_name is None:
                         result: PartitionResult | asyncio.Task[PartitionResult] = (
                             PartitionResult(None, rejection=Rejection(
-                                topic_key, part.index, UNKNOWN_TOPIC_ID,
+                                topic_key, part.partition, UNKNOWN_TOPIC_ID,
                                 f"topic id {topic_key} is unknown to the proxy; refresh "
                                 "metadata", reason="unknown_topic_id")))
                     else:
                         result = await self.partitions.handle(
-                            client, request, version, topic_name, topic_key, part,
+                            client, request, version, topic_name, topic_key, part, frame,
                             received_at_ms, self.offload.lease(), chain)
                         if isinstance(result, asyncio.Task):
                             tasks.append(result)
                     topic_slots.append((pj, part, tally, chain, result))
 
-            for ti, topic in enumerate(request.topic_data):
+            for ti, topic in enumerate(request.topics):
                 for pj, part, tally, chain, answer in slots[ti]:
                     if answer is None:
                         forwarded += 1
@@ -311,14 +322,14 @@ class ProducePipeline:
                         edits[ti, pj] = None
                         if self.metrics is not None:
                             self.metrics.rejected_batches.labels(rejection.reason).inc(
-                                max(_count(part.records)[0], 1))
+                                max(_count(frame, part)[0], 1))
                         if tally is not None:
                             tally.outcome = "rejected"
                             tally.error_code = rejection.error_code
                             tally.error_message = rejection.message
                         continue
                     acked.append(Acked(topic.topic_id if version >= 13 else topic.name,
-                                       part.index, done.acknowledged,
+                                       part.partition, done.acknowledged,
                                        chain.hooks if chain is not None else ()))
                     if done.changed:
                         edits[ti, pj] = done.records
@@ -349,7 +360,7 @@ class ProducePipeline:
 
         if edits:
             # The new records spliced into the frame: no kio re-serialization.
-            frame = splice_produce_request(frame, header.body_offset, version, edits)
+            frame = splice_produce_request(frame, header.body_offset, version, edits, request)
         if acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         if not rejections and not hooked and tallies is None:
@@ -371,14 +382,17 @@ class ProducePipeline:
         """No interceptor, but observers or metrics want per-partition tallies."""
         assert header.body_offset is not None
         version = header.api_version
-        request = parse_request(ApiKey.PRODUCE, version, frame, header.body_offset)
+        request = read_produce_request(frame, header.body_offset, version)
         tallies = []
-        for topic in request.topic_data:
-            name = self.topic_names.get(topic.topic_id) if version >= 13 else topic.name
-            for part in topic.partition_data:
-                n_batches, n_records = _count(part.records)
-                tallies.append(PartitionTally(name or str(topic.topic_id), part.index, n_batches,
-                                           n_records, len(part.records or b"")))
+        for topic in request.topics:
+            name = topic.name
+            if version >= 13 and topic.topic_id is not None:
+                name = self.topic_names.get(topic.topic_id)
+            for part in topic.partitions:
+                n_batches, n_records = _count(frame, part)
+                tallies.append(PartitionTally(name or str(topic.topic_id), part.partition,
+                                              n_batches, n_records,
+                                              part.data_end - part.data_start))
         if request.acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         return Forward(frame, on_response=self._merger(

@@ -40,6 +40,7 @@ from kiproxy.protocol.errors import (
     UnsupportedCompression,
     UnsupportedMagic,
 )
+from kiproxy.protocol.produce_request import PartitionSpan, ProduceLayout
 from kiproxy.protocol.records import CompressionLevels
 from kiproxy.proxy.offload import WarningLimiter
 from kiproxy.proxy.produce_response import Rejection
@@ -80,7 +81,8 @@ class PartitionResult:
     """What the proxy decided for one topic-partition of a ProduceRequest."""
 
     records: bytes | None
-    """The records to forward (the original bytes unless ``changed``); None if refused."""
+    """The re-encoded records when ``changed``; None otherwise (refused, or forwarded as
+    they lie in the request frame)."""
     changed: bool = False
     """The interceptor transformed at least one batch: ``records`` were re-encoded."""
     acknowledged: list[AcknowledgedBatch] = dataclasses.field(default_factory=list)
@@ -95,14 +97,15 @@ def _refused(topic_key: Any, partition: int, code: int, message: str,
                                                      reason=reason))
 
 
-Piece = bytes | asyncio.Future[bytes]
-"""One batch of a partition on its way out: its bytes, or its re-encoding on a thread."""
+Piece = bytes | memoryview | asyncio.Future[bytes]
+"""One batch of a partition on its way out: its bytes (a view into the request frame when
+unchanged), or its re-encoding on a thread."""
 
 
 def _discard(pieces: list[Piece]) -> None:
     """Let go of re-encodings nobody will read (their exceptions retrieved)."""
     for piece in pieces:
-        if isinstance(piece, bytes):
+        if not isinstance(piece, asyncio.Future):
             continue
         if not piece.done():
             piece.cancel()
@@ -155,7 +158,8 @@ class PartitionHandler:
         version: int,
         topic: str,
         topic_key: Any,
-        part: Any,
+        part: PartitionSpan,
+        frame: bytes,
         received_at_ms: int,
         lease: DecodeLease,
         chain: LoadedChain | None = None,
@@ -169,11 +173,11 @@ class PartitionHandler:
         route = chain.name if chain is not None else None  # the shorthand's lines as before
         finishing = False
         try:
-            if not part.records:
-                return PartitionResult(part.records)
+            if part.data_end == part.data_start:  # null or empty: nothing to look at
+                return PartitionResult(None)
             result = await self._decode_and_intercept(client, request, version, topic,
-                                                      topic_key, part, received_at_ms, lease,
-                                                      chain)
+                                                      topic_key, part, frame, received_at_ms,
+                                                      lease, chain)
             if isinstance(result, _Encoding):
                 task = asyncio.ensure_future(self._finish(result, lease, route))
                 finishing = True
@@ -192,7 +196,7 @@ class PartitionHandler:
         try:
             out = []
             for piece in pieces:
-                if isinstance(piece, bytes):
+                if not isinstance(piece, asyncio.Future):
                     out.append(piece)
                     continue
                 try:
@@ -226,25 +230,24 @@ class PartitionHandler:
             topic_key, partition, INVALID_RECORD, message, logged=True))
 
     async def _decode_and_intercept(
-        self, client: RequestingClient, request: Any, version: int, topic: str,
-        topic_key: Any, part: Any, received_at_ms: int, lease: DecodeLease,
-        chain: LoadedChain | None,
+        self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
+        topic_key: Any, part: PartitionSpan, frame: bytes, received_at_ms: int,
+        lease: DecodeLease, chain: LoadedChain | None,
     ) -> PartitionResult | _Encoding:
-        data = part.records
         try:
-            batches = await lease.decode(data)
+            batches = await lease.decode(frame, part.data_start, part.data_end)
         except UnsupportedMagic as exc:
-            return _refused(topic_key, part.index, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
+            return _refused(topic_key, part.partition, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
                             "old_format")
         except UnsupportedCompression as exc:
-            return _refused(topic_key, part.index, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
+            return _refused(topic_key, part.partition, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
                             "unsupported_compression")
         except DecompressionLimitExceeded as exc:
-            self._warn_limit(client, topic, part.index, exc)
-            return _refused(topic_key, part.index, INVALID_RECORD, str(exc),
+            self._warn_limit(client, topic, part.partition, exc)
+            return _refused(topic_key, part.partition, INVALID_RECORD, str(exc),
                             "decompression_limit")
         except CorruptBatch as exc:
-            return _refused(topic_key, part.index, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
+            return _refused(topic_key, part.partition, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
                             "corrupt")
 
         out: list[Piece] = []
@@ -257,8 +260,8 @@ class PartitionHandler:
             raise
 
     async def _intercept_batches(
-        self, client: RequestingClient, request: Any, version: int, topic: str,
-        topic_key: Any, part: Any, received_at_ms: int, lease: DecodeLease,
+        self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
+        topic_key: Any, part: PartitionSpan, received_at_ms: int, lease: DecodeLease,
         chain: LoadedChain | None, batches: list[Any], out: list[Piece],
     ) -> PartitionResult | _Encoding:
         who = client.identity
@@ -274,7 +277,7 @@ class PartitionHandler:
                 out.append(decoded.raw)
                 continue
             view = RecordBatch(
-                topic=topic, partition=part.index, records=decoded.records,
+                topic=topic, partition=part.partition, records=decoded.records,
                 producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                 base_sequence=h.base_sequence, transactional=h.is_transactional,
                 compression=_CODEC_NAMES[h.compression],
@@ -287,9 +290,9 @@ class PartitionHandler:
                 proxy_host=self.proxy_host, identity=who,
             )
             if chain is None:
-                result = await self._intercept(view, ctx, topic, part.index, record_offset)
+                result = await self._intercept(view, ctx, topic, part.partition, record_offset)
             else:
-                result = await self._intercept_chain(chain, view, ctx, topic, part.index,
+                result = await self._intercept_chain(chain, view, ctx, topic, part.partition,
                                                      record_offset)
             if isinstance(result, Rejection):
                 _discard(out)
@@ -304,20 +307,20 @@ class PartitionHandler:
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return self._unencodable(client, chain, topic, topic_key, part.index, exc)
+                    return self._unencodable(client, chain, topic, topic_key, part.partition, exc)
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
             if hooked:
-                acked.append(AcknowledgedBatch(topic=topic, partition=part.index,
+                acked.append(AcknowledgedBatch(topic=topic, partition=part.partition,
                                                record_count=len(decoded.records),
                                                transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
-            return PartitionResult(part.records, acknowledged=acked)
+            return PartitionResult(None, acknowledged=acked)
         if threaded:
-            return _Encoding(out, acked, client, chain, topic, topic_key, part.index)
-        return PartitionResult(b"".join(cast("list[bytes]", out)), changed=True,
+            return _Encoding(out, acked, client, chain, topic, topic_key, part.partition)
+        return PartitionResult(b"".join(cast("list[bytes | memoryview]", out)), changed=True,
                                acknowledged=acked)
 
     def _warn_limit(self, client: RequestingClient, topic: str, partition: int,

@@ -5,7 +5,7 @@ records, a nullable transactional id) and random edits (records replaced, partit
 removed, whole topics emptied), :func:`splice_produce_request` gives exactly the bytes
 kio writes for the edited message. Unknown tagged fields on the flexible versions
 (which kio's reader refuses, so the proxy never forwards them) are kept where they
-were: on every partition, topic and the request itself. The scanner never reads past a cut body.
+were: on every partition, topic and the request itself. The reader never reads past a cut body.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from kio.static.primitive import i16, i32, i32Timedelta
 
 from kiproxy.protocol.errors import MalformedMessage
 from kiproxy.protocol.messages import ApiKey, request_type, serialize
-from kiproxy.protocol.produce_splice import scan_produce_request, splice_produce_request
+from kiproxy.protocol.produce_request import read_produce_request
+from kiproxy.protocol.produce_splice import splice_produce_request
 
 VERSIONS = range(3, 14)
 HEAD = b"\x00\x00\x00\x09\x00\x00\x00\x07\xff\xff\x00"  # a header stand-in: kept as is
@@ -107,7 +108,7 @@ def test_no_edits_give_the_frame_back(case: tuple[int, Any]) -> None:
 
 def _with_unknown_tags(frame: bytes, version: int, tag: bytes) -> bytes:
     """``frame`` with one unknown tagged field on every partition, topic and the request."""
-    layout = scan_produce_request(frame, len(HEAD), version)
+    layout = read_produce_request(frame, len(HEAD), version)
     ends = [p.end for t in layout.topics for p in t.partitions]
     ends += [t.end for t in layout.topics] + [layout.end]
     out = bytearray(frame)
@@ -140,7 +141,7 @@ def test_records_offsets_point_at_each_partitions_records() -> None:
             part_cls(index=i32(0), records=b"first"), part_cls(index=i32(1), records=None))),
             topic_cls(name="b", partition_data=(part_cls(index=i32(5), records=b""),))))
     frame = HEAD + serialize(request)
-    layout = scan_produce_request(frame, len(HEAD), 9)
+    layout = read_produce_request(frame, len(HEAD), 9)
     spans = [(frame[p.data_start:p.data_end]) for t in layout.topics for p in t.partitions]
     assert spans == [b"first", b"", b""]
     assert layout.end == len(frame)
@@ -158,4 +159,4 @@ def test_a_cut_body_is_malformed_never_an_over_read(version: int) -> None:
     frame = HEAD + serialize(request)
     for cut in range(len(HEAD), len(frame)):
         with pytest.raises(MalformedMessage):
-            scan_produce_request(frame[:cut], len(HEAD), version)
+            read_produce_request(frame[:cut], len(HEAD), version)

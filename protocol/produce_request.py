@@ -1,0 +1,235 @@
+"""Reading a Produce v3-v13 request in one pass, without copying its records.
+
+Contract: :func:`read_produce_request` walks the body of a Produce request (Kafka's
+``ProduceRequest.json``: transactional_id, acks, timeout, then topics, each with its
+partitions, each with its ``records``; tagged fields after every struct on the
+flexible versions, v9+) and returns a :class:`ProduceLayout`: the fields the proxy
+acts on (transactional id, acks, each topic's name or id, each partition's index) and
+where every topic entry, partition entry and ``records`` field lies in the frame. The
+records stay in the frame: a partition's records are ``frame[data_start:data_end]``,
+decoded in place. The same layout tells :mod:`~kiproxy.protocol.produce_splice` where
+to cut.
+
+What does not parse raises :class:`~kiproxy.protocol.errors.MalformedMessage` naming
+the field and the byte: a length running past the frame, a null or negative array, a
+null topic name, a name or transactional id that is not UTF-8, bytes left after the
+body. Nothing is read past the frame. Tagged fields are skipped, as Kafka's own
+parser skips tags it does not know (a Produce request defines none).
+"""
+
+from __future__ import annotations
+
+import struct
+import uuid
+from typing import NamedTuple
+
+from kiproxy.protocol.errors import MalformedMessage
+
+__all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_produce_request"]
+
+FIRST_FLEXIBLE_VERSION = 9
+"""Produce v9 is the first version with compact lengths and tagged fields."""
+FIRST_TOPIC_ID_VERSION = 13
+"""Produce v13 names topics by a 16-byte id instead of a string."""
+
+_INT16 = struct.Struct(">h")
+_INT32 = struct.Struct(">i")
+_ACKS_TIMEOUT = struct.Struct(">hi")
+_ZERO_ID = bytes(16)
+
+
+class PartitionSpan(NamedTuple):
+    """One partition entry: its index and where it lies in the frame (absolute positions)."""
+
+    partition: int
+    """The partition index."""
+    start: int
+    """The partition entry's first byte (its index)."""
+    records_at: int
+    """The first byte of the ``records`` length prefix."""
+    data_start: int
+    """The first byte of the records themselves."""
+    data_end: int
+    """One past the records' last byte (``data_start`` for null or empty records)."""
+    end: int
+    """One past the entry's last byte (after its tagged fields on v9+)."""
+
+
+class TopicSpan(NamedTuple):
+    """One topic entry: its name (v3-v12) or id (v13) and where it lies in the frame."""
+
+    name: str | None
+    """The topic name; None on v13, which names the topic by ``topic_id``."""
+    topic_id: uuid.UUID | None
+    """The topic id on v13 (None for the all-zero id); None before."""
+    start: int
+    """The topic entry's first byte (its name or id)."""
+    count_at: int
+    """The first byte of the partition array's length."""
+    partitions: tuple[PartitionSpan, ...]
+    """Each partition entry, in request order."""
+    end: int
+    """One past the entry's last byte (after its tagged fields on v9+)."""
+
+
+class ProduceLayout(NamedTuple):
+    """A Produce request's fields the proxy acts on, and where its entries lie."""
+
+    transactional_id: str | None
+    """The transactional id, for transactional producers."""
+    acks: int
+    """0, 1 or -1 (all)."""
+    timeout_ms: int
+    """The broker's wait for acknowledgements."""
+    count_at: int
+    """The first byte of the topic array's length (after acks and timeout)."""
+    topics: tuple[TopicSpan, ...]
+    """Each topic entry, in request order."""
+    end: int
+    """One past the request body's last byte (after its tagged fields on v9+)."""
+
+
+def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
+    return MalformedMessage(f"Produce request v{version} does not parse: {what} at byte "
+                            f"{pos} runs past the {end}-byte frame")
+
+
+def _uvarint(data: bytes, pos: int, end: int, version: int, what: str) -> tuple[int, int]:
+    result = shift = 0
+    while True:
+        if pos >= end:
+            raise _short(version, what, pos, end)
+        b = data[pos]
+        pos += 1
+        result |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return result, pos
+        shift += 7
+        if shift > 28:
+            raise MalformedMessage(f"Produce request v{version} does not parse: {what} "
+                                   f"varint at byte {pos} overflows 32 bits")
+
+
+def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
+    count, pos = _uvarint(data, pos, end, version, "tagged field count")
+    for _ in range(count):
+        _, pos = _uvarint(data, pos, end, version, "tagged field tag")
+        size, pos = _uvarint(data, pos, end, version, "tagged field size")
+        if pos + size > end:
+            raise _short(version, "tagged field", pos, end)
+        pos += size
+    return pos
+
+
+def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
+            what: str) -> tuple[str | None, int]:
+    """A (compact) nullable string: its text, or None for null."""
+    if flexible:
+        size, pos = _uvarint(data, pos, end, version, f"{what} length")
+        size -= 1
+    else:
+        if pos + 2 > end:
+            raise _short(version, f"{what} length", pos, end)
+        (size,) = _INT16.unpack_from(data, pos)
+        pos += 2
+    if size < 0:
+        return None, pos
+    if pos + size > end:
+        raise _short(version, what, pos, end)
+    try:
+        return data[pos:pos + size].decode(), pos + size
+    except UnicodeDecodeError:
+        raise MalformedMessage(f"Produce request v{version} does not parse: {what} at byte "
+                               f"{pos} is not UTF-8") from None
+
+
+def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
+                  what: str) -> tuple[int, int]:
+    if flexible:
+        n, pos = _uvarint(data, pos, end, version, what)
+        n -= 1
+    else:
+        if pos + 4 > end:
+            raise _short(version, what, pos, end)
+        (n,) = _INT32.unpack_from(data, pos)
+        pos += 4
+    if n < 0:
+        raise MalformedMessage(f"Produce request v{version} does not parse: {what} is null "
+                               f"or negative at byte {pos}")
+    return n, pos
+
+
+def read_produce_request(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
+    """The fields and layout of the Produce v3+ body at ``frame[body_offset:]``.
+
+    Raises :class:`MalformedMessage` for a body that does not parse (see the module
+    contract), including one followed by bytes it does not account for.
+    """
+    flexible = version >= FIRST_FLEXIBLE_VERSION
+    by_id = version >= FIRST_TOPIC_ID_VERSION
+    data = frame
+    end = len(data)
+    transactional_id, pos = _string(data, body_offset, end, version, flexible,
+                                    "transactional_id")
+    if pos + 6 > end:
+        raise _short(version, "acks and timeout", pos, end)
+    acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(data, pos)
+    pos += 6
+    count_at = pos
+    n_topics, pos = _array_length(data, pos, end, version, flexible, "topic count")
+    topics = []
+    for _ in range(n_topics):
+        start = pos
+        name: str | None = None
+        topic_id: uuid.UUID | None = None
+        if by_id:
+            if pos + 16 > end:
+                raise _short(version, "topic_id", pos, end)
+            raw_id = data[pos:pos + 16]
+            pos += 16
+            # The all-zero id is Kafka's "no id"; kio reads it as None, and so do answers.
+            topic_id = uuid.UUID(bytes=raw_id) if raw_id != _ZERO_ID else None
+        else:
+            name, pos = _string(data, pos, end, version, flexible, "topic name")
+            if name is None:
+                raise MalformedMessage(f"Produce request v{version} does not parse: a null "
+                                       f"topic name at byte {start}")
+        part_count_at = pos
+        n_parts, pos = _array_length(data, pos, end, version, flexible, "partition count")
+        partitions = []
+        for _ in range(n_parts):
+            part_start = pos
+            if pos + 4 > end:
+                raise _short(version, "partition index", pos, end)
+            (index,) = _INT32.unpack_from(data, pos)
+            records_at = pos = pos + 4
+            if flexible:
+                size, pos = _uvarint(data, pos, end, version, "records length")
+                size -= 1
+            else:
+                if pos + 4 > end:
+                    raise _short(version, "records length", pos, end)
+                (size,) = _INT32.unpack_from(data, pos)
+                pos += 4
+            data_start = pos
+            if size > 0:
+                if pos + size > end:
+                    raise _short(version, "records", pos, end)
+                pos += size
+            elif size < -1:
+                raise MalformedMessage(f"Produce request v{version} does not parse: records "
+                                       f"length {size} at byte {records_at}")
+            data_end = pos
+            if flexible:
+                pos = _tagged_fields(data, pos, end, version)
+            partitions.append(PartitionSpan(index, part_start, records_at, data_start,
+                                            data_end, pos))
+        if flexible:
+            pos = _tagged_fields(data, pos, end, version)
+        topics.append(TopicSpan(name, topic_id, start, part_count_at, tuple(partitions), pos))
+    if flexible:
+        pos = _tagged_fields(data, pos, end, version)
+    if pos != end:
+        raise MalformedMessage(f"Produce request v{version}: {end - pos} unread bytes after "
+                               f"the body (byte {pos})")
+    return ProduceLayout(transactional_id, acks, timeout_ms, count_at, tuple(topics), pos)
