@@ -45,7 +45,7 @@ class Record:
     def __hash__(self) -> int: ...
 
 def decode_records(
-    data: bytes, start: int, end: int, count: int, base_timestamp: int
+    data: bytes, start: int, end: int, count: int, base_timestamp: int, origin: int = 0
 ) -> tuple[Record, ...]: ...
 def encode_records(
     records: tuple[Record, ...], base_timestamp: int, renumber: bool

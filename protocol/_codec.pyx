@@ -296,6 +296,7 @@ cdef struct Cursor:
     const unsigned char* data
     Py_ssize_t pos
     Py_ssize_t end
+    Py_ssize_t origin  # error messages count bytes from here
 
 
 cdef int _fail(str message) except -1:
@@ -309,7 +310,7 @@ cdef inline int64_t _read_varlong(Cursor* c, const char* field, Py_ssize_t recor
     cdef Py_ssize_t start = c.pos
     while True:
         if c.pos >= c.end:
-            _fail(f"record {record_no}: {field.decode()} varint truncated at byte {start}")
+            _fail(f"record {record_no}: {field.decode()} varint truncated at byte {start - c.origin}")
         b = c.data[c.pos]
         c.pos += 1
         result |= (<uint64_t>(b & 0x7F)) << shift
@@ -317,7 +318,7 @@ cdef inline int64_t _read_varlong(Cursor* c, const char* field, Py_ssize_t recor
             break
         shift += 7
         if shift > 63:
-            _fail(f"record {record_no}: {field.decode()} varint at byte {start} is longer than 10 bytes")
+            _fail(f"record {record_no}: {field.decode()} varint at byte {start - c.origin} is longer than 10 bytes")
     return <int64_t>((result >> 1) ^ (~(result & 1) + 1))
 
 
@@ -328,11 +329,11 @@ cdef inline int32_t _read_varint(Cursor* c, const char* field, Py_ssize_t record
     cdef Py_ssize_t start = c.pos
     while True:
         if c.pos >= c.end:
-            _fail(f"record {record_no}: {field.decode()} varint truncated at byte {start}")
+            _fail(f"record {record_no}: {field.decode()} varint truncated at byte {start - c.origin}")
         b = c.data[c.pos]
         c.pos += 1
         if shift == 28 and (b & 0xF0):
-            _fail(f"record {record_no}: {field.decode()} varint at byte {start} overflows 32 bits")
+            _fail(f"record {record_no}: {field.decode()} varint at byte {start - c.origin} overflows 32 bits")
         result |= (<uint32_t>(b & 0x7F)) << shift
         if not (b & 0x80):
             break
@@ -349,9 +350,9 @@ cdef inline int32_t _skip_bytes(Cursor* c, const char* field, Py_ssize_t record_
     if n == -1:
         return -1
     if n < -1:
-        _fail(f"record {record_no}: {field.decode()} length {n} at byte {start} is negative")
+        _fail(f"record {record_no}: {field.decode()} length {n} at byte {start - c.origin} is negative")
     if n > c.end - c.pos:
-        _fail(f"record {record_no}: {field.decode()} length {n} at byte {start} "
+        _fail(f"record {record_no}: {field.decode()} length {n} at byte {start - c.origin} "
               f"exceeds the {c.end - c.pos} bytes left")
     c.pos += n
     return n
@@ -395,6 +396,7 @@ cdef tuple _decode_headers(bytes block, Py_ssize_t at, Py_ssize_t end):
     c.data = <const unsigned char*>PyBytes_AS_STRING(block)
     c.pos = at
     c.end = end
+    c.origin = 0
     cdef Py_ssize_t nh = _read_varint(&c, b"header count", 0)
     cdef Py_ssize_t j, vat
     cdef int32_t klen, vlen
@@ -413,12 +415,13 @@ cdef tuple _decode_headers(bytes block, Py_ssize_t at, Py_ssize_t end):
 
 
 def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t count,
-                   int64_t base_timestamp):
+                   int64_t base_timestamp, Py_ssize_t origin=0):
     """Decode ``count`` records from ``data[start:end]`` into a tuple of ``Record``.
 
     The block must hold exactly ``count`` records; anything else raises
-    :class:`protocol.errors.CorruptBatch` naming the record and byte offset. Every
-    field is checked here; keys, values and headers are built when first read.
+    :class:`protocol.errors.CorruptBatch` naming the record and byte offset (counted
+    from ``data[origin]``). Every field is checked here; keys, values and headers are
+    built when first read.
     """
     if start < 0 or end > PyBytes_GET_SIZE(data) or start > end:
         raise ValueError("records block bounds are outside the buffer")
@@ -432,6 +435,7 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     c.data = <const unsigned char*>PyBytes_AS_STRING(data)
     c.pos = start
     c.end = end
+    c.origin = origin
     cdef tuple out = PyTuple_New(count)
     cdef Py_ssize_t i, j, record_end, record_start, nh, hstart, at
     cdef int32_t length, klen
@@ -440,12 +444,12 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
         record_start = c.pos
         length = _read_varint(&c, b"record length", i)
         if length < 0 or length > c.end - c.pos:
-            _fail(f"record {i}: length {length} at byte {record_start} "
+            _fail(f"record {i}: length {length} at byte {record_start - c.origin} "
                   f"does not fit the {c.end - c.pos} bytes left")
         record_end = c.pos + length
         c.end = record_end
         if c.pos >= c.end:
-            _fail(f"record {i}: attributes missing at byte {c.pos}")
+            _fail(f"record {i}: attributes missing at byte {c.pos - c.origin}")
         c.pos += 1  # record attributes: unused in magic 2
         r = Record.__new__(Record)
         r._block = data
@@ -458,19 +462,19 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
         r._headers_at = hstart = c.pos
         nh = _read_varint(&c, b"header count", i)
         if nh < 0 or nh > c.end - c.pos:
-            _fail(f"record {i}: header count {nh} at byte {hstart} is impossible")
+            _fail(f"record {i}: header count {nh} at byte {hstart - c.origin} is impossible")
         for j in range(nh):
             hstart = c.pos
             klen = _read_varint(&c, b"header key length", i)
             if klen < 0 or klen > c.end - c.pos:
-                _fail(f"record {i}: header {j} key length {klen} at byte {hstart} is impossible")
+                _fail(f"record {i}: header {j} key length {klen} at byte {hstart - c.origin} is impossible")
             if not _utf8_valid(c.data + c.pos, klen):
-                _fail(f"record {i}: header {j} key at byte {c.pos} is not valid UTF-8")
+                _fail(f"record {i}: header {j} key at byte {c.pos - c.origin} is not valid UTF-8")
             c.pos += klen
             _skip_bytes(&c, b"header value", i, &at)
         if c.pos != record_end:
-            _fail(f"record {i}: declared length {length} at byte {record_start} "
-                  f"but its fields end at byte {c.pos}")
+            _fail(f"record {i}: declared length {length} at byte {record_start - c.origin} "
+                  f"but its fields end at byte {c.pos - c.origin}")
         r._headers_end = record_end
         if nh == 0:
             r._headers = ()

@@ -101,13 +101,13 @@ def _uvarint(data: bytes, pos: int, end: int, version: int, what: str) -> tuple[
             raise _short(version, what, pos, end)
         b = data[pos]
         pos += 1
+        if shift == 28 and b & 0xF0:
+            raise MalformedMessage(f"Produce request v{version} does not parse: {what} "
+                                   f"varint at byte {pos - 5} overflows 32 bits")
         result |= (b & 0x7F) << shift
         if not b & 0x80:
             return result, pos
         shift += 7
-        if shift > 28:
-            raise MalformedMessage(f"Produce request v{version} does not parse: {what} "
-                                   f"varint at byte {pos} overflows 32 bits")
 
 
 def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
@@ -132,8 +132,11 @@ def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
             raise _short(version, f"{what} length", pos, end)
         (size,) = _INT16.unpack_from(data, pos)
         pos += 2
-    if size < 0:
+    if size == -1:
         return None, pos
+    if size < -1:
+        raise MalformedMessage(f"Produce request v{version} does not parse: {what} length "
+                               f"{size} at byte {pos - 2} is negative")
     if pos + size > end:
         raise _short(version, what, pos, end)
     try:
@@ -145,6 +148,7 @@ def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
 
 def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
                   what: str) -> tuple[int, int]:
+    at = pos
     if flexible:
         n, pos = _uvarint(data, pos, end, version, what)
         n -= 1
@@ -155,7 +159,7 @@ def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
         pos += 4
     if n < 0:
         raise MalformedMessage(f"Produce request v{version} does not parse: {what} is null "
-                               f"or negative at byte {pos}")
+                               f"or negative at byte {at}")
     return n, pos
 
 

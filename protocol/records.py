@@ -240,7 +240,7 @@ def decode_batch(
     try:
         if codec is Compression.NONE:
             records = decode_records(data, body_start, end, header.record_count,
-                                     header.base_timestamp)
+                                     header.base_timestamp, origin)
             block_size = end - body_start
         else:
             limit, setting = limits.bound(end - body_start)

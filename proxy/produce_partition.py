@@ -4,9 +4,10 @@ Contract: :meth:`PartitionHandler.handle` decodes a partition's record batches
 (off the loop for large ones, within the decode budget), hands each data batch
 to the single interceptor - or to a route's chain
 (:func:`~kiproxy.proxy.route_runtime.run_route`) - and answers with a
-:class:`PartitionResult`: the original bytes when nothing changed, the
-re-encoded batches (original codec, every producer field kept) when some
-interceptor transformed one, or a :class:`Rejection` for the whole partition.
+:class:`PartitionResult`: no records when nothing changed (the partition stays
+as it lies in the request frame, decoded there without a copy), the re-encoded
+batches (original codec, every producer field kept) when some interceptor
+transformed one, or a :class:`Rejection` for the whole partition.
 Control batches pass untouched. Fail closed: a batch that cannot be decoded
 (old format, unknown codec, corrupt, over the decompression limits) rejects
 the partition. What counts as unchanged, transformed or rejected is decided by

@@ -15,12 +15,15 @@ empty schema, is "any JSON". Such a schema becomes a msgspec Struct, whose decod
 builds only the named fields and skips the rest of the object without creating
 Python objects for it: a 1 KiB value of 40 fields is checked in about a quarter of
 the time of parsing it whole. What msgspec's skipping lets through, the check adds
-back: the value must be UTF-8 (skipped strings are not decoded), and anything msgspec
-refuses (a float where an integer is asked for, 1.0 included) goes the full way.
+back: the value must be UTF-8 (skipped strings are not decoded) and hold no integer
+longer than Python's digit limit, and anything msgspec refuses (a float where an
+integer is asked for, 1.0 included) goes the full way. Bounds must fit in 64 bits.
 """
 
 from __future__ import annotations
 
+import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
@@ -38,8 +41,11 @@ _BOUNDED = {"minimum": "integer", "maximum": "integer", "minLength": "string",
             "maxLength": "string"}
 
 
+_INT64 = range(-(2**63), 2**63)  # the bounds msgspec's constraints take
+
+
 def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, int) and not isinstance(value, bool) and value in _INT64
 
 
 def _property_type(schema: Any) -> Any:
@@ -100,8 +106,14 @@ def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:
     if kind is None:
         return None
     decode = msgspec.json.Decoder(kind).decode
+    # msgspec skips an integer of any length; Python's json refuses one longer than
+    # the interpreter's digit limit (4,300 by default), and that makes it "not JSON".
+    limit = sys.get_int_max_str_digits()
+    too_long = re.compile(rb"[0-9]{%d}" % (limit + 1)).search if limit else None
 
     def accepts(value: bytes) -> bool:
+        if too_long is not None and len(value) > limit and too_long(value):
+            return False
         if not value.isascii():
             try:
                 value.decode()

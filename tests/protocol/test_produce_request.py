@@ -74,3 +74,18 @@ def test_a_null_partition_array_is_malformed() -> None:
     frame[layout.topics[0].count_at] = 0  # compact array length 0: null
     with pytest.raises(MalformedMessage, match="partition count is null or negative"):
         read_produce_request(bytes(frame), len(HEAD), 9)
+
+
+def test_a_transactional_id_length_below_minus_one_is_malformed() -> None:
+    frame = bytearray(_one_topic(3))
+    frame[len(HEAD):len(HEAD) + 2] = (-5).to_bytes(2, "big", signed=True)
+    with pytest.raises(MalformedMessage, match="transactional_id length -5 at byte 11"):
+        read_produce_request(bytes(frame), len(HEAD), 3)
+
+
+def test_a_varint_past_32_bits_is_malformed() -> None:
+    frame = bytearray(_one_topic(9))
+    # transactional_id length (compact, null = 0) replaced by a five-byte varint of 2**35
+    frame[len(HEAD):len(HEAD) + 1] = b"\x80\x80\x80\x80\x20"
+    with pytest.raises(MalformedMessage, match="varint at byte 11 overflows 32 bits"):
+        read_produce_request(bytes(frame), len(HEAD), 9)

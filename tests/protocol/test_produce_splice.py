@@ -4,8 +4,8 @@ For random Produce v3-v13 requests (several topics and partitions, null and empt
 records, a nullable transactional id) and random edits (records replaced, partitions
 removed, whole topics emptied), :func:`splice_produce_request` gives exactly the bytes
 kio writes for the edited message. Unknown tagged fields on the flexible versions
-(which kio's reader refuses, so the proxy never forwards them) are kept where they
-were: on every partition, topic and the request itself. The reader never reads past a cut body.
+(which the proxy's reader skips, as Kafka's does) are kept where they were: on every
+partition, topic and the request itself. The reader never reads past a cut body.
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kiproxy.protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
+from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     DecodedBatch,
@@ -546,3 +547,20 @@ def test_snappy_reads_xerial_framed_and_raw_input(framing: str) -> None:
 def test_snappy_empty_xerial_stream_is_an_empty_block() -> None:
     payload = XERIAL_MAGIC + struct.pack(">ii", 1, 1)
     assert decompress(Compression.SNAPPY, payload, 100) == b""
+
+
+def test_a_partition_decoded_inside_a_larger_buffer_gives_the_same_errors() -> None:
+    """Records decoded where they lie in a request frame: byte positions in errors
+    still count from the start of the partition's records."""
+    good = build_batch([Record(value=b"v" * 10, timestamp=1)] * 2)
+    bad = bytearray(good)
+    bad[61] += 2  # the first record's length varint: two bytes more than it holds
+    bad[17:21] = struct.pack(">I", crc32c(bytes(bad[21:])))
+    with pytest.raises(CorruptBatch) as alone:
+        decode_batches(bytes(bad))
+    with pytest.raises(CorruptBatch) as inside:
+        decode_batches(b"X" * 100 + bytes(bad) + b"Y" * 50, 100, 100 + len(bad))
+    assert "at byte 61" in str(alone.value)
+    assert str(inside.value) == str(alone.value)
+    assert [r.value for b in decode_batches(b"X" * 9 + good + b"Y", 9, 9 + len(good))
+            for r in b.records] == [b"v" * 10] * 2

@@ -189,3 +189,30 @@ def test_the_validator_gives_the_same_verdicts_on_either_path() -> None:
         assert plugin._check(value, plugin.default) == plugin._check(value, full), value
     assert plugin._check(b'{"id": 1.0, "kind": "a"}', plugin.default) is None
     assert not plugin.default.accepts(b'{"id": 1.0, "kind": "a"}')  # the full path decided
+
+
+def test_an_integer_past_pythons_digit_limit_is_left_to_the_full_path() -> None:
+    """msgspec skips it; json refuses it (so the full path calls the value not JSON)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {}}}
+    accepts = typed_check(schema)
+    assert accepts is not None
+    plugin, full = _full_path(schema)
+    huge = b"1" + b"0" * 5000
+    for value in (b'{"a": 1, "x": ' + huge + b"}", b'{"b": ' + huge + b"}"):
+        assert not accepts(value)
+        assert plugin._check(value, full) is not None
+    assert accepts(b'{"a": 1, "x": "' + huge + b'"}') is False  # refusing more is allowed
+    empty = typed_check({})
+    assert empty is not None and not empty(huge)
+
+
+@pytest.mark.parametrize("bound", [
+    {"type": "integer", "maximum": 2**64 - 1}, {"type": "integer", "minimum": -(2**63) - 1},
+    {"type": "string", "maxLength": 2**63},
+])
+def test_bounds_past_64_bits_get_no_typed_check_and_still_load(bound: dict[str, Any]) -> None:
+    schema = {"type": "object", "properties": {"a": bound}}
+    assert typed_check(schema) is None
+    plugin = JsonSchemaValidator()
+    plugin.configure({"default_schema": schema})
+    assert plugin.default.accepts is None and plugin.default.validator is not None
