@@ -35,7 +35,8 @@ Contracts, in the order a newcomer needs them:
 
 Both sockets are read by a :class:`~kiproxy.proxy.frame_stream.FrameStream`. A
 frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before
-anything decodes it with kio (which reads only immutable buffers), so the only
+anything decodes it (kio and the record codec read only ``bytes``; records are
+decoded where they lie in the frame), so the only
 ``bytearray`` a handler sees is a Produce request on a pipeline that neither
 intercepts nor tallies, which only scans it for acks and forwards it
 (:meth:`ClientConnection._kept_as_received`).

@@ -244,11 +244,6 @@ class ProducePipeline:
             return Forward(frame, expect_response=acks != 0,
                            on_response=_node_rewriter(version, nodes_seen))
 
-        if type(frame) is not bytes:
-            # A 16-64 KiB frame arrives in a bytearray of its own; records are decoded
-            # where they lie in the frame and need bytes (larger frames are joined into
-            # bytes, smaller ones copied out of the receive chunk).
-            frame = bytes(frame)
         request = read_produce_request(frame, header.body_offset, version)
         received_at_ms = int(time.time() * 1000)
         client_routes = client.routes(self.routes.table) if self.routes is not None else None
