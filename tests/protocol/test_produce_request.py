@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from kio.static.primitive import i16, i32, i32Timedelta
+from support.produce_requests import HEAD, produce_requests, produce_types
 
 from kiproxy.protocol.errors import MalformedMessage
 from kiproxy.protocol.messages import ApiKey, parse_request, serialize
 from kiproxy.protocol.produce_request import read_produce_request
-from tests.protocol.test_produce_splice import HEAD, _types, produce_requests
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -40,7 +40,7 @@ def test_the_reader_reads_what_kio_reads(case: tuple[int, Any]) -> None:
 
 
 def _one_topic(version: int, name: str = "t") -> bytes:
-    request_cls, topic_cls, part_cls = _types(version)
+    request_cls, topic_cls, part_cls = produce_types(version)
     parts = (part_cls(index=i32(3), records=b"abc"),)
     topic = (topic_cls(topic_id=uuid.UUID(int=7), partition_data=parts) if version >= 13
              else topic_cls(name=name, partition_data=parts))

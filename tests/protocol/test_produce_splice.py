@@ -19,44 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import i16, i32, i32Timedelta
+from support.produce_requests import HEAD, produce_requests, produce_types
 
 from kiproxy.protocol.errors import MalformedMessage
-from kiproxy.protocol.messages import ApiKey, request_type, serialize
+from kiproxy.protocol.messages import serialize
 from kiproxy.protocol.produce_request import read_produce_request
 from kiproxy.protocol.produce_splice import splice_produce_request
-
-VERSIONS = range(3, 14)
-HEAD = b"\x00\x00\x00\x09\x00\x00\x00\x07\xff\xff\x00"  # a header stand-in: kept as is
-
-
-def _types(version: int) -> tuple[Any, Any, Any]:
-    request = request_type(ApiKey.PRODUCE, version)
-    module = __import__(request.__module__, fromlist=["x"])
-    return request, module.TopicProduceData, module.PartitionProduceData
-
-
-@st.composite
-def produce_requests(draw: st.DrawFn) -> tuple[int, Any]:
-    version = draw(st.sampled_from(VERSIONS))
-    request_cls, topic_cls, part_cls = _types(version)
-    topics = []
-    for _ in range(draw(st.integers(1, 4))):
-        parts = tuple(
-            part_cls(index=i32(draw(st.integers(0, 2**31 - 1))),
-                     records=draw(st.one_of(st.none(), st.binary(max_size=300))))
-            for _ in range(draw(st.integers(1, 4))))
-        if version >= 13:
-            topic = topic_cls(topic_id=uuid.UUID(int=draw(st.integers(0, 2**128 - 1))),
-                              partition_data=parts)
-        else:
-            topic = topic_cls(name=draw(st.text(max_size=20)), partition_data=parts)
-        topics.append(topic)
-    request = request_cls(
-        transactional_id=draw(st.one_of(st.none(), st.text(max_size=30))),
-        acks=i16(draw(st.sampled_from((-1, 0, 1)))),
-        timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=draw(st.integers(0, 60000)))),
-        topic_data=tuple(topics))
-    return version, request
 
 
 @st.composite
@@ -133,8 +101,8 @@ def test_unknown_tagged_fields_are_kept(data: st.DataObject, case: tuple[int, An
 
 
 def test_records_offsets_point_at_each_partitions_records() -> None:
-    _, topic_cls, part_cls = _types(9)
-    request = _types(9)[0](
+    _, topic_cls, part_cls = produce_types(9)
+    request = produce_types(9)[0](
         transactional_id="tx", acks=i16(-1),
         timeout=i32Timedelta.parse(datetime.timedelta(seconds=1)),
         topic_data=(topic_cls(name="a", partition_data=(
@@ -149,7 +117,7 @@ def test_records_offsets_point_at_each_partitions_records() -> None:
 
 @pytest.mark.parametrize("version", [3, 8, 9, 13])
 def test_a_cut_body_is_malformed_never_an_over_read(version: int) -> None:
-    request_cls, topic_cls, part_cls = _types(version)
+    request_cls, topic_cls, part_cls = produce_types(version)
     topic = (topic_cls(topic_id=uuid.uuid4(), partition_data=(
         part_cls(index=i32(0), records=b"x" * 40),)) if version >= 13 else
         topic_cls(name="t", partition_data=(part_cls(index=i32(0), records=b"x" * 40),)))
