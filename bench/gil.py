@@ -28,7 +28,7 @@ import cramjam
 import lz4.frame
 import zstandard
 
-from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, compress
+from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, compress, decompress
 
 
 def _block(size: int = 600_000) -> bytes:
@@ -91,6 +91,8 @@ def main() -> None:
         ("kiproxy compress gzip", lambda: compress(Compression.GZIP, data, DEFAULT_LEVELS)),
         ("kiproxy compress snappy", lambda: compress(Compression.SNAPPY, data, DEFAULT_LEVELS)),
         ("cramjam.lz4.Compressor (before)", cramjam_lz4),
+        ("kiproxy decompress lz4",
+         lambda: decompress(Compression.LZ4, lz4_frame, 32 << 20)),
         ("cramjam.lz4.decompress", lambda: cramjam.lz4.decompress(lz4_frame)),
         ("lz4.frame.decompress", lambda: lz4.frame.decompress(lz4_frame)),
         ("cramjam.zstd.decompress", lambda: cramjam.zstd.decompress(zstd_frame)),

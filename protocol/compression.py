@@ -14,7 +14,9 @@ does not depend on the level.
 Decompression is bounded (:class:`DecompressionLimits`): it stops as soon as the
 output passes the bound and raises :class:`DecompressionLimitExceeded`, so a bomb
 costs no more than the bound in memory and the time to produce it. Ordinary blocks
-take one cramjam call into a buffer a few times their size; a block that fills it is
+take one call into a buffer a few times their size (cramjam's for gzip and zstd,
+python-lz4's frame decoder for LZ4, about 3x faster than cramjam's on 1 KiB JSON
+records); a block that fills it is
 streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
 decoder, python-zstandard's stream reader with a bounded window), and raw snappy
 declares its length, checked before anything is allocated. Every decoder used
@@ -237,6 +239,8 @@ def _lz4_compress_frame(data: bytes, level: int) -> bytes:
 
 def _decompress_bounded(codec: Compression, data: bytes | memoryview, limit: int,
                        setting: str) -> bytes:
+    if codec is Compression.LZ4:
+        return _lz4_decompress(data, limit, setting)
     module = _MODULES[codec]
     if len(data) * _MAX_RATIO[codec] <= limit:
         # Cannot inflate past the limit: decompress in one go.
@@ -303,6 +307,21 @@ def _gzip_stream(data: bytes | memoryview, limit: int, codec: Compression,
                 raise CorruptBatch("gzip records block is truncated")
         rest = inflater.unused_data
     return sink.join()
+
+
+def _lz4_decompress(data: bytes | memoryview, limit: int, setting: str) -> bytes:
+    # The one frame a producer writes per batch, in one python-lz4 call into a buffer
+    # of the guessed size (about 3x faster than cramjam's LZ4 frame decoder here, and
+    # without the GIL). Past the guess, several frames or a cut frame: the stream.
+    decoder = lz4.frame.LZ4FrameDecompressor()
+    out: bytes = decoder.decompress(
+        data, max_length=min(limit + 1, max(_GUESS_RATIO * len(data), 64 * 1024)))
+    if decoder.eof and not decoder.unused_data:
+        if len(out) > limit:
+            raise _over(Compression.LZ4, limit, setting)
+        return out
+    del out
+    return _lz4_stream(data, limit, Compression.LZ4, setting)
 
 
 def _lz4_stream(data: bytes | memoryview, limit: int, codec: Compression,
