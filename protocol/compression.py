@@ -14,9 +14,10 @@ does not depend on the level.
 Decompression is bounded (:class:`DecompressionLimits`): it stops as soon as the
 output passes the bound and raises :class:`DecompressionLimitExceeded`, so a bomb
 costs no more than the bound in memory and the time to produce it. Ordinary blocks
-take one call into a buffer a few times their size (cramjam's for gzip and zstd,
-python-lz4's frame decoder for LZ4, about 3x faster than cramjam's on 1 KiB JSON
-records); a block that fills it is
+take one call: python-lz4's frame decoder for LZ4 into a buffer a few times the
+block's size, python-zstandard into exactly the size a zstd frame declares, cramjam's
+decoders for gzip and for zstd frames that declare none; a block that fills its buffer
+is
 streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
 decoder, python-zstandard's stream reader with a bounded window), and raw snappy
 declares its length, checked before anything is allocated. Every decoder used
