@@ -17,8 +17,7 @@ costs no more than the bound in memory and the time to produce it. Ordinary bloc
 take one call: python-lz4's frame decoder for LZ4 into a buffer a few times the
 block's size, python-zstandard into exactly the size a zstd frame declares, cramjam's
 decoders for gzip and for zstd frames that declare none; a block that fills its buffer
-is
-streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
+is streamed by the codec's incremental decoder (zlib for gzip, python-lz4's frame
 decoder, python-zstandard's stream reader with a bounded window), and raw snappy
 declares its length, checked before anything is allocated. Every decoder used
 releases the GIL while it works, so a decompression may run on a worker thread; so
