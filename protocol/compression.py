@@ -204,6 +204,9 @@ def decompress(codec: Compression, data: bytes | memoryview, limit: int,
     return out
 
 
+_ZSTD_LOCAL = threading.local()  # a zstd decoder and compressors per thread (~8 us, ~40 us)
+
+
 def compress(
     codec: Compression, data: bytes, levels: CompressionLevels = DEFAULT_LEVELS
 ) -> bytes:
@@ -215,8 +218,24 @@ def compress(
     if codec is Compression.LZ4:
         return _lz4_compress_frame(data, levels.lz4)
     if codec is Compression.ZSTD:
-        return bytes(cramjam.zstd.compress(data, level=levels.zstd))
+        return _zstd_compress(data, levels.zstd)
     return data
+
+
+def _zstd_compress(data: bytes, level: int) -> bytes:
+    # python-zstandard with one compressor per thread and level: the frame zstd's
+    # one-shot ZSTD_compress writes (content size, no checksum; byte-identical to
+    # cramjam's), without setting up a compression context for every batch, which
+    # costs ~40 us: 40% of compressing a 16 KiB block, 13% of an 80 KiB one.
+    compressors: dict[int, zstandard.ZstdCompressor] | None = getattr(
+        _ZSTD_LOCAL, "compressors", None)
+    if compressors is None:
+        compressors = _ZSTD_LOCAL.compressors = {}
+    compressor = compressors.get(level)
+    if compressor is None:
+        compressor = compressors[level] = zstandard.ZstdCompressor(level=level)
+    out: bytes = compressor.compress(data)
+    return out
 
 
 def _lz4_compress_frame(data: bytes, level: int) -> bytes:
@@ -314,7 +333,6 @@ def _gzip_stream(data: bytes | memoryview, limit: int, codec: Compression,
     return sink.join()
 
 
-_ZSTD_LOCAL = threading.local()  # a zstd decoder per thread (making one costs ~8 us)
 
 
 def _zstd_sized(data: bytes | memoryview, limit: int) -> bytes | None:
