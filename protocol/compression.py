@@ -21,8 +21,9 @@ is streamed by the codec's incremental decoder (zlib for gzip, python-lz4's fram
 decoder, python-zstandard's stream reader with a bounded window), and raw snappy
 declares its length, checked before anything is allocated. Every decoder used
 releases the GIL while it works, so a decompression may run on a worker thread; so
-does every compressor (LZ4 frames are written by python-lz4, except at level 2),
-so re-compressing on a worker thread does not stall the event loop.
+does every compressor (cramjam's for gzip and snappy, python-lz4's for LZ4 frames
+except at level 2, python-zstandard's for zstd, kept per thread and level), so
+re-compressing on a worker thread does not stall the event loop.
 """
 
 from __future__ import annotations
