@@ -391,8 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = summarize(results, unavailable, order)
     checks = evaluate_targets(summaries)
     command = " ".join(["python -m bench.proxy", *(argv if argv is not None else sys.argv[1:])])
-    text = section(summaries, checks, command=command, options=options, repeats=repeats,
-                   scenarios=[*scenarios], load=load, notes=notes, code=code, pace=pace)
+    text = section(summaries, checks, command=command, results=results, options=options,
+                   repeats=repeats, scenarios=[*scenarios], load=load, notes=notes, code=code,
+                   pace=pace)
     print(text)
     if args.json:
         Path(args.json).write_text(json.dumps(

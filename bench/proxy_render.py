@@ -52,6 +52,39 @@ def render_table(summaries: Sequence[Summary]) -> str:
 
 
 
+def render_rounds(results: Sequence[RunResult], scenarios: Sequence[str]) -> str:
+    """p99 added per round: each scenario's paced p99 minus direct's in the same round,
+    with the producer's CPU per record in that run's throughput phase, a gauge of how
+    fast the machine was then (the producer does the same work in every run of a case).
+
+    The medians in the table hide the spread; this shows whether a miss is one round.
+    """
+    names = [n for n in scenarios if n != "direct"]
+    head = ["records", "codec", "round", "direct p99 ms",
+            *(f"{n} +ms (producer us/rec)" for n in names)]
+    lines = ["| " + " | ".join(head) + " |", "|---|---|---|" + "---:|" * (len(head) - 3)]
+    runs = {(r.case, r.round, r.scenario): r for r in results if r.ok}
+    rounds = sorted({r.round for r in results if r.ok and r.p99_ms is not None})
+    for case in dict.fromkeys(r.case for r in results):
+        for round_ in rounds:
+            direct = runs.get((case, round_, "direct"))
+            if direct is None or direct.p99_ms is None:
+                continue
+            cells = [f"{direct.p99_ms:.2f} ({_producer_us(direct)})"]
+            for name in names:
+                run = runs.get((case, round_, name))
+                if run is None or run.p99_ms is None:
+                    cells.append("-")
+                    continue
+                cells.append(f"{run.p99_ms - direct.p99_ms:+.2f} ({_producer_us(run)})")
+            lines.append("| " + " | ".join([case.label, case.codec, str(round_), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def _producer_us(run: RunResult) -> str:
+    return num(None if run.producer_cpu is None else run.producer_cpu / run.records * 1e6, ".2f")
+
+
 def render_targets(checks: Sequence[TargetCheck]) -> str:
     """One line per target."""
     return "\n".join(c.describe() for c in checks)
@@ -132,8 +165,9 @@ def load_note(results: Sequence[RunResult], load_before: tuple[float, float, flo
 
 
 def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, command: str,
-            options: Options, repeats: int, scenarios: Sequence[Scenario], load: str,
-            notes: Sequence[str], code: str, pace: str = "direct's throughput") -> str:
+            results: Sequence[RunResult], options: Options, repeats: int,
+            scenarios: Sequence[Scenario], load: str, notes: Sequence[str], code: str,
+            pace: str = "direct's throughput") -> str:
     """The RESULTS.md section for this benchmark."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -182,4 +216,10 @@ ratios to haproxy's CPU per GB):
 ```
 {render_targets(checks)}
 ```
-{budget}"""
+{budget}
+p99 added in each paced round (ms, against direct in the same round; in brackets the
+producer's CPU us per record in that run's throughput phase, which rises when the
+machine is slow for everyone):
+
+{render_rounds(results, [s.name for s in scenarios])}
+"""

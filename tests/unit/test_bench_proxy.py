@@ -13,7 +13,7 @@ import support.bench  # bench/ is not an installed package: this makes it import
 
 from bench.proxy import paced_load, rotated, summarize_collapsed
 from bench.proxy_cpu import parse_proc_stat
-from bench.proxy_render import render_table, render_targets
+from bench.proxy_render import render_rounds, render_table, render_targets
 from bench.proxy_scenarios import SCENARIOS, Case, readme_plugin
 from bench.proxy_stats import (
     RunResult,
@@ -244,6 +244,25 @@ def test_render_table_has_one_row_per_summary() -> None:
            "1.1 | 1.8 | 1.2 | 1.6 | 3/3 |" in lines
     assert "over capacity" in lines[4]
     assert "haproxy not installed" in lines[5] and "n/a" in lines[5]
+
+
+def test_render_rounds_pairs_each_round_with_direct() -> None:
+    results = [
+        _run("direct", 0, 100_000, p99=9.0, producer_cpu=0.5),
+        _run("uppercase", 0, 50_000, p99=20.0, producer_cpu=0.5),  # capacity round: no p99
+        _run("direct", 1, 100_000, p99=8.5, producer_cpu=0.7),
+        _run("uppercase", 1, 50_000, p99=17.5, producer_cpu=0.45),
+        _run("direct", 2, 100_000, p99=9.0, producer_cpu=0.6),
+        _run("passthrough", 2, 100_000, p99=None, saturated=True),
+        _run("uppercase", 2, 50_000, p99=10.0, producer_cpu=0.3),
+    ]
+    results[1].p99_ms = None
+    lines = render_rounds(results, ["direct", "passthrough", "uppercase"]).splitlines()
+    assert lines[0] == ("| records | codec | round | direct p99 ms | passthrough +ms (producer "
+                        "us/rec) | uppercase +ms (producer us/rec) |")
+    assert lines[2:] == ["| 1 KiB | none | 0 | 9.00 (5.00) | - | - |",
+                         "| 1 KiB | none | 1 | 8.50 (7.00) | - | +9.00 (9.00) |",
+                         "| 1 KiB | none | 2 | 9.00 (6.00) | - | +1.00 (6.00) |"]
 
 
 def test_case_labels() -> None:
