@@ -17,25 +17,20 @@ Contract:
 * Once decoded, the reservation shrinks to what the batches hold and stays until the
   partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
   A reservation above the whole budget is cut to the budget: it waits to run alone.
-* Re-encoding a transformed batch larger than ``inline_bytes`` runs on a worker thread
-  too (an uncompressed one of at most ``inline_plain_bytes`` on the loop: a copy and a
-  CRC). It need not be awaited at once (:meth:`DecodeLease.start_encode`): a request's
-  next partition is decoded and intercepted while the previous one compresses.
+* Re-encoding a large transformed batch runs on the same threads (an uncompressed one
+  of at most ``inline_plain_bytes`` on the loop: a copy and a CRC). It need not be
+  awaited at once (:meth:`DecodeLease.start_encode`): a request's next partition is
+  decoded and intercepted while the previous one compresses.
 * Order is untouched: a connection awaits its own decode before it handles anything
   else, exactly as it awaits the interceptor.
 
 The decompressors (cramjam, zlib, python-lz4, python-zstandard) release the GIL; the
 record decoder holds it, in slices of the interpreter's switch interval, so the
-event loop keeps turning while a large batch is decoded. Decoding off the loop runs
-on threads at a lower scheduling priority than the event loop's thread (Linux: a
-thread's own nice value, :data:`WORKER_NICE` above the process's), and so does
-re-encoding a batch of more than ``inline_output_bytes``: when the cores are busy the
+event loop keeps turning while a large batch is decoded. The worker threads run at a
+lower scheduling priority than the event loop's thread (Linux: a thread's own nice
+value, :data:`WORKER_NICE` above the process's), so when the cores are busy the
 kernel runs the loop, which serves every connection, before one connection's large
-batch or bomb. Re-encoding a batch of at most ``inline_output_bytes`` (what an
-ordinary batch holds, and a size the proxy built itself, so no bomb) runs on threads
-at the process's own priority: a transform's compression is on its request's path,
-and on a busy machine a lowered priority let every other process go first and
-stretched the transforms' tail (bench/RESULTS.md, "Fifth round").
+batch.
 """
 
 from __future__ import annotations
@@ -169,13 +164,9 @@ class BatchOffload:
         self.inline_limits = DecompressionLimits(
             max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
         """The bounds of an inline attempt: past them the block moves to a thread."""
-        self.ordinary_encode_bytes = inline_output_bytes
-        """Batches of at most this many decoded bytes are re-encoded at the process's own
-        priority; larger ones on the lowered-priority threads."""
         self.threads = threads or min(4, os.cpu_count() or 1)
-        """Worker threads in each pool (decoding and large batches; ordinary re-encoding)."""
+        """Worker threads decoding and encoding large batches."""
         self._pool: ThreadPoolExecutor | None = None
-        self._ordinary_pool: ThreadPoolExecutor | None = None
 
     def lease(self) -> DecodeLease:
         """A lease for one partition; release it when the partition is done."""
@@ -186,22 +177,12 @@ class BatchOffload:
         return await self.submit(fn, *args, **kwargs)
 
     def submit(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """Start ``fn(*args, **kwargs)`` on a lowered-priority worker thread; its result,
-        to be awaited."""
+        """Start ``fn(*args, **kwargs)`` on a worker thread; its result, to be awaited."""
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="kiproxy-decode",
                                             initializer=_lower_priority)
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-
-    def submit_ordinary(self, fn: Any, *args: Any, **kwargs: Any) -> asyncio.Future[Any]:
-        """:meth:`submit` on a worker thread at the process's own priority (ordinary
-        re-encoding)."""
-        if self._ordinary_pool is None:
-            self._ordinary_pool = ThreadPoolExecutor(self.threads,
-                                                     thread_name_prefix="kiproxy-encode")
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._ordinary_pool, lambda: fn(*args, **kwargs))
 
     def plain_inline(self, data: bytes, start: int, end: int) -> bool:
         """Whether ``data[start:end]`` is uncompressed and small enough to decode on the loop."""
@@ -229,10 +210,9 @@ class BatchOffload:
 
     def close(self) -> None:
         """Stop the worker threads (after the work they hold)."""
-        for pool in (self._pool, self._ordinary_pool):
-            if pool is not None:
-                pool.shutdown(wait=False, cancel_futures=True)
-        self._pool = self._ordinary_pool = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
 
 
 class DecodeLease:
@@ -279,17 +259,14 @@ class DecodeLease:
         encoded on the loop (no larger than what is decoded inline; ``size_hint`` is its
         decoded size), else a worker thread's future, which the caller awaits when it
         needs the bytes (the loop goes on meanwhile, e.g. with the request's next
-        partition): at the process's priority up to ``ordinary_encode_bytes``, lowered
-        above. Raises what ``encode_batch`` raises on the loop; the future holds what it
-        raises on a thread."""
+        partition). Raises what ``encode_batch`` raises on the loop; the future holds
+        what it raises on a thread."""
         offload = self._offload
         if size_hint <= offload.inline_bytes or (
                 header.attributes & 0x07 == Compression.NONE
                 and size_hint <= offload.inline_plain_bytes):
             return encode_batch(header, records, renumber=True, levels=levels)
-        submit = (offload.submit_ordinary if size_hint <= offload.ordinary_encode_bytes
-                  else offload.submit)
-        return submit(encode_batch, header, records, renumber=True, levels=levels)
+        return offload.submit(encode_batch, header, records, renumber=True, levels=levels)
 
     def release(self) -> None:
         """Give the partition's reservation back."""

@@ -14,7 +14,7 @@ import threading
 
 import pytest
 
-from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
+from kiproxy.protocol.compression import Compression
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     Record,
@@ -82,43 +82,3 @@ def test_decode_threads_run_below_the_event_loop_thread() -> None:
         offload.close()
     assert worker_nice == min(19, loop_nice + WORKER_NICE)
     assert WORKER_NICE > 0
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority here")
-@pytest.mark.parametrize(("records", "where"), [
-    (2, "loop"),                 # 2 KiB: no larger than inline_bytes
-    (200, "process priority"),   # 200 KiB: an ordinary batch
-    (2000, "lowered priority"),  # 2 MiB: above inline_output_bytes (1 MiB)
-])
-def test_where_a_transformed_batch_is_re_encoded(records: int, where: str,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    import kiproxy.proxy.offload as offload_module
-
-    offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS, inline_bytes=4096)
-    batch = decode_batches(build_batch(_records(records, 1024), compression=Compression.LZ4))[0]
-    encode = offload_module.encode_batch
-
-    def encode_and_say_where(*args: object, **kwargs: object) -> tuple[bytes, int, str]:
-        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        return encode(*args, **kwargs), nice, threading.current_thread().name
-
-    monkeypatch.setattr(offload_module, "encode_batch", encode_and_say_where)
-
-    async def reencode() -> tuple[int, tuple[bytes, int, str]]:
-        lease = offload.lease()
-        piece = lease.start_encode(batch.header, tuple(batch.records), DEFAULT_LEVELS,
-                                   batch.block_size)
-        loop_nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-        return loop_nice, (await piece if isinstance(piece, asyncio.Future) else piece)
-
-    try:
-        loop_nice, (data, nice, thread) = asyncio.run(reencode())
-    finally:
-        offload.close()
-    assert [list(b.records) for b in decode_batches(data)] == [list(batch.records)]
-    if where == "loop":
-        assert thread == threading.current_thread().name
-    elif where == "process priority":
-        assert thread.startswith("kiproxy-encode") and nice == loop_nice
-    else:
-        assert thread.startswith("kiproxy-decode") and nice == min(19, loop_nice + WORKER_NICE)
