@@ -334,8 +334,6 @@ def _gzip_stream(data: bytes | memoryview, limit: int, codec: Compression,
     return sink.join()
 
 
-
-
 def _zstd_sized(data: bytes | memoryview, limit: int) -> bytes | None:
     """A single zstd frame that declares its size (librdkafka and the proxy write such
     frames) within the limit, decoded in one python-zstandard call into exactly that
@@ -360,7 +358,8 @@ def _zstd_sized(data: bytes | memoryview, limit: int) -> bytes | None:
 def _lz4_decompress(data: bytes | memoryview, limit: int, setting: str) -> bytes:
     # The one frame a producer writes per batch, in one python-lz4 call into a buffer
     # of the guessed size (about 3x faster than cramjam's LZ4 frame decoder here, and
-    # without the GIL). Past the guess, several frames or a cut frame: the stream.
+    # without the GIL). Past the guess, several frames or a cut frame: the stream goes
+    # on from where this call stopped.
     decoder = lz4.frame.LZ4FrameDecompressor()
     out: bytes = decoder.decompress(
         data, max_length=min(limit + 1, max(_GUESS_RATIO * len(data), 64 * 1024)))
@@ -368,25 +367,37 @@ def _lz4_decompress(data: bytes | memoryview, limit: int, setting: str) -> bytes
         if len(out) > limit:
             raise _over(Compression.LZ4, limit, setting)
         return out
+    sink = _Sink(Compression.LZ4, limit, setting)
+    sink.add(out)
     del out
-    return _lz4_stream(data, limit, Compression.LZ4, setting)
+    _lz4_frames(_lz4_finish(decoder, b"", sink), sink)
+    return sink.join()
 
 
 def _lz4_stream(data: bytes | memoryview, limit: int, codec: Compression,
                 setting: str) -> bytes:
     sink = _Sink(codec, limit, setting)
-    rest = bytes(data)
-    while rest:  # one LZ4 frame after another
-        decoder = lz4.frame.LZ4FrameDecompressor()
-        pending = rest
-        while not decoder.eof:
-            chunk = decoder.decompress(pending, max_length=sink.room())
-            sink.add(chunk)
-            pending = b""
-            if not chunk and decoder.needs_input and not decoder.eof:
-                raise CorruptBatch("lz4 records block is truncated")
-        rest = decoder.unused_data
+    _lz4_frames(bytes(data), sink)
     return sink.join()
+
+
+def _lz4_frames(rest: bytes, sink: _Sink) -> None:
+    """Decode one LZ4 frame after another from ``rest`` into ``sink``."""
+    while rest:
+        rest = _lz4_finish(lz4.frame.LZ4FrameDecompressor(), rest, sink)
+
+
+def _lz4_finish(decoder: lz4.frame.LZ4FrameDecompressor, pending: bytes, sink: _Sink) -> bytes:
+    """Feed ``pending`` to ``decoder`` and decode its frame to the end into ``sink``,
+    within the sink's limit; the bytes after the frame."""
+    while not decoder.eof:
+        chunk = decoder.decompress(pending, max_length=sink.room())
+        sink.add(chunk)
+        pending = b""
+        if not chunk and decoder.needs_input and not decoder.eof:
+            raise CorruptBatch("lz4 records block is truncated")
+    rest: bytes = decoder.unused_data
+    return rest
 
 
 def _zstd_stream(data: bytes | memoryview, limit: int, codec: Compression,
