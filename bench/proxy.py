@@ -59,7 +59,8 @@ from bench.proxy_scenarios import CODECS, ROOT, SCENARIOS, SECTION, SIZES, Case,
 from bench.proxy_stats import RunResult, evaluate_targets, num, summarize
 from bench.results import RESULTS, write_results
 
-__all__ = ["main", "paced_load", "profile", "rotated", "run_matrix", "summarize_collapsed"]
+__all__ = ["main", "paced_load", "profile", "rotated", "run_matrix", "split_cpus",
+           "summarize_collapsed"]
 
 
 def rotated(items: Sequence[str], by: int) -> list[str]:
@@ -288,6 +289,10 @@ def _parser() -> argparse.ArgumentParser:
                         "of its own (so that --workers has connections to spread)")
     p.add_argument("--workers", type=int,
                    help="pass --workers N to kiproxy run, if this kiproxy has that flag")
+    p.add_argument("--proxy-cpus", metavar="CPUS",
+                   help="give the hop (kiproxy or haproxy) these CPUs (e.g. 1 or 2,3) and the "
+                        "broker and the producer the others; default: every process may run "
+                        "on every CPU")
     p.add_argument("--write", action="store_true", help="update RESULTS.md even with --quick")
     p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     p.add_argument("--json", metavar="PATH", help="also write every run's raw result here")
@@ -300,6 +305,21 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --profile: also sample native (C/Cython) frames")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     return p
+
+
+def split_cpus(text: str) -> set[int]:
+    """CPUs named like ``1`` or ``2,3`` or ``0-3``: a proper subset of those this process has."""
+    cpus: set[int] = set()
+    for part in text.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or (last and not last.isdigit()):
+            raise ValueError(f"--proxy-cpus {text!r}: expected CPU numbers like 1 or 2,3 or 0-3")
+        cpus.update(range(int(first), int(last or first) + 1))
+    mine = os.sched_getaffinity(0)
+    if not cpus or not cpus < mine:
+        raise ValueError(f"--proxy-cpus {text!r}: must leave at least one of this process's "
+                         f"CPUs ({','.join(map(str, sorted(mine)))}) for the broker and producer")
+    return cpus
 
 
 def _csv(text: str | None, default: Sequence[Any], kind: Callable[[str], Any]) -> list[Any]:
@@ -339,6 +359,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         connections=args.connections,
     )
     notes: list[str] = []
+    if args.proxy_cpus:
+        try:
+            options.proxy_cpus = split_cpus(args.proxy_cpus)
+        except ValueError as exc:
+            log(str(exc))
+            return 2
+        rest = sorted(os.sched_getaffinity(0) - options.proxy_cpus)
+        os.sched_setaffinity(0, rest)  # the broker and the producer inherit it
+        notes.append(f"the hop ran on CPU {','.join(map(str, sorted(options.proxy_cpus)))}, "
+                     f"the broker and the producer on CPU {','.join(map(str, rest))} "
+                     "(--proxy-cpus); direct used those CPUs only")
     if args.connections > 1:
         notes.append(f"throughput phase: {args.connections} producers, each with its own "
                      "connections, taking turns by 1,000 records")

@@ -297,14 +297,21 @@ def _no_attach(setup: Setup) -> contextlib.AbstractContextManager[None]:
 
 
 @contextlib.contextmanager
-def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> Iterator[Setup]:
+def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
+            proxy_cpus: set[int] | None = None) -> Iterator[Setup]:
     """Start a fresh broker and the scenario's proxy; stop both afterwards.
 
     The broker listens on a free loopback port with memory storage; a kiproxy scenario
     runs ``kiproxy run`` with the scenario's interceptor and ``proxy_flags``. The
-    :class:`Setup` says where a client connects and the processes' pids.
+    :class:`Setup` says where a client connects and the processes' pids. With
+    ``proxy_cpus`` the hop runs on those CPUs only (set before it starts, so that every
+    thread and worker process it makes inherits them).
     """
     from kiproxy.proxy.embedded import broker_binary
+
+    def pin() -> None:
+        if proxy_cpus:
+            os.sched_setaffinity(0, proxy_cpus)
 
     broker_port = _free_port()
     advertised = broker_port
@@ -330,7 +337,7 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> It
             cfg.write_text(haproxy_config(hap_port, broker_port))
             hap = subprocess.Popen([haproxy_binary() or "haproxy", "-f", str(cfg), "-db"],
                                    stdout=log, stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+                                   stdin=subprocess.DEVNULL, preexec_fn=pin)
             setup.processes.append(hap)
             setup.pids["proxy"] = hap.pid
             _wait_listening(hap_port, hap, "haproxy")
@@ -351,7 +358,8 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str]) -> It
                 cmd += ["--plugins-dir", str(scenario.plugins_dir)]
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                    preexec_fn=pin)
             setup.processes.append(proc)
             tail = _Tail(proc, "bootstrap address")
             if not tail.ready.wait(60) or proc.poll() is not None:
@@ -396,6 +404,8 @@ class Options:
     max_seconds: float = 10.0
     """The throughput phase stops producing after this long (slow scenarios)."""
     timeout: float = 600
+    proxy_cpus: set[int] | None = None
+    """CPUs the hop is confined to (the broker and the producer get this process's)."""
     connections: int = 1
     """Producer instances of the throughput phase, each with connections of its own
     (so that ``--workers`` has connections to spread)."""
@@ -410,7 +420,8 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
                        load=os.getloadavg()[0])
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         try:
-            with started(scenario, Path(tmp), options.proxy_flags) as setup, \
+            with started(scenario, Path(tmp), options.proxy_flags,
+                         options.proxy_cpus) as setup, \
                     (attach or _no_attach)(setup):
                 spec = {
                     "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
