@@ -311,8 +311,8 @@ def split_cpus(text: str) -> set[int]:
     """CPUs named like ``1`` or ``2,3`` or ``0-3``: a proper subset of those this process has."""
     cpus: set[int] = set()
     for part in text.split(","):
-        first, _, last = part.strip().partition("-")
-        if not first.isdigit() or (last and not last.isdigit()):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
             raise ValueError(f"--proxy-cpus {text!r}: expected CPU numbers like 1 or 2,3 or 0-3")
         cpus.update(range(int(first), int(last or first) + 1))
     mine = os.sched_getaffinity(0)

@@ -170,7 +170,8 @@ def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, comm
             pace: str = "direct's throughput") -> str:
     """The RESULTS.md section for this benchmark."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    nproc = (len(os.sched_getaffinity(0) | (options.proxy_cpus or set()))
+             if hasattr(os, "sched_getaffinity") else os.cpu_count())
     described = "\n".join(f"  - **{s.name}**: {s.description}" for s in scenarios)
     records = ", ".join(f"{n:,} x {Case(size, 'none').label}"
                         for size, n in sorted(options.records.items()))

@@ -296,6 +296,14 @@ def _no_attach(setup: Setup) -> contextlib.AbstractContextManager[None]:
     return contextlib.nullcontext()
 
 
+def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that confines the child (and all it starts) to ``cpus``, or None."""
+    if not cpus:
+        return None
+    frozen = set(cpus)
+    return lambda: os.sched_setaffinity(0, frozen)
+
+
 @contextlib.contextmanager
 def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
             proxy_cpus: set[int] | None = None) -> Iterator[Setup]:
@@ -309,10 +317,7 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
     """
     from kiproxy.proxy.embedded import broker_binary
 
-    def pin() -> None:
-        if proxy_cpus:
-            os.sched_setaffinity(0, proxy_cpus)
-
+    pin = pinned(proxy_cpus)
     broker_port = _free_port()
     advertised = broker_port
     hap_port = None

@@ -6,14 +6,18 @@ No timing here: the harness's measurements are checked by running it, not by tes
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import support.bench  # bench/ is not an installed package: this makes it importable
 
-from bench.proxy import paced_load, rotated, summarize_collapsed
+from bench.proxy import paced_load, rotated, split_cpus, summarize_collapsed
 from bench.proxy_cpu import parse_proc_stat
 from bench.proxy_render import render_rounds, render_table, render_targets
+from bench.proxy_run import pinned
 from bench.proxy_scenarios import SCENARIOS, Case, readme_plugin
 from bench.proxy_stats import (
     RunResult,
@@ -397,3 +401,30 @@ def test_the_default_matrix_leaves_out_opt_in_scenarios() -> None:
     assert "pii" in SCENARIOS and "pii" not in default
     assert {"direct", "haproxy", "uppercase", "readme", "no_secrets"} <= set(default)
     assert _parser().parse_args(["--scenarios", "direct,pii"]).scenarios == "direct,pii"
+
+
+def test_split_cpus_reads_lists_and_ranges(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    assert split_cpus("1") == {1}
+    assert split_cpus("2,3") == {2, 3}
+    assert split_cpus("1-3") == {1, 2, 3}
+
+
+@pytest.mark.parametrize("text", ["", "x", "1-", "0-3", "0,1,2,3", "7"])
+def test_split_cpus_refuses_what_leaves_no_cpu_or_is_not_a_cpu(
+        monkeypatch: pytest.MonkeyPatch, text: str) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    with pytest.raises(ValueError, match="--proxy-cpus"):
+        split_cpus(text)
+
+
+def test_pinned_confines_the_child_and_what_it_starts() -> None:
+    assert pinned(None) is None and pinned(set()) is None
+    cpu = min(os.sched_getaffinity(0))
+    script = ("import os, subprocess, sys; print(sorted(os.sched_getaffinity(0))); "
+              "print(subprocess.run([sys.executable, '-c', 'import os; "
+              "print(sorted(os.sched_getaffinity(0)))'], capture_output=True, "
+              "text=True).stdout.strip())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, preexec_fn=pinned({cpu})).stdout.split()
+    assert out == [f"[{cpu}]", f"[{cpu}]"]
