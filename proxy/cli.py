@@ -19,6 +19,7 @@ from functools import partial
 from typing import Any
 
 from kiproxy.interceptors.loader import PluginLoadError
+from kiproxy.proxy.collector import freeze_imported
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
 from kiproxy.proxy.discovery import UpstreamUnreachable, check_upstream
 from kiproxy.proxy.logs import setup_logging
@@ -300,6 +301,7 @@ def run(args: argparse.Namespace) -> int:
         print(*exc.lines(), sep="\n", file=sys.stderr)
         return 2
     setup_logging(config.log_level, config.log_format)
+    freeze_imported()  # before any generation, connection or worker exists
     try:
         if args.command == "dev":
             return _dev(config, args, overrides)
