@@ -1,0 +1,62 @@
+"""When the heap trimmer gives memory back (kiproxy.proxy.memory.HeapTrimmer)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kiproxy.proxy.memory import TRIM_FREE_BYTES, HeapTrimmer
+
+MiB = 1024 * 1024
+
+
+def _trimmer(free: int | None) -> tuple[HeapTrimmer, list[int]]:
+    """A trimmer whose allocator reports ``free`` bytes free and records its trims."""
+    trimmer = HeapTrimmer(lambda: 0)
+    calls: list[int] = []
+
+    def trim(pad: int) -> int:
+        calls.append(pad)
+        return 1
+
+    trimmer._trim = trim
+    trimmer.free_heap_bytes = lambda: free  # type: ignore[method-assign]
+    return trimmer, calls
+
+
+glibc = pytest.mark.skipif(HeapTrimmer(lambda: 0).free_heap_bytes() is None,
+                           reason="the C library has no mallinfo2 (glibc 2.33+ only)")
+
+
+def test_a_heap_with_little_free_is_left_alone() -> None:
+    # Steady load: requests' buffers come and go, a few MiB are free at any time.
+    trimmer, calls = _trimmer(TRIM_FREE_BYTES - 1)
+    assert trimmer.trim_if_worth_it() is False
+    assert calls == []
+    assert (trimmer.trims, trimmer.skipped) == (0, 1)
+
+
+def test_a_heap_left_large_by_a_burst_is_trimmed() -> None:
+    trimmer, calls = _trimmer(200 * MiB)
+    assert trimmer.trim_if_worth_it() is True
+    assert calls == [0]
+    assert (trimmer.trims, trimmer.skipped) == (1, 0)
+
+
+def test_where_the_free_heap_is_unknown_it_trims_as_before() -> None:
+    trimmer, calls = _trimmer(None)
+    assert trimmer.trim_if_worth_it() is True
+    assert calls == [0]
+
+
+@glibc
+def test_free_heap_is_what_glibc_holds_free() -> None:
+    trimmer = HeapTrimmer(lambda: 0)
+    before = trimmer.free_heap_bytes()
+    assert before is not None and before >= 0
+    # 8,192 heap blocks of 4 KiB (below glibc's mmap threshold), every other one freed:
+    # 16 MiB of holes the allocator keeps free and cannot give back at the top.
+    blocks = [bytearray(4096) for _ in range(8192)]
+    del blocks[::2]
+    after = trimmer.free_heap_bytes()
+    assert after is not None and after - before >= 12 * MiB
+    del blocks
