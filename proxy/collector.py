@@ -11,9 +11,9 @@ Contract:
   since (generations, plugins, connections, requests) instead of everything.
 * Nothing a reload replaces or a client creates is frozen, so a retired generation's
   and a closed connection's reference cycles are collected as before; frozen objects
-  are still freed by reference counting. Forked workers share the frozen objects'
-  pages with the parent for as long as nothing writes to them (the collector no
-  longer does).
+  are still freed by reference counting. In forked workers the collector no longer
+  writes into the frozen objects' headers, so more of the parent's pages stay shared
+  (reference counting still writes to the objects a worker uses).
 * Why: a full collection holds the interpreter for its whole walk. In a proxy
   carrying 350,000 records/s it ran every 20 s or so and took 16-36 ms, and every
   connection's requests waited that long (``bench/RESULTS.md``, "Sixth round").
