@@ -120,7 +120,8 @@ class ReceiveBudget:
 
 
 class HeapTrimmer:
-    """Calls ``malloc_trim(0)`` after enough memory was released (glibc only)."""
+    """Calls ``malloc_trim(0)`` after enough memory was released, when enough of the heap
+    is free (glibc only)."""
 
     def __init__(self, released: Callable[[], int]) -> None:
         self._released = released
