@@ -25,8 +25,10 @@ produced as fast as the producer can queue them, timed from the first
 ``produce()`` to the end of ``flush()``. *Latency*: a paced producer offers a
 fixed load (``--load-fraction`` of the direct scenario's throughput for that
 record size and codec, measured in the first round) for ``--latency-seconds``;
-every record's latency is librdkafka's own produce-to-acknowledgement time
-(``Message.latency()`` in the delivery callback). The proxy's CPU is read from
+every record's latency (or a random 1 in ``--latency-sample`` records') is
+librdkafka's own produce-to-acknowledgement time (``Message.latency()`` in the
+delivery callback; ``bench/proxy_paced.py``). ``--others-nice`` runs the broker and
+the producer below the hop's priority. The proxy's CPU is read from
 ``/proc/<pid>/stat`` (utime + stime of the proxy process and its children) at
 the phase boundaries.
 
@@ -131,7 +133,10 @@ def _progress(r: RunResult) -> str:
         f"over capacity for {num(r.offered_rps)} rec/s" if r.saturated else
         f"p50 {num(r.p50_ms, '.2f')} p99 {num(r.p99_ms, '.2f')} ms "
         f"@ {num(r.paced_rps)}/{num(r.offered_rps)} rec/s "
-        f"(other {num(_cores(r.paced_other_cpu, r.paced_seconds), '.2f')} cores)")
+        f"(cores: producer {num(_cores(r.paced_producer_cpu, r.paced_seconds), '.2f')} "
+        f"broker {num(_cores(r.paced_broker_cpu, r.paced_seconds), '.2f')} "
+        f"proxy {num(_cores(r.paced_proxy_cpu, r.paced_seconds), '.2f')} "
+        f"other {num(_cores(r.paced_other_cpu, r.paced_seconds), '.2f')})")
     return (f"{head} {num(r.rps):>9} rec/s {num(r.mbps(), '6.1f')} MB/s  {latency}  "
             f"proxy {num(r.cpu_s_per_gb(), '.1f')} s/GB  cores: "
             f"producer {num(_cores(r.producer_cpu, r.seconds), '.2f')} "
@@ -279,6 +284,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pace-rps", type=float,
                    help="pace every case at this many records/s instead (for A/B runs of "
                         "two trees at the same load); no capacity round")
+    p.add_argument("--latency-sample", type=int, default=1, metavar="N",
+                   help="time a random 1 in N records of the paced phase (default 1: every "
+                        "record); untimed records cost the producer no delivery callback")
+    p.add_argument("--others-nice", type=int, default=0, metavar="N",
+                   help="run the broker and the producer N nice steps below the hop "
+                        "(kiproxy or haproxy alike): the hop gets the CPU first, as with cores "
+                        "reserved for it (default 0: all at the same priority)")
     p.add_argument("--partitions", type=int, default=3)
     p.add_argument("--acks", default="1", choices=("0", "1", "all", "-1"))
     p.add_argument("--linger-ms", type=float, default=5.0)
@@ -356,9 +368,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         acks="-1" if args.acks == "all" else args.acks, linger_ms=args.linger_ms,
         max_in_flight=args.max_in_flight, proxy_flags=[],
         max_seconds=args.max_seconds or (4.0 if quick else 10.0),
-        connections=args.connections,
+        connections=args.connections, latency_sample=args.latency_sample,
+        others_nice=args.others_nice,
     )
     notes: list[str] = []
+    if args.latency_sample < 1:
+        log(f"--latency-sample must be 1 or more, not {args.latency_sample}")
+        return 2
+    if args.latency_sample > 1:
+        notes.append(f"the paced phase timed a random 1 in {args.latency_sample} records "
+                     "(the others carried no delivery callback)")
+    if not 0 <= args.others_nice <= 19:
+        log(f"--others-nice must be 0..19, not {args.others_nice}")
+        return 2
+    if args.others_nice:
+        notes.append(f"the broker and the producer ran {args.others_nice} nice steps below "
+                     "the hop (kiproxy or haproxy), which got the CPU first")
     if args.proxy_cpus:
         try:
             options.proxy_cpus = split_cpus(args.proxy_cpus)

@@ -170,6 +170,8 @@ def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, comm
             pace: str = "direct's throughput") -> str:
     """The RESULTS.md section for this benchmark."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    timed = ("every record" if options.latency_sample <= 1 else
+             f"a random 1 in {options.latency_sample} records")
     nproc = (len(os.sched_getaffinity(0) | (options.proxy_cpus or set()))
              if hasattr(os, "sched_getaffinity") else os.cpu_count())
     described = "\n".join(f"  - **{s.name}**: {s.description}" for s in scenarios)
@@ -204,7 +206,7 @@ Command: `{command}` (from the repository root, project virtualenv)
   "p99 added" are medians of per-round pairs against direct (for p99 added, the difference
   of the medians when no round has both latencies).
 - rec/s and MB/s: throughput phase, MB = 10^6 bytes of record values (before compression).
-  p50/p99: librdkafka's produce-to-acknowledgement latency of every record of the paced phase.
+  p50/p99: librdkafka's produce-to-acknowledgement latency of {timed} of the paced phase.
 - proxy CPU: utime+stime of the proxy process (kiproxy or haproxy) from /proc. s/GB = CPU
   seconds per 10^9 bytes of record values; this is the same number as millicores per MB/s.
   "paced CPU" is the same measure in the paced phase (smaller batches, more per-request cost).

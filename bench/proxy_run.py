@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.proxy_cpu import CpuSampler, process_memory
+from bench.proxy_paced import paced_phase
 from bench.proxy_scenarios import (
     README_PLUGINS,
     ROOT,
@@ -35,7 +36,7 @@ from bench.proxy_scenarios import (
     Scenario,
     readme_plugin,
 )
-from bench.proxy_stats import RunResult, haproxy_config, json_values, percentile
+from bench.proxy_stats import RunResult, haproxy_config, json_values
 
 
 def _producer_config(spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,11 +103,12 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
         if err is not None and len(errors) < 5:
             errors.append(str(err))
 
-    def warm_up(producer: Any) -> None:
+    def warm_up(producer: Any) -> int:
         for i in range(spec["warmup"]):
             producer.produce(topic, values[i % n_values], partition=i % partitions)
         if producer.flush(30):
             raise RuntimeError("warm-up records were not delivered within 30 s")
+        return int(spec["warmup"])
 
     # Throughput: producers that report only failed deliveries; with --connections N,
     # N of them, each with connections of its own, taking turns by 1,000 records.
@@ -156,62 +158,17 @@ def run_producer(spec: Mapping[str, Any]) -> dict[str, Any]:
 
     if spec["latency_seconds"] <= 0:  # a capacity round: throughput only
         return result
-    # Latency: a paced producer; every delivery reports librdkafka's own latency.
+    # Latency: a paced producer; librdkafka's own latency of every (or every sampled) record.
     offered = spec.get("offered_rps") or spec["load_fraction"] * count / seconds
     result["offered_rps"] = offered
     if offered > count / seconds:
         # Above this scenario's own throughput the latency is just queue growth.
         result["saturated"] = True
         return result
-    latencies: list[float] = []
-
-    def on_delivery(err: Any, msg: Any) -> None:
-        if err is not None:
-            if len(errors) < 5:
-                errors.append(str(err))
-            return
-        latency = msg.latency()
-        if latency is not None:
-            latencies.append(latency)
-
-    paced = Producer({**_producer_config(spec), "on_delivery": on_delivery})
-    warm_up(paced)
-    latencies.clear()
-    total = max(int(offered * spec["latency_seconds"]), 1)
-    produce, poll = paced.produce, paced.poll
-    tick = 0.001
-    before = sampler.sample()
-    start = time.perf_counter()
-    sent = 0
-    while sent < total:
-        now = time.perf_counter()
-        due = min(total, int((now - start) * offered) + 1)
-        while sent < due:
-            try:
-                produce(topic, values[sent % n_values], partition=sent % partitions)
-            except BufferError:
-                poll(0.001)
-                continue
-            sent += 1
-        poll(0)
-        pause = start + sent / offered - time.perf_counter()
-        if pause > 0:
-            time.sleep(max(pause, tick))
-    produced_in = time.perf_counter() - start
-    left = paced.flush(120)
-    paced_seconds = time.perf_counter() - start
-    paced_cpu = CpuSampler.delta(before, sampler.sample())
-    if left:
-        errors.append(f"{left} paced records not delivered after flush")
-    result.update(paced_records=total, paced_seconds=paced_seconds,
-                  paced_rps=total / produced_in if produced_in > 0 else None,
-                  paced_cpu=paced_cpu, latencies=len(latencies))
-    if latencies:
-        ms = [v * 1000 for v in latencies]
-        result.update(p50_ms=percentile(ms, 50), p99_ms=percentile(ms, 99),
-                      p999_ms=percentile(ms, 99.9))
-    if errors:
-        result["error"] = f"latency phase: {errors[0]}"
+    result.update(paced_phase(spec, _producer_config(spec), values, sampler, offered,
+                              sent_before=[spec["warmup"]] * len(producers) + [count],
+                              warm_up=warm_up))
+    if "error" in result:
         return result
     if spec.get("check"):
         value = _read_first_value(bootstrap, topic)
@@ -304,16 +261,28 @@ def pinned(cpus: set[int] | None) -> Callable[[], None] | None:
     return lambda: os.sched_setaffinity(0, frozen)
 
 
+def niced(steps: int) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that lowers a child's priority by ``steps`` nice steps (0: none)."""
+    if not steps:
+        return None
+
+    def lower() -> None:
+        os.nice(steps)
+
+    return lower
+
+
 @contextlib.contextmanager
 def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
-            proxy_cpus: set[int] | None = None) -> Iterator[Setup]:
+            proxy_cpus: set[int] | None = None, others_nice: int = 0) -> Iterator[Setup]:
     """Start a fresh broker and the scenario's proxy; stop both afterwards.
 
     The broker listens on a free loopback port with memory storage; a kiproxy scenario
     runs ``kiproxy run`` with the scenario's interceptor and ``proxy_flags``. The
     :class:`Setup` says where a client connects and the processes' pids. With
     ``proxy_cpus`` the hop runs on those CPUs only (set before it starts, so that every
-    thread and worker process it makes inherits them).
+    thread and worker process it makes inherits them). With ``others_nice`` the broker
+    runs that many nice steps below this process's priority (the hop does not).
     """
     from kiproxy.proxy.embedded import broker_binary
 
@@ -332,7 +301,8 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
              "--advertised-listener-url", f"tcp://127.0.0.1:{advertised}",
              "--storage-engine", "memory://tansu/"],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
+            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
+            preexec_fn=niced(others_nice))
         setup.processes.append(broker)
         setup.pids["broker"] = broker.pid
         _wait_listening(broker_port, broker, "the Tansu broker")
@@ -411,6 +381,10 @@ class Options:
     timeout: float = 600
     proxy_cpus: set[int] | None = None
     """CPUs the hop is confined to (the broker and the producer get this process's)."""
+    others_nice: int = 0
+    """Nice steps the broker and the producer run below the hop (0: the same priority)."""
+    latency_sample: int = 1
+    """The paced phase times a random 1 in ``latency_sample`` records (1: every record)."""
     connections: int = 1
     """Producer instances of the throughput phase, each with connections of its own
     (so that ``--workers`` has connections to spread)."""
@@ -426,7 +400,7 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
     with tempfile.TemporaryDirectory(prefix="bench-proxy-") as tmp:
         try:
             with started(scenario, Path(tmp), options.proxy_flags,
-                         options.proxy_cpus) as setup, \
+                         options.proxy_cpus, options.others_nice) as setup, \
                     (attach or _no_attach)(setup):
                 spec = {
                     "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
@@ -438,11 +412,12 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
                     "latency_seconds": options.latency_seconds,
                     "load_fraction": options.load_fraction, "offered_rps": offered_rps,
                     "pids": setup.pids, "check": check, "connections": options.connections,
+                    "latency_sample": options.latency_sample,
                 }
                 out = subprocess.run(
                     [sys.executable, "-m", "bench.proxy", "--worker", json.dumps(spec)],
                     cwd=ROOT, capture_output=True, text=True, timeout=options.timeout,
-                    check=False)
+                    check=False, preexec_fn=niced(options.others_nice))
                 if out.returncode != 0 or not out.stdout.strip():
                     tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
                     result.error = f"producer exited {out.returncode}: " + " | ".join(tail)
@@ -474,6 +449,9 @@ def _fill(result: RunResult, data: Mapping[str, Any], scenario: Scenario) -> Non
     result.paced_seconds = float(data.get("paced_seconds", 0.0))
     result.paced_proxy_cpu = paced_cpu.get("proxy")
     result.paced_other_cpu = paced_cpu.get("other")
+    result.paced_producer_cpu = paced_cpu.get("self")
+    result.paced_broker_cpu = paced_cpu.get("broker")
+    result.latency_sample = int(data.get("latency_sample", 1))
     result.saturated = bool(data.get("saturated"))
     result.p50_ms = data.get("p50_ms")
     result.p99_ms = data.get("p99_ms")

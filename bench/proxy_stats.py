@@ -151,6 +151,11 @@ class RunResult:
     paced_seconds: float = 0.0
     paced_proxy_cpu: float | None = None
     paced_other_cpu: float | None = None
+    paced_producer_cpu: float | None = None
+    """CPU seconds of the paced producer's process (its Python loop and librdkafka)."""
+    paced_broker_cpu: float | None = None
+    latency_sample: int = 1
+    """The paced phase timed a random 1 in this many records."""
     saturated: bool = False
     """The paced load was above this run's own throughput: no latency phase."""
     p50_ms: float | None = None
