@@ -83,6 +83,7 @@ def paced_phase(spec: Mapping[str, Any], config: Mapping[str, Any], values: Sequ
     errors: list[str] = []
     latencies: list[float] = []
     delivered: list[tuple[int, int]] = []
+    timed: list[int] = []  # indices in the phase of the records produced with on_timed
 
     def on_delivery(err: Any, msg: Any) -> None:
         if err is not None:
@@ -120,6 +121,7 @@ def paced_phase(spec: Mapping[str, Any], config: Mapping[str, Any], values: Sequ
                 else:
                     produce(topic, values[sent % n_values], partition=sent % partitions,
                             on_delivery=on_timed)
+                    timed.append(sent)
             except BufferError:
                 poll(0.001)
                 continue
@@ -143,7 +145,6 @@ def paced_phase(spec: Mapping[str, Any], config: Mapping[str, Any], values: Sequ
         result.update(p50_ms=percentile(ms, 50), p99_ms=percentile(ms, 99),
                       p999_ms=percentile(ms, 99.9))
     if sample > 1 and not errors:
-        timed = [s for s in range(total) if pattern[s % n_pattern] or s >= tail]
         mismatch = offset_errors(timed, partitions, in_partition, delivered)
         if mismatch:
             errors.append(mismatch)
