@@ -309,8 +309,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     p.add_argument("--json", metavar="PATH", help="also write every run's raw result here")
     p.add_argument("--profile", metavar="SCENARIO",
-                   help="instead: one run of SCENARIO (1 KiB, uncompressed) under py-spy; "
-                        "prints the hot spots")
+                   help="instead: one run of SCENARIO under py-spy (the first of --sizes and "
+                        "--codecs; default 1 KiB, uncompressed); prints the hot spots")
     p.add_argument("--profile-dir", default=str(ROOT / "bench" / "out"),
                    help="where --profile writes its files (default bench/out)")
     p.add_argument("--native", action="store_true",
@@ -412,8 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"--profile needs a kiproxy scenario: "
                 f"{', '.join(n for n, s in SCENARIOS.items() if s.kind == 'kiproxy')}")
             return 2
-        options.records = {1024: args.records or 400_000}
-        return profile(SCENARIOS[args.profile], Case(1024, "none"), options,
+        case = Case(sizes[0] if args.sizes else 1024, codecs[0] if args.codecs else "none")
+        options.records = {case.value_size: args.records or 400_000}
+        return profile(SCENARIOS[args.profile], case, options,
                        Path(args.profile_dir), log, native=args.native)
 
     unavailable: dict[str, str] = {}
