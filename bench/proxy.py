@@ -306,6 +306,9 @@ def _parser() -> argparse.ArgumentParser:
                         "broker and the producer the others; default: every process may run "
                         "on every CPU")
     p.add_argument("--write", action="store_true", help="update RESULTS.md even with --quick")
+    p.add_argument("--kiproxy-arg", action="append", default=[], metavar="ARG",
+                   help="pass ARG to every kiproxy scenario's `kiproxy run` (repeat it: "
+                        "--kiproxy-arg=--compression-zstd-level --kiproxy-arg=1)")
     p.add_argument("--no-write", action="store_true", help="do not update RESULTS.md")
     p.add_argument("--json", metavar="PATH", help="also write every run's raw result here")
     p.add_argument("--profile", metavar="SCENARIO",
@@ -366,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         warmup=args.warmup, latency_seconds=args.latency_seconds or (2.0 if quick else 5.0),
         load_fraction=args.load_fraction, partitions=args.partitions,
         acks="-1" if args.acks == "all" else args.acks, linger_ms=args.linger_ms,
-        max_in_flight=args.max_in_flight, proxy_flags=[],
+        max_in_flight=args.max_in_flight, proxy_flags=list(args.kiproxy_arg),
         max_seconds=args.max_seconds or (4.0 if quick else 10.0),
         connections=args.connections, latency_sample=args.latency_sample,
         others_nice=args.others_nice,
@@ -395,6 +398,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes.append(f"the hop ran on CPU {','.join(map(str, sorted(options.proxy_cpus)))}, "
                      f"the broker and the producer on CPU {','.join(map(str, rest))} "
                      "(--proxy-cpus); direct used those CPUs only")
+    if args.kiproxy_arg:
+        notes.append(f"kiproxy ran with {' '.join(args.kiproxy_arg)}")
     if args.connections > 1:
         notes.append(f"throughput phase: {args.connections} producers, each with its own "
                      "connections, taking turns by 1,000 records")

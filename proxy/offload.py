@@ -17,10 +17,13 @@ Contract:
 * Once decoded, the reservation shrinks to what the batches hold and stays until the
   partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
   A reservation above the whole budget is cut to the budget: it waits to run alone.
-* Re-encoding a large transformed batch runs on the same threads (an uncompressed one
-  of at most ``inline_plain_bytes`` on the loop: a copy and a CRC). It need not be
-  awaited at once (:meth:`DecodeLease.start_encode`): a request's next partition is
-  decoded and intercepted while the previous one compresses.
+* Re-encoding a transformed batch runs on the same threads when it decodes to more
+  than ``inline_encode_bytes`` and is zstd or gzip (slow compressors: 32 KiB take longer
+  than a thread hop), or to more than ``inline_bytes`` and is LZ4 or snappy; an
+  uncompressed one of at most ``inline_plain_bytes`` is re-encoded on the loop (a copy
+  and a CRC). It need not be awaited at once (:meth:`DecodeLease.start_encode`): a
+  request's next partition is decoded and intercepted while the previous one
+  compresses.
 * Order is untouched: a connection awaits its own decode before it handles anything
   else, exactly as it awaits the interceptor.
 
@@ -68,6 +71,13 @@ DEFAULT_INLINE_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_INLINE_PLAIN_BYTES = 1024 * 1024
 """Uncompressed records bytes decoded on the loop (bench/intercept.py: a hop to a thread
 cost more CPU than decoding 1 MiB of records, about 0.15 ms)."""
+DEFAULT_INLINE_ENCODE_BYTES = 32 * 1024
+"""Decoded bytes of a transformed zstd or gzip batch re-compressed on the loop. Above it
+compressing costs more than the hop to a thread (about 75 us of CPU; zstd level 3
+takes about 80 us for 32 KiB, 140 us for 64 KiB), and the loop goes on with the
+request's next partition meanwhile (bench/RESULTS.md, eighth round: uppercase on
+100 B zstd at 365,017 records/s, p99 added +2.3 to +8.7 ms against +4.0 to +32.4)."""
+_SLOW_CODECS = frozenset({Compression.GZIP, Compression.ZSTD})
 DEFAULT_INLINE_RECORDS = 4096
 """Records an uncompressed partition decoded on the loop may declare (bounds the
 objects and time of one inline decode)."""
@@ -150,6 +160,7 @@ class BatchOffload:
                  inline_output_bytes: int = DEFAULT_INLINE_OUTPUT_BYTES,
                  inline_plain_bytes: int = DEFAULT_INLINE_PLAIN_BYTES,
                  inline_records: int = DEFAULT_INLINE_RECORDS,
+                 inline_encode_bytes: int = DEFAULT_INLINE_ENCODE_BYTES,
                  threads: int | None = None) -> None:
         self.limits = limits
         """Decompression bounds of every records block."""
@@ -164,6 +175,9 @@ class BatchOffload:
         self.inline_limits = DecompressionLimits(
             max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
         """The bounds of an inline attempt: past them the block moves to a thread."""
+        self.inline_encode_bytes = inline_encode_bytes
+        """Transformed zstd and gzip batches decoding to more than this are re-compressed
+        on a thread (LZ4 and snappy above ``inline_bytes``)."""
         self.threads = threads or min(4, os.cpu_count() or 1)
         """Worker threads decoding and encoding large batches."""
         self._pool: ThreadPoolExecutor | None = None
@@ -262,9 +276,14 @@ class DecodeLease:
         partition). Raises what ``encode_batch`` raises on the loop; the future holds
         what it raises on a thread."""
         offload = self._offload
-        if size_hint <= offload.inline_bytes or (
-                header.attributes & 0x07 == Compression.NONE
-                and size_hint <= offload.inline_plain_bytes):
+        codec = header.attributes & 0x07
+        if codec == Compression.NONE:
+            inline = max(offload.inline_bytes, offload.inline_plain_bytes)
+        elif codec in _SLOW_CODECS:
+            inline = offload.inline_encode_bytes
+        else:
+            inline = offload.inline_bytes
+        if size_hint <= inline:
             return encode_batch(header, records, renumber=True, levels=levels)
         return offload.submit(encode_batch, header, records, renumber=True, levels=levels)
 

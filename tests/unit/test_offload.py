@@ -3,7 +3,9 @@
 Small partitions and uncompressed ones up to ``inline_plain_bytes`` with at most
 ``inline_records`` records are decoded on the loop (no thread pool is ever started);
 a compressed partition above ``inline_bytes``, and an uncompressed one with more
-records or bytes than that, goes to a thread within the memory budget.
+records or bytes than that, goes to a thread within the memory budget. A transformed
+batch is re-compressed on a thread above ``inline_encode_bytes`` (zstd, gzip) or
+``inline_bytes`` (LZ4, snappy).
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ import threading
 
 import pytest
 
-from kiproxy.protocol.compression import Compression
+from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     Record,
     build_batch,
     decode_batches,
+    encode_batch,
 )
 from kiproxy.proxy.offload import WORKER_NICE, BatchOffload
 
@@ -64,6 +67,44 @@ def test_uncompressed_above_inline_plain_bytes_goes_to_a_thread() -> None:
     data = build_batch(_records(100, 1024))
     started, _ = _decoded_where(data, inline_plain_bytes=64 * 1024)
     assert started
+
+
+@pytest.mark.parametrize(("codec", "count", "threaded"), [
+    (Compression.ZSTD, 24, False),   # 24 KiB decoded: re-compressed on the loop
+    (Compression.ZSTD, 48, True),    # 48 KiB: on a thread (zstd is a slow compressor)
+    (Compression.GZIP, 48, True),
+    (Compression.LZ4, 48, False),    # LZ4 compresses 48 KiB in less than a hop costs
+    (Compression.LZ4, 96, True),     # above inline_bytes
+    (Compression.NONE, 200, False),  # uncompressed: a copy and a CRC, on the loop
+])
+def test_where_a_transformed_batch_is_re_encoded(codec: Compression, count: int,
+                                                 threaded: bool) -> None:
+    data = build_batch(_records(count, 1024), compression=codec)
+    offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)  # the proxy's defaults
+
+    async def transform() -> tuple[bool, bool, bytes]:
+        lease = offload.lease()
+        try:
+            [decoded] = await lease.decode(data)
+            decoded_on_loop = offload._pool is None
+            records = tuple(r.with_value((r.value or b"").upper()) for r in decoded.records)
+            piece = lease.start_encode(decoded.header, records, DEFAULT_LEVELS,
+                                       decoded.block_size)
+            out = piece if isinstance(piece, bytes) else await piece
+            return decoded_on_loop, not isinstance(piece, bytes), out
+        finally:
+            lease.release()
+
+    try:
+        decoded_on_loop, on_thread, out = asyncio.run(transform())
+    finally:
+        offload.close()
+    assert decoded_on_loop  # each compresses to well under inline_bytes
+    assert on_thread is threaded
+    [decoded] = decode_batches(data)
+    assert out == encode_batch(decoded.header, tuple(
+        r.with_value((r.value or b"").upper()) for r in decoded.records), levels=DEFAULT_LEVELS)
+    assert offload.budget.used == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "setpriority"), reason="no per-thread priority here")
