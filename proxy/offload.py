@@ -76,7 +76,8 @@ DEFAULT_INLINE_ENCODE_BYTES = 32 * 1024
 compressing costs more than the hop to a thread (about 75 us of CPU; zstd level 3
 takes about 80 us for 32 KiB, 140 us for 64 KiB), and the loop goes on with the
 request's next partition meanwhile (bench/RESULTS.md, eighth round: uppercase on
-100 B zstd at 365,017 records/s, p99 added +2.3 to +8.7 ms against +4.0 to +32.4)."""
+100 B zstd at 365,017 records/s added +5.0 ms at p99 against +9.1, medians of eight
+rounds; past the machine's knee the two could not be told apart)."""
 _SLOW_CODECS = frozenset({Compression.GZIP, Compression.ZSTD})
 DEFAULT_INLINE_RECORDS = 4096
 """Records an uncompressed partition decoded on the loop may declare (bounds the
