@@ -30,7 +30,8 @@ from kiproxy.protocol.records import Record, build_batch, decode_batches, encode
 
 __all__ = ["encode_cost", "main", "parse_levels"]
 
-_CODECS = {"gzip": Compression.GZIP, "lz4": Compression.LZ4, "zstd": Compression.ZSTD}
+_CODECS = {f.name: Compression[f.name.upper()] for f in dataclasses.fields(DEFAULT_LEVELS)}
+"""The codecs that have levels: those of ``interceptor.compression``."""
 _DEFAULT_SWEEP = {"gzip": (1, 6), "lz4": (1, 3), "zstd": (-1, 1, 2, 3)}
 
 

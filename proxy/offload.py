@@ -179,6 +179,12 @@ class BatchOffload:
         self.inline_encode_bytes = inline_encode_bytes
         """Transformed zstd and gzip batches decoding to more than this are re-compressed
         on a thread (LZ4 and snappy above ``inline_bytes``)."""
+        self._encode_inline: dict[int, int] = {
+            codec: inline_encode_bytes if codec in _SLOW_CODECS
+            else inline_bytes for codec in Compression}
+        """Per codec, the decoded size up to which a transformed batch is re-encoded on
+        the loop."""
+        self._encode_inline[Compression.NONE] = max(inline_bytes, inline_plain_bytes)
         self.threads = threads or min(4, os.cpu_count() or 1)
         """Worker threads decoding and encoding large batches."""
         self._pool: ThreadPoolExecutor | None = None
@@ -277,14 +283,8 @@ class DecodeLease:
         partition). Raises what ``encode_batch`` raises on the loop; the future holds
         what it raises on a thread."""
         offload = self._offload
-        codec = header.attributes & 0x07
-        if codec == Compression.NONE:
-            inline = max(offload.inline_bytes, offload.inline_plain_bytes)
-        elif codec in _SLOW_CODECS:
-            inline = offload.inline_encode_bytes
-        else:
-            inline = offload.inline_bytes
-        if size_hint <= inline:
+        if size_hint <= offload._encode_inline.get(header.attributes & 0x07,
+                                                   offload.inline_bytes):
             return encode_batch(header, records, renumber=True, levels=levels)
         return offload.submit(encode_batch, header, records, renumber=True, levels=levels)
 
