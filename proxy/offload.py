@@ -17,13 +17,15 @@ Contract:
 * Once decoded, the reservation shrinks to what the batches hold and stays until the
   partition is done (interceptor, re-encoding): :meth:`DecodeLease.release`.
   A reservation above the whole budget is cut to the budget: it waits to run alone.
-* Re-encoding a transformed batch runs on the same threads when it decodes to more
-  than ``inline_encode_bytes`` and is zstd or gzip (slow compressors: 32 KiB take longer
-  than a thread hop), or to more than ``inline_bytes`` and is LZ4 or snappy; an
-  uncompressed one of at most ``inline_plain_bytes`` is re-encoded on the loop (a copy
-  and a CRC). It need not be awaited at once (:meth:`DecodeLease.start_encode`): a
-  request's next partition is decoded and intercepted while the previous one
-  compresses.
+* Re-encoding a transformed batch runs on the loop when it is expected to take at
+  most ``inline_encode_seconds`` of CPU (1 ms), and on the same threads otherwise.
+  The expectation is :class:`EncodeCost`'s: per codec and level, the CPU seconds a
+  decoded byte took to re-encode in the batches seen so far (on the loop or on a
+  thread). A codec and level not yet seen is compressed on a thread; a batch of at
+  most 16 KiB decoded (:data:`ENCODE_FLOOR`), and an uncompressed one of at most
+  ``inline_plain_bytes`` (a copy and a CRC), always on the loop. A threaded encode
+  need not be awaited at once (:meth:`DecodeLease.start_encode`): a request's next
+  partition is decoded and intercepted while the previous one compresses.
 * Order is untouched: a connection awaits its own decode before it handles anything
   else, exactly as it awaits the interceptor.
 
@@ -59,7 +61,7 @@ from kiproxy.protocol.records import (
     read_batch_headers,
 )
 
-__all__ = ["BatchOffload", "DecodeLease", "MemoryBudget", "WarningLimiter"]
+__all__ = ["BatchOffload", "DecodeLease", "EncodeCost", "MemoryBudget", "WarningLimiter"]
 
 log = logging.getLogger("kiproxy.offload")
 
@@ -71,14 +73,17 @@ DEFAULT_INLINE_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_INLINE_PLAIN_BYTES = 1024 * 1024
 """Uncompressed records bytes decoded on the loop (bench/intercept.py: a hop to a thread
 cost more CPU than decoding 1 MiB of records, about 0.15 ms)."""
-DEFAULT_INLINE_ENCODE_BYTES = 32 * 1024
-"""Decoded bytes of a transformed zstd or gzip batch re-compressed on the loop. Above it
-compressing costs more than the hop to a thread (about 75 us of CPU; zstd level 3
-takes about 80 us for 32 KiB, 140 us for 64 KiB), and the loop goes on with the
-request's next partition meanwhile (bench/RESULTS.md, eighth round: uppercase on
-100 B zstd at 365,017 records/s added +5.0 ms at p99 against +9.1, medians of eight
-rounds; past the machine's knee the two could not be told apart)."""
-_SLOW_CODECS = frozenset({Compression.GZIP, Compression.ZSTD})
+DEFAULT_INLINE_ENCODE_SECONDS = 0.001
+"""CPU a transformed batch is expected to take to re-encode, at most, for it to be
+re-encoded on the loop (about what a large inline decode takes). A hop to a thread
+costs 100-400 us of CPU on a virtual machine (bench/RESULTS.md, ninth round: two
+cross-core wake-ups, each a VM exit), more than compressing 32 KiB; re-encoding up to
+this on the loop took 15-35% less of the proxy's CPU on the compressed transforms
+than the earlier 32/64 KiB byte bounds, and a 1 MB batch of the neighbours bench
+still compresses on a thread."""
+ENCODE_FLOOR = 16 * 1024
+"""Decoded bytes up to which a transformed batch is always re-encoded on the loop (and
+its cost not learnt from: a compressor's set-up dominates there)."""
 DEFAULT_INLINE_RECORDS = 4096
 """Records an uncompressed partition decoded on the loop may declare (bounds the
 objects and time of one inline decode)."""
@@ -161,7 +166,7 @@ class BatchOffload:
                  inline_output_bytes: int = DEFAULT_INLINE_OUTPUT_BYTES,
                  inline_plain_bytes: int = DEFAULT_INLINE_PLAIN_BYTES,
                  inline_records: int = DEFAULT_INLINE_RECORDS,
-                 inline_encode_bytes: int = DEFAULT_INLINE_ENCODE_BYTES,
+                 inline_encode_seconds: float = DEFAULT_INLINE_ENCODE_SECONDS,
                  threads: int | None = None) -> None:
         self.limits = limits
         """Decompression bounds of every records block."""
@@ -176,15 +181,11 @@ class BatchOffload:
         self.inline_limits = DecompressionLimits(
             max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
         """The bounds of an inline attempt: past them the block moves to a thread."""
-        self.inline_encode_bytes = inline_encode_bytes
-        """Transformed zstd and gzip batches decoding to more than this are re-compressed
-        on a thread (LZ4 and snappy above ``inline_bytes``)."""
-        self._encode_inline: dict[int, int] = {
-            codec: inline_encode_bytes if codec in _SLOW_CODECS
-            else inline_bytes for codec in Compression}
-        """Per codec, the decoded size up to which a transformed batch is re-encoded on
-        the loop."""
-        self._encode_inline[Compression.NONE] = max(inline_bytes, inline_plain_bytes)
+        self.encode_cost = EncodeCost(inline_encode_seconds)
+        """What re-encoding costs, learnt per codec and level; decides where it runs."""
+        self.inline_plain_encode = max(inline_bytes, inline_plain_bytes)
+        """Transformed uncompressed batches of at most this many decoded bytes are
+        re-encoded on the loop."""
         self.threads = threads or min(4, os.cpu_count() or 1)
         """Worker threads decoding and encoding large batches."""
         self._pool: ThreadPoolExecutor | None = None
@@ -236,6 +237,48 @@ class BatchOffload:
             self._pool = None
 
 
+class EncodeCost:
+    """Where a transformed batch is re-encoded: the CPU seconds per decoded byte each
+    codec and level took, learnt from the batches re-encoded so far."""
+
+    def __init__(self, budget: float, weight: float = 0.25) -> None:
+        self.budget = budget
+        """CPU seconds a batch may be expected to take to be re-encoded on the loop."""
+        self.weight = weight
+        """How much each new batch moves the estimate (an exponential moving average)."""
+        self._per_byte: dict[tuple[int, CompressionLevels], float] = {}
+
+    def per_byte(self, codec: int, levels: CompressionLevels) -> float | None:
+        """The estimate for ``codec`` at ``levels`` (seconds per decoded byte), or None."""
+        return self._per_byte.get((codec, levels))
+
+    def inline(self, codec: int, levels: CompressionLevels, size: int) -> bool:
+        """Whether a batch of ``size`` decoded bytes is re-encoded on the loop."""
+        if size <= ENCODE_FLOOR:
+            return True
+        per_byte = self._per_byte.get((codec, levels))
+        return per_byte is not None and size * per_byte <= self.budget
+
+    def observe(self, codec: int, levels: CompressionLevels, size: int,
+                seconds: float) -> None:
+        """Learn from one batch of ``size`` decoded bytes that took ``seconds`` of CPU."""
+        if size <= ENCODE_FLOOR:
+            return
+        key = (codec, levels)
+        seen = seconds / size
+        old = self._per_byte.get(key)
+        self._per_byte[key] = seen if old is None else old + self.weight * (seen - old)
+
+    def encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
+               levels: CompressionLevels, size: int) -> bytes:
+        """:func:`~kiproxy.protocol.records.encode_batch` (renumbered), timed in the
+        calling thread's CPU time and learnt from."""
+        started = time.thread_time()
+        out = encode_batch(header, records, renumber=True, levels=levels)
+        self.observe(header.attributes & 0x07, levels, size, time.thread_time() - started)
+        return out
+
+
 class DecodeLease:
     """One partition's share of the budget, from decode to release."""
 
@@ -277,16 +320,18 @@ class DecodeLease:
     def start_encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
                      levels: CompressionLevels, size_hint: int) -> bytes | asyncio.Future[bytes]:
         """:func:`~kiproxy.protocol.records.encode_batch`: the bytes when the batch is
-        encoded on the loop (no larger than what is decoded inline; ``size_hint`` is its
-        decoded size), else a worker thread's future, which the caller awaits when it
+        re-encoded on the loop (the module contract; ``size_hint`` is its decoded
+        size), else a worker thread's future, which the caller awaits when it
         needs the bytes (the loop goes on meanwhile, e.g. with the request's next
         partition). Raises what ``encode_batch`` raises on the loop; the future holds
         what it raises on a thread."""
         offload = self._offload
-        if size_hint <= offload._encode_inline.get(header.attributes & 0x07,
-                                                   offload.inline_bytes):
-            return encode_batch(header, records, renumber=True, levels=levels)
-        return offload.submit(encode_batch, header, records, renumber=True, levels=levels)
+        codec = header.attributes & 0x07
+        cost = offload.encode_cost
+        if (size_hint <= offload.inline_plain_encode if codec == Compression.NONE
+                else cost.inline(codec, levels, size_hint)):
+            return cost.encode(header, records, levels, size_hint)
+        return offload.submit(cost.encode, header, records, levels, size_hint)
 
     def release(self) -> None:
         """Give the partition's reservation back."""

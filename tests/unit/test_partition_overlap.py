@@ -121,10 +121,11 @@ def gated_encodes(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
 
 
 def _pipeline(plugin: ProduceRequestInterceptor) -> ProducePipeline:
-    # inline_bytes=1024: every one of these compressed partitions is decoded and encoded
-    # on a thread; enough threads that held re-encodings leave one for the next decode.
+    # inline_bytes=1024 and no CPU to spend on re-encoding on the loop: every one of
+    # these compressed partitions is decoded and encoded on a thread; enough threads
+    # that held re-encodings leave one for the next decode.
     offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS, inline_bytes=1024,
-                           threads=PARTITIONS + 1)
+                           inline_encode_seconds=0.0, threads=PARTITIONS + 1)
     return ProducePipeline(plugin, name="upper", offload=offload)
 
 
