@@ -78,9 +78,9 @@ DEFAULT_INLINE_ENCODE_SECONDS = 0.001
 re-encoded on the loop (about what a large inline decode takes). A hop to a thread
 costs 100-400 us of CPU on a virtual machine (bench/RESULTS.md, ninth round: two
 cross-core wake-ups, each a VM exit), more than compressing 32 KiB; re-encoding up to
-this on the loop took 15-35% less of the proxy's CPU on the compressed transforms
-than the earlier 32/64 KiB byte bounds, and a 1 MB batch of the neighbours bench
-still compresses on a thread."""
+this on the loop took 13-45% less CPU a record on the compressed transforms than the
+earlier 32/64 KiB byte bounds (1 ms is about 230 KiB of zstd level 3 here), and a
+1 MB batch of the neighbours bench still compresses on a thread."""
 ENCODE_FLOOR = 16 * 1024
 """Decoded bytes up to which a transformed batch is always re-encoded on the loop (and
 its cost not learnt from: a compressor's set-up dominates there)."""
