@@ -51,6 +51,25 @@ def _decoded_where(data: bytes, **settings: int) -> tuple[bool, list[list[Record
         offload.close()
 
 
+@pytest.mark.parametrize(("codec", "count", "threaded"), [
+    (Compression.NONE, 200, False),   # 200 KiB uncompressed, 200 records: on the loop
+    (Compression.NONE, 5000, True),   # more records than inline_records
+    (Compression.LZ4, 200, True),     # compressed and above inline_bytes
+])
+def test_where_a_partition_is_decoded(codec: Compression, count: int, threaded: bool) -> None:
+    size = 1024 if count <= 200 else 8
+    data = build_batch(_records(count, size), compression=codec)
+    started, batches = _decoded_where(data, inline_records=4096)
+    assert started is threaded
+    assert batches == [list(b.records) for b in decode_batches(data)]
+
+
+def test_uncompressed_above_inline_plain_bytes_goes_to_a_thread() -> None:
+    data = build_batch(_records(100, 1024))
+    started, _ = _decoded_where(data, inline_plain_bytes=64 * 1024)
+    assert started
+
+
 def _transform(offload: BatchOffload, data: bytes) -> tuple[bool, bytes]:
     """Decode ``data`` (one batch), upper-case its values and re-encode it through
     ``offload``: (whether the re-encoding ran on a thread, the batch it wrote)."""
