@@ -181,11 +181,9 @@ class BatchOffload:
         self.inline_limits = DecompressionLimits(
             max_bytes=min(limits.max_bytes, inline_output_bytes), max_ratio=limits.max_ratio)
         """The bounds of an inline attempt: past them the block moves to a thread."""
-        self.encode_cost = EncodeCost(inline_encode_seconds)
+        self.encode_cost = EncodeCost(inline_encode_seconds,
+                                      plain_bytes=max(inline_bytes, inline_plain_bytes))
         """What re-encoding costs, learnt per codec and level; decides where it runs."""
-        self.inline_plain_encode = max(inline_bytes, inline_plain_bytes)
-        """Transformed uncompressed batches of at most this many decoded bytes are
-        re-encoded on the loop."""
         self.threads = threads or min(4, os.cpu_count() or 1)
         """Worker threads decoding and encoding large batches."""
         self._pool: ThreadPoolExecutor | None = None
@@ -241,9 +239,13 @@ class EncodeCost:
     """Where a transformed batch is re-encoded: the CPU seconds per decoded byte each
     codec and level took, learnt from the batches re-encoded so far."""
 
-    def __init__(self, budget: float, weight: float = 0.25) -> None:
+    def __init__(self, budget: float, *, plain_bytes: int = DEFAULT_INLINE_PLAIN_BYTES,
+                 weight: float = 0.25) -> None:
         self.budget = budget
         """CPU seconds a batch may be expected to take to be re-encoded on the loop."""
+        self.plain_bytes = plain_bytes
+        """Uncompressed batches of at most this many bytes are re-encoded on the loop (a
+        copy and a CRC; nothing to learn)."""
         self.weight = weight
         """How much each new batch moves the estimate (an exponential moving average)."""
         self._per_byte: dict[tuple[int, CompressionLevels], float] = {}
@@ -254,6 +256,8 @@ class EncodeCost:
 
     def inline(self, codec: int, levels: CompressionLevels, size: int) -> bool:
         """Whether a batch of ``size`` decoded bytes is re-encoded on the loop."""
+        if codec == Compression.NONE:
+            return size <= self.plain_bytes
         if size <= ENCODE_FLOOR:
             return True
         per_byte = self._per_byte.get((codec, levels))
@@ -262,7 +266,7 @@ class EncodeCost:
     def observe(self, codec: int, levels: CompressionLevels, size: int,
                 seconds: float) -> None:
         """Learn from one batch of ``size`` decoded bytes that took ``seconds`` of CPU."""
-        if size <= ENCODE_FLOOR:
+        if size <= ENCODE_FLOOR or codec == Compression.NONE:
             return
         key = (codec, levels)
         seen = seconds / size
@@ -325,13 +329,10 @@ class DecodeLease:
         needs the bytes (the loop goes on meanwhile, e.g. with the request's next
         partition). Raises what ``encode_batch`` raises on the loop; the future holds
         what it raises on a thread."""
-        offload = self._offload
-        codec = header.attributes & 0x07
-        cost = offload.encode_cost
-        if (size_hint <= offload.inline_plain_encode if codec == Compression.NONE
-                else cost.inline(codec, levels, size_hint)):
+        cost = self._offload.encode_cost
+        if cost.inline(header.attributes & 0x07, levels, size_hint):
             return cost.encode(header, records, levels, size_hint)
-        return offload.submit(cost.encode, header, records, levels, size_hint)
+        return self._offload.submit(cost.encode, header, records, levels, size_hint)
 
     def release(self) -> None:
         """Give the partition's reservation back."""
