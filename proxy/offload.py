@@ -266,7 +266,7 @@ class EncodeCost:
     def observe(self, codec: int, levels: CompressionLevels, size: int,
                 seconds: float) -> None:
         """Learn from one batch of ``size`` decoded bytes that took ``seconds`` of CPU."""
-        if size <= ENCODE_FLOOR or codec == Compression.NONE:
+        if not _learns(codec, size):
             return
         key = (codec, levels)
         seen = seconds / size
@@ -276,11 +276,21 @@ class EncodeCost:
     def encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
                levels: CompressionLevels, size: int) -> bytes:
         """:func:`~kiproxy.protocol.records.encode_batch` (renumbered), timed in the
-        calling thread's CPU time and learnt from."""
+        calling thread's CPU time and learnt from when it can be (no clock read for the
+        small and uncompressed batches most requests hold)."""
+        codec = header.attributes & 0x07
+        if not _learns(codec, size):
+            return encode_batch(header, records, renumber=True, levels=levels)
         started = time.thread_time()
         out = encode_batch(header, records, renumber=True, levels=levels)
-        self.observe(header.attributes & 0x07, levels, size, time.thread_time() - started)
+        self.observe(codec, levels, size, time.thread_time() - started)
         return out
+
+
+def _learns(codec: int, size: int) -> bool:
+    """Whether re-encoding a batch of ``codec`` and ``size`` decoded bytes says anything
+    about the codec's cost (not below the floor, not uncompressed)."""
+    return size > ENCODE_FLOOR and codec != Compression.NONE
 
 
 class DecodeLease:
