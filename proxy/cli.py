@@ -99,6 +99,9 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
     p.add_argument("--max-decode-memory", metavar="BYTES", type=int,
                    help="process-wide bytes of large batches being decoded or held "
                         "decoded; more waits (default 268435456)")
+    p.add_argument("--max-inline-encode-ms", metavar="MS", type=float,
+                   help="CPU a transformed batch may be expected to take to re-compress "
+                        "on the event loop; more goes to a thread (default 1)")
     p.add_argument("--max-client-buffered-bytes", metavar="BYTES", type=int,
                    help="process-wide bytes of partial request frames held; past it "
                         "connections' reads pause (default 268435456)")
@@ -194,6 +197,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         "max_decompressed_batch_bytes": args.max_decompressed_batch_bytes,
         "max_decompression_ratio": args.max_decompression_ratio,
         "max_decode_memory": args.max_decode_memory,
+        "max_inline_encode_ms": args.max_inline_encode_ms,
         "max_client_buffered_bytes": args.max_client_buffered_bytes,
         "idle_timeout_ms": args.idle_timeout_ms,
         "tls.cert": args.tls_cert,

@@ -33,6 +33,7 @@ from kiproxy.protocol.compression import (
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kiproxy.proxy.config_errors import describe
+from kiproxy.proxy.offload import DEFAULT_INLINE_ENCODE_SECONDS
 from kiproxy.proxy.routes import (
     ChainLinkSettings,
     DefaultRouteSettings,
@@ -322,6 +323,11 @@ class ProxyConfig(_Strict):
     max_decode_memory: int = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
     further decodes wait, and their connections stop being read meanwhile."""
+    max_inline_encode_ms: float = Field(default=DEFAULT_INLINE_ENCODE_SECONDS * 1000, ge=0,
+                                        le=1000)
+    """CPU a transformed batch is expected to take to re-compress, at most, for it to be
+    re-compressed on the event loop (1 ms; learnt per codec and level); more goes to a
+    decode thread. See docs/limits.md."""
     max_client_buffered_bytes: int = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of partial request frames held (256 MiB); past it a connection
     receiving more is paused, except the one holding the most."""

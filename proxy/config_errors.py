@@ -119,7 +119,10 @@ def _problem(model: type[BaseModel], item: ErrorDetails) -> str:
         return f"expected {_EXPECTED[kind]}, got {_shown(given)}"
     if kind in _BOUNDS:
         name, words = _BOUNDS[kind]
-        return f"must be {words} {ctx.get(name)}, got {_shown(given)}"
+        bound = ctx.get(name)
+        if isinstance(bound, float) and bound.is_integer():
+            bound = int(bound)  # a float key's bound as written: 0, not 0.0
+        return f"must be {words} {bound}, got {_shown(given)}"
     if kind == "literal_error":
         return f"expected {ctx.get('expected')}, got {_shown(given)}"
     if kind == "missing":

@@ -97,7 +97,8 @@ class ProxyServer:
             open_listener=self._open_node_listener,
         )
         self.offload = BatchOffload(config.decompression_limits(),
-                                    max_decode_memory=config.max_decode_memory)
+                                    max_decode_memory=config.max_decode_memory,
+                                    inline_encode_seconds=config.max_inline_encode_ms / 1000)
         """Decode threads and the decode memory budget, shared by every generation."""
         self.topic_names: dict[uuid.UUID, str] = {}
         """Topic id -> name from Metadata responses, shared by every generation."""
@@ -165,6 +166,7 @@ class ProxyServer:
     async def _apply(self, generation: Generation, config: ProxyConfig, trigger: str) -> None:
         self.switch(generation)
         logging.getLogger().setLevel(config.log_level)
+        self.offload.encode_cost.budget = config.max_inline_encode_ms / 1000
         audit = next((w.observer for w in generation.observers.workers
                       if isinstance(w.observer, AuditLog)), None)
         if audit is not None:

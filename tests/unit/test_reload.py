@@ -8,7 +8,10 @@ from typing import Any
 
 import pytest
 
+from kiproxy.cli import build_parser
+from kiproxy.proxy.cli import _overrides
 from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.offload import DEFAULT_INLINE_ENCODE_SECONDS
 from kiproxy.proxy.reload import (
     FileWatch,
     Reloader,
@@ -18,6 +21,7 @@ from kiproxy.proxy.reload import (
     restart_only_changes,
     watched_paths,
 )
+from kiproxy.proxy.server import ProxyServer
 
 BASE = {"upstream": ["127.0.0.1:9092"]}
 
@@ -30,7 +34,8 @@ def test_live_settings_are_not_restart_only() -> None:
     old = _config()
     new = _config(**{"interceptor.class": "uppercase", "interceptor.timeout_ms": 100,
                      "max_in_flight": 7, "idle_timeout_ms": 5, "log_level": "DEBUG",
-                     "plugins_dir": "/x", "max_frame_size": 1000})
+                     "plugins_dir": "/x", "max_frame_size": 1000,
+                     "max_inline_encode_ms": 0.5})
     assert restart_only_changes(old, new) == []
 
 
@@ -122,6 +127,33 @@ async def test_a_restart_only_change_is_refused_whole() -> None:
     assert result.message == ("listen changed: a restart is needed to apply it; "
                               "nothing was reloaded")
     assert h.builds == [] and h.reloader.config.interceptor.class_name is None
+
+
+async def test_a_reload_moves_where_the_running_proxy_re_encodes() -> None:
+    values = [0.25, -1.0]
+    server = ProxyServer(_config(), load=lambda: _config(max_inline_encode_ms=values[0]))
+    try:
+        assert server.offload.encode_cost.budget == DEFAULT_INLINE_ENCODE_SECONDS
+        result = await server.reload("http")
+        assert result.ok, result.message
+        assert server.offload.encode_cost.budget == pytest.approx(0.00025)
+        values.pop(0)
+        refused = await server.reload("http")
+        assert not refused.ok and "max_inline_encode_ms: must be at least 0" in refused.message
+        assert server.offload.encode_cost.budget == pytest.approx(0.00025)
+    finally:
+        server.offload.close()
+
+
+def test_the_flag_sets_where_a_starting_proxy_re_encodes() -> None:
+    args = build_parser().parse_args(["run", "--upstream", "127.0.0.1:9092",
+                                      "--max-inline-encode-ms", "0.2"])
+    server = ProxyServer(load_config(None, _overrides(args)))
+    try:
+        assert server.config.max_inline_encode_ms == 0.2
+        assert server.offload.encode_cost.budget == pytest.approx(0.0002)
+    finally:
+        server.offload.close()
 
 
 async def test_a_storm_of_triggers_builds_at_most_twice() -> None:
