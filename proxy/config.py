@@ -324,7 +324,7 @@ class ProxyConfig(_Strict):
     """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
     further decodes wait, and their connections stop being read meanwhile."""
     max_inline_encode_ms: float = Field(default=DEFAULT_INLINE_ENCODE_SECONDS * 1000, ge=0,
-                                        le=1000)
+                                        le=1000, strict=True)
     """CPU a transformed batch is expected to take to re-compress, at most, for it to be
     re-compressed on the event loop (1 ms; learnt per codec and level); more goes to a
     decode thread. See docs/limits.md."""

@@ -36,6 +36,7 @@ def _errors(tmp_path: Path, text: str, **overrides: object) -> list[str]:
      "tls.min_version: expected 'TLSv1.2' or 'TLSv1.3', got 'TLSv1.1'"),
     ("upstream: [broker]\n", "upstream: 'broker' is not HOST:PORT"),
     ("max_inline_encode_ms: -1\n", "max_inline_encode_ms: must be at least 0, got -1"),
+    ("max_inline_encode_ms: yes\n", "max_inline_encode_ms: expected a number, got true"),
     ("node_ports: {one: 9193}\n", "node_ports: key 'one': expected an integer"),
     ("observers:\n  - class: audit\n    confg: {}\n",
      "observers[0].confg: unknown key; did you mean observers[0].config?"),
