@@ -18,7 +18,10 @@ Contract:
   it waits until the watched files have stopped changing for ``debounce``
   seconds before it triggers: a certificate that is still being written is not
   applied half-written, and if it is caught between two writes anyway, it fails
-  validation and the next change triggers again.
+  validation and the next change triggers again. It measures change from the
+  files the running configuration was built from, whichever trigger built it
+  (:meth:`FileWatch.applied`): a file edited, reloaded by signal and then put
+  back is reloaded again, not taken for unchanged.
 """
 
 from __future__ import annotations
@@ -269,6 +272,8 @@ class FileWatch:
         self._interval = interval
         self._debounce = debounce
         self._task: asyncio.Task[None] | None = None
+        self._applied: dict[str, str] | None = None
+        """What the watched files held when the running configuration read them."""
 
     def start(self) -> None:
         """Begin watching (from the current contents)."""
@@ -281,18 +286,28 @@ class FileWatch:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def snapshot(self) -> dict[str, str]:
+        """What the watched files hold now (read on the calling thread)."""
+        return _digest(self._paths())
+
+    def applied(self, snapshot: dict[str, str]) -> None:
+        """A reload by any trigger built the running configuration from files holding
+        ``snapshot`` (taken before it read them): changes count from there."""
+        self._applied = snapshot
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        applied = await loop.run_in_executor(None, _digest, self._paths())
-        seen, since = applied, loop.time()
+        if self._applied is None:
+            self._applied = await loop.run_in_executor(None, _digest, self._paths())
+        seen, since = self._applied, loop.time()
         while True:
             await asyncio.sleep(self._interval)
             now = await loop.run_in_executor(None, _digest, self._paths())
             if now != seen:
                 seen, since = now, loop.time()
                 continue
-            if now != applied and loop.time() - since >= self._debounce:
-                applied = now
+            if now != self._applied and loop.time() - since >= self._debounce:
+                self._applied = now
                 try:
                     await self._trigger()
                 except Exception:

@@ -139,8 +139,10 @@ class ProxyServer:
         """Client streams whose PROXY header is awaited (not connections yet)."""
         self.started_at = 0.0
         self._siblings = siblings
+        self._load = load or (lambda: self.config)
+        self._loaded_files: dict[str, str] | None = None
         self.reloader: Reloader[Generation] = Reloader(
-            config=config, generation=1, load=load or (lambda: self.config),
+            config=config, generation=1, load=self._load_again,
             build=self._build_in_thread, apply=self._apply, on_result=self._reloaded)
         self._watch: FileWatch | None = None
         if config.reload.watch:
@@ -155,6 +157,12 @@ class ProxyServer:
         """Reload the configuration now (all or nothing); see :mod:`kiproxy.proxy.reload`."""
         return await self.reloader.reload(trigger)
 
+    def _load_again(self) -> ProxyConfig:
+        # What the watched files hold as this reload reads them: once applied, the
+        # file watch counts changes from there, whatever triggered the reload.
+        self._loaded_files = self._watch.snapshot() if self._watch is not None else None
+        return self._load()
+
     async def _build_in_thread(self, config: ProxyConfig, number: int) -> Generation:
         # Importing plugins, starting isolation workers and compiling Wasm take time;
         # none of it may hold the event loop.
@@ -167,6 +175,8 @@ class ProxyServer:
         self.switch(generation)
         logging.getLogger().setLevel(config.log_level)
         self.offload.encode_cost.budget = config.max_inline_encode_ms / 1000
+        if self._watch is not None and self._loaded_files is not None:
+            self._watch.applied(self._loaded_files)
         audit = next((w.observer for w in generation.observers.workers
                       if isinstance(w.observer, AuditLog)), None)
         if audit is not None:

@@ -251,6 +251,32 @@ def _stream_through_reloads(tmp_path: Path, broker: EmbeddedBroker | KafkaCluste
     assert "Traceback" not in proxy.log
 
 
+def test_the_watch_reloads_a_file_put_back_after_a_reload_by_signal(
+        tmp_path: Path, broker: EmbeddedBroker) -> None:
+    # The watch waits 3 s for files to settle; -B is reloaded by SIGHUP well before
+    # that, and the file put back to the -A the proxy started with. The proxy runs
+    # -B, the file says -A: the watch must reload it, and must not reload -B again.
+    proxy, plugins, _, metrics = _start(
+        tmp_path, broker, reload={"watch": True, "watch_interval_ms": 100,
+                                  "debounce_ms": 3000})
+    topic = f"putback-{uuid.uuid4().hex[:8]}"
+    try:
+        _create_topic(proxy.bootstrap, topic, 1)
+        start = _generation(metrics)
+        _write_plugin(plugins, b"-B")
+        proxy.process.send_signal(signal.SIGHUP)
+        assert _wait_generation(metrics, start + 1) == start + 1
+        _write_plugin(plugins, b"-A")
+        assert _wait_generation(metrics, start + 2, timeout=20) == start + 2
+        time.sleep(4)  # past another debounce: no reload of -B from the watch
+        assert _generation(metrics) == start + 2
+        _produce_one(proxy.bootstrap, topic, b"x")
+        assert _last_value(proxy.bootstrap, topic, 1) == b"x-A"
+    finally:
+        assert proxy.stop() == 0
+    assert "reload (signal) applied" in proxy.log and "reload (watch) applied" in proxy.log
+
+
 BAD_PLUGINS = {
     "syntax error": ("class Suffix(:\n", "SyntaxError"),
     "missing class": ("X = 1\n", "has no class 'Suffix'"),

@@ -210,6 +210,51 @@ async def test_the_file_watch_waits_for_writes_to_settle(tmp_path: Path) -> None
     assert fired == ["v2"]
 
 
+async def test_the_file_watch_counts_from_what_a_reload_by_another_trigger_read(
+        tmp_path: Path) -> None:
+    # v1 at start; v2 written and reloaded by SIGHUP before the watch settled on it;
+    # v1 written back. The proxy runs v2, the file says v1: the watch must reload.
+    watched = tmp_path / "plugin.py"
+    watched.write_text("v1")
+    fired: list[str] = []
+
+    async def trigger() -> None:
+        fired.append(watched.read_text())
+
+    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.2)
+    watch.start()
+    await asyncio.sleep(0.1)
+    watched.write_text("v2")
+    watch.applied(watch.snapshot())  # what a reload by signal does as it reads v2
+    await asyncio.sleep(0.05)
+    watched.write_text("v1")
+    for _ in range(200):
+        if fired:
+            break
+        await asyncio.sleep(0.02)
+    await watch.stop()
+    assert fired == ["v1"]
+
+
+async def test_the_file_watch_does_not_repeat_a_reload_another_trigger_made(
+        tmp_path: Path) -> None:
+    watched = tmp_path / "plugin.py"
+    watched.write_text("v1")
+    fired: list[str] = []
+
+    async def trigger() -> None:
+        fired.append(watched.read_text())
+
+    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.1)
+    watch.start()
+    await asyncio.sleep(0.1)
+    watched.write_text("v2")
+    watch.applied(watch.snapshot())
+    await asyncio.sleep(0.5)
+    await watch.stop()
+    assert fired == []
+
+
 async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
     # How a Kubernetes ConfigMap volume updates: ..data points at a new directory.
     for name, text in (("v1", "a"), ("v2", "b")):
