@@ -128,6 +128,7 @@ G = TypeVar("G")
 class Reloader(Generic[G]):
     """Serializes reloads and turns each into an all-or-nothing switch.
 
+    ``before_load`` runs first (the server notes what the watched files hold);
     ``load`` reads and validates the configuration (raising ``ConfigError`` or
     ``OSError``); ``build`` makes everything the new configuration needs
     (raising anything: the message is reported); ``apply`` switches to it and
@@ -138,6 +139,7 @@ class Reloader(Generic[G]):
                  load: Callable[[], ProxyConfig],
                  build: Callable[[ProxyConfig, int], Awaitable[G]],
                  apply: Callable[[G, ProxyConfig, str], Awaitable[None]],
+                 before_load: Callable[[], Awaitable[None]] | None = None,
                  on_result: Callable[[ReloadResult], None] | None = None) -> None:
         self.config = config
         self.generation = generation
@@ -146,6 +148,7 @@ class Reloader(Generic[G]):
         self._build = build
         self._apply = apply
         self._on_result = on_result
+        self._before_load = before_load
         self._lock = asyncio.Lock()
         self._pending: asyncio.Future[ReloadResult] | None = None
 
@@ -170,6 +173,8 @@ class Reloader(Generic[G]):
 
     async def _once(self, trigger: str) -> ReloadResult:
         try:
+            if self._before_load is not None:
+                await self._before_load()
             new = self._load()
             changed = restart_only_changes(self.config, new)
             if changed:

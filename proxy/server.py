@@ -139,11 +139,11 @@ class ProxyServer:
         """Client streams whose PROXY header is awaited (not connections yet)."""
         self.started_at = 0.0
         self._siblings = siblings
-        self._load = load or (lambda: self.config)
         self._loaded_files: dict[str, str] | None = None
         self.reloader: Reloader[Generation] = Reloader(
-            config=config, generation=1, load=self._load_again,
-            build=self._build_in_thread, apply=self._apply, on_result=self._reloaded)
+            config=config, generation=1, load=load or (lambda: self.config),
+            build=self._build_in_thread, apply=self._apply, on_result=self._reloaded,
+            before_load=self._note_watched_files)
         self._watch: FileWatch | None = None
         if config.reload.watch:
             self._watch = FileWatch(
@@ -157,11 +157,13 @@ class ProxyServer:
         """Reload the configuration now (all or nothing); see :mod:`kiproxy.proxy.reload`."""
         return await self.reloader.reload(trigger)
 
-    def _load_again(self) -> ProxyConfig:
-        # What the watched files hold as this reload reads them: once applied, the
-        # file watch counts changes from there, whatever triggered the reload.
-        self._loaded_files = self._watch.snapshot() if self._watch is not None else None
-        return self._load()
+    async def _note_watched_files(self) -> None:
+        # What the watched files hold before this reload reads them (hashed on a
+        # thread: a plugins dir may hold large Wasm modules). Once applied, the file
+        # watch counts changes from there, whatever triggered the reload.
+        watch = self._watch
+        self._loaded_files = None if watch is None else await asyncio.to_thread(
+            watch.snapshot)
 
     async def _build_in_thread(self, config: ProxyConfig, number: int) -> Generation:
         # Importing plugins, starting isolation workers and compiling Wasm take time;

@@ -104,6 +104,28 @@ async def test_a_good_reload_switches_and_counts_a_generation() -> None:
     assert result.config_hash == config_hash(h.reloader.config)
 
 
+async def test_before_load_runs_before_every_load() -> None:
+    calls: list[str] = []
+
+    async def before_load() -> None:
+        calls.append("before_load")
+
+    def load() -> ProxyConfig:
+        calls.append("load")
+        return _config()
+
+    async def build(config: ProxyConfig, generation: int) -> int:
+        return generation
+
+    async def apply(built: int, config: ProxyConfig, trigger: str) -> None:
+        calls.append("apply")
+
+    reloader: Reloader[int] = Reloader(config=_config(), generation=1, load=load,
+                                       build=build, apply=apply, before_load=before_load)
+    assert (await reloader.reload("http")).ok and (await reloader.reload("signal")).ok
+    assert calls == ["before_load", "load", "apply"] * 2
+
+
 async def test_a_bad_file_changes_nothing_and_says_why() -> None:
     h = _Harness([ConfigError("config file p.yaml: interceptor.timeout: unknown key")])
     before = h.reloader.config
