@@ -207,26 +207,37 @@ def test_watched_paths_name_the_config_file_plugins_dir_and_tls_files(tmp_path: 
         Path("proxy.yaml"), tmp_path, Path("/c.pem"), Path("/k.pem")]
 
 
-async def test_the_file_watch_waits_for_writes_to_settle(tmp_path: Path) -> None:
-    watched = tmp_path / "plugin.py"
-    watched.write_text("v1")
+def _watching(watched: Path, paths: list[Path], debounce: float
+             ) -> tuple[FileWatch, list[str]]:
+    """A started watch of ``paths`` whose trigger records what ``watched`` holds."""
     fired: list[str] = []
 
     async def trigger() -> None:
         fired.append(watched.read_text())
 
-    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.2)
+    watch = FileWatch(lambda: paths, trigger, interval=0.02, debounce=debounce)
     watch.start()
+    return watch, fired
+
+
+async def _until_fired(fired: list[str]) -> None:
+    for _ in range(200):
+        if fired:
+            return
+        await asyncio.sleep(0.02)
+
+
+async def test_the_file_watch_waits_for_writes_to_settle(tmp_path: Path) -> None:
+    watched = tmp_path / "plugin.py"
+    watched.write_text("v1")
+    watch, fired = _watching(watched, [tmp_path], debounce=0.2)
     await asyncio.sleep(0.1)
     for i in range(5):  # a writer still at work: no trigger yet
         watched.write_text(f"partial {i}")
         await asyncio.sleep(0.05)
     assert fired == []
     watched.write_text("v2")
-    for _ in range(200):
-        if fired:
-            break
-        await asyncio.sleep(0.02)
+    await _until_fired(fired)
     await asyncio.sleep(0.3)
     await watch.stop()
     assert fired == ["v2"]
@@ -234,47 +245,21 @@ async def test_the_file_watch_waits_for_writes_to_settle(tmp_path: Path) -> None
 
 async def test_the_file_watch_counts_from_what_a_reload_by_another_trigger_read(
         tmp_path: Path) -> None:
-    # v1 at start; v2 written and reloaded by SIGHUP before the watch settled on it;
-    # v1 written back. The proxy runs v2, the file says v1: the watch must reload.
+    # v1 at start; v2 written and reloaded by SIGHUP before the watch settled on it:
+    # not reloaded again. v1 written back: the proxy runs v2, the file says v1, so the
+    # watch must reload.
     watched = tmp_path / "plugin.py"
     watched.write_text("v1")
-    fired: list[str] = []
-
-    async def trigger() -> None:
-        fired.append(watched.read_text())
-
-    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.2)
-    watch.start()
+    watch, fired = _watching(watched, [tmp_path], debounce=0.1)
     await asyncio.sleep(0.1)
     watched.write_text("v2")
     watch.applied(watch.snapshot())  # what a reload by signal does as it reads v2
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert fired == []
     watched.write_text("v1")
-    for _ in range(200):
-        if fired:
-            break
-        await asyncio.sleep(0.02)
+    await _until_fired(fired)
     await watch.stop()
     assert fired == ["v1"]
-
-
-async def test_the_file_watch_does_not_repeat_a_reload_another_trigger_made(
-        tmp_path: Path) -> None:
-    watched = tmp_path / "plugin.py"
-    watched.write_text("v1")
-    fired: list[str] = []
-
-    async def trigger() -> None:
-        fired.append(watched.read_text())
-
-    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.1)
-    watch.start()
-    await asyncio.sleep(0.1)
-    watched.write_text("v2")
-    watch.applied(watch.snapshot())
-    await asyncio.sleep(0.5)
-    await watch.stop()
-    assert fired == []
 
 
 async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
@@ -284,20 +269,12 @@ async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
         (tmp_path / name / "proxy.yaml").write_text(text)
     (tmp_path / "..data").symlink_to(tmp_path / "v1")
     (tmp_path / "proxy.yaml").symlink_to(tmp_path / "..data" / "proxy.yaml")
-    fired: list[str] = []
-
-    async def trigger() -> None:
-        fired.append((tmp_path / "proxy.yaml").read_text())
-
-    watch = FileWatch(lambda: [tmp_path / "proxy.yaml"], trigger, interval=0.02, debounce=0.05)
-    watch.start()
+    watch, fired = _watching(tmp_path / "proxy.yaml", [tmp_path / "proxy.yaml"],
+                             debounce=0.05)
     await asyncio.sleep(0.1)
     (tmp_path / "..data_tmp").symlink_to(tmp_path / "v2")
     (tmp_path / "..data_tmp").rename(tmp_path / "..data")
-    for _ in range(200):
-        if fired:
-            break
-        await asyncio.sleep(0.02)
+    await _until_fired(fired)
     await watch.stop()
     assert fired == ["b"]
 
