@@ -43,9 +43,9 @@ from hardening.bombs import (  # noqa: E402
 )
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame  # noqa: E402
 
+from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port  # noqa: E402
 from kiproxy.protocol.compression import Compression  # noqa: E402
 from kiproxy.protocol.records import Record, build_batch, decode_batches  # noqa: E402
-from kiproxy.proxy.embedded import EmbeddedBroker, free_port  # noqa: E402
 
 CLIENTS = 16
 BURSTS = 3
@@ -151,7 +151,7 @@ def limit_cpu() -> list[str]:
     import random
 
     from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS
-    from kiproxy.proxy.offload import BatchOffload
+    from kiproxy.proxy.produce.offload import BatchOffload
 
     rng = random.Random(7)
     words = [b"user", b"order", b"amount", b"status", b"shipped", b"pending", b"eu-west"]

@@ -9,7 +9,7 @@ Run from the repository root with the project's virtualenv::
 Per mode, a fresh kiproxy process (``uppercase`` plugin, so every batch is decoded)
 in front of one embedded Tansu broker, warmed up with small requests and 64
 abandoned frames; then, in turn, each followed by a pause long enough for the heap
-trimmer (``kiproxy.proxy.memory``) to run:
+trimmer (``kiproxy.proxy.net.buffers``) to run:
 
 1. **abandoned**: 800 clients, 16 at a time, each claiming a 100 MiB Produce
    request, sending 1 MB of it and closing (issue 24's probe);
@@ -45,8 +45,8 @@ from hardening.bombs import (  # noqa: E402
 )
 
 from bench.bombs import launch_uppercase  # noqa: E402
+from kiproxy.localbrokers.tansu import EmbeddedBroker  # noqa: E402
 from kiproxy.protocol.records import Record, build_batch  # noqa: E402
-from kiproxy.proxy.embedded import EmbeddedBroker  # noqa: E402
 
 MiB = 2**20
 SETTLE = 2.5

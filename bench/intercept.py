@@ -148,8 +148,8 @@ def _setup(case: str, records: int, partitions: int,
 
     from kiproxy.interceptors.identity import ClientIdentity
     from kiproxy.protocol.framing import parse_request_header
-    from kiproxy.proxy.produce import ProducePipeline
-    from kiproxy.proxy.sasl import SaslTracker
+    from kiproxy.proxy.net.sasl import SaslTracker
+    from kiproxy.proxy.produce.pipeline import ProducePipeline
 
     plugin, size, codec = case.split("/")
 
@@ -162,7 +162,7 @@ def _setup(case: str, records: int, partitions: int,
     offload = None
     if inline:  # everything on the calling thread, where cProfile sees it
         from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS
-        from kiproxy.proxy.offload import BatchOffload
+        from kiproxy.proxy.produce.offload import BatchOffload
         offload = BatchOffload(DEFAULT_DECOMPRESSION_LIMITS, inline_bytes=1 << 30)
     pipeline = ProducePipeline(_plugin(plugin), name=plugin, offload=offload)
     return pipeline, Client(), parse_request_header(frame), frame

@@ -13,7 +13,7 @@ only what ``interceptor.isolation`` changes, the call itself.
 * **inline**: ``Uppercase().intercept(batch, ctx)`` in this process, as the
   produce pipeline calls a plain ``intercept`` on its event loop.
 * **process, 1 in flight**: ``await pool.intercept(batch, ctx)`` on a
-  :class:`kiproxy.proxy.isolation.IsolatedInterceptor` with one worker, one batch at a
+  :class:`kiproxy.proxy.isolation.pool.IsolatedInterceptor` with one worker, one batch at a
   time: the latency of a batch's round trip (encode, send, rebuild in the
   worker, upper-case, send back, rebuild in the proxy).
 * **process, 2 in flight**: two workers and two concurrent callers (as two
@@ -42,7 +42,7 @@ from pathlib import Path
 from bench.results import RESULTS, write_results
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.builtin.uppercase import Uppercase
-from kiproxy.proxy.isolation import IsolatedInterceptor
+from kiproxy.proxy.isolation.pool import IsolatedInterceptor
 
 SECTION = "## Plugin isolation: inline against worker processes"
 SPEC = "kiproxy.interceptors.builtin.uppercase:Uppercase"

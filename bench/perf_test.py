@@ -5,7 +5,7 @@ Run from the repository root with the project's virtualenv, after ``make kafka``
     python -m bench.perf_test              # about two minutes; writes bench/RESULTS.md
     python -m bench.perf_test --no-write   # print the table only
 
-It starts a 1-node Apache Kafka cluster (the launcher of ``kiproxy.proxy.kafka_cluster``,
+It starts a 1-node Apache Kafka cluster (the launcher of ``kiproxy.localbrokers.kafka_cluster``,
 JVMs on 127.0.0.1) and two proxies in front of it, ``kiproxy run`` with no
 interceptor (**passthrough**) and with ``--interceptor uppercase`` (**uppercase**:
 every batch decoded, every value upper-cased, re-encoded), and runs
@@ -34,9 +34,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from kiproxy.proxy.embedded import free_port
-from kiproxy.proxy.kafka_cluster import KafkaCluster, find_kafka_home
-from kiproxy.proxy.kafka_distribution import kafka_version_of
+from kiproxy.localbrokers.kafka_cluster import KafkaCluster, find_kafka_home
+from kiproxy.localbrokers.kafka_distribution import kafka_version_of
+from kiproxy.localbrokers.tansu import free_port
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Apache Kafka: kafka-producer-perf-test, direct and through kiproxy"

@@ -33,8 +33,8 @@ from collections.abc import Callable, Sequence
 
 from bench.results import write_results
 from kiproxy.interceptors.identity import ClientIdentity
-from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.routes import RouteTable
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.routes.table import RouteTable
 
 SECTION = "## Routes: per-batch route selection, 50 routes against 1"
 LINK = {"class": "a:B"}
@@ -63,7 +63,7 @@ def _routes(count: int) -> list[dict[str, object]]:
 
 def table(count: int) -> RouteTable:
     """A compiled table of ``count`` routes, validated like a config file."""
-    return ProxyConfig.model_validate({"routes": _routes(count)}).route_table()
+    return RouteTable.from_config(ProxyConfig.model_validate({"routes": _routes(count)}))
 
 
 def _client(port: int) -> ClientIdentity:

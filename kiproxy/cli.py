@@ -1,10 +1,11 @@
 """The ``kiproxy`` command: one parser above the runtime and the pipelines.
 
-``run`` and ``dev`` belong to :mod:`kiproxy.proxy.cli`; ``replay`` and ``report``
-to :mod:`kiproxy.pipelines.cli`; ``check`` (a plugin author's dry run, which
-needs only the plugin API) to :mod:`kiproxy.interceptors.check`. This module
-only puts them under one parser and dispatches, so the proxy never imports
-the pipelines (nor pyspark) and the pipelines never import the proxy.
+``run`` belongs to :mod:`kiproxy.proxy.cli`; ``dev`` (a local broker with the proxy
+in front of it) to :mod:`kiproxy.localbrokers.dev`; ``replay`` and ``report`` to
+:mod:`kiproxy.pipelines.cli`; ``check`` (a plugin author's dry run, which needs
+only the plugin API) to :mod:`kiproxy.interceptors.check`. This module only puts
+them under one parser and dispatches, so the proxy never imports the local
+brokers nor the pipelines (nor pyspark) and the pipelines never import the proxy.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import sys
 
 from kiproxy import __version__
 from kiproxy.interceptors import check as check_cli
+from kiproxy.localbrokers import dev as dev_cli
 from kiproxy.pipelines import cli as pipelines_cli
 from kiproxy.proxy import cli as proxy_cli
 
@@ -30,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kiproxy {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     proxy_cli.add_parsers(sub)
+    dev_cli.add_parsers(sub)
     pipelines_cli.add_parsers(sub)
     check_cli.add_parsers(sub)
     return parser
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         return pipelines_cli.run(args)
     if args.command in check_cli.COMMANDS:
         return check_cli.run(args)
+    if args.command in dev_cli.COMMANDS:
+        return dev_cli.run(args)
     return proxy_cli.run(args)
 
 

@@ -1,7 +1,9 @@
-"""``kiproxy run`` in front of a cluster and ``kiproxy dev`` with an embedded broker.
+"""``kiproxy run``: the proxy in front of a cluster.
 
-``add_parsers`` adds the two subcommands to the ``kiproxy`` parser
-(:mod:`kiproxy.cli`); ``run`` executes one and returns the exit code.
+``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`);
+``run`` executes it and returns the exit code. ``kiproxy dev``
+(:mod:`kiproxy.localbrokers.dev`) shares the proxy's flags (:func:`add_flags`),
+the start-up (:func:`run` with its own ``body``) and :func:`serve_until_stopped`.
 """
 
 from __future__ import annotations
@@ -19,21 +21,25 @@ from functools import partial
 from typing import Any
 
 from kiproxy.interceptors.loader import PluginLoadError
-from kiproxy.proxy.collector import freeze_imported
-from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config, parse_json_object
-from kiproxy.proxy.discovery import UpstreamUnreachable, check_upstream
-from kiproxy.proxy.logs import setup_logging
-from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.brokers.discovery import UpstreamUnreachable, check_upstream
+from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config, parse_json_object
+from kiproxy.proxy.observe.collector import freeze_imported
+from kiproxy.proxy.observe.logs import setup_logging
+from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.server import ProxyServer
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["COMMANDS", "add_parsers", "run", "serve"]
+__all__ = ["COMMANDS", "add_flags", "add_parsers", "run", "serve", "serve_until_stopped"]
 
-COMMANDS = ("run", "dev")
+COMMANDS = ("run",)
+
+Body = Callable[[ProxyConfig, argparse.Namespace, dict[str, Any]], int]
+"""What runs once the configuration is loaded: returns the exit code."""
 
 
-def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
+def add_flags(p: argparse.ArgumentParser, *, upstream: bool) -> None:
+    """The proxy's settings as flags on ``p``; without the upstream ones for ``dev``."""
     p.add_argument("--config", metavar="FILE", help="YAML config file; flags override it")
     if upstream:
         p.add_argument("--upstream", metavar="HOST:PORT", action="append",
@@ -134,24 +140,10 @@ def _add_common(p: argparse.ArgumentParser, *, upstream: bool) -> None:
 
 
 def add_parsers(subparsers: Any) -> None:
-    """Add ``run`` and ``dev`` to ``kiproxy``'s subcommands."""
+    """Add ``run`` to ``kiproxy``'s subcommands."""
     run = subparsers.add_parser("run", help="run the proxy in front of a Kafka cluster",
                                 description="Run the proxy in front of a Kafka cluster.")
-    _add_common(run, upstream=True)
-    dev = subparsers.add_parser(
-        "dev", help="run an embedded broker with the proxy in front of it",
-        description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
-                    "the proxy in front of it.")
-    _add_common(dev, upstream=False)
-    dev.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
-                     help="tansu (default: starts in a second, no JVM) or kafka (Apache Kafka "
-                          "in KRaft mode, JVMs on 127.0.0.1, from --kafka-home)")
-    dev.add_argument("--kafka-home", metavar="DIR",
-                     help="with --broker kafka: an unpacked Apache Kafka 4 distribution, or "
-                          "the folder `make kafka` prints (default: $KIPROXY_KAFKA_HOME, "
-                          "then the newest `make kafka` folder)")
-    dev.add_argument("--kafka-nodes", metavar="N", type=int, default=1,
-                     help="with --broker kafka: brokers (node ids 1..N; plus one controller)")
+    add_flags(run, upstream=True)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -263,7 +255,7 @@ def _keep_freed_memory() -> None:
     "Keeping freed memory"), ~440,000 minor faults and about 1 CPU s more per GB of
     records on every proxied path. Blocks up to 32 MiB now come from the heap, and up
     to 128 MiB of free heap is kept for reuse between requests; after a burst of large
-    frames or decoded batches :class:`kiproxy.proxy.memory.HeapTrimmer` gives it back
+    frames or decoded batches :class:`kiproxy.proxy.net.buffers.HeapTrimmer` gives it back
     with ``malloc_trim(0)``. Every thread allocates from the one main arena: the
     decode threads' own arenas would keep their free top (up to 64 MiB each) resident
     for good, since ``malloc_trim`` trims only the main arena's top and the trim
@@ -294,12 +286,12 @@ def _run(coro: Any) -> None:
         asyncio.run(coro)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run ``args.command`` (``run`` or ``dev``); returns the exit code."""
+def run(args: argparse.Namespace, body: Body | None = None, **fixed: Any) -> int:
+    """Load the configuration (the file, the flags over it, then ``fixed``), set up
+    logging and run ``body`` (default: serve in front of the configured upstream);
+    returns the exit code."""
     try:
-        overrides = _overrides(args)
-        if args.command == "dev":
-            overrides["upstream"] = ["127.0.0.1:1"]  # replaced once the broker is up
+        overrides = {**_overrides(args), **fixed}
         config = load_config(args.config, overrides)
     except ConfigError as exc:
         print(*exc.lines(), sep="\n", file=sys.stderr)
@@ -307,19 +299,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(config.log_level, config.log_format)
     freeze_imported()  # before any generation, connection or worker exists
     try:
-        if args.command == "dev":
-            return _dev(config, args, overrides)
-        if not config.upstream:
-            print("kiproxy: config error: upstream: at least one HOST:PORT is required "
-                  "(--upstream or the config file's upstream list)", file=sys.stderr)
-            return 2
-        if not config.wait_for_upstream:
-            _run(check_upstream(config))
-        if config.workers > 1:
-            return _serve_workers(config, args.config, overrides)
-        _run(serve(config, on_ready=_print_ready, load=partial(load_config, args.config,
-                                                                overrides),
-                   config_file=args.config))
+        return (body or _serve_upstream)(config, args, overrides)
     except UpstreamUnreachable as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1
@@ -332,7 +312,28 @@ def run(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1
+
+
+def _serve_upstream(config: ProxyConfig, args: argparse.Namespace,
+                    overrides: dict[str, Any]) -> int:
+    if not config.upstream:
+        print("kiproxy: config error: upstream: at least one HOST:PORT is required "
+              "(--upstream or the config file's upstream list)", file=sys.stderr)
+        return 2
+    if not config.wait_for_upstream:
+        _run(check_upstream(config))
+    if config.workers > 1:
+        return _serve_workers(config, args.config, overrides)
+    serve_until_stopped(config, args.config, overrides)
     return 0
+
+
+def serve_until_stopped(config: ProxyConfig, config_file: str | None,
+                        overrides: dict[str, Any]) -> None:
+    """Serve ``config`` in this process until SIGINT/SIGTERM; a reload reads
+    ``config_file`` again with ``overrides`` over it."""
+    _run(serve(config, on_ready=_print_ready,
+               load=partial(load_config, config_file, overrides), config_file=config_file))
 
 
 def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
@@ -407,70 +408,3 @@ def _print_ready(server: ProxyServer) -> None:
     if server.metrics_address is not None:
         print(f"kiproxy: metrics on http://{server.metrics_address}/metrics", flush=True)
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)
-
-
-def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
-    if args.broker == "kafka":
-        return _dev_kafka(config, args, overrides)
-    if args.kafka_home is not None or args.kafka_nodes != 1:
-        print("kiproxy: config error: --kafka-home and --kafka-nodes need --broker kafka",
-              file=sys.stderr)
-        return 2
-    from kiproxy.proxy.embedded import BrokerBinaryMissing, EmbeddedBroker
-
-    broker = EmbeddedBroker()
-    try:
-        broker.start()
-    except BrokerBinaryMissing as exc:
-        print(f"kiproxy: {exc}", file=sys.stderr)
-        return 1
-    try:
-        log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
-        config = config.model_copy(update={"upstream": [broker.bootstrap]})
-        _serve_dev(config, args.config, {**overrides, "upstream": [broker.bootstrap]})
-    finally:
-        broker.stop()
-    return 0
-
-
-def _serve_dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]) -> None:
-    """Serve in front of the embedded broker; a reload keeps its upstream."""
-    _run(serve(config, on_ready=_print_ready,
-               load=partial(load_config, config_file, overrides), config_file=config_file))
-
-
-def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
-    """Apache Kafka (``nodes`` brokers and a controller) with the proxy in front of it.
-
-    Every launcher failure (no jars, Java too old, a port taken, a node that exits
-    or never becomes ready) is one line; the launcher has ended its JVMs by then.
-    """
-    from kiproxy.proxy.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
-
-    nodes: int = args.kafka_nodes
-    home = args.kafka_home if args.kafka_home is not None else find_kafka_home()
-    if home is None:
-        print("kiproxy: no Apache Kafka found: run `make kafka` and pass the folder it prints "
-              "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
-        return 1
-    try:
-        cluster = KafkaCluster(home, nodes=nodes)
-        log.info("starting Apache Kafka %s (%d broker(s) and a controller) from %s",
-                 cluster.kafka_version, nodes, home)
-        cluster.start()
-    except KafkaClusterError as exc:
-        first, _, detail = str(exc).partition("\n")
-        if detail:
-            log.debug("%s", detail)
-            first += " (--log-level DEBUG prints the end of its log)"
-        print(f"kiproxy: {first}", file=sys.stderr)
-        return 1
-    try:
-        log.info("embedded broker (Apache Kafka %s, %d node(s), data in %s) on %s",
-                 cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
-        upstream = cluster.bootstrap.split(",")
-        config = config.model_copy(update={"upstream": upstream})
-        _serve_dev(config, args.config, {**overrides, "upstream": upstream})
-    finally:
-        cluster.stop()
-    return 0

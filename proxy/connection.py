@@ -14,9 +14,9 @@ Contracts, in the order a newcomer needs them:
   reached, bounding the memory a connection can hold.
 * Bytes buffered from clients are bounded per connection (a frame above
   ``max_frame_size`` closes it; a partial frame holds only what arrived) and per
-  process (``max_client_buffered_bytes``: :mod:`kiproxy.proxy.memory` pauses the
+  process (``max_client_buffered_bytes``: :mod:`kiproxy.proxy.net.buffers` pauses the
   socket of a connection that would pass it). Decoding a large batch runs off the
-  loop within ``max_decode_memory`` (:mod:`kiproxy.proxy.offload`); the connection
+  loop within ``max_decode_memory`` (:mod:`kiproxy.proxy.produce.offload`); the connection
   waits for it as it waits for its interceptor, so order is unchanged.
 * A malformed or oversized frame from the client closes that client only, with
   one log line naming the client. An upstream that closes or cannot be reached
@@ -27,13 +27,13 @@ Contracts, in the order a newcomer needs them:
   interceptor, observers or limits of a request already under way, and never
   closes a connection.
 * The connection holds what it needs, never the server: a frozen
-  :class:`ConnectionServices` (router, upstreams, the generation cell, metrics)
+  :class:`ConnectionServices` (dispatcher, upstreams, the generation cell, metrics)
   and the client's :class:`~kiproxy.interceptors.identity.ClientIdentity`, a
   frozen value replaced when something about the client is learned (its
   ``client.id``, a SASL exchange decided). SASL bookkeeping is the
   connection's own.
 
-Both sockets are read by a :class:`~kiproxy.proxy.frame_stream.FrameStream`. A
+Both sockets are read by a :class:`~kiproxy.proxy.net.frame_stream.FrameStream`. A
 frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before
 anything decodes it (kio and the record codec read only ``bytes``; records are
 decoded where they lie in the frame), so the only
@@ -62,18 +62,18 @@ from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import RequestHeader, parse_request_header
 from kiproxy.protocol.messages import ApiKey, api_name
-from kiproxy.proxy.frame_stream import Frame, FrameStream
-from kiproxy.proxy.outcome import Answer, Forward, PartitionTally
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
-from kiproxy.proxy.upstream_failures import connect_error
+from kiproxy.proxy.brokers.failures import connect_error
+from kiproxy.proxy.net.frame_stream import Frame, FrameStream
+from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
+from kiproxy.proxy.produce.disposition import Answer, Forward, PartitionTally
 
 if TYPE_CHECKING:
+    from kiproxy.proxy.brokers.nodes import NodeRegistry
+    from kiproxy.proxy.brokers.upstreams import Upstreams
+    from kiproxy.proxy.dispatch import RequestDispatcher
     from kiproxy.proxy.generation import Generation, GenerationCell
-    from kiproxy.proxy.metrics import Metrics
-    from kiproxy.proxy.nodes import NodeRegistry
-    from kiproxy.proxy.router import RequestRouter
-    from kiproxy.proxy.routes import ClientRoutes, RouteTable
-    from kiproxy.proxy.upstreams import Upstreams
+    from kiproxy.proxy.observe.metrics import Metrics
+    from kiproxy.proxy.routes.table import ClientRoutes, RouteTable
 
 log = logging.getLogger("kiproxy.connection")
 
@@ -88,7 +88,7 @@ class ConnectionServices:
 
     generations: GenerationCell
     """The current configuration generation, read at the start of each request."""
-    router: RequestRouter
+    dispatcher: RequestDispatcher
     """Decides what happens to each request."""
     upstreams: Upstreams
     """Where broker connections go."""
@@ -373,46 +373,46 @@ class ClientConnection:
         # A bytearray here is forwarded untouched (see _kept_as_received).
         self._handling = True  # a request in the interceptor is owed an answer too
         try:
-            outcome = await self._services.router.route(self, generation, header,
-                                                        cast(bytes, frame))
+            disposition = await self._services.dispatcher.dispatch(
+                self, generation, header, cast(bytes, frame))
         finally:
             self._handling = False
         if self._closed:
             return
-        if isinstance(outcome, Answer):
-            if outcome.frame is not None:
-                slot = _Slot(generation, api, t0, info, outcome.produce, proxy_answer=True)
+        if isinstance(disposition, Answer):
+            if disposition.frame is not None:
+                slot = _Slot(generation, api, t0, info, disposition.produce, proxy_answer=True)
                 self._slots.append(slot)
                 self._slot_taken = True
-                self._complete(slot, outcome.frame)
+                self._complete(slot, disposition.frame)
                 await self._client.drain()
             elif info is not None or metrics is not None:
-                self._report(_Slot(generation, api, t0, info, outcome.produce,
+                self._report(_Slot(generation, api, t0, info, disposition.produce,
                                    proxy_answer=True), 0)
             return
-        self._forward(generation, header, outcome, api, t0, info)
+        self._forward(generation, header, disposition, api, t0, info)
         assert self._upstream is not None
         try:
             await self._upstream.drain()
         except ConnectionError as exc:
             raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
-    def _forward(self, generation: Generation, header: RequestHeader, outcome: Forward,
+    def _forward(self, generation: Generation, header: RequestHeader, disposition: Forward,
                  api: str = "", t0: float = 0.0, info: RequestInfo | None = None) -> None:
-        if outcome.expect_response:
-            slot = _Slot(generation, api, t0, info, outcome.produce)
+        if disposition.expect_response:
+            slot = _Slot(generation, api, t0, info, disposition.produce)
             self._slots.append(slot)
             self._slot_taken = True
-            self._pending.append((header.correlation_id, slot, outcome.on_response))
+            self._pending.append((header.correlation_id, slot, disposition.on_response))
         assert self._upstream is not None
         up = self._upstream.transport
         if up.is_closing():
             # writelines() on a closed transport raises RuntimeError under uvloop.
             raise _UpstreamLost("the broker connection is closed")
-        up.writelines((_INT32.pack(len(outcome.frame)), outcome.frame))
-        if not outcome.expect_response and (info is not None
-                                            or self._services.metrics is not None):
-            self._report(_Slot(generation, api, t0, info, outcome.produce), 0)
+        up.writelines((_INT32.pack(len(disposition.frame)), disposition.frame))
+        if not disposition.expect_response and (info is not None
+                                                or self._services.metrics is not None):
+            self._report(_Slot(generation, api, t0, info, disposition.produce), 0)
 
     def _report(self, slot: _Slot, size: int) -> None:
         """Count a response and tell the observers (``size`` 0: none was sent)."""
@@ -546,7 +546,7 @@ class ClientConnection:
     def sasl_answered(self, sasl_round: SaslRound | None, version: int, flexible: bool,
                       frame: bytes) -> bytes:
         """Learn (or forget) the principal from a SaslAuthenticate answer (see
-        :func:`~kiproxy.proxy.sasl.identity_after_sasl`); pass the answer on unchanged."""
+        :func:`~kiproxy.proxy.net.sasl.identity_after_sasl`); pass the answer on unchanged."""
         self.identity = identity_after_sasl(self.identity, self.sasl, sasl_round, version,
                                             flexible, frame, self.log_context)
         return frame

@@ -5,7 +5,7 @@ Contract:
 - :func:`build_generation` turns a validated :class:`ProxyConfig` into a
   :class:`Generation`: the produce pipeline with every route's chain of
   interceptors loaded and configured (or their isolation workers started;
-  :mod:`kiproxy.proxy.route_runtime`), the observers (audit log,
+  :mod:`kiproxy.proxy.routes.runtime`), the observers (audit log,
   observer plugins) opened, and the per-client limits. It either returns a
   complete generation or raises (``PluginLoadError``, ``ConfigError``,
   ``OSError``) having closed whatever it had already opened; nothing is ever
@@ -27,17 +27,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiproxy.interceptors.loader import load_observer
-from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
-from kiproxy.proxy.audit import AuditLog, KafkaAuditSink
-from kiproxy.proxy.config import ConfigError, ProxyConfig
-from kiproxy.proxy.metrics import Metrics
-from kiproxy.proxy.observe import ObserverHub
-from kiproxy.proxy.offload import BatchOffload
-from kiproxy.proxy.produce import ProducePipeline
-from kiproxy.proxy.proxy_protocol import trusted_networks
-from kiproxy.proxy.route_runtime import load_routes
-from kiproxy.proxy.routes import Network
-from kiproxy.proxy.tls import client_context
+from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.config.model import ConfigError, ProxyConfig
+from kiproxy.proxy.config.networks import Network
+from kiproxy.proxy.net.proxy_protocol import trusted_networks
+from kiproxy.proxy.net.tls import client_context
+from kiproxy.proxy.observe.audit import AuditLog, KafkaAuditSink
+from kiproxy.proxy.observe.hub import ObserverHub
+from kiproxy.proxy.observe.metrics import Metrics
+from kiproxy.proxy.produce.offload import BatchOffload
+from kiproxy.proxy.produce.pipeline import ProducePipeline
+from kiproxy.proxy.routes.runtime import load_routes
 
 log = logging.getLogger("kiproxy")
 

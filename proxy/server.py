@@ -3,7 +3,8 @@
 Contract:
 
 - One bootstrap listener plus one listener per broker node, discovered from
-  metadata as it changes (:mod:`kiproxy.proxy.discovery`, :mod:`kiproxy.proxy.nodes`).
+  metadata as it changes (:mod:`kiproxy.proxy.brokers.discovery`,
+  :mod:`kiproxy.proxy.brokers.nodes`).
 - The server owns what lives as long as the process: listeners, the node
   registry, upstream addresses, the decode threads and memory budgets, metrics.
   Everything a configuration makes (interceptor, observers, limits) is one
@@ -11,14 +12,14 @@ Contract:
   installed and swapped whole by :meth:`ProxyServer.switch` (hot reload); the
   replaced one is closed once no request runs under it.
 - A listener with ``proxy_protocol`` on reads the PROXY header first
-  (:meth:`~kiproxy.proxy.frame_stream.FrameStream.read_proxy_header`, at most
+  (:meth:`~kiproxy.proxy.net.frame_stream.FrameStream.read_proxy_header`, at most
   ``proxy_protocol_timeout_ms``) and judges it
-  (:func:`~kiproxy.proxy.proxy_protocol.accept_proxy_header`); a refused
+  (:func:`~kiproxy.proxy.net.proxy_protocol.accept_proxy_header`); a refused
   connection is closed with one WARNING line, and nothing reaches a broker.
   The client identity then names the original client (the peer is kept).
 - Connections get a frozen :class:`~kiproxy.proxy.connection.ConnectionServices`
   and their client's identity, never the server; what each request does is
-  decided by the :class:`~kiproxy.proxy.router.RequestRouter`.
+  decided by the :class:`~kiproxy.proxy.dispatch.RequestDispatcher`.
 """
 
 from __future__ import annotations
@@ -36,24 +37,27 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors.identity import ClientIdentity
-from kiproxy.proxy.audit import AuditLog
-from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.brokers.discovery import DiscoveryError, discover_nodes
+from kiproxy.proxy.brokers.nodes import NodeRegistry
+from kiproxy.proxy.brokers.upstreams import Upstreams
+from kiproxy.proxy.config.model import ProxyConfig
 from kiproxy.proxy.connection import ClientConnection, ConnectionServices
-from kiproxy.proxy.discovery import DiscoveryError, discover_nodes
-from kiproxy.proxy.frame_stream import FrameStream
+from kiproxy.proxy.dispatch import RequestDispatcher
 from kiproxy.proxy.generation import (
     Generation,
     GenerationCell,
     build_generation,
     close_generation,
 )
-from kiproxy.proxy.memory import HeapTrimmer, ReceiveBudget
-from kiproxy.proxy.metrics import HealthServer, Metrics
-from kiproxy.proxy.nodes import NodeRegistry
-from kiproxy.proxy.offload import BatchOffload
-from kiproxy.proxy.produce import learn_topic_ids
-from kiproxy.proxy.proxy_protocol import Refuse, UseHeader, accept_proxy_header
-from kiproxy.proxy.reload import (
+from kiproxy.proxy.net.buffers import HeapTrimmer, ReceiveBudget
+from kiproxy.proxy.net.frame_stream import FrameStream
+from kiproxy.proxy.net.proxy_protocol import Refuse, UseHeader, accept_proxy_header
+from kiproxy.proxy.net.tls import ListenerTls, principal_from_peercert, upstream_context
+from kiproxy.proxy.observe.audit import AuditLog
+from kiproxy.proxy.observe.metrics import HealthServer, Metrics
+from kiproxy.proxy.produce.offload import BatchOffload
+from kiproxy.proxy.produce.pipeline import learn_topic_ids
+from kiproxy.proxy.reload.reloader import (
     FileWatch,
     Reloader,
     ReloadResult,
@@ -61,9 +65,6 @@ from kiproxy.proxy.reload import (
     redacted,
     watched_paths,
 )
-from kiproxy.proxy.router import RequestRouter
-from kiproxy.proxy.tls import ListenerTls, principal_from_peercert, upstream_context
-from kiproxy.proxy.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy")
 
@@ -125,9 +126,9 @@ class ProxyServer:
         self.upstreams = Upstreams(config.upstream_addresses, self.nodes,
                                    upstream_context(config.upstream_tls),
                                    config.upstream_connect_timeout_ms / 1000)
-        self.router = RequestRouter(self.nodes)
+        self.dispatcher = RequestDispatcher(self.nodes)
         self.services = ConnectionServices(
-            generations=self.generations, router=self.router, upstreams=self.upstreams,
+            generations=self.generations, dispatcher=self.dispatcher, upstreams=self.upstreams,
             nodes=self.nodes, metrics=metrics)
         self._health: HealthServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
@@ -154,7 +155,8 @@ class ProxyServer:
     # ------------------------------------------------------------------ reload
 
     async def reload(self, trigger: str) -> ReloadResult:
-        """Reload the configuration now (all or nothing); see :mod:`kiproxy.proxy.reload`."""
+        """Reload the configuration now (all or nothing); see
+        :mod:`kiproxy.proxy.reload.reloader`."""
         return await self.reloader.reload(trigger)
 
     async def _note_watched_files(self) -> None:

@@ -35,8 +35,8 @@ from typing import Any
 import pytest
 from support.apache_kafka import kafka_home_or_skip, session_cluster
 
-from kiproxy.proxy.embedded import EmbeddedBroker, free_port
-from kiproxy.proxy.kafka_cluster import KafkaCluster
+from kiproxy.localbrokers.kafka_cluster import KafkaCluster
+from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent

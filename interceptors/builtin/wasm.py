@@ -66,7 +66,7 @@ backstop: wasmtime's epoch interruption stops the call at ``ctx.deadline``
 (10 ms granularity) so a worker is never held past it.
 
 Threads (``threaded: true``, the default): a plain ``intercept`` runs inline
-on the proxy's event loop and cannot be pre-empted (see ``proxy/produce.py``),
+on the proxy's event loop and cannot be pre-empted (see ``proxy/produce/pipeline.py``),
 so ``intercept`` returns an awaitable that runs the Wasm call on a worker
 thread. wasmtime releases the GIL while Wasm runs, so other connections keep
 being served while a module works; the pipeline cancels the wait at the

@@ -35,7 +35,7 @@ import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
 from support.confluent import group_consumer_conf, poll_messages
 
-from kiproxy.proxy.embedded import free_port
+from kiproxy.localbrokers.tansu import free_port
 
 try:
     from testcontainers.community.kafka import KafkaContainer

@@ -19,7 +19,7 @@ from types import ModuleType
 import pytest
 
 from kiproxy import __version__
-from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.config.model import ProxyConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,7 +16,7 @@ A fenced code block is tested according to the HTML comment on the line above it
   interceptor runs over sample batches: it must return a batch with as many
   records or raise ``RejectBatch``.
 - ``<!-- test: config -->`` (``yaml``): validated by the config model
-  (``kiproxy.proxy.config.load_config``); ``config load`` also loads and
+  (``kiproxy.proxy.config.model.load_config``); ``config load`` also loads and
   configures its interceptor.
 - ``<!-- test: skip REASON -->``: not executed, for the reason given.
 
@@ -46,7 +46,7 @@ import pytest
 from kiproxy.cli import build_parser
 from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.loader import load_interceptor, load_observer
-from kiproxy.proxy.config import load_config
+from kiproxy.proxy.config.model import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

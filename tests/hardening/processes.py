@@ -16,7 +16,7 @@ from pathlib import Path
 
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 
-from kiproxy.proxy.embedded import broker_binary, free_port
+from kiproxy.localbrokers.tansu import broker_binary, free_port
 
 __all__ = ["TansuBroker", "free_broker_port_start", "launch_proxy_at"]
 

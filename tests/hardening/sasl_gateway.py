@@ -50,7 +50,7 @@ How closely it follows Apache Kafka (``SaslServerAuthenticator``,
   connection, as Kafka does.
 * Responses that name broker addresses (Metadata, FindCoordinator,
   DescribeCluster, and the KIP-951 ``node_endpoints`` of Produce/Fetch) are
-  rewritten, with :func:`kiproxy.proxy.addresses.rewrite_response_frame`, to name the
+  rewritten, with :func:`kiproxy.proxy.brokers.addresses.rewrite_response_frame`, to name the
   gateway's own ``host:port`` for every node (Tansu has one, node id 111), so a
   client that follows the metadata comes back through the gateway and
   authenticates again: nothing ever names the broker's real port.
@@ -93,9 +93,9 @@ from kiproxy.protocol.framing import (
 )
 from kiproxy.protocol.messages import ApiKey, api_name, parse_request, parse_response, response_type
 from kiproxy.protocol.messages import serialize as serialize_message
-from kiproxy.proxy.addresses import needs_rewrite, rewrite_response_frame
-from kiproxy.proxy.api_versions import known_version_range
-from kiproxy.proxy.produce import read_acks
+from kiproxy.proxy.brokers.addresses import needs_rewrite, rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import known_version_range
+from kiproxy.proxy.produce.pipeline import read_acks
 
 __all__ = [
     "MECHANISMS",
@@ -872,7 +872,7 @@ class SaslGateway:
 @contextlib.contextmanager
 def sasl_broker(users: Mapping[str, str], **gateway_options: Any) -> Iterator[SaslGateway]:
     """A Tansu broker (advertising its own port) with a :class:`SaslGateway` in front."""
-    from kiproxy.proxy.embedded import EmbeddedBroker
+    from kiproxy.localbrokers.tansu import EmbeddedBroker
 
     with EmbeddedBroker() as broker, SaslGateway(broker.bootstrap, users,
                                                  **gateway_options) as gateway:

@@ -74,6 +74,7 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import (
     FrameDecoder,
@@ -91,11 +92,10 @@ from kiproxy.protocol.records import (
     encode_batch,
     read_batch_headers,
 )
-from kiproxy.proxy.addresses import needs_rewrite, rewrite_response_frame
-from kiproxy.proxy.api_versions import cut_api_versions_frame
-from kiproxy.proxy.embedded import EmbeddedBroker
-from kiproxy.proxy.outcome import Answer, Forward
-from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.brokers.addresses import needs_rewrite, rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import cut_api_versions_frame
+from kiproxy.proxy.produce.disposition import Answer, Forward
+from kiproxy.proxy.produce.pipeline import ProducePipeline
 
 _LONG_RUN = int(os.environ.get("KIPROXY_FUZZ_EXAMPLES", "0"))
 F = TypeVar("F", bound=Callable[..., None])
@@ -106,7 +106,7 @@ F = TypeVar("F", bound=Callable[..., None])
 # is open. Fixed so far: a null array in a non-nullable field (protocol/messages.py
 # refuses it naming the field), read_acks on a truncated flexible Produce body, and
 # requests at versions the proxy has no schema for (Produce v14+ and those whose
-# answers name brokers, refused with the client closed, proxy/produce.py and
+# answers name brokers, refused with the client closed, proxy/produce/pipeline.py and
 # proxy/server.py).
 
 KNOWN_FINDINGS: dict[tuple[str, str], str] = {}

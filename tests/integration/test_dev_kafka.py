@@ -19,7 +19,7 @@ from conftest import consume
 from support.apache_kafka import kafka_home_or_skip
 from support.dev_mode import popen_dev, running_dev
 
-from kiproxy.proxy.embedded import free_port
+from kiproxy.localbrokers.tansu import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -1,4 +1,5 @@
-"""The Apache Kafka launcher (proxy/kafka_cluster.py): real KRaft clusters of JVMs on loopback.
+"""The Apache Kafka launcher (kiproxy/localbrokers/kafka_cluster.py): real KRaft clusters
+of JVMs on loopback.
 
 The bad-input tests need neither Kafka's jars nor Java: they stop before any JVM
 starts. The others skip, saying how to get Kafka, when `make kafka` has not run.
@@ -18,7 +19,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from support.apache_kafka import PINNED_VERSION, kafka_home_or_skip
 
-from kiproxy.proxy.kafka_cluster import (
+from kiproxy.localbrokers.kafka_cluster import (
     KafkaCluster,
     KafkaClusterError,
     find_kafka_home,

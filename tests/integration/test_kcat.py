@@ -22,7 +22,7 @@ from kio.schema.errors import ErrorCode
 
 from kiproxy.protocol.framing import encode_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
-from kiproxy.proxy.api_versions import cut_api_versions_frame
+from kiproxy.proxy.brokers.api_versions import cut_api_versions_frame
 
 _TAGS_WITH_DEFAULTS = (
     b"\x04"  # four tagged fields, each holding its default value:

@@ -8,7 +8,7 @@ import time
 
 from conftest import launch_proxy
 
-from kiproxy.proxy.embedded import EmbeddedBroker
+from kiproxy.localbrokers.tansu import EmbeddedBroker
 
 
 def _api_versions(correlation_id: int) -> bytes:

@@ -25,7 +25,7 @@ from kiproxy.protocol.proxy_header import (
     ProxyHeaderError,
     parse_proxy_header,
 )
-from kiproxy.proxy.proxy_protocol import (
+from kiproxy.proxy.net.proxy_protocol import (
     ProxyDecision,
     Refuse,
     UseHeader,

@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kiproxy.proxy.embedded import EmbeddedBroker, broker_binary, free_port
+from kiproxy.localbrokers.tansu import EmbeddedBroker, broker_binary, free_port
 
 
 @dataclass
@@ -301,7 +301,7 @@ def test_an_untrusted_upstream_stops_the_proxy_at_start(pki: Pki, tls_broker: Tl
 
 
 def test_tls_settings_are_validated(tmp_path: Path, broker: EmbeddedBroker) -> None:
-    from kiproxy.proxy.config import ConfigError, load_config
+    from kiproxy.proxy.config.model import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"tls\.cert and tls\.key"):
         load_config(None, {"upstream": ["h:1"], "tls.cert": "c.pem"})

@@ -104,7 +104,7 @@ def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
         installed: tuple[Path, Path, set[str]]) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from kiproxy.proxy.embedded import free_port
+    from kiproxy.localbrokers.tansu import free_port
 
     python, work, _ = installed
     plugins = work / "plugins"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiproxy.proxy.embedded import EmbeddedBroker
+from kiproxy.localbrokers.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(300)
 

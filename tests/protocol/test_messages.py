@@ -197,7 +197,7 @@ def test_response_tags_name_the_tagged_fields_a_full_parse_finds(
 @given(data=st.data())
 def test_an_answer_without_node_endpoints_is_forwarded_as_it_came(
         api_key: int, api_version: int, data: st.DataObject) -> None:
-    from kiproxy.proxy.addresses import rewrite_response_frame
+    from kiproxy.proxy.brokers.addresses import rewrite_response_frame
 
     message_type = response_type(api_key, api_version)
     message = data.draw(st.from_type(message_type))

@@ -1,10 +1,10 @@
 """A requesting client without a socket, for tests that call the router or the produce
-pipeline directly: what :class:`kiproxy.proxy.client.RequestingClient` asks for."""
+pipeline directly: what :class:`kiproxy.proxy.net.client.RequestingClient` asks for."""
 
 from __future__ import annotations
 
 from kiproxy.interceptors.identity import ClientIdentity
-from kiproxy.proxy.sasl import SaslRound, SaslTracker, identity_after_sasl
+from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
 
 __all__ = ["Client"]
 

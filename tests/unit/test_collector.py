@@ -1,4 +1,4 @@
-"""The cyclic collector's frozen start-up objects (kiproxy.proxy.collector)."""
+"""The cyclic collector's frozen start-up objects (kiproxy.proxy.observe.collector)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ import pytest
 
 from kiproxy.cli import main
 from kiproxy.proxy import cli as proxy_cli
-from kiproxy.proxy.discovery import UpstreamUnreachable
+from kiproxy.proxy.brokers.discovery import UpstreamUnreachable
 
 # Run in a process of its own: freezing is for good (the test process's objects must not
 # be taken out of the collector's reach).
 _PROBE = textwrap.dedent("""
     import gc, json, weakref
     import kiproxy.proxy.cli
-    from kiproxy.proxy.collector import freeze_imported
+    from kiproxy.proxy.observe.collector import freeze_imported
     from kiproxy.proxy.server import ProxyServer
 
     class Node:

@@ -22,10 +22,10 @@ from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.messages import ApiKey, parse_request
 from kiproxy.protocol.records import decode_batches, encode_batch
 from kiproxy.proxy.cli import _overrides
-from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
 from kiproxy.proxy.generation import build_generation
-from kiproxy.proxy.outcome import Forward
-from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.produce.disposition import Forward
+from kiproxy.proxy.produce.pipeline import ProducePipeline
 
 GOLDEN = Path(__file__).resolve().parents[1] / "fixtures" / "golden"
 LOW = CompressionLevels(gzip=1, lz4=1, zstd=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kiproxy.proxy.config import ConfigError, load_config
+from kiproxy.proxy.config.model import ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 

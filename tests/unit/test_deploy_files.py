@@ -27,7 +27,7 @@ import yaml
 from kiproxy.cli import build_parser
 from kiproxy.interceptors.loader import resolve_class
 from kiproxy.proxy.cli import _overrides
-from kiproxy.proxy.config import ProxyConfig, load_config, parse_host_port
+from kiproxy.proxy.config.model import ProxyConfig, load_config, parse_host_port
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIG_IN_IMAGE = "/etc/kiproxy/config.yaml"
@@ -178,7 +178,7 @@ def port_of(address: str) -> int:
 
 
 def node_port(config: ProxyConfig, node_id: int) -> int:
-    """The proxy port that stands for ``node_id`` (as proxy/nodes.py computes it)."""
+    """The proxy port that stands for ``node_id`` (as proxy/brokers/nodes.py computes it)."""
     start = config.broker_port_start
     if start is None:
         start = port_of(config.listen) + 1

@@ -1,4 +1,4 @@
-"""When the heap trimmer gives memory back (kiproxy.proxy.memory.HeapTrimmer)."""
+"""When the heap trimmer gives memory back (kiproxy.proxy.net.buffers.HeapTrimmer)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import textwrap
 
 import pytest
 
-from kiproxy.proxy.memory import TRIM_FREE_BYTES, HeapTrimmer
+from kiproxy.proxy.net.buffers import TRIM_FREE_BYTES, HeapTrimmer
 
 MiB = 1024 * 1024
 
@@ -59,7 +59,7 @@ def test_where_the_free_heap_is_unknown_it_trims_as_before() -> None:
 # at the top (the last block stays).
 _PROBE = textwrap.dedent("""
     import json
-    from kiproxy.proxy.memory import HeapTrimmer
+    from kiproxy.proxy.net.buffers import HeapTrimmer
     trimmer = HeapTrimmer(lambda: 0)
     blocks = [bytearray(4096) for _ in range(8192)]
     allocated = trimmer.free_heap_bytes()

@@ -3,6 +3,9 @@
 ARCHITECTURE.md: ``proxy -> interceptors -> protocol`` and
 ``pipelines -> interceptors, protocol``; ``protocol`` imports nothing of ours,
 ``interceptors`` never imports ``proxy``, ``proxy`` never imports ``pipelines``.
+Inside ``proxy`` the sub-packages keep the order :data:`PROXY_LAYERS` declares
+(each package's ``__init__`` docstring says the same), and the local brokers of
+``kiproxy dev`` (``kiproxy.localbrokers``) are never imported by the runtime.
 """
 
 from __future__ import annotations
@@ -12,10 +15,27 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "interceptors", "proxy", "pipelines")
+REAL_PACKAGES = ("localbrokers",)  # real folders inside kiproxy/, not links
+
+PROXY_LAYERS: dict[str, frozenset[str]] = {
+    "config": frozenset(),
+    "observe": frozenset(),
+    "reload": frozenset({"config"}),
+    "isolation": frozenset({"observe"}),
+    "routes": frozenset({"config", "observe", "isolation"}),
+    "net": frozenset({"config", "observe", "routes"}),
+    "brokers": frozenset({"config", "observe", "net"}),
+    "produce": frozenset({"config", "observe", "isolation", "routes", "net", "brokers"}),
+}
+"""Each sub-package of ``kiproxy.proxy`` and the others it may import. The modules
+directly in ``proxy/`` (server, connection, dispatch, generation, cli) may import
+every package; no package imports them."""
 
 
 def _module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "kiproxy":
+        parts.pop(0)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(["kiproxy", *parts])
@@ -25,6 +45,8 @@ def _modules() -> dict[str, Path]:
     found = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
     found.update({f"kiproxy.{p.stem}": p for p in (ROOT / "kiproxy").glob("*.py")
                   if p.stem != "__init__"})
+    found.update({_module_name(p): p for pkg in REAL_PACKAGES
+                  for p in (ROOT / "kiproxy" / pkg).rglob("*.py")})
     return found
 
 
@@ -107,9 +129,53 @@ def test_imports_go_one_way() -> None:
 
     allowed = {"protocol": {"protocol"}, "interceptors": {"interceptors", "protocol"},
                "proxy": {"proxy", "interceptors", "protocol"},
-               "pipelines": {"pipelines", "interceptors", "protocol"}}
+               "pipelines": {"pipelines", "interceptors", "protocol"},
+               "localbrokers": {"localbrokers", "proxy", "interceptors", "protocol"}}
     wrong = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts
                    if layer(src) in allowed and layer(dst) not in allowed[layer(src)])
+    assert wrong == []
+
+
+def _proxy_package(module: str) -> str | None:
+    """The sub-package of ``kiproxy.proxy`` that holds ``module``; None for the top."""
+    parts = module.split(".")
+    if parts[:2] != ["kiproxy", "proxy"] or len(parts) < 4:
+        return None
+    return parts[2]
+
+
+def test_every_proxy_sub_package_has_a_declared_layer() -> None:
+    found = {p.parent.name for p in (ROOT / "proxy").glob("*/__init__.py")}
+    assert found == set(PROXY_LAYERS)
+
+
+def test_the_declared_layers_have_no_cycle() -> None:
+    assert _cycles({name: set(deps) for name, deps in PROXY_LAYERS.items()}) == []
+
+
+def test_proxy_sub_packages_import_only_the_layers_below_them() -> None:
+    wrong = []
+    for src, dsts in _graph().items():
+        if not src.startswith("kiproxy.proxy"):
+            continue
+        mine = _proxy_package(src)
+        for dst in dsts:
+            if not dst.startswith("kiproxy.proxy"):
+                continue
+            theirs = _proxy_package(dst)
+            if mine is None or theirs == mine:
+                continue  # the top imports anything; a package imports itself
+            if theirs is None or theirs not in PROXY_LAYERS[mine]:
+                wrong.append(f"{src} -> {dst}")
+    assert sorted(wrong) == []
+
+
+def test_the_runtime_never_imports_the_local_brokers() -> None:
+    graph = _graph()
+    assert any(name.startswith("kiproxy.localbrokers.") for name in graph)  # the walk found them
+    wrong = sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
+                   if dst.startswith("kiproxy.localbrokers")
+                   and not (src.startswith("kiproxy.localbrokers") or src == "kiproxy.cli"))
     assert wrong == []
 
 

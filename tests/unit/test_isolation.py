@@ -31,8 +31,8 @@ from kiproxy.interceptors import InterceptContext, Record, RecordBatch, RejectBa
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Judged, Rejected
-from kiproxy.proxy.isolation import IsolatedInterceptor, PluginRaised, WorkerCrashed
-from kiproxy.proxy.produce import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
+from kiproxy.proxy.isolation.pool import IsolatedInterceptor, PluginRaised, WorkerCrashed
+from kiproxy.proxy.produce.pipeline import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
 
 PLUGINS = Path(__file__).resolve().parents[1] / "isolation_plugins"
 

@@ -30,6 +30,7 @@ def _python_files() -> list[Path]:
         base = ROOT / name
         if name == "kiproxy":
             files += sorted(p for p in base.glob("*.py"))  # the rest are links to the folders
+            files += sorted((base / "localbrokers").rglob("*.py"))  # except this real one
             continue
         files += sorted(base.rglob("*.py"))
     return [f for f in files if ".venv" not in f.parts]
@@ -149,7 +150,7 @@ def test_an_old_dotted_name_is_refused_with_the_new_name() -> None:
 
 
 def test_a_bare_entry_point_name_is_a_valid_interceptor_setting() -> None:
-    from kiproxy.proxy.config import ConfigError, load_config
+    from kiproxy.proxy.config.model import ConfigError, load_config
 
     config = load_config(None, {"upstream": ["127.0.0.1:9092"], "interceptor.class": "uppercase"})
     assert config.interceptor.class_name == "uppercase"
@@ -160,10 +161,10 @@ def test_a_bare_entry_point_name_is_a_valid_interceptor_setting() -> None:
 def test_the_isolation_fork_server_preloads_modules_by_their_kiproxy_names() -> None:
     import importlib
 
-    from kiproxy.proxy.isolation_process import preload as _preload
+    from kiproxy.proxy.isolation.process import preload as _preload
 
     names = [n for n in _preload() if n != "__main__"]
-    assert "kiproxy.proxy.isolation" in names
+    assert "kiproxy.proxy.isolation.pool" in names
     for name in names:
         assert name.split(".")[0] not in BARE
         importlib.import_module(name)

@@ -14,11 +14,11 @@ import pytest
 from kiproxy.interceptors.observer import Observer, PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.framing import encode_response_header
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
-from kiproxy.proxy.audit import AuditLog
-from kiproxy.proxy.logs import JsonFormatter, KeyValueFormatter
-from kiproxy.proxy.metrics import Metrics
-from kiproxy.proxy.observe import ObserverHub
-from kiproxy.proxy.sasl import SaslTracker, user_from_token
+from kiproxy.proxy.net.sasl import SaslTracker, user_from_token
+from kiproxy.proxy.observe.audit import AuditLog
+from kiproxy.proxy.observe.hub import ObserverHub
+from kiproxy.proxy.observe.logs import JsonFormatter, KeyValueFormatter
+from kiproxy.proxy.observe.metrics import Metrics
 
 
 def _request(api_key: int = 0, correlation_id: int = 1) -> RequestInfo:

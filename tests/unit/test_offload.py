@@ -25,7 +25,7 @@ from kiproxy.protocol.records import (
     decode_batches,
     encode_batch,
 )
-from kiproxy.proxy.offload import ENCODE_FLOOR, WORKER_NICE, BatchOffload, EncodeCost
+from kiproxy.proxy.produce.offload import ENCODE_FLOOR, WORKER_NICE, BatchOffload, EncodeCost
 
 
 def _records(count: int, size: int) -> list[Record]:

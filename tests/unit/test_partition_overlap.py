@@ -27,7 +27,7 @@ from kio.schema.types import TopicName
 from kio.static.primitive import Records, i16, i32, i32Timedelta, i64
 from support.client import Client
 
-import kiproxy.proxy.offload as offload_module
+import kiproxy.proxy.produce.offload as offload_module
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.framing import (
@@ -43,9 +43,9 @@ from kiproxy.protocol.records import (
     decode_batches,
     encode_batch,
 )
-from kiproxy.proxy.offload import BatchOffload
-from kiproxy.proxy.outcome import Forward
-from kiproxy.proxy.produce import ProducePipeline
+from kiproxy.proxy.produce.disposition import Forward
+from kiproxy.proxy.produce.offload import BatchOffload
+from kiproxy.proxy.produce.pipeline import ProducePipeline
 
 PARTITIONS = 3
 

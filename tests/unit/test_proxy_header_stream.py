@@ -15,9 +15,9 @@ from kiproxy.protocol.proxy_header import (
     ProxyHeader,
     ProxyHeaderError,
 )
-from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.frame_stream import FrameStream
-from kiproxy.proxy.route_runtime import load_routes
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.net.frame_stream import FrameStream
+from kiproxy.proxy.routes.runtime import load_routes
 
 V2_HEADER = (b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x11]) + struct.pack("!H", 12)
              + bytes([203, 0, 113, 9]) + bytes([10, 0, 0, 1]) + struct.pack("!HH", 40001, 9092))

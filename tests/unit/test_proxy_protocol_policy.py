@@ -11,7 +11,7 @@ from kiproxy.protocol.proxy_header import (
     ProxyHeader,
     ProxyHeaderError,
 )
-from kiproxy.proxy.proxy_protocol import (
+from kiproxy.proxy.net.proxy_protocol import (
     Refuse,
     UseHeader,
     UsePeer,

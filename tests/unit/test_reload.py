@@ -10,9 +10,13 @@ import pytest
 
 from kiproxy.cli import build_parser
 from kiproxy.proxy.cli import _overrides
-from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
-from kiproxy.proxy.offload import DEFAULT_INLINE_ENCODE_SECONDS
-from kiproxy.proxy.reload import (
+from kiproxy.proxy.config.model import (
+    DEFAULT_INLINE_ENCODE_SECONDS,
+    ConfigError,
+    ProxyConfig,
+    load_config,
+)
+from kiproxy.proxy.reload.reloader import (
     FileWatch,
     Reloader,
     ReloadResult,

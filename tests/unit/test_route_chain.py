@@ -16,7 +16,7 @@ from kiproxy.interceptors import (
     RecordBatch,
     RejectBatch,
 )
-from kiproxy.proxy.route_chain import ChainResult, Judge, LoadedLink, run_chain
+from kiproxy.proxy.routes.chain import ChainResult, Judge, LoadedLink, run_chain
 
 
 # A judge of the verdict function's shape, for as long as the verdict module is not

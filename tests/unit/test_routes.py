@@ -9,8 +9,9 @@ import pytest
 import yaml
 
 from kiproxy.interceptors import ClientIdentity, InterceptContext
-from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
-from kiproxy.proxy.routes import Route, RouteTable, client_ip
+from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.config.networks import client_ip
+from kiproxy.proxy.routes.table import Route, RouteTable
 
 
 def _config(tmp_path: Path, text: str) -> ProxyConfig:
@@ -57,7 +58,7 @@ default:
 # ------------------------------------------------------------------ selection
 
 def test_the_first_route_that_holds_handles_the_batch(tmp_path: Path) -> None:
-    table = _config(tmp_path, TEAMS).route_table()
+    table = RouteTable.from_config(_config(tmp_path, TEAMS))
     payments = client(principal="payments-svc")
     assert name(table.select(payments, "payments.eu", 1, False)) == "payments"
     assert name(table.select(payments, "payments", 1, False)) == "outside"  # topic fails
@@ -70,24 +71,24 @@ def test_the_first_route_that_holds_handles_the_batch(tmp_path: Path) -> None:
 
 
 def test_chain_links_keep_their_order_and_settings(tmp_path: Path) -> None:
-    route = _config(tmp_path, TEAMS).route_table().routes[2]
+    route = RouteTable.from_config(_config(tmp_path, TEAMS)).routes[2]
     assert [link.class_name for link in route.links] == ["a:Mask", "b:Stamp"]
     assert [link.timeout_ms for link in route.links] == [5000, 200]
 
 
 def test_no_route_and_no_default_passes_through(tmp_path: Path) -> None:
-    table = _config(tmp_path, "routes: [{match: {topic: orders}, interceptors: "
-                              "[{class: a:B}]}]").route_table()
+    table = RouteTable.from_config(_config(
+        tmp_path, "routes: [{match: {topic: orders}, interceptors: [{class: a:B}]}]"))
     assert table.select(client(), "orders", 1, False) is not None
     assert table.select(client(), "orders-eu", 1, False) is None  # the whole name
 
 
 def test_principal_exact_and_regex_need_a_principal(tmp_path: Path) -> None:
-    table = _config(tmp_path, """
+    table = RouteTable.from_config(_config(tmp_path, """
 routes:
   - {name: svc, match: {principal_regex: "CN=.*,O=Example"}, interceptors: [{class: a:B}]}
   - {name: alice, match: {principal: alice}, interceptors: [{class: a:B}]}
-""").route_table()
+"""))
     assert name(table.select(client(principal="CN=app,O=Example"), "t", 1, False)) == "svc"
     assert name(table.select(client(principal="alice"), "t", 1, False)) == "alice"
     assert table.select(client(principal="alice2"), "t", 1, False) is None
@@ -95,23 +96,23 @@ routes:
 
 
 def test_an_absent_client_id_is_the_empty_string(tmp_path: Path) -> None:
-    table = _config(tmp_path, "routes: [{match: {client_id: ''}, interceptors: "
-                              "[{class: a:B}]}]").route_table()
+    table = RouteTable.from_config(_config(
+        tmp_path, "routes: [{match: {client_id: ''}, interceptors: [{class: a:B}]}]"))
     assert table.select(client(), "t", 1, False) is not None
     assert table.select(client(client_id="app"), "t", 1, False) is None
 
 
 def test_the_interceptor_shorthand_is_one_route_named_default(tmp_path: Path) -> None:
     config = _config(tmp_path, "interceptor: {class: a:B, timeout_ms: 300}")
-    table = config.route_table()
+    table = RouteTable.from_config(config)
     route = table.select(client(), "anything", 0, True)
     assert route is not None and route.name == "default"
     assert [(link.class_name, link.timeout_ms) for link in route.links] == [("a:B", 300)]
-    assert ProxyConfig().route_table().select(client(), "t", 1, False) is None
+    assert RouteTable.from_config(ProxyConfig()).select(client(), "t", 1, False) is None
 
 
 def test_selection_is_cached_per_client_and_topic(tmp_path: Path) -> None:
-    table = _config(tmp_path, TEAMS).route_table()
+    table = RouteTable.from_config(_config(tmp_path, TEAMS))
     first = table.for_client(client(principal="payments-svc"))
     assert table.for_client(client(principal="payments-svc")) is first
     assert first.select("payments.eu", 1, False) is first.select("payments.eu", 1, False)
@@ -206,7 +207,7 @@ def test_listener_settings(tmp_path: Path) -> None:
 
 def test_routes_table_built_from_yaml_is_also_built_from_python() -> None:
     data = yaml.safe_load(TEAMS)
-    assert isinstance(ProxyConfig.model_validate(data).route_table(), RouteTable)
+    assert isinstance(RouteTable.from_config(ProxyConfig.model_validate(data)), RouteTable)
 
 
 @pytest.mark.parametrize(("host", "parsed"), [

@@ -10,7 +10,8 @@ import pytest
 import yaml
 
 from kiproxy.interceptors import ClientIdentity
-from kiproxy.proxy.config import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.routes.table import RouteTable
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "routing.md"
 ROUTES_PART = DOC.read_text().split("## The `topic_router` built-in")[0]
@@ -38,7 +39,7 @@ def test_every_yaml_example_is_a_valid_config_without_warnings(block: str) -> No
 
 
 def test_the_first_example_routes_as_described() -> None:
-    table = _load(YAML_BLOCKS[0]).route_table()
+    table = RouteTable.from_config(_load(YAML_BLOCKS[0]))
 
     def route(identity: ClientIdentity, topic: str) -> str | None:
         chosen = table.select(identity, topic, -1, False)
@@ -51,7 +52,7 @@ def test_the_first_example_routes_as_described() -> None:
 
 
 def test_the_shorthand_example_is_one_route_named_default() -> None:
-    route = _load(YAML_BLOCKS[2]).route_table().select(_who(), "any", 1, False)
+    route = RouteTable.from_config(_load(YAML_BLOCKS[2])).select(_who(), "any", 1, False)
     assert route is not None and route.name == "default"
 
 

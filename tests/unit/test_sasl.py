@@ -32,8 +32,8 @@ from kiproxy.protocol.framing import (
     request_header_version,
 )
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
-from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.outcome import Forward
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.produce.disposition import Forward
 from kiproxy.proxy.server import ProxyServer
 
 # ---------------------------------------------------------------------- RFC 5802
@@ -148,8 +148,8 @@ def _request(server: ProxyServer, conn: _Client, api_key: int, version: int,
     body = serialize(request_type(api_key, version)(**fields))
     frame = encode_request_header(api_key, version, next(_correlation), "unit",
                                   header_version) + body
-    outcome = asyncio.run(server.router.route(conn, server.generation, parse_request_header(frame),
-                                                frame))  # type: ignore[arg-type]
+    outcome = asyncio.run(server.dispatcher.dispatch(
+        conn, server.generation, parse_request_header(frame), frame))  # type: ignore[arg-type]
     assert isinstance(outcome, Forward)
     assert outcome.frame == frame            # SASL passes through byte for byte
     return outcome

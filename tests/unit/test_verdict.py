@@ -27,7 +27,7 @@ from kiproxy.interceptors.verdict import (
     judge,
     judge_sync,
 )
-from kiproxy.proxy.verdict_log import VerdictLog
+from kiproxy.proxy.observe.verdict_log import VerdictLog
 
 BATCH = RecordBatch(topic="t", partition=0, records=tuple(
     Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(2)))

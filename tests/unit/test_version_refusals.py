@@ -26,11 +26,11 @@ from kiproxy.protocol.framing import (
     request_header_version,
 )
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
-from kiproxy.proxy.addresses import rewritable, rewrite_response_frame
-from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
-from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.outcome import Forward
-from kiproxy.proxy.produce import ProducePipeline, read_acks
+from kiproxy.proxy.brokers.addresses import rewritable, rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.produce.disposition import Forward
+from kiproxy.proxy.produce.pipeline import ProducePipeline, read_acks
 from kiproxy.proxy.server import ProxyServer
 
 _Client = Client
@@ -39,7 +39,7 @@ def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b
     header_version = request_header_version(api_key, api_version) or 1
     frame = encode_request_header(api_key, api_version, 5, "unit", header_version) + body
     header = parse_request_header(frame)
-    return asyncio.run(server.router.route(_Client(), server.generation, header, frame))  # type: ignore[arg-type]
+    return asyncio.run(server.dispatcher.dispatch(_Client(), server.generation, header, frame))  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -64,7 +64,7 @@ def test_with_several_workers_produce_v13_is_neither_offered_nor_accepted() -> N
     workers = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"], workers=2))
     with pytest.raises(UnsupportedVersion, match=r"Produce request v13 refused.*v3-v12"):
         _handle(workers, ApiKey.PRODUCE, 13, b"\x00" * 20)
-    rewriter = workers.router.rewriter(workers.generation, parse_request_header(
+    rewriter = workers.dispatcher.rewriter(workers.generation, parse_request_header(
         encode_request_header(ApiKey.API_VERSIONS, 3, 1, "unit", 2)))
     assert rewriter is not None and rewriter.keywords["produce_max"] == 12
 

@@ -35,18 +35,18 @@ from kiproxy.protocol.framing import (
     request_header_version,
 )
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
-from kiproxy.proxy.addresses import rewrite_response_frame
-from kiproxy.proxy.api_versions import known_version_range
-from kiproxy.proxy.config import ProxyConfig
-from kiproxy.proxy.frame_stream import FrameStream
-from kiproxy.proxy.tls import upstream_context
-from kiproxy.proxy.upstream_failures import connect_error
+from kiproxy.proxy.brokers.addresses import rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import known_version_range
+from kiproxy.proxy.brokers.failures import connect_error
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.net.frame_stream import FrameStream
+from kiproxy.proxy.net.tls import upstream_context
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from kiproxy.proxy.nodes import NodeRegistry
-    from kiproxy.proxy.upstreams import Upstreams
+    from kiproxy.proxy.brokers.nodes import NodeRegistry
+    from kiproxy.proxy.brokers.upstreams import Upstreams
 
 log = logging.getLogger("kiproxy.discovery")
 

@@ -1,13 +1,13 @@
 """The worker process side of plugin isolation: load the plugin, answer batches until EOF.
 
 :func:`worker_main` is the entry point of every worker (started by
-:class:`kiproxy.proxy.isolation.IsolatedInterceptor`). It ignores SIGINT, asks
+:class:`kiproxy.proxy.isolation.pool.IsolatedInterceptor`). It ignores SIGINT, asks
 the kernel to SIGKILL it when its parent goes away, loads and configures the
 plugin with :func:`kiproxy.interceptors.loader.load_interceptor`, reports
 ``("ready", pid, has_on_acknowledgement)`` or ``("load_error", message)``, and
 then answers one request at a time with the verdict of
 :func:`kiproxy.interceptors.verdict.judge_sync` in plain values (see
-:mod:`kiproxy.proxy.isolation_wire`). The deadline is the pool's to enforce
+:mod:`kiproxy.proxy.isolation.wire`). The deadline is the pool's to enforce
 (it kills a worker still busy at it), so the worker sets none. At EOF it runs
 the plugin's ``close()`` and exits.
 """
@@ -28,7 +28,7 @@ from typing import Any
 
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Rejected, Unchanged, acknowledgement_hook, judge_sync
-from kiproxy.proxy.isolation_wire import (
+from kiproxy.proxy.isolation.wire import (
     decode_request,
     frame,
     records_out,
@@ -134,7 +134,7 @@ def worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
     _drop_fork_server_pipe()
     _die_with_parent()
     if log_setup is not None:
-        from kiproxy.proxy.logs import setup_logging
+        from kiproxy.proxy.observe.logs import setup_logging
 
         setup_logging(*log_setup)
     try:

@@ -1,9 +1,9 @@
-"""Routing one client request: a table from API key to what the proxy does with it.
+"""Dispatching one client request: a table from API key to what the proxy does with it.
 
 Contract:
 
 - Produce goes through the configuration generation's produce pipeline
-  (:mod:`kiproxy.proxy.produce`); ApiVersions answers are cut to what the proxy
+  (:mod:`kiproxy.proxy.produce.pipeline`); ApiVersions answers are cut to what the proxy
   can carry; responses that name broker addresses are rewritten; SASL requests
   are read as they pass so the connection learns its principal; everything
   else is forwarded as opaque bytes without being decoded.
@@ -16,7 +16,7 @@ Contract:
   SaslAuthenticate pass (:class:`~kiproxy.protocol.errors.SaslStateError`
   otherwise), as the broker would have it.
 
-The router holds no connection: it is handed the requesting client (a
+The dispatcher holds no connection: it is handed the requesting client (a
 :class:`RequestingClient`) and the generation the request runs under.
 """
 
@@ -29,38 +29,38 @@ from typing import TYPE_CHECKING
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader
 from kiproxy.protocol.messages import ApiKey, api_name
-from kiproxy.proxy.addresses import needs_rewrite, rewritable, rewrite_response_frame
-from kiproxy.proxy.api_versions import (
+from kiproxy.proxy.brokers.addresses import needs_rewrite, rewritable, rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import (
     cut_api_versions_frame,
     known_version_range,
     unsupported_api_versions_response,
 )
-from kiproxy.proxy.client import RequestingClient
-from kiproxy.proxy.outcome import Answer, Forward, RequestOutcome
+from kiproxy.proxy.net.client import RequestingClient
+from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward
 
 if TYPE_CHECKING:
+    from kiproxy.proxy.brokers.nodes import NodeRegistry
     from kiproxy.proxy.generation import Generation
-    from kiproxy.proxy.nodes import NodeRegistry
 
-__all__ = ["RequestRouter"]
+__all__ = ["RequestDispatcher"]
 
 _BEFORE_AUTHENTICATION = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 """What a Kafka broker accepts on a connection whose SASL exchange is under way."""
 
 
-_Handler = Callable[["RequestRouter", RequestingClient, "Generation", RequestHeader, bytes],
-                    Awaitable[RequestOutcome]]
+_Handler = Callable[["RequestDispatcher", RequestingClient, "Generation", RequestHeader, bytes],
+                    Awaitable[Disposition]]
 
 
-class RequestRouter:
+class RequestDispatcher:
     """Decides, per API key, what happens to one client request."""
 
     def __init__(self, nodes: NodeRegistry) -> None:
         self._nodes = nodes
 
-    async def route(self, client: RequestingClient, generation: Generation,
-                    header: RequestHeader, frame: bytes) -> RequestOutcome:
+    async def dispatch(self, client: RequestingClient, generation: Generation,
+                    header: RequestHeader, frame: bytes) -> Disposition:
         """What to do with ``frame``: forward it (with a response rewriter) or answer it."""
         if client.sasl.awaiting_verdict and header.api_key not in _BEFORE_AUTHENTICATION:
             # The broker refuses this (ILLEGAL_SASL_STATE) and closes the connection; the
@@ -69,7 +69,7 @@ class RequestRouter:
                 f"{api_name(header.api_key)} request before its SASL "
                 f"{client.sasl.mechanism} authentication succeeded (the broker would refuse "
                 "it: ILLEGAL_SASL_STATE)")
-        handler: _Handler = _HANDLERS.get(header.api_key, RequestRouter._other)
+        handler: _Handler = _HANDLERS.get(header.api_key, RequestDispatcher._other)
         return await handler(self, client, generation, header, frame)
 
     def rewriter(self, generation: Generation,
@@ -88,18 +88,18 @@ class RequestRouter:
     # ------------------------------------------------------------------ handlers
 
     async def _produce(self, client: RequestingClient, generation: Generation,
-                       header: RequestHeader, frame: bytes) -> RequestOutcome:
+                       header: RequestHeader, frame: bytes) -> Disposition:
         return await generation.produce.handle(client, header, frame, self._nodes.seen)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
-                            header: RequestHeader, frame: bytes) -> RequestOutcome:
+                            header: RequestHeader, frame: bytes) -> Disposition:
         known = known_version_range(ApiKey.API_VERSIONS)
         if known is not None and header.api_version > known[1]:
             return Answer(unsupported_api_versions_response(header.correlation_id))
         return Forward(frame, on_response=self.rewriter(generation, header))
 
     async def _sasl_handshake(self, client: RequestingClient, generation: Generation,
-                              header: RequestHeader, frame: bytes) -> RequestOutcome:
+                              header: RequestHeader, frame: bytes) -> Disposition:
         if header.body_offset is not None:
             if header.api_version == 0:
                 # v0 is followed by raw SASL tokens outside Kafka framing (clients older
@@ -112,7 +112,7 @@ class RequestRouter:
         return Forward(frame, on_response=self.rewriter(generation, header))
 
     async def _sasl_authenticate(self, client: RequestingClient, generation: Generation,
-                                 header: RequestHeader, frame: bytes) -> RequestOutcome:
+                                 header: RequestHeader, frame: bytes) -> Disposition:
         if header.body_offset is None:
             return Forward(frame)
         sasl_round = client.sasl.on_authenticate(header.api_version, frame, header.body_offset)
@@ -120,7 +120,7 @@ class RequestRouter:
             client.sasl_answered, sasl_round, header.api_version, header.header_version == 2))
 
     async def _other(self, client: RequestingClient, generation: Generation,
-                     header: RequestHeader, frame: bytes) -> RequestOutcome:
+                     header: RequestHeader, frame: bytes) -> Disposition:
         if not rewritable(header.api_key, header.api_version):
             # Checked before forwarding: the broker would act on the request and its
             # answer could then be neither rewritten nor passed on (it names brokers).
@@ -129,12 +129,12 @@ class RequestRouter:
 
 
 _HANDLERS: dict[int, _Handler] = {
-    ApiKey.PRODUCE: RequestRouter._produce,
-    ApiKey.API_VERSIONS: RequestRouter._api_versions,
-    ApiKey.SASL_HANDSHAKE: RequestRouter._sasl_handshake,
-    ApiKey.SASL_AUTHENTICATE: RequestRouter._sasl_authenticate,
+    ApiKey.PRODUCE: RequestDispatcher._produce,
+    ApiKey.API_VERSIONS: RequestDispatcher._api_versions,
+    ApiKey.SASL_HANDSHAKE: RequestDispatcher._sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,
 }
-"""API key -> handler; every other key is :meth:`RequestRouter._other`."""
+"""API key -> handler; every other key is :meth:`RequestDispatcher._other`."""
 
 
 def unrewritable_message(header: RequestHeader) -> str:

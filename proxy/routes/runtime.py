@@ -2,10 +2,10 @@
 
 Contract:
 
-- :func:`load_routes` compiles ``config.route_table()`` (the ``interceptor:``
+- :func:`load_routes` compiles ``RouteTable.from_config(config)`` (the ``interceptor:``
   shorthand is one catch-all route named ``default``) and loads every chain
   link's interceptor once, in order: inline with the loader (plugins dir
-  first), or as an :class:`~kiproxy.proxy.isolation.IsolatedInterceptor` pool
+  first), or as an :class:`~kiproxy.proxy.isolation.pool.IsolatedInterceptor` pool
   for ``isolation: process`` (``interceptor.workers`` workers each). It returns
   a complete :class:`LoadedRoutes` or raises (``PluginLoadError``) having
   closed every link it had loaded.
@@ -14,7 +14,7 @@ Contract:
   written as a route): the produce pipeline then takes the single-interceptor
   path, with no per-batch selection at all.
 - :func:`run_route` hands a batch to a route's chain
-  (:func:`~kiproxy.proxy.route_chain.run_chain` with the one verdict function,
+  (:func:`~kiproxy.proxy.routes.chain.run_chain` with the one verdict function,
   :func:`~kiproxy.interceptors.verdict.judge`, so the record-count rule is
   checked after each link) and answers with the verdict the pipeline acts on:
   ``Unchanged``, ``Transformed`` or ``Rejected`` (with the rejecting link's name).
@@ -39,13 +39,13 @@ from kiproxy.interceptors.verdict import (
     acknowledgement_hook,
     judge,
 )
-from kiproxy.proxy.isolation import IsolatedInterceptor
-from kiproxy.proxy.route_chain import LoadedLink, run_chain
-from kiproxy.proxy.routes import CompiledMatch, Route, RouteTable
+from kiproxy.proxy.isolation.pool import IsolatedInterceptor
+from kiproxy.proxy.routes.chain import LoadedLink, run_chain
+from kiproxy.proxy.routes.table import CompiledMatch, Route, RouteTable
 
 if TYPE_CHECKING:
-    from kiproxy.proxy.config import ProxyConfig
-    from kiproxy.proxy.routes import ChainLinkSettings
+    from kiproxy.proxy.config.model import ProxyConfig
+    from kiproxy.proxy.config.routes import ChainLinkSettings
 
 log = logging.getLogger("kiproxy")
 
@@ -143,7 +143,7 @@ def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> Load
 def load_routes(config: ProxyConfig) -> LoadedRoutes | None:
     """Every route's chain loaded (see the module docstring); None when there is no route
     and no default (every batch passes through)."""
-    table = config.route_table()
+    table = RouteTable.from_config(config)
     routes = [*table.routes, *([table.default] if table.default is not None else [])]
     if not routes:
         return None

@@ -3,7 +3,7 @@
 Contract: :meth:`PartitionHandler.handle` decodes a partition's record batches
 (off the loop for large ones, within the decode budget), hands each data batch
 to the single interceptor - or to a route's chain
-(:func:`~kiproxy.proxy.route_runtime.run_route`) - and answers with a
+(:func:`~kiproxy.proxy.routes.runtime.run_route`) - and answers with a
 :class:`PartitionResult`: no records when nothing changed (the partition stays
 as it lies in the request frame, decoded there without a copy), the re-encoded
 batches (original codec, every producer field kept) when some interceptor
@@ -14,7 +14,7 @@ the partition. What counts as unchanged, transformed or rejected is decided by
 :func:`kiproxy.interceptors.verdict.judge` alone; plugin faults are metered and
 logged here, policy rejections by the pipeline once per request.
 
-The handler owns the partition's :class:`~kiproxy.proxy.offload.DecodeLease` and
+The handler owns the partition's :class:`~kiproxy.proxy.produce.offload.DecodeLease` and
 releases it when the partition is done. A transformed batch large enough to be
 re-encoded on a decode thread is not waited for: once the interceptor has seen
 every batch of the partition, :meth:`PartitionHandler.handle` answers with a task
@@ -43,18 +43,18 @@ from kiproxy.protocol.errors import (
 )
 from kiproxy.protocol.produce_request import PartitionSpan, ProduceLayout
 from kiproxy.protocol.records import CompressionLevels
-from kiproxy.proxy.offload import WarningLimiter
-from kiproxy.proxy.produce_response import Rejection
-from kiproxy.proxy.route_runtime import LoadedChain, run_route
-from kiproxy.proxy.verdict_log import VerdictLog
+from kiproxy.proxy.observe.verdict_log import VerdictLog
+from kiproxy.proxy.produce.offload import WarningLimiter
+from kiproxy.proxy.produce.response import Rejection
+from kiproxy.proxy.routes.runtime import LoadedChain, run_route
 
 if TYPE_CHECKING:
     import logging
 
     from kiproxy.interceptors.identity import ClientIdentity
-    from kiproxy.proxy.client import RequestingClient
-    from kiproxy.proxy.metrics import Metrics
-    from kiproxy.proxy.offload import DecodeLease
+    from kiproxy.proxy.net.client import RequestingClient
+    from kiproxy.proxy.observe.metrics import Metrics
+    from kiproxy.proxy.produce.offload import DecodeLease
 
 __all__ = ["PartitionHandler", "PartitionResult"]
 

@@ -9,7 +9,7 @@ claims), joined once into ``bytes``. The socket is read only while its owner
 waits in :meth:`FrameStream.read`, so while the owner handles what it got,
 TCP pushes back. With a receive budget (client sockets), the bytes of a
 partial frame count against the process-wide
-:class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
+:class:`~kiproxy.proxy.net.buffers.ReceiveBudget`, which may hold the socket back.
 
 PROXY protocol: a client stream may start with a pre-framing phase in which
 the first bytes go to :func:`kiproxy.protocol.proxy_header.parse_proxy_header`
@@ -41,10 +41,10 @@ from kiproxy.protocol.proxy_header import (
     ProxyHeaderError,
     parse_proxy_header,
 )
-from kiproxy.proxy.proxy_protocol import Refuse, accept_proxy_header
+from kiproxy.proxy.net.proxy_protocol import Refuse, accept_proxy_header
 
 if TYPE_CHECKING:
-    from kiproxy.proxy.memory import ReceiveBudget
+    from kiproxy.proxy.net.buffers import ReceiveBudget
 
 __all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
 
@@ -70,7 +70,7 @@ class FrameStream(asyncio.BufferedProtocol):
     TCP pushes back. :meth:`drain` waits while the write buffer is above its
     high-water mark, as ``StreamWriter.drain`` does. With a ``budget`` (client
     sockets), the bytes of a partial frame count against the process-wide
-    :class:`~kiproxy.proxy.memory.ReceiveBudget`, which may hold the socket back.
+    :class:`~kiproxy.proxy.net.buffers.ReceiveBudget`, which may hold the socket back.
     """
 
     def __init__(self, max_frame_size: int,

@@ -1,6 +1,6 @@
 """What the request handlers may know of the client connection a request came on.
 
-Contract: the router and the produce pipeline see a client only through
+Contract: the dispatcher and the produce pipeline see a client only through
 :class:`RequestingClient`: its identity (a frozen value), its SASL
 bookkeeping, the ``extra=`` fields for log lines, the routes that hold for it
 (cached while its identity stays the same), and the one callback that reads a
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from kiproxy.interceptors.identity import ClientIdentity
-    from kiproxy.proxy.routes import ClientRoutes, RouteTable
-    from kiproxy.proxy.sasl import SaslRound, SaslTracker
+    from kiproxy.proxy.net.sasl import SaslRound, SaslTracker
+    from kiproxy.proxy.routes.table import ClientRoutes, RouteTable
 
 __all__ = ["RequestingClient"]
 
 
 class RequestingClient(Protocol):
-    """What the router and the produce pipeline need of the client connection."""
+    """What the dispatcher and the produce pipeline need of the client connection."""
 
     @property
     def identity(self) -> ClientIdentity:

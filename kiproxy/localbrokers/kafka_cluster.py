@@ -37,9 +37,9 @@ setting it would switch streams off). JVMs run
 with a small heap, the serial collector and C1 only: light on two cores, not
 tuned for throughput.
 
-It uses the standard library and its two siblings only: ``kafka_distribution``
-(finding Kafka and Java, refusing bad ones) and ``kafka_metadata_probe`` (the
-readiness check's Metadata request).
+It uses the standard library and three siblings only: ``kafka_distribution``
+(finding Kafka and Java, refusing bad ones), ``processes`` (the process registry) and
+``metadata_probe`` (the readiness check's Metadata request).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from .kafka_distribution import (
+from kiproxy.localbrokers.kafka_distribution import (
     KafkaClusterError,
     find_java,
     find_kafka_home,
@@ -65,8 +65,16 @@ from .kafka_distribution import (
     pinned_kafka_version,
     storage_tool_class,
 )
-from .kafka_metadata_probe import MetadataView, probe_metadata
-from .kafka_processes import HOST, end_process, free_ports, port_free, register, signal_group, tail
+from kiproxy.localbrokers.metadata_probe import MetadataView, probe_metadata
+from kiproxy.localbrokers.processes import (
+    HOST,
+    end_process,
+    free_ports,
+    port_free,
+    register,
+    signal_group,
+    tail,
+)
 
 __all__ = [
     "DEFAULT_JVM_OPTIONS",

@@ -32,7 +32,7 @@ from kiproxy.protocol.proxy_header import (
     ProxyHeader,
     ProxyHeaderError,
 )
-from kiproxy.proxy.routes import Network, in_networks, network
+from kiproxy.proxy.config.networks import Network, in_networks, network
 
 __all__ = [
     "ProxyDecision",

@@ -7,7 +7,7 @@ it), and kills or closes the worker. :func:`process_context` is the
 multiprocessing context workers start in: ``forkserver`` (``spawn`` where it
 is missing), never ``fork``, with the modules of :func:`preload` imported once
 by the fork server. The pool that checks workers out and replaces them is
-:class:`kiproxy.proxy.isolation.IsolatedInterceptor`.
+:class:`kiproxy.proxy.isolation.pool.IsolatedInterceptor`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from kiproxy.proxy.isolation_wire import LENGTH, plain_loads
+from kiproxy.proxy.isolation.wire import LENGTH, plain_loads
 
 __all__ = ["WorkerGone", "WorkerProcess", "preload", "process_context", "retrieve"]
 
@@ -119,7 +119,7 @@ def preload() -> list[str]:
     """
     main = sys.modules.get("__main__")
     main_name = getattr(getattr(main, "__spec__", None), "name", None)
-    modules = ["kiproxy.proxy.isolation", "kiproxy.proxy.isolation_worker",
+    modules = ["kiproxy.proxy.isolation.pool", "kiproxy.proxy.isolation.worker",
                "kiproxy.interceptors", "kiproxy.protocol.records"]
     if main_name is None:
         return ["__main__", *modules]

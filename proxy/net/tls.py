@@ -14,7 +14,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from kiproxy.proxy.config import ConfigError, TlsSettings, UpstreamTlsSettings
+from kiproxy.proxy.config.model import ConfigError, TlsSettings, UpstreamTlsSettings
 
 __all__ = ["ListenerTls", "client_context", "principal_from_peercert", "upstream_context"]
 

@@ -27,8 +27,8 @@ from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import AcknowledgementHook
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
-from kiproxy.proxy.addresses import rewrite_message
-from kiproxy.proxy.outcome import PartitionTally
+from kiproxy.proxy.brokers.addresses import rewrite_message
+from kiproxy.proxy.produce.disposition import PartitionTally
 
 log = logging.getLogger("kiproxy.produce")
 

@@ -72,8 +72,8 @@ class, so only plain values (tuples, bytes, str, int, None) cross back and
 no plugin object can bring plugin code into the proxy.
 
 The messages between the proxy and a worker are described in
-:mod:`kiproxy.proxy.isolation_wire`; the worker process side is
-:mod:`kiproxy.proxy.isolation_worker`. Each worker judges its batch with
+:mod:`kiproxy.proxy.isolation.wire`; the worker process side is
+:mod:`kiproxy.proxy.isolation.worker`. Each worker judges its batch with
 :func:`kiproxy.interceptors.verdict.judge_sync` (the deadline left to the pool),
 so a verdict reads the same as inline.
 
@@ -109,20 +109,20 @@ from typing import Any
 from kiproxy.interceptors.api import InterceptContext, RecordBatch, RejectBatch
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.verdict import Judged, Rejected
-from kiproxy.proxy.isolation_process import (
+from kiproxy.proxy.isolation.process import (
     WorkerGone,
     WorkerProcess,
     process_context,
     retrieve,
 )
-from kiproxy.proxy.isolation_wire import (
+from kiproxy.proxy.isolation.wire import (
     describe_exit,
     encode_request,
     plain_loads,
     records_in,
     recv_message,
 )
-from kiproxy.proxy.isolation_worker import worker_main
+from kiproxy.proxy.isolation.worker import worker_main
 
 log = logging.getLogger("kiproxy.isolation")
 

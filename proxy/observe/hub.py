@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from kiproxy.interceptors.observer import Observer, RequestInfo, ResponseInfo
-from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.observe.metrics import Metrics
 
 log = logging.getLogger("kiproxy.observe")
 

@@ -4,7 +4,7 @@ For each topic-partition of a ProduceRequest the proxy decodes the record
 batches and hands each batch to the configured interceptor - or, with
 ``routes``, selects the route for the partition from the client's identity,
 the topic, acks and whether the producer is transactional
-(:meth:`~kiproxy.proxy.routes.ClientRoutes.select`, cached per connection
+(:meth:`~kiproxy.proxy.routes.table.ClientRoutes.select`, cached per connection
 identity) and runs that route's chain; a partition no route (and no
 ``default``) matches is forwarded as it came, undecoded. A batch returned
 unchanged is forwarded as its original bytes; a transformed one (same record
@@ -21,7 +21,7 @@ that raises, breaks the record-count rule or misses its deadline rejects only
 that partition; the connection stays open. What counts as unchanged,
 transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
 alone (the same function replay and the isolation workers call); rejections are
-logged by :class:`kiproxy.proxy.verdict_log.VerdictLog` (policy at INFO, plugin
+logged by :class:`kiproxy.proxy.observe.verdict_log.VerdictLog` (policy at INFO, plugin
 faults at WARNING, rate-limited).
 """
 
@@ -55,23 +55,23 @@ from kiproxy.protocol.records import (
     CompressionLevels,
     read_batch_headers,
 )
-from kiproxy.proxy.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
-from kiproxy.proxy.api_versions import PRODUCE_MAX_VERSION
-from kiproxy.proxy.offload import BatchOffload
-from kiproxy.proxy.outcome import Answer, Forward, PartitionTally, RequestOutcome
-from kiproxy.proxy.produce_partition import PartitionHandler, PartitionResult
-from kiproxy.proxy.produce_response import (
+from kiproxy.proxy.brokers.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
+from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward, PartitionTally
+from kiproxy.proxy.produce.offload import BatchOffload
+from kiproxy.proxy.produce.partition import PartitionHandler, PartitionResult
+from kiproxy.proxy.produce.response import (
     Acked,
     Rejection,
     ResponseMerger,
     rejection_only_response,
 )
-from kiproxy.proxy.route_runtime import LoadedChain, close_interceptor
+from kiproxy.proxy.routes.runtime import LoadedChain, close_interceptor
 
 if TYPE_CHECKING:
-    from kiproxy.proxy.client import RequestingClient
-    from kiproxy.proxy.metrics import Metrics
-    from kiproxy.proxy.route_runtime import LoadedRoutes
+    from kiproxy.proxy.net.client import RequestingClient
+    from kiproxy.proxy.observe.metrics import Metrics
+    from kiproxy.proxy.routes.runtime import LoadedRoutes
 
 log = logging.getLogger("kiproxy.produce")
 
@@ -219,7 +219,7 @@ class ProducePipeline:
         header: RequestHeader,
         frame: bytes,
         nodes_seen: NodeSeen | None,
-    ) -> RequestOutcome:
+    ) -> Disposition:
         """Decide what reaches the broker and what the client is answered.
 
         Raises :class:`ProtocolError` for a request the proxy cannot read (a version
@@ -373,7 +373,7 @@ class ProducePipeline:
                               nodes_seen=nodes_seen)
 
     def _tallied_passthrough(self, header: RequestHeader, frame: bytes,
-                             nodes_seen: NodeSeen | None) -> RequestOutcome:
+                             nodes_seen: NodeSeen | None) -> Disposition:
         """No interceptor, but observers or metrics want per-partition tallies."""
         assert header.body_offset is not None
         version = header.api_version
@@ -395,7 +395,7 @@ class ProducePipeline:
 
     def _refuse_legacy(
         self, client: RequestingClient, header: RequestHeader, frame: bytes
-    ) -> RequestOutcome:
+    ) -> Disposition:
         acks, topics = legacy_produce_acks_and_partitions(frame, header.body_offset or 0)
         who = client.identity
         log.warning("refused Produce v%d (old message format) from %s (client_id %r): "

@@ -32,20 +32,17 @@ from kiproxy.protocol.compression import (
     DecompressionLimits,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kiproxy.proxy.config_errors import describe
-from kiproxy.proxy.offload import DEFAULT_INLINE_ENCODE_SECONDS
-from kiproxy.proxy.routes import (
-    ChainLinkSettings,
+from kiproxy.proxy.config.errors import describe
+from kiproxy.proxy.config.networks import network
+from kiproxy.proxy.config.routes import (
     DefaultRouteSettings,
-    MatchSettings,
     RouteSettings,
-    RouteTable,
-    network,
     plugin_spec,
     route_warnings,
 )
 
 __all__ = [
+    "DEFAULT_INLINE_ENCODE_SECONDS",
     "AuditSettings",
     "CompressionSettings",
     "ConfigError",
@@ -58,6 +55,15 @@ __all__ = [
     "load_config",
     "parse_host_port",
 ]
+
+DEFAULT_INLINE_ENCODE_SECONDS = 0.001
+"""CPU a transformed batch is expected to take to re-encode, at most, for it to be
+re-encoded on the loop (about what a large inline decode takes). A hop to a thread
+costs 100-400 us of CPU on a virtual machine (bench/RESULTS.md, ninth round: two
+cross-core wake-ups, each a VM exit), more than compressing 32 KiB; re-encoding up to
+this on the loop took 13-45% less CPU a record on the compressed transforms than the
+earlier 32/64 KiB byte bounds (1 ms is about 230 KiB of zstd level 3 here), and a
+1 MB batch of the neighbours bench still compresses on a thread."""
 
 
 class ConfigError(Exception):
@@ -399,17 +405,6 @@ class ProxyConfig(_Strict):
             raise ValueError(f"default.name: {self.default.name!r} is already the name of "
                              f"routes[{names[self.default.name]}]")
         return self
-
-    def route_table(self) -> RouteTable:
-        """The compiled routes; the ``interceptor:`` shorthand becomes one route ``default``."""
-        if self.interceptor.class_name is not None:
-            link = ChainLinkSettings.model_validate({
-                "class": self.interceptor.class_name, "config": self.interceptor.config,
-                "timeout_ms": self.interceptor.timeout_ms,
-                "isolation": self.interceptor.isolation})
-            return RouteTable.from_settings(
-                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,))])
-        return RouteTable.from_settings(self.routes, self.default)
 
     def route_warnings(self) -> list[str]:
         """Routes that can never match, one line each (log them as warnings at start)."""

@@ -1,4 +1,6 @@
-"""What the proxy does with one client request: forward it, or answer it itself."""
+"""A request's disposition: what the proxy does with one client request, forward it or
+answer it itself (:data:`Disposition` is ``Forward | Answer``), with the per-partition
+tallies of a produce request that observers get."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ from dataclasses import dataclass
 
 from kiproxy.interceptors.observer import PartitionSummary
 
-__all__ = ["Answer", "Forward", "PartitionTally", "RequestOutcome"]
+__all__ = ["Answer", "Disposition", "Forward", "PartitionTally"]
 
 
 @dataclass(slots=True)
@@ -33,7 +35,8 @@ class Answer:
     """Per-partition summaries of a produce request, when observed."""
 
 
-RequestOutcome = Forward | Answer
+Disposition = Forward | Answer
+"""What the dispatcher decides for one request."""
 
 
 @dataclass(slots=True)

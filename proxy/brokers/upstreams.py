@@ -2,7 +2,7 @@
 
 Contract: a bootstrap connection tries the configured upstream bootstrap
 servers in order, then every broker node seen since; a node connection goes
-to that node's real address (:class:`~kiproxy.proxy.nodes.NodeRegistry`).
+to that node's real address (:class:`~kiproxy.proxy.brokers.nodes.NodeRegistry`).
 Connections use TLS when ``upstream_tls`` is on, with the host name checked
 as configured. Each attempt is bounded by ``upstream_connect_timeout_ms``.
 This object is shared by client connections and node discovery; it holds no
@@ -16,8 +16,8 @@ import ssl
 from collections.abc import Callable
 from typing import TypeVar
 
-from kiproxy.proxy.nodes import NodeRegistry
-from kiproxy.proxy.upstream_failures import UpstreamFailureLog
+from kiproxy.proxy.brokers.failures import UpstreamFailureLog
+from kiproxy.proxy.brokers.nodes import NodeRegistry
 
 __all__ = ["Upstreams"]
 

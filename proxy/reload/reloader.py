@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
-from kiproxy.proxy.config import ProxyConfig
+from kiproxy.proxy.config.model import ProxyConfig
 
 log = logging.getLogger("kiproxy.reload")
 

@@ -31,7 +31,7 @@ from typing import Any
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import encode_response_header, parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
-from kiproxy.proxy.addresses import needs_rewrite
+from kiproxy.proxy.brokers.addresses import needs_rewrite
 
 __all__ = [
     "PRODUCE_MAX_VERSION",

@@ -60,6 +60,7 @@ from kiproxy.protocol.records import (
     encode_batch,
     read_batch_headers,
 )
+from kiproxy.proxy.config.model import DEFAULT_INLINE_ENCODE_SECONDS
 
 __all__ = ["BatchOffload", "DecodeLease", "EncodeCost", "MemoryBudget", "WarningLimiter"]
 
@@ -73,14 +74,6 @@ DEFAULT_INLINE_OUTPUT_BYTES = 1024 * 1024
 DEFAULT_INLINE_PLAIN_BYTES = 1024 * 1024
 """Uncompressed records bytes decoded on the loop (bench/intercept.py: a hop to a thread
 cost more CPU than decoding 1 MiB of records, about 0.15 ms)."""
-DEFAULT_INLINE_ENCODE_SECONDS = 0.001
-"""CPU a transformed batch is expected to take to re-encode, at most, for it to be
-re-encoded on the loop (about what a large inline decode takes). A hop to a thread
-costs 100-400 us of CPU on a virtual machine (bench/RESULTS.md, ninth round: two
-cross-core wake-ups, each a VM exit), more than compressing 32 KiB; re-encoding up to
-this on the loop took 13-45% less CPU a record on the compressed transforms than the
-earlier 32/64 KiB byte bounds (1 ms is about 230 KiB of zstd level 3 here), and a
-1 MB batch of the neighbours bench still compresses on a thread."""
 ENCODE_FLOOR = 16 * 1024
 """Decoded bytes up to which a transformed batch is always re-encoded on the loop (and
 its cost not learnt from: a compressor's set-up dominates there)."""

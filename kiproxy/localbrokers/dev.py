@@ -1,0 +1,108 @@
+"""``kiproxy dev``: a local broker (Tansu, or Apache Kafka in KRaft mode) with the proxy
+in front of it.
+
+``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`)
+with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`, without the upstream
+ones) and the broker's; ``run`` starts the broker, serves the proxy in front of it
+until SIGINT/SIGTERM, then stops the broker, and returns the exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from kiproxy.localbrokers.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
+from kiproxy.localbrokers.tansu import BrokerBinaryMissing, EmbeddedBroker
+from kiproxy.proxy import cli as proxy_cli
+from kiproxy.proxy.config.model import ProxyConfig
+
+log = logging.getLogger("kiproxy")
+
+__all__ = ["COMMANDS", "add_parsers", "run"]
+
+COMMANDS = ("dev",)
+
+
+def add_parsers(subparsers: Any) -> None:
+    """Add ``dev`` to ``kiproxy``'s subcommands."""
+    dev = subparsers.add_parser(
+        "dev", help="run an embedded broker with the proxy in front of it",
+        description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
+                    "the proxy in front of it.")
+    proxy_cli.add_flags(dev, upstream=False)
+    dev.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
+                     help="tansu (default: starts in a second, no JVM) or kafka (Apache Kafka "
+                          "in KRaft mode, JVMs on 127.0.0.1, from --kafka-home)")
+    dev.add_argument("--kafka-home", metavar="DIR",
+                     help="with --broker kafka: an unpacked Apache Kafka 4 distribution, or "
+                          "the folder `make kafka` prints (default: $KIPROXY_KAFKA_HOME, "
+                          "then the newest `make kafka` folder)")
+    dev.add_argument("--kafka-nodes", metavar="N", type=int, default=1,
+                     help="with --broker kafka: brokers (node ids 1..N; plus one controller)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``kiproxy dev``; returns the exit code."""
+    # The upstream is replaced once the broker is up.
+    return proxy_cli.run(args, _dev, upstream=["127.0.0.1:1"])
+
+
+def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    if args.broker == "kafka":
+        return _dev_kafka(config, args, overrides)
+    if args.kafka_home is not None or args.kafka_nodes != 1:
+        print("kiproxy: config error: --kafka-home and --kafka-nodes need --broker kafka",
+              file=sys.stderr)
+        return 2
+    broker = EmbeddedBroker()
+    try:
+        broker.start()
+    except BrokerBinaryMissing as exc:
+        print(f"kiproxy: {exc}", file=sys.stderr)
+        return 1
+    try:
+        log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
+        upstream = [broker.bootstrap]
+        config = config.model_copy(update={"upstream": upstream})
+        proxy_cli.serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+    finally:
+        broker.stop()
+    return 0
+
+
+def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    """Apache Kafka (``nodes`` brokers and a controller) with the proxy in front of it.
+
+    Every launcher failure (no jars, Java too old, a port taken, a node that exits
+    or never becomes ready) is one line; the launcher has ended its JVMs by then.
+    """
+    nodes: int = args.kafka_nodes
+    home = args.kafka_home if args.kafka_home is not None else find_kafka_home()
+    if home is None:
+        print("kiproxy: no Apache Kafka found: run `make kafka` and pass the folder it prints "
+              "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
+        return 1
+    try:
+        cluster = KafkaCluster(home, nodes=nodes)
+        log.info("starting Apache Kafka %s (%d broker(s) and a controller) from %s",
+                 cluster.kafka_version, nodes, home)
+        cluster.start()
+    except KafkaClusterError as exc:
+        first, _, detail = str(exc).partition("\n")
+        if detail:
+            log.debug("%s", detail)
+            first += " (--log-level DEBUG prints the end of its log)"
+        print(f"kiproxy: {first}", file=sys.stderr)
+        return 1
+    try:
+        log.info("embedded broker (Apache Kafka %s, %d node(s), data in %s) on %s",
+                 cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
+        upstream = cluster.bootstrap.split(",")
+        config = config.model_copy(update={"upstream": upstream})
+        proxy_cli.serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+    finally:
+        cluster.stop()
+    return 0

@@ -1,0 +1,195 @@
+"""The compiled routes: which route handles a batch, decided in a dict lookup or two.
+
+Contract. :class:`RouteTable` is the compiled form of the ``routes:`` and
+``default:`` settings (:mod:`kiproxy.proxy.config.routes`, where every
+``match`` key is described): regexes and networks are built once, and
+:meth:`RouteTable.select` caches per client identity and topic, so a batch
+costs a dict lookup or two whatever the number of routes. The first route
+whose match holds handles a batch; no match passes it through untouched, or
+to the ``default:`` route when one is configured.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.proxy.config.networks import IPAddress, Network, client_ip, network
+from kiproxy.proxy.config.routes import (
+    ChainLinkSettings,
+    DefaultRouteSettings,
+    MatchSettings,
+    RouteSettings,
+)
+
+if TYPE_CHECKING:
+    from kiproxy.proxy.config.model import ProxyConfig
+
+__all__ = ["ClientRoutes", "CompiledMatch", "Route", "RouteTable"]
+
+_CACHE_LIMIT = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class CompiledMatch:
+    """A :class:`MatchSettings` with its regexes and networks built."""
+
+    topic: re.Pattern[str] | None
+    principals: frozenset[str] | None
+    principal_regex: re.Pattern[str] | None
+    client_id: re.Pattern[str] | None
+    networks: tuple[Network, ...] | None
+    listeners: frozenset[str] | None
+    transactional: bool | None
+    acks: frozenset[int] | None
+
+    @classmethod
+    def of(cls, settings: MatchSettings) -> CompiledMatch:
+        """Compile ``settings`` (already validated)."""
+        def pattern(text: str | None) -> re.Pattern[str] | None:
+            return None if text is None else re.compile(text)
+        return cls(
+            topic=pattern(settings.topic),
+            principals=None if settings.principal is None else frozenset(settings.principal),
+            principal_regex=pattern(settings.principal_regex),
+            client_id=pattern(settings.client_id),
+            networks=None if settings.client_address is None
+            else tuple(network(n) for n in settings.client_address),
+            listeners=None if settings.listener is None else frozenset(settings.listener),
+            transactional=settings.transactional,
+            acks=None if settings.acks is None else frozenset(settings.acks),
+        )
+
+    def holds_for_client(self, identity: ClientIdentity,
+                         address: IPAddress | None = None) -> bool:
+        """The connection keys (principal, client id, address, listener) hold.
+
+        ``address`` is ``identity.client_host`` already parsed (see :func:`client_ip`).
+        """
+        principal = identity.principal
+        if self.principals is not None and principal not in self.principals:
+            return False
+        if self.principal_regex is not None and (
+                principal is None or not self.principal_regex.fullmatch(principal)):
+            return False
+        if self.client_id is not None and not self.client_id.fullmatch(identity.client_id or ""):
+            return False
+        if self.listeners is not None and identity.listener not in self.listeners:
+            return False
+        if self.networks is None:
+            return True
+        if address is None:
+            address = client_ip(identity.client_host)
+        return address is not None and any(address in net for net in self.networks)
+
+    def holds_for_topic(self, topic: str) -> bool:
+        """The ``topic`` key holds."""
+        return self.topic is None or self.topic.fullmatch(topic) is not None
+
+    def holds_for_request(self, acks: int, transactional: bool) -> bool:
+        """The ``acks`` and ``transactional`` keys hold."""
+        return ((self.acks is None or acks in self.acks)
+                and (self.transactional is None or transactional == self.transactional))
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """A compiled route: what to match and which chain to run."""
+
+    index: int
+    """Position in ``routes`` (-1 for the ``default`` route)."""
+    name: str
+    """The route's name: its ``name``, else its index as text."""
+    match: CompiledMatch
+    links: tuple[ChainLinkSettings, ...]
+    """The chain, in order. The runtime loads each link's interceptor once per
+    configuration generation and finds it by ``(route.index, link index)``."""
+
+
+class ClientRoutes:
+    """The routes one client identity can ever match, with a per-batch-kind cache.
+
+    Get one from :meth:`RouteTable.for_client` when a connection's identity is
+    set (or changes) and keep it with the connection: selecting is then one
+    dict lookup keyed by ``(topic, acks, transactional)``.
+    """
+
+    __slots__ = ("_chosen", "_default", "_routes")
+
+    def __init__(self, routes: tuple[Route, ...], default: Route | None) -> None:
+        self._routes = routes
+        self._default = default
+        self._chosen: dict[tuple[str, int, bool], Route | None] = {}
+
+    def select(self, topic: str, acks: int, transactional: bool) -> Route | None:
+        """The first route that holds for a batch of ``topic``, else the default, else None."""
+        key = (topic, acks, transactional)
+        try:
+            return self._chosen[key]
+        except KeyError:
+            pass
+        chosen = next((r for r in self._routes if r.match.holds_for_topic(topic)
+                       and r.match.holds_for_request(acks, transactional)), self._default)
+        if len(self._chosen) >= _CACHE_LIMIT:
+            self._chosen.clear()
+        self._chosen[key] = chosen
+        return chosen
+
+
+class RouteTable:
+    """The compiled ``routes`` (plus ``default``) of one configuration generation."""
+
+    __slots__ = ("_clients", "default", "routes")
+
+    def __init__(self, routes: Iterable[Route], default: Route | None = None) -> None:
+        self.routes: tuple[Route, ...] = tuple(routes)
+        """The routes, in order."""
+        self.default = default
+        """The route for batches no route matched, or None (pass through)."""
+        self._clients: dict[ClientIdentity, ClientRoutes] = {}
+
+    @classmethod
+    def from_settings(cls, routes: Iterable[RouteSettings],
+                      default: DefaultRouteSettings | None = None) -> RouteTable:
+        """Compile validated settings (see :meth:`from_config`)."""
+        compiled = [Route(index=i, name=r.name if r.name is not None else str(i),
+                          match=CompiledMatch.of(r.match), links=r.interceptors)
+                    for i, r in enumerate(routes)]
+        fallback = None if default is None else Route(
+            index=-1, name=default.name, match=CompiledMatch.of(MatchSettings()),
+            links=default.interceptors)
+        return cls(compiled, fallback)
+
+    @classmethod
+    def from_config(cls, config: ProxyConfig) -> RouteTable:
+        """The compiled routes of ``config``; the ``interceptor:`` shorthand becomes one
+        route ``default`` that matches everything."""
+        if config.interceptor.class_name is not None:
+            link = ChainLinkSettings.model_validate({
+                "class": config.interceptor.class_name, "config": config.interceptor.config,
+                "timeout_ms": config.interceptor.timeout_ms,
+                "isolation": config.interceptor.isolation})
+            return cls.from_settings(
+                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,))])
+        return cls.from_settings(config.routes, config.default)
+
+    def for_client(self, identity: ClientIdentity) -> ClientRoutes:
+        """The routes whose connection keys hold for ``identity`` (cached)."""
+        found = self._clients.get(identity)
+        if found is None:
+            address = client_ip(identity.client_host)
+            found = ClientRoutes(
+                tuple(r for r in self.routes if r.match.holds_for_client(identity, address)),
+                self.default)
+            if len(self._clients) >= _CACHE_LIMIT:
+                self._clients.clear()
+            self._clients[identity] = found
+        return found
+
+    def select(self, identity: ClientIdentity, topic: str, acks: int,
+               transactional: bool) -> Route | None:
+        """The route that handles a batch, or None: pass it through untouched."""
+        return self.for_client(identity).select(topic, acks, transactional)
