@@ -101,6 +101,10 @@ class _UpstreamLost(Exception):
     """The broker connection broke while a request was being written to it."""
 
 
+class _ClientGone(ConnectionResetError):
+    """The client closed its connection while answers were owed to it."""
+
+
 class _Slot:
     """A place in the response order, filled when the response is known."""
 
@@ -447,10 +451,22 @@ class ClientConnection:
         self._send_ready()
 
     def _send_ready(self) -> None:
-        """Write every response now at the head of the order, in one ``writelines``."""
+        """Write every response now at the head of the order, in one ``writelines``.
+
+        Raises :class:`_ClientGone` (a ``ConnectionError``) when the client has
+        closed its connection: its answers have nowhere to go, and the callers
+        close the connection as for any client that leaves.
+        """
         slots = self._slots
         if not slots or not slots[0].done:
             return
+        if self._writer.is_closing():
+            # uvloop raises RuntimeError on a write to a closed transport; asyncio
+            # drops it. Either way this is a client that left, not a proxy failure.
+            log.debug("client %s (client_id %r) went away before %d answer(s) could be "
+                      "sent; closing", self.client_address, self.client_id,
+                      sum(1 for s in slots if s.done), extra=self.log_context)
+            raise _ClientGone("the client closed the connection")
         out: list[Frame] = []
         while slots and slots[0].done:
             done = slots.popleft()
@@ -484,8 +500,8 @@ class ClientConnection:
                 for slot, frame in ready:
                     slot.frame = frame
                     slot.done = True
-                self._send_ready()
                 try:
+                    self._send_ready()
                     await self._client.drain()
                 except (ConnectionError, OSError, TimeoutError):
                     reason = None  # the client went away, not the broker: close quietly
