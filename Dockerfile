@@ -55,6 +55,7 @@ RUN groupadd --system --gid 10001 kiproxy \
        --home-dir /nonexistent --shell /usr/sbin/nologin kiproxy \
     && mkdir -p /etc/kiproxy /plugins
 COPY deploy/docker/config.yaml /etc/kiproxy/config.yaml
+COPY LICENSE /usr/share/doc/kiproxy/LICENSE
 VOLUME ["/etc/kiproxy", "/plugins"]
 EXPOSE 9192 9193-9195 9404
 # Numeric, so Kubernetes' runAsNonRoot can verify it without /etc/passwd.

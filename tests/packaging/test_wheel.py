@@ -4,8 +4,9 @@ The wheel is built from this repository (``python -m build``, as ``make dist``
 does) and installed into a fresh virtualenv - not editable, and run from a
 folder outside the repository so the source tree is not on ``sys.path``. It
 must put only ``kiproxy`` and its dist-info into site-packages, carry the
-compiled record codec, and run ``kiproxy dev`` with a dropped-in plugin that a
-real client produces through.
+compiled record codec and the license text its metadata names, and run
+``kiproxy dev`` with a dropped-in plugin that a real client produces through.
+The sdist carries the license text too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 import uuid
@@ -91,6 +93,34 @@ def test_the_installed_package_is_not_the_source_tree_and_has_the_codec(
     assert not package.startswith(str(ROOT))
     assert codec.endswith(".so")
     assert bare == []
+
+
+def test_the_installed_metadata_names_and_carries_the_apache_license(
+        installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    out = _run(python, "-c", "import json; from importlib.metadata import distribution as d; "
+               "m = d('kafka-interceptor-proxy'); "
+               "print(json.dumps([m.metadata['License-Expression'], "
+               "m.metadata.get_all('License-File'), m.read_text('licenses/LICENSE')]))",
+               cwd=work)
+    expression, files, text = json.loads(out)
+    assert expression == "Apache-2.0"
+    assert files == ["LICENSE"]
+    assert text == (ROOT / "LICENSE").read_text()
+    assert "Apache License" in text and "Version 2.0, January 2004" in text
+
+
+def test_the_sdist_carries_the_license(tmp_path: Path) -> None:
+    # Without build isolation: the checkout's own setuptools (an sdist needs no wheel
+    # package nor Cython, hence no dependency check).
+    _run(sys.executable, "-m", "build", "--sdist", "--no-isolation",
+         "--skip-dependency-check", "--outdir", tmp_path,
+         ROOT, cwd=ROOT)
+    (sdist,) = tmp_path.glob("kafka_interceptor_proxy-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        member = tar.extractfile(f"{sdist.name.removesuffix('.tar.gz')}/LICENSE")
+        assert member is not None
+        assert member.read() == (ROOT / "LICENSE").read_bytes()
 
 
 def test_kiproxy_version_from_the_installed_script(

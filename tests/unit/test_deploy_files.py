@@ -264,6 +264,15 @@ def test_image_is_built_in_a_builder_stage_and_runs_without_build_tools() -> Non
     assert len(bases) == 1, f"builder and runtime share one Python base (wheel ABI): {bases}"
 
 
+def test_image_carries_the_license_text() -> None:
+    copied = {i.args.split()[-2]: i.args.split()[-1] for i in final_stage("COPY")
+              if "--from" not in i.args}
+    assert "LICENSE" in copied, "the runtime stage copies LICENSE into the image"
+    assert "Apache License" in (ROOT / "LICENSE").read_text()
+    label = " ".join(i.args for i in final_stage("LABEL"))
+    assert 'org.opencontainers.image.licenses="Apache-2.0"' in label
+
+
 def test_image_runs_as_a_non_root_user() -> None:
     users = final_stage("USER")
     assert users, "the runtime stage sets USER"
