@@ -1,5 +1,5 @@
 """Resident memory after bursts, with and without the allocator setting that keeps
-freed heap memory (``KIPROXY_KEEP_FREED_MEMORY``, see ``kiproxy.proxy.cli``).
+freed heap memory (``KIPROXY_KEEP_FREED_MEMORY``, see ``kiproxy.proxy.malloc``).
 
 Run from the repository root with the project's virtualenv::
 

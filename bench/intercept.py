@@ -179,10 +179,10 @@ def measure(case: str, records: int, partitions: int, seconds: float,
     import asyncio
     import logging
 
-    from kiproxy.proxy.cli import _keep_freed_memory
+    from kiproxy.proxy.malloc import keep_freed_memory
 
     logging.disable(logging.WARNING)
-    _keep_freed_memory()  # glibc tuned as `kiproxy run` tunes it
+    keep_freed_memory()  # glibc tuned as `kiproxy run` tunes it
     pipeline, client, header, frame = _setup(case, records, partitions)
     loop = asyncio.new_event_loop()
 
@@ -217,10 +217,10 @@ def _profile(case: str, records: int, partitions: int, top: int) -> None:
     import logging
     import pstats
 
-    from kiproxy.proxy.cli import _keep_freed_memory
+    from kiproxy.proxy.malloc import keep_freed_memory
 
     logging.disable(logging.WARNING)
-    _keep_freed_memory()
+    keep_freed_memory()
     pipeline, client, header, frame = _setup(case, records, partitions, inline=True)
     loop = asyncio.new_event_loop()
 

@@ -33,7 +33,7 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from kiproxy.cli import build_parser
-from kiproxy.proxy import cli as proxy_cli
+from kiproxy.interceptors.flags import model_flags
 from kiproxy.proxy.config.model import ProxyConfig
 
 PAGE = Path(__file__).resolve().parent / "configuration.md"
@@ -124,41 +124,26 @@ def _default(info: FieldInfo) -> str:
 def cli_flags() -> dict[str, str]:
     """Config key -> the ``kiproxy run``/``dev`` flag (with its metavar) that sets it.
 
-    Found by setting one flag at a time and seeing which config key the CLI's own
-    translation (``proxy.cli._overrides``) fills, so a new flag shows up here by itself.
+    Read from the ``Flag`` on each field (:mod:`kiproxy.interceptors.flags`), the
+    declaration the command line itself is built from, so a new flag shows up here
+    by itself.
     """
     commands = next(a for a in build_parser()._actions
                     if isinstance(a, argparse._SubParsersAction))
-    run = commands.choices["run"]
+    actions = {a.dest: a for a in commands.choices["run"]._actions}
     dev_dests = {a.dest for a in commands.choices["dev"]._actions}
-    actions = [a for a in run._actions if a.option_strings and a.dest not in ("help", "config")]
-    blank = argparse.Namespace(**{a.dest: None for a in actions}, command="run")
     flags: dict[str, str] = {}
-    for action in actions:
-        trial = argparse.Namespace(**vars(blank))
-        if isinstance(action, argparse._StoreTrueAction):
-            value: Any = True
-        elif action.choices:
-            value = next(iter(action.choices))
-        elif action.type is int:
-            value = 1
-        else:
-            value = "{}"
-        setattr(trial, action.dest, [value] if isinstance(action, argparse._AppendAction)
-                else value)
-        if action.dest == "node_port":
-            trial.node_port = ["1=2"]
-        filled = [k for k, v in proxy_cli._overrides(trial).items() if v is not None]
+    for key, _, _ in model_flags(ProxyConfig):
+        action = actions[key]
         flag = action.option_strings[-1]
         if action.metavar:
             flag += f" {action.metavar}"
         text = f"`{flag}`"
         if isinstance(action, argparse._AppendAction):
             text += " (repeatable)"
-        if action.dest not in dev_dests:
+        if key not in dev_dests:
             text += " (`run` only)"
-        for key in filled:
-            flags[key] = text
+        flags[key] = text
     return flags
 
 

@@ -41,6 +41,12 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kiproxy.interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.flags import (
+    INTERCEPTOR_CONFIG,
+    INTERCEPTOR_TIMEOUT,
+    PLUGINS_DIR,
+    add_flag,
+)
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
     DEFAULT_TIMEOUT_MS,
@@ -71,10 +77,9 @@ def add_parsers(subparsers: Any) -> None:
                     "loads and answers every batch, 2 with the reason when it does not.")
     check.add_argument("spec", metavar="MODULE:CLASS",
                        help="the interceptor (as --interceptor takes it), or a .wasm/.wat file")
-    check.add_argument("--plugins-dir", metavar="DIR",
-                       help="directory searched first for interceptor modules")
-    check.add_argument("--config", metavar="JSON",
-                       help="JSON object passed to the interceptor's configure()")
+    # The plugin flags of `kiproxy run` and `replay`, under check's own spellings.
+    add_flag(check, PLUGINS_DIR)
+    add_flag(check, INTERCEPTOR_CONFIG.renamed("--config"))
     check.add_argument("--sample", metavar="FILE",
                        help="JSON Lines file of records (default: built-in samples)")
     check.add_argument("--topic", metavar="TOPIC", default="check",
@@ -82,8 +87,7 @@ def add_parsers(subparsers: Any) -> None:
     check.add_argument("--fail-on-reject", action="store_true",
                        help="exit 2 when any sample batch is rejected (for samples that must "
                             "pass; a Wasm module's trap is such a rejection)")
-    check.add_argument("--timeout-ms", metavar="MS", type=int, default=DEFAULT_TIMEOUT_MS,
-                       help=f"per-batch deadline (default {DEFAULT_TIMEOUT_MS})")
+    add_flag(check, INTERCEPTOR_TIMEOUT.renamed("--timeout-ms"), default=DEFAULT_TIMEOUT_MS)
 
 
 def _bytes(value: Any, what: str) -> bytes | None:

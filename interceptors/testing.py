@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.interceptors.verdict import Fault, Rejected, Transformed, Verdict, judge
 
@@ -52,8 +53,6 @@ __all__ = [
     "run_interceptor_async",
 ]
 
-DEFAULT_TIMEOUT_MS = 5000
-"""The proxy's default ``interceptor.timeout_ms``."""
 
 Bytes = bytes | bytearray | str | None
 """A key, value or header value: bytes, text (encoded as UTF-8) or None (null)."""

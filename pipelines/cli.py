@@ -15,6 +15,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kiproxy.interceptors.flags import (
+    DEFAULT_TIMEOUT_MS,
+    INTERCEPTOR,
+    INTERCEPTOR_CONFIG,
+    INTERCEPTOR_TIMEOUT,
+    PLUGINS_DIR,
+    add_flag,
+)
 from kiproxy.pipelines.errors import JavaMissing, PipelineError
 
 __all__ = ["COMMANDS", "add_parsers", "main", "run"]
@@ -60,14 +68,11 @@ def add_parsers(subparsers: Any) -> None:
                         help="bootstrap server(s) of the cluster to read (comma-separated)")
     replay.add_argument("--topic", metavar="PATTERN", required=True,
                         help="a topic name, or a regular expression matched against whole names")
-    replay.add_argument("--interceptor", metavar="MODULE:CLASS", required=True,
-                        help="the interceptor to replay (looked up as the proxy does)")
-    replay.add_argument("--plugins-dir", metavar="DIR",
-                        help="directory searched first for the interceptor module")
-    replay.add_argument("--interceptor-config", metavar="JSON",
-                        help="JSON object passed to the interceptor's configure()")
-    replay.add_argument("--interceptor-timeout-ms", metavar="MS", type=int, default=5000,
-                        help="per-batch deadline, as in the proxy (default 5000)")
+    # The plugin flags of `kiproxy run`, `check` and `replay`, declared once.
+    add_flag(replay, INTERCEPTOR, required=True)
+    add_flag(replay, PLUGINS_DIR)
+    add_flag(replay, INTERCEPTOR_CONFIG)
+    add_flag(replay, INTERCEPTOR_TIMEOUT, default=DEFAULT_TIMEOUT_MS)
     replay.add_argument("--from-offsets", metavar="earliest|latest-N|TIMESTAMP",
                         default="earliest",
                         help="where each partition starts: earliest (default), the last N "

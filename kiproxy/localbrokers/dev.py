@@ -2,9 +2,10 @@
 in front of it.
 
 ``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`)
-with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`, without the upstream
-ones) and the broker's; ``run`` starts the broker, serves the proxy in front of it
-until SIGINT/SIGTERM, then stops the broker, and returns the exit code.
+with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`: the config model's,
+without the upstream ones) and the broker's; ``run`` starts the broker, serves the
+proxy in front of it until SIGINT/SIGTERM, then stops the broker, and returns the
+exit code.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from kiproxy.localbrokers.kafka_cluster import KafkaCluster, KafkaClusterError, 
 from kiproxy.localbrokers.tansu import BrokerBinaryMissing, EmbeddedBroker
 from kiproxy.proxy import cli as proxy_cli
 from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.serve import serve_until_stopped
 
 log = logging.getLogger("kiproxy")
 
@@ -32,7 +34,7 @@ def add_parsers(subparsers: Any) -> None:
         "dev", help="run an embedded broker with the proxy in front of it",
         description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
                     "the proxy in front of it.")
-    proxy_cli.add_flags(dev, upstream=False)
+    proxy_cli.add_flags(dev, "dev")
     dev.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
                      help="tansu (default: starts in a second, no JVM) or kafka (Apache Kafka "
                           "in KRaft mode, JVMs on 127.0.0.1, from --kafka-home)")
@@ -67,7 +69,7 @@ def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any
         log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
         upstream = [broker.bootstrap]
         config = config.model_copy(update={"upstream": upstream})
-        proxy_cli.serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+        serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
     finally:
         broker.stop()
     return 0
@@ -102,7 +104,7 @@ def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[st
                  cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
         upstream = cluster.bootstrap.split(",")
         config = config.model_copy(update={"upstream": upstream})
-        proxy_cli.serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+        serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
     finally:
         cluster.stop()
     return 0

@@ -7,9 +7,8 @@ to a default), and every error names the key.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -21,6 +20,15 @@ from pydantic import (
     model_validator,
 )
 
+from kiproxy.interceptors.flags import (
+    DEFAULT_TIMEOUT_MS,
+    INTERCEPTOR,
+    INTERCEPTOR_CONFIG,
+    INTERCEPTOR_TIMEOUT,
+    PLUGINS_DIR,
+    Flag,
+    FlagError,
+)
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
@@ -94,7 +102,26 @@ def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # The docstring under a field is its description: the `run`/`dev` flag's help.
+    model_config = ConfigDict(extra="forbid", populate_by_name=True,
+                              use_attribute_docstrings=True)
+
+
+# How a setting is spelled on the command line: a Flag on its field
+# (kiproxy.interceptors.flags); `kiproxy dev` runs its own broker, without these.
+_RUN_ONLY = frozenset({"run"})
+_UPSTREAM_TLS: dict[str, Any] = {"group": "TLS", "commands": _RUN_ONLY}
+
+
+def _node_ports(items: list[str]) -> dict[int, int]:
+    """``--node-port NODE=PORT`` items as the ``node_ports`` mapping."""
+    ports: dict[int, int] = {}
+    for item in items:
+        node, _, port = item.partition("=")
+        if not node.strip().isdigit() or not port.strip().isdigit():
+            raise FlagError(f"--node-port {item!r}: expected NODE=PORT")
+        ports[int(node)] = int(port)
+    return ports
 
 
 class CompressionSettings(_Strict):
@@ -104,14 +131,14 @@ class CompressionSettings(_Strict):
     what a producer writes with its default settings (LZ4: fast mode).
     """
 
-    gzip_level: int = Field(default=DEFAULT_LEVELS.gzip, ge=GZIP_LEVELS.start,
-                            le=GZIP_LEVELS.stop - 1, strict=True)
+    gzip_level: Annotated[int, Flag("--compression-gzip-level", metavar="LEVEL")] = Field(
+        default=DEFAULT_LEVELS.gzip, ge=GZIP_LEVELS.start, le=GZIP_LEVELS.stop - 1, strict=True)
     """1 (fastest) .. 9 (smallest); 6 is the JDK's and zlib's default."""
-    lz4_level: int = Field(default=DEFAULT_LEVELS.lz4, ge=LZ4_LEVELS.start,
-                           le=LZ4_LEVELS.stop - 1, strict=True)
+    lz4_level: Annotated[int, Flag("--compression-lz4-level", metavar="LEVEL")] = Field(
+        default=DEFAULT_LEVELS.lz4, ge=LZ4_LEVELS.start, le=LZ4_LEVELS.stop - 1, strict=True)
     """LZ4 frame level: 1 fast mode, 2 LZ4's middle mode, 3-12 LZ4HC (13-17 as 12)."""
-    zstd_level: int = Field(default=DEFAULT_LEVELS.zstd, ge=ZSTD_LEVELS.start,
-                            le=ZSTD_LEVELS.stop - 1, strict=True)
+    zstd_level: Annotated[int, Flag("--compression-zstd-level", metavar="LEVEL")] = Field(
+        default=DEFAULT_LEVELS.zstd, ge=ZSTD_LEVELS.start, le=ZSTD_LEVELS.stop - 1, strict=True)
     """-131072 .. 22; negative levels are zstd's fast modes, 3 its default."""
 
     def levels(self) -> CompressionLevels:
@@ -126,16 +153,18 @@ _plugin_spec = plugin_spec
 class InterceptorSettings(_Strict):
     """The one interceptor every produced batch goes through."""
 
-    class_name: str | None = Field(default=None, alias="class")
+    class_name: Annotated[str | None, INTERCEPTOR] = Field(default=None, alias="class")
     """``MODULE:CLASS`` (plugins dir, then installed modules) or an entry-point name."""
-    config: dict[str, Any] = Field(default_factory=dict)
+    config: Annotated[dict[str, Any], INTERCEPTOR_CONFIG] = Field(default_factory=dict)
     """Passed to the interceptor's ``configure()``."""
-    timeout_ms: int = Field(default=5000, gt=0)
+    timeout_ms: Annotated[int, INTERCEPTOR_TIMEOUT] = Field(default=DEFAULT_TIMEOUT_MS, gt=0)
     """Per-batch deadline; a batch not done by then is rejected with REQUEST_TIMED_OUT."""
-    isolation: Literal["inline", "process"] = "inline"
+    isolation: Annotated[Literal["inline", "process"],
+                Flag("--interceptor-isolation", metavar="MODE")] = "inline"
     """``inline``: on the event loop (fastest); ``process``: in worker processes that are
     killed at the deadline or when they crash, and replaced (see ``proxy.isolation``)."""
-    workers: int = Field(default=2, gt=0, le=256)
+    workers: Annotated[int,
+                Flag("--interceptor-workers", metavar="N")] = Field(default=2, gt=0, le=256)
     """Plugin worker processes when ``isolation`` is ``process`` (per proxy process)."""
     compression: CompressionSettings = Field(default_factory=CompressionSettings)
     """Compression levels of the batches the interceptor changed."""
@@ -161,7 +190,7 @@ class ReloadSettings(_Strict):
 class AuditSettings(_Strict):
     """The built-in audit log (JSON Lines); off unless ``path`` or ``topic`` is set."""
 
-    path: str | None = None
+    path: Annotated[str | None, Flag("--audit-log", metavar="PATH")] = None
     """File the events are appended to; rotated files are ``PATH.<time>.<n>``."""
     max_bytes: int = Field(default=100 * 2**20, ge=0)
     """Rotate when the file would grow past this size (0: never)."""
@@ -169,7 +198,7 @@ class AuditSettings(_Strict):
     """Rotate when the file is this old (0: never)."""
     backups: int = Field(default=24, ge=0)
     """Rotated files kept; older ones are deleted (0: keep all)."""
-    requests: bool = False
+    requests: Annotated[bool, Flag("--audit-requests", set_to=True)] = False
     """Also write one event per request of APIs other than Produce."""
     flush_interval_ms: int = Field(default=200, gt=0)
     """Longest time an event waits in the write buffer."""
@@ -180,28 +209,32 @@ class AuditSettings(_Strict):
 class TlsSettings(_Strict):
     """TLS on the client-facing listeners; off unless ``cert`` and ``key`` are set."""
 
-    cert: str | None = None
+    cert: Annotated[str | None, Flag("--tls-cert", metavar="FILE", group="TLS")] = None
     """PEM certificate chain the proxy presents to clients."""
-    key: str | None = None
+    key: Annotated[str | None, Flag("--tls-key", metavar="FILE", group="TLS")] = None
     """PEM private key of ``cert``."""
-    client_ca: str | None = None
+    client_ca: Annotated[str | None, Flag("--tls-client-ca", metavar="FILE", group="TLS")] = None
     """PEM CA bundle; when set, clients must present a certificate it signed (mTLS)."""
-    min_version: Literal["TLSv1.2", "TLSv1.3"] = "TLSv1.2"
+    min_version: Annotated[Literal["TLSv1.2", "TLSv1.3"],
+                Flag("--tls-min-version", metavar="VERSION", group="TLS")] = "TLSv1.2"
     """Oldest TLS version a client may negotiate."""
 
 
 class UpstreamTlsSettings(_Strict):
     """TLS to the brokers; on when ``enabled`` or any file is set."""
 
-    enabled: bool = False
+    enabled: Annotated[bool, Flag("--upstream-tls", set_to=True, **_UPSTREAM_TLS)] = False
     """Use TLS with the system's CA store even when no ``ca`` is given."""
-    ca: str | None = None
+    ca: Annotated[str | None, Flag("--upstream-tls-ca", metavar="FILE", **_UPSTREAM_TLS)] = None
     """PEM CA bundle that signed the brokers' certificates (default: the system store)."""
-    cert: str | None = None
+    cert: Annotated[str | None,
+                    Flag("--upstream-tls-cert", metavar="FILE", **_UPSTREAM_TLS)] = None
     """Client certificate for brokers that require mTLS."""
-    key: str | None = None
+    key: Annotated[str | None, Flag("--upstream-tls-key", metavar="FILE", **_UPSTREAM_TLS)] = None
     """PEM private key of ``cert``."""
-    verify_hostname: bool = True
+    verify_hostname: Annotated[bool, Flag(
+        "--upstream-tls-no-verify-hostname", set_to=False, **_UPSTREAM_TLS,
+        help="do not check broker host names against their certificates")] = True
     """Check that the broker's certificate names the host the proxy connects to."""
 
     @property
@@ -263,17 +296,20 @@ class ListenerSettings(_Strict):
 class ProxyConfig(_Strict):
     """Every setting of ``kiproxy run``; docs/configuration.md is generated from this model."""
 
-    listen: str = "127.0.0.1:9192"
+    listen: Annotated[str, Flag(metavar="HOST:PORT")] = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""
-    advertised_host: str | None = None
+    advertised_host: Annotated[str | None, Flag(metavar="HOST")] = None
     """Host named in rewritten metadata; defaults to the listen host."""
-    upstream: list[str] = Field(default_factory=list)
+    upstream: Annotated[list[str], Flag(metavar="HOST:PORT", repeat=True, commands=_RUN_ONLY)
+                        ] = Field(default_factory=list)
     """Bootstrap servers of the real cluster, ``HOST:PORT`` each."""
-    broker_port_start: int | None = Field(default=None, ge=0, le=65535)
+    broker_port_start: Annotated[int | None,
+                Flag(metavar="PORT")] = Field(default=None, ge=0, le=65535)
     """Node N is served on ``broker_port_start + N``; defaults to the listen port + 1."""
-    node_ports: dict[int, int] = Field(default_factory=dict)
+    node_ports: Annotated[dict[int, int], Flag("--node-port", metavar="NODE=PORT", repeat=True,
+                                               parse=_node_ports)] = Field(default_factory=dict)
     """Explicit node-id -> port overrides."""
-    plugins_dir: str | None = None
+    plugins_dir: Annotated[str | None, PLUGINS_DIR] = None
     """Directory searched first for interceptor modules."""
     interceptor: InterceptorSettings = Field(default_factory=InterceptorSettings)
     """The one interceptor for every batch: shorthand for one route that matches everything.
@@ -292,52 +328,58 @@ class ProxyConfig(_Strict):
     """Hot reload: the file watch (SIGHUP and ``POST /reload`` need no setting)."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
     """The built-in audit log."""
-    metrics_listen: str | None = None
+    metrics_listen: Annotated[str | None, Flag(metavar="HOST:PORT")] = None
     """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
-    log_level: str = "INFO"
+    log_level: Annotated[str, Flag(metavar="LEVEL")] = "INFO"
     """``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` or ``CRITICAL``."""
-    log_format: str = "text"
+    log_format: Annotated[str, Flag(metavar="FORMAT")] = "text"
     """``text`` (key=value pairs) or ``json`` (one JSON object per line)."""
-    max_frame_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
+    max_frame_size: Annotated[int,
+                Flag(metavar="BYTES")] = Field(default=DEFAULT_MAX_FRAME_SIZE, gt=0)
     """Largest request frame accepted from a client, in bytes."""
     max_response_size: int = Field(default=DEFAULT_MAX_FRAME_SIZE * 2, gt=0)
     """Largest response frame accepted from a broker, in bytes."""
-    max_in_flight: int = Field(default=100, gt=0)
+    max_in_flight: Annotated[int, Flag(metavar="N")] = Field(default=100, gt=0)
     """Responses owed to one client before the proxy stops reading its requests."""
     upstream_connect_timeout_ms: int = Field(default=10000, gt=0)
     """How long connecting to a broker may take before the client connection is closed."""
-    wait_for_upstream: bool = False
+    wait_for_upstream: Annotated[bool, Flag(set_to=True, commands=_RUN_ONLY)] = False
     """At start, keep trying the upstream until it answers (``/readyz`` is false until
     then) instead of exiting when no bootstrap server answers within
     ``upstream_startup_timeout_ms``; for orchestrated start-up."""
-    upstream_startup_timeout_ms: int = Field(default=10000, gt=0)
+    upstream_startup_timeout_ms: Annotated[int,
+                Flag(metavar="MS", commands=_RUN_ONLY)] = Field(default=10000, gt=0)
     """How long ``kiproxy run`` tries the upstream bootstrap servers before it exits."""
-    workers: int = Field(default=1, ge=1, le=256)
+    workers: Annotated[int, Flag(metavar="N", commands=_RUN_ONLY)] = Field(default=1, ge=1, le=256)
     """Processes serving the same listeners (SO_REUSEPORT); each is one event loop."""
-    max_connections: int = Field(default=10000, gt=0)
+    max_connections: Annotated[int, Flag(metavar="N")] = Field(default=10000, gt=0)
     """Client connections open at once; more are closed on accept (and logged)."""
-    max_buffered_bytes: int = Field(default=8 * 2**20, gt=0)
+    max_buffered_bytes: Annotated[int, Flag(metavar="BYTES")] = Field(default=8 * 2**20, gt=0)
     """Response bytes buffered for a client that does not read; its reads pause beyond it."""
-    max_decompressed_batch_bytes: int = Field(
+    max_decompressed_batch_bytes: Annotated[int, Flag(metavar="BYTES")] = Field(
         default=DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES, gt=0, strict=True)
     """Largest decompressed records block of one batch (32 MiB); decompression stops
     there and the partition is refused with INVALID_RECORD. See docs/limits.md."""
-    max_decompression_ratio: int = Field(default=DEFAULT_MAX_DECOMPRESSION_RATIO, ge=0,
+    max_decompression_ratio: Annotated[int,
+                Flag(metavar="N")] = Field(default=DEFAULT_MAX_DECOMPRESSION_RATIO, ge=0,
                                          strict=True)
     """Largest decompressed/compressed ratio of a records block once past 4 MiB of
     output (256; 0: no ratio check); refused like the above."""
-    max_decode_memory: int = Field(default=256 * 2**20, gt=0, strict=True)
+    max_decode_memory: Annotated[int,
+                Flag(metavar="BYTES")] = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
     further decodes wait, and their connections stop being read meanwhile."""
-    max_inline_encode_ms: float = Field(default=DEFAULT_INLINE_ENCODE_SECONDS * 1000, ge=0,
+    max_inline_encode_ms: Annotated[float,
+                Flag(metavar="MS")] = Field(default=DEFAULT_INLINE_ENCODE_SECONDS * 1000, ge=0,
                                         le=1000, strict=True)
     """CPU a transformed batch is expected to take to re-compress, at most, for it to be
     re-compressed on the event loop (1 ms; learnt per codec and level); more goes to a
     decode thread. See docs/limits.md."""
-    max_client_buffered_bytes: int = Field(default=256 * 2**20, gt=0, strict=True)
+    max_client_buffered_bytes: Annotated[int,
+                Flag(metavar="BYTES")] = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of partial request frames held (256 MiB); past it a connection
     receiving more is paused, except the one holding the most."""
-    idle_timeout_ms: int = Field(default=600_000, ge=0)
+    idle_timeout_ms: Annotated[int, Flag(metavar="MS")] = Field(default=600_000, ge=0)
     """Close client connections with no traffic and nothing owed for this long (0: never)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)
     """TLS on the client-facing listeners."""
@@ -481,14 +523,3 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
     except ValidationError as exc:
         flags = frozenset(k for k, v in overrides.items() if v is not None) if path else frozenset()
         raise ConfigError("\n".join(describe(exc, ProxyConfig, flags)), path) from None
-
-
-def parse_json_object(value: str, flag: str) -> dict[str, Any]:
-    """Parse a JSON object given on the command line; errors name the flag."""
-    try:
-        parsed = json.loads(value)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{flag}: not valid JSON ({exc})") from None
-    if not isinstance(parsed, dict):
-        raise ConfigError(f"{flag}: must be a JSON object")
-    return parsed

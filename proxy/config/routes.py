@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS
 from kiproxy.proxy.config.networks import network
 
 __all__ = [
@@ -136,7 +137,7 @@ class ChainLinkSettings(_Strict):
     """``MODULE:CLASS`` (plugins dir, then installed modules) or an entry-point name."""
     config: dict[str, Any] = Field(default_factory=dict)
     """Passed to the interceptor's ``configure()``."""
-    timeout_ms: int = Field(default=5000, gt=0)
+    timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, gt=0)
     """This link's deadline, counted from when the link starts; a link not done by then
     rejects the batch with REQUEST_TIMED_OUT."""
     isolation: Literal["inline", "process"] = "inline"

@@ -16,7 +16,7 @@ Contract:
 * :class:`HeapTrimmer` returns freed heap memory to the system with glibc's
   ``malloc_trim(0)``, on a worker thread, after large frames or decoded batches
   are released and the heap holds at least :data:`TRIM_FREE_BYTES` free
-  (``kiproxy.proxy.cli`` lets glibc keep freed memory between requests for speed,
+  (``kiproxy.proxy.malloc`` lets glibc keep freed memory between requests for speed,
   in the one main arena so that this trim reaches all of it; without trimming, the
   heap of a burst stays resident for good). Under steady load the heap's free part
   is a few MiB and no trim runs: a trim holds the allocator's lock, so every thread
