@@ -1,0 +1,159 @@
+"""Build kiproxy's container image with whichever engine this machine has (`make image`).
+
+Contract:
+
+* The engine is ``docker`` when ``docker info`` answers, else ``podman`` (which
+  `make container-engine` installs from Debian where neither is present);
+  podman reads this project's ``deploy/podman/containers.conf`` through
+  ``CONTAINERS_CONF`` (set here when the caller has not).
+* The base image (the Dockerfile's ``PYTHON_IMAGE``) is the registry's
+  ``python:3.12-slim-trixie`` when it is present or can be pulled; otherwise a
+  Debian bookworm base built by ``mmdebstrap --variant=minbase`` with python3,
+  python3-venv, python3-pip, python3-dev and ca-certificates and a venv on
+  ``PATH`` (so it behaves like the ``python:*-slim`` images), imported as
+  ``localhost/kiproxy-base:<hash of its recipe>``. Its root file system is kept
+  in ``~/.cache/kiproxy/images`` and rebuilt only when the recipe changes.
+* The project's image is ``localhost/kiproxy:<hash>``, the hash covering the
+  Dockerfile, the build context's files and the base image's reference: an
+  image with that tag is reused, so a second run with unchanged inputs builds
+  nothing. Built with ``--pull=never --format docker`` (the docker format keeps
+  the HEALTHCHECK); only pip and apt reach the network, through the host's CA
+  bundle mounted into the build.
+* The image reference is the last line printed on stdout; progress goes to
+  stderr. Exit status 1, with the reason, when no engine can be used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path(os.environ.get("KIPROXY_IMAGE_CACHE", Path.home() / ".cache/kiproxy/images"))
+REGISTRY_PYTHON = "python:3.12-slim-trixie"
+BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python3-dev", "ca-certificates")
+BASE_SUITE = "bookworm"
+HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
+CONTEXT = ("Dockerfile", ".dockerignore", "pyproject.toml", "setup.py", "README.md",
+           "LICENSE", "kiproxy", "proxy", "protocol", "interceptors", "pipelines",
+           "deploy/docker")
+EXCLUDED_SUFFIXES = (".pyc", ".pyo", ".so", ".c")
+
+# mmdebstrap's recipe; its hash names the base image, so changing it rebuilds the base.
+MMDEBSTRAP_ARGS = (
+    "--variant=minbase", "--include=" + ",".join(BASE_PACKAGES),
+    "--aptopt=APT::Install-Recommends \"false\"",
+    "--dpkgopt=path-exclude=/usr/share/man/*", "--dpkgopt=path-exclude=/usr/share/doc/*",
+    "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+    "--customize-hook=chroot \"$1\" python3 -m venv /opt/venv",
+    "--customize-hook=rm -rf \"$1\"/var/lib/apt/lists/* \"$1\"/var/cache/apt/*",
+)
+IMPORT_CHANGES = ("ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:"
+                  "/sbin:/bin", "ENV LANG=C.UTF-8", "CMD [\"python3\"]")
+
+
+def log(message: str) -> None:
+    """One progress line on stderr."""
+    print(f"make image: {message}", file=sys.stderr, flush=True)
+
+
+def engine() -> str:
+    """``docker`` if its engine answers, else ``podman`` if installed; exits otherwise."""
+    os.environ.setdefault("CONTAINERS_CONF", str(ROOT / "deploy/podman/containers.conf"))
+    if shutil.which("docker") and _quiet(["docker", "info"], timeout=20):
+        return "docker"
+    if shutil.which("podman") and _quiet(["podman", "info"], timeout=60):
+        return "podman"
+    sys.exit("make image: no container engine: `docker info` fails and podman is not "
+             "usable; run `make container-engine` (root or sudo installs Debian's podman)")
+
+
+def _quiet(cmd: list[str], timeout: float) -> bool:
+    try:
+        return subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              timeout=timeout, check=False).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _run(cmd: list[str], **kwargs: object) -> None:
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True, stdout=sys.stderr, **kwargs)  # type: ignore[call-overload]
+
+
+def image_exists(tool: str, ref: str) -> bool:
+    """Whether ``ref`` is in the engine's local store."""
+    return _quiet([tool, "image", "inspect", ref], timeout=60)
+
+
+def base_image(tool: str) -> str:
+    """The ``PYTHON_IMAGE`` build argument: the registry's, else one built from Debian."""
+    wanted = os.environ.get("KIPROXY_PYTHON_IMAGE")
+    if wanted:
+        return wanted
+    if image_exists(tool, REGISTRY_PYTHON) or _quiet([tool, "pull", REGISTRY_PYTHON],
+                                                     timeout=120):
+        return REGISTRY_PYTHON
+    log(f"{REGISTRY_PYTHON} cannot be pulled: using a Debian {BASE_SUITE} base built by "
+        "mmdebstrap")
+    recipe = "\n".join((BASE_SUITE, *MMDEBSTRAP_ARGS, *IMPORT_CHANGES)).encode()
+    ref = f"localhost/kiproxy-base:{hashlib.sha256(recipe).hexdigest()[:12]}"
+    if image_exists(tool, ref):
+        return ref
+    tarball = CACHE / f"{ref.rpartition(':')[2]}.tar"
+    if not tarball.exists():
+        if not shutil.which("mmdebstrap"):
+            sys.exit("make image: no registry answers and mmdebstrap is missing; run "
+                     "`make container-engine`")
+        CACHE.mkdir(parents=True, exist_ok=True)
+        partial = tarball.with_suffix(".partial.tar")
+        _run(["mmdebstrap", *MMDEBSTRAP_ARGS, BASE_SUITE, str(partial)])
+        partial.rename(tarball)
+    changes = [arg for change in IMPORT_CHANGES for arg in ("--change", change)]
+    _run([tool, "import", *changes, str(tarball), ref])
+    return ref
+
+
+def context_hash(python_image: str) -> str:
+    """A hash of everything the image is built from."""
+    digest = hashlib.sha256(python_image.encode())
+    for name in CONTEXT:
+        path = ROOT / name
+        files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+        for file in files:
+            if "__pycache__" in file.parts or file.suffix in EXCLUDED_SUFFIXES:
+                continue
+            if file.exists():
+                digest.update(str(file.relative_to(ROOT)).encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def build() -> str:
+    """Build (or reuse) the project's image; its reference."""
+    tool = engine()
+    python_image = base_image(tool)
+    ref = f"localhost/kiproxy:{context_hash(python_image)}"
+    if image_exists(tool, ref):
+        log(f"{ref} is up to date")
+        return ref
+    cmd = [tool, "build", "--build-arg", f"PYTHON_IMAGE={python_image}", "-t", ref]
+    if tool == "podman":
+        cmd += ["--pull=never", "--format", "docker"]
+        if HOST_CA.exists():  # pip and apt in the build trust what the host trusts
+            cmd += ["--volume", f"{HOST_CA}:{HOST_CA}:ro"]
+    _run([*cmd, str(ROOT)])
+    return ref
+
+
+def main() -> int:
+    """Build the image and print its reference last."""
+    print(build(), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
