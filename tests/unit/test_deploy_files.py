@@ -431,7 +431,7 @@ def test_kubernetes_probes_ask_the_metrics_port(tmp_path: Path) -> None:
     assert host == "0.0.0.0", "the kubelet probes the pod IP"
     container = sidecar()
     named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-    expected_paths = {"startupProbe": "/healthz", "livenessProbe": "/healthz",
+    expected_paths = {"startupProbe": "/healthz", "livenessProbe": "/livez",
                       "readinessProbe": "/readyz"}
     for probe, path in expected_paths.items():
         get = container[probe]["httpGet"]
