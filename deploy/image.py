@@ -135,6 +135,7 @@ def context_hash(python_image: str) -> str:
 def build() -> str:
     """Build (or reuse) the project's image; its reference."""
     tool = engine()
+    log(f"engine: {tool}")
     python_image = base_image(tool)
     ref = f"localhost/kiproxy:{context_hash(python_image)}"
     if image_exists(tool, ref):
