@@ -93,13 +93,15 @@ kafka-for-tests:
 
 ## A container engine for `make image` and the container tests: docker when `docker info`
 ## answers, otherwise Debian's podman (with buildah, runc, fuse-overlayfs, slirp4netns,
-## uidmap and mmdebstrap for a base image built without a registry), installed when missing.
+## uidmap, mmdebstrap for a base image built without a registry, and the dnsname CNI plugin by
+## which Compose services find each other by name), installed when missing.
 ## podman reads this project's settings (CONTAINERS_CONF), never a rewritten /etc.
 export CONTAINERS_CONF := $(CURDIR)/deploy/podman/containers.conf
-CONTAINER_PACKAGES := podman buildah runc fuse-overlayfs slirp4netns uidmap mmdebstrap
-.PHONY: container-engine image
+CONTAINER_PACKAGES := podman buildah runc fuse-overlayfs slirp4netns uidmap mmdebstrap \
+	golang-github-containernetworking-plugin-dnsname
+.PHONY: container-engine image kafka-image
 container-engine:
-	-@docker info >/dev/null 2>&1 || { command -v podman >/dev/null 2>&1 && command -v mmdebstrap >/dev/null 2>&1; } || { \
+	-@docker info >/dev/null 2>&1 || dpkg -s $(CONTAINER_PACKAGES) >/dev/null 2>&1 || { \
 		echo "no container engine answers: installing podman from Debian ($(CONTAINER_PACKAGES))"; \
 		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
 		export DEBIAN_FRONTEND=noninteractive; \
@@ -112,3 +114,8 @@ container-engine:
 ## registry answers, cached under ~/.cache/kiproxy/images); prints the image reference last.
 image: container-engine
 	@$(PYTHON) deploy/image.py
+
+## An Apache Kafka image for docker-compose.yml (KAFKA_IMAGE=...): apache/kafka when it can be
+## pulled, else one built from `make kafka`'s jars on the same Debian base; prints it last.
+kafka-image: container-engine
+	@$(PYTHON) deploy/image.py kafka

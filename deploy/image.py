@@ -19,6 +19,10 @@ Contract:
   nothing. Built with ``--pull=never --format docker`` (the docker format keeps
   the HEALTHCHECK); only pip and apt reach the network, through the host's CA
   bundle mounted into the build.
+* ``image.py kafka`` (`make kafka-image`): ``apache/kafka`` when it can be
+  pulled, else ``localhost/kiproxy-kafka:<version>-<hash>`` built on the Debian
+  base with openjdk-17-jre-headless and the jars ``make kafka`` resolves
+  (deploy/kafka-image/), for docker-compose.yml's ``KAFKA_IMAGE``.
 * The image reference is the last line printed on stdout; progress goes to
   stderr. Exit status 1, with the reason, when no engine can be used.
 """
@@ -30,11 +34,14 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KIPROXY_IMAGE_CACHE", Path.home() / ".cache/kiproxy/images"))
 REGISTRY_PYTHON = "python:3.12-slim-trixie"
+OFFICIAL_KAFKA = "apache/kafka:4.3.1"
+"""docker-compose.yml's default Kafka image (tests/unit/test_deploy_files.py checks)."""
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python3-dev", "ca-certificates")
 BASE_SUITE = "bookworm"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
@@ -100,6 +107,11 @@ def base_image(tool: str) -> str:
         return REGISTRY_PYTHON
     log(f"{REGISTRY_PYTHON} cannot be pulled: using a Debian {BASE_SUITE} base built by "
         "mmdebstrap")
+    return debian_base(tool)
+
+
+def debian_base(tool: str) -> str:
+    """The Debian base (mmdebstrap), imported unless the engine has it; its reference."""
     recipe = "\n".join((BASE_SUITE, *MMDEBSTRAP_ARGS, *IMPORT_CHANGES)).encode()
     ref = f"localhost/kiproxy-base:{hashlib.sha256(recipe).hexdigest()[:12]}"
     if image_exists(tool, ref):
@@ -150,9 +162,46 @@ def build() -> str:
     return ref
 
 
+def build_kafka() -> str:
+    """An Apache Kafka image for docker-compose.yml: ``apache/kafka`` when it can be pulled,
+    else one built on the Debian base from the jars ``make kafka`` resolves."""
+    tool = engine()
+    log(f"engine: {tool}")
+    if image_exists(tool, OFFICIAL_KAFKA) or _quiet([tool, "pull", OFFICIAL_KAFKA], timeout=300):
+        return OFFICIAL_KAFKA
+    log(f"{OFFICIAL_KAFKA} cannot be pulled: building one from `make kafka`'s jars")
+    fetched = subprocess.run([str(ROOT / "apache-kafka" / "fetch.sh")], capture_output=True,
+                             text=True, check=False)
+    if fetched.returncode != 0:
+        sys.exit(f"make kafka-image: make kafka failed:\n{fetched.stderr[-3000:]}")
+    home = Path(fetched.stdout.strip().splitlines()[-1])
+    base = debian_base(tool)
+    recipe = ROOT / "deploy" / "kafka-image"
+    digest = hashlib.sha256(base.encode() + (home / ".kiproxy-complete").read_bytes())
+    for file in sorted(p for p in recipe.rglob("*") if p.is_file()):
+        digest.update(str(file.relative_to(recipe)).encode() + b"\0" + file.read_bytes())
+    version = home.name.rpartition("-")[2]
+    ref = f"localhost/kiproxy-kafka:{version}-{digest.hexdigest()[:12]}"
+    if image_exists(tool, ref):
+        log(f"{ref} is up to date")
+        return ref
+    with tempfile.TemporaryDirectory(prefix="kafka-image-") as tmp:
+        context = Path(tmp)
+        shutil.copytree(recipe, context, dirs_exist_ok=True)
+        shutil.copytree(home, context / "kafka", ignore=shutil.ignore_patterns(".kiproxy-*"))
+        cmd = [tool, "build", "--build-arg", f"BASE_IMAGE={base}", "-t", ref]
+        if tool == "podman":
+            cmd += ["--pull=never", "--format", "docker"]
+        _run([*cmd, str(context)])
+    return ref
+
+
 def main() -> int:
-    """Build the image and print its reference last."""
-    print(build(), flush=True)
+    """Build the image (``kafka``: the Apache Kafka image) and print its reference last."""
+    which = sys.argv[1] if len(sys.argv) > 1 else "kiproxy"
+    if which not in ("kiproxy", "kafka"):
+        sys.exit(f"usage: {sys.argv[0]} [kiproxy|kafka]")
+    print(build_kafka() if which == "kafka" else build(), flush=True)
     return 0
 
 

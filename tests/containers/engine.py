@@ -50,10 +50,11 @@ def engine_env() -> dict[str, str]:
                                                             str(CONTAINERS_CONF))}
 
 
-def build_image() -> Image:
-    """``make image``'s build (reused when its inputs are unchanged); NoEngine if none."""
+def build_image(which: str = "kiproxy") -> Image:
+    """``make image``'s build (``kafka``: ``make kafka-image``'s), reused when its inputs
+    are unchanged; NoEngine if no engine can build it."""
     started = time.monotonic()
-    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "image.py")],
+    done = subprocess.run([sys.executable, str(ROOT / "deploy" / "image.py"), which],
                           capture_output=True, text=True, env=engine_env(), timeout=1500,
                           check=False)
     if done.returncode != 0:
@@ -62,5 +63,5 @@ def build_image() -> Image:
         raise RuntimeError(f"make image failed ({done.returncode}):\n{done.stderr[-6000:]}")
     ref = done.stdout.strip().splitlines()[-1]
     engine = "docker" if "engine: docker" in done.stderr else "podman"
-    reused = "is up to date" in done.stderr
+    reused = "make image: $ " not in done.stderr  # no build command was run
     return Image(engine, ref, 0.0 if reused else time.monotonic() - started)

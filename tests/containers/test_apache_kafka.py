@@ -126,7 +126,8 @@ def docker_engine() -> None:
 
         DockerClient(timeout=10).client.ping()
     except Exception as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+        pytest.skip(f"no Docker engine: {exc} (testcontainers needs the Docker API and the "
+                    "apache/kafka image; test_image.py and test_compose.py run under podman)")
 
 
 @pytest.fixture(scope="module", params=["jvm", "docker"])

@@ -39,7 +39,7 @@ from conftest import TANSU_NODE_ID, broker_port_start, consume
 
 from kiproxy.proxy.embedded import EmbeddedBroker, free_port
 
-from .engine import Image, NoEngine, build_image
+from .engine import Image
 
 pytestmark = pytest.mark.timeout(900)  # a cold run builds the base image and the image
 
@@ -55,18 +55,6 @@ class Suffix(ProduceRequestInterceptor):
 '''
 GRACE_SECONDS = 15
 """``<engine> stop``'s grace period: longer than the proxy's shutdown_grace_ms (10 s)."""
-
-
-@pytest.fixture(scope="session")
-def image() -> Image:
-    """The project's image (``make image``), or a skip saying why no engine can build it."""
-    try:
-        built = build_image()
-    except NoEngine as exc:
-        pytest.skip(f"no container engine: {exc}")
-    print(f"\nimage {built.ref} ({built.engine}): {built.size_bytes() / 1e6:.0f} MB, "
-          f"built in {built.build_seconds:.0f} s (0: reused)")
-    return built
 
 
 @dataclass

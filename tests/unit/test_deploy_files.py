@@ -103,8 +103,10 @@ def exposed_ports() -> set[int]:
 
 @cache
 def compose() -> dict[str, Any]:
-    """docker-compose.yml, parsed."""
-    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    """docker-compose.yml, parsed, with ``${VAR:-default}`` read as its default (as Compose
+    does when VAR is unset)."""
+    text = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", (ROOT / "docker-compose.yml").read_text())
+    data = yaml.safe_load(text)
     assert isinstance(data, dict)
     return data
 
