@@ -9,9 +9,9 @@
 * ``/livez`` - the same as ``/healthz`` (the Kubernetes name);
 * ``POST /reload`` - reload the configuration (an admin action: see
   :mod:`proxy.observe.admin` for who may call it; others get 401 or 403):
-  200 with the outcome as JSON when it was applied, 409 when it was refused (a setting that needs a
-  restart), 500 when building it failed; the running configuration is
-  unchanged unless the answer says ``"ok": true``;
+  200 with the outcome as JSON when it was applied, 409 when it was refused
+  (a setting that needs a restart), 500 when building it failed; the running
+  configuration is unchanged unless the answer says ``"ok": true``;
 * ``/config`` - the running configuration as JSON, secrets redacted, with its
   generation and hash.
 

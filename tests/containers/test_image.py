@@ -37,7 +37,7 @@ from pathlib import Path
 import pytest
 from conftest import TANSU_NODE_ID, broker_port_start, consume
 
-from kiproxy.proxy.embedded import EmbeddedBroker, free_port
+from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 
 from .engine import Image
 
