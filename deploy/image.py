@@ -39,9 +39,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = Path(os.environ.get("KIPROXY_IMAGE_CACHE", Path.home() / ".cache/kiproxy/images"))
-REGISTRY_PYTHON = "python:3.12-slim-trixie"
-OFFICIAL_KAFKA = "apache/kafka:4.3.1"
-"""docker-compose.yml's default Kafka image (tests/unit/test_deploy_files.py checks)."""
+# Fully qualified: podman refuses short names it cannot resolve without asking.
+REGISTRY_PYTHON = "docker.io/library/python:3.12-slim-trixie"
+"""The Dockerfile's default ``PYTHON_IMAGE``."""
+OFFICIAL_KAFKA = "docker.io/apache/kafka:4.3.1"
+"""docker-compose.yml's default Kafka image."""
 BASE_PACKAGES = ("python3", "python3-venv", "python3-pip", "python3-dev", "ca-certificates")
 BASE_SUITE = "bookworm"
 HOST_CA = Path("/etc/ssl/certs/ca-certificates.crt")
