@@ -43,7 +43,8 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 ## ruff, mypy --strict and the whole pytest suite (unit, property and integration tests,
-## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails).
+## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails;
+## the container tests build the image once and skip, saying why, if no engine can run).
 test: lint typecheck kafka-for-tests haproxy-deps container-engine
 	$(BIN)/pytest
 
