@@ -5,7 +5,8 @@ answers, else podman with the project's ``deploy/podman/containers.conf``) and
 builds or reuses ``localhost/kiproxy:<hash of its inputs>``; this module runs it
 once per test session and wraps the few engine commands the tests use. Where no
 engine can run, :func:`build_image` raises :class:`NoEngine` with the reason,
-which the fixtures turn into a skip.
+which the fixtures turn into a skip (and :class:`NoKafkaJars` where the Apache
+Kafka image is needed and ``make kafka`` fails).
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ CONTAINERS_CONF = ROOT / "deploy" / "podman" / "containers.conf"
 
 class NoEngine(Exception):
     """No container engine can build or run the image here (the message says why)."""
+
+
+class NoKafkaJars(Exception):
+    """``make kafka`` could not resolve the jars the Kafka image is built from."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,8 @@ def build_image(which: str = "kiproxy") -> Image:
     if done.returncode != 0:
         if "no container engine" in done.stderr or "mmdebstrap is missing" in done.stderr:
             raise NoEngine(done.stderr.strip().splitlines()[-1])
+        if "make kafka failed" in done.stderr:
+            raise NoKafkaJars(done.stderr.strip()[-2000:])
         raise RuntimeError(f"make image failed ({done.returncode}):\n{done.stderr[-6000:]}")
     ref = done.stdout.strip().splitlines()[-1]
     engine = "docker" if "engine: docker" in done.stderr else "podman"

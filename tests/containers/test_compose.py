@@ -89,7 +89,7 @@ def stack(image: Image, kafka_image: Image) -> Iterator[list[str]]:
         print(f"\ncompose: kiproxy ready {time.monotonic() - started:.1f} s after `up -d`")
         yield command
     finally:
-        compose("down", "-t", "20", timeout=120)
+        compose("down", "-t", "10", timeout=120)
 
 
 def _readme_example() -> str:

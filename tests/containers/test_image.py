@@ -199,15 +199,16 @@ def test_sigterm_stops_it_cleanly_and_keeps_every_acknowledged_record(
     stop = threading.Event()
 
     def produce() -> None:
+        # Records still queued when the proxy has gone fail after 6 s (never acknowledged).
         producer = Producer({"bootstrap.servers": sidecar.bootstrap, "acks": "all",
-                             "linger.ms": 2, "message.timeout.ms": 20000})
+                             "linger.ms": 2, "message.timeout.ms": 6000})
         i = 0
         while not stop.is_set():
             producer.produce(topic, value=f"r{i}".encode(), partition=0, on_delivery=lambda
                              err, msg: acked.append(msg.value()) if err is None else None)
             producer.poll(0.002)
             i += 1
-        producer.flush(25)
+        producer.flush(15)
 
     thread = threading.Thread(target=produce, daemon=True)
     thread.start()
