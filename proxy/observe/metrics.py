@@ -194,12 +194,15 @@ class HealthServer:
                 refusal = self.guard.check(peer, local, authorization)
             else:
                 refusal = None
+            extra = ""
             if refusal is not None:
                 status, ctype = _STATUS[refusal[0]], "text/plain; charset=utf-8"
                 body = f"{refusal[1]}\n".encode()
+                if refusal[0] == 401:
+                    extra = 'WWW-Authenticate: Bearer realm="kiproxy admin"\r\n'
             else:
                 status, ctype, body = await self._answer(method, path, query)
-            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n{extra}"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
             await writer.drain()

@@ -33,6 +33,8 @@ def _http(method: str, url: str, token: str | None = None) -> tuple[int, str]:
         with urllib.request.urlopen(request, timeout=30) as answer:
             return answer.status, answer.read().decode()
     except urllib.error.HTTPError as exc:
+        if exc.code == 401:  # RFC 6750: a 401 names the scheme it wants
+            assert exc.headers["WWW-Authenticate"].startswith("Bearer ")
         return exc.code, exc.read().decode()
 
 
