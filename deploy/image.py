@@ -16,9 +16,10 @@ Contract:
 * The project's image is ``localhost/kiproxy:<hash>``, the hash covering the
   Dockerfile, the build context's files and the base image's reference: an
   image with that tag is reused, so a second run with unchanged inputs builds
-  nothing. Built with ``--pull=never --format docker`` (the docker format keeps
-  the HEALTHCHECK); only pip and apt reach the network, through the host's CA
-  bundle mounted into the build.
+  nothing; a new build untags the images of earlier trees. Built with
+  ``--pull=never --format docker`` (the docker format keeps the HEALTHCHECK);
+  only pip and apt reach the network, through the host's CA bundle mounted
+  into the build.
 * ``image.py kafka`` (`make kafka-image`): ``apache/kafka`` when it can be
   pulled, else ``localhost/kiproxy-kafka:<version>-<hash>`` built on the Debian
   base with openjdk-17-jre-headless and the jars ``make kafka`` resolves
@@ -161,7 +162,19 @@ def build() -> str:
         if HOST_CA.exists():  # pip and apt in the build trust what the host trusts
             cmd += ["--volume", f"{HOST_CA}:{HOST_CA}:ro"]
     _run([*cmd, str(ROOT)])
+    _drop_older(tool, ref)
     return ref
+
+
+def _drop_older(tool: str, ref: str) -> None:
+    """Untag the images an earlier tree built (``localhost/kiproxy:<other hash>``), so a
+    rebuild per change does not pile them up; one a container still uses stays."""
+    repo = ref.rpartition(":")[0]
+    listed = subprocess.run([tool, "images", "--format", "{{.Repository}}:{{.Tag}}", repo],
+                            capture_output=True, text=True, check=False).stdout.split()
+    for old in listed:
+        if old != ref and old.rpartition(":")[0] == repo:
+            _quiet([tool, "rmi", old], timeout=60)
 
 
 def build_kafka() -> str:
@@ -195,6 +208,7 @@ def build_kafka() -> str:
         if tool == "podman":
             cmd += ["--pull=never", "--format", "docker"]
         _run([*cmd, str(context)])
+    _drop_older(tool, ref)
     return ref
 
 
