@@ -13,10 +13,13 @@ Every test runs on two brokers (the ``kafka`` fixture's ids):
 * ``jvm``: the session's 1-node Apache Kafka cluster of JVMs on loopback
   (tests/conftest.py's ``apache_kafka``, from ``make kafka``); skipped, saying
   how to get it, when no distribution is found.
-* ``docker``: the official ``apache/kafka`` image through testcontainers' Kafka
-  module, set up for that image (the module's own defaults start Confluent's
-  image). It needs a Docker engine; where none answers, these are skipped with
-  the reason "no Docker engine: ..." (pytest's ``-ra`` summary prints it).
+* ``docker``: the official ``apache/kafka`` image (or, where it cannot be pulled,
+  the equivalent ``make kafka-image`` builds from ``make kafka``'s jars) through
+  testcontainers' Kafka module, set up for that image (the module's own defaults
+  start Confluent's image). It needs the Docker API: Docker's, or podman's served
+  for the session where no Docker engine answers; where neither runs, these are
+  skipped with the reason "no Docker engine: ..." (pytest's ``-ra`` summary
+  prints it).
 
 The proxy runs on this machine as its own process (``kiproxy run``, the way
 tests/conftest.py starts it), in front of the broker's port.
