@@ -49,10 +49,18 @@ class Image:
         return int(self.run("image", "inspect", "--format", "{{.Size}}", self.ref).stdout)
 
 
+SERVED_DOCKER_HOST = "KIPROXY_PODMAN_DOCKER_HOST"
+"""Names the DOCKER_HOST that the session's podman service set for testcontainers."""
+
+
 def engine_env() -> dict[str, str]:
-    """The environment the engine runs in: podman reads the project's settings."""
-    return {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF",
-                                                            str(CONTAINERS_CONF))}
+    """The environment the engine runs in: podman reads the project's settings, and the
+    Docker API podman serves to testcontainers is not taken for a Docker engine."""
+    env = {**os.environ, "CONTAINERS_CONF": os.environ.get("CONTAINERS_CONF",
+                                                           str(CONTAINERS_CONF))}
+    if env.get(SERVED_DOCKER_HOST) and env.get("DOCKER_HOST") == env[SERVED_DOCKER_HOST]:
+        del env["DOCKER_HOST"]
+    return env
 
 
 def build_image(which: str = "kiproxy") -> Image:

@@ -43,7 +43,13 @@ import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
 from support.confluent import group_consumer_conf, poll_messages
 
-from containers.engine import NoEngine, NoKafkaJars, build_image, engine_env
+from containers.engine import (
+    SERVED_DOCKER_HOST,
+    NoEngine,
+    NoKafkaJars,
+    build_image,
+    engine_env,
+)
 from kiproxy.localbrokers.tansu import free_port
 
 try:
@@ -168,7 +174,7 @@ def _podman_service(socket: Path) -> subprocess.Popen[bytes] | None:
     service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
                                env=engine_env(), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
-    os.environ["DOCKER_HOST"] = f"unix://{socket}"
+    os.environ["DOCKER_HOST"] = os.environ[SERVED_DOCKER_HOST] = f"unix://{socket}"
     os.environ.setdefault("CONTAINERS_CONF", engine_env()["CONTAINERS_CONF"])
     from testcontainers.core.config import ConnectionMode
     from testcontainers.core.config import testcontainers_config as config

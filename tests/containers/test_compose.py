@@ -37,6 +37,10 @@ PORTS = (9192, 9193, 9194, 9195, 9404)
 
 def _compose_command(engine: str) -> list[str]:
     if engine == "docker":
+        plugin = subprocess.run(["docker", "compose", "version"], capture_output=True,
+                                text=True, env=engine_env(), timeout=60, check=False)
+        if plugin.returncode != 0:
+            pytest.skip(f"docker compose is not installed: {plugin.stderr.strip()[:200]}")
         return ["docker", "compose"]
     if shutil.which("podman-compose") is None:
         try:
