@@ -43,8 +43,9 @@ typecheck: $(TEST_STAMP)
 	$(BIN)/mypy
 
 ## ruff, mypy --strict and the whole pytest suite (unit, property and integration tests,
-## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails).
-test: lint typecheck kafka-for-tests haproxy-deps
+## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails;
+## the container tests build the image once and skip, saying why, if no engine can run).
+test: lint typecheck kafka-for-tests haproxy-deps container-engine
 	$(BIN)/pytest
 
 ## The sdist and the wheel (with the compiled record codec) in dist/.
@@ -90,3 +91,32 @@ kafka:
 
 kafka-for-tests:
 	@apache-kafka/fetch.sh >/dev/null || echo "make kafka failed: the Apache Kafka tests will skip"
+
+## A container engine for `make image` and the container tests: docker when `docker info`
+## answers, otherwise Debian's podman (with buildah, runc, fuse-overlayfs, slirp4netns,
+## uidmap, mmdebstrap for a base image built without a registry, and the dnsname CNI plugin by
+## which Compose services find each other by name), installed when missing.
+## podman reads this project's settings (CONTAINERS_CONF), never a rewritten /etc.
+export CONTAINERS_CONF := $(CURDIR)/deploy/podman/containers.conf
+CONTAINER_PACKAGES := podman buildah runc fuse-overlayfs slirp4netns uidmap mmdebstrap \
+	golang-github-containernetworking-plugin-dnsname
+.PHONY: container-engine image kafka-image
+container-engine:
+	-@docker info >/dev/null 2>&1 || dpkg -s $(CONTAINER_PACKAGES) >/dev/null 2>&1 || { \
+		echo "no container engine answers: installing podman from Debian ($(CONTAINER_PACKAGES))"; \
+		sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+		export DEBIAN_FRONTEND=noninteractive; \
+		$$sudo apt-get install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null 2>&1 || { \
+			$$sudo apt-get update -qq && \
+			$$sudo apt-get install -y -qq --no-install-recommends $(CONTAINER_PACKAGES) >/dev/null; } \
+		|| echo "podman could not be installed: the container tests will skip"; }
+
+## The project's image (docker or podman; the base image built from Debian packages when no
+## registry answers, cached under ~/.cache/kiproxy/images); prints the image reference last.
+image: container-engine
+	@$(PYTHON) deploy/image.py
+
+## An Apache Kafka image for docker-compose.yml (KAFKA_IMAGE=...): apache/kafka when it can be
+## pulled, else one built from `make kafka`'s jars on the same Debian base; prints it last.
+kafka-image: container-engine
+	@$(PYTHON) deploy/image.py kafka

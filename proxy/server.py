@@ -53,6 +53,7 @@ from kiproxy.proxy.net.buffers import HeapTrimmer, ReceiveBudget
 from kiproxy.proxy.net.frame_stream import FrameStream
 from kiproxy.proxy.net.proxy_protocol import Refuse, UseHeader, accept_proxy_header
 from kiproxy.proxy.net.tls import ListenerTls, principal_from_peercert, upstream_context
+from kiproxy.proxy.observe.admin import AdminGuard
 from kiproxy.proxy.observe.audit import AuditLog
 from kiproxy.proxy.observe.metrics import HealthServer, Metrics
 from kiproxy.proxy.produce.offload import BatchOffload
@@ -199,7 +200,8 @@ class ProxyServer:
         answer: dict[str, Any] = result.as_json()
         ok, refused = result.ok, bool(result.restart_required)
         if self._siblings and "scope=local" not in query:
-            others = await asyncio.gather(*(_post_reload(host, port)
+            auth = self._health.guard.authorization() if self._health is not None else None
+            others = await asyncio.gather(*(_post_reload(host, port, auth)
                                             for host, port in self._siblings))
             ok = ok and all(o.get("ok") is True for o in others)
             refused = refused or any(o.get("restart_required") for o in others)
@@ -282,8 +284,9 @@ class ProxyServer:
         self._sweeper = asyncio.create_task(self._close_idle())
         self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
-            self._health = HealthServer(self.metrics, self.readiness,
-                                        reload=self._http_reload, config=self.config_view)
+            guard = AdminGuard(self.config.admin.token_file, self.metrics.admin_refused)
+            self._health = HealthServer(self.metrics, self.readiness, reload=self._http_reload,
+                                        config=self.config_view, guard=guard)
             await self._health.start(*self.config.metrics_listen_address)
             log.info("metrics and health checks on http://%s/metrics", self._health.address)
         # Listeners first, then outbound connections: discovery's ephemeral source
@@ -497,11 +500,12 @@ class ProxyServer:
         log.info("kiproxy stopped")
 
 
-async def _post_reload(host: str, port: int) -> dict[str, Any]:
+async def _post_reload(host: str, port: int, authorization: str | None) -> dict[str, Any]:
     """``POST /reload?scope=local`` to another worker's metrics endpoint; its JSON answer."""
+    auth = f"Authorization: {authorization}\r\n" if authorization else ""
     try:
         reader, writer = await asyncio.wait_for(asyncio.open_connection(host, port), 5)
-        writer.write(f"POST /reload?scope=local HTTP/1.0\r\nHost: {host}\r\n"
+        writer.write(f"POST /reload?scope=local HTTP/1.0\r\nHost: {host}\r\n{auth}"
                      "Content-Length: 0\r\n\r\n".encode())
         await writer.drain()
         raw = await asyncio.wait_for(reader.read(), 120)

@@ -51,6 +51,7 @@ from kiproxy.proxy.config.routes import (
 
 __all__ = [
     "DEFAULT_INLINE_ENCODE_SECONDS",
+    "AdminSettings",
     "AuditSettings",
     "CompressionSettings",
     "ConfigError",
@@ -185,6 +186,15 @@ class ReloadSettings(_Strict):
     """How often the watched files are checked (their contents are hashed)."""
     debounce_ms: int = Field(default=2000, ge=0)
     """How long the watched files must stay unchanged before a reload starts."""
+
+
+class AdminSettings(_Strict):
+    """Who may use the metrics listener's admin actions (``POST /reload``); see
+    ``proxy.observe.admin``. ``/metrics``, ``/healthz``, ``/livez`` and ``/readyz`` stay open."""
+
+    token_file: str | None = None
+    """File holding the bearer token ``POST /reload`` needs (``Authorization: Bearer
+    <token>``), read on every attempt; unset: only callers on this host may reload."""
 
 
 class AuditSettings(_Strict):
@@ -326,6 +336,8 @@ class ProxyConfig(_Strict):
     """Events buffered per observer; beyond it events are dropped and counted."""
     reload: ReloadSettings = Field(default_factory=ReloadSettings)
     """Hot reload: the file watch (SIGHUP and ``POST /reload`` need no setting)."""
+    admin: AdminSettings = Field(default_factory=AdminSettings)
+    """Who may call ``POST /reload`` on the metrics listener."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
     """The built-in audit log."""
     metrics_listen: Annotated[str | None, Flag(metavar="HOST:PORT")] = None

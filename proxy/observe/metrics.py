@@ -6,10 +6,12 @@
 * ``/healthz`` - 200 while the process runs its event loop;
 * ``/readyz`` - 200 when the interceptor is loaded and an upstream broker
   accepts a TCP connection, 503 with the reason otherwise;
-* ``POST /reload`` - reload the configuration: 200 with the outcome as JSON
-  when it was applied, 409 when it was refused (a setting that needs a
-  restart), 500 when building it failed; the running configuration is
-  unchanged unless the answer says ``"ok": true``;
+* ``/livez`` - the same as ``/healthz`` (the Kubernetes name);
+* ``POST /reload`` - reload the configuration (an admin action: see
+  :mod:`proxy.observe.admin` for who may call it; others get 401 or 403):
+  200 with the outcome as JSON when it was applied, 409 when it was refused
+  (a setting that needs a restart), 500 when building it failed; the running
+  configuration is unchanged unless the answer says ``"ok": true``;
 * ``/config`` - the running configuration as JSON, secrets redacted, with its
   generation and hash.
 
@@ -31,6 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
+
+from kiproxy.proxy.observe.admin import AdminGuard
 
 log = logging.getLogger("kiproxy.metrics")
 
@@ -111,6 +115,9 @@ class Metrics:
         self.config_last_reload = Gauge(
             "kiproxy_config_last_reload_success_timestamp_seconds",
             "When the last reload was applied (Unix time; 0 before the first)", registry=r)
+        self.admin_refused = Counter(
+            "kiproxy_admin_refused", "Admin requests (POST /reload) refused, by reason "
+            "(not_local, bad_token, no_token_file)", ["reason"], registry=r)
         self.config_generation.set(1)
 
     def watch_limits(self, hits: Callable[[], dict[str, int]],
@@ -139,8 +146,10 @@ class HealthServer:
     """Serves ``/metrics``, ``/healthz``, ``/readyz``, ``/config`` and ``/reload``."""
 
     def __init__(self, metrics: Metrics, ready: ReadinessCheck,
-                 reload: ReloadAction | None = None, config: ConfigView | None = None) -> None:
+                 reload: ReloadAction | None = None, config: ConfigView | None = None,
+                 guard: AdminGuard | None = None) -> None:
         self.metrics = metrics
+        self.guard = guard or AdminGuard(None, metrics.admin_refused)
         self._ready = ready
         self._reload = reload
         self._config = config
@@ -168,15 +177,32 @@ class HealthServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
             request_line = await asyncio.wait_for(reader.readline(), 10)
-            while True:  # skip the request headers
+            authorization: str | None = None
+            for _ in range(100):  # the request headers: only Authorization is used
                 line = await asyncio.wait_for(reader.readline(), 10)
                 if line in (b"\r\n", b"\n", b""):
                     break
+                name, _, value = line.decode("latin-1").partition(":")
+                if name.strip().lower() == "authorization":
+                    authorization = value.strip()
             parts = request_line.decode("latin-1").split()
             method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
             path, _, query = path.partition("?")
-            status, ctype, body = await self._answer(method, path, query)
-            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n"
+            if path == "/reload" and method == "POST" and self._reload is not None:
+                peer = str((writer.get_extra_info("peername") or ("",))[0])
+                local = str((writer.get_extra_info("sockname") or ("",))[0])
+                refusal = self.guard.check(peer, local, authorization)
+            else:
+                refusal = None
+            extra = ""
+            if refusal is not None:
+                status, ctype = _STATUS[refusal[0]], "text/plain; charset=utf-8"
+                body = f"{refusal[1]}\n".encode()
+                if refusal[0] == 401:
+                    extra = 'WWW-Authenticate: Bearer realm="kiproxy admin"\r\n'
+            else:
+                status, ctype, body = await self._answer(method, path, query)
+            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n{extra}"
                     f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
             writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
             await writer.drain()
@@ -204,17 +230,18 @@ class HealthServer:
             return "200 OK", "application/json", body
         if path == "/metrics":
             return "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
-        if path == "/healthz":
+        if path in ("/healthz", "/livez"):
             return "200 OK", text, b"ok\n"
         if path == "/readyz":
             reason = await self._ready()
             if reason is None:
                 return "200 OK", text, b"ready\n"
             return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
-        return "404 Not Found", text, b"try /metrics, /healthz, /readyz or /config\n"
+        return "404 Not Found", text, b"try /metrics, /healthz, /livez, /readyz or /config\n"
 
 
-_STATUS = {200: "200 OK", 409: "409 Conflict", 500: "500 Internal Server Error"}
+_STATUS = {200: "200 OK", 401: "401 Unauthorized", 403: "403 Forbidden", 409: "409 Conflict",
+           500: "500 Internal Server Error"}
 
 
 class _LimitCollector(Collector):

@@ -56,6 +56,7 @@ RESTART_ONLY: tuple[str, ...] = (
     "node_ports",
     "workers",
     "metrics_listen",
+    "admin",
     "upstream",
     "upstream_tls",
     "log_format",

@@ -13,10 +13,13 @@ Every test runs on two brokers (the ``kafka`` fixture's ids):
 * ``jvm``: the session's 1-node Apache Kafka cluster of JVMs on loopback
   (tests/conftest.py's ``apache_kafka``, from ``make kafka``); skipped, saying
   how to get it, when no distribution is found.
-* ``docker``: the official ``apache/kafka`` image through testcontainers' Kafka
-  module, set up for that image (the module's own defaults start Confluent's
-  image). It needs a Docker engine; where none answers, these are skipped with
-  the reason "no Docker engine: ..." (pytest's ``-ra`` summary prints it).
+* ``docker``: the official ``apache/kafka`` image (or, where it cannot be pulled,
+  the equivalent ``make kafka-image`` builds from ``make kafka``'s jars) through
+  testcontainers' Kafka module, set up for that image (the module's own defaults
+  start Confluent's image). It needs the Docker API: Docker's, or podman's served
+  for the session where no Docker engine answers; where neither runs, these are
+  skipped with the reason "no Docker engine: ..." (pytest's ``-ra`` summary
+  prints it).
 
 The proxy runs on this machine as its own process (``kiproxy run``, the way
 tests/conftest.py starts it), in front of the broker's port.
@@ -24,17 +27,29 @@ tests/conftest.py starts it), in front of the broker's port.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import subprocess
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from conftest import ROOT, ProxyProcess, consume, launch_proxy
 from support.confluent import group_consumer_conf, poll_messages
 
+from containers.engine import (
+    SERVED_DOCKER_HOST,
+    NoEngine,
+    NoKafkaJars,
+    build_image,
+    engine_env,
+)
 from kiproxy.localbrokers.tansu import free_port
 
 try:
@@ -119,14 +134,67 @@ class ApacheKafkaContainer(KafkaContainer):
 
 
 @pytest.fixture(scope="session")
-def docker_engine() -> None:
-    """Skip (with the reason shown) unless a Docker engine answers."""
-    try:
-        from testcontainers.core.docker_client import DockerClient
+def docker_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The Kafka image to start through the Docker API, once one answers: Docker's own, or
+    podman's (``podman system service``, for this session) where no Docker engine answers
+    and podman runs; the image is ``apache/kafka`` or, where it cannot be pulled, the one
+    ``make kafka-image`` builds. Skips (with the reason shown) where neither engine runs."""
+    from testcontainers.core.docker_client import DockerClient
 
+    try:
         DockerClient(timeout=10).client.ping()
+        docker_error = None
     except Exception as exc:
-        pytest.skip(f"no Docker engine: {exc}")
+        docker_error = exc
+    service = None
+    if docker_error is not None:
+        service = _podman_service(tmp_path_factory.mktemp("podman") / "podman.sock")
+        if service is None:
+            pytest.skip(f"no Docker engine: {docker_error} (and podman cannot serve the "
+                        "Docker API here; make container-engine installs it)")
+    try:
+        try:
+            kafka_image = build_image("kafka").ref
+        except NoKafkaJars as exc:
+            pytest.skip(f"apache/kafka cannot be pulled and make kafka failed: {exc}")
+        except NoEngine as exc:
+            pytest.skip(f"no container engine: {exc}")
+        yield kafka_image
+    finally:
+        if service is not None:
+            service.terminate()
+            service.wait(10)
+
+
+def _podman_service(socket: Path) -> subprocess.Popen[bytes] | None:
+    """``podman system service`` on ``socket``, with DOCKER_HOST pointing testcontainers
+    at it (and its reaper container off: its image cannot be pulled everywhere)."""
+    if shutil.which("podman") is None:
+        return None
+    service = subprocess.Popen(["podman", "system", "service", "--time=0", f"unix://{socket}"],
+                               env=engine_env(), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    os.environ["DOCKER_HOST"] = os.environ[SERVED_DOCKER_HOST] = f"unix://{socket}"
+    os.environ.setdefault("CONTAINERS_CONF", engine_env()["CONTAINERS_CONF"])
+    from testcontainers.core.config import ConnectionMode
+    from testcontainers.core.config import testcontainers_config as config
+    from testcontainers.core.docker_client import DockerClient
+
+    # podman's containers publish their ports on this host's loopback.
+    config.connection_mode_override = ConnectionMode.docker_host
+    config._ryuk_disabled = True
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            DockerClient(timeout=10).client.ping()
+            return service
+        except Exception:
+            if service.poll() is not None or time.monotonic() > deadline:
+                service.kill()
+                os.environ.pop("DOCKER_HOST", None)
+                return None
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module", params=["jvm", "docker"])
@@ -137,8 +205,7 @@ def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
         cluster = request.getfixturevalue("apache_kafka")
         yield KafkaCluster(cluster.bootstrap, tuple(cluster.broker_ids))
         return
-    request.getfixturevalue("docker_engine")
-    container = ApacheKafkaContainer()
+    container = ApacheKafkaContainer(request.getfixturevalue("docker_engine"))
     container.start(timeout=180)
     try:
         yield KafkaCluster(container.get_bootstrap_server(), (1,))

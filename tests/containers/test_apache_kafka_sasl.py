@@ -211,8 +211,7 @@ def kafka(request: pytest.FixtureRequest) -> Iterator[KafkaCluster]:
         _wait_authenticated(cluster.bootstrap)
         yield cluster
         return
-    request.getfixturevalue("docker_engine")
-    container = SaslKafkaContainer(USERS)
+    container = SaslKafkaContainer(USERS, request.getfixturevalue("docker_engine"))
     container.start(timeout=180)
     try:
         container.ensure_scram_users()

@@ -103,8 +103,10 @@ def exposed_ports() -> set[int]:
 
 @cache
 def compose() -> dict[str, Any]:
-    """docker-compose.yml, parsed."""
-    data = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    """docker-compose.yml, parsed, with ``${VAR:-default}`` read as its default (as Compose
+    does when VAR is unset)."""
+    text = re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", (ROOT / "docker-compose.yml").read_text())
+    data = yaml.safe_load(text)
     assert isinstance(data, dict)
     return data
 
@@ -440,7 +442,7 @@ def test_kubernetes_probes_ask_the_metrics_port(tmp_path: Path) -> None:
     assert host == "0.0.0.0", "the kubelet probes the pod IP"
     container = sidecar()
     named = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
-    expected_paths = {"startupProbe": "/healthz", "livenessProbe": "/healthz",
+    expected_paths = {"startupProbe": "/healthz", "livenessProbe": "/livez",
                       "readinessProbe": "/readyz"}
     for probe, path in expected_paths.items():
         get = container[probe]["httpGet"]
