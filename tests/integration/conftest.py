@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Literal
 
 import pytest
 from support.confluent import close_producers
+from support.registry import registry_jar_or_skip
+
+from kiproxy.localbrokers.apicurio import ApicurioRegistry
 
 from integration.haproxy import HaproxyFront, StartHaproxy, haproxy_binary, running_haproxy
 
@@ -33,3 +36,40 @@ def haproxy(tmp_path: Path) -> Iterator[StartHaproxy]:
             return stack.enter_context(running_haproxy(
                 tmp_path, backend_port, send_proxy=send_proxy, bind=bind, port=port))
         yield start
+
+
+@pytest.fixture(scope="session")
+def apicurio_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    """One Apicurio Registry (in-memory, BACKWARD compatibility) for the session, built by
+    `make registry` when missing; tests register subjects with names of their own. Never
+    stopped by a test: an outage test starts its own with ``start_registry``."""
+    registry = ApicurioRegistry(registry_jar_or_skip(),
+                                workdir=tmp_path_factory.mktemp("registry"))
+    registry.start()
+    yield registry
+    registry.stop()
+
+
+@pytest.fixture(scope="session")
+def registry_url(apicurio_registry: ApicurioRegistry) -> str:
+    """The shared registry's Confluent-compatible API URL (``.../apis/ccompat/v7``)."""
+    return apicurio_registry.url
+
+
+@pytest.fixture
+def start_registry(tmp_path: Path) -> Iterator[Callable[[], ApicurioRegistry]]:
+    """``start_registry()``: a started registry of the test's own (to stop and restart),
+    stopped after the test."""
+    started: list[ApicurioRegistry] = []
+
+    def start() -> ApicurioRegistry:
+        registry = ApicurioRegistry(registry_jar_or_skip(),
+                                    workdir=tmp_path / f"registry-{len(started)}")
+        registry.workdir.mkdir()
+        started.append(registry)
+        registry.start()
+        return registry
+
+    yield start
+    for registry in started:
+        registry.stop()
