@@ -44,8 +44,9 @@ typecheck: $(TEST_STAMP)
 
 ## ruff, mypy --strict and the whole pytest suite (unit, property and integration tests,
 ## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails;
-## the container tests build the image once and skip, saying why, if no engine can run).
-test: lint typecheck kafka-for-tests haproxy-deps container-engine
+## the schema registry tests skip only where Java or Maven is missing; the container tests
+## build the image once and skip, saying why, if no engine can run).
+test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps container-engine
 	$(BIN)/pytest
 
 ## The sdist and the wheel (with the compiled record codec) in dist/.
@@ -120,3 +121,13 @@ image: container-engine
 ## pulled, else one built from `make kafka`'s jars on the same Debian base; prints it last.
 kafka-image: container-engine
 	@$(PYTHON) deploy/image.py kafka
+
+## Apicurio Registry (version pinned in apicurio-registry/pom.xml), built from Maven Central as
+## a Quarkus app into ${KIPROXY_REGISTRY_CACHE:-~/.cache/kiproxy/registry}; prints the path of
+## its quarkus-run.jar last (`kiproxy dev --registry` and the tests find it there).
+.PHONY: registry registry-for-tests
+registry:
+	@apicurio-registry/build.sh
+
+registry-for-tests:
+	@apicurio-registry/build.sh >/dev/null || echo "make registry failed: the schema registry tests will fail (or skip where Java or Maven is missing)"

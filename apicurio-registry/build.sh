@@ -36,7 +36,7 @@ fi
 
 for tool in java mvn; do
     if ! command -v "$tool" >/dev/null 2>&1; then
-        echo "apicurio-registry/build.sh: '$tool' not found: the registry build needs a Java 17+ JDK and Maven (Debian: apt-get install openjdk-17-jdk-headless maven)" >&2
+        echo "apicurio-registry/build.sh: '$tool' not found: the registry build needs Java 17+ and Maven (Debian: apt-get install openjdk-17-jre-headless maven)" >&2
         exit 1
     fi
 done

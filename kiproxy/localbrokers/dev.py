@@ -1,5 +1,5 @@
 """``kiproxy dev``: a local broker (Tansu, or Apache Kafka in KRaft mode) with the proxy
-in front of it.
+in front of it, and with ``--registry`` a local Apicurio Registry beside them.
 
 ``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`)
 with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`: the config model's,
@@ -11,10 +11,14 @@ exit code.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
+from kiproxy.localbrokers.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 from kiproxy.localbrokers.tansu import BrokerBinaryMissing, EmbeddedBroker
 from kiproxy.proxy import cli as proxy_cli
@@ -44,6 +48,15 @@ def add_parsers(subparsers: Any) -> None:
                           "then the newest `make kafka` folder)")
     dev.add_argument("--kafka-nodes", metavar="N", type=int, default=1,
                      help="with --broker kafka: brokers (node ids 1..N; plus one controller)")
+    dev.add_argument("--registry", action="store_true",
+                     help="also start a schema registry (Apicurio Registry, in memory, the "
+                          "Confluent API at http://127.0.0.1:PORT/apis/ccompat/v7; built by "
+                          "`make registry`, needs Java 17+)")
+    dev.add_argument("--registry-port", metavar="PORT", type=int, default=8081,
+                     help="with --registry: its port on 127.0.0.1 (default 8081)")
+    dev.add_argument("--registry-jar", metavar="JAR", type=Path,
+                     help="with --registry: the quarkus-run.jar `make registry` prints "
+                          "(default: $KIPROXY_REGISTRY_JAR, then the `make registry` cache)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -53,6 +66,43 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+    if not args.registry:
+        if args.registry_jar is not None or args.registry_port != 8081:
+            print("kiproxy: config error: --registry-jar and --registry-port need --registry",
+                  file=sys.stderr)
+            return 2
+        return _dev_broker(config, args, overrides)
+    jar = args.registry_jar if args.registry_jar is not None else find_registry_jar()
+    if jar is None:
+        print("kiproxy: no Apicurio Registry built: run `make registry` (or pass the jar it "
+              "prints with --registry-jar)", file=sys.stderr)
+        return 1
+    try:
+        with _registry(jar, args.registry_port):
+            return _dev_broker(config, args, overrides)
+    except RegistryLaunchError as exc:
+        first, _, detail = str(exc).partition("\n")
+        if detail:
+            log.debug("%s", detail)
+        print(f"kiproxy: {first}", file=sys.stderr)
+        return 1
+
+
+@contextlib.contextmanager
+def _registry(jar: Path, port: int) -> Iterator[ApicurioRegistry]:
+    registry = ApicurioRegistry(jar, port=port)
+    log.info("starting the schema registry (Apicurio Registry, in memory) from %s", jar)
+    registry.start()
+    try:
+        print(f"kiproxy: schema registry (Apicurio Registry, in memory) at {registry.url}",
+              flush=True)
+        yield registry
+    finally:
+        registry.stop()
+
+
+def _dev_broker(config: ProxyConfig, args: argparse.Namespace,
+                overrides: dict[str, Any]) -> int:
     if args.broker == "kafka":
         return _dev_kafka(config, args, overrides)
     if args.kafka_home is not None or args.kafka_nodes != 1:

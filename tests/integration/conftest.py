@@ -11,9 +11,8 @@ import pytest
 from support.confluent import close_producers
 from support.registry import registry_jar_or_skip
 
-from kiproxy.localbrokers.apicurio import ApicurioRegistry
-
 from integration.haproxy import HaproxyFront, StartHaproxy, haproxy_binary, running_haproxy
+from kiproxy.localbrokers.apicurio import ApicurioRegistry
 
 
 @pytest.fixture(autouse=True)

@@ -62,7 +62,8 @@ def names(schema: RegisteredSchema) -> list[tuple[str, str]]:
 
 
 async def test_schemas_by_id_with_references_resolved(registry_url: str) -> None:
-    currency = register(registry_url, f"{RUN}-shop.Currency", avro_record("Currency", {"code": "string"}))
+    currency = register(registry_url, f"{RUN}-shop.Currency",
+                        avro_record("Currency", {"code": "string"}))
     money = register(registry_url, f"{RUN}-shop.Money",
                      avro_record("Money", {"amount": "double", "currency": "shop.Currency"}),
                      refs=(("shop.Currency", f"{RUN}-shop.Currency", 1),))

@@ -40,7 +40,7 @@ def registry_jar_or_skip() -> Path:
     missing = [tool for tool in ("java", "mvn") if shutil.which(tool) is None]
     if missing:
         pytest.skip(f"Apicurio Registry is not built and {' and '.join(missing)} is missing: "
-                    "install a Java 17+ JDK and Maven, then run `make registry`")
+                    "install Java 17+ and Maven (`.ci/run` does), then run `make registry`")
     done = subprocess.run([str(BUILD)], capture_output=True, text=True, check=False)
     if done.returncode != 0:
         pytest.fail(f"`make registry` failed:\n{done.stderr[-3000:]}")

@@ -40,6 +40,7 @@ __all__ = [
 
 SchemaType = Literal["AVRO", "PROTOBUF", "JSON"]
 MAX_REFERENCE_DEPTH = 32
+_SCHEMA_TYPES: dict[str, SchemaType] = {"AVRO": "AVRO", "PROTOBUF": "PROTOBUF", "JSON": "JSON"}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,7 +177,8 @@ class SchemaRegistryClient:
                           ) -> tuple[tuple[str, int], ...]:
         """The (subject, version) pairs ``schema_id`` is registered under
         (``GET /schemas/ids/{id}/versions``), kept ``subject_ttl_s`` (a schema may be
-        registered under more subjects later); ``fresh`` asks the registry now. Raises :class:`UnknownSchemaId` or :class:`RegistryUnavailable`."""
+        registered under more subjects later); ``fresh`` asks the registry now.
+        Raises :class:`UnknownSchemaId` or :class:`RegistryUnavailable`."""
         key = ("subjects", schema_id)
         if fresh:
             self._subjects.drop(key)
@@ -367,10 +369,11 @@ class SchemaRegistryClient:
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
             raise RegistryUnavailable(f"schema registry {self._base}: schema {schema_id}: the "
                                       "answer has no `schema` text")
-        schema_type = body.get("schemaType") or "AVRO"
-        if schema_type not in ("AVRO", "PROTOBUF", "JSON"):
+        raw_type = body.get("schemaType") or "AVRO"
+        schema_type = _SCHEMA_TYPES.get(raw_type) if isinstance(raw_type, str) else None
+        if schema_type is None:
             raise RegistryUnavailable(f"schema registry {self._base}: schema {schema_id} has "
-                                      f"the unknown schemaType {schema_type!r}")
+                                      f"the unknown schemaType {raw_type!r}")
         refs: list[SchemaReference] = []
         for ref in body.get("references") or ():
             if depth >= MAX_REFERENCE_DEPTH:
