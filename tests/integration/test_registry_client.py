@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import support.bench  # noqa: F401 - bench/ is not an installed package: this makes it importable
 from support.registry import HttpsFront, Pki, make_pki
 
 from kiproxy.interceptors.builtin.schema_registry.registry import (
@@ -121,8 +122,9 @@ async def test_unknown_ids_are_remembered_briefly(registry_url: str) -> None:
 
 
 async def test_cache_is_bounded_and_entries_expire(registry_url: str) -> None:
-    ids = [register(registry_url, f"{RUN}-bound-{i}-value", avro_record(f"B{i}", {"n": "int"}))
-           for i in range(3)]
+    from bench.registry_schemas import register_schemas  # the benches' helper, tried here
+    ids = [i for _, i in register_schemas(registry_url, 3, prefix=f"{RUN}-bound")]
+    assert len(set(ids)) == 3
     c = client(registry_url, cache_size=2, cache_ttl_s=0.3)
     try:
         for schema_id in ids:

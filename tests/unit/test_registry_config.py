@@ -50,3 +50,11 @@ def test_errors_name_the_key(raw: dict[str, object], message: str) -> None:
 def test_a_registry_that_is_not_a_mapping() -> None:
     with pytest.raises(ValueError, match="registry: expected a mapping"):
         RegistrySettings.from_config("http://x")  # type: ignore[arg-type]
+
+
+def test_every_setting_is_in_the_docs() -> None:
+    import dataclasses
+    docs = (Path(__file__).parents[2] / "docs" / "schema-registry.md").read_text()
+    table = docs.split("## Registry connection settings")[1].split("## ")[0]
+    missing = [f.name for f in dataclasses.fields(RegistrySettings) if f"`{f.name}`" not in table]
+    assert missing == [], "add these keys to docs/schema-registry.md's settings table"
