@@ -100,6 +100,7 @@ def test_relative_links_resolve(document: str) -> None:
 
 def test_changelog_starts_at_this_release() -> None:
     changelog = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
-    releases = re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
+    releases = [r for r in re.findall(r"^## \[([^\]]+)\]", changelog, re.MULTILINE)
+                if r != "Unreleased"]  # Keep a Changelog: changes not yet released go first
     assert releases[0] == __version__, "add the release to CHANGELOG.md"
     assert "0.1.0" in releases
