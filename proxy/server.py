@@ -149,7 +149,9 @@ class ProxyServer:
         self._watch: FileWatch | None = None
         if config.reload.watch:
             self._watch = FileWatch(
-                lambda: watched_paths(self.config, config_file), partial(self.reload, "watch"),
+                lambda: [*watched_paths(self.config, config_file),
+                         *self.generation.produce.watched_files],
+                partial(self.reload, "watch"),
                 interval=config.reload.watch_interval_ms / 1000,
                 debounce=config.reload.debounce_ms / 1000)
 

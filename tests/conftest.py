@@ -263,3 +263,15 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
         return out
     finally:
         c.close()
+
+
+@pytest.fixture(scope="session")
+def extism_plugins() -> dict[str, Path]:
+    """The Extism test plugins (AssemblyScript, compiled once and cached; see
+    ``support.extism_plugins``); skipped when Node.js or npm is missing."""
+    from support.extism_plugins import NoToolchain, build
+
+    try:
+        return build()
+    except NoToolchain as exc:
+        pytest.skip(str(exc))

@@ -158,6 +158,11 @@ class InterceptorSettings(_Strict):
     """``MODULE:CLASS`` (plugins dir, then installed modules) or an entry-point name."""
     config: Annotated[dict[str, Any], INTERCEPTOR_CONFIG] = Field(default_factory=dict)
     """Passed to the interceptor's ``configure()``."""
+    properties: Annotated[str | None,
+                          Flag("--interceptor-properties", metavar="FILE")] = None
+    """A broker-style ``.properties`` file, passed to ``configure()`` as the config key
+    ``properties`` (the ``extism`` interceptor reads its
+    ``produce.request.interceptor.wasm.*`` keys); watched for changes like the config."""
     timeout_ms: Annotated[int, INTERCEPTOR_TIMEOUT] = Field(default=DEFAULT_TIMEOUT_MS, gt=0)
     """Per-batch deadline; a batch not done by then is rejected with REQUEST_TIMED_OUT."""
     isolation: Annotated[Literal["inline", "process"],

@@ -33,6 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.errors import ErrorCode
@@ -203,6 +204,15 @@ class ProducePipeline:
     def learn_topic_ids(self, metadata: Any) -> None:
         """Record topic ids named by a Metadata response."""
         learn_topic_ids(self.topic_names, metadata)
+
+    @property
+    def watched_files(self) -> list[Path]:
+        """Files the loaded interceptors read (their ``watched_files``): a change reloads."""
+        interceptors = [self.interceptor] + ([link.interceptor for chain in self._loaded.chains
+                                              for link in chain.links]
+                                             if self._loaded is not None else [])
+        return list(dict.fromkeys(Path(f) for i in interceptors
+                                  for f in getattr(i, "watched_files", ())))
 
     async def close(self) -> None:
         """Run every interceptor's ``close()`` (the decode threads are the process's)."""

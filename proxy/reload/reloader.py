@@ -243,9 +243,11 @@ def config_hash(config: ProxyConfig) -> str:
 
 
 def watched_paths(config: ProxyConfig, config_file: str | Path | None) -> list[Path]:
-    """What the file watch looks at: the config file, the plugins dir and TLS files."""
+    """What the file watch looks at: the config file, the plugins dir, TLS files and the
+    interceptor's properties file (the server adds the files its interceptors declare)."""
     paths = [Path(p) for p in (config_file, config.plugins_dir, config.tls.cert,
-                               config.tls.key, config.tls.client_ca) if p]
+                               config.tls.key, config.tls.client_ca,
+                               config.interceptor.properties) if p]
     return paths
 
 

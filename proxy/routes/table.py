@@ -168,8 +168,11 @@ class RouteTable:
         """The compiled routes of ``config``; the ``interceptor:`` shorthand becomes one
         route ``default`` that matches everything."""
         if config.interceptor.class_name is not None:
+            plugin_config = config.interceptor.config
+            if config.interceptor.properties is not None:
+                plugin_config = {**plugin_config, "properties": config.interceptor.properties}
             link = ChainLinkSettings.model_validate({
-                "class": config.interceptor.class_name, "config": config.interceptor.config,
+                "class": config.interceptor.class_name, "config": plugin_config,
                 "timeout_ms": config.interceptor.timeout_ms,
                 "isolation": config.interceptor.isolation})
             return cls.from_settings(
