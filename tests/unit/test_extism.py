@@ -162,3 +162,24 @@ def test_instances_are_pooled_and_never_shared(extism_plugins: dict[str, Path]) 
         # At most one instance per concurrent batch, reused across batches.
         compiled = interceptor.topics[TOPIC]
         assert 1 <= compiled._idle.qsize() <= 4
+
+
+def test_kiproxy_check_runs_an_extism_plugin_over_samples(
+        extism_plugins: dict[str, Path], tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from kiproxy.interceptors.check import main
+
+    sample = tmp_path / "sample.jsonl"
+    sample.write_text('{"key": "k", "value": "hello", "headers": [["h", "1"], ["h", "2"]]}\n'
+                      '{"value": "LOUD"}\n')
+    for name, status, line in (
+            ("uppercase", 0, 'record 0: {"key": "k", "value": "HELLO", "headers": [["h", "1"], '
+                             '["h", "2"]]'),
+            ("shouting", 2, "rejected with POLICY_VIOLATION (44): stop shouting, you are "
+                            "hurting my ears")):
+        config = json.dumps({"plugin": str(extism_plugins[name])})
+        assert main(["extism", "--config", config, "--sample", str(sample),
+                     "--fail-on-reject"]) == status
+        assert line in capsys.readouterr().out

@@ -20,6 +20,7 @@ Config::
         patterns:                       # regexes matched against the whole topic name,
           - {pattern: "logs\\\\..*", plugin: redact.wasm}   # tried in order after `topics`
         properties: broker.properties   # broker-style topics (read_properties); `topics` wins
+        plugin: default.wasm            # optional: the plugin of every other topic
         # Defaults for every topic (each may be set per topic too):
         function: transform             # the per-record export
         batch_function: transform_batch # optional: an export taking a JSON array of records
@@ -79,7 +80,7 @@ __all__ = ["ExtismInterceptor"]
 _SPEC_KEYS = {"function", "batch_function", "config", "wasi", "timeout_ms", "max_pages",
               "binary", "error"}
 _TOPIC_KEYS = _SPEC_KEYS | {"plugin"}
-_CONFIG_KEYS = _SPEC_KEYS | {"topics", "patterns", "properties", "pool_size"}
+_CONFIG_KEYS = _SPEC_KEYS | {"plugin", "topics", "patterns", "properties", "pool_size"}
 
 
 def _plugin_module() -> Any:
@@ -164,8 +165,10 @@ class ExtismInterceptor(ProduceRequestInterceptor):
         patterns = config.get("patterns") or []
         if not isinstance(patterns, list):
             raise ValueError("patterns must be a list of {pattern: REGEX, plugin: FILE, ...}")
+        if config.get("plugin"):
+            patterns = [*patterns, {"pattern": ".*", "plugin": config["plugin"]}]
         if not topics and not patterns:
-            raise ValueError("set topics, patterns or properties: no topic has a plugin")
+            raise ValueError("set plugin, topics, patterns or properties: no topic has a plugin")
 
         def plugin(entry: Any, where: str) -> Any:
             spec = _spec(defaults, entry, where)
