@@ -20,19 +20,27 @@ export function upperValue(json: string, start: i32): string {
     valueEnd = start + 4;
     return json.substring(start, valueEnd);
   }
-  let out = "\"";
   let escaped = false;
   let i = start + 1;
   for (; i < json.length; i++) {
-    let c = json.charCodeAt(i);
+    const c = json.charCodeAt(i);
     if (escaped) { escaped = false; }
     else if (c == 92) { escaped = true; }
     else if (c == 34) { break; }
-    else if (c >= 97 && c <= 122) { c -= 32; }
-    out += String.fromCharCode(c);
   }
   valueEnd = i + 1;
-  return out + "\"";
+  // Copy the literal (quotes included) as UTF-16 and upper-case it in place; letters
+  // right after a backslash are escapes (\n, \u00e9) and stay as they are.
+  const chars = new Uint16Array(valueEnd - start);
+  escaped = false;
+  for (let j = 0; j < chars.length; j++) {
+    let c = json.charCodeAt(start + j);
+    if (escaped) { escaped = false; }
+    else if (c == 92) { escaped = true; }
+    else if (c >= 97 && c <= 122) { c -= 32; }
+    chars[j] = <u16>c;
+  }
+  return String.UTF16.decode(chars.buffer);
 }
 
 export function abort(message: string | null, file: string | null, line: u32, column: u32): void {

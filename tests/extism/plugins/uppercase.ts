@@ -7,16 +7,18 @@ import { output, upperValue, valueEnd } from "./common";
 export { abort } from "./common";
 
 function upperValues(input: string): string {
-  let out = "";
+  const parts = new Array<string>();
   let from = 0;
   while (true) {
     const topic = input.indexOf("\"topic\":", from);
     if (topic < 0) break;
     const at = input.indexOf("\"value\":", topic);
-    out += input.substring(from, at + 8) + upperValue(input, at + 8);
+    parts.push(input.substring(from, at + 8));
+    parts.push(upperValue(input, at + 8));
     from = valueEnd;
   }
-  return out + input.substring(from);
+  parts.push(input.substring(from));
+  return parts.join("");
 }
 
 /** One record in, the same record with its value upper-cased out. */
