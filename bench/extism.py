@@ -91,7 +91,7 @@ def _python(plugin: Any) -> Callable[[RecordBatch], Any]:
 def _per_record_us(call: Callable[[RecordBatch], Any], batch: RecordBatch,
                    target: float) -> float:
     out = call(batch)  # warm up; and check that it upper-cases
-    assert out.records[0].value == batch.records[0].value.upper(), out.records[0]
+    assert out.records[0].value == (batch.records[0].value or b"").upper(), out.records[0]
     done = 0
     started = time.perf_counter()
     while time.perf_counter() - started < target:

@@ -129,7 +129,8 @@ def test_patterns_and_the_properties_file(extism_plugins: dict[str, Path],
         assert set(p.interceptor.watched_files) >= {shutil_copy, props}
     props.write_text("produce.request.interceptor.wasm.topics=t\n"
                      "produce.request.interceptor.wasm.t.paht=x.wasm\n")
-    with pytest.raises(ValueError, match="unknown key produce.request.interceptor.wasm.t.paht"):
+    with pytest.raises(ValueError,
+                       match=r"unknown key produce\.request\.interceptor\.wasm\.t\.paht"):
         read_properties(props)
 
 
@@ -138,7 +139,7 @@ def test_a_file_that_does_not_load_is_refused_naming_it(tmp_path: Path) -> None:
 
     bad = tmp_path / "bad.wasm"
     bad.write_bytes(b"\0asm garbage")
-    with pytest.raises(PluginLoadError, match="extism plugin .*bad.wasm does not load"):
+    with pytest.raises(PluginLoadError, match=r"extism plugin .*bad\.wasm does not load"):
         load("extism", config={"topics": {TOPIC: str(bad)}})
 
 
