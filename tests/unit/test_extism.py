@@ -184,3 +184,25 @@ def test_kiproxy_check_runs_an_extism_plugin_over_samples(
         assert main(["extism", "--config", config, "--sample", str(sample),
                      "--fail-on-reject"]) == status
         assert line in capsys.readouterr().out
+
+
+def test_replay_runs_an_extism_plugin_as_the_proxy_does(extism_plugins: dict[str, Path]) -> None:
+    from kiproxy.interceptors import Record
+    from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
+    from kiproxy.pipelines.sources import SourceBatch
+
+    def batch(*values: bytes) -> SourceBatch:
+        return SourceBatch(topic=TOPIC, partition=0, offsets=tuple(range(len(values))),
+                           records=tuple(Record(value=v, timestamp=5, offset_delta=i)
+                                         for i, v in enumerate(values)), stored=True)
+
+    runner = InterceptorRunner(InterceptorSpec(
+        "extism", {"plugin": str(extism_plugins["shouting"])}, timeout_ms=2000))
+    try:
+        assert runner.apply(batch(b"calm")).kind == "passed"
+        out = runner.apply(batch(b"calm", b"LOUD"))
+        assert (out.kind, out.message, out.record_errors) == (
+            "rejected", "stop shouting, you are hurting my ears",
+            ((1, "stop shouting, you are hurting my ears"),))
+    finally:
+        runner.close()
