@@ -40,8 +40,9 @@ from kiproxy.interceptors.builtin.extism.records import (
 
 __all__ = ["Cancel", "ExtismPlugin", "PluginSpec"]
 
-_RUNTIME_ERRORS = ("timeout", "failed to allocate", "wasm trap", "error while executing",
-                   "wasm backtrace", "unreachable", "out of bounds")
+_RUNTIME_ERRORS = ("wasm trap:", "error while executing at wasm backtrace", "Function not found")
+"""What the runtime's own messages hold (a trap, a missing export); anything else is the
+plugin's own error message."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +199,7 @@ class ExtismPlugin:
         if text.startswith("failed to allocate"):
             return _runtime_failure(f"{where} was stopped: out of memory (max_pages "
                                     f"{self.spec.max_pages}): {text}", indices, "INVALID_RECORD")
-        if any(marker in text.lower() for marker in _RUNTIME_ERRORS):
+        if any(marker in text for marker in _RUNTIME_ERRORS):
             return _runtime_failure(f"{where} failed: {text}", indices, "INVALID_RECORD")
         # The plugin's own error (error_set and a non-zero return): its message, as is.
         # A batch export's error concerns the batch: every record (up to 50) carries it.
