@@ -206,3 +206,16 @@ def test_replay_runs_an_extism_plugin_as_the_proxy_does(extism_plugins: dict[str
             ((1, "stop shouting, you are hurting my ears"),))
     finally:
         runner.close()
+
+
+def test_a_trap_rejects_the_batch_as_a_runtime_failure(tmp_path: Path) -> None:
+    import wasmtime
+
+    trap = tmp_path / "trap.wasm"
+    trap.write_bytes(wasmtime.wat2wasm('(module (func (export "transform") (result i32) '
+                                       "unreachable))"))
+    with load("extism", config={"plugin": str(trap)}) as p:
+        out = p.run(make_batch(b"a", topic=TOPIC))
+    assert (out.kind, out.error) == ("rejected", "INVALID_RECORD")
+    assert "trap.wasm transform failed:" in (out.message or "")
+    assert "error while executing at wasm backtrace" in (out.message or "")
