@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
@@ -24,6 +24,7 @@ __all__ = [
     "ErrorCode",
     "Header",
     "InterceptContext",
+    "MetricSample",
     "PluginFactory",
     "ProduceRequestInterceptor",
     "Record",
@@ -157,6 +158,27 @@ class AcknowledgedBatch:
     """Whether the interceptor changed the batch."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MetricSample:
+    """One value of a plugin's own metric, as :meth:`ProduceRequestInterceptor.metrics` gives it.
+
+    The proxy serves it on ``/metrics`` as ``kiproxy_interceptor_<name>`` (a counter
+    gets Prometheus' ``_total`` suffix) with ``labels`` plus ``interceptor``, the
+    name the configuration loaded the plugin by.
+    """
+
+    name: str
+    """The metric's name, ``[a-z_][a-z0-9_]*`` (``schema_registry_lookups``)."""
+    kind: Literal["counter", "gauge"]
+    """``counter`` (only goes up) or ``gauge``."""
+    help: str
+    """One line saying what it counts."""
+    labels: Mapping[str, str]
+    """The sample's labels; every sample of one name has the same label names."""
+    value: float
+    """The value now."""
+
+
 class PluginFactory(Protocol):
     """Loads another interceptor the way the runtime loaded this one (same plugins dir).
 
@@ -194,6 +216,13 @@ class ProduceRequestInterceptor(abc.ABC):
         self, batch: AcknowledgedBatch, base_offset: int, error: int | None
     ) -> None:
         """Called after the broker answered a forwarded batch (``error`` None on success)."""
+
+    def metrics(self) -> Iterable[MetricSample]:
+        """The plugin's own metrics, read when ``/metrics`` is scraped (none by default).
+
+        Called on the proxy's event loop: return counters the plugin keeps, do no I/O.
+        """
+        return ()
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release resources on shutdown."""

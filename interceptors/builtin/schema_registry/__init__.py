@@ -1,0 +1,140 @@
+"""``SchemaRegistryValidator`` (``schema_registry``): data contracts checked at the door.
+
+Refuses records that do not keep their topic's contract, checked against a
+schema registry speaking the Confluent Schema Registry REST API (Confluent,
+Apicurio's ``/apis/ccompat/v7``, Karapace, Redpanda), before they reach the log:
+
+* the record carries a schema id (Confluent framing, or a header);
+* the id is registered, under the subject the naming strategy gives;
+* optionally, it is the subject's latest version;
+* the payload decodes with that schema (Avro, Protobuf, JSON Schema);
+* named CEL rules over the decoded record hold.
+
+Config (``docs/schema-registry.md`` has every key and what a producer sees)::
+
+    interceptor:
+      class: schema_registry
+      config:
+        registry: {url: http://127.0.0.1:8081/apis/ccompat/v7}
+        on_registry_unavailable: reject     # or pass
+        topics:                             # topic name, or a regex matching the whole name
+          orders:
+            value: payload                  # none | id | subject | payload
+            key: {check: id, allow_unframed: true}
+            rules:
+              - {name: positive_amount, expr: "value.amount > 0"}
+
+A refused batch gets INVALID_RECORD (``error:``) with one ``record_errors``
+entry per bad record ("record 3: schema id 17 is registered under
+payments-value, not orders-value") and the batch message summarising. The
+registry client (``registry.py``) caches schemas by id; this module owns the
+checks (``contract.py``), the payload formats (``avro.py``, ``protobuf.py``,
+``json_payload.py``), the framing (``wire.py``), the rules (``rules.py``) and the
+settings (``settings.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from kiproxy.interceptors.api import (
+    InterceptContext,
+    MetricSample,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
+from kiproxy.interceptors.builtin.schema_registry.contract import CHECKS, ContractCheck
+from kiproxy.interceptors.builtin.schema_registry.settings import parse_settings
+
+__all__ = ["SchemaRegistryValidator"]
+
+
+class _NoRegistry(Exception):
+    """Never raised: the exception types of a configuration without a registry."""
+
+
+class SchemaRegistryValidator(ProduceRequestInterceptor):
+    """Checks records against the schema registry and the topic's CEL rules."""
+
+    def __init__(self) -> None:
+        self._check: ContractCheck | None = None
+        self._client: Any = None
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Read the config; every error names its key. The registry is not contacted yet."""
+        settings = parse_settings(config)
+        client: Any = None
+        unknown: type[Exception] = _NoRegistry
+        unavailable: type[Exception] = _NoRegistry
+        raw_registry = config.get("registry")
+        if raw_registry is not None:
+            from kiproxy.interceptors.builtin.schema_registry.registry import (
+                RegistryUnavailable,
+                SchemaRegistryClient,
+                UnknownSchemaId,
+            )
+            from kiproxy.interceptors.builtin.schema_registry.registry_config import (
+                RegistrySettings,
+            )
+            if not isinstance(raw_registry, Mapping):
+                raise ValueError("registry: expected a mapping, e.g. {url: http://...}")
+            client = SchemaRegistryClient(RegistrySettings.from_config(raw_registry))
+            unknown, unavailable = UnknownSchemaId, RegistryUnavailable
+        self._client = client
+        self._check = ContractCheck(settings, client, unknown_id=unknown,
+                                    unavailable=unavailable)
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """Return ``batch`` unchanged, or raise RejectBatch naming every bad record."""
+        if self._check is None:
+            raise RuntimeError("schema_registry: configure() was not called")
+        refusal = await self._check.check(batch)
+        if refusal is None:
+            return batch
+        raise RejectBatch(refusal.message, refusal.code, refusal.record_errors)
+
+    def metrics(self) -> Iterable[MetricSample]:
+        """Registry lookups, cache hits and misses, errors, latency; rejections by check and rule."""
+        check = self._check
+        if check is None:
+            return
+        for name in CHECKS:
+            yield MetricSample(name="schema_registry_rejections", kind="counter",
+                               help="Records refused by the schema_registry check they failed",
+                               labels={"check": name}, value=check.rejections.get(name, 0))
+        for rule, count in sorted(check.rule_rejections.items()):
+            yield MetricSample(name="schema_registry_rule_rejections", kind="counter",
+                               help="Records refused by a schema_registry CEL rule",
+                               labels={"rule": rule}, value=count)
+        yield MetricSample(name="schema_registry_unavailable_passed", kind="counter",
+                           help="Records passed unchecked because the registry was "
+                                "unavailable (on_registry_unavailable: pass)",
+                           labels={}, value=check.unavailable_passed)
+        if self._client is not None:
+            yield from _client_samples(self._client.stats())
+
+    async def close(self) -> None:
+        """Close the registry client's connections."""
+        if self._client is not None:
+            await self._client.close()
+
+
+def _client_samples(stats: Any) -> Iterable[MetricSample]:
+    """The registry client's counters (whatever of them its ``stats()`` has)."""
+    described = {
+        "lookups": "Schema lookups asked of the registry client",
+        "hits": "Schema lookups answered from the client's cache",
+        "misses": "Schema lookups that went to the registry",
+        "errors": "Registry requests that failed (unreachable, timeout, 5xx)",
+        "latency_sum": "Seconds spent in registry requests",
+        "latency_count": "Registry requests timed",
+    }
+    for field, help_text in described.items():
+        value = getattr(stats, field, None)
+        if value is None:
+            value = getattr(stats, field.replace("latency_", "latency_s_"), None)
+        if isinstance(value, (int, float)):
+            yield MetricSample(name=f"schema_registry_{field}", kind="counter", help=help_text,
+                               labels={}, value=float(value))

@@ -1,0 +1,386 @@
+"""The contract check of one batch: framing, id, subject, payload and rules, record by record.
+
+Contract: :meth:`ContractCheck.check` returns None when every record of the
+batch keeps its topic's contract, or a :class:`Refusal` - the error code, the
+batch message and one ``(index, text)`` per bad record - which the interceptor
+raises as ``RejectBatch``. It never raises for what a record holds.
+
+How a batch is checked, so that a cache miss delays only the batch that needs it:
+
+1. Every record's schema id is read (framing or header), with no I/O.
+2. Ids not in the compiled-schema cache are looked up and compiled, all at
+   once (``asyncio.gather``); a batch whose ids are all cached awaits nothing.
+3. Each record is checked with what is known. A subject check or a latest-version
+   check that needs an answer not yet known (an id's subjects, a subject's
+   latest id, both trusted for ``lookup_ttl_s``) is looked up and the batch
+   checked again.
+
+A registry that cannot be reached, for an id not cached: with
+``on_registry_unavailable: reject`` the batch is refused with REQUEST_TIMED_OUT
+(7), a code every Kafka client retries, so the records are produced once the
+registry answers again; with ``pass`` the records that need the missing answer
+are forwarded unchecked, counted, and logged at most every 10 seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from kiproxy.interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.builtin.schema_registry.avro import plain
+from kiproxy.interceptors.builtin.schema_registry.formats import (
+    CompiledSchema,
+    PayloadError,
+    SchemaCompileError,
+    SchemaSource,
+    compile_schema,
+)
+from kiproxy.interceptors.builtin.schema_registry.json_payload import parse_json
+from kiproxy.interceptors.builtin.schema_registry.settings import Settings, SideCheck, TopicPolicy
+from kiproxy.interceptors.builtin.schema_registry.wire import (
+    FramingError,
+    confluent_frame,
+    header_id,
+    message_indexes,
+)
+from kiproxy.interceptors.errors import ErrorCode, error_code
+
+__all__ = ["CHECKS", "ContractCheck", "Refusal", "SchemaLookup"]
+
+log = logging.getLogger("kiproxy.schema_registry")
+
+CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "schema", "rule",
+          "tombstone", "registry_unavailable")
+"""The checks a record can fail, as ``rejections{check}`` counts them."""
+
+_MAX_ERRORS = 1000
+
+
+class SchemaLookup(Protocol):
+    """What the check asks of the registry client."""
+
+    async def schema_by_id(self, schema_id: int) -> Any:
+        """The registered schema (a :class:`~.formats.SchemaSource`)."""
+    async def subjects_of(self, schema_id: int) -> tuple[tuple[str, int], ...]:
+        """``(subject, version)`` pairs the id is registered under."""
+    async def latest_id(self, subject: str) -> int:
+        """The id of the subject's latest version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a batch is refused."""
+
+    code: int
+    message: str
+    record_errors: tuple[tuple[int, str], ...]
+
+
+@dataclass(slots=True)
+class _Pass:
+    """One pass over a batch: what it learnt (kept across passes) and what it found."""
+
+    looked: dict[int, Any]
+    """Ids looked up for this batch: compiled, _Missing or _Unavailable."""
+    down: dict[tuple[str, object], str]
+    """Lookups the registry could not answer for this batch, with its message."""
+    pending: list[Awaitable[None]]
+    counts: collections.Counter[str]
+    rules: collections.Counter[str]
+    unavailable: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Missing:
+    check: str
+    text: str
+
+
+class _Unavailable(Exception):
+    """A lookup the registry could not answer; carries the registry's message."""
+
+
+class ContractCheck:
+    """The per-batch check against one registry, with its caches."""
+
+    def __init__(self, settings: Settings, client: SchemaLookup | None, *,
+                 unknown_id: type[Exception], unavailable: type[Exception],
+                 compile: Callable[[SchemaSource], CompiledSchema] = compile_schema) -> None:
+        self.settings = settings
+        self.client = client
+        self._unknown_id = unknown_id
+        self._unavailable = unavailable
+        self._compile = compile
+        self._compiled: collections.OrderedDict[int, CompiledSchema | _Missing] = \
+            collections.OrderedDict()
+        self._subjects: dict[int, tuple[frozenset[str], float]] = {}
+        self._latest: dict[str, tuple[int, float]] = {}
+        self._inflight: dict[int, asyncio.Future[CompiledSchema | _Missing]] = {}
+        self.rejections: collections.Counter[str] = collections.Counter()
+        self.rule_rejections: collections.Counter[str] = collections.Counter()
+        self.unavailable_passed = 0
+        self._last_pass_log = 0.0
+
+    # -- the batch ---------------------------------------------------------------
+
+    async def check(self, batch: RecordBatch) -> Refusal | None:
+        """None when the batch keeps its topic's contract, else the refusal."""
+        policy = self.settings.policy_for(batch.topic)
+        if policy is None:
+            return None
+        ids = {sid for side in (policy.key, policy.value) if side.level != "none"
+               for sid in self._ids(batch.records, side)}
+        missing = [sid for sid in ids if sid not in self._compiled]
+        looked: dict[int, Any] = {}
+        if missing:
+            results = await asyncio.gather(*(self._lookup(sid) for sid in missing))
+            looked.update(zip(missing, results, strict=True))
+        down: dict[tuple[str, object], str] = {}
+        for _ in range(4):
+            state = _Pass(looked, down, [], collections.Counter(), collections.Counter(), [])
+            outcome = self._evaluate(batch, policy, state)
+            if not state.pending:
+                self.rejections.update(state.counts)
+                self.rule_rejections.update(state.rules)
+                return outcome
+            await asyncio.gather(*state.pending)
+        raise RuntimeError("schema lookups did not settle after 4 passes")  # pragma: no cover
+
+    def _ids(self, records: Sequence[Record], side: SideCheck) -> set[int]:
+        ids: set[int] = set()
+        for record in records:
+            data = record.key if side.side == "key" else record.value
+            if data is None:
+                continue
+            try:
+                ids.add(self._frame(record, data, side)[0])
+            except FramingError:
+                pass
+        return ids
+
+    @staticmethod
+    def _frame(record: Record, data: bytes, side: SideCheck) -> tuple[int, memoryview]:
+        if side.header is not None:
+            return header_id(record.headers, side.header.name, side.header.encoding), \
+                memoryview(data)
+        return confluent_frame(data)
+
+    def _evaluate(self, batch: RecordBatch, policy: TopicPolicy, state: _Pass) -> Refusal | None:
+        errors: list[tuple[int, str]] = []
+        for index, record in enumerate(batch.records):
+            problems: list[str] = []
+            key_value = self._side(record, policy.key, batch.topic, state, problems)
+            if record.value is None and policy.tombstones == "reject":
+                problems.append("null value (tombstone), which this topic refuses")
+                state.counts["tombstone"] += 1
+            value = self._side(record, policy.value, batch.topic, state, problems)
+            if (policy.rules and not problems and value is not _SKIP
+                    and record.value is not None and not state.pending):
+                self._rules(record, policy, batch.topic, value, key_value, state, problems)
+            if problems and len(errors) < _MAX_ERRORS:
+                errors.append((index, f"record {index}: " + "; ".join(problems)))
+        if state.pending:
+            return None
+        if state.unavailable and self.settings.on_registry_unavailable == "reject":
+            state.counts["registry_unavailable"] += 1
+            return Refusal(int(ErrorCode.REQUEST_TIMED_OUT),
+                           f"the schema registry could not be reached to check "
+                           f"{batch.topic}[{batch.partition}] ({state.unavailable[0]}); the "
+                           "batch was not stored, retry", ())
+        if state.unavailable:
+            self._passed_unchecked(len(state.unavailable), state.unavailable[0])
+        if not errors:
+            return None
+        first = errors[0][1]
+        return Refusal(error_code(self.settings.error),
+                       f"{len(errors)} of {len(batch.records)} record(s) of "
+                       f"{batch.topic}[{batch.partition}] broke the data contract; first, "
+                       f"{first}", tuple(errors))
+
+    @staticmethod
+    def _rules(record: Record, policy: TopicPolicy, topic: str, value: Any, key_value: Any,
+               state: _Pass, problems: list[str]) -> None:
+        if policy.value.level == "none":
+            try:
+                value = parse_json(record.value or b"")
+            except PayloadError as exc:
+                problems.append(f"{exc} (the rules read the value as JSON)")
+                state.counts["payload"] += 1
+                return
+        headers = {h.key: h.value for h in record.headers}
+        for name, text in policy.rules.failures(_for_cel(value), _for_cel(key_value),
+                                                headers, topic):
+            problems.append(text)
+            state.rules[name] += 1
+        if problems:
+            state.counts["rule"] += 1
+
+    def _side(self, record: Record, side: SideCheck, topic: str, state: _Pass,
+              problems: list[str]) -> Any:
+        """The side's decoded value (its bytes below payload level), or _SKIP."""
+        data = record.key if side.side == "key" else record.value
+        if side.level == "none" or data is None:
+            return data
+        what = "key: " if side.side == "key" else ""
+        try:
+            schema_id, body = self._frame(record, data, side)
+        except FramingError as exc:
+            if side.allow_unframed:
+                return _SKIP
+            problems.append(f"{what}{exc}")
+            state.counts["unframed"] += 1
+            return _SKIP
+        compiled = self._compiled.get(schema_id) or state.looked.get(schema_id)
+        if isinstance(compiled, _Unavailable):
+            state.unavailable.append(f"schema id {schema_id}: {compiled}")
+            return _SKIP
+        if isinstance(compiled, _Missing):
+            problems.append(f"{what}{compiled.text}")
+            state.counts[compiled.check] += 1
+            return _SKIP
+        if compiled is None:  # cached a moment ago, then evicted by another batch
+            state.pending.append(self._relook(schema_id, state.looked))
+            return _SKIP
+        indexes: tuple[int, ...] = ()
+        try:
+            if compiled.uses_message_indexes:
+                if side.header is None:
+                    indexes, body = message_indexes(body)
+                else:
+                    indexes = (0,)
+            if side.level in ("subject", "payload") or side.require_latest:
+                name = compiled.record_name(indexes) if side.strategy != "TopicName" else None
+                subject = side.subject(topic, name)
+                problem = self._subject_problem(schema_id, subject, side, state)
+                if problem == "down":
+                    return _SKIP
+                if problem:
+                    problems.append(f"{what}{problem[1]}")
+                    state.counts[problem[0]] += 1
+                    return _SKIP
+            if side.level == "payload":
+                return compiled.decode(body, indexes)
+        except (PayloadError, FramingError) as exc:
+            problems.append(f"{what}{exc}")
+            state.counts["payload"] += 1
+            return _SKIP
+        return data
+
+    def _subject_problem(self, schema_id: int, subject: str, side: SideCheck,
+                         state: _Pass) -> tuple[str, str] | str | None:
+        """None (holds, or asked), "down" (the registry did not answer), or (check, text)."""
+        now = time.monotonic()
+        down = state.down.get(("subjects", schema_id))
+        if down is not None:
+            state.unavailable.append(f"subjects of schema id {schema_id}: {down}")
+            return "down"
+        known = self._subjects.get(schema_id)
+        if known is None or known[1] < now:
+            state.pending.append(self._fetch_subjects(schema_id, state.down))
+            return None
+        if subject not in known[0]:
+            if not known[0]:
+                return "subject", f"schema id {schema_id} is registered under no subject"
+            under = ", ".join(sorted(known[0])[:5])
+            return "subject", (f"schema id {schema_id} is registered under {under}, not "
+                               f"{subject}")
+        if side.require_latest:
+            down = state.down.get(("latest", subject))
+            if down is not None:
+                state.unavailable.append(f"latest version of {subject}: {down}")
+                return "down"
+            latest = self._latest.get(subject)
+            if latest is None or latest[1] < now:
+                state.pending.append(self._fetch_latest(subject, state.down))
+                return None
+            if latest[0] != schema_id:
+                return "latest", (f"schema id {schema_id} is not the latest version of "
+                                  f"{subject} (schema id {latest[0]} is)")
+        return None
+
+    def _passed_unchecked(self, records: int, cause: str) -> None:
+        self.unavailable_passed += records
+        now = time.monotonic()
+        if now - self._last_pass_log >= 10:
+            self._last_pass_log = now
+            log.warning("schema registry unavailable, records passed unchecked "
+                        "(on_registry_unavailable: pass; %d so far): %s",
+                        self.unavailable_passed, cause)
+
+    # -- lookups -------------------------------------------------------------------
+
+    async def _lookup(self, schema_id: int) -> CompiledSchema | _Missing | _Unavailable:
+        """The compiled schema of ``schema_id``; one lookup in flight per id."""
+        future = self._inflight.get(schema_id)
+        if future is None:
+            future = self._inflight[schema_id] = asyncio.ensure_future(self._load(schema_id))
+            future.add_done_callback(lambda _f: self._inflight.pop(schema_id, None))
+        try:
+            return await asyncio.shield(future)
+        except self._unavailable as exc:
+            return _Unavailable(str(exc))
+
+    async def _load(self, schema_id: int) -> CompiledSchema | _Missing:
+        assert self.client is not None
+        try:
+            source = await self.client.schema_by_id(schema_id)
+        except self._unknown_id:
+            return _Missing("unknown_id", f"schema id {schema_id} is not registered")
+        try:
+            compiled: CompiledSchema | _Missing = await asyncio.to_thread(self._compile, source)
+        except SchemaCompileError as exc:
+            compiled = _Missing("schema", f"cannot check against {exc}")
+        self._compiled[schema_id] = compiled
+        while len(self._compiled) > self.settings.compiled_cache_size:
+            self._compiled.popitem(last=False)
+        return compiled
+
+    async def _relook(self, schema_id: int, looked: dict[int, Any]) -> None:
+        looked[schema_id] = await self._lookup(schema_id)
+
+    async def _fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str]) -> None:
+        assert self.client is not None
+        try:
+            pairs = await self.client.subjects_of(schema_id)
+        except self._unavailable as exc:
+            down[("subjects", schema_id)] = str(exc)
+            return
+        except self._unknown_id:
+            pairs = ()
+        expires = time.monotonic() + self.settings.lookup_ttl_s
+        self._subjects[schema_id] = (frozenset(s for s, _ in pairs), expires)
+        if len(self._subjects) > self.settings.compiled_cache_size:
+            self._subjects.pop(next(iter(self._subjects)))
+
+    async def _fetch_latest(self, subject: str, down: dict[tuple[str, object], str]) -> None:
+        assert self.client is not None
+        try:
+            latest = await self.client.latest_id(subject)
+        except self._unknown_id:
+            latest = -1  # no version at all: no id is the latest
+        except self._unavailable as exc:
+            down[("latest", subject)] = str(exc)
+            return
+        self._latest[subject] = (latest, time.monotonic() + self.settings.lookup_ttl_s)
+        if len(self._latest) > self.settings.compiled_cache_size:
+            self._latest.pop(next(iter(self._latest)))
+
+
+class _Skip:
+    """The side was not decoded (a problem, allowed unframed, or passed unchecked)."""
+
+
+_SKIP: Any = _Skip()
+
+
+def _for_cel(value: Any) -> Any:
+    if hasattr(value, "DESCRIPTOR"):
+        from kiproxy.interceptors.builtin.schema_registry.protobuf import to_map
+        return to_map(value)
+    return plain(value)

@@ -1,0 +1,120 @@
+"""A registered schema, compiled once: the payload check and the record name.
+
+Contract: :func:`compile_schema` turns what the registry returned for an id
+(its type, text and resolved references) into a :class:`CompiledSchema`, or
+raises :class:`SchemaCompileError` naming the id and why. A compiled schema
+answers, for one payload:
+
+* :meth:`CompiledSchema.decode` - the decoded value as Python data (dicts,
+  lists, str, bytes, int, float, bool, None), or :class:`PayloadError` with the
+  cause in a producer developer's words ("field amount (double): ...");
+* :meth:`CompiledSchema.record_name` - the fully qualified record name the
+  RecordName / TopicRecordName subject strategies use (Avro: the record's full
+  name; Protobuf: the message the indexes choose; JSON Schema: its ``title``).
+
+The shapes this module reads (:class:`SchemaSource`, :class:`ReferenceSource`)
+are protocols that the registry client's ``RegisteredSchema`` and
+``SchemaReference`` satisfy; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+__all__ = ["CompiledSchema", "PayloadError", "ReferenceSource", "SchemaCompileError",
+           "SchemaSource", "compile_schema", "walk_references"]
+
+
+class ReferenceSource(Protocol):
+    """A schema reference, resolved (the registry client's ``SchemaReference``)."""
+
+    @property
+    def name(self) -> str:
+        """The import path (Protobuf), full name (Avro) or ``$ref`` (JSON) it is used by."""
+    @property
+    def subject(self) -> str:
+        """The subject it is registered under."""
+    @property
+    def version(self) -> int:
+        """Its version under that subject."""
+    @property
+    def schema(self) -> SchemaSource:
+        """The referenced schema itself."""
+
+
+class SchemaSource(Protocol):
+    """A registered schema (the registry client's ``RegisteredSchema``)."""
+
+    @property
+    def schema_id(self) -> int:
+        """The id producers put in the frame."""
+    @property
+    def schema_type(self) -> str:
+        """AVRO, PROTOBUF or JSON."""
+    @property
+    def schema(self) -> str:
+        """The schema text as the registry returns it."""
+    @property
+    def references(self) -> Sequence[ReferenceSource]:
+        """The schemas it references, resolved recursively."""
+
+
+class SchemaCompileError(ValueError):
+    """The registry's schema (or one it references) cannot be compiled here."""
+
+
+class PayloadError(ValueError):
+    """A payload does not decode with the schema its id names."""
+
+
+class CompiledSchema(Protocol):
+    """A schema ready to check payloads; built once per id and cached."""
+
+    schema_id: int
+    schema_type: str
+    uses_message_indexes: bool
+    """True for Protobuf: the frame carries message indexes after the id."""
+
+    def decode(self, payload: memoryview, indexes: tuple[int, ...]) -> Any:
+        """The decoded payload, or :class:`PayloadError`."""
+
+    def record_name(self, indexes: tuple[int, ...]) -> str:
+        """The fully qualified record name, or :class:`PayloadError` when there is none."""
+
+
+def walk_references(schema: SchemaSource) -> list[tuple[str, SchemaSource]]:
+    """Every referenced schema, depth first (dependencies before their users), once each."""
+    seen: set[tuple[str, int]] = set()
+    ordered: list[tuple[str, SchemaSource]] = []
+
+    def visit(node: SchemaSource, depth: int) -> None:
+        if depth > 32:
+            raise SchemaCompileError(f"schema id {schema.schema_id}: references nest deeper "
+                                     "than 32 levels")
+        for ref in node.references:
+            key = (ref.subject, ref.version)
+            if key in seen:
+                continue
+            seen.add(key)
+            visit(ref.schema, depth + 1)
+            ordered.append((ref.name, ref.schema))
+
+    visit(schema, 0)
+    return ordered
+
+
+def compile_schema(schema: SchemaSource) -> CompiledSchema:
+    """The compiled form of ``schema``, or :class:`SchemaCompileError`."""
+    kind = (schema.schema_type or "AVRO").upper()
+    if kind == "AVRO":
+        from kiproxy.interceptors.builtin.schema_registry.avro import compile_avro
+        return compile_avro(schema)
+    if kind == "PROTOBUF":
+        from kiproxy.interceptors.builtin.schema_registry.protobuf import compile_protobuf
+        return compile_protobuf(schema)
+    if kind == "JSON":
+        from kiproxy.interceptors.builtin.schema_registry.json_payload import compile_json
+        return compile_json(schema)
+    raise SchemaCompileError(f"schema id {schema.schema_id} has type {kind!r}, "
+                             "which is none of AVRO, PROTOBUF, JSON")

@@ -1,0 +1,329 @@
+"""The schema_registry checks over an in-memory registry: framing, ids, subjects, payloads, rules.
+
+The registry here is a small fake of the client's interface, so each check's
+record error and the lookup/caching behaviour can be pinned down exactly; the
+integration tests (tests/integration/test_schema_registry.py) run the same
+checks against a real Apicurio Registry with confluent-kafka's serializers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import io
+import json
+import struct
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+import pytest
+
+from kiproxy.interceptors import Header, Record, RecordBatch
+from kiproxy.interceptors.builtin.schema_registry.contract import ContractCheck
+from kiproxy.interceptors.builtin.schema_registry.settings import parse_settings
+from kiproxy.interceptors.builtin.schema_registry.wire import (
+    FramingError,
+    confluent_frame,
+    header_id,
+    message_indexes,
+)
+from kiproxy.interceptors.errors import ErrorCode
+
+
+class Unknown(Exception):
+    pass
+
+
+class Down(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Ref:
+    name: str
+    subject: str
+    version: int
+    schema: Schema
+
+
+@dataclass(frozen=True)
+class Schema:
+    schema_id: int
+    schema_type: str
+    schema: str
+    references: tuple[Ref, ...] = ()
+
+
+@dataclass
+class FakeRegistry:
+    """The client interface, in memory: ids, their subjects, latest versions; can go down."""
+
+    schemas: dict[int, Schema] = field(default_factory=dict)
+    subjects: dict[int, list[str]] = field(default_factory=dict)
+    latest: dict[str, int] = field(default_factory=dict)
+    down: bool = False
+    calls: list[tuple[str, object]] = field(default_factory=list)
+    gate: asyncio.Event | None = None
+
+    async def schema_by_id(self, schema_id: int) -> Schema:
+        self.calls.append(("schema", schema_id))
+        if self.gate is not None:
+            await self.gate.wait()
+        if self.down:
+            raise Down("http://127.0.0.1:1: connection refused")
+        if schema_id not in self.schemas:
+            raise Unknown(schema_id)
+        return self.schemas[schema_id]
+
+    async def subjects_of(self, schema_id: int) -> tuple[tuple[str, int], ...]:
+        self.calls.append(("subjects", schema_id))
+        if self.down:
+            raise Down("connection refused")
+        return tuple((s, 1) for s in self.subjects.get(schema_id, ()))
+
+    async def latest_id(self, subject: str) -> int:
+        self.calls.append(("latest", subject))
+        if self.down:
+            raise Down("connection refused")
+        return self.latest[subject]
+
+
+ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "string"}, {"name": "amount", "type": "double"},
+    {"name": "currency", "type": "string"}]}
+PAYMENT = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
+    {"name": "id", "type": "string"}, {"name": "amount", "type": "string"}]}
+
+
+def avro(schema: dict[str, Any], datum: dict[str, Any]) -> bytes:
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(schema), datum)
+    return buf.getvalue()
+
+
+def framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + payload
+
+
+def registry() -> FakeRegistry:
+    return FakeRegistry(
+        schemas={17: Schema(17, "AVRO", json.dumps(ORDER)), 18: Schema(18, "AVRO", json.dumps(PAYMENT)),
+                 30: Schema(30, "JSON", json.dumps({"title": "Event", "type": "object",
+                                                    "required": ["kind"]}))},
+        subjects={17: ["orders-value"], 18: ["payments-value"], 30: ["events-value"]},
+        latest={"orders-value": 17},
+    )
+
+
+def checker(config: dict[str, Any], fake: FakeRegistry | None = None) -> ContractCheck:
+    config = {"registry": {"url": "http://127.0.0.1:1"}, **config}
+    return ContractCheck(parse_settings(config), fake or registry(), unknown_id=Unknown,
+                         unavailable=Down)
+
+
+def batch(topic: str, *values: bytes | None, key: bytes | None = None,
+          headers: tuple[Header, ...] = ()) -> RecordBatch:
+    return RecordBatch(topic=topic, partition=0, records=tuple(
+        Record(key=key, value=v, headers=headers, offset_delta=i) for i, v in enumerate(values)))
+
+
+GOOD = framed(17, avro(ORDER, {"id": "o1", "amount": 9.5, "currency": "EUR"}))
+ORDERS = {"topics": {"orders": {"value": "payload"}}}
+
+
+def test_framing_reads_the_id_and_the_protobuf_indexes() -> None:
+    assert confluent_frame(b"\x00\x00\x00\x00\x11rest")[0] == 17
+    with pytest.raises(FramingError, match="magic byte 0.*first byte 0x7b"):
+        confluent_frame(b'{"a": 1}')
+    assert message_indexes(memoryview(b"\x00pay"))[0] == (0,)
+    indexes, rest = message_indexes(memoryview(b"\x04\x02\x00pay"))  # zigzag 2 -> [1, 0]
+    assert indexes == (1, 0) and bytes(rest) == b"pay"
+    with pytest.raises(FramingError):
+        message_indexes(memoryview(b"\x04\x02"))
+    long_id = (Header("apicurio.value.globalId", struct.pack(">q", 42)),)
+    assert header_id(long_id, "apicurio.value.globalId", "long") == 42
+    assert header_id((Header("sid", b"42"),), "sid", "string") == 42
+    with pytest.raises(FramingError, match="no schema id header"):
+        header_id((), "sid", "long")
+
+
+async def test_good_records_pass_and_a_second_batch_asks_the_registry_nothing() -> None:
+    fake = registry()
+    check = checker(ORDERS, fake)
+    assert await check.check(batch("orders", GOOD, GOOD)) is None
+    asked = list(fake.calls)
+    assert ("schema", 17) in asked and ("subjects", 17) in asked
+    assert await check.check(batch("orders", GOOD)) is None
+    assert fake.calls == asked
+    assert await check.check(batch("other-topic", b"anything")) is None
+
+
+async def test_each_bad_record_is_named_with_its_cause() -> None:
+    check = checker(ORDERS)
+    wrong_subject = framed(18, avro(PAYMENT, {"id": "p", "amount": "1"}))
+    mismatch = framed(17, avro(PAYMENT, {"id": "p", "amount": "12.5"}))
+    refusal = await check.check(batch("orders", GOOD, b"plain", framed(99, b""), wrong_subject,
+                                      mismatch, None))
+    assert refusal is not None and refusal.code == ErrorCode.INVALID_RECORD
+    errors = dict(refusal.record_errors)
+    assert sorted(errors) == [1, 2, 3, 4]
+    assert "record 1: not framed with a schema id" in errors[1]
+    assert errors[2] == "record 2: schema id 99 is not registered"
+    assert errors[3] == ("record 3: schema id 18 is registered under payments-value, "
+                         "not orders-value")
+    assert errors[4].startswith("record 4: field amount: expected double")
+    assert refusal.message.startswith("4 of 6 record(s) of orders[0] broke the data contract")
+    assert check.rejections["subject"] == 1 and check.rejections["payload"] == 1
+
+
+async def test_levels_id_and_subject_do_not_decode() -> None:
+    mismatch = framed(17, b"\xff\xff\xff")
+    assert await checker({"topics": {"orders": {"value": "id"}}}).check(
+        batch("orders", mismatch)) is None
+    assert await checker({"topics": {"orders": {"value": "subject"}}}).check(
+        batch("orders", mismatch)) is None
+    refusal = await checker({"topics": {"orders": {"value": "id"}}}).check(
+        batch("orders", framed(5, b"")))
+    assert refusal is not None
+
+
+async def test_record_name_strategies() -> None:
+    fake = registry()
+    fake.subjects[17] = ["shop.Order"]
+    check = checker({"topics": {"orders": {"value": {"check": "subject",
+                                                     "subject_strategy": "RecordName"}}}}, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+    fake.subjects[17] = ["orders-shop.Order"]
+    check = checker({"topics": {"orders": {"value": "subject",
+                                           "subject_strategy": "TopicRecordName"}}}, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+
+
+async def test_latest_version() -> None:
+    fake = registry()
+    fake.schemas[19] = Schema(19, "AVRO", json.dumps(ORDER))
+    fake.subjects[19] = ["orders-value"]
+    check = checker({"topics": {"orders": {"value": "payload", "require_latest": True}}}, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+    refusal = await check.check(batch("orders", framed(19, GOOD[5:])))
+    assert refusal is not None
+    assert refusal.record_errors[0][1] == ("record 0: schema id 19 is not the latest version "
+                                           "of orders-value (schema id 17 is)")
+
+
+async def test_keys_headers_unframed_and_tombstones() -> None:
+    config = {"topics": {"orders": {
+        "key": {"check": "payload", "header": {"name": "kid", "encoding": "string"}},
+        "value": {"check": "payload", "allow_unframed": True},
+        "tombstones": "reject"}}}
+    fake = registry()
+    fake.subjects[17] = ["orders-key", "orders-value"]
+    check = checker(config, fake)
+    key = GOOD[5:]
+    ok = batch("orders", GOOD, b"unframed is allowed", key=key, headers=(Header("kid", b"17"),))
+    assert await check.check(ok) is None
+    refusal = await check.check(batch("orders", GOOD, None, key=key))
+    assert refusal is not None
+    errors = dict(refusal.record_errors)
+    assert errors[0] == "record 0: key: no schema id header 'kid'"
+    assert "null value (tombstone)" in errors[1]
+    # tombstones pass by default
+    assert await checker(ORDERS).check(batch("orders", None)) is None
+
+
+async def test_protobuf_nested_type_and_unknown_fields() -> None:
+    proto = ('syntax = "proto3";\npackage shop;\n'
+             'message Order { string id = 1; double amount = 2;\n'
+             '  message Line { string sku = 1; int32 qty = 2; } }\n')
+    fake = registry()
+    fake.schemas[40] = Schema(40, "PROTOBUF", proto)
+    fake.subjects[40] = ["lines-value"]
+    check = checker({"topics": {"lines": {"value": "payload"}}}, fake)
+    from google.protobuf import descriptor_pb2  # noqa: F401 - the runtime the decoder uses
+    line = b"\x0a\x03abc\x10\x02"  # sku="abc", qty=2
+    assert await check.check(batch("lines", framed(40, b"\x04\x00\x00" + line))) is None
+    # the same bytes read as the top-level Order: field 2 arrives as a varint, not a double
+    refusal = await check.check(batch("lines", framed(40, b"\x00" + line)))
+    assert refusal is not None
+    assert "field amount (number 2) arrived as varint" in refusal.record_errors[0][1]
+    refusal = await check.check(batch("lines", framed(40, b"\x02\x0a" + line)))  # index [5]
+    assert refusal is not None and "has only 1" in refusal.record_errors[0][1]
+
+
+async def test_json_schema_payload() -> None:
+    check = checker({"topics": {"events": {"value": "payload"}}})
+    assert await check.check(batch("events", framed(30, b'{"kind": "a"}'))) is None
+    refusal = await check.check(batch("events", framed(30, b'{"other": 1}')))
+    assert refusal is not None
+    assert refusal.record_errors[0][1] == ('record 0: "kind" is a required property '
+                                           "(schema id 30)")
+
+
+async def test_rules_over_decoded_and_plain_json_values() -> None:
+    rules = [{"name": "positive_amount", "expr": "value.amount > 0.0"},
+             {"name": "known_currency", "expr": "value.currency in ['EUR', 'USD']",
+              "message": "currency must be EUR or USD"}]
+    check = checker({"topics": {"orders": {"value": "payload", "rules": rules}}})
+    bad = framed(17, avro(ORDER, {"id": "o", "amount": -1.0, "currency": "GBP"}))
+    refusal = await check.check(batch("orders", GOOD, bad))
+    assert refusal is not None
+    assert refusal.record_errors == ((1, "record 1: rule positive_amount failed: "
+                                         "value.amount > 0.0 is false; rule known_currency "
+                                         "failed: currency must be EUR or USD"),)
+    assert check.rule_rejections == {"positive_amount": 1, "known_currency": 1}
+    plain = ContractCheck(parse_settings({"topics": {"t": {"rules": [
+        {"name": "has_kind", "expr": "value.kind == 'x' && topic == 't'"}]}}}), None,
+        unknown_id=Unknown, unavailable=Down)
+    assert await plain.check(batch("t", b'{"kind": "x"}')) is None
+    refusal = await plain.check(batch("t", b'{"kind": 1}', b"nope"))
+    assert refusal is not None
+    errors = dict(refusal.record_errors)
+    assert "rule has_kind could not be evaluated" in errors[0] or "failed" in errors[0]
+    assert errors[1].startswith("record 1: not JSON")
+
+
+def test_bad_configuration_names_the_key() -> None:
+    cases = {
+        "topics.orders.value.check": {"topics": {"orders": {"value": "paylod"}}},
+        "topics.orders.rules[0].expr": {"topics": {"orders": {"value": "payload", "rules": [
+            {"name": "r", "expr": "value.amount >"}]}}},
+        "topics.orders: unknown key(s) rule": {"topics": {"orders": {"rule": []}}},
+        "on_registry_unavailable": {"topics": {"o": {}}, "on_registry_unavailable": "maybe"},
+    }
+    for where, config in cases.items():
+        with pytest.raises(ValueError, match=re.escape(where)):
+            parse_settings({"registry": {"url": "x"}, **config})
+    with pytest.raises(ValueError, match="^registry: "):
+        parse_settings({"topics": {"o": {"value": "id"}}})
+
+
+async def test_registry_down_policy_and_cached_ids() -> None:
+    fake = registry()
+    check = checker(ORDERS, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+    fake.down = True
+    assert await check.check(batch("orders", GOOD)) is None  # cached: still checked
+    fake.schemas[20] = Schema(20, "AVRO", json.dumps(ORDER))
+    new = framed(20, GOOD[5:])
+    refusal = await check.check(batch("orders", new))
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    assert "could not be reached" in refusal.message
+    passing = checker({**ORDERS, "on_registry_unavailable": "pass"}, fake)
+    assert await passing.check(batch("orders", new)) is None
+    assert passing.unavailable_passed == 1
+    fake.down = False
+    fake.subjects[20] = ["orders-value"]
+    assert await check.check(batch("orders", new)) is None
+
+
+async def test_one_lookup_in_flight_per_id() -> None:
+    fake = registry()
+    fake.gate = asyncio.Event()
+    check = checker(ORDERS, fake)
+    first = asyncio.ensure_future(check.check(batch("orders", GOOD)))
+    second = asyncio.ensure_future(check.check(batch("orders", GOOD)))
+    await asyncio.sleep(0.01)
+    fake.gate.set()
+    assert await first is None and await second is None
+    assert fake.calls.count(("schema", 17)) == 1
