@@ -9,9 +9,9 @@ checks against a real Apicurio Registry with confluent-kafka's serializers.
 from __future__ import annotations
 
 import asyncio
-import re
 import io
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -108,7 +108,8 @@ def framed(schema_id: int, payload: bytes) -> bytes:
 
 def registry() -> FakeRegistry:
     return FakeRegistry(
-        schemas={17: Schema(17, "AVRO", json.dumps(ORDER)), 18: Schema(18, "AVRO", json.dumps(PAYMENT)),
+        schemas={17: Schema(17, "AVRO", json.dumps(ORDER)),
+                 18: Schema(18, "AVRO", json.dumps(PAYMENT)),
                  30: Schema(30, "JSON", json.dumps({"title": "Event", "type": "object",
                                                     "required": ["kind"]}))},
         subjects={17: ["orders-value"], 18: ["payments-value"], 30: ["events-value"]},
@@ -134,7 +135,7 @@ ORDERS = {"topics": {"orders": {"value": "payload"}}}
 
 def test_framing_reads_the_id_and_the_protobuf_indexes() -> None:
     assert confluent_frame(b"\x00\x00\x00\x00\x11rest")[0] == 17
-    with pytest.raises(FramingError, match="magic byte 0.*first byte 0x7b"):
+    with pytest.raises(FramingError, match=r"magic byte 0.*first byte 0x7b"):
         confluent_frame(b'{"a": 1}')
     assert message_indexes(memoryview(b"\x00pay"))[0] == (0,)
     indexes, rest = message_indexes(memoryview(b"\x04\x02\x00pay"))  # zigzag 2 -> [1, 0]
@@ -294,7 +295,7 @@ def test_bad_configuration_names_the_key() -> None:
     for where, config in cases.items():
         with pytest.raises(ValueError, match=re.escape(where)):
             parse_settings({"registry": {"url": "x"}, **config})
-    with pytest.raises(ValueError, match="^registry: "):
+    with pytest.raises(ValueError, match=r"^registry: "):
         parse_settings({"topics": {"o": {"value": "id"}}})
 
 

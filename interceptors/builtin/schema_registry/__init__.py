@@ -96,7 +96,7 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
         raise RejectBatch(refusal.message, refusal.code, refusal.record_errors)
 
     def metrics(self) -> Iterable[MetricSample]:
-        """Registry lookups, cache hits and misses, errors, latency; rejections by check and rule."""
+        """Registry lookups, cache hits, misses, errors, latency; rejections by check and rule."""
         check = self._check
         if check is None:
             return

@@ -112,7 +112,7 @@ def compile_avro(source: SchemaSource) -> AvroSchema:
     """Parse ``source`` (and its references, as named types) with fastavro."""
     named: dict[str, Any] = {}
     try:
-        for name, ref in walk_references(source):
+        for _name, ref in walk_references(source):
             fastavro.parse_schema(json.loads(ref.schema), named_schemas=named)
         parsed = fastavro.parse_schema(json.loads(source.schema), named_schemas=named)
     except (json.JSONDecodeError, SchemaParseException, UnknownType, ValueError,

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -158,10 +159,8 @@ class ContractCheck:
             data = record.key if side.side == "key" else record.value
             if data is None:
                 continue
-            try:
+            with contextlib.suppress(FramingError):
                 ids.add(self._frame(record, data, side)[0])
-            except FramingError:
-                pass
         return ids
 
     @staticmethod

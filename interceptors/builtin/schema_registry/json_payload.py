@@ -19,7 +19,7 @@ except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed 
     raise ImportError("the schema_registry interceptor needs jsonschema-rs: pip install "
                       "'kafka-interceptor-proxy[schema-registry]'") from exc
 
-from kiproxy.interceptors.builtin.json_schema import _parse, _path
+from kiproxy.interceptors.builtin.json_schema import _parse
 from kiproxy.interceptors.builtin.schema_registry.formats import (
     PayloadError,
     SchemaCompileError,

@@ -143,6 +143,14 @@ class ProtobufSchema:
         return message
 
 
+def _map_value(fd: Any) -> Any:
+    """The value field of a map field's entry type, None when ``fd`` is no map."""
+    entry = fd.message_type
+    if entry is None or not entry.GetOptions().map_entry:
+        return None
+    return entry.fields_by_name["value"]
+
+
 def _unknown(message: Message, path: str) -> str | None:
     unknown = UnknownFieldSet(message)
     if len(unknown):
@@ -158,9 +166,9 @@ def _unknown(message: Message, path: str) -> str | None:
         if fd.type != FieldDescriptor.TYPE_MESSAGE:
             continue
         sub = f"{path}.{fd.name}" if path else fd.name
-        if fd.message_type.GetOptions().map_entry:
-            items = value.values() if fd.message_type.fields_by_name["value"].type == \
-                FieldDescriptor.TYPE_MESSAGE else ()
+        map_value = _map_value(fd)
+        if map_value is not None:
+            items = value.values() if map_value.type == FieldDescriptor.TYPE_MESSAGE else ()
         elif fd.is_repeated:
             items = value
         else:
@@ -181,9 +189,9 @@ def to_map(message: Message) -> dict[str, Any]:
             continue
         value = getattr(message, fd.name)
         if fd.type == FieldDescriptor.TYPE_MESSAGE:
-            if fd.message_type.GetOptions().map_entry:
-                is_msg = fd.message_type.fields_by_name["value"].type == \
-                    FieldDescriptor.TYPE_MESSAGE
+            map_value = _map_value(fd)
+            if map_value is not None:
+                is_msg = map_value.type == FieldDescriptor.TYPE_MESSAGE
                 out[fd.name] = {k: to_map(v) if is_msg else v for k, v in value.items()}
             elif fd.is_repeated:
                 out[fd.name] = [to_map(v) for v in value]
