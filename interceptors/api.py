@@ -224,5 +224,5 @@ class ProduceRequestInterceptor(abc.ABC):
         """
         return ()
 
-    def close(self) -> None | Awaitable[None]:  # noqa: B027 - optional hook
+    def close(self) -> Awaitable[None] | None:  # noqa: B027 - optional hook
         """Release resources on shutdown (may be ``async def``; the runtime awaits it)."""

@@ -119,6 +119,8 @@ class ProxyServer:
                 "max_decode_memory": decode_budget.used,
                 "max_client_buffered_bytes": self.receive_budget.used,
             })
+        if metrics is not None:
+            metrics.watch_interceptors(lambda: self.generations.current.produce.interceptors())
         self.generations = GenerationCell(build_generation(
             config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names))
         """The configuration generation in force, and the older ones still in use."""

@@ -26,7 +26,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -125,6 +125,12 @@ class Metrics:
         """Serve ``kiproxy_limit_hits_total{limit}`` and ``kiproxy_limit_used_bytes{limit}``
         from counters the limits keep themselves, read at scrape time."""
         self.registry.register(_LimitCollector(hits, used))
+
+    def watch_interceptors(self, current: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        """Serve the running interceptors' own metrics (``metrics()``, see the plugin API's
+        ``MetricSample``) as ``kiproxy_interceptor_<name>{interceptor=...}``, read at
+        scrape time from ``current()``'s ``(name, interceptor)`` pairs."""
+        self.registry.register(_InterceptorCollector(current))
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -265,3 +271,36 @@ class _LimitCollector(Collector):
             used.add_metric([name], value)
         yield hits
         yield used
+
+
+class _InterceptorCollector(Collector):
+    """Plugins' ``MetricSample`` values as metric families; a failing plugin is skipped."""
+
+    def __init__(self, current: Callable[[], Iterable[tuple[str, Any]]]) -> None:
+        self._current = current
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+        label_names: dict[str, list[str]] = {}
+        values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+        for name, interceptor in self._current():
+            collect = getattr(interceptor, "metrics", None)
+            if collect is None:
+                continue
+            try:
+                samples = list(collect())
+            except Exception:
+                log.exception("interceptor %s: metrics() failed", name)
+                continue
+            for sample in samples:
+                metric = f"kiproxy_interceptor_{sample.name}"
+                labels = tuple(sorted({**sample.labels, "interceptor": name}.items()))
+                if metric not in families:
+                    kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
+                    label_names[metric] = [k for k, _ in labels]
+                    families[metric] = kind(metric, sample.help, labels=label_names[metric])
+                values[(metric, labels)] = values.get((metric, labels), 0.0) + sample.value
+        for (metric, labels), value in values.items():
+            if [k for k, _ in labels] == label_names[metric]:  # one label set per name
+                families[metric].add_metric([v for _, v in labels], value)
+        yield from families.values()

@@ -214,6 +214,12 @@ class ProducePipeline:
         return list(dict.fromkeys(Path(f) for i in interceptors
                                   for f in getattr(i, "watched_files", ())))
 
+    def interceptors(self) -> tuple[tuple[str, Any], ...]:
+        """``(name, interceptor)`` of every interceptor this pipeline runs."""
+        if self._loaded is not None:
+            return self._loaded.interceptors()
+        return () if self.interceptor is None else ((self.name, self.interceptor),)
+
     async def close(self) -> None:
         """Run every interceptor's ``close()`` (the decode threads are the process's)."""
         if self._loaded is not None:

@@ -101,6 +101,11 @@ class LoadedRoutes:
         """Every loaded chain, routes in order, then the default."""
         return tuple(self._chains.values())
 
+    def interceptors(self) -> tuple[tuple[str, Any], ...]:
+        """``(link name, interceptor)`` of every link of every route, for their metrics."""
+        return tuple((link.name, link.interceptor) for chain in self._chains.values()
+                     for link in chain.links)
+
     async def close(self) -> None:
         """Run every link's ``close()`` (isolation pools stop their workers)."""
         for chain in self._chains.values():

@@ -34,15 +34,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiproxy.interceptors.api import Record, RecordBatch
-from kiproxy.interceptors.builtin.schema_registry.avro import plain
+from kiproxy.interceptors.builtin.schema_registry.avro import compile_avro, plain
 from kiproxy.interceptors.builtin.schema_registry.formats import (
     CompiledSchema,
     PayloadError,
     SchemaCompileError,
     SchemaSource,
-    compile_schema,
 )
-from kiproxy.interceptors.builtin.schema_registry.json_payload import parse_json
+from kiproxy.interceptors.builtin.schema_registry.json_payload import compile_json, parse_json
+from kiproxy.interceptors.builtin.schema_registry.protobuf import compile_protobuf, to_map
 from kiproxy.interceptors.builtin.schema_registry.settings import Settings, SideCheck, TopicPolicy
 from kiproxy.interceptors.builtin.schema_registry.wire import (
     FramingError,
@@ -52,7 +52,7 @@ from kiproxy.interceptors.builtin.schema_registry.wire import (
 )
 from kiproxy.interceptors.errors import ErrorCode, error_code
 
-__all__ = ["CHECKS", "ContractCheck", "Refusal", "SchemaLookup"]
+__all__ = ["CHECKS", "ContractCheck", "Refusal", "SchemaLookup", "compile_schema"]
 
 log = logging.getLogger("kiproxy.schema_registry")
 
@@ -61,6 +61,20 @@ CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "schema", "r
 """The checks a record can fail, as ``rejections{check}`` counts them."""
 
 _MAX_ERRORS = 1000
+
+
+_COMPILERS: dict[str, Callable[[SchemaSource], CompiledSchema]] = {
+    "AVRO": compile_avro, "PROTOBUF": compile_protobuf, "JSON": compile_json}
+
+
+def compile_schema(schema: SchemaSource) -> CompiledSchema:
+    """The compiled form of a registered schema, or :class:`SchemaCompileError`."""
+    kind = (schema.schema_type or "AVRO").upper()  # the registry omits schemaType for Avro
+    compiler = _COMPILERS.get(kind)
+    if compiler is None:
+        raise SchemaCompileError(f"schema id {schema.schema_id} has type {kind!r}, "
+                                 "which is none of AVRO, PROTOBUF, JSON")
+    return compiler(schema)
 
 
 class SchemaLookup(Protocol):
@@ -380,6 +394,5 @@ _SKIP: Any = _Skip()
 
 def _for_cel(value: Any) -> Any:
     if hasattr(value, "DESCRIPTOR"):
-        from kiproxy.interceptors.builtin.schema_registry.protobuf import to_map
         return to_map(value)
     return plain(value)

@@ -1,6 +1,6 @@
 """A registered schema, compiled once: the payload check and the record name.
 
-Contract: :func:`compile_schema` turns what the registry returned for an id
+Contract: ``compile_schema`` (in :mod:`.contract`) turns what the registry returned for an id
 (its type, text and resolved references) into a :class:`CompiledSchema`, or
 raises :class:`SchemaCompileError` naming the id and why. A compiled schema
 answers, for one payload:
@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 __all__ = ["CompiledSchema", "PayloadError", "ReferenceSource", "SchemaCompileError",
-           "SchemaSource", "compile_schema", "walk_references"]
+           "SchemaSource", "walk_references"]
 
 
 class ReferenceSource(Protocol):
@@ -102,19 +102,3 @@ def walk_references(schema: SchemaSource) -> list[tuple[str, SchemaSource]]:
 
     visit(schema, 0)
     return ordered
-
-
-def compile_schema(schema: SchemaSource) -> CompiledSchema:
-    """The compiled form of ``schema``, or :class:`SchemaCompileError`."""
-    kind = (schema.schema_type or "AVRO").upper()
-    if kind == "AVRO":
-        from kiproxy.interceptors.builtin.schema_registry.avro import compile_avro
-        return compile_avro(schema)
-    if kind == "PROTOBUF":
-        from kiproxy.interceptors.builtin.schema_registry.protobuf import compile_protobuf
-        return compile_protobuf(schema)
-    if kind == "JSON":
-        from kiproxy.interceptors.builtin.schema_registry.json_payload import compile_json
-        return compile_json(schema)
-    raise SchemaCompileError(f"schema id {schema.schema_id} has type {kind!r}, "
-                             "which is none of AVRO, PROTOBUF, JSON")

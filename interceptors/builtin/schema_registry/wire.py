@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from kiproxy.protocol.records import Header
+from kiproxy.interceptors.api import Header
 
 __all__ = ["HEADER_ENCODINGS", "FramingError", "HeaderEncoding", "confluent_frame",
            "header_id", "message_indexes"]
