@@ -68,12 +68,14 @@ def common_expression_language(n: int) -> tuple[float, float, list[Any]]:
 
 def cel_python(n: int) -> tuple[float, float, list[Any]]:
     import celpy
+    from celpy.adapter import json_to_cel
+    from celpy.celtypes import StringType
 
     env = celpy.Environment()
     programs = [env.program(env.compile(e)) for e in EXPRS]
 
     def evaluate() -> list[Any]:
-        activation = {"value": celpy.json_to_cel(VALUE), "topic": celpy.celtypes.StringType("orders")}
+        activation = {"value": json_to_cel(VALUE), "topic": StringType("orders")}
         return [bool(p.evaluate(activation)) for p in programs]
 
     n = max(n // 20, 20)  # pure Python: two orders of magnitude slower

@@ -6,7 +6,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from kiproxy.interceptors import MetricSample, ProduceRequestInterceptor, RecordBatch
-from kiproxy.proxy.metrics import Metrics
+from kiproxy.proxy.observe.metrics import Metrics
 
 
 class Counting(ProduceRequestInterceptor):
