@@ -61,6 +61,8 @@ CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "schema", "r
 """The checks a record can fail, as ``rejections{check}`` counts them."""
 
 _MAX_ERRORS = 1000
+_RECHECK_S = 1.0
+"""A subject missing from an id's cached subjects is asked again at most this often."""
 
 
 _COMPILERS: dict[str, Callable[[SchemaSource], CompiledSchema]] = {
@@ -134,7 +136,8 @@ class ContractCheck:
         self._compile = compile
         self._compiled: collections.OrderedDict[int, CompiledSchema | _Missing] = \
             collections.OrderedDict()
-        self._subjects: dict[int, tuple[frozenset[str], float]] = {}
+        self._subjects: dict[int, tuple[frozenset[str], float, float]] = {}
+        """id -> (subjects, trusted until, fetched at)."""
         self._latest: dict[str, tuple[int, float]] = {}
         self._inflight: dict[int, asyncio.Future[CompiledSchema | _Missing]] = {}
         self.rejections: collections.Counter[str] = collections.Counter()
@@ -298,6 +301,10 @@ class ContractCheck:
             state.pending.append(self._fetch_subjects(schema_id, state.down))
             return None
         if subject not in known[0]:
+            if now - known[2] >= _RECHECK_S:  # registered there since? ask, at most every 1 s
+                self._subjects[schema_id] = (known[0], known[1], now)
+                state.pending.append(self._fetch_subjects(schema_id, state.down))
+                return None
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
             under = ", ".join(sorted(known[0])[:5])
@@ -366,8 +373,9 @@ class ContractCheck:
             return
         except self._unknown_id:
             pairs = ()
-        expires = time.monotonic() + self.settings.lookup_ttl_s
-        self._subjects[schema_id] = (frozenset(s for s, _ in pairs), expires)
+        now = time.monotonic()
+        self._subjects[schema_id] = (frozenset(s for s, _ in pairs),
+                                     now + self.settings.lookup_ttl_s, now)
         if len(self._subjects) > self.settings.compiled_cache_size:
             self._subjects.pop(next(iter(self._subjects)))
 

@@ -1,0 +1,311 @@
+"""Data contracts at the door: a real Apicurio Registry, confluent-kafka's own serializers.
+
+Producers serialize with confluent-kafka's ``AvroSerializer``,
+``ProtobufSerializer`` and ``JSONSerializer`` (registering through
+``SchemaRegistryClient``) and produce through a ``kiproxy run`` process whose
+interceptor is ``schema_registry``, in front of Tansu. What a confluent-kafka
+producer sees is its delivery report's error code (librdkafka shows no
+``record_errors``, see docs/rejections.md), so the record errors are read from
+the Produce v9 response of the same bytes sent on a raw connection.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import struct
+import subprocess
+import tempfile
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ProxyProcess, consume, launch_proxy
+from support.raw_client import RawClient
+
+from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy.protocol.records import Record, build_batch
+
+from .test_interception import _create_topics
+
+pytestmark = pytest.mark.timeout(180)
+
+RUN = uuid.uuid4().hex[:6]  # subjects live as long as the registry: names of this run only
+ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
+    {"name": "id", "type": "string"}, {"name": "amount", "type": "double"},
+    {"name": "currency", "type": "string"}]}
+PAYMENT = {"type": "record", "name": "Payment", "namespace": "shop", "fields": [
+    {"name": "id", "type": "string"}, {"name": "amount", "type": "string"}]}
+CUSTOMER = {"type": "record", "name": "Customer", "namespace": "shop", "fields": [
+    {"name": "name", "type": "string"}]}
+INVOICE = {"type": "record", "name": "Invoice", "namespace": "shop", "fields": [
+    {"name": "number", "type": "long"}, {"name": "customer", "type": "shop.Customer"}]}
+MONEY_PROTO = ('syntax = "proto3";\npackage common;\n'
+               "message Money { string currency = 1; double amount = 2; }\n")
+ORDER_PROTO = ('syntax = "proto3";\npackage shop;\nimport "common/money.proto";\n'
+               "message Order { string id = 1; common.Money total = 2;\n"
+               "  message Line { string sku = 1; int32 qty = 2; }\n"
+               "  repeated Line lines = 3; }\n")
+EVENT_JSON = {"title": "Event", "type": "object", "required": ["kind"],
+              "properties": {"kind": {"type": "string"}, "size": {"type": "integer"}}}
+
+
+def topic(name: str) -> str:
+    return f"sr{RUN}-{name}"
+
+
+def interceptor_config(url: str, *, rules: list[dict[str, str]] | None = None,
+                       on_unavailable: str = "reject") -> dict[str, Any]:
+    return {
+        "registry": {"url": url},
+        "on_registry_unavailable": on_unavailable,
+        "topics": {
+            topic("orders"): {"value": "payload", "rules": rules if rules is not None else [
+                {"name": "positive_amount", "expr": "value.amount > 0.0"}]},
+            topic("lines"): {"value": "payload"},
+            topic("events"): {"value": "payload"},
+            topic("invoices"): {"value": "payload"},
+            topic("keyed"): {"key": "payload", "value": "payload", "tombstones": "reject"},
+            f"sr{RUN}-mixed-.*": {"value": "payload"},
+            topic("plain"): {"rules": [{"name": "has_kind", "expr": "has(value.kind)"}]},
+        },
+    }
+
+
+# -- the registry and its clients ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sr(registry_url: str) -> Any:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    return SchemaRegistryClient({"url": registry_url})
+
+
+@pytest.fixture(scope="module")
+def proxy(broker: EmbeddedBroker, registry_url: str) -> Iterator[ProxyProcess]:
+    p = launch_proxy(broker.bootstrap, interceptor="schema_registry",
+                     interceptor_config=interceptor_config(registry_url))
+    _create_topics(broker.bootstrap, *(topic(n) for n in (
+        "orders", "lines", "events", "invoices", "keyed", "mixed-a", "mixed-b", "plain")))
+    yield p
+    assert p.alive(), f"the proxy died:\n{p.log}"
+    p.stop()
+
+
+def avro_serializer(sr: Any, schema: Any, **conf: Any) -> Any:
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    return AvroSerializer(sr, schema if not isinstance(schema, dict) else json.dumps(schema),
+                          conf=conf)
+
+
+def ser(serializer: Any, value: Any, topic_name: str, *, key: bool = False) -> bytes:
+    from confluent_kafka.serialization import MessageField, SerializationContext
+    field = MessageField.KEY if key else MessageField.VALUE
+    return bytes(serializer(value, SerializationContext(topic_name, field)))
+
+
+def proto_classes(files: dict[str, str], main: str) -> dict[str, Any]:
+    """Message classes built from ``.proto`` texts (protoc from grpcio-tools)."""
+    from google.protobuf import descriptor_pb2, message_factory
+    from grpc_tools import protoc
+
+    include = str(Path(protoc.__file__).parent / "_proto")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, text in files.items():
+            path = Path(tmp, name)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        out = os.path.join(tmp, "set.pb")
+        assert protoc.main(["protoc", f"-I{tmp}", f"-I{include}", "--include_imports",
+                            f"--descriptor_set_out={out}", os.path.join(tmp, main)]) == 0
+        files_set = descriptor_pb2.FileDescriptorSet.FromString(Path(out).read_bytes())
+    return message_factory.GetMessages(list(files_set.file))
+
+
+def framed(schema_id: int, payload: bytes) -> bytes:
+    return b"\x00" + struct.pack(">I", schema_id) + payload
+
+
+# -- what producers see ---------------------------------------------------------------
+
+
+def produce(bootstrap: str, topic_name: str, values: list[bytes | None],
+            keys: list[bytes | None] | None = None, **conf: Any) -> list[Any]:
+    """Produce each value (one batch each) with confluent-kafka; the delivery errors."""
+    from confluent_kafka import Producer
+
+    reports: list[Any] = [None] * len(values)
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+                         "message.timeout.ms": 15000, **conf})
+    for i, value in enumerate(values):
+        producer.produce(topic_name, value, key=None if keys is None else keys[i], partition=0,
+                         on_delivery=lambda err, _msg, i=i: reports.__setitem__(i, err))
+        producer.flush(20)
+    assert producer.flush(20) == 0
+    return reports
+
+
+def answer(bootstrap: str, parts: list[tuple[str, list[Record]]]) -> dict[str, Any]:
+    """The Produce v9 answer, per topic, of one request carrying ``parts`` (partition 0)."""
+    with RawClient(bootstrap) as client:
+        client.send(RawClient.produce(9, [(t, build_batch(records)) for t, records in parts]))
+        _, response = client.read_produce(9)
+    out = {}
+    for t in response.responses:
+        [p] = t.partition_responses
+        out[str(t.name)] = (int(p.error_code), p.error_message,
+                            [(int(e.batch_index), e.batch_index_error_message)
+                             for e in p.record_errors])
+    return out
+
+
+def records(*values: bytes | None, key: bytes | None = None) -> list[Record]:
+    return [Record(key=key, value=v, timestamp=1_763_800_000_000 + i) for i, v in
+            enumerate(values)]
+
+
+INVALID_RECORD = 87
+
+
+def test_avro_good_records_are_stored_byte_for_byte_and_each_bad_one_is_named(
+        proxy: ProxyProcess, broker: EmbeddedBroker, sr: Any) -> None:
+    orders = topic("orders")
+    order_ser = avro_serializer(sr, ORDER)
+    good = [ser(order_ser, {"id": f"o{i}", "amount": 10.0 + i, "currency": "EUR"}, orders)
+            for i in range(3)]
+    assert produce(proxy.bootstrap, orders, list(good)) == [None, None, None]
+    assert [m.value() for m in consume(broker.bootstrap, orders, 3)] == good
+
+    order_id = struct.unpack(">I", good[0][1:5])[0]
+    payments = avro_serializer(sr, PAYMENT)
+    payment = ser(payments, {"id": "p1", "amount": "12.5"}, topic("payments"))
+    payment_id = struct.unpack(">I", payment[1:5])[0]
+    bad = {
+        "unregistered": framed(987_654, good[0][5:]),
+        "other subject": payment,
+        "mismatch": framed(order_id, payment[5:]),
+        "unframed": b'{"id": "o1", "amount": 1}',
+        "rule": ser(order_ser, {"id": "o9", "amount": -5.0, "currency": "EUR"}, orders),
+    }
+    reports = produce(proxy.bootstrap, orders, list(bad.values()))
+    assert [r.code() for r in reports] == [INVALID_RECORD] * len(bad), reports
+
+    code, message, errors = answer(proxy.bootstrap, [(orders, records(good[0], *bad.values()))])[
+        orders]
+    assert code == INVALID_RECORD
+    assert message.startswith(f"5 of 6 record(s) of {orders}[0] broke the data contract")
+    named = dict(errors)
+    assert sorted(named) == [1, 2, 3, 4, 5]
+    assert named[1] == "record 1: schema id 987654 is not registered"
+    assert named[2].startswith(f"record 2: schema id {payment_id} is registered under ")
+    assert f"{topic('payments')}-value" in named[2]
+    assert named[2].endswith(f", not {orders}-value")
+    assert named[3].startswith("record 3: field amount: expected double: ")
+    assert named[4] == ("record 4: not framed with a schema id: expected magic byte 0 and a "
+                        "4-byte schema id, as Confluent serializers write, got first byte 0x7b")
+    assert named[5] == "record 5: rule positive_amount failed: value.amount > 0.0 is false"
+
+
+def test_a_mixed_request_stores_the_good_partitions(proxy: ProxyProcess, broker: EmbeddedBroker,
+                                                     sr: Any) -> None:
+    a, b = topic("mixed-a"), topic("mixed-b")
+    good = ser(avro_serializer(sr, ORDER), {"id": "m", "amount": 1.0, "currency": "USD"}, a)
+    result = answer(proxy.bootstrap, [(a, records(good)), (b, records(b"not framed"))])
+    assert result[a] == (0, None, []) and result[b][0] == INVALID_RECORD
+    assert [m.value() for m in consume(broker.bootstrap, a, 1)] == [good]
+
+
+def test_protobuf_nested_type_with_an_import(proxy: ProxyProcess, broker: EmbeddedBroker,
+                                             sr: Any) -> None:
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+
+    lines = topic("lines")
+    classes = proto_classes({"common/money.proto": MONEY_PROTO, "shop/order.proto": ORDER_PROTO},
+                            "shop/order.proto")
+    order_cls = classes["shop.Order"]
+    line_ser = ProtobufSerializer(order_cls.Line, sr, {"use.deprecated.format": False})
+    good = ser(line_ser, order_cls.Line(sku="abc", qty=2), lines)
+    assert good[5:7] == b"\x04\x00"  # indexes [0, 0]: Order.Line
+    order_ser = ProtobufSerializer(order_cls, sr, {"use.deprecated.format": False})
+    whole = ser(order_ser, order_cls(id="o1", total={"currency": "EUR", "amount": 2.5}),
+                topic("proto-orders"))
+    assert produce(proxy.bootstrap, lines, [good]) == [None]
+    assert [m.value() for m in consume(broker.bootstrap, lines, 1)] == [good]
+
+    line_id = struct.unpack(">I", good[1:5])[0]
+    wrong_type = framed(line_id, b"\x04\x00\x00" + whole[6:])  # an Order's bytes read as a Line
+    [report] = produce(proxy.bootstrap, lines, [wrong_type])
+    assert report.code() == INVALID_RECORD
+    _, _, errors = answer(proxy.bootstrap, [(lines, records(good, wrong_type))])[lines]
+    [(index, text)] = errors
+    assert index == 1 and "shop.Order.Line" in text and "written with another schema" in text
+
+
+def test_json_schema(proxy: ProxyProcess, broker: EmbeddedBroker, sr: Any) -> None:
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+
+    events = topic("events")
+    serializer = JSONSerializer(json.dumps(EVENT_JSON), sr)
+    good = ser(serializer, {"kind": "click", "size": 3}, events)
+    assert produce(proxy.bootstrap, events, [good]) == [None]
+    bad = framed(struct.unpack(">I", good[1:5])[0], b'{"kind": "click", "size": "big"}')
+    [report] = produce(proxy.bootstrap, events, [bad])
+    assert report.code() == INVALID_RECORD
+    _, _, errors = answer(proxy.bootstrap, [(events, records(bad))])[events]
+    assert errors[0][1].startswith('record 0: field size: "big" is not of type "integer"')
+
+
+def test_avro_reference_to_another_subject(proxy: ProxyProcess, broker: EmbeddedBroker,
+                                           sr: Any) -> None:
+    from confluent_kafka.schema_registry import Schema, SchemaReference
+
+    invoices = topic("invoices")
+    customer_subject = f"sr{RUN}-shop.Customer"
+    sr.register_schema(customer_subject, Schema(json.dumps(CUSTOMER), "AVRO"))
+    invoice = Schema(json.dumps(INVOICE), "AVRO", [
+        SchemaReference("shop.Customer", customer_subject, 1)])
+    sr.register_schema(f"{invoices}-value", invoice)
+    serializer = avro_serializer(sr, invoice, **{"auto.register.schemas": False,
+                                                 "use.latest.version": True})
+    good = ser(serializer, {"number": 7, "customer": {"name": "Ada"}}, invoices)
+    assert produce(proxy.bootstrap, invoices, [good]) == [None]
+    assert [m.value() for m in consume(broker.bootstrap, invoices, 1)] == [good]
+    cut = good[:-2]
+    [report] = produce(proxy.bootstrap, invoices, [cut])
+    assert report.code() == INVALID_RECORD
+
+
+def test_keys_values_and_tombstones(proxy: ProxyProcess, broker: EmbeddedBroker,
+                                    sr: Any) -> None:
+    keyed = topic("keyed")
+    key_ser = avro_serializer(sr, CUSTOMER)
+    value_ser = avro_serializer(sr, ORDER)
+    key = ser(key_ser, {"name": "k1"}, keyed, key=True)
+    value = ser(value_ser, {"id": "o", "amount": 1.0, "currency": "EUR"}, keyed)
+    assert produce(proxy.bootstrap, keyed, [value], keys=[key]) == [None]
+    assert [(m.key(), m.value()) for m in consume(broker.bootstrap, keyed, 1)] == [(key, value)]
+    reports = produce(proxy.bootstrap, keyed, [value, None], keys=[b"plain key", key])
+    assert [r.code() for r in reports] == [INVALID_RECORD, INVALID_RECORD]
+    _, _, errors = answer(proxy.bootstrap, [(keyed, records(value, key=b"plain key"))])[keyed]
+    assert errors[0][1].startswith("record 0: key: not framed with a schema id")
+    _, _, errors = answer(proxy.bootstrap, [(keyed, records(None, key=key))])[keyed]
+    assert errors == [(0, "record 0: null value (tombstone), which this topic refuses")]
+    orders = topic("orders")  # tombstones pass where not refused
+    assert produce(proxy.bootstrap, orders, [None]) == [None]
+
+
+def test_rules_over_plain_json_without_a_registry_lookup(proxy: ProxyProcess) -> None:
+    plain = topic("plain")
+    assert produce(proxy.bootstrap, plain, [b'{"kind": "a"}']) == [None]
+    _, _, errors = answer(proxy.bootstrap, [(plain, records(b'{"other": 1}'))])[plain]
+    assert errors == [(0, "record 0: rule has_kind failed: has(value.kind) is false")]
+
+
+@pytest.fixture(scope="module")
+def registry_url() -> str:  # LOCAL, replaced by the registry fixture
+    return os.environ["KIPROXY_TEST_REGISTRY_URL"]
