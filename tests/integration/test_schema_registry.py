@@ -70,6 +70,8 @@ def interceptor_config(url: str, *, rules: list[dict[str, str]] | None = None,
             topic("lines"): {"value": "payload"},
             topic("events"): {"value": "payload"},
             topic("invoices"): {"value": "payload"},
+            topic("history"): {"value": "payload", "rules": [
+                {"name": "positive_amount", "expr": "value.amount > 0.0"}]},
             topic("keyed"): {"key": "payload", "value": "payload", "tombstones": "reject"},
             f"sr{RUN}-mixed-.*": {"value": "payload"},
             topic("plain"): {"rules": [{"name": "has_kind", "expr": "has(value.kind)"}]},
@@ -91,7 +93,8 @@ def proxy(broker: EmbeddedBroker, registry_url: str) -> Iterator[ProxyProcess]:
     p = launch_proxy(broker.bootstrap, interceptor="schema_registry",
                      interceptor_config=interceptor_config(registry_url))
     _create_topics(broker.bootstrap, *(topic(n) for n in (
-        "orders", "lines", "events", "invoices", "keyed", "mixed-a", "mixed-b", "plain")))
+        "orders", "lines", "events", "invoices", "keyed", "mixed-a", "mixed-b", "plain",
+        "history")))
     yield p
     assert p.alive(), f"the proxy died:\n{p.log}"
     p.stop()
@@ -309,3 +312,85 @@ def test_rules_over_plain_json_without_a_registry_lookup(proxy: ProxyProcess) ->
 @pytest.fixture(scope="module")
 def registry_url() -> str:  # LOCAL, replaced by the registry fixture
     return os.environ["KIPROXY_TEST_REGISTRY_URL"]
+
+
+def test_a_reload_changes_the_rules_without_dropping_the_connection(
+        broker: EmbeddedBroker, registry_url: str, sr: Any, tmp_path: Path) -> None:
+    from .test_reload import _http, _wait_generation
+
+    orders = topic("orders")
+    metrics = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "proxy.yaml"
+
+    def write(rules: list[dict[str, str]]) -> None:
+        config.write_text(json.dumps({
+            "upstream": [broker.bootstrap], "metrics_listen": metrics,
+            "interceptor": {"class": "schema_registry",
+                            "config": interceptor_config(registry_url, rules=rules)}}))
+
+    write([{"name": "positive_amount", "expr": "value.amount > 0.0"}])
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    try:
+        value = ser(avro_serializer(sr, ORDER), {"id": "r", "amount": 5.0, "currency": "EUR"},
+                    orders)
+        with RawClient(proxy.bootstrap) as client:
+            def send() -> tuple[int, list[Any]]:
+                client.send(RawClient.produce(9, [(orders, build_batch(records(value)))]))
+                _, response = client.read_produce(9)
+                [part] = response.responses[0].partition_responses
+                return int(part.error_code), [e.batch_index_error_message
+                                              for e in part.record_errors]
+
+            assert send() == (0, [])
+            write([{"name": "large_orders_only", "expr": "value.amount >= 10.0",
+                    "message": "orders under 10 go to the small-orders topic"}])
+            assert _http("POST", f"http://{metrics}/reload")[0] == 200
+            _wait_generation(metrics, 2)
+            assert send() == (INVALID_RECORD, [
+                "record 0: rule large_orders_only failed: orders under 10 go to the "
+                "small-orders topic"])
+            write([{"name": "broken", "expr": "value.amount >"}])
+            status, outcome = _http("POST", f"http://{metrics}/reload")
+            assert status == 500 and "rules[0].expr" in json.dumps(outcome), outcome
+            assert send()[0] == INVALID_RECORD  # the running rules stay
+    finally:
+        proxy.stop()
+
+
+def test_replay_reports_exactly_the_records_the_proxy_refuses(
+        proxy: ProxyProcess, broker: EmbeddedBroker, registry_url: str, sr: Any) -> None:
+    """What each replay task runs on its executor - the stored batches read back whole,
+    each judged by the replay's interceptor runner (its own event loop and registry
+    cache) - refuses the same records, with the same words, as the proxy."""
+    from kiproxy.pipelines.apply import InterceptorSpec, runner_for
+    from kiproxy.pipelines.fetch_client import FetchClient
+    from kiproxy.pipelines.offsets import ReplayTask
+    from kiproxy.pipelines.sources import stored_batches
+
+    history = topic("history")
+    order_ser = avro_serializer(sr, ORDER)
+    good = ser(order_ser, {"id": "h", "amount": 3.0, "currency": "EUR"}, history)
+    values = [good, b"legacy plain bytes", good, framed(4_242_424, good[5:]),
+              ser(order_ser, {"id": "h", "amount": -1.0, "currency": "EUR"}, history), good]
+    # History written straight to the broker, as it was before the proxy checked it.
+    assert produce(broker.bootstrap, history, values) == [None] * len(values)
+
+    runner = runner_for(InterceptorSpec("schema_registry",
+                                        config=interceptor_config(registry_url)))
+    client = FetchClient(broker.bootstrap)
+    try:
+        replayed = []
+        task = ReplayTask(topic=history, partition=0, range_start=0, range_end=len(values),
+                          start=0, end=len(values))
+        for batch in stored_batches(client, task):
+            outcome = runner.apply(batch)
+            for index, text in outcome.record_errors:
+                replayed.append((batch.offsets[index], outcome.error_code, text))
+    finally:
+        client.close()
+    assert [offset for offset, _, _ in replayed] == [1, 3, 4], replayed
+
+    for offset, code, text in replayed:
+        [(inline_code, _, errors)] = answer(proxy.bootstrap,
+                                            [(history, records(values[offset]))]).values()
+        assert (inline_code, errors) == (code, [(0, text)])
