@@ -394,3 +394,80 @@ def test_replay_reports_exactly_the_records_the_proxy_refuses(
         [(inline_code, _, errors)] = answer(proxy.bootstrap,
                                             [(history, records(values[offset]))]).values()
         assert (inline_code, errors) == (code, [(0, text)])
+
+
+def test_registry_outage_cached_ids_flow_new_ids_follow_the_policy(
+        broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """A registry of its own, stopped mid-stream and started again (in-memory storage:
+    the schemas are registered again, in the same order, so they get the same ids)."""
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    registry = start_registry(tmp_path)
+    url = registry.url
+    strict, lenient = topic("outage-strict"), topic("outage-lenient")
+    config = {"registry": {"url": url}, "topics": {strict: {"value": "payload"}}}
+    lenient_config = {**config, "on_registry_unavailable": "pass",
+                      "topics": {lenient: {"value": "payload"}}}
+    _create_topics(broker.bootstrap, strict, lenient)
+    proxies = [launch_proxy(broker.bootstrap, interceptor="schema_registry",
+                            interceptor_config=c) for c in (config, lenient_config)]
+    try:
+        def register(client: Any) -> tuple[int, int]:
+            return tuple(client.register_schema(f"{t}-value", Schema(json.dumps(s), "AVRO"))
+                         for t, s in ((strict, ORDER), (lenient, ORDER)))[0], \
+                client.register_schema(f"{strict}-value", Schema(json.dumps(CUSTOMER), "AVRO"))
+
+        order_id, customer_id = register(SchemaRegistryClient({"url": url}))
+        order = framed(order_id, b"\x02x" + struct.pack("<d", 1.0) + b"\x06EUR")
+        customer = framed(customer_id, b"\x06Ada")
+        assert produce(proxies[0].bootstrap, strict, [order]) == [None]  # order_id now cached
+        registry.stop()
+
+        assert produce(proxies[0].bootstrap, strict, [order]) == [None]  # cached: checked
+        [(code, message, _)] = answer(proxies[0].bootstrap, [(strict, records(customer))]).values()
+        assert code == 7 and "could not be reached" in message  # REQUEST_TIMED_OUT: retried
+        assert produce(proxies[1].bootstrap, lenient, [customer]) == [None]  # pass: unchecked
+
+        registry = start_registry(tmp_path)
+        assert registry.url == url
+        assert register(SchemaRegistryClient({"url": url})) == (order_id, customer_id)
+        assert produce(proxies[0].bootstrap, strict, [customer]) == [None]  # validated again
+        stored = [m.value() for m in consume(broker.bootstrap, strict, 3)]
+        assert stored == [order, order, customer]
+        assert ("record 0: schema id 31337 is not registered" in
+                answer(proxies[0].bootstrap, [(strict, records(framed(31337, b"")))])[strict][2][0])
+    finally:
+        for p in proxies:
+            p.stop()
+        registry.stop()
+
+
+class LocalRegistry:  # LOCAL, replaced by the registry launcher
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/apis/ccompat/v7"
+        self.proc = subprocess.Popen(
+            ["java", f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1",
+             "-jar", os.environ["KIPROXY_TEST_REGISTRY_JAR"]],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/subjects", timeout=2):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise AssertionError("registry did not start")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+
+_PORTS: dict[Path, int] = {}
+
+
+def start_registry(tmp_path: Path) -> LocalRegistry:
+    port = _PORTS.setdefault(tmp_path, free_port())
+    return LocalRegistry(port)
