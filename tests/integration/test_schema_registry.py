@@ -413,9 +413,10 @@ def test_registry_outage_cached_ids_flow_new_ids_follow_the_policy(
                             interceptor_config=c) for c in (config, lenient_config)]
     try:
         def register(client: Any) -> tuple[int, int]:
-            return tuple(client.register_schema(f"{t}-value", Schema(json.dumps(s), "AVRO"))
-                         for t, s in ((strict, ORDER), (lenient, ORDER)))[0], \
-                client.register_schema(f"{strict}-value", Schema(json.dumps(CUSTOMER), "AVRO"))
+            order_id = client.register_schema(f"{strict}-value", Schema(json.dumps(ORDER), "AVRO"))
+            client.register_schema(f"{lenient}-value", Schema(json.dumps(ORDER), "AVRO"))
+            return order_id, client.register_schema(f"{strict}-value",
+                                                    Schema(json.dumps(CUSTOMER), "AVRO"))
 
         order_id, customer_id = register(SchemaRegistryClient({"url": url}))
         order = framed(order_id, b"\x02x" + struct.pack("<d", 1.0) + b"\x06EUR")

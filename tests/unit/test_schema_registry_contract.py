@@ -328,3 +328,15 @@ async def test_one_lookup_in_flight_per_id() -> None:
     fake.gate.set()
     assert await first is None and await second is None
     assert fake.calls.count(("schema", 17)) == 1
+
+
+async def test_id_level_judges_each_frame_once_and_names_every_record() -> None:
+    fake = registry()
+    check = checker({"topics": {"orders": {"value": "subject"}}}, fake)
+    unknown = framed(99, b"whatever")
+    refusal = await check.check(batch("orders", GOOD, GOOD, unknown, GOOD, unknown, b"x"))
+    assert refusal is not None
+    assert [i for i, _ in refusal.record_errors] == [2, 4, 5]
+    assert refusal.record_errors[1] == (4, "record 4: schema id 99 is not registered")
+    assert check.rejections["unknown_id"] == 2 and check.rejections["unframed"] == 1
+    assert fake.calls.count(("schema", 99)) == 1

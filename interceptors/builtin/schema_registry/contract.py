@@ -30,7 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from kiproxy.interceptors.api import Record, RecordBatch
@@ -111,6 +111,9 @@ class _Pass:
     counts: collections.Counter[str]
     rules: collections.Counter[str]
     unavailable: list[str]
+    good_frames: dict[tuple[str, bytes], CompiledSchema] = field(default_factory=dict)
+    """Frames (side, 5 bytes) whose id and subject checks held in this pass: the records
+    that carry them only need their payload decoded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,10 +155,12 @@ class ContractCheck:
         policy = self.settings.policy_for(batch.topic)
         if policy is None:
             return None
-        ids = {sid for side in (policy.key, policy.value) if side.level != "none"
-               for sid in self._ids(batch.records, side)}
-        missing = [sid for sid in ids if sid not in self._compiled]
         looked: dict[int, Any] = {}
+        # The id-only path finds its misses in its one pass (each frame is read once there).
+        ids = () if policy.fast_ids else {
+            sid for side in (policy.key, policy.value) if side.level != "none"
+            for sid in self._ids(batch.records, side)}
+        missing = [sid for sid in ids if sid not in self._compiled]
         if missing:
             results = await asyncio.gather(*(self._lookup(sid) for sid in missing))
             looked.update(zip(missing, results, strict=True))
@@ -171,11 +176,19 @@ class ContractCheck:
         raise RuntimeError("schema lookups did not settle after 4 passes")  # pragma: no cover
 
     def _ids(self, records: Sequence[Record], side: SideCheck) -> set[int]:
+        """The schema ids the records carry on ``side`` (each distinct frame read once)."""
         ids: set[int] = set()
+        frames: set[bytes] = set()
+        by_header = side.header is not None
         for record in records:
             data = record.key if side.side == "key" else record.value
             if data is None:
                 continue
+            if not by_header:
+                frame = data[:5]
+                if frame in frames:
+                    continue
+                frames.add(frame)
             with contextlib.suppress(FramingError):
                 ids.add(self._frame(record, data, side)[0])
         return ids
@@ -188,6 +201,47 @@ class ContractCheck:
         return confluent_frame(data)
 
     def _evaluate(self, batch: RecordBatch, policy: TopicPolicy, state: _Pass) -> Refusal | None:
+        if policy.fast_ids:
+            errors = self._ids_only(batch, policy, state)
+        else:
+            errors = self._each_record(batch, policy, state)
+        return self._outcome(batch, errors, state)
+
+    def _ids_only(self, batch: RecordBatch, policy: TopicPolicy,
+                  state: _Pass) -> list[tuple[int, str]]:
+        """Values checked to ``id`` or ``subject`` level and nothing else: the verdict is
+        the frame's, so each distinct 5-byte frame is judged once and every other record
+        costs a slice and a comparison."""
+        errors: list[tuple[int, str]] = []
+        judged: dict[bytes, tuple[str, str] | None] = {}
+        last_good = b"-"
+        for index, record in enumerate(batch.records):
+            value = record.value
+            if value is None:
+                continue
+            frame = value[:5]
+            if frame == last_good:
+                continue
+            if frame in judged:
+                verdict = judged[frame]
+                if verdict is not None:
+                    state.counts[verdict[1]] += 1
+            else:
+                before = dict(state.counts)
+                problems: list[str] = []
+                self._side(record, policy.value, batch.topic, state, problems)
+                check = next((k for k, n in state.counts.items() if n != before.get(k, 0)),
+                             "unframed")
+                verdict = judged[frame] = ("; ".join(problems), check) if problems else None
+            if verdict is None:
+                if len(frame) == 5:  # a short value is judged whole, not by its prefix
+                    last_good = frame
+            elif len(errors) < _MAX_ERRORS:
+                errors.append((index, f"record {index}: {verdict[0]}"))
+        return errors
+
+    def _each_record(self, batch: RecordBatch, policy: TopicPolicy,
+                     state: _Pass) -> list[tuple[int, str]]:
         errors: list[tuple[int, str]] = []
         for index, record in enumerate(batch.records):
             problems: list[str] = []
@@ -201,6 +255,10 @@ class ContractCheck:
                 self._rules(record, policy, batch.topic, value, key_value, state, problems)
             if problems and len(errors) < _MAX_ERRORS:
                 errors.append((index, f"record {index}: " + "; ".join(problems)))
+        return errors
+
+    def _outcome(self, batch: RecordBatch, errors: list[tuple[int, str]],
+                 state: _Pass) -> Refusal | None:
         if state.pending:
             return None
         if state.unavailable and self.settings.on_registry_unavailable == "reject":
@@ -244,6 +302,14 @@ class ContractCheck:
         if side.level == "none" or data is None:
             return data
         what = "key: " if side.side == "key" else ""
+        known = state.good_frames.get((side.side, data[:5])) if side.header is None else None
+        if known is not None:  # the id and subject of this frame held a record ago
+            try:
+                return known.decode(memoryview(data)[5:], ())
+            except PayloadError as exc:
+                problems.append(f"{what}{exc}")
+                state.counts["payload"] += 1
+                return _SKIP
         try:
             schema_id, body = self._frame(record, data, side)
         except FramingError as exc:
@@ -274,13 +340,15 @@ class ContractCheck:
                 name = compiled.record_name(indexes) if side.strategy != "TopicName" else None
                 subject = side.subject(topic, name)
                 problem = self._subject_problem(schema_id, subject, side, state)
-                if problem == "down":
+                if problem in ("down", "pending"):
                     return _SKIP
                 if problem:
                     problems.append(f"{what}{problem[1]}")
                     state.counts[problem[0]] += 1
                     return _SKIP
             if side.level == "payload":
+                if side.header is None and not compiled.uses_message_indexes:
+                    state.good_frames[(side.side, data[:5])] = compiled
                 return compiled.decode(body, indexes)
         except (PayloadError, FramingError) as exc:
             problems.append(f"{what}{exc}")
@@ -290,7 +358,8 @@ class ContractCheck:
 
     def _subject_problem(self, schema_id: int, subject: str, side: SideCheck,
                          state: _Pass) -> tuple[str, str] | str | None:
-        """None (holds, or asked), "down" (the registry did not answer), or (check, text)."""
+        """None (holds), "pending" (asked the registry), "down" (it did not answer), or
+        (check, text)."""
         now = time.monotonic()
         down = state.down.get(("subjects", schema_id))
         if down is not None:
@@ -299,12 +368,12 @@ class ContractCheck:
         known = self._subjects.get(schema_id)
         if known is None or known[1] < now:
             state.pending.append(self._fetch_subjects(schema_id, state.down))
-            return None
+            return "pending"
         if subject not in known[0]:
             if now - known[2] >= _RECHECK_S:  # registered there since? ask, at most every 1 s
                 self._subjects[schema_id] = (known[0], known[1], now)
                 state.pending.append(self._fetch_subjects(schema_id, state.down))
-                return None
+                return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
             under = ", ".join(sorted(known[0])[:5])
@@ -318,7 +387,7 @@ class ContractCheck:
             latest = self._latest.get(subject)
             if latest is None or latest[1] < now:
                 state.pending.append(self._fetch_latest(subject, state.down))
-                return None
+                return "pending"
             if latest[0] != schema_id:
                 return "latest", (f"schema id {schema_id} is not the latest version of "
                                   f"{subject} (schema id {latest[0]} is)")

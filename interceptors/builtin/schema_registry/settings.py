@@ -83,6 +83,14 @@ class TopicPolicy:
     rules: Rules
     tombstones: Literal["pass", "reject"] = "pass"
 
+    @property
+    def fast_ids(self) -> bool:
+        """Only the values' frames matter (id or subject level, Confluent framing, no
+        unframed values allowed, no key check, no rules, tombstones pass)."""
+        return (self.key.level == "none" and self.value.level in ("id", "subject")
+                and self.value.header is None and not self.value.allow_unframed
+                and not self.rules and self.tombstones == "pass")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Settings:

@@ -1,0 +1,340 @@
+"""The ``schema_registry`` interceptor, per record: each check beside passthrough, in one run.
+
+Run from the repository root with the project's virtualenv and a registry
+(``make registry`` builds Apicurio Registry; the bench starts it itself)::
+
+    .venv/bin/python -m bench.schema_registry              # writes bench/RESULTS.md
+    .venv/bin/python -m bench.schema_registry --no-write   # print only
+    .venv/bin/python -m bench.schema_registry --registry-url http://HOST:PORT/apis/ccompat/v7
+
+Schemas are registered and values serialized with confluent-kafka's own
+``AvroSerializer``, ``ProtobufSerializer`` and ``JSONSerializer``: a 10-field
+record (``id``, ``amount``, ``currency``, ``qty``, ``customer``, ``country``,
+``status``, ``ts``, ``express``, ``note``), ``note`` padded so that the
+serialized value is 100 B or 1 KiB. One batch of ``--records`` records per case
+goes through the proxy's verdict (:func:`~kiproxy.interceptors.verdict.judge`)
+again and again on one event loop, with every schema id already cached, so the
+figure is the check's own CPU per record (``time.process_time``, best of the
+repeats) - what a cached record costs; the registry is not asked once warm.
+
+Cases: ``passthrough`` (an interceptor that returns the batch), ``id`` (framed and
+registered: ``value: id``), ``avro`` / ``protobuf`` / ``json`` (``value: payload``),
+``avro+2 rules`` (``value: payload`` and two CEL rules). "added us" is the case's
+CPU per record less passthrough's.
+
+``--burst`` also runs the cache-miss burst: a proxy process (``kiproxy run``) in
+front of Tansu with this interceptor, one producer sending one record at a time
+with a cached id (its produce-to-acknowledgement latencies are the figure), and,
+in the second phase, another connection sending 100 records that each carry a
+schema id the proxy has not seen (100 schemas registered just before). The
+steady producer's p50/p99 with and without the burst are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
+from kiproxy.interceptors.builtin.schema_registry import SchemaRegistryValidator
+from kiproxy.interceptors.verdict import Rejected, judge
+
+HEADING = "## schema_registry: CPU per record of each check (bench/schema_registry.py)"
+FIELDS = [("id", "string"), ("amount", "double"), ("currency", "string"), ("qty", "int"),
+          ("customer", "string"), ("country", "string"), ("status", "string"),
+          ("ts", "long"), ("express", "boolean"), ("note", "string")]
+AVRO = {"type": "record", "name": "Order", "namespace": "bench",
+        "fields": [{"name": n, "type": t} for n, t in FIELDS]}
+PROTO = ('syntax = "proto3";\npackage bench;\nmessage Order {\n' + "".join(
+    f"  {dict(string='string', double='double', int='int32', long='int64', boolean='bool')[t]}"
+    f" {n} = {i + 1};\n" for i, (n, t) in enumerate(FIELDS)) + "}\n")
+JSON_SCHEMA = {"title": "bench.Order", "type": "object",
+               "required": [n for n, _ in FIELDS],
+               "properties": {n: {"type": dict(string="string", double="number", int="integer",
+                                               long="integer", boolean="boolean")[t]}
+                              for n, t in FIELDS}}
+RULES = [{"name": "positive_amount", "expr": "value.amount > 0.0 && value.currency in "
+          "['EUR', 'USD']"},
+         {"name": "sane_qty", "expr": "size(value.customer) > 0 && value.qty < 1000"}]
+
+
+class Passthrough(ProduceRequestInterceptor):
+    """Returns the batch: the baseline."""
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        return batch
+
+
+def datum(size_hint: int, i: int) -> dict[str, Any]:
+    return {"id": f"o-{i}", "amount": 12.5, "currency": "EUR", "qty": 3, "customer": "c-9",
+            "country": "DE", "status": "new", "ts": 1_700_000_000_000 + i, "express": True,
+            "note": "x" * size_hint}
+
+
+def sized(make: Callable[[dict[str, Any]], bytes], size: int, i: int) -> bytes:
+    """A serialized value of exactly ``size`` bytes, padding ``note``."""
+    pad = max(size - len(make(datum(0, i))), 0)
+    for extra in range(pad, -1, -1):  # varint lengths grow with the pad
+        value = make(datum(extra, i))
+        if len(value) <= size:
+            return value
+    return make(datum(0, i))
+
+
+def proto_class() -> Any:
+    from google.protobuf import descriptor_pb2, message_factory
+    from grpc_tools import protoc
+
+    with tempfile.TemporaryDirectory() as tmp:
+        Path(tmp, "bench.proto").write_text(PROTO)
+        out = os.path.join(tmp, "set.pb")
+        assert protoc.main(["protoc", f"-I{tmp}", f"--descriptor_set_out={out}",
+                            os.path.join(tmp, "bench.proto")]) == 0
+        files = descriptor_pb2.FileDescriptorSet.FromString(Path(out).read_bytes())
+    return message_factory.GetMessages(list(files.file))["bench.Order"]
+
+
+def serializers(url: str, run: str) -> dict[str, Callable[[dict[str, Any]], bytes]]:
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.schema_registry.json_schema import JSONSerializer
+    from confluent_kafka.schema_registry.protobuf import ProtobufSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    client = SchemaRegistryClient({"url": url})
+    order = proto_class()
+    avro = AvroSerializer(client, json.dumps(AVRO))
+    proto = ProtobufSerializer(order, client, {"use.deprecated.format": False})
+    js = JSONSerializer(json.dumps(JSON_SCHEMA), client)
+
+    def ctx(kind: str) -> Any:
+        return SerializationContext(f"bench{run}-{kind}", MessageField.VALUE)
+
+    return {
+        "avro": lambda d: bytes(avro(d, ctx("avro"))),
+        "protobuf": lambda d: bytes(proto(order(**d), ctx("protobuf"))),
+        "json": lambda d: bytes(js(d, ctx("json"))),
+    }
+
+
+def interceptors(url: str, run: str) -> dict[str, tuple[Any, str]]:
+    """case -> (interceptor, topic)."""
+    def configured(topics: dict[str, Any]) -> SchemaRegistryValidator:
+        plugin = SchemaRegistryValidator()
+        plugin.configure({"registry": {"url": url}, "topics": topics})
+        return plugin
+
+    t = {k: f"bench{run}-{k}" for k in ("avro", "protobuf", "json")}
+    return {
+        "passthrough": (Passthrough(), t["avro"]),
+        "id": (configured({t["avro"]: {"value": "id"}}), t["avro"]),
+        "avro": (configured({t["avro"]: {"value": "payload"}}), t["avro"]),
+        "protobuf": (configured({t["protobuf"]: {"value": "payload"}}), t["protobuf"]),
+        "json": (configured({t["json"]: {"value": "payload"}}), t["json"]),
+        "avro+2 rules": (configured({t["avro"]: {"value": "payload", "rules": RULES}}),
+                         t["avro"]),
+    }
+
+
+def cpu_per_record(plugin: Any, batch: RecordBatch, seconds: float) -> float:
+    """Best-of-5 CPU microseconds per record of judging ``batch``."""
+    ctx = InterceptContext(client_id="bench", client_address="bench", principal=None,
+                           api_version=9, acks=-1, transactional_id=None, deadline=0.0)
+    loop = asyncio.new_event_loop()
+    try:
+        verdict = loop.run_until_complete(judge(plugin, batch, ctx, name="b", timeout=None))
+        assert not isinstance(verdict, Rejected), verdict
+        best = float("inf")
+        for _ in range(5):
+            n, start, t0 = 0, time.monotonic(), time.process_time()
+            while time.monotonic() - start < seconds / 5:
+                loop.run_until_complete(judge(plugin, batch, ctx, name="b", timeout=None))
+                n += 1
+            best = min(best, (time.process_time() - t0) / (n * len(batch.records)) * 1e6)
+        return best
+    finally:
+        loop.close()
+
+
+def per_record(url: str, records: int, seconds: float) -> list[tuple[str, int, float]]:
+    run = str(int(time.time()))[-6:]
+    makers = serializers(url, run)
+    cases = interceptors(url, run)
+    rows = []
+    for size in (100, 1024):
+        values = {k: [sized(m, size, i) for i in range(records)] for k, m in makers.items()}
+        for case, (plugin, topic) in cases.items():
+            kind = "avro" if case in ("passthrough", "id", "avro+2 rules") else case
+            batch = RecordBatch(topic=topic, partition=0, records=tuple(
+                Record(key=None, value=v, offset_delta=i) for i, v in enumerate(values[kind])))
+            rows.append((case, size, cpu_per_record(plugin, batch, seconds)))
+    return rows
+
+
+# ------------------------------------------------------------------ the cache-miss burst
+
+
+@contextmanager
+def registry(url: str | None) -> Iterator[str]:
+    """``url``, or an Apicurio Registry started from ``make registry``'s jar."""
+    if url is not None:
+        yield url
+        return
+    from kiproxy.localbrokers.tansu import free_port
+
+    jar = os.environ.get("KIPROXY_REGISTRY_JAR") or subprocess.run(
+        ["make", "-s", "registry"], capture_output=True, text=True, check=True
+    ).stdout.strip().splitlines()[-1]
+    port = free_port()
+    proc = subprocess.Popen(["java", f"-Dquarkus.http.port={port}",
+                             "-Dquarkus.http.host=127.0.0.1", "-jar", jar],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    started = f"http://127.0.0.1:{port}/apis/ccompat/v7"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(started + "/subjects", timeout=2):
+                    break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.3)
+        yield started
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
+    """Steady producer latencies (ms) without and with a burst of 100 new ids."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+    from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+    from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+
+    run = str(int(time.time()))[-6:]
+    steady_topic, burst_topic = f"steady{run}", f"burst{run}"
+    client = SchemaRegistryClient({"url": url})
+    steady_serialize = serializers(url, run)["avro"]
+    broker = EmbeddedBroker()
+    broker.start()
+    listen = free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, "-m", "kiproxy", "run", "--upstream", broker.bootstrap,
+         "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(free_port() - 111),
+         "--interceptor", "schema_registry", "--interceptor-config", json.dumps({
+             "registry": {"url": url}, "topics": {
+                 steady_topic: {"value": "payload"}, burst_topic: {"value": "payload"}}})],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proxy.stdout is not None
+        for line in proxy.stdout:
+            if "bootstrap address" in line:
+                break
+        bootstrap = f"127.0.0.1:{listen}"
+        AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
+            [NewTopic(t, 1, 1) for t in (steady_topic, burst_topic)])[steady_topic].result(15)
+        steady_value = steady_serialize(datum(900, 0))
+        results: dict[str, dict[str, float]] = {}
+        for phase in ("without burst", "with burst"):
+            ids = []
+            if phase == "with burst":
+                for i in range(100):  # 100 schemas the proxy has never seen
+                    schema = dict(AVRO, name=f"Burst{run}x{i}")
+                    ids.append(client.register_schema(f"{burst_topic}-value",
+                                                      Schema(json.dumps(schema), "AVRO")))
+            latencies = steady_phase(Producer, bootstrap, steady_topic, steady_value,
+                                     steady_records, burst_topic, ids)
+            latencies.sort()
+            results[phase] = {"p50": latencies[len(latencies) // 2],
+                              "p99": latencies[int(len(latencies) * 0.99) - 1],
+                              "max": latencies[-1], "n": len(latencies)}
+        return results
+    finally:
+        proxy.terminate()
+        proxy.wait(30)
+        broker.stop()
+
+
+def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, count: int,
+                 burst_topic: str, ids: list[int]) -> list[float]:
+    steady = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
+    burster = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1,
+                            "max.in.flight": 100})
+    payload = value[5:]
+    latencies: list[float] = []
+    for i in range(count):
+        if ids and i == count // 4:  # the burst lands a quarter into the phase
+            for n, schema_id in enumerate(ids):
+                burster.produce(burst_topic, b"\x00" + schema_id.to_bytes(4, "big") + payload,
+                                partition=0)
+                if n % 10 == 9:
+                    burster.poll(0)
+        t0 = time.perf_counter()
+        steady.produce(topic, value, partition=0)
+        steady.flush(10)
+        latencies.append((time.perf_counter() - t0) * 1000)
+    burster.flush(30)
+    return latencies
+
+
+def render(rows: list[tuple[str, int, float]], burst_rows: dict[str, dict[str, float]] | None,
+           command: str) -> str:
+    base = {size: us for case, size, us in rows if case == "passthrough"}
+    lines = [HEADING, "",
+             f"{datetime.date.today().isoformat()}, {platform.machine()} "
+             f"({os.cpu_count()} cores, shared with other work), Python "
+             f"{platform.python_version()}. Command: `{command}`", "",
+             "| check | value | CPU us/record | added us/record | CPU s/GB of values |",
+             "|---|---|---:|---:|---:|"]
+    for case, size, us in rows:
+        lines.append(f"| {case} | {size} B | {us:.2f} | {us - base[size]:+.2f} | "
+                     f"{us / size * 1e3:.2f} |")
+    if burst_rows:
+        lines += ["", "Cache-miss burst (100 new schema ids on another connection, a quarter "
+                  "into the phase); the steady producer's produce-to-acknowledgement latency:",
+                  "", "| phase | records | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|"]
+        for phase, r in burst_rows.items():
+            lines.append(f"| {phase} | {r['n']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
+                         f"{r['max']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the cases, print the table, record it (unless ``--no-write``)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--registry-url")
+    parser.add_argument("--records", type=int, default=500)
+    parser.add_argument("--seconds", type=float, default=2.5, help="per case")
+    parser.add_argument("--burst", action="store_true", help="also run the cache-miss burst")
+    parser.add_argument("--steady-records", type=int, default=2000)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args(argv)
+    with registry(args.registry_url) as url:
+        rows = per_record(url, args.records, args.seconds)
+        burst_rows = burst(url, args.steady_records) if args.burst else None
+    command = "python -m bench.schema_registry" + (" --burst" if args.burst else "")
+    text = render(rows, burst_rows, command)
+    print(text)
+    if not args.no_write:
+        from bench.results import write_results
+        write_results(text, HEADING)
+
+
+if __name__ == "__main__":
+    main()
