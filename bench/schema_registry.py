@@ -229,8 +229,11 @@ def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
 
     run = str(int(time.time()))[-6:]
     steady_topic, burst_topic = f"steady{run}", f"burst{run}"
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
     client = SchemaRegistryClient({"url": url})
-    steady_serialize = serializers(url, run)["avro"]
+    steady_serializer = AvroSerializer(client, json.dumps(AVRO))
     broker = EmbeddedBroker()
     broker.start()
     listen = free_port()
@@ -247,9 +250,12 @@ def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
             if "bootstrap address" in line:
                 break
         bootstrap = f"127.0.0.1:{listen}"
-        AdminClient({"bootstrap.servers": broker.bootstrap}).create_topics(
-            [NewTopic(t, 1, 1) for t in (steady_topic, burst_topic)])[steady_topic].result(15)
-        steady_value = steady_serialize(datum(900, 0))
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+        for future in admin.create_topics(
+                [NewTopic(t, 1, 1) for t in (steady_topic, burst_topic)]).values():
+            future.result(15)
+        steady_value = bytes(steady_serializer(
+            datum(900, 0), SerializationContext(steady_topic, MessageField.VALUE)))
         results: dict[str, dict[str, float]] = {}
         for phase in ("without burst", "with burst"):
             ids = []
@@ -277,19 +283,28 @@ def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, co
     burster = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1,
                             "max.in.flight": 100})
     payload = value[5:]
+    failed: list[Any] = []
+
+    def delivered(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failed.append(err)
+
     latencies: list[float] = []
     for i in range(count):
         if ids and i == count // 4:  # the burst lands a quarter into the phase
             for n, schema_id in enumerate(ids):
                 burster.produce(burst_topic, b"\x00" + schema_id.to_bytes(4, "big") + payload,
-                                partition=0)
+                                partition=0, on_delivery=delivered)
                 if n % 10 == 9:
                     burster.poll(0)
         t0 = time.perf_counter()
-        steady.produce(topic, value, partition=0)
-        steady.flush(10)
+        steady.produce(topic, value, partition=0, on_delivery=delivered)
+        if steady.flush(10):
+            raise RuntimeError(f"the steady producer's record {i} was not acknowledged in 10 s")
         latencies.append((time.perf_counter() - t0) * 1000)
     burster.flush(30)
+    if failed:
+        raise RuntimeError(f"{len(failed)} records were refused, first: {failed[0]}")
     return latencies
 
 

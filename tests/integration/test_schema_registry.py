@@ -13,14 +13,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-import subprocess
 import tempfile
-import time
-import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -309,11 +305,6 @@ def test_rules_over_plain_json_without_a_registry_lookup(proxy: ProxyProcess) ->
     assert errors == [(0, "record 0: rule has_kind failed: has(value.kind) is false")]
 
 
-@pytest.fixture(scope="module")
-def registry_url() -> str:  # LOCAL, replaced by the registry fixture
-    return os.environ["KIPROXY_TEST_REGISTRY_URL"]
-
-
 def test_a_reload_changes_the_rules_without_dropping_the_connection(
         broker: EmbeddedBroker, registry_url: str, sr: Any, tmp_path: Path) -> None:
     from .test_reload import _http, _wait_generation
@@ -397,12 +388,12 @@ def test_replay_reports_exactly_the_records_the_proxy_refuses(
 
 
 def test_registry_outage_cached_ids_flow_new_ids_follow_the_policy(
-        broker: EmbeddedBroker, tmp_path: Path) -> None:
+        broker: EmbeddedBroker, start_registry: Callable[[], Any]) -> None:
     """A registry of its own, stopped mid-stream and started again (in-memory storage:
     the schemas are registered again, in the same order, so they get the same ids)."""
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-    registry = start_registry(tmp_path)
+    registry = start_registry()
     url = registry.url
     strict, lenient = topic("outage-strict"), topic("outage-lenient")
     config = {"registry": {"url": url}, "topics": {strict: {"value": "payload"}}}
@@ -412,63 +403,39 @@ def test_registry_outage_cached_ids_flow_new_ids_follow_the_policy(
     proxies = [launch_proxy(broker.bootstrap, interceptor="schema_registry",
                             interceptor_config=c) for c in (config, lenient_config)]
     try:
+        # Two versions of the strict topic's schema (the second adds a field with a
+        # default: BACKWARD compatible), and the lenient topic's.
+        order_v2 = {**ORDER, "fields": [*ORDER["fields"],
+                                        {"name": "note", "type": "string", "default": ""}]}
+
         def register(client: Any) -> tuple[int, int]:
-            order_id = client.register_schema(f"{strict}-value", Schema(json.dumps(ORDER), "AVRO"))
+            order_id = client.register_schema(f"{strict}-value",
+                                              Schema(json.dumps(ORDER), "AVRO"))
             client.register_schema(f"{lenient}-value", Schema(json.dumps(ORDER), "AVRO"))
             return order_id, client.register_schema(f"{strict}-value",
-                                                    Schema(json.dumps(CUSTOMER), "AVRO"))
+                                                    Schema(json.dumps(order_v2), "AVRO"))
 
-        order_id, customer_id = register(SchemaRegistryClient({"url": url}))
-        order = framed(order_id, b"\x02x" + struct.pack("<d", 1.0) + b"\x06EUR")
-        customer = framed(customer_id, b"\x06Ada")
+        order_id, v2_id = register(SchemaRegistryClient({"url": url}))
+        body = b"\x02x" + struct.pack("<d", 1.0) + b"\x06EUR"
+        order, order_v2_value = framed(order_id, body), framed(v2_id, body + b"\x02!")
         assert produce(proxies[0].bootstrap, strict, [order]) == [None]  # order_id now cached
         registry.stop()
 
         assert produce(proxies[0].bootstrap, strict, [order]) == [None]  # cached: checked
-        [(code, message, _)] = answer(proxies[0].bootstrap, [(strict, records(customer))]).values()
+        [(code, message, _)] = answer(proxies[0].bootstrap,
+                                      [(strict, records(order_v2_value))]).values()
         assert code == 7 and "could not be reached" in message  # REQUEST_TIMED_OUT: retried
-        assert produce(proxies[1].bootstrap, lenient, [customer]) == [None]  # pass: unchecked
+        # on_registry_unavailable: pass forwards it unchecked
+        assert produce(proxies[1].bootstrap, lenient, [order_v2_value]) == [None]
 
-        registry = start_registry(tmp_path)
-        assert registry.url == url
-        assert register(SchemaRegistryClient({"url": url})) == (order_id, customer_id)
-        assert produce(proxies[0].bootstrap, strict, [customer]) == [None]  # validated again
+        registry.start()  # the same port, empty storage
+        assert register(SchemaRegistryClient({"url": url})) == (order_id, v2_id)
+        assert produce(proxies[0].bootstrap, strict, [order_v2_value]) == [None]  # checked again
         stored = [m.value() for m in consume(broker.bootstrap, strict, 3)]
-        assert stored == [order, order, customer]
-        assert ("record 0: schema id 31337 is not registered" in
-                answer(proxies[0].bootstrap, [(strict, records(framed(31337, b"")))])[strict][2][0])
+        assert stored == [order, order, order_v2_value]
+        unknown = answer(proxies[0].bootstrap, [(strict, records(framed(31337, b"")))])
+        assert unknown[strict][2] == [(0, "record 0: schema id 31337 is not registered")]
     finally:
         for p in proxies:
             p.stop()
-        registry.stop()
 
-
-class LocalRegistry:  # LOCAL, replaced by the registry launcher
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.url = f"http://127.0.0.1:{port}/apis/ccompat/v7"
-        self.proc = subprocess.Popen(
-            ["java", f"-Dquarkus.http.port={port}", "-Dquarkus.http.host=127.0.0.1",
-             "-jar", os.environ["KIPROXY_TEST_REGISTRY_JAR"]],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(self.url + "/subjects", timeout=2):
-                    return
-            except OSError:
-                time.sleep(0.2)
-        raise AssertionError("registry did not start")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(30)
-
-
-_PORTS: dict[Path, int] = {}
-
-
-def start_registry(tmp_path: Path) -> LocalRegistry:
-    port = _PORTS.setdefault(tmp_path, free_port())
-    return LocalRegistry(port)

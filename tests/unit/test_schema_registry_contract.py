@@ -76,7 +76,8 @@ class FakeRegistry:
             raise Unknown(schema_id)
         return self.schemas[schema_id]
 
-    async def subjects_of(self, schema_id: int) -> tuple[tuple[str, int], ...]:
+    async def subjects_of(self, schema_id: int, *,
+                          fresh: bool = False) -> tuple[tuple[str, int], ...]:
         self.calls.append(("subjects", schema_id))
         if self.down:
             raise Down("connection refused")
@@ -340,3 +341,17 @@ async def test_id_level_judges_each_frame_once_and_names_every_record() -> None:
     assert refusal.record_errors[1] == (4, "record 4: schema id 99 is not registered")
     assert check.rejections["unknown_id"] == 2 and check.rejections["unframed"] == 1
     assert fake.calls.count(("schema", 99)) == 1
+
+
+async def test_an_id_registered_under_another_subject_later_is_accepted_at_once() -> None:
+    fake = registry()
+    check = checker({"topics": {"orders": {"value": "payload"},
+                                "archive": {"value": "payload"}}}, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+    assert await check.check(batch("archive", GOOD)) is not None  # not under archive-value
+    fake.subjects[17].append("archive-value")
+    # asked again at most once a second per (id, subject): a refusing producer cannot
+    # turn each record into a registry request
+    assert await check.check(batch("archive", GOOD)) is not None
+    await asyncio.sleep(1.05)
+    assert await check.check(batch("archive", GOOD)) is None

@@ -121,20 +121,26 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
             await self._client.close()
 
 
+_CLIENT_COUNTERS = {
+    "lookups": ("schema_registry_lookups", "Lookups asked of the registry client"),
+    "hits": ("schema_registry_cache_hits", "Lookups answered from the client's cache"),
+    "misses": ("schema_registry_cache_misses", "Lookups that had to ask the registry"),
+    "unknown": ("schema_registry_unknown", "Lookups the registry (or the negative cache) "
+                "answered with: no such schema id or subject"),
+    "stale": ("schema_registry_stale_hits", "Cached answers served past their TTL because "
+              "the registry was unavailable"),
+    "requests": ("schema_registry_requests", "HTTP requests made to the registry"),
+    "errors": ("schema_registry_errors", "Registry requests that failed (unreachable, "
+               "timeout, 5xx, refused credentials)"),
+    "latency_sum_s": ("schema_registry_request_seconds", "Seconds spent in registry requests "
+                      "(divide by schema_registry_requests for the mean)"),
+}
+
+
 def _client_samples(stats: Any) -> Iterable[MetricSample]:
-    """The registry client's counters (whatever of them its ``stats()`` has)."""
-    described = {
-        "lookups": "Schema lookups asked of the registry client",
-        "hits": "Schema lookups answered from the client's cache",
-        "misses": "Schema lookups that went to the registry",
-        "errors": "Registry requests that failed (unreachable, timeout, 5xx)",
-        "latency_sum": "Seconds spent in registry requests",
-        "latency_count": "Registry requests timed",
-    }
-    for field, help_text in described.items():
+    """The registry client's counters (``RegistryStats``)."""
+    for field, (name, help_text) in _CLIENT_COUNTERS.items():
         value = getattr(stats, field, None)
-        if value is None:
-            value = getattr(stats, field.replace("latency_", "latency_s_"), None)
         if isinstance(value, (int, float)):
-            yield MetricSample(name=f"schema_registry_{field}", kind="counter", help=help_text,
-                               labels={}, value=float(value))
+            yield MetricSample(name=name, kind="counter", help=help_text, labels={},
+                               value=float(value))

@@ -84,8 +84,9 @@ class SchemaLookup(Protocol):
 
     async def schema_by_id(self, schema_id: int) -> Any:
         """The registered schema (a :class:`~.formats.SchemaSource`)."""
-    async def subjects_of(self, schema_id: int) -> tuple[tuple[str, int], ...]:
-        """``(subject, version)`` pairs the id is registered under."""
+    async def subjects_of(self, schema_id: int, *,
+                          fresh: bool = False) -> tuple[tuple[str, int], ...]:
+        """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""
     async def latest_id(self, subject: str) -> int:
         """The id of the subject's latest version."""
 
@@ -141,6 +142,8 @@ class ContractCheck:
             collections.OrderedDict()
         self._subjects: dict[int, tuple[frozenset[str], float, float]] = {}
         """id -> (subjects, trusted until, fetched at)."""
+        self._rechecked: dict[tuple[int, str], float] = {}
+        """When an id's subjects were last asked again for a subject they lacked."""
         self._latest: dict[str, tuple[int, float]] = {}
         self._inflight: dict[int, asyncio.Future[CompiledSchema | _Missing]] = {}
         self.rejections: collections.Counter[str] = collections.Counter()
@@ -370,9 +373,13 @@ class ContractCheck:
             state.pending.append(self._fetch_subjects(schema_id, state.down))
             return "pending"
         if subject not in known[0]:
-            if now - known[2] >= _RECHECK_S:  # registered there since? ask, at most every 1 s
-                self._subjects[schema_id] = (known[0], known[1], now)
-                state.pending.append(self._fetch_subjects(schema_id, state.down))
+            # Registered there since? Ask once, then at most every second per (id, subject).
+            asked = self._rechecked.get((schema_id, subject))
+            if known[2] < now and (asked is None or now - asked >= _RECHECK_S):
+                if len(self._rechecked) >= self.settings.compiled_cache_size:
+                    self._rechecked.clear()
+                self._rechecked[(schema_id, subject)] = now
+                state.pending.append(self._fetch_subjects(schema_id, state.down, fresh=True))
                 return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
@@ -433,10 +440,11 @@ class ContractCheck:
     async def _relook(self, schema_id: int, looked: dict[int, Any]) -> None:
         looked[schema_id] = await self._lookup(schema_id)
 
-    async def _fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str]) -> None:
+    async def _fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
+                              fresh: bool = False) -> None:
         assert self.client is not None
         try:
-            pairs = await self.client.subjects_of(schema_id)
+            pairs = await self.client.subjects_of(schema_id, fresh=fresh)
         except self._unavailable as exc:
             down[("subjects", schema_id)] = str(exc)
             return
