@@ -42,7 +42,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -189,34 +188,17 @@ def per_record(url: str, records: int, seconds: float) -> list[tuple[str, int, f
 
 @contextmanager
 def registry(url: str | None) -> Iterator[str]:
-    """``url``, or an Apicurio Registry started from ``make registry``'s jar."""
+    """``url``, or an Apicurio Registry of the bench's own (the jar ``make registry`` builds)."""
     if url is not None:
         yield url
         return
-    from kiproxy.localbrokers.tansu import free_port
+    from kiproxy.localbrokers.apicurio import ApicurioRegistry, find_registry_jar
 
-    jar = os.environ.get("KIPROXY_REGISTRY_JAR") or subprocess.run(
-        ["make", "-s", "registry"], capture_output=True, text=True, check=True
-    ).stdout.strip().splitlines()[-1]
-    port = free_port()
-    proc = subprocess.Popen(["java", f"-Dquarkus.http.port={port}",
-                             "-Dquarkus.http.host=127.0.0.1", "-jar", jar],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    started = f"http://127.0.0.1:{port}/apis/ccompat/v7"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                with urllib.request.urlopen(started + "/subjects", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.3)
-        yield started
-    finally:
-        proc.terminate()
-        proc.wait(30)
+    jar = find_registry_jar()
+    if jar is None:
+        raise SystemExit("no Apicurio Registry jar: run `make registry` (or pass --registry-url)")
+    with ApicurioRegistry(jar) as started:
+        yield started.url
 
 
 def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
