@@ -35,10 +35,12 @@ at-least-once: a task Spark retries produces its records again.
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import inspect
 import logging
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -307,9 +309,15 @@ def _check_plugin(spec: InterceptorSpec) -> None:
     close = getattr(plugin, "close", None)
     if close is not None:
         try:
-            close()
+            result = close()
+            if inspect.isawaitable(result):  # an ``async def close()``
+                asyncio.run(_awaited(result))
         except Exception as exc:
             log.warning("interceptor %s: close() failed: %s", spec.spec, exc)
+
+
+async def _awaited(awaitable: Awaitable[Any]) -> None:
+    await awaitable
 
 
 def _plan(opts: ReplayOptions) -> tuple[list[str], list[OffsetRange]]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -349,15 +351,10 @@ def test_a_reload_changes_the_rules_without_dropping_the_connection(
 
 
 def test_replay_reports_exactly_the_records_the_proxy_refuses(
-        proxy: ProxyProcess, broker: EmbeddedBroker, registry_url: str, sr: Any) -> None:
-    """What each replay task runs on its executor - the stored batches read back whole,
-    each judged by the replay's interceptor runner (its own event loop and registry
-    cache) - refuses the same records, with the same words, as the proxy."""
-    from kiproxy.pipelines.apply import InterceptorSpec, runner_for
-    from kiproxy.pipelines.fetch_client import FetchClient
-    from kiproxy.pipelines.offsets import ReplayTask
-    from kiproxy.pipelines.sources import stored_batches
-
+        proxy: ProxyProcess, broker: EmbeddedBroker, registry_url: str, sr: Any,
+        tmp_path: Path) -> None:
+    """`kiproxy replay` over a topic holding good and bad records lists exactly the bad
+    ones, each with the record error the proxy gives the same record."""
     history = topic("history")
     order_ser = avro_serializer(sr, ORDER)
     good = ser(order_ser, {"id": "h", "amount": 3.0, "currency": "EUR"}, history)
@@ -366,19 +363,18 @@ def test_replay_reports_exactly_the_records_the_proxy_refuses(
     # History written straight to the broker, as it was before the proxy checked it.
     assert produce(broker.bootstrap, history, values) == [None] * len(values)
 
-    runner = runner_for(InterceptorSpec("schema_registry",
-                                        config=interceptor_config(registry_url)))
-    client = FetchClient(broker.bootstrap)
-    try:
-        replayed = []
-        task = ReplayTask(topic=history, partition=0, range_start=0, range_end=len(values),
-                          start=0, end=len(values))
-        for batch in stored_batches(client, task):
-            outcome = runner.apply(batch)
-            for index, text in outcome.record_errors:
-                replayed.append((batch.offsets[index], outcome.error_code, text))
-    finally:
-        client.close()
+    report = tmp_path / "report"
+    done = subprocess.run(
+        [sys.executable, "-m", "kiproxy", "replay", "--bootstrap", broker.bootstrap,
+         "--topic", history, "--interceptor", "schema_registry",
+         "--interceptor-config", json.dumps(interceptor_config(registry_url)),
+         "--report", str(report), "--no-progress"],
+        capture_output=True, text=True, timeout=150,
+        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    replayed = sorted((r["offset"], r["error_code"], r["record_error"])
+                      for f in (report / "rejected").glob("*.json")
+                      for r in map(json.loads, f.read_text().splitlines()))
     assert [offset for offset, _, _ in replayed] == [1, 3, 4], replayed
 
     for offset, code, text in replayed:
