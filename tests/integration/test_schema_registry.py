@@ -342,6 +342,10 @@ def test_a_reload_changes_the_rules_without_dropping_the_connection(
             assert send() == (INVALID_RECORD, [
                 "record 0: rule large_orders_only failed: orders under 10 go to the "
                 "small-orders topic"])
+            _, scraped = _http("GET", f"http://{metrics}/metrics")
+            assert ('kiproxy_interceptor_schema_registry_rule_rejections_total{'
+                    'interceptor="schema_registry",rule="large_orders_only"} 1.0') in scraped
+            assert "kiproxy_interceptor_schema_registry_cache_misses_total" in scraped
             write([{"name": "broken", "expr": "value.amount >"}])
             status, outcome = _http("POST", f"http://{metrics}/reload")
             assert status == 500 and "rules[0].expr" in json.dumps(outcome), outcome
