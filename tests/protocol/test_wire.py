@@ -29,13 +29,13 @@ def test_a_varint_reads_back_between_other_bytes(n: int, before: bytes, after: b
 def test_a_varint_cut_by_end_is_truncated_at_its_first_byte(n: int) -> None:
     data = b"\x00" + uvarint(n)
     for end in range(1, len(data)):
-        with pytest.raises(MalformedMessage, match="^size varint truncated at byte 1$"):
+        with pytest.raises(MalformedMessage, match=r"^size varint truncated at byte 1$"):
             read_uvarint(data, 1, end, "size")
 
 
 @pytest.mark.parametrize("data", [uvarint(2**32), b"\x80\x80\x80\x80\x80\x01"])
 def test_a_varint_over_32_bits_raises_the_callers_error(data: bytes) -> None:
-    with pytest.raises(MalformedFrame, match="^tag varint at byte 0 overflows 32 bits$"):
+    with pytest.raises(MalformedFrame, match=r"^tag varint at byte 0 overflows 32 bits$"):
         read_uvarint(data, 0, len(data), "tag", MalformedFrame)
 
 
@@ -45,7 +45,7 @@ def test_the_byte_reader_reads_big_endian_and_names_what_was_cut() -> None:
     assert (r.i16("a"), r.i32("b"), r.i64("c"), r.uvarint("d")) == (7, -2, 9, 42)
     r.skip(1, "e")
     assert r.take(2, "f") == b"bc"
-    with pytest.raises(MalformedMessage, match="^Fetch response: g truncated at byte 18$"):
+    with pytest.raises(MalformedMessage, match=r"^Fetch response: g truncated at byte 18$"):
         r.i16("g")
-    with pytest.raises(MalformedMessage, match="^Fetch response: h varint truncated"):
+    with pytest.raises(MalformedMessage, match=r"^Fetch response: h varint truncated"):
         r.uvarint("h")
