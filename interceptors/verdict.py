@@ -66,6 +66,7 @@ __all__ = [
     "fault_rejection",
     "judge",
     "judge_sync",
+    "result_fault",
 ]
 
 Fault = Literal["raised", "return_type", "record_count", "timeout"]
@@ -156,7 +157,12 @@ def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Reje
     return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
 
 
-def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
+    """The rejection when ``result`` breaks the return-type or record-count rule, else None.
+
+    ``name`` names the plugin (``interceptor {name} ...``). A plugin that runs other
+    plugins (the ``chain`` built-in) checks each one's answer with this.
+    """
     if not isinstance(result, RecordBatch):
         return fault_rejection("return_type", name,
                                f"returned {type(result).__name__}, not a RecordBatch")
@@ -164,6 +170,13 @@ def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
         return fault_rejection("record_count", name,
                      f"broke the record-count rule: returned {len(result.records)} records "
                      f"for a batch of {len(batch.records)}")
+    return None
+
+
+def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+    fault = result_fault(batch, result, name)
+    if fault is not None:
+        return fault
     if result.records is batch.records or result.records == batch.records:
         return Unchanged(batch)
     return Transformed(result)
