@@ -46,6 +46,7 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin._composite import link_loader
+from kiproxy.interceptors.config_keys import check_keys
 from kiproxy.interceptors.verdict import acknowledgement_hook, result_fault
 
 
@@ -58,10 +59,7 @@ class Chain(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any], *,
                   plugins: PluginFactory | None = None) -> None:
         """Load every link's interceptor (a failure names the link)."""
-        unknown = set(config) - {"links", "plugins_dir"}
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             "known: links, plugins_dir")
+        check_keys(config, ("links", "plugins_dir"))
         links = config.get("links")
         if not isinstance(links, list) or not links:
             raise ValueError("links must be a non-empty list of {interceptor, config}")
@@ -71,10 +69,7 @@ class Chain(ProduceRequestInterceptor):
                 link = {"interceptor": link}
             if not isinstance(link, Mapping) or "interceptor" not in link:
                 raise ValueError(f"links[{i - 1}] needs 'interceptor' (MODULE:CLASS)")
-            bad = set(link) - {"interceptor", "config"}
-            if bad:
-                raise ValueError(f"links[{i - 1}]: unknown key(s) {', '.join(sorted(bad))}; "
-                                 "known: config, interceptor")
+            check_keys(link, ("interceptor", "config"), f"links[{i - 1}]: ")
             spec = str(link["interceptor"])
             try:
                 plugin = load(spec, link.get("config") or {})
@@ -90,7 +85,8 @@ class Chain(ProduceRequestInterceptor):
         fault = result_fault(before, after, f"chain link {index + 1} ({self.links[index][0]})")
         if fault is not None:
             raise RejectBatch(fault.message, fault.code)
-        return after
+        checked: RecordBatch = after
+        return checked
 
     def _rejected(self, index: int, exc: RejectBatch) -> RejectBatch:
         spec = self.links[index][0]

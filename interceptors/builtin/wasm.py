@@ -101,6 +101,7 @@ from kiproxy.interceptors.builtin.wasm_abi import (
     decode_result,
     encode_input,
 )
+from kiproxy.interceptors.config_keys import check_keys
 
 if TYPE_CHECKING:
     from kiproxy.interceptors.builtin.wasm_engine import EpochClock, Program, Target
@@ -184,10 +185,7 @@ class WasmInterceptor(ProduceRequestInterceptor):
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Compile every configured module (errors name the key and the file)."""
-        unknown = set(config) - _CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(_CONFIG_KEYS))}")
+        check_keys(config, _CONFIG_KEYS)
         base = {k: v for k, v in config.items() if k in _TARGET_KEYS}
         topics = config.get("topics") or {}
         if not isinstance(topics, Mapping):
@@ -219,10 +217,7 @@ class WasmInterceptor(ProduceRequestInterceptor):
             if isinstance(entry, str):
                 override: Mapping[str, Any] = {"module": entry}
             elif isinstance(entry, Mapping):
-                bad = set(entry) - _TARGET_KEYS
-                if bad:
-                    raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; "
-                                     f"known: {', '.join(sorted(_TARGET_KEYS))}")
+                check_keys(entry, _TARGET_KEYS, f"{where}: ")
                 override = entry
             else:
                 raise ValueError(f"{where} must be a module path or a mapping of settings")
