@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -182,6 +182,43 @@ def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
     return Transformed(result)
 
 
+_Pending = tuple[Awaitable[Any], float | None]
+"""An ``async def intercept``'s awaitable and the seconds it may take (None: no limit)."""
+
+
+def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: str,
+             timeout: float | None) -> Generator[_Pending, Any, Verdict]:
+    """The one body of :func:`judge` and :func:`judge_sync`, without the waiting.
+
+    Yields once, for an ``async def intercept``: the driver waits for the awaitable and
+    sends its result in (or throws its exception, ``TimeoutError`` past the deadline).
+    """
+    try:
+        result = interceptor.intercept(batch, ctx)
+        if type(result) is not RecordBatch and inspect.isawaitable(result):
+            remaining = None if timeout is None else max(ctx.deadline - time.monotonic(), 0)
+            result = yield result, remaining
+        elif timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
+    except Exception as exc:
+        return _exception_verdict(exc, name, timeout)
+    return _result_verdict(batch, result, name)
+
+
+def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
+             error: Exception | None) -> Verdict:
+    """Hand the awaited ``result`` (or ``error``) back to :func:`_judging`: its verdict."""
+    try:
+        if error is None:
+            judging.send(result)
+        else:
+            judging.throw(error)
+    except StopIteration as done:
+        verdict: Verdict = done.value
+        return verdict
+    raise RuntimeError("the verdict yielded twice")  # _judging yields at most once
+
+
 async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
                 name: str, timeout: float | None) -> Verdict:
     """Run ``interceptor.intercept(batch, ctx)`` and return the verdict; never raises.
@@ -190,39 +227,40 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     ``interceptor.timeout_ms``) turns on the deadline ``ctx.deadline``; None
     leaves the deadline to the caller (an isolation worker, killed by its pool).
     """
+    judging = _judging(interceptor, batch, ctx, name, timeout)
     try:
-        result = interceptor.intercept(batch, ctx)
-        if type(result) is not RecordBatch and inspect.isawaitable(result):
-            if timeout is None:
-                result = await result
-            else:
-                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
-        elif timeout is not None and time.monotonic() > ctx.deadline:
-            return _timed_out(name, timeout)
+        awaitable, remaining = next(judging)
+    except StopIteration as done:  # a plain intercept: judged without waiting
+        verdict: Verdict = done.value
+        return verdict
+    try:
+        result = await (awaitable if remaining is None
+                        else asyncio.wait_for(awaitable, remaining))
     except Exception as exc:
-        return _exception_verdict(exc, name, timeout)
-    return _result_verdict(batch, result, name)
+        return _resumed(judging, None, exc)
+    return _resumed(judging, result, None)
 
 
 def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
                name: str, timeout: float | None,
                run: Callable[[Awaitable[Any], float | None], Any]) -> Verdict:
-    """:func:`judge` for a caller without a running event loop.
+    """:func:`judge` for a caller without a running event loop (the same rules, one body).
 
     ``run(awaitable, seconds)`` runs an ``async def intercept``'s awaitable to
     completion on the caller's own loop, raising ``TimeoutError`` after
-    ``seconds`` (None: no limit).
+    ``seconds`` (None: no limit). A plain ``intercept`` never reaches ``run``.
     """
+    judging = _judging(interceptor, batch, ctx, name, timeout)
     try:
-        result = interceptor.intercept(batch, ctx)
-        if inspect.isawaitable(result):
-            remaining = None if timeout is None else max(ctx.deadline - time.monotonic(), 0)
-            result = run(result, remaining)
-        elif timeout is not None and time.monotonic() > ctx.deadline:
-            return _timed_out(name, timeout)
+        awaitable, remaining = next(judging)
+    except StopIteration as done:
+        verdict: Verdict = done.value
+        return verdict
+    try:
+        result = run(awaitable, remaining)
     except Exception as exc:
-        return _exception_verdict(exc, name, timeout)
-    return _result_verdict(batch, result, name)
+        return _resumed(judging, None, exc)
+    return _resumed(judging, result, None)
 
 
 def acknowledgement_hook(interceptor: Any) -> AcknowledgementHook | None:
