@@ -48,6 +48,7 @@ from kiproxy.interceptors.api import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,
+    Record,
     RecordBatch,
     RejectBatch,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "AcknowledgementHook",
     "Fault",
     "Judged",
+    "Outcome",
     "Rejected",
     "Transformed",
     "Unchanged",
@@ -120,6 +122,53 @@ class Rejected:
 
 Verdict = Unchanged | Transformed | Rejected
 """What became of one batch."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What the proxy would do with the batch - one of three kinds, with the details - in
+    the one shape the test kit (:func:`kiproxy.interceptors.testing.run_interceptor`)
+    and replay (:mod:`kiproxy.pipelines.apply`) report it."""
+
+    kind: Literal["unchanged", "transformed", "rejected"]
+    """``unchanged`` (the original bytes are forwarded), ``transformed`` or ``rejected``."""
+    records: tuple[Record, ...]
+    """The records forwarded: the original ones, the transformed ones, or () when rejected."""
+    error: str | None
+    """The Kafka error name the producer gets (``POLICY_VIOLATION``), or None."""
+    code: int
+    """The Kafka error code (0 unless rejected)."""
+    message: str | None
+    """The partition's ``error_message``, or None."""
+    record_errors: tuple[tuple[int, str | None], ...]
+    """``(record index, message)`` pairs of a rejection."""
+    fault: Fault | None
+    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``),
+    or None (it answered, or rejected by policy with ``RejectBatch``)."""
+    verdict: Verdict
+    """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
+
+    @classmethod
+    def of(cls, verdict: Verdict) -> Outcome:
+        """The outcome a verdict stands for."""
+        if isinstance(verdict, Rejected):
+            return cls(kind="rejected", records=(), error=verdict.error, code=verdict.code,
+                       message=verdict.message, record_errors=verdict.record_errors,
+                       fault=verdict.fault, verdict=verdict)
+        kind: Literal["unchanged", "transformed"] = (
+            "transformed" if isinstance(verdict, Transformed) else "unchanged")
+        return cls(kind=kind, records=verdict.batch.records, error=None, code=0, message=None,
+                   record_errors=(), fault=None, verdict=verdict)
+
+    @property
+    def forwarded(self) -> bool:
+        """Whether the batch reaches the broker (unchanged or transformed)."""
+        return self.kind != "rejected"
+
+    @property
+    def values(self) -> list[bytes | None]:
+        """The forwarded records' values, in order."""
+        return [r.value for r in self.records]
 
 
 class Judged(Exception):
