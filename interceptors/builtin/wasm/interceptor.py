@@ -32,7 +32,7 @@ Relative paths are resolved against the proxy's working directory.
 
 Self-description: a module declares its entry function, ABI version and
 encoding in a ``kiproxy.interceptor`` custom section (see
-:mod:`~kiproxy.interceptors.builtin.wasm_declaration`), so ``module:`` alone is
+:mod:`~kiproxy.interceptors.builtin.wasm.declaration`), so ``module:`` alone is
 enough; the three config keys override the declaration (logged at start, and
 named in a rejection when a call then traps or returns something unreadable).
 A module that declares nothing is called with ``transform``, ABI 1, JSON.
@@ -94,7 +94,7 @@ from kiproxy.interceptors import (
     RecordBatch,
     error_code,
 )
-from kiproxy.interceptors.builtin.wasm_abi import (
+from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
     STATUS_REJECT,
     STATUS_UNCHANGED,
@@ -104,7 +104,7 @@ from kiproxy.interceptors.builtin.wasm_abi import (
 from kiproxy.interceptors.config_keys import check_keys
 
 if TYPE_CHECKING:
-    from kiproxy.interceptors.builtin.wasm_engine import EpochClock, Program, Target
+    from kiproxy.interceptors.builtin.wasm.engine import EpochClock, Program, Target
 
 __all__ = [
     "STATUS_OK",
@@ -125,13 +125,13 @@ _CONFIG_KEYS = _TARGET_KEYS | {"topics", "reload_interval_ms", "threaded", "work
 def _engine() -> Any:
     """The wasmtime-backed engine module, or an error saying how to install wasmtime."""
     try:
-        from kiproxy.interceptors.builtin import wasm_engine
+        import kiproxy.interceptors.builtin.wasm.engine as engine
     except ModuleNotFoundError as exc:
         if exc.name != "wasmtime":
             raise
         raise ImportError("the wasm interceptor needs wasmtime: "
                           "pip install 'kafka-interceptor-proxy[wasm]'") from None
-    return wasm_engine
+    return engine
 
 
 def _parse_abi(value: Any, where: str) -> int:
