@@ -91,7 +91,7 @@ def _plugin(name: str) -> Any:
             return batch
 
     if name == "no_secrets":  # the README's plugin as printed there, word "id"
-        from bench.proxy_scenarios import README_PLUGINS, readme_plugin
+        from bench.proxy.scenarios import README_PLUGINS, readme_plugin
         from kiproxy.interceptors.loader import load_interceptor
         readme_plugin()
         return load_interceptor("no_secrets:NoSecrets", README_PLUGINS, {"word": "id"})

@@ -8,7 +8,7 @@ Run from the repository root with the project's virtualenv::
 A batch the interceptor changed is compressed again at the level set in
 ``interceptor.compression`` (Kafka's defaults: zstd 3, lz4 1 (fast mode), gzip 6).
 For each codec, value size and level this re-encodes one batch of ``--records``
-records of the end-to-end benchmark's values (``bench.proxy_stats.json_values``,
+records of the end-to-end benchmark's values (``bench.proxy.stats.json_values``,
 upper-cased, as the ``uppercase`` built-in leaves them) with
 :func:`kiproxy.protocol.records.encode_batch` and prints the CPU time per record
 (median of ``--repeats``, each about ``--seconds`` of CPU) and the encoded batch's
@@ -24,7 +24,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench.proxy_stats import json_values
+from bench.proxy.stats import json_values
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.records import Record, build_batch, decode_batches, encode_batch
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import support.bench  # bench/ is not an installed package: this makes it importable
 
-from bench.proxy import paced_load, rotated, split_cpus, summarize_collapsed
-from bench.proxy_cpu import parse_proc_stat
-from bench.proxy_render import render_rounds, render_table, render_targets
-from bench.proxy_run import pinned
-from bench.proxy_scenarios import SCENARIOS, Case, readme_plugin
-from bench.proxy_stats import (
+from bench.proxy.cpu import parse_proc_stat
+from bench.proxy.matrix import paced_load, rotated, split_cpus, summarize_collapsed
+from bench.proxy.render import render_rounds, render_table, render_targets
+from bench.proxy.run import pinned
+from bench.proxy.scenarios import SCENARIOS, Case, readme_plugin
+from bench.proxy.stats import (
     RunResult,
     Summary,
     Target,
@@ -395,7 +395,7 @@ def test_the_readme_plugin_is_benchmarked_as_printed(tmp_path: Path) -> None:
 
 def test_the_default_matrix_leaves_out_opt_in_scenarios() -> None:
     """``pii`` paces nothing and measures scaling: it runs only when named."""
-    from bench.proxy import _parser
+    from bench.proxy.matrix import _parser
 
     default = _parser().parse_args([]).scenarios.split(",")
     assert "pii" in SCENARIOS and "pii" not in default

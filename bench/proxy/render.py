@@ -17,9 +17,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.proxy_run import Options, haproxy_binary
-from bench.proxy_scenarios import ROOT, SECTION, Case, Scenario
-from bench.proxy_stats import RunResult, Summary, TargetCheck, contention_note, median, num
+from bench.proxy.run import Options, haproxy_binary
+from bench.proxy.scenarios import ROOT, SECTION, Case, Scenario
+from bench.proxy.stats import RunResult, Summary, TargetCheck, contention_note, median, num
 
 
 def render_table(summaries: Sequence[Summary]) -> str:
