@@ -319,7 +319,7 @@ def _write(table: str, setup: str, args: argparse.Namespace, argv: list[str] | N
         f"`{command}` ({when}; {trees}). {setup}. CPU microseconds per record of "
         "`ProducePipeline.handle` on one Produce v9 request (no sockets, no broker); "
         "see the module docstring of `bench/intercept.py` for the plugins.", "",
-        table, ""]), SECTION)
+        table, ""]), "intercept")
 
 
 if __name__ == "__main__":

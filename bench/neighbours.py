@@ -480,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    elapsed=time.monotonic() - began)
     print(text)
     if args.write or not (quick or args.no_write):
-        write_results(text, SECTION)
+        write_results(text, "neighbours")
         log(f"wrote {RESULTS}")
     return 0
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from typing import Any
 
 from bench.proxy.render import code_version, load_note, section
 from bench.proxy.run import Options, Setup, haproxy_binary, kiproxy_has_flag, run_once, run_producer
-from bench.proxy.scenarios import CODECS, ROOT, SCENARIOS, SECTION, SIZES, Case, Scenario
+from bench.proxy.scenarios import CODECS, ROOT, SCENARIOS, SIZES, Case, Scenario
 from bench.proxy.stats import RunResult, evaluate_targets, num, summarize
 from bench.results import RESULTS, write_results
 
@@ -424,16 +425,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = summarize(results, unavailable, order)
     checks = evaluate_targets(summaries)
     command = " ".join(["python -m bench.proxy", *(argv if argv is not None else sys.argv[1:])])
-    text = section(summaries, checks, command=command, results=results, options=options,
-                   repeats=repeats, scenarios=[*scenarios], load=load, notes=notes, code=code,
-                   pace=pace)
-    print(text)
+    report = functools.partial(section, summaries, checks, command=command, results=results,
+                               options=options, repeats=repeats, scenarios=[*scenarios],
+                               load=load, notes=notes, code=code, pace=pace)
+    print(report())
+    text = report(details=False)  # RESULTS.md: the setup and the table
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{**dataclasses.asdict(r), "case": dataclasses.asdict(r.case)} for r in results],
             indent=1))
     if args.write or not (quick or args.no_write):
-        write_results(text, SECTION)
+        write_results(text, "proxy")
         log(f"wrote {RESULTS}")
     return 0
 

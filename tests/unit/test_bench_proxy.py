@@ -348,19 +348,30 @@ def test_contention_note_explains_ratios_by_cpu() -> None:
 # --------------------------------------------------------------------------- RESULTS.md
 
 
-def test_replace_section_keeps_the_other_sections() -> None:
-    doc = "# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nold\n\n## Profile\n\np\n"
-    new = replace_section(doc, "## Proxy", "## Proxy\n\nnew table\n")
-    assert new == ("# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nnew table\n"
-                   "\n## Profile\n\np\n")
+def test_replace_section_rewrites_only_between_its_markers() -> None:
+    doc = ("# Benchmark results\n\nintro\n\n<!-- bench:codec -->\n## Codec\n\nc\n"
+           "<!-- /bench:codec -->\n\n<!-- bench:proxy -->\n## Proxy\n\nold\n"
+           "<!-- /bench:proxy -->\n\nafter\n")
+    new = replace_section(doc, "proxy", "## Proxy\n\nnew table\n")
+    assert new == doc.replace("## Proxy\n\nold\n", "## Proxy\n\nnew table\n")
+    assert replace_section(new, "proxy", "## Proxy\n\nnew table\n") == new
 
 
-def test_replace_section_at_the_end_and_when_missing() -> None:
-    doc = "# R\n\n## Codec\n\nc\n\n## Proxy\n\nold\n"
-    assert replace_section(doc, "## Proxy", "## Proxy\n\nnew") == "# R\n\n## Codec\n\nc\n\n" \
-        "## Proxy\n\nnew\n"
-    assert replace_section("# R\n\n## Codec\n\nc\n", "## Proxy", "## Proxy\n\nx\n") == \
-        "# R\n\n## Codec\n\nc\n\n## Proxy\n\nx\n"
+def test_replace_section_appends_a_marked_section_when_missing() -> None:
+    doc = "# R\n\n<!-- bench:codec -->\nc\n<!-- /bench:codec -->\n"
+    assert replace_section(doc, "perf-test", "## Perf\n\nx\n\n") == \
+        doc + "\n<!-- bench:perf-test -->\n## Perf\n\nx\n<!-- /bench:perf-test -->\n"
+    with pytest.raises(ValueError, match="lower case"):
+        replace_section(doc, "## Proxy", "x")
+
+
+def test_results_md_has_a_marked_section_per_bench_that_writes_one() -> None:
+    text = (Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md").read_text()
+    for name in ("codec", "isolation", "proxy", "routes", "reload", "intercept", "neighbours",
+                 "perf-test"):
+        assert text.count(f"<!-- bench:{name} -->") == 1, name
+        assert text.count(f"<!-- /bench:{name} -->") == 1, name
+
 
 
 def test_summarize_collapsed_stacks() -> None:
