@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support.bench  # bench/ is not an installed package: this makes it importable
@@ -439,3 +440,22 @@ def test_pinned_confines_the_child_and_what_it_starts() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, preexec_fn=pinned({cpu})).stdout.split()
     assert out == [f"[{cpu}]", f"[{cpu}]"]
+
+
+def test_the_results_section_is_the_report_without_its_details() -> None:
+    from bench.proxy.render import section
+    from bench.proxy.run import Options
+
+    runs = [_run(s, r, 1000, proxy_cpu=0.1) for s in ("direct", "passthrough") for r in (0, 1)]
+    summaries = summarize(runs, [], ["direct", "passthrough"])
+    options = Options(records={1024: 1000}, warmup=10, latency_seconds=1, load_fraction=0.5,
+                      partitions=3, acks="1", linger_ms=5, max_in_flight=5, proxy_flags=[])
+    scenarios = [SCENARIOS[n] for n in ("direct", "passthrough")]
+    kw: dict[str, Any] = dict(command="python -m bench.proxy", results=runs, options=options,
+                              repeats=2, scenarios=scenarios, load="low", notes=[],
+                              code="commit x")
+    full = section(summaries, evaluate_targets(summaries), **kw)
+    short = section(summaries, evaluate_targets(summaries), details=False, **kw)
+    assert full.startswith(short.rstrip("\n"))
+    assert "| passthrough |" in short and "Command: `python -m bench.proxy`" in short
+    assert "Targets" in full and "Targets" not in short
