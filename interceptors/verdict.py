@@ -25,6 +25,12 @@ nothing else decides. The rules, in order:
 The four plugin-bug rejections set ``plugin_fault`` (and ``fault``, one of
 :data:`FAULTS`), so a runtime can log them apart from policy rejections.
 
+:func:`judge` and :func:`judge_sync` are one body (``_judging``) driven two ways: a
+plain ``intercept`` is judged without an event loop; only an ``async def intercept``
+waits, on the caller's loop. :func:`result_fault` is the return-type and
+record-count rules alone, for a plugin that runs other plugins (``chain``).
+:class:`Outcome` is a verdict as the test kit and replay report it.
+
 A runtime that judged a batch elsewhere (the isolation pool, whose worker
 process ran :func:`judge_sync`) passes the rejection on by raising
 :class:`Judged` from its ``intercept``; :func:`judge` returns the carried
