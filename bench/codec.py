@@ -478,7 +478,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(rows, impls, command, args.records, target, slow_target, elapsed)
     print(text)
     if not args.no_write:
-        write_results(text, SECTION)
+        write_results(text, "codec")
         print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
 

@@ -91,7 +91,7 @@ def _plugin(name: str) -> Any:
             return batch
 
     if name == "no_secrets":  # the README's plugin as printed there, word "id"
-        from bench.proxy_scenarios import README_PLUGINS, readme_plugin
+        from bench.proxy.scenarios import README_PLUGINS, readme_plugin
         from kiproxy.interceptors.loader import load_interceptor
         readme_plugin()
         return load_interceptor("no_secrets:NoSecrets", README_PLUGINS, {"word": "id"})
@@ -319,7 +319,7 @@ def _write(table: str, setup: str, args: argparse.Namespace, argv: list[str] | N
         f"`{command}` ({when}; {trees}). {setup}. CPU microseconds per record of "
         "`ProducePipeline.handle` on one Produce v9 request (no sockets, no broker); "
         "see the module docstring of `bench/intercept.py` for the plugins.", "",
-        table, ""]), SECTION)
+        table, ""]), "intercept")
 
 
 if __name__ == "__main__":

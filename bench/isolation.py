@@ -198,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = section(results, command, target, time.monotonic() - started)
     print(text)
     if not args.no_write:
-        write_results(text, SECTION)
+        write_results(text, "isolation")
         print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
 

@@ -8,12 +8,13 @@ Run from the repository root with the project's virtualenv::
 A batch the interceptor changed is compressed again at the level set in
 ``interceptor.compression`` (Kafka's defaults: zstd 3, lz4 1 (fast mode), gzip 6).
 For each codec, value size and level this re-encodes one batch of ``--records``
-records of the end-to-end benchmark's values (``bench.proxy_stats.json_values``,
+records of the end-to-end benchmark's values (``bench.proxy.stats.json_values``,
 upper-cased, as the ``uppercase`` built-in leaves them) with
 :func:`kiproxy.protocol.records.encode_batch` and prints the CPU time per record
 (median of ``--repeats``, each about ``--seconds`` of CPU) and the encoded batch's
-bytes per record, against the codec's default level. It prints only: the figures
-of a run go into ``bench/RESULTS.md`` by hand, with the command.
+bytes per record, against the codec's default level. ``--write`` also puts the
+table, with the command, the date and the machine, in its section of
+``bench/RESULTS.md`` (``levels``).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from bench.proxy_stats import json_values
+from bench.proxy.stats import json_values
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.records import Record, build_batch, decode_batches, encode_batch
 
@@ -78,6 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--records", type=int, default=300, help="records per batch")
     p.add_argument("--seconds", type=float, default=0.5, help="CPU seconds per repeat")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--write", action="store_true", help="write bench/RESULTS.md")
     args = p.parse_args(argv)
     try:
         sweep = {**_DEFAULT_SWEEP, **parse_levels(args.levels)}
@@ -88,10 +90,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         sizes = [int(s) for s in args.sizes.split(",")]
     except ValueError as exc:
         p.error(str(exc))
-    print(f"{args.records} records a batch, median of {args.repeats} x {args.seconds} s CPU")
-    print("| codec | value | level | us/record | bytes/record | CPU vs default | "
-          "size vs default |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    setup = f"{args.records} records a batch, median of {args.repeats} x {args.seconds} s CPU"
+    print(setup)
+    table = ["| codec | value | level | us/record | bytes/record | CPU vs default | "
+             "size vs default |", "|---|---:|---:|---:|---:|---:|---:|"]
+    print("\n".join(table))
     for name in codecs:
         codec = _CODECS[name]
         default: int = getattr(DEFAULT_LEVELS, name)
@@ -103,9 +106,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             base_us, base_bytes = rows[default]
             for level, (us, nbytes) in rows.items():
                 mark = " (default)" if level == default else ""
-                print(f"| {name} | {size} B | {level}{mark} | {us:.2f} | {nbytes:.1f} | "
-                      f"{us / base_us:.2f} | {nbytes / base_bytes:.2f} |")
+                table.append(f"| {name} | {size} B | {level}{mark} | {us:.2f} | "
+                             f"{nbytes:.1f} | {us / base_us:.2f} | {nbytes / base_bytes:.2f} |")
+                print(table[-1])
+    if args.write:
+        _write(table, setup, argv)
     return 0
+
+
+def _write(table: list[str], setup: str, argv: Sequence[str] | None) -> None:
+    import datetime
+    import os
+    import platform
+    import sys
+
+    from bench.results import write_results
+
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    command = " ".join(["python -m bench.levels", *(sys.argv[1:] if argv is None else argv)])
+    machine = (f"{os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python "
+               f"{platform.python_version()}, load average {os.getloadavg()[0]:.1f}")
+    write_results("\n".join([
+        "## Re-encoding levels: CPU and size per level (`bench/levels.py`)", "",
+        f"Command: `{command}` ({when}; {machine}; no broker). One batch of upper-cased "
+        f"benchmark values re-encoded at each level: {setup}; batch bytes per record.", "",
+        *table]), "levels")
 
 
 if __name__ == "__main__":

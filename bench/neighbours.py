@@ -11,7 +11,7 @@ Run from the repository root with the project's virtualenv::
 
 Each run starts a fresh Tansu broker (memory storage, loopback) and, on the kiproxy
 path, ``kiproxy run`` with the built-in uppercase interceptor in front of it
-(``bench.proxy_run.started``, as ``bench.proxy`` does). Two confluent-kafka producers,
+(``bench.proxy.run.started``, as ``bench.proxy`` does). Two confluent-kafka producers,
 each in a process of its own (``--worker small|large``), each on its own topic and
 connection:
 
@@ -73,12 +73,12 @@ from bench.neighbours_stats import (
     render_table,
     summarize,
 )
-from bench.proxy import rotated
-from bench.proxy_cpu import CpuSampler
-from bench.proxy_render import code_version
-from bench.proxy_run import create_topic, started
-from bench.proxy_scenarios import MB, ROOT, SCENARIOS
-from bench.proxy_stats import json_values, median, num
+from bench.proxy.cpu import CpuSampler
+from bench.proxy.matrix import rotated
+from bench.proxy.render import code_version
+from bench.proxy.run import create_topic, started
+from bench.proxy.scenarios import MB, ROOT, SCENARIOS
+from bench.proxy.stats import json_values, median, num
 from bench.results import RESULTS, write_results
 
 __all__ = ["SECTION", "main"]
@@ -480,7 +480,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    elapsed=time.monotonic() - began)
     print(text)
     if args.write or not (quick or args.no_write):
-        write_results(text, SECTION)
+        write_results(text, "neighbours")
         log(f"wrote {RESULTS}")
     return 0
 

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from bench.proxy_stats import median, num, percentile
+from bench.proxy.stats import median, num, percentile
 
 PATHS = ("kiproxy", "direct")
 """``kiproxy``: both producers through ``kiproxy run`` with uppercase; ``direct``: no proxy."""

@@ -34,11 +34,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.results import RESULTS, write_results
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster, find_kafka_home
 from kiproxy.localbrokers.kafka_distribution import kafka_version_of
 from kiproxy.localbrokers.tansu import free_port
 
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 SECTION = "## Apache Kafka: kafka-producer-perf-test, direct and through kiproxy"
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = ("direct", "passthrough", "uppercase")
@@ -210,19 +210,6 @@ record values), latency from send to acknowledgement in ms.
 """
 
 
-def write_results(text: str, path: Path = RESULTS) -> None:
-    """Replace (or add) this benchmark's section of ``path``, leaving the others alone."""
-    old = path.read_text() if path.exists() else "# Benchmark results\n"
-    start = old.find(SECTION + "\n")
-    if start < 0:
-        path.write_text(old.rstrip("\n") + "\n\n" + text)
-        return
-    nxt = re.search(r"^## ", old[start + len(SECTION):], re.MULTILINE)
-    end = start + len(SECTION) + nxt.start() if nxt else len(old)
-    tail = old[end:]
-    path.write_text(old[:start] + text + ("\n" + tail if tail else ""))
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the benchmark, print the table, and update bench/RESULTS.md."""
     parser = argparse.ArgumentParser(prog="python -m bench.perf_test", description=__doc__,
@@ -247,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                    os.getloadavg())
     print(text)
     if not args.no_write:
-        write_results(text)
+        write_results(text, "perf-test")
         print(f"wrote {RESULTS}", file=sys.stderr)
     return 0
 

@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"({len(s)} of {len(d)} reloads seen in the stream).")
     text = "\n".join(lines) + "\n"
     print(text)
-    write_results(text, HEADING)
+    write_results(text, "reload")
     return 0
 
 

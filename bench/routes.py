@@ -149,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = render(results, command, n, repeats, time.monotonic() - started)
     print(text)
     if not args.no_write:
-        write_results(text, SECTION)
+        write_results(text, "routes")
     return 0
 
 

@@ -34,12 +34,12 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import Fault, Rejected, Transformed, Verdict, judge
+from kiproxy.interceptors.verdict import Outcome, judge
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -131,51 +131,6 @@ def make_context(**fields: Any) -> InterceptContext:
         "received_at_ms": _now_ms(), "proxy_host": socket.gethostname(),
     }
     return InterceptContext(**{**defaults, **fields})
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Outcome:
-    """What the proxy would do with the batch: one of three kinds, with the details."""
-
-    kind: Literal["unchanged", "transformed", "rejected"]
-    """``unchanged`` (the original bytes are forwarded), ``transformed`` or ``rejected``."""
-    records: tuple[Record, ...]
-    """The records forwarded: the original ones, the transformed ones, or () when rejected."""
-    error: str | None
-    """The Kafka error name the producer gets (``POLICY_VIOLATION``), or None."""
-    code: int
-    """The Kafka error code (0 unless rejected)."""
-    message: str | None
-    """The partition's ``error_message``, or None."""
-    record_errors: tuple[tuple[int, str | None], ...]
-    """``(record index, message)`` pairs of a rejection."""
-    fault: Fault | None
-    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``),
-    or None (it answered, or rejected by policy with ``RejectBatch``)."""
-    verdict: Verdict
-    """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
-
-    @classmethod
-    def of(cls, verdict: Verdict) -> Outcome:
-        """The outcome a verdict stands for."""
-        if isinstance(verdict, Rejected):
-            return cls(kind="rejected", records=(), error=verdict.error, code=verdict.code,
-                       message=verdict.message, record_errors=verdict.record_errors,
-                       fault=verdict.fault, verdict=verdict)
-        kind: Literal["unchanged", "transformed"] = (
-            "transformed" if isinstance(verdict, Transformed) else "unchanged")
-        return cls(kind=kind, records=verdict.batch.records, error=None, code=0, message=None,
-                   record_errors=(), fault=None, verdict=verdict)
-
-    @property
-    def forwarded(self) -> bool:
-        """Whether the batch reaches the broker (unchanged or transformed)."""
-        return self.kind != "rejected"
-
-    @property
-    def values(self) -> list[bytes | None]:
-        """The forwarded records' values, in order."""
-        return [r.value for r in self.records]
 
 
 @dataclass(frozen=True, slots=True)

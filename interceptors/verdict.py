@@ -25,6 +25,12 @@ nothing else decides. The rules, in order:
 The four plugin-bug rejections set ``plugin_fault`` (and ``fault``, one of
 :data:`FAULTS`), so a runtime can log them apart from policy rejections.
 
+:func:`judge` and :func:`judge_sync` are one body (``_judging``) driven two ways: a
+plain ``intercept`` is judged without an event loop; only an ``async def intercept``
+waits, on the caller's loop. :func:`result_fault` is the return-type and
+record-count rules alone, for a plugin that runs other plugins (``chain``).
+:class:`Outcome` is a verdict as the test kit and replay report it.
+
 A runtime that judged a batch elsewhere (the isolation pool, whose worker
 process ran :func:`judge_sync`) passes the rejection on by raising
 :class:`Judged` from its ``intercept``; :func:`judge` returns the carried
@@ -40,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -48,6 +54,7 @@ from kiproxy.interceptors.api import (
     AcknowledgedBatch,
     InterceptContext,
     ProduceRequestInterceptor,
+    Record,
     RecordBatch,
     RejectBatch,
 )
@@ -58,6 +65,7 @@ __all__ = [
     "AcknowledgementHook",
     "Fault",
     "Judged",
+    "Outcome",
     "Rejected",
     "Transformed",
     "Unchanged",
@@ -66,6 +74,7 @@ __all__ = [
     "fault_rejection",
     "judge",
     "judge_sync",
+    "result_fault",
 ]
 
 Fault = Literal["raised", "return_type", "record_count", "timeout"]
@@ -121,6 +130,53 @@ Verdict = Unchanged | Transformed | Rejected
 """What became of one batch."""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Outcome:
+    """What the proxy would do with the batch - one of three kinds, with the details - in
+    the one shape the test kit (:func:`kiproxy.interceptors.testing.run_interceptor`)
+    and replay (:mod:`kiproxy.pipelines.apply`) report it."""
+
+    kind: Literal["unchanged", "transformed", "rejected"]
+    """``unchanged`` (the original bytes are forwarded), ``transformed`` or ``rejected``."""
+    records: tuple[Record, ...]
+    """The records forwarded: the original ones, the transformed ones, or () when rejected."""
+    error: str | None
+    """The Kafka error name the producer gets (``POLICY_VIOLATION``), or None."""
+    code: int
+    """The Kafka error code (0 unless rejected)."""
+    message: str | None
+    """The partition's ``error_message``, or None."""
+    record_errors: tuple[tuple[int, str | None], ...]
+    """``(record index, message)`` pairs of a rejection."""
+    fault: Fault | None
+    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``),
+    or None (it answered, or rejected by policy with ``RejectBatch``)."""
+    verdict: Verdict
+    """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
+
+    @classmethod
+    def of(cls, verdict: Verdict) -> Outcome:
+        """The outcome a verdict stands for."""
+        if isinstance(verdict, Rejected):
+            return cls(kind="rejected", records=(), error=verdict.error, code=verdict.code,
+                       message=verdict.message, record_errors=verdict.record_errors,
+                       fault=verdict.fault, verdict=verdict)
+        kind: Literal["unchanged", "transformed"] = (
+            "transformed" if isinstance(verdict, Transformed) else "unchanged")
+        return cls(kind=kind, records=verdict.batch.records, error=None, code=0, message=None,
+                   record_errors=(), fault=None, verdict=verdict)
+
+    @property
+    def forwarded(self) -> bool:
+        """Whether the batch reaches the broker (unchanged or transformed)."""
+        return self.kind != "rejected"
+
+    @property
+    def values(self) -> list[bytes | None]:
+        """The forwarded records' values, in order."""
+        return [r.value for r in self.records]
+
+
 class Judged(Exception):
     """Raised by a runtime's ``intercept`` wrapper that judged the batch elsewhere.
 
@@ -156,7 +212,12 @@ def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Reje
     return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
 
 
-def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
+    """The rejection when ``result`` breaks the return-type or record-count rule, else None.
+
+    ``name`` names the plugin (``interceptor {name} ...``). A plugin that runs other
+    plugins (the ``chain`` built-in) checks each one's answer with this.
+    """
     if not isinstance(result, RecordBatch):
         return fault_rejection("return_type", name,
                                f"returned {type(result).__name__}, not a RecordBatch")
@@ -164,9 +225,53 @@ def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
         return fault_rejection("record_count", name,
                      f"broke the record-count rule: returned {len(result.records)} records "
                      f"for a batch of {len(batch.records)}")
+    return None
+
+
+def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+    fault = result_fault(batch, result, name)
+    if fault is not None:
+        return fault
     if result.records is batch.records or result.records == batch.records:
         return Unchanged(batch)
     return Transformed(result)
+
+
+_Pending = tuple[Awaitable[Any], float | None]
+"""An ``async def intercept``'s awaitable and the seconds it may take (None: no limit)."""
+
+
+def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: str,
+             timeout: float | None) -> Generator[_Pending, Any, Verdict]:
+    """The one body of :func:`judge` and :func:`judge_sync`, without the waiting.
+
+    Yields once, for an ``async def intercept``: the driver waits for the awaitable and
+    sends its result in (or throws its exception, ``TimeoutError`` past the deadline).
+    """
+    try:
+        result = interceptor.intercept(batch, ctx)
+        if type(result) is not RecordBatch and inspect.isawaitable(result):
+            remaining = None if timeout is None else max(ctx.deadline - time.monotonic(), 0)
+            result = yield result, remaining
+        elif timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
+    except Exception as exc:
+        return _exception_verdict(exc, name, timeout)
+    return _result_verdict(batch, result, name)
+
+
+def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
+             error: Exception | None) -> Verdict:
+    """Hand the awaited ``result`` (or ``error``) back to :func:`_judging`: its verdict."""
+    try:
+        if error is None:
+            judging.send(result)
+        else:
+            judging.throw(error)
+    except StopIteration as done:
+        verdict: Verdict = done.value
+        return verdict
+    raise RuntimeError("the verdict yielded twice")  # _judging yields at most once
 
 
 async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
@@ -177,39 +282,40 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     ``interceptor.timeout_ms``) turns on the deadline ``ctx.deadline``; None
     leaves the deadline to the caller (an isolation worker, killed by its pool).
     """
+    judging = _judging(interceptor, batch, ctx, name, timeout)
     try:
-        result = interceptor.intercept(batch, ctx)
-        if type(result) is not RecordBatch and inspect.isawaitable(result):
-            if timeout is None:
-                result = await result
-            else:
-                result = await asyncio.wait_for(result, max(ctx.deadline - time.monotonic(), 0))
-        elif timeout is not None and time.monotonic() > ctx.deadline:
-            return _timed_out(name, timeout)
+        awaitable, remaining = next(judging)
+    except StopIteration as done:  # a plain intercept: judged without waiting
+        verdict: Verdict = done.value
+        return verdict
+    try:
+        result = await (awaitable if remaining is None
+                        else asyncio.wait_for(awaitable, remaining))
     except Exception as exc:
-        return _exception_verdict(exc, name, timeout)
-    return _result_verdict(batch, result, name)
+        return _resumed(judging, None, exc)
+    return _resumed(judging, result, None)
 
 
 def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
                name: str, timeout: float | None,
                run: Callable[[Awaitable[Any], float | None], Any]) -> Verdict:
-    """:func:`judge` for a caller without a running event loop.
+    """:func:`judge` for a caller without a running event loop (the same rules, one body).
 
     ``run(awaitable, seconds)`` runs an ``async def intercept``'s awaitable to
     completion on the caller's own loop, raising ``TimeoutError`` after
-    ``seconds`` (None: no limit).
+    ``seconds`` (None: no limit). A plain ``intercept`` never reaches ``run``.
     """
+    judging = _judging(interceptor, batch, ctx, name, timeout)
     try:
-        result = interceptor.intercept(batch, ctx)
-        if inspect.isawaitable(result):
-            remaining = None if timeout is None else max(ctx.deadline - time.monotonic(), 0)
-            result = run(result, remaining)
-        elif timeout is not None and time.monotonic() > ctx.deadline:
-            return _timed_out(name, timeout)
+        awaitable, remaining = next(judging)
+    except StopIteration as done:
+        verdict: Verdict = done.value
+        return verdict
+    try:
+        result = run(awaitable, remaining)
     except Exception as exc:
-        return _exception_verdict(exc, name, timeout)
-    return _result_verdict(batch, result, name)
+        return _resumed(judging, None, exc)
+    return _resumed(judging, result, None)
 
 
 def acknowledgement_hook(interceptor: Any) -> AcknowledgementHook | None:

@@ -8,8 +8,10 @@ proxy exactly: ``RejectBatch`` rejects with its error; any other exception, a
 returned batch with another record count, or something that is not a
 ``RecordBatch`` rejects with INVALID_RECORD; an ``async def intercept`` that
 misses ``timeout_ms`` (or a plain one that returns late) rejects with
-REQUEST_TIMED_OUT. A batch is ``passed`` when the records come back equal in
-every field (offset deltas included), ``transformed`` otherwise.
+REQUEST_TIMED_OUT. The answer is the verdict's
+:class:`~kiproxy.interceptors.verdict.Outcome`, as the plugin test kit reports it:
+``unchanged`` when the records come back equal in every field (offset deltas
+included), ``transformed`` otherwise, or ``rejected``.
 
 A replayed batch comes with an :class:`InterceptContext` whose ``client_id`` is
 ``kiproxy-replay``, ``client_address`` is ``replay``, ``api_version`` is -1 (no
@@ -34,11 +36,10 @@ from typing import Any
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import Rejected, Unchanged, judge_sync
+from kiproxy.interceptors.verdict import Outcome, judge_sync
 from kiproxy.pipelines.sources import SourceBatch
-from kiproxy.protocol.records import Record
 
-__all__ = ["InterceptorRunner", "InterceptorSpec", "Outcome", "error_name", "runner_for"]
+__all__ = ["InterceptorRunner", "InterceptorSpec", "error_name", "runner_for"]
 
 @dataclass(frozen=True, slots=True)
 class InterceptorSpec:
@@ -60,22 +61,6 @@ class InterceptorSpec:
 
             return str(Path(SparkFiles.get(self.plugins_archive)))
         return self.plugins_dir
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """The interceptor's verdict on one batch."""
-
-    kind: str
-    """``passed`` (unchanged), ``transformed`` or ``rejected``."""
-    records: tuple[Record, ...] = ()
-    """The records to write on (for passed and transformed batches)."""
-    transformed_records: int = 0
-    """How many records differ (in any field) from the stored ones."""
-    error_code: int = 0
-    message: str = ""
-    record_errors: tuple[tuple[int, str | None], ...] = ()
-    """``(index in batch, message)`` pairs from ``RejectBatch``."""
 
 
 class InterceptorRunner:
@@ -122,16 +107,8 @@ class InterceptorRunner:
             proxy_host=self._host,
             extra={"replay": True, "offsets": (batch.offsets[0], batch.offsets[-1])},
         )
-        verdict = judge_sync(self.interceptor, view, ctx, name=self.name,
-                             timeout=self.timeout, run=self._run)
-        if isinstance(verdict, Rejected):
-            return Outcome("rejected", error_code=verdict.code, message=verdict.message,
-                           record_errors=verdict.record_errors)
-        if isinstance(verdict, Unchanged):
-            return Outcome("passed", records=batch.records)
-        records = tuple(verdict.batch.records)
-        changed = sum(a != b for a, b in zip(batch.records, records, strict=True))
-        return Outcome("transformed", records=records, transformed_records=changed)
+        return Outcome.of(judge_sync(self.interceptor, view, ctx, name=self.name,
+                                     timeout=self.timeout, run=self._run))
 
 
 _runners: dict[tuple[str, str, str | None, str | None, int], InterceptorRunner] = {}

@@ -230,7 +230,7 @@ def _process(job: _ExecutorJob, accumulator: Any, index: int,
             outcome = runner.apply(batch)
             if outcome.kind == "rejected":
                 tally.add(batch, outcome)
-                yield from _rejected_rows(batch, outcome.error_code, outcome.message,
+                yield from _rejected_rows(batch, outcome.code, outcome.message or "",
                                           outcome.record_errors)
                 continue
             written = 0

@@ -20,7 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from kiproxy.pipelines.apply import Outcome, error_name
+from kiproxy.interceptors.verdict import Outcome
+from kiproxy.pipelines.apply import error_name
 from kiproxy.pipelines.offsets import OffsetRange
 from kiproxy.pipelines.read_committed import BatchFate
 from kiproxy.pipelines.sources import SourceBatch
@@ -102,7 +103,7 @@ class ReplayTally:
         if outcome.kind == "rejected":
             c["rejected_batches"] += 1
             c["rejected_records"] += n
-            reason = tp.reasons.setdefault((outcome.error_code, outcome.message), ReasonTally())
+            reason = tp.reasons.setdefault((outcome.code, outcome.message or ""), ReasonTally())
             reason.batches += 1
             reason.records += n
             samples = [batch.offsets[i] for i, _ in outcome.record_errors if 0 <= i < n] \
@@ -112,7 +113,8 @@ class ReplayTally:
         c["passed_records"] += n
         if outcome.kind == "transformed":
             c["transformed_batches"] += 1
-            c["transformed_records"] += outcome.transformed_records
+            c["transformed_records"] += sum(
+                a != b for a, b in zip(batch.records, outcome.records, strict=True))
 
     def skip(self, topic: str, partition: int, fate: BatchFate, records: int) -> None:
         """Count a batch the reader skipped: ``records`` records of an aborted transaction

@@ -21,6 +21,7 @@ from functools import lru_cache
 
 from kiproxy.protocol._codec import receive_buffer
 from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
+from kiproxy.protocol.wire import read_uvarint
 
 __all__ = [
     "API_VERSIONS_KEY",
@@ -34,7 +35,6 @@ __all__ = [
     "is_flexible",
     "parse_request_header",
     "parse_response_header",
-    "read_uvarint",
     "request_header_version",
     "response_header_version",
 ]
@@ -313,32 +313,15 @@ class RequestHeader:
 
 
 def _skip_tagged_fields(frame: bytes | bytearray, pos: int) -> int:
-    count, pos = read_uvarint(frame, pos, "tagged field count")
+    end = len(frame)
+    count, pos = read_uvarint(frame, pos, end, "tagged field count", MalformedFrame)
     for _ in range(count):
-        _tag, pos = read_uvarint(frame, pos, "tag")
-        size, pos = read_uvarint(frame, pos, "tagged field size")
+        _tag, pos = read_uvarint(frame, pos, end, "tag", MalformedFrame)
+        size, pos = read_uvarint(frame, pos, end, "tagged field size", MalformedFrame)
         if size > len(frame) - pos:
             raise MalformedFrame(f"tagged field of {size} bytes at byte {pos} runs past the frame")
         pos += size
     return pos
-
-
-def read_uvarint(data: bytes | bytearray, pos: int, what: str) -> tuple[int, int]:
-    """An unsigned varint at ``pos`` and the position after it; ``what`` names it in errors."""
-    result = 0
-    shift = 0
-    start = pos
-    while True:
-        if pos >= len(data):
-            raise MalformedFrame(f"{what} varint truncated at byte {start}")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
-        if shift > 28:
-            raise MalformedFrame(f"{what} varint at byte {start} overflows 32 bits")
 
 
 def parse_request_header(frame: bytes | bytearray) -> RequestHeader:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import struct
 
 from kiproxy.protocol.errors import MalformedMessage
+from kiproxy.protocol.wire import ByteReader
 
 __all__ = ["legacy_produce_acks_and_partitions", "legacy_produce_error_response"]
 
@@ -18,30 +19,11 @@ _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
 
-class _Reader:
-    def __init__(self, data: bytes, pos: int) -> None:
-        self.data = data
-        self.pos = pos
-
-    def take(self, n: int, what: str) -> bytes:
-        if n < 0 or self.pos + n > len(self.data):
-            raise MalformedMessage(f"Produce v0-v2 request: {what} truncated at byte {self.pos}")
-        out = self.data[self.pos : self.pos + n]
-        self.pos += n
-        return out
-
-    def i16(self, what: str) -> int:
-        return int(_I16.unpack(self.take(2, what))[0])
-
-    def i32(self, what: str) -> int:
-        return int(_I32.unpack(self.take(4, what))[0])
-
-
 def legacy_produce_acks_and_partitions(
     frame: bytes, body_offset: int
 ) -> tuple[int, list[tuple[str, list[int]]]]:
     """``(acks, [(topic, [partition, ...]), ...])`` of a Produce v0-v2 request body."""
-    r = _Reader(frame, body_offset)
+    r = ByteReader(frame, body_offset, context="Produce v0-v2 request: ")
     acks = r.i16("acks")
     r.i32("timeout")
     topics = []
@@ -59,7 +41,7 @@ def legacy_produce_acks_and_partitions(
         for _ in range(n_parts):
             parts.append(r.i32("partition index"))
             size = r.i32("message set size")
-            r.take(max(size, 0), "message set")
+            r.skip(max(size, 0), "message set")
         topics.append((name, parts))
     return acks, topics
 

@@ -18,6 +18,7 @@ from functools import cache, lru_cache
 from typing import Any, get_args, get_origin
 
 from kiproxy.protocol.errors import MalformedMessage, UnsupportedVersion
+from kiproxy.protocol.wire import read_uvarint
 
 __all__ = [
     "API_NAMES",
@@ -137,28 +138,13 @@ class _NullInNonNullable(Exception):
     """A null in a field the schema says is not nullable (internal to the pre-check)."""
 
 
-def _uvarint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    result = 0
-    for shift in range(0, 35, 7):
-        if pos >= end:
-            raise _TooLong(f"varint truncated at byte {pos}")
-        b = data[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            if result > 0xFFFFFFFF:
-                raise _TooLong(f"varint {result} at byte {pos} overflows 32 bits")
-            return result, pos
-    raise _TooLong(f"varint at byte {pos} is longer than 5 bytes")
-
-
 def _length(data: bytes, pos: int, end: int, flexible: bool, wide: bool) -> tuple[int, int]:
     """Read a length prefix (-1 = null); refuse one longer than the bytes left."""
     if flexible:
         if pos < end and data[pos] < 0x80:  # one-byte varint: the common case
             n, pos = data[pos] - 1, pos + 1
         else:
-            n, pos = _uvarint(data, pos, end)
+            n, pos = read_uvarint(data, pos, end, "length", _TooLong)
             n -= 1
     else:
         size = 4 if wide else 2
@@ -296,10 +282,10 @@ def _skip_tagged(data: bytes, pos: int, end: int, tagged: dict[int, _Skip],
     """Skip a tagged-field section (checking the fields the schema knows)."""
     if pos < end and data[pos] == 0:  # no tagged fields: the common case
         return pos + 1
-    count, pos = _uvarint(data, pos, end)
+    count, pos = read_uvarint(data, pos, end, "tagged field count", _TooLong)
     for _ in range(count):
-        tag, pos = _uvarint(data, pos, end)
-        size, pos = _uvarint(data, pos, end)
+        tag, pos = read_uvarint(data, pos, end, "tag", _TooLong)
+        size, pos = read_uvarint(data, pos, end, "tagged field size", _TooLong)
         if size > end - pos:
             raise _TooLong(f"tagged field {tag} at byte {pos} runs past the body")
         if tag in tagged:

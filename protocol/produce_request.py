@@ -24,6 +24,7 @@ import uuid
 from typing import NamedTuple
 
 from kiproxy.protocol.errors import MalformedMessage
+from kiproxy.protocol.wire import read_uvarint
 
 __all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_produce_request"]
 
@@ -94,27 +95,15 @@ def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
                             f"{pos} runs past the {end}-byte frame")
 
 
-def _uvarint(data: bytes, pos: int, end: int, version: int, what: str) -> tuple[int, int]:
-    result = shift = 0
-    while True:
-        if pos >= end:
-            raise _short(version, what, pos, end)
-        b = data[pos]
-        pos += 1
-        if shift == 28 and b & 0xF0:
-            raise MalformedMessage(f"Produce request v{version} does not parse: {what} "
-                                   f"varint at byte {pos - 5} overflows 32 bits")
-        result |= (b & 0x7F) << shift
-        if not b & 0x80:
-            return result, pos
-        shift += 7
+class _BadVarint(MalformedMessage):
+    """A varint that runs past the frame or overflows; re-raised naming the request."""
 
 
 def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
-    count, pos = _uvarint(data, pos, end, version, "tagged field count")
+    count, pos = read_uvarint(data, pos, end, "tagged field count", _BadVarint)
     for _ in range(count):
-        _, pos = _uvarint(data, pos, end, version, "tagged field tag")
-        size, pos = _uvarint(data, pos, end, version, "tagged field size")
+        _, pos = read_uvarint(data, pos, end, "tagged field tag", _BadVarint)
+        size, pos = read_uvarint(data, pos, end, "tagged field size", _BadVarint)
         if pos + size > end:
             raise _short(version, "tagged field", pos, end)
         pos += size
@@ -125,7 +114,7 @@ def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
             what: str) -> tuple[str | None, int]:
     """A (compact) nullable string: its text, or None for null."""
     if flexible:
-        size, pos = _uvarint(data, pos, end, version, f"{what} length")
+        size, pos = read_uvarint(data, pos, end, f"{what} length", _BadVarint)
         size -= 1
     else:
         if pos + 2 > end:
@@ -150,7 +139,7 @@ def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
                   what: str) -> tuple[int, int]:
     at = pos
     if flexible:
-        n, pos = _uvarint(data, pos, end, version, what)
+        n, pos = read_uvarint(data, pos, end, what, _BadVarint)
         n -= 1
     else:
         if pos + 4 > end:
@@ -169,6 +158,13 @@ def read_produce_request(frame: bytes, body_offset: int, version: int) -> Produc
     Raises :class:`MalformedMessage` for a body that does not parse (see the module
     contract), including one followed by bytes it does not account for.
     """
+    try:
+        return _read(frame, body_offset, version)
+    except _BadVarint as exc:
+        raise MalformedMessage(f"Produce request v{version} does not parse: {exc}") from None
+
+
+def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
     flexible = version >= FIRST_FLEXIBLE_VERSION
     by_id = version >= FIRST_TOPIC_ID_VERSION
     data = frame
@@ -208,7 +204,7 @@ def read_produce_request(frame: bytes, body_offset: int, version: int) -> Produc
             (index,) = _INT32.unpack_from(data, pos)
             records_at = pos = pos + 4
             if flexible:
-                size, pos = _uvarint(data, pos, end, version, "records length")
+                size, pos = read_uvarint(data, pos, end, "records length", _BadVarint)
                 size -= 1
             else:
                 if pos + 4 > end:

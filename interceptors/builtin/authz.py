@@ -46,6 +46,7 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin.signing import resolve_secret
+from kiproxy.interceptors.config_keys import check_keys
 
 _MAX_REPORTED = 50
 _SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")
@@ -73,10 +74,7 @@ class HeaderTokenAuthorizer(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any]) -> None:
         """Read ``header``, ``tokens``, ``unlisted``, ``strip`` and ``error``."""
         known = {"header", "tokens", "unlisted", "strip", "error"}
-        unknown = set(config) - known
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
+        check_keys(config, known)
         self.header = str(config.get("header", self.header))
         tokens = config.get("tokens")
         if not isinstance(tokens, Mapping) or not tokens:

@@ -9,9 +9,11 @@ link returns an awaitable. All links share the batch's deadline.
 
 A link that rejects stops the chain: the producer sees the link's error code
 and its message prefixed with ``chain link N (MODULE:CLASS)``. A link that
-returns a different number of records is stopped there too (INVALID_RECORD),
-naming the link. ``on_acknowledgement`` is passed to every link that defines
-it; ``close()`` closes the links in reverse order.
+returns something other than a batch of as many records is stopped there too,
+by the verdict's rules and with their messages (INVALID_RECORD, ``interceptor
+chain link N (MODULE:CLASS) broke the record-count rule: ...``).
+``on_acknowledgement`` is passed to every link that defines it; ``close()``
+closes the links in reverse order.
 
 Config::
 
@@ -44,7 +46,8 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin._composite import link_loader
-from kiproxy.interceptors.verdict import acknowledgement_hook
+from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.verdict import acknowledgement_hook, result_fault
 
 
 class Chain(ProduceRequestInterceptor):
@@ -56,10 +59,7 @@ class Chain(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any], *,
                   plugins: PluginFactory | None = None) -> None:
         """Load every link's interceptor (a failure names the link)."""
-        unknown = set(config) - {"links", "plugins_dir"}
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             "known: links, plugins_dir")
+        check_keys(config, ("links", "plugins_dir"))
         links = config.get("links")
         if not isinstance(links, list) or not links:
             raise ValueError("links must be a non-empty list of {interceptor, config}")
@@ -69,10 +69,7 @@ class Chain(ProduceRequestInterceptor):
                 link = {"interceptor": link}
             if not isinstance(link, Mapping) or "interceptor" not in link:
                 raise ValueError(f"links[{i - 1}] needs 'interceptor' (MODULE:CLASS)")
-            bad = set(link) - {"interceptor", "config"}
-            if bad:
-                raise ValueError(f"links[{i - 1}]: unknown key(s) {', '.join(sorted(bad))}; "
-                                 "known: config, interceptor")
+            check_keys(link, ("interceptor", "config"), f"links[{i - 1}]: ")
             spec = str(link["interceptor"])
             try:
                 plugin = load(spec, link.get("config") or {})
@@ -85,15 +82,11 @@ class Chain(ProduceRequestInterceptor):
             self.__class__ = _AcknowledgingChain
 
     def _checked(self, index: int, before: RecordBatch, after: Any) -> RecordBatch:
-        spec = self.links[index][0]
-        if not isinstance(after, RecordBatch):
-            raise RejectBatch(f"chain link {index + 1} ({spec}) returned "
-                              f"{type(after).__name__}, not a RecordBatch", "INVALID_RECORD")
-        if len(after.records) != len(before.records):
-            raise RejectBatch(f"chain link {index + 1} ({spec}) broke the record-count rule: "
-                              f"returned {len(after.records)} records for a batch of "
-                              f"{len(before.records)}", "INVALID_RECORD")
-        return after
+        fault = result_fault(before, after, f"chain link {index + 1} ({self.links[index][0]})")
+        if fault is not None:
+            raise RejectBatch(fault.message, fault.code)
+        checked: RecordBatch = after
+        return checked
 
     def _rejected(self, index: int, exc: RejectBatch) -> RejectBatch:
         spec = self.links[index][0]

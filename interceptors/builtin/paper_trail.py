@@ -46,6 +46,7 @@ from kiproxy.interceptors import (
     RejectBatch,
     error_code,
 )
+from kiproxy.interceptors.config_keys import check_keys
 
 _MAX_REPORTED = 50
 
@@ -78,10 +79,7 @@ class PaperTrail(ProduceRequestInterceptor):
         """Read ``cluster`` (required), ``header``, ``host``, ``max_hops``, ``reject_loops``,
         ``error``."""
         known = {"cluster", "header", "host", "max_hops", "reject_loops", "error"}
-        unknown = set(config) - known
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
+        check_keys(config, known)
         if not config.get("cluster"):
             raise ValueError("cluster is required: the name of the cluster behind this proxy")
         self.cluster = str(config["cluster"])

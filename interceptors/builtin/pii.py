@@ -53,6 +53,7 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin._per_record import per_record
+from kiproxy.interceptors.config_keys import check_keys
 
 __all__ = ["BUILTIN_RULES", "PiiMasker"]
 
@@ -132,10 +133,7 @@ def _rule(name: str, spec: Any) -> _Rule:
     where = f"rules.{name}"
     if not isinstance(spec, Mapping):
         raise ValueError(f"{where} must be a mapping with pattern or builtin")
-    unknown = set(spec) - {"pattern", "builtin", "replacement", "action"}
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         "known: action, builtin, pattern, replacement")
+    check_keys(spec, ("pattern", "builtin", "replacement", "action"), f"{where}: ")
     action = str(spec.get("action", "mask"))
     if action not in ("mask", "reject"):
         raise ValueError(f"{where}.action must be mask or reject, not {action!r}")
@@ -174,10 +172,7 @@ class PiiMasker(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any]) -> None:
         """Read ``rules``, ``topics``, ``headers`` and ``error``."""
         known = {"rules", "topics", "headers", "error"}
-        unknown = set(config) - known
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
+        check_keys(config, known)
         rules = {name: _rule(name, {"builtin": name}) for name in BUILTIN_RULES}
         custom = config.get("rules", {}) or {}
         if not isinstance(custom, Mapping):

@@ -63,6 +63,7 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin._per_record import MAX_REPORTED, map_records
+from kiproxy.interceptors.config_keys import check_keys
 
 __all__ = ["SignatureVerifier", "Signer", "resolve_secret", "signature", "signing_message"]
 
@@ -139,10 +140,7 @@ class _Signing(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any]) -> None:
         """Read the shared settings (see the module docstring)."""
         known = {"keys", "header", "headers", "include_topic", "error"} | self._own_keys
-        unknown = set(config) - known
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
+        check_keys(config, known)
         keys = config.get("keys")
         if not isinstance(keys, Mapping) or not keys:
             raise ValueError("keys must be a non-empty mapping of key id to secret")

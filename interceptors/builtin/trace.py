@@ -43,6 +43,7 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin._per_record import per_record
+from kiproxy.interceptors.config_keys import check_keys
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?",
                           re.DOTALL)
@@ -80,10 +81,7 @@ class TraceContext(ProduceRequestInterceptor):
     def configure(self, config: Mapping[str, Any]) -> None:
         """Read ``header``, ``sampled``, ``on_invalid`` and ``error``."""
         known = {"header", "sampled", "on_invalid", "error"}
-        unknown = set(config) - known
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(known))}")
+        check_keys(config, known)
         self.header = str(config.get("header", self.header))
         self.flags = "01" if config.get("sampled", True) else "00"
         self.on_invalid = str(config.get("on_invalid", self.on_invalid))

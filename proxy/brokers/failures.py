@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import socket
 import ssl
-from dataclasses import dataclass
+
+from kiproxy.protocol.log_limit import RateLimitedLog
 
 __all__ = ["UpstreamFailureLog", "connect_error"]
 
@@ -41,41 +43,33 @@ def connect_error(exc: BaseException, timeout: float | None = None) -> str:
     return str(exc) or type(exc).__name__
 
 
-@dataclass
-class _Window:
-    reason: str
-    suppressed: int = 0
-
-
 class UpstreamFailureLog:
     """Client connections that could not reach an upstream broker, logged once per interval."""
 
     def __init__(self, interval: float = 10.0) -> None:
         self.interval = interval
         """Seconds over which failures to one address are summed into one line."""
-        self._windows: dict[str, _Window] = {}
+        # The summary timer, not the clock, ends a window: it closes when one finds none.
+        self._limit = RateLimitedLog(log, math.inf)
+        self._reasons: dict[str, str] = {}
 
     def failed(self, address: str, reason: str, client: str, extra: dict[str, object]) -> None:
         """Client ``client``'s connection to ``address`` failed for ``reason``."""
-        window = self._windows.get(address)
-        if window is not None:
-            window.suppressed += 1
-            window.reason = reason
+        self._reasons[address] = reason
+        if self._limit.allow(address) is None:
             return
-        self._windows[address] = _Window(reason)
         log.warning("upstream %s unreachable: %s; closing client %s (further failures to it "
                     "are summed every %g s)", address, reason, client, self.interval,
                     extra=extra)
         asyncio.get_running_loop().call_later(self.interval, self._summarise, address)
 
     def _summarise(self, address: str) -> None:
-        window = self._windows.get(address)
-        if window is None or not window.suppressed:
-            self._windows.pop(address, None)  # quiet for a whole interval: log the next at once
+        failed = self._limit.summary(address)
+        if not failed:  # quiet for a whole interval: the next is logged at once
+            self._reasons.pop(address, None)
             return
-        plural = "s" if window.suppressed != 1 else ""
+        plural = "s" if failed != 1 else ""
         log.warning("upstream %s unreachable: %s (%d client connection%s failed in the "
-                    "last %g s)", address, window.reason, window.suppressed, plural,
+                    "last %g s)", address, self._reasons[address], failed, plural,
                     self.interval)
-        window.suppressed = 0
         asyncio.get_running_loop().call_later(self.interval, self._summarise, address)

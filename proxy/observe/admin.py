@@ -23,10 +23,11 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import logging
-import time
 from pathlib import Path
 
 from prometheus_client import Counter
+
+from kiproxy.protocol.log_limit import RateLimitedLog
 
 log = logging.getLogger("kiproxy.admin")
 
@@ -45,8 +46,7 @@ class AdminGuard:
     def __init__(self, token_file: str | None, refused: Counter | None = None) -> None:
         self.token_file = token_file
         self._refused = refused
-        self._last_log = -LOG_INTERVAL
-        self._unlogged = 0
+        self._log = RateLimitedLog(log, LOG_INTERVAL)
 
     def check(self, peer: str, local: str, authorization: str | None) -> Refusal | None:
         """``None`` when the request from ``peer`` (to ``local``) may run, else the refusal."""
@@ -91,12 +91,10 @@ class AdminGuard:
             "no_token_file" if status == 403 else "bad_token")
         if self._refused is not None:
             self._refused.labels(reason).inc()
-        self._unlogged += 1
-        now = time.monotonic()
-        if now - self._last_log >= LOG_INTERVAL:
+        held = self._log.allow("refused")
+        if held is not None:
             log.warning("refused %d admin request(s) since the last such line; the latest "
-                        "from %s (%d, %s)", self._unlogged, peer, status, reason)
-            self._last_log, self._unlogged = now, 0
+                        "from %s (%d, %s)", held + 1, peer, status, reason)
 
 
 def _is_local(peer: str, local: str) -> bool:

@@ -19,20 +19,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 from kiproxy.interceptors.verdict import Rejected
+from kiproxy.protocol.log_limit import RateLimitedLog
 
 __all__ = ["WARNING_INTERVAL", "VerdictLog"]
 
 WARNING_INTERVAL = 10.0
 """Seconds between two WARNING lines for the same plugin and fault."""
-
-
-@dataclass(slots=True)
-class _Window:
-    last: float
-    suppressed: int = 0
 
 
 class VerdictLog:
@@ -42,8 +36,7 @@ class VerdictLog:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.log = log
         self.interval = interval
-        self.clock = clock
-        self._windows: dict[tuple[str, str], _Window] = {}
+        self._faults = RateLimitedLog(log, interval, clock=clock)
 
     def policy(self, where: str, client_address: str, client_id: str | None, code: int,
                message: str, extra: Mapping[str, object] | None = None, *,
@@ -57,21 +50,10 @@ class VerdictLog:
               client_id: str | None, message: str, *, exception: BaseException | None = None,
               extra: Mapping[str, object] | None = None, route: str | None = None) -> None:
         """A WARNING for a plugin bug, unless one for ``(plugin, kind)`` was written lately."""
-        now = self.clock()
-        key = (plugin, kind)
-        window = self._windows.get(key)
-        if window is not None and now - window.last < self.interval:
-            window.suppressed += 1
-            return
-        suppressed = 0 if window is None else window.suppressed
-        self._windows[key] = _Window(now)
-        note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
-                if suppressed else "")
-        exc_info = ((type(exception), exception, exception.__traceback__)
-                    if exception is not None else None)
-        self.log.warning("rejected %s from %s (client_id %r)%s: %s%s", where, client_address,
-                         client_id, _on(route), message, note, exc_info=exc_info,
-                         extra=_with_route(extra, route))
+        self._faults.warning((plugin, kind), "rejected %s from %s (client_id %r)%s: %s", where,
+                             client_address, client_id, _on(route), message,
+                             more=" ({count} more like it in the last {interval:.0f} s not logged)",
+                             exc_info=exception, extra=_with_route(extra, route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
                  client_id: str | None, extra: Mapping[str, object] | None = None, *,

@@ -62,7 +62,7 @@ from kiproxy.protocol.records import (
 )
 from kiproxy.proxy.config.model import DEFAULT_INLINE_ENCODE_SECONDS
 
-__all__ = ["BatchOffload", "DecodeLease", "EncodeCost", "MemoryBudget", "WarningLimiter"]
+__all__ = ["BatchOffload", "DecodeLease", "EncodeCost", "MemoryBudget"]
 
 log = logging.getLogger("kiproxy.offload")
 
@@ -342,25 +342,3 @@ class DecodeLease:
         if self._held:
             self._offload.budget.release(self._held)
             self._held = 0
-
-
-class WarningLimiter:
-    """At most one WARNING per key (a client host) per ``interval`` seconds; the
-    suppressed count is reported with the next one."""
-
-    def __init__(self, interval: float = 10.0, max_keys: int = 10_000) -> None:
-        self.interval = interval
-        self._last: dict[str, tuple[float, int]] = {}
-        self._max_keys = max_keys
-
-    def allow(self, key: str) -> int | None:
-        """``None`` if a warning for ``key`` is suppressed now, else how many were."""
-        now = time.monotonic()
-        last, suppressed = self._last.get(key, (0.0, 0))
-        if last and now - last < self.interval:
-            self._last[key] = (last, suppressed + 1)
-            return None
-        if len(self._last) >= self._max_keys:
-            self._last.clear()
-        self._last[key] = (now, 0)
-        return suppressed

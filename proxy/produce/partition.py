@@ -41,10 +41,10 @@ from kiproxy.protocol.errors import (
     UnsupportedCompression,
     UnsupportedMagic,
 )
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.produce_request import PartitionSpan, ProduceLayout
 from kiproxy.protocol.records import CompressionLevels
 from kiproxy.proxy.observe.verdict_log import VerdictLog
-from kiproxy.proxy.produce.offload import WarningLimiter
 from kiproxy.proxy.produce.response import Rejection
 from kiproxy.proxy.routes.runtime import LoadedChain, run_route
 
@@ -150,7 +150,7 @@ class PartitionHandler:
         self.acknowledges = False
         """The single interceptor has an ``on_acknowledgement`` hook (a chain knows its
         own): only then are the batches it will hear about written down."""
-        self._limit_warnings = WarningLimiter()
+        self._limit_warnings = RateLimitedLog(log)
 
     async def handle(
         self,

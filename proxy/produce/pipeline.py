@@ -38,12 +38,8 @@ from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import acknowledgement_hook
-from kiproxy.protocol.errors import ProtocolError, UnsupportedVersion
-from kiproxy.protocol.framing import (
-    RequestHeader,
-    encode_response_header,
-    read_uvarint,
-)
+from kiproxy.protocol.errors import MalformedFrame, ProtocolError, UnsupportedVersion
+from kiproxy.protocol.framing import RequestHeader, encode_response_header
 from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
     legacy_produce_error_response,
@@ -56,6 +52,7 @@ from kiproxy.protocol.records import (
     CompressionLevels,
     read_batch_headers,
 )
+from kiproxy.protocol.wire import read_uvarint
 from kiproxy.proxy.brokers.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward, PartitionTally
@@ -111,7 +108,8 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     """
     pos = body_offset
     if flexible:
-        n, pos = read_uvarint(frame, pos, "Produce request transactional_id length")
+        n, pos = read_uvarint(frame, pos, len(frame),
+                              "Produce request transactional_id length", MalformedFrame)
         pos += max(n - 1, 0)
     else:
         size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)

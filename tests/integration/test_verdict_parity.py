@@ -26,8 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kiproxy.interceptors import RecordBatch
 from kiproxy.interceptors.testing import Plugin, load, run_interceptor
+from kiproxy.interceptors.verdict import Outcome
 from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
-from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec, Outcome
+from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
 from kiproxy.pipelines.sources import SourceBatch
 from kiproxy.protocol.records import Record, build_batch, decode_batches
 
@@ -41,7 +42,7 @@ TIMEOUT_MS = 300
 STAMP = 1_763_848_800_000
 CASES = ["same", "copy", "upper", "offsets", "reject", "shrink", "raise", "none", "async",
          "slow"]
-EXPECTED_KIND = {"same": "passed", "copy": "passed", "upper": "transformed",
+EXPECTED_KIND = {"same": "unchanged", "copy": "unchanged", "upper": "transformed",
                  "offsets": "transformed", "async": "transformed"}
 
 
@@ -81,7 +82,7 @@ def _outcome_kind(metrics: str, topic: str) -> str:
              for s in f.samples
              if s.name == "kiproxy_produce_batches_total" and s.labels.get("topic") == topic}
     assert len(kinds) == 1, kinds
-    return {"forwarded": "passed"}.get(kinds.pop(), "transformed")
+    return {"forwarded": "unchanged"}.get(kinds.pop(), "transformed")
 
 
 def _through_proxy(proxy: ProxyProcess, metrics: str, topic: str,
@@ -103,29 +104,27 @@ def _through_proxy(proxy: ProxyProcess, metrics: str, topic: str,
                         m.timestamp()[1]) for m in stored]}
 
 
-def _through_replay(runner: InterceptorRunner, topic: str, data: bytes) -> dict[str, Any]:
-    [decoded] = decode_batches(data)
-    outcome: Outcome = runner.apply(SourceBatch(
-        topic=topic, partition=0, offsets=(0, 1, 2), records=decoded.records, stored=True))
+def _seen(outcome: Outcome) -> dict[str, Any]:
+    """What a producer would see of an outcome: the rejection, or the records stored."""
     if outcome.kind == "rejected":
-        return {"kind": "rejected", "code": outcome.error_code, "message": outcome.message,
-                "record_errors": tuple(outcome.record_errors)}
+        return {"kind": "rejected", "code": outcome.code, "message": outcome.message,
+                "record_errors": outcome.record_errors}
     return {"kind": outcome.kind,
             "stored": [(r.key, r.value, [(h.key, h.value) for h in r.headers], r.timestamp)
                        for r in outcome.records]}
 
 
+def _through_replay(runner: InterceptorRunner, topic: str, data: bytes) -> dict[str, Any]:
+    [decoded] = decode_batches(data)
+    return _seen(runner.apply(SourceBatch(
+        topic=topic, partition=0, offsets=(0, 1, 2), records=decoded.records, stored=True)))
+
+
 def _through_test_kit(plugin: Plugin, topic: str, data: bytes) -> dict[str, Any]:
     [decoded] = decode_batches(data)
-    outcome = run_interceptor(plugin, RecordBatch(topic=topic, partition=0,
-                                                  records=decoded.records),
-                              timeout_ms=TIMEOUT_MS)
-    if outcome.kind == "rejected":
-        return {"kind": "rejected", "code": outcome.code, "message": outcome.message,
-                "record_errors": outcome.record_errors}
-    return {"kind": {"unchanged": "passed"}.get(outcome.kind, outcome.kind),
-            "stored": [(r.key, r.value, [(h.key, h.value) for h in r.headers], r.timestamp)
-                       for r in outcome.records]}
+    return _seen(run_interceptor(plugin, RecordBatch(topic=topic, partition=0,
+                                                     records=decoded.records),
+                                 timeout_ms=TIMEOUT_MS))
 
 
 @pytest.mark.parametrize("case", CASES)

@@ -9,7 +9,7 @@ import pytest
 import support.bench  # noqa: F401 - bench/ is not an installed package: this makes it importable
 
 from bench.levels import encode_cost, main, parse_levels
-from bench.proxy_stats import json_values
+from bench.proxy.stats import json_values
 from kiproxy.protocol.compression import Compression
 
 

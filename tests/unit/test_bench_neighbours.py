@@ -23,7 +23,7 @@ from bench.neighbours_stats import (
     render_table,
     summarize,
 )
-from bench.proxy_cpu import CpuSampler
+from bench.proxy.cpu import CpuSampler
 
 
 def _run(path: str, large: bool, round_: int, p99: float, *, proxy_cpu: float | None = None,

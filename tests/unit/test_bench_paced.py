@@ -12,8 +12,8 @@ import sys
 import pytest
 import support.bench  # noqa: F401 - bench/ is not an installed package: this makes it importable
 
-from bench.proxy_paced import offset_errors, round_robin_counts, sampling_pattern
-from bench.proxy_run import niced
+from bench.proxy.paced import offset_errors, round_robin_counts, sampling_pattern
+from bench.proxy.run import niced
 
 
 def test_every_record_is_timed_without_sampling() -> None:

@@ -10,16 +10,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import support.bench  # bench/ is not an installed package: this makes it importable
 
-from bench.proxy import paced_load, rotated, split_cpus, summarize_collapsed
-from bench.proxy_cpu import parse_proc_stat
-from bench.proxy_render import render_rounds, render_table, render_targets
-from bench.proxy_run import pinned
-from bench.proxy_scenarios import SCENARIOS, Case, readme_plugin
-from bench.proxy_stats import (
+from bench.proxy.cpu import parse_proc_stat
+from bench.proxy.matrix import paced_load, rotated, split_cpus, summarize_collapsed
+from bench.proxy.render import render_rounds, render_table, render_targets
+from bench.proxy.run import pinned
+from bench.proxy.scenarios import SCENARIOS, Case, readme_plugin
+from bench.proxy.stats import (
     RunResult,
     Summary,
     Target,
@@ -348,19 +349,30 @@ def test_contention_note_explains_ratios_by_cpu() -> None:
 # --------------------------------------------------------------------------- RESULTS.md
 
 
-def test_replace_section_keeps_the_other_sections() -> None:
-    doc = "# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nold\n\n## Profile\n\np\n"
-    new = replace_section(doc, "## Proxy", "## Proxy\n\nnew table\n")
-    assert new == ("# Benchmark results\n\n## Codec\n\ncodec table\n\n## Proxy\n\nnew table\n"
-                   "\n## Profile\n\np\n")
+def test_replace_section_rewrites_only_between_its_markers() -> None:
+    doc = ("# Benchmark results\n\nintro\n\n<!-- bench:codec -->\n## Codec\n\nc\n"
+           "<!-- /bench:codec -->\n\n<!-- bench:proxy -->\n## Proxy\n\nold\n"
+           "<!-- /bench:proxy -->\n\nafter\n")
+    new = replace_section(doc, "proxy", "## Proxy\n\nnew table\n")
+    assert new == doc.replace("## Proxy\n\nold\n", "## Proxy\n\nnew table\n")
+    assert replace_section(new, "proxy", "## Proxy\n\nnew table\n") == new
 
 
-def test_replace_section_at_the_end_and_when_missing() -> None:
-    doc = "# R\n\n## Codec\n\nc\n\n## Proxy\n\nold\n"
-    assert replace_section(doc, "## Proxy", "## Proxy\n\nnew") == "# R\n\n## Codec\n\nc\n\n" \
-        "## Proxy\n\nnew\n"
-    assert replace_section("# R\n\n## Codec\n\nc\n", "## Proxy", "## Proxy\n\nx\n") == \
-        "# R\n\n## Codec\n\nc\n\n## Proxy\n\nx\n"
+def test_replace_section_appends_a_marked_section_when_missing() -> None:
+    doc = "# R\n\n<!-- bench:codec -->\nc\n<!-- /bench:codec -->\n"
+    assert replace_section(doc, "perf-test", "## Perf\n\nx\n\n") == \
+        doc + "\n<!-- bench:perf-test -->\n## Perf\n\nx\n<!-- /bench:perf-test -->\n"
+    with pytest.raises(ValueError, match="lower case"):
+        replace_section(doc, "## Proxy", "x")
+
+
+def test_results_md_has_a_marked_section_per_bench_that_writes_one() -> None:
+    text = (Path(__file__).resolve().parents[2] / "bench" / "RESULTS.md").read_text()
+    for name in ("codec", "isolation", "proxy", "routes", "reload", "intercept", "neighbours",
+                 "perf-test"):
+        assert text.count(f"<!-- bench:{name} -->") == 1, name
+        assert text.count(f"<!-- /bench:{name} -->") == 1, name
+
 
 
 def test_summarize_collapsed_stacks() -> None:
@@ -395,7 +407,7 @@ def test_the_readme_plugin_is_benchmarked_as_printed(tmp_path: Path) -> None:
 
 def test_the_default_matrix_leaves_out_opt_in_scenarios() -> None:
     """``pii`` paces nothing and measures scaling: it runs only when named."""
-    from bench.proxy import _parser
+    from bench.proxy.matrix import _parser
 
     default = _parser().parse_args([]).scenarios.split(",")
     assert "pii" in SCENARIOS and "pii" not in default
@@ -428,3 +440,22 @@ def test_pinned_confines_the_child_and_what_it_starts() -> None:
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                          check=True, preexec_fn=pinned({cpu})).stdout.split()
     assert out == [f"[{cpu}]", f"[{cpu}]"]
+
+
+def test_the_results_section_is_the_report_without_its_details() -> None:
+    from bench.proxy.render import section
+    from bench.proxy.run import Options
+
+    runs = [_run(s, r, 1000, proxy_cpu=0.1) for s in ("direct", "passthrough") for r in (0, 1)]
+    summaries = summarize(runs, [], ["direct", "passthrough"])
+    options = Options(records={1024: 1000}, warmup=10, latency_seconds=1, load_fraction=0.5,
+                      partitions=3, acks="1", linger_ms=5, max_in_flight=5, proxy_flags=[])
+    scenarios = [SCENARIOS[n] for n in ("direct", "passthrough")]
+    kw: dict[str, Any] = dict(command="python -m bench.proxy", results=runs, options=options,
+                              repeats=2, scenarios=scenarios, load="low", notes=[],
+                              code="commit x")
+    full = section(summaries, evaluate_targets(summaries), **kw)
+    short = section(summaries, evaluate_targets(summaries), details=False, **kw)
+    assert full.startswith(short.rstrip("\n"))
+    assert "| passthrough |" in short and "Command: `python -m bench.proxy`" in short
+    assert "Targets" in full and "Targets" not in short

@@ -188,7 +188,7 @@ def test_json_result_fields_left_out_are_kept() -> None:
 ])
 def test_malformed_results_are_named(abi: int, encoding: str, result: bytes,
                                      reason: str) -> None:
-    from kiproxy.interceptors.builtin.wasm_abi import Malformed as _Malformed
+    from kiproxy.interceptors.builtin.wasm.abi import Malformed as _Malformed
 
     with pytest.raises(_Malformed, match=re.escape(reason)):
         decode_result(abi, encoding, result, (RECORDS[0],))

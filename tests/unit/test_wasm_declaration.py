@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import wasmtime
 
-from kiproxy.interceptors.builtin.wasm_declaration import (
+from kiproxy.interceptors.builtin.wasm.declaration import (
     Declaration,
     Entry,
     bind,

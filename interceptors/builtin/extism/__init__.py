@@ -74,6 +74,7 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin.extism.records import BINARY_RULES, non_utf8_fields
+from kiproxy.interceptors.config_keys import check_keys
 
 __all__ = ["ExtismInterceptor"]
 
@@ -106,10 +107,7 @@ def _spec(defaults: Mapping[str, Any], entry: Any, where: str) -> Any:
         entry = {"plugin": entry}
     if not isinstance(entry, Mapping):
         raise ValueError(f"{where} must be a plugin file or a mapping of settings")
-    unknown = set(entry) - _TOPIC_KEYS
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"known: {', '.join(sorted(_TOPIC_KEYS))}")
+    check_keys(entry, _TOPIC_KEYS, f"{where}: ")
     merged = {**defaults, **entry}
     if not merged.get("plugin"):
         raise ValueError(f"{where}: plugin (a .wasm file or an Extism manifest) is required")
@@ -146,10 +144,7 @@ class ExtismInterceptor(ProduceRequestInterceptor):
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Compile every configured plugin (errors name the key and the file)."""
-        unknown = set(config) - _CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(_CONFIG_KEYS))}")
+        check_keys(config, _CONFIG_KEYS)
         module = _plugin_module()
         defaults = {k: v for k, v in config.items() if k in _SPEC_KEYS}
         topics: dict[str, Any] = {}

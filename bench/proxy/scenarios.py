@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
-PLUGINS = Path(__file__).resolve().parent / "plugins"
-README_PLUGINS = Path(__file__).resolve().parent / "out" / "readme-plugins"
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = Path(__file__).resolve().parents[1] / "RESULTS.md"
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+README_PLUGINS = Path(__file__).resolve().parents[1] / "out" / "readme-plugins"
 """Where the README's plugin is written, as printed there (:func:`readme_plugin`)."""
 SECTION = "## Proxy: end to end (producer, proxy, broker)"
 TANSU_NODE_ID = 111

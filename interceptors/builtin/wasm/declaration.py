@@ -28,6 +28,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kiproxy.interceptors.config_keys import check_keys
+
 __all__ = [
     "ABIS",
     "ENCODINGS",
@@ -134,10 +136,7 @@ def _parse(payload: bytes, where: str) -> Declaration:
         raise ValueError(f"{where} is not a UTF-8 JSON object: {exc}") from None
     if not isinstance(doc, dict):
         raise ValueError(f"{where} must be a JSON object, not {json.dumps(doc)}")
-    unknown = set(doc) - _KEYS
-    if unknown:
-        raise ValueError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}; "
-                         f"known: {', '.join(sorted(_KEYS))}")
+    check_keys(doc, _KEYS, f"{where} has ")
     function = doc.get("function", _DEFAULT_FUNCTION)
     if not isinstance(function, str) or not function:
         raise ValueError(f"{where}: function must be the name of an exported function")

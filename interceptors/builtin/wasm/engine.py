@@ -5,7 +5,7 @@ compiled: ``memory``, ``alloc``, the function, optional ``dealloc`` and
 ``_initialize``, only WASI imports), its idle :class:`Instance` s (one store
 each, fuel and memory capped, WASI with no files, environment or network),
 and its reload state. :meth:`Program.run` runs one batch through the ABI of
-:mod:`kiproxy.interceptors.builtin.wasm_abi` and returns the batch or raises
+:mod:`kiproxy.interceptors.builtin.wasm.abi` and returns the batch or raises
 ``RejectBatch`` (a trap, running out of fuel or memory and a malformed result
 are INVALID_RECORD; the deadline, enforced by epoch interruption ticked by an
 :class:`EpochClock`, is REQUEST_TIMED_OUT); a failed instance is thrown away.
@@ -27,8 +27,8 @@ from pathlib import Path
 import wasmtime
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
-from kiproxy.interceptors.builtin.wasm_abi import Malformed, decode_result, encode_input
-from kiproxy.interceptors.builtin.wasm_declaration import (
+from kiproxy.interceptors.builtin.wasm.abi import Malformed, decode_result, encode_input
+from kiproxy.interceptors.builtin.wasm.declaration import (
     SECTION,
     Binding,
     Declaration,

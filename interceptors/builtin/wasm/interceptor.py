@@ -32,7 +32,7 @@ Relative paths are resolved against the proxy's working directory.
 
 Self-description: a module declares its entry function, ABI version and
 encoding in a ``kiproxy.interceptor`` custom section (see
-:mod:`~kiproxy.interceptors.builtin.wasm_declaration`), so ``module:`` alone is
+:mod:`~kiproxy.interceptors.builtin.wasm.declaration`), so ``module:`` alone is
 enough; the three config keys override the declaration (logged at start, and
 named in a rejection when a call then traps or returns something unreadable).
 A module that declares nothing is called with ``transform``, ABI 1, JSON.
@@ -94,16 +94,17 @@ from kiproxy.interceptors import (
     RecordBatch,
     error_code,
 )
-from kiproxy.interceptors.builtin.wasm_abi import (
+from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
     STATUS_REJECT,
     STATUS_UNCHANGED,
     decode_result,
     encode_input,
 )
+from kiproxy.interceptors.config_keys import check_keys
 
 if TYPE_CHECKING:
-    from kiproxy.interceptors.builtin.wasm_engine import EpochClock, Program, Target
+    from kiproxy.interceptors.builtin.wasm.engine import EpochClock, Program, Target
 
 __all__ = [
     "STATUS_OK",
@@ -124,13 +125,13 @@ _CONFIG_KEYS = _TARGET_KEYS | {"topics", "reload_interval_ms", "threaded", "work
 def _engine() -> Any:
     """The wasmtime-backed engine module, or an error saying how to install wasmtime."""
     try:
-        from kiproxy.interceptors.builtin import wasm_engine
+        import kiproxy.interceptors.builtin.wasm.engine as engine
     except ModuleNotFoundError as exc:
         if exc.name != "wasmtime":
             raise
         raise ImportError("the wasm interceptor needs wasmtime: "
                           "pip install 'kafka-interceptor-proxy[wasm]'") from None
-    return wasm_engine
+    return engine
 
 
 def _parse_abi(value: Any, where: str) -> int:
@@ -184,10 +185,7 @@ class WasmInterceptor(ProduceRequestInterceptor):
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Compile every configured module (errors name the key and the file)."""
-        unknown = set(config) - _CONFIG_KEYS
-        if unknown:
-            raise ValueError(f"unknown key(s) {', '.join(sorted(unknown))}; "
-                             f"known: {', '.join(sorted(_CONFIG_KEYS))}")
+        check_keys(config, _CONFIG_KEYS)
         base = {k: v for k, v in config.items() if k in _TARGET_KEYS}
         topics = config.get("topics") or {}
         if not isinstance(topics, Mapping):
@@ -219,10 +217,7 @@ class WasmInterceptor(ProduceRequestInterceptor):
             if isinstance(entry, str):
                 override: Mapping[str, Any] = {"module": entry}
             elif isinstance(entry, Mapping):
-                bad = set(entry) - _TARGET_KEYS
-                if bad:
-                    raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(bad))}; "
-                                     f"known: {', '.join(sorted(_TARGET_KEYS))}")
+                check_keys(entry, _TARGET_KEYS, f"{where}: ")
                 override = entry
             else:
                 raise ValueError(f"{where} must be a module path or a mapping of settings")

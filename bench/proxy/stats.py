@@ -14,7 +14,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from bench.proxy_scenarios import GB, MB, Case
+from bench.proxy.scenarios import GB, MB, Case
 
 
 def num(value: float | None, fmt: str = ",.0f", none: str = "-") -> str:

@@ -2,7 +2,7 @@
 
 :func:`run_once` starts a fresh embedded broker (and the scenario's hop), runs
 :func:`run_producer` in a subprocess of its own (warm-up, throughput phase,
-paced latency phase) and fills a :class:`~bench.proxy_stats.RunResult` with
+paced latency phase) and fills a :class:`~bench.proxy.stats.RunResult` with
 its rates, latencies and the CPU each process used. Everything it starts is
 stopped before it returns.
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_cpu import CpuSampler, process_memory
-from bench.proxy_paced import paced_phase
-from bench.proxy_scenarios import (
+from bench.proxy.cpu import CpuSampler, process_memory
+from bench.proxy.paced import paced_phase
+from bench.proxy.scenarios import (
     README_PLUGINS,
     ROOT,
     TANSU_NODE_ID,
@@ -36,7 +36,7 @@ from bench.proxy_scenarios import (
     Scenario,
     readme_plugin,
 )
-from bench.proxy_stats import RunResult, haproxy_config, json_values
+from bench.proxy.stats import RunResult, haproxy_config, json_values
 
 
 def _producer_config(spec: Mapping[str, Any]) -> dict[str, Any]:

@@ -26,8 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from bench.proxy_cpu import CpuSampler
-from bench.proxy_stats import percentile
+from bench.proxy.cpu import CpuSampler
+from bench.proxy.stats import percentile
 
 TIMED_TAIL = 1000
 """The last records of a sampled phase are all timed (see the module docstring)."""

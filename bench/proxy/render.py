@@ -17,9 +17,9 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.proxy_run import Options, haproxy_binary
-from bench.proxy_scenarios import ROOT, SECTION, Case, Scenario
-from bench.proxy_stats import RunResult, Summary, TargetCheck, contention_note, median, num
+from bench.proxy.run import Options, haproxy_binary
+from bench.proxy.scenarios import ROOT, SECTION, Case, Scenario
+from bench.proxy.stats import RunResult, Summary, TargetCheck, contention_note, median, num
 
 
 def render_table(summaries: Sequence[Summary]) -> str:
@@ -167,8 +167,9 @@ def load_note(results: Sequence[RunResult], load_before: tuple[float, float, flo
 def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, command: str,
             results: Sequence[RunResult], options: Options, repeats: int,
             scenarios: Sequence[Scenario], load: str, notes: Sequence[str], code: str,
-            pace: str = "direct's throughput") -> str:
-    """The RESULTS.md section for this benchmark."""
+            pace: str = "direct's throughput", details: bool = True) -> str:
+    """This benchmark's report: the setup and the table, then (``details``) the targets,
+    the CPU budget and the p99 added in each round. RESULTS.md keeps the first part."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
     timed = ("every record" if options.latency_sample <= 1 else
              f"a random 1 in {options.latency_sample} records")
@@ -212,7 +213,7 @@ Command: `{command}` (from the repository root, project virtualenv)
   "paced CPU" is the same measure in the paced phase (smaller batches, more per-request cost).
 {extra}
 {render_table(summaries)}
-
+""" + (f"""
 Targets (acks={options.acks}, medians; "CPU x haproxy" is the median of per-round
 ratios to haproxy's CPU per GB):
 
@@ -225,4 +226,4 @@ producer's CPU us per record in that run's throughput phase, which rises when th
 machine is slow for everyone):
 
 {render_rounds(results, [s.name for s in scenarios])}
-"""
+""" if details else "")

@@ -1,42 +1,6 @@
-"""End-to-end proxy benchmark: a real producer through kiproxy, against direct and haproxy.
+"""``python -m bench.proxy``: the command line, the rounds of the matrix and the profile run.
 
-Run from the repository root with the project's virtualenv::
-
-    python -m bench.proxy              # full matrix, 3 interleaved rounds; writes bench/RESULTS.md
-    python -m bench.proxy --quick      # 1 KiB uncompressed only, fewer records: under 5 minutes
-    python -m bench.proxy --profile uppercase   # one run under py-spy, prints the hot spots
-
-Every run starts a fresh embedded broker (Tansu, memory storage) and, for the
-proxied scenarios, a fresh proxy process in front of it, then drives it with a
-real producer (confluent-kafka / librdkafka) in a subprocess of its own:
-
-* **direct**: the producer talks to the broker (the baseline of every ratio).
-* **haproxy**: ``haproxy`` in TCP mode (one thread) as a plain L4 hop, the floor
-  for any proxy. Kafka clients reconnect to the addresses the broker advertises,
-  so for this scenario the broker advertises haproxy's port.
-* **passthrough**: ``kiproxy run`` with no interceptor.
-* **identity**: ``bench/plugins/identity.py``: every batch decoded, returned unchanged.
-* **uppercase**: ``kiproxy.interceptors.builtin.uppercase:Uppercase``: decode, transform, re-encode.
-* **validator**: ``kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator`` with a small
-  schema (the values are JSON objects that satisfy it).
-
-Each run has two phases after a warm-up. *Throughput*: ``--records`` records are
-produced as fast as the producer can queue them, timed from the first
-``produce()`` to the end of ``flush()``. *Latency*: a paced producer offers a
-fixed load (``--load-fraction`` of the direct scenario's throughput for that
-record size and codec, measured in the first round) for ``--latency-seconds``;
-every record's latency (or a random 1 in ``--latency-sample`` records') is
-librdkafka's own produce-to-acknowledgement time (``Message.latency()`` in the
-delivery callback; ``bench/proxy_paced.py``). ``--others-nice`` runs the broker and
-the producer below the hop's priority. The proxy's CPU is read from
-``/proc/<pid>/stat`` (utime + stime of the proxy process and its children) at
-the phase boundaries.
-
-Scenarios run in rounds (every scenario once for every record size and codec,
-then again), rotated each round, and the table reports medians: the machine is
-shared, and interleaving makes drift hit every scenario alike. Ratios and added
-latency are medians of per-round pairs (a scenario against direct in the same
-round).
+The benchmark itself is described in :mod:`bench.proxy` (the package docstring).
 """
 
 from __future__ import annotations
@@ -44,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -55,10 +20,10 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench.proxy_render import code_version, load_note, section
-from bench.proxy_run import Options, Setup, haproxy_binary, kiproxy_has_flag, run_once, run_producer
-from bench.proxy_scenarios import CODECS, ROOT, SCENARIOS, SECTION, SIZES, Case, Scenario
-from bench.proxy_stats import RunResult, evaluate_targets, num, summarize
+from bench.proxy.render import code_version, load_note, section
+from bench.proxy.run import Options, Setup, haproxy_binary, kiproxy_has_flag, run_once, run_producer
+from bench.proxy.scenarios import CODECS, ROOT, SCENARIOS, SIZES, Case, Scenario
+from bench.proxy.stats import RunResult, evaluate_targets, num, summarize
 from bench.results import RESULTS, write_results
 
 __all__ = ["main", "paced_load", "profile", "rotated", "run_matrix", "split_cpus",
@@ -251,8 +216,15 @@ def _collapsed_to_speedscope(text: str, path: Path) -> None:
 # --------------------------------------------------------------------------- command line
 
 
+def _package_doc() -> str:
+    """The benchmark's description: the package docstring."""
+    import bench.proxy
+
+    return bench.proxy.__doc__ or ""
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.proxy", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m bench.proxy", description=_package_doc(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true",
                    help="1 KiB uncompressed only, fewer records, 3 rounds: under 5 minutes; "
@@ -453,20 +425,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     summaries = summarize(results, unavailable, order)
     checks = evaluate_targets(summaries)
     command = " ".join(["python -m bench.proxy", *(argv if argv is not None else sys.argv[1:])])
-    text = section(summaries, checks, command=command, results=results, options=options,
-                   repeats=repeats, scenarios=[*scenarios], load=load, notes=notes, code=code,
-                   pace=pace)
-    print(text)
+    report = functools.partial(section, summaries, checks, command=command, results=results,
+                               options=options, repeats=repeats, scenarios=[*scenarios],
+                               load=load, notes=notes, code=code, pace=pace)
+    print(report())
+    text = report(details=False)  # RESULTS.md: the setup and the table
     if args.json:
         Path(args.json).write_text(json.dumps(
             [{**dataclasses.asdict(r), "case": dataclasses.asdict(r.case)} for r in results],
             indent=1))
     if args.write or not (quick or args.no_write):
-        write_results(text, SECTION)
+        write_results(text, "proxy")
         log(f"wrote {RESULTS}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())
 

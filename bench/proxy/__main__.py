@@ -1,0 +1,7 @@
+"""``python -m bench.proxy``: see :mod:`bench.proxy`."""
+
+import sys
+
+from bench.proxy.matrix import main
+
+sys.exit(main())
