@@ -323,22 +323,30 @@ class DeadLetterSink:
         self._topics[topic] = (time.monotonic() + hold, reason)
 
     async def _write(self, producer: Any, copy: DeadLetterCopy) -> None:
-        reason = await self._topic_reason(producer, copy.topic)
-        if reason is not None:
-            self._drop(copy.topic, reason, len(copy.records),
-                       f"topic {copy.topic} cannot be written ({reason}); create it, or grant "
-                       f"the sink's user ({self.settings.client_id}) write access")
-            return
-        for index, record in enumerate(copy.records):
-            try:
-                future = await producer.send(
-                    copy.topic, record.value, key=record.key,
-                    headers=copy_headers(copy, index), timestamp_ms=record.timestamp)
-            except Exception as exc:  # too large for the producer, or its buffer stayed full
-                self._drop(copy.topic, _drop_reason(exc), 1, str(exc) or type(exc).__name__)
-                continue
-            self._in_flight.add(future)
-            future.add_done_callback(lambda f, t=copy.topic: self._delivered(t, f))
+        handed = 0  # records handed to the producer (or dropped) so far
+        try:
+            reason = await self._topic_reason(producer, copy.topic)
+            if reason is not None:
+                handed = len(copy.records)
+                self._drop(copy.topic, reason, handed,
+                           f"topic {copy.topic} cannot be written ({reason}); create it, or "
+                           f"grant the sink's user ({self.settings.client_id}) write access")
+                return
+            for index, record in enumerate(copy.records):
+                try:
+                    future = await producer.send(
+                        copy.topic, record.value, key=record.key,
+                        headers=copy_headers(copy, index), timestamp_ms=record.timestamp)
+                except Exception as exc:  # too large for the producer, or its buffer stayed full
+                    self._drop(copy.topic, _drop_reason(exc), 1, str(exc) or type(exc).__name__)
+                else:
+                    self._in_flight.add(future)
+                    future.add_done_callback(lambda f, t=copy.topic: self._delivered(t, f))
+                handed = index + 1
+        except asyncio.CancelledError:  # close() stopped waiting: count what is left
+            self._drop(copy.topic, "closed", len(copy.records) - handed,
+                       "the proxy stopped first")
+            raise
 
     def _delivered(self, topic: str, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
