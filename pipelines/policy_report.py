@@ -177,12 +177,11 @@ def _replay_schema() -> str:
 
 def _compare(F: Any, base: Any, spec: ReplaySpec) -> dict[str, Any]:
     replay = read_replay(spec)
-    on_topics = base.where(F.col("topic").isin(list(replay.topics)))
-    events = {r["route"]: r["n"] for r in on_topics.groupBy("route")
-              .agg(F.count(F.lit(1)).alias("n")).collect()}
-    route = pick_route(spec, replay, events)
-    t = on_topics.where(F.col("route") == route).agg(*_metrics(F), F.min("ts").alias("first"),
-                                                      F.max("ts").alias("last")).collect()[0]
+    per_route = {r["route"]: r for r in base.where(F.col("topic").isin(list(replay.topics)))
+                 .groupBy("route").agg(*_metrics(F), F.min("ts").alias("first"),
+                                       F.max("ts").alias("last")).collect()}
+    route = pick_route(spec, replay, {name: r["events"] for name, r in per_route.items()})
+    t = per_route[route]
     live = LiveFigures(route=route, records=int(t["records"] or 0),
                        rejected_records=int(t["rejected_records"] or 0),
                        would_reject_records=int(t["would_reject_records"] or 0),
@@ -238,11 +237,12 @@ def policy_sections(out: Path, rows: Rows) -> list[tuple[str, str]]:
     for route in (r["route"] for r in routes):
         mine = [h for h in hours if h["route"] == route]
         png = f"policy_{_slug(route)}.png"
+        series = {label: [100 * (h[key] or 0) for h in mine]
+                  for label, key in (("rejected", "rejected_rate"),
+                                     ("would reject", "would_reject_rate"))
+                  if any(h[key] is not None for h in mine)}  # only the modes it ran in
         line_chart(out / png, f"Route {route}: refused records per hour (%)",
-                   [str(h["hour"]) for h in mine],
-                   {"rejected": [100 * (h["rejected_rate"] or 0) for h in mine],
-                    "would reject": [100 * (h["would_reject_rate"] or 0) for h in mine]},
-                   ylabel="% of the route's records")
+                   [str(h["hour"]) for h in mine], series, ylabel="% of the route's records")
         sections.append((f"Route {route} over time", f'<img src="{png}" alt="route {route}">'))
     sections.append(("Refusals by route and link", table(
         ["route", "link", "rejected", "would reject", "route records", "rejected share",
