@@ -11,14 +11,16 @@ import asyncio
 import time
 import uuid
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from conftest import consume
+from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from kiproxy.interceptors import Record
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster
 from kiproxy.localbrokers.tansu import EmbeddedBroker
-from kiproxy.proxy.config.model import DeadLetterSinkSettings
+from kiproxy.proxy.config.model import DeadLetterSinkSettings, UpstreamTlsSettings
 from kiproxy.proxy.observe.dead_letter import HEADERS, DeadLetterCopy, DeadLetterSink
 from kiproxy.proxy.observe.metrics import Metrics
 
@@ -193,6 +195,31 @@ def test_records_the_broker_refuses_are_dropped_and_counted(apache_kafka: KafkaC
     assert written(metrics, topic) == 2
     assert [m.value() for m in consume(apache_kafka.bootstrap, topic, 2)] == \
         [b"00000000", b"00000000"]
+
+
+def test_the_sink_authenticates_with_credentials_of_its_own(apache_kafka: KafkaCluster,
+                                                             tmp_path: Path) -> None:
+    """SCRAM-SHA-512 on the cluster's SASL listener, the password read from a file."""
+    topic = create_topic(apache_kafka.bootstrap)
+    secret = tmp_path / "dlq-password"
+    secret.write_text(SASL_USERS["bob"] + "\n")
+    metrics = Metrics()
+    settings = DeadLetterSinkSettings.model_validate({
+        "bootstrap": apache_kafka.listener_bootstrap(SASL_LISTENER), "sasl": {
+            "mechanism": "SCRAM-SHA-512", "username": "bob", "password_file": str(secret)}})
+    bootstrap, tls = settings.connection([apache_kafka.bootstrap], UpstreamTlsSettings())
+    assert tls is None and bootstrap == (apache_kafka.listener_bootstrap(SASL_LISTENER),)
+
+    async def run() -> None:
+        dl = DeadLetterSink(settings, bootstrap=bootstrap, tls=None, metrics=metrics)
+        await dl.start()
+        dl.offer(refused_copy(topic, records(2)))
+        await wait_for(lambda: written(metrics, topic) == 2)
+        await dl.close()
+
+    asyncio.run(run())
+    assert written(metrics, topic) == 2
+    assert [m.key() for m in consume(apache_kafka.bootstrap, topic, 2)] == [b"k0", b"k1"]
 
 
 def test_a_broker_gone_away_drops_copies_as_unavailable_and_close_is_bounded() -> None:
