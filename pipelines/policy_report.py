@@ -8,7 +8,8 @@ with the verdict's ``observed_error_code``, ``observed_error_message`` and
 ``observed_link`` where the event carries them, else ``error_code``,
 ``error_message`` and ``link``). Counts are in records.
 
-Tables (Parquet and CSV beside the others):
+Tables (CSV beside the others; the five roll-ups are one Parquet table,
+``parquet/policy_rollups/``, whose ``rollup`` column names the table):
 
 - ``policy_by_route``: per route, records seen and in observe mode, rejected,
   would-reject and would-transform records, their rates and the time window;
@@ -29,6 +30,7 @@ enforce mode, would-reject over its records in observe mode.
 
 from __future__ import annotations
 
+import csv
 import html
 import re
 import time
@@ -48,10 +50,11 @@ from kiproxy.pipelines.impact import (
     read_replay,
 )
 
-__all__ = ["POLICY_TABLES", "aggregate_policy", "policy_sections"]
+__all__ = ["POLICY_TABLES", "ROLLUP_TABLES", "aggregate_policy", "policy_sections"]
 
-POLICY_TABLES = ("policy_by_route", "policy_by_link", "policy_by_client", "policy_by_topic",
-                 "policy_by_hour", "policy_reasons", "policy_replay")
+POLICY_TABLES = ("policy_rollups", "policy_reasons", "policy_replay")
+"""The policy tables written as Parquet (and CSV); ``policy_rollups`` is also written as
+one CSV per roll-up (``policy_by_route.csv`` ...)."""
 
 Rows = Mapping[str, tuple[list[str], list[tuple[Any, ...]]]]
 WriteTable = Callable[[str, Any, Sequence[Any]], tuple[list[str], list[tuple[Any, ...]]]]
@@ -81,7 +84,7 @@ def _base(F: Any, produce: Any) -> Any:
         F.when(refused, F.lit("rejected"))
         .when(observed == "rejected", F.lit("would_reject")).alias("verdict"),
         F.when(refused, F.col("link"))
-        .otherwise(F.coalesce("observed_link", "link")).alias("link"),
+        .when(observed == "rejected", F.coalesce("observed_link", "link")).alias("link"),
         F.when(refused, F.col("error_code"))
         .otherwise(F.coalesce("observed_error_code", "error_code")).alias("error_code"),
         F.coalesce(F.when(refused, F.col("error_message"))
@@ -109,31 +112,74 @@ def _with_rates(F: Any, df: Any) -> Any:
         .alias("would_reject_rate"))
 
 
+_ROLLUPS: dict[str, tuple[str, ...]] = {
+    "policy_by_route": ("route",),
+    "policy_by_link": ("route", "link"),
+    "policy_by_client": ("route", "principal", "client_id"),
+    "policy_by_topic": ("route", "topic"),
+    "policy_by_hour": ("hour", "route"),
+}
+"""Each roll-up table and its keys; all are computed in one Spark job (``policy_rollups``)."""
+ROLLUP_TABLES = tuple(_ROLLUPS)
+_KEYS = ("route", "link", "principal", "client_id", "topic", "hour")
+_COUNTS = ("events", "records", "observed_records", "rejected_records", "would_reject_records",
+           "would_transform_records")
+
+
+def _rollups(F: Any, base: Any) -> Any:
+    """Every roll-up of :data:`_ROLLUPS` as one frame: a ``rollup`` column names the table,
+    the keys it does not group by are null."""
+    m = _metrics(F)
+    window = [F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts")]
+    frames = [base.groupBy(*keys).agg(*m, *window).select(
+        F.lit(name).alias("rollup"),
+        *(F.col(k) if k in keys else F.lit(None).cast("string").alias(k) for k in _KEYS),
+        *_COUNTS, "first_ts", "last_ts") for name, keys in _ROLLUPS.items()]
+    union = frames[0]
+    for frame in frames[1:]:
+        union = union.unionByName(frame)
+    return _with_rates(F, union)
+
+
+def _split(out: Path, rows: tuple[list[str], list[tuple[Any, ...]]]) -> Rows:
+    """The roll-ups' rows, table by table (each also written as ``NAME.csv``)."""
+    columns, data = rows
+    by_name: dict[str, list[dict[str, Any]]] = {name: [] for name in _ROLLUPS}
+    for row in data:
+        record = dict(zip(columns, row, strict=True))
+        by_name[record["rollup"]].append(record)
+    totals = {r["route"]: r["records"] for r in by_name["policy_by_route"]}
+    tables: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
+    for name, keys in _ROLLUPS.items():
+        found = sorted(by_name[name], key=lambda r: tuple(str(r[k] or "") for k in keys))
+        if name == "policy_by_link":
+            cols = ["route", "link", "rejected_records", "would_reject_records",
+                    "route_records", "rejected_share", "would_reject_share"]
+            table_rows = [
+                (r["route"], r["link"] or "", r["rejected_records"], r["would_reject_records"],
+                 totals[r["route"]], round(r["rejected_records"] / totals[r["route"]], 6),
+                 round(r["would_reject_records"] / totals[r["route"]], 6))
+                for r in found if r["rejected_records"] or r["would_reject_records"]]
+        else:
+            window = ["first_ts", "last_ts"] if name == "policy_by_route" else []
+            cols = [*keys, *_COUNTS, *window, "rejected_rate", "would_reject_rate"]
+            table_rows = [tuple(r[c] for c in cols) for r in found]
+        with open(out / f"{name}.csv", "w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(cols)
+            writer.writerows(table_rows)
+        tables[name] = (cols, table_rows)
+    return tables
+
+
 def aggregate_policy(spark: Any, F: Any, produce: Any, write: WriteTable,
-                     replays: Sequence[ReplaySpec]) -> tuple[dict[str, Any], Rows]:
+                     replays: Sequence[ReplaySpec], out: Path) -> tuple[dict[str, Any], Rows]:
     """Compute and write the policy tables from the windowed produce events; returns the
     summary's ``policy`` part and each table's rows."""
     base = _base(F, produce).cache()
-    m = _metrics(F)
-    window = [F.min("ts").alias("first_ts"), F.max("ts").alias("last_ts")]
     rows: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
-    route_totals = base.groupBy("route").agg(*m, *window)
-    rows["policy_by_route"] = write("policy_by_route", _with_rates(F, route_totals), ["route"])
+    rows.update(_split(out, write("policy_rollups", _rollups(F, base), ["rollup", *_KEYS])))
     decided = base.where(F.col("verdict").isNotNull())
-    by_link = decided.groupBy("route", F.coalesce("link", F.lit("")).alias("link")).agg(
-        F.sum("rejected_records").alias("rejected_records"),
-        F.sum("would_reject_records").alias("would_reject_records"))
-    share = by_link.join(route_totals.select("route", F.col("records").alias("route_records")),
-                         "route").select(
-        "route", "link", "rejected_records", "would_reject_records", "route_records",
-        F.round(F.col("rejected_records") / F.col("route_records"), 6).alias("rejected_share"),
-        F.round(F.col("would_reject_records") / F.col("route_records"), 6)
-        .alias("would_reject_share"))
-    rows["policy_by_link"] = write("policy_by_link", share, ["route", "link"])
-    for name, keys in (("policy_by_client", ["route", "principal", "client_id"]),
-                       ("policy_by_topic", ["route", "topic"]),
-                       ("policy_by_hour", ["hour", "route"])):
-        rows[name] = write(name, _with_rates(F, base.groupBy(*keys).agg(*m)), keys)
     names = spark.createDataFrame([(c, n) for n, c in ERROR_CODES.items()],
                                   "error_code INT, error STRING")
     example = F.struct("ts", "topic", "partition", "client_id")
@@ -218,8 +264,9 @@ def policy_sections(out: Path, rows: Rows) -> list[tuple[str, str]]:
                                   "this window.</p>")]
 
     def data(name: str) -> str:
+        parquet = "policy_rollups" if name in ROLLUP_TABLES else name
         return (f'<p class="note">Data: <a href="{name}.csv">{name}.csv</a>, '
-                f'<a href="parquet/{name}/">parquet/{name}/</a></p>')
+                f'<a href="parquet/{parquet}/">parquet/{parquet}/</a></p>')
 
     sections = [("Policy impact by route", table(
         ["route", "records", "in observe mode", "rejected", "rejected rate", "would reject",

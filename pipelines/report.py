@@ -50,7 +50,12 @@ from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
 from kiproxy.pipelines.html import page, table
 from kiproxy.pipelines.impact import ReplaySpec, read_replay
 from kiproxy.pipelines.offsets import OffsetBound, plan_ranges, split_ranges
-from kiproxy.pipelines.policy_report import POLICY_TABLES, aggregate_policy, policy_sections
+from kiproxy.pipelines.policy_report import (
+    POLICY_TABLES,
+    ROLLUP_TABLES,
+    aggregate_policy,
+    policy_sections,
+)
 from kiproxy.pipelines.progress import run_with_progress
 from kiproxy.pipelines.session import spark_session
 from kiproxy.pipelines.sources import stored_batches
@@ -371,7 +376,7 @@ def _aggregate(spark: Any, F: Any, events: Any, opts: ReportOptions,
             tables[name] = spark.createDataFrame(
                 idle_rows, "topic STRING, last_produce_ts LONG, known_from STRING")
         rows[name] = write(name, tables[name], _order(name, F))
-    policy, policy_rows = aggregate_policy(spark, F, produce, write, opts.replays)
+    policy, policy_rows = aggregate_policy(spark, F, produce, write, opts.replays, out)
     rows.update(policy_rows)
 
     totals = produce.agg(F.count(F.lit(1)).alias("events"),
@@ -395,8 +400,10 @@ def _aggregate(spark: Any, F: Any, events: Any, opts: ReportOptions,
                    "until": _iso_ms(opts.until_ms or totals["last_ts"])},
         "events_by_kind": counts,
         "unparsable_lines": int(corrupt),
-        "tables": {n: {"csv": f"{n}.csv", "parquet": f"parquet/{n}/"}
-                   for n in (*TABLES, *POLICY_TABLES)},
+        "tables": {**{n: {"csv": f"{n}.csv", "parquet": f"parquet/{n}/"}
+                      for n in (*TABLES, *POLICY_TABLES)},
+                   **{n: {"csv": f"{n}.csv", "parquet": "parquet/policy_rollups/"}
+                      for n in ROLLUP_TABLES}},
         "policy": policy,
     }
     base.unpersist()
