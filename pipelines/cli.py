@@ -126,6 +126,11 @@ def add_parsers(subparsers: Any) -> None:
                         help="window start (ms or ISO-8601; default: the first event)")
     report.add_argument("--until", metavar="TIMESTAMP",
                         help="window end, exclusive (default: after the last event)")
+    report.add_argument("--replay", metavar="[ROUTE=]DIR", action="append", default=[],
+                        help="a `kiproxy replay` report directory (dry run of the route's "
+                             "rule over history) to set beside the route's live figures on "
+                             "the same topics (repeatable; ROUTE: default the route with the "
+                             "most events on those topics)")
     _client_args(report)
     _spark_args(report)
 
@@ -210,6 +215,7 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         raise PipelineError(f"--since/--until: {exc}") from None
     security = _security(args)
+    from kiproxy.pipelines.impact import parse_replay_arg
     from kiproxy.pipelines.report import ReportOptions, run_report
 
     out = Path(args.out)
@@ -217,10 +223,12 @@ def _report(args: argparse.Namespace) -> int:
         audit=args.audit, out_dir=out, audit_topic=args.audit_topic, bootstrap=args.bootstrap,
         since_ms=since, until_ms=until, master=args.master, spark_conf=_conf(args.spark_conf),
         progress=False if args.no_progress else None, verbose=args.verbose,
-        security=security,
+        security=security, replays=[parse_replay_arg(a) for a in args.replay],
     ))
     print(f"kiproxy report: {summary['produce_events']} produce events, {summary['records']} "
           f"records, {summary['bytes']} bytes, {summary['rejected_records']} rejected records")
+    for sentence in summary["policy"]["replays"]:
+        print(f"kiproxy report: {sentence}")
     print(f"kiproxy report: written to {out.resolve() / 'index.html'}")
     return 0
 

@@ -21,6 +21,12 @@ Tables (each as Parquet under ``parquet/NAME/`` and as ``NAME.csv``):
 - ``idle_topics``: topics known from the audit input (any time) or, with
   ``--bootstrap``, from the cluster, that had no produce event in the window.
 
+The policy section (:mod:`pipelines.policy_report`): what the routes refused and,
+in observe mode, would have refused, per route and link, principal and client id,
+topic and hour, the top reasons with examples, and a chart per route; with
+``--replay [ROUTE=]DIR`` a replay dry run beside the live figures
+(:mod:`pipelines.impact`).
+
 Charts (PNG) and ``index.html`` show them; ``summary.json`` has the totals.
 """
 
@@ -42,7 +48,14 @@ from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
 from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.impact import ReplaySpec, read_replay
 from kiproxy.pipelines.offsets import OffsetBound, plan_ranges, split_ranges
+from kiproxy.pipelines.policy_report import (
+    POLICY_TABLES,
+    ROLLUP_TABLES,
+    aggregate_policy,
+    policy_sections,
+)
 from kiproxy.pipelines.progress import run_with_progress
 from kiproxy.pipelines.session import spark_session
 from kiproxy.pipelines.sources import stored_batches
@@ -70,6 +83,8 @@ class ReportOptions:
     """Show Spark's own start-up messages and warnings in the terminal."""
     security: ClientSecurity = PLAINTEXT
     """How to connect to the ``--bootstrap`` cluster (TLS, SASL)."""
+    replays: Sequence[ReplaySpec] = ()
+    """``--replay [ROUTE=]DIR``: replay dry runs to set beside the live figures."""
 
 
 def _first_line(path: Path) -> str | None:
@@ -146,6 +161,9 @@ def _schema() -> Any:
               ("base_offset", LongType()), ("latency_ms", DoubleType()),
               ("api_key", IntegerType()), ("api_name", StringType()),
               ("request_bytes", LongType()), ("response_bytes", LongType()),
+              ("route", StringType()), ("link", StringType()),
+              ("observed_outcome", StringType()), ("observed_error_code", IntegerType()),
+              ("observed_error_message", StringType()), ("observed_link", StringType()),
               ("_corrupt_record", StringType())]
     return StructType([StructField(n, t, True) for n, t in fields])
 
@@ -203,6 +221,8 @@ def run_report(opts: ReportOptions) -> dict[str, Any]:
     if opts.audit_topic and not opts.bootstrap:
         raise PipelineError("--audit-topic needs --bootstrap HOST:PORT of the cluster holding it")
     files = audit_files(opts.audit) if opts.audit else []
+    for spec in opts.replays:
+        read_replay(spec)  # a wrong directory fails before Spark starts
     topic_tasks: list[Any] = []
     cluster_topics: list[str] = []
     if opts.audit_topic:
@@ -332,17 +352,11 @@ def _aggregate(spark: Any, F: Any, events: Any, opts: ReportOptions,
     rows: dict[str, tuple[list[str], list[tuple[Any, ...]]]] = {}
     idle_rows: list[tuple[Any, ...]] = []
     active: set[str] = set()
-    for name in TABLES:
-        if name == "idle_topics":
-            active = {r[0] for r in rows["by_topic"][1]}
-            idle_rows = sorted(
-                (t, known.get(t), "audit log" if t in known else "cluster")
-                for t in set(known) | set(cluster_topics) if t not in active)
-            tables[name] = spark.createDataFrame(
-                idle_rows, "topic STRING, last_produce_ts LONG, known_from STRING")
+
+    def write(name: str, frame: Any, order: Sequence[Any]) -> tuple[list[str], list[Any]]:
         # Aggregates are small: one sorted partition each, written and then collected
         # from the cache (a global orderBy would add a sampling job per table).
-        df = tables[name].coalesce(1).sortWithinPartitions(*_order(name, F)).cache()
+        df = frame.coalesce(1).sortWithinPartitions(*order).cache()
         df.write.mode("overwrite").parquet(_uri(out / "parquet" / name, local))
         columns = list(df.columns)
         collected = [tuple(r) for r in df.collect()]
@@ -351,7 +365,19 @@ def _aggregate(spark: Any, F: Any, events: Any, opts: ReportOptions,
             writer = csv.writer(f)
             writer.writerow(columns)
             writer.writerows(collected)
-        rows[name] = (columns, collected)
+        return columns, collected
+
+    for name in TABLES:
+        if name == "idle_topics":
+            active = {r[0] for r in rows["by_topic"][1]}
+            idle_rows = sorted(
+                (t, known.get(t), "audit log" if t in known else "cluster")
+                for t in set(known) | set(cluster_topics) if t not in active)
+            tables[name] = spark.createDataFrame(
+                idle_rows, "topic STRING, last_produce_ts LONG, known_from STRING")
+        rows[name] = write(name, tables[name], _order(name, F))
+    policy, policy_rows = aggregate_policy(spark, F, produce, write, opts.replays, out)
+    rows.update(policy_rows)
 
     totals = produce.agg(F.count(F.lit(1)).alias("events"),
                          F.sum("records").alias("records"), F.sum("bytes").alias("bytes"),
@@ -374,7 +400,11 @@ def _aggregate(spark: Any, F: Any, events: Any, opts: ReportOptions,
                    "until": _iso_ms(opts.until_ms or totals["last_ts"])},
         "events_by_kind": counts,
         "unparsable_lines": int(corrupt),
-        "tables": {n: {"csv": f"{n}.csv", "parquet": f"parquet/{n}/"} for n in TABLES},
+        "tables": {**{n: {"csv": f"{n}.csv", "parquet": f"parquet/{n}/"}
+                      for n in (*TABLES, *POLICY_TABLES)},
+                   **{n: {"csv": f"{n}.csv", "parquet": "parquet/policy_rollups/"}
+                      for n in ROLLUP_TABLES}},
+        "policy": policy,
     }
     base.unpersist()
     return {"summary": summary, "rows": rows}
@@ -439,6 +469,7 @@ def _write_page(out: Path, summary: Mapping[str, Any],
     ])
     sections = [("Totals", totals)]
     sections += [(title, f'<img src="{png}" alt="{title}">') for title, png in charts]
+    sections += policy_sections(out, rows)
     titles = {"by_topic": "Traffic by topic", "by_client": "Traffic by client id",
               "by_principal": "Traffic by principal", "by_hour": "Traffic by hour (UTC)",
               "rejections": "Rejections by topic and reason", "latency": "Produce latency",

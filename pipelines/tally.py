@@ -11,7 +11,8 @@ reader dropped) and ``control_batches_skipped`` (transaction markers), which onl
 the ``fetch`` reader can count (None in the summary for the others). Rejection reasons
 are keyed by error code and message, with batch and record counts and up to
 :data:`MAX_SAMPLES` record coordinates each (the lowest offsets, so merging is
-deterministic).
+deterministic). ``first_timestamp`` and ``last_timestamp`` (ms, per partition and
+overall) bound the record timestamps read: the history a dry run covered.
 """
 
 from __future__ import annotations
@@ -61,7 +62,18 @@ class PartitionTally:
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     first_offset: int | None = None
     last_offset: int | None = None
+    first_timestamp: int | None = None
+    """Earliest record timestamp seen (ms), the history's start."""
+    last_timestamp: int | None = None
     reasons: dict[tuple[int, str], ReasonTally] = field(default_factory=dict)
+
+    def _timestamps(self, first: int | None, last: int | None) -> None:
+        if first is not None:
+            self.first_timestamp = first if self.first_timestamp is None \
+                else min(self.first_timestamp, first)
+        if last is not None:
+            self.last_timestamp = last if self.last_timestamp is None \
+                else max(self.last_timestamp, last)
 
     def merge(self, other: PartitionTally) -> None:
         """Add ``other`` into this tally."""
@@ -73,6 +85,7 @@ class PartitionTally:
         if other.last_offset is not None:
             self.last_offset = other.last_offset if self.last_offset is None \
                 else max(self.last_offset, other.last_offset)
+        self._timestamps(other.first_timestamp, other.last_timestamp)
         for key, reason in other.reasons.items():
             mine = self.reasons.get(key)
             if mine is None:
@@ -100,6 +113,9 @@ class ReplayTally:
         first, last = batch.offsets[0], batch.offsets[-1]
         tp.first_offset = first if tp.first_offset is None else min(tp.first_offset, first)
         tp.last_offset = last if tp.last_offset is None else max(tp.last_offset, last)
+        if batch.records:
+            stamps = [r.timestamp for r in batch.records]
+            tp._timestamps(min(stamps), max(stamps))
         if outcome.kind == "rejected":
             c["rejected_batches"] += 1
             c["rejected_records"] += n
@@ -189,9 +205,13 @@ def build_summary(tally: ReplayTally, ranges: Iterable[OffsetRange],
         topic["partitions"][str(r.partition)] = {
             "start_offset": r.start, "end_offset": r.end,
             "first_offset_read": part.first_offset, "last_offset_read": part.last_offset,
+            "first_timestamp": part.first_timestamp, "last_timestamp": part.last_timestamp,
             **{k: part.counts.get(k, 0) for k in COUNTERS}, "reasons": reasons,
         }
     totals = {k: sum(t[k] for t in topics.values()) for k in COUNTERS}
+    firsts = [p.first_timestamp for p in tally.partitions.values()
+              if p.first_timestamp is not None]
+    lasts = [p.last_timestamp for p in tally.partitions.values() if p.last_timestamp is not None]
     all_reasons = _merge_reasons(r for t in topics.values() for r in t["reasons"])
     for t in topics.values():
         t["reasons"] = _merge_reasons(t["reasons"])
@@ -199,4 +219,6 @@ def build_summary(tally: ReplayTally, ranges: Iterable[OffsetRange],
         for level in (totals, *topics.values(),
                       *(p for t in topics.values() for p in t["partitions"].values())):
             level.update(dict.fromkeys(SKIP_COUNTERS))
-    return {**totals, "reasons": all_reasons, "topics": topics}
+    return {**totals, "first_timestamp": min(firsts, default=None),
+            "last_timestamp": max(lasts, default=None), "reasons": all_reasons,
+            "topics": topics}

@@ -40,6 +40,7 @@ from kiproxy.protocol.compression import (
     DecompressionLimits,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
+from kiproxy.proxy.config.clients import DeadLetterSinkSettings, parse_host_port
 from kiproxy.proxy.config.errors import describe
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
@@ -55,6 +56,7 @@ __all__ = [
     "AuditSettings",
     "CompressionSettings",
     "ConfigError",
+    "DeadLetterSinkSettings",
     "InterceptorSettings",
     "ListenerSettings",
     "ObserverSettings",
@@ -92,14 +94,6 @@ class ConfigError(Exception):
         """``kiproxy: config error in FILE: KEY: ...``, one line per problem."""
         where = f" in {self.file}" if self.file else ""
         return [f"kiproxy: config error{where}: {line}" for line in self.message.splitlines()]
-
-
-def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
-    """Split ``HOST:PORT`` (``[v6]:PORT`` allowed); raise ``ValueError`` naming ``what``."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"{what} {value!r} is not HOST:PORT".lstrip())
-    return host.strip("[]"), int(port)
 
 
 class _Strict(BaseModel):
@@ -345,6 +339,8 @@ class ProxyConfig(_Strict):
     """Who may call ``POST /reload`` on the metrics listener."""
     audit: AuditSettings = Field(default_factory=AuditSettings)
     """The built-in audit log."""
+    dead_letter_sink: DeadLetterSinkSettings = Field(default_factory=DeadLetterSinkSettings)
+    """The producer that copies refused records to the routes' ``dead_letter`` topics."""
     metrics_listen: Annotated[str | None, Flag(metavar="HOST:PORT")] = None
     """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
     log_level: Annotated[str, Flag(metavar="LEVEL")] = "INFO"

@@ -14,6 +14,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
+from kiproxy.proxy.config.clients import TlsFiles
 from kiproxy.proxy.config.model import ConfigError, TlsSettings, UpstreamTlsSettings
 
 __all__ = ["ListenerTls", "client_context", "principal_from_peercert", "upstream_context"]
@@ -76,18 +77,21 @@ class ListenerTls:
         sslobj.context = self.current
 
 
-def upstream_context(settings: UpstreamTlsSettings) -> ssl.SSLContext | None:
-    """The client-side context for broker connections, or ``None`` when TLS is off."""
+def upstream_context(settings: UpstreamTlsSettings | TlsFiles,
+                     key: str = "upstream_tls") -> ssl.SSLContext | None:
+    """The client-side context for broker connections, or ``None`` when TLS is off.
+
+    ``key`` names the settings in errors (``dead_letter_sink.tls`` for the sink's)."""
     if not settings.active:
         return None
     try:
         ctx = ssl.create_default_context(cafile=settings.ca)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"upstream_tls.ca ({settings.ca}): {exc}") from None
+        raise ConfigError(f"{key}.ca ({settings.ca}): {exc}") from None
     ctx.minimum_version = ssl.TLSVersion.TLSv1_2
     ctx.check_hostname = settings.verify_hostname
     if settings.cert is not None and settings.key is not None:
-        _load(f"upstream_tls.cert/key ({settings.cert}, {settings.key})",
+        _load(f"{key}.cert/key ({settings.cert}, {settings.key})",
               ctx.load_cert_chain, settings.cert, settings.key)
     return ctx
 

@@ -1,2 +1,3 @@
-"""What the proxy tells operators: logs, metrics, the audit log, rejection lines and
-the observer hub; imports no other package of the proxy."""
+"""What the proxy tells operators: logs, metrics, the audit log, rejection lines, the
+observer hub and the dead-letter sink; imports no other package of the proxy but the
+configuration model."""

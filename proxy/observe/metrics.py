@@ -101,6 +101,16 @@ class Metrics:
             "kiproxy_route_rejections", "Topic-partition batches a route refused, by route and "
             "Kafka error name (POLICY_VIOLATION, INVALID_RECORD, ...)", ["route", "error"],
             registry=r)
+        self.dead_letter_written = Counter(
+            "kiproxy_dead_letter_written", "Refused records copied to a dead-letter topic, by "
+            "that topic", ["topic"], registry=r)
+        self.dead_letter_dropped = Counter(
+            "kiproxy_dead_letter_dropped", "Refused records not copied to their dead-letter "
+            "topic, by reason (queue_full, topic_missing, not_authorized, refused, "
+            "unavailable, closed)", ["reason"], registry=r)
+        self.dead_letter_queued = Gauge(
+            "kiproxy_dead_letter_queued_records", "Records waiting to be copied to a "
+            "dead-letter topic now", registry=r)
         self.request_latency = Histogram(
             "kiproxy_request_latency_seconds", "From reading a request to writing its "
             "response, by API", ["api"],

@@ -19,7 +19,7 @@ REAL_PACKAGES = ("localbrokers",)  # real folders inside kiproxy/, not links
 
 PROXY_LAYERS: dict[str, frozenset[str]] = {
     "config": frozenset(),
-    "observe": frozenset(),
+    "observe": frozenset({"config"}),
     "reload": frozenset({"config"}),
     "isolation": frozenset({"observe"}),
     "routes": frozenset({"config", "observe", "isolation"}),
