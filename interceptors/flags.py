@@ -203,7 +203,9 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
         flag = _derived(key, info, declared)
         target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
         if flag.group is not None:
-            target = groups.setdefault(flag.group, parser.add_argument_group(flag.group))
+            if flag.group not in groups:
+                groups[flag.group] = parser.add_argument_group(flag.group)
+            target = groups[flag.group]
         if flag.exclusive is not None:
             if flag.exclusive not in exclusive:
                 exclusive[flag.exclusive] = target.add_mutually_exclusive_group()
