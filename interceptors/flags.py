@@ -6,9 +6,11 @@ one declaration of the setting, and :func:`add_model_flags` turns every marked
 field (nested models walked) into an ``argparse`` option - its name (default:
 ``--`` and the dotted key with dashes), its type and choices from the field's
 annotation, its help from the field's docstring (first sentence) with the
-field's default. The option's ``dest`` is the dotted key and its argparse
-default ``None``, so :func:`model_overrides` gives ``{key: value}`` for the
-flags given only, ready to lay over a config file.
+field's default; a field without a default is a required option. The option's
+``dest`` is the dotted key and its argparse default ``None``, so
+:func:`model_overrides` gives ``{key: value}`` for the flags given only, ready to
+lay over a config file, and :func:`model_from_flags` validates them into the
+model itself (a command's settings that have no file), its errors naming the flag.
 
 The flags that ``kiproxy run``/``dev``, ``kiproxy replay`` and ``kiproxy
 check`` share (:data:`PLUGINS_DIR`, :data:`INTERCEPTOR`,
@@ -31,7 +33,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
@@ -47,6 +49,7 @@ __all__ = [
     "add_model_flags",
     "json_object",
     "model_flags",
+    "model_from_flags",
     "model_overrides",
 ]
 
@@ -76,6 +79,8 @@ class Flag:
     """The help section (argparse argument group) it is listed in."""
     type: Callable[[str], Any] | None = None
     """What argparse converts the text with; default: from the field's annotation."""
+    exclusive: str | None = None
+    """Flags with the same ``exclusive`` name cannot be given together."""
 
     def renamed(self, name: str) -> Flag:
         """The same flag under another option name."""
@@ -191,18 +196,25 @@ def add_model_flags(parser: argparse.ArgumentParser, model: type[BaseModel],
                     command: str) -> None:
     """Add the flags of ``model``'s fields that ``command`` offers to ``parser``."""
     groups: dict[str, argparse._ArgumentGroup] = {}
+    exclusive: dict[str, argparse._MutuallyExclusiveGroup] = {}
     for key, info, declared in model_flags(model):
         if declared.commands is not None and command not in declared.commands:
             continue
         flag = _derived(key, info, declared)
         target: argparse.ArgumentParser | argparse._ArgumentGroup = parser
         if flag.group is not None:
-            target = groups.setdefault(flag.group, parser.add_argument_group(flag.group))
+            if flag.group not in groups:
+                groups[flag.group] = parser.add_argument_group(flag.group)
+            target = groups[flag.group]
+        if flag.exclusive is not None:
+            if flag.exclusive not in exclusive:
+                exclusive[flag.exclusive] = target.add_mutually_exclusive_group()
+            target = exclusive[flag.exclusive]
         scalar = _scalar(info.annotation)
+        extra: dict[str, Any] = {"required": info.is_required()}
         if typing.get_origin(scalar) is typing.Literal:
-            add_flag(target, flag, dest=key, choices=typing.get_args(scalar))
-        else:
-            add_flag(target, flag, dest=key)
+            extra["choices"] = typing.get_args(scalar)
+        add_flag(target, flag, dest=key, **extra)
 
 
 def model_overrides(args: argparse.Namespace, model: type[BaseModel]) -> dict[str, Any]:
@@ -217,3 +229,38 @@ def model_overrides(args: argparse.Namespace, model: type[BaseModel]) -> dict[st
             value = flag.parse(value)
         out[key] = value
     return out
+
+
+def _nested(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": 1}`` as ``{"a": {"b": 1}}``."""
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        *parents, last = key.split(".")
+        node = out
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
+_M = typing.TypeVar("_M", bound=BaseModel)
+
+
+def model_from_flags(args: argparse.Namespace, model: type[_M]) -> _M:
+    """``model`` from the flags given in ``args`` (the fields' defaults for the others).
+
+    Raises :class:`FlagError` naming the flag (``--chunk-records: Input should be
+    greater than 0``) when a value is refused, by its ``parse`` or by the model.
+    """
+    given = {k: v for k, v in model_overrides(args, model).items() if v is not None}
+    try:
+        return model.model_validate(_nested(given))
+    except ValidationError as exc:
+        names = {key: _derived(key, info, flag).name for key, info, flag in model_flags(model)}
+        lines = []
+        for error in exc.errors():
+            key = ".".join(str(part) for part in error["loc"])
+            text = error["msg"].removeprefix("Value error, ")
+            name = names.get(key) or key
+            lines.append(text if not name or text.startswith(name) else f"{name}: {text}")
+        raise FlagError("; ".join(lines)) from None

@@ -3,7 +3,8 @@ in front of it, and with ``--registry`` a local Apicurio Registry beside them.
 
 ``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`)
 with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`: the config model's,
-without the upstream ones) and the broker's; ``run`` starts the broker, serves the
+without the upstream ones) and the broker's (the fields of :class:`DevSettings`,
+declared once like the config model's); ``run`` starts the broker, serves the
 proxy in front of it until SIGINT/SIGTERM, then stops the broker, and returns the
 exit code.
 """
@@ -16,8 +17,11 @@ import logging
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from kiproxy.interceptors.flags import Flag, FlagError, add_model_flags, model_from_flags
 from kiproxy.localbrokers.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 from kiproxy.localbrokers.tansu import BrokerBinaryMissing, EmbeddedBroker
@@ -27,9 +31,44 @@ from kiproxy.proxy.serve import serve_until_stopped
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["COMMANDS", "add_parsers", "run"]
+__all__ = ["COMMANDS", "DevSettings", "add_parsers", "run"]
 
 COMMANDS = ("dev",)
+
+
+class DevSettings(BaseModel):
+    """``kiproxy dev``'s own settings (the broker beside the proxy), declared once: each
+    field's :class:`~kiproxy.interceptors.flags.Flag` makes its command-line option."""
+
+    # The docstring under a field is its description: the flag's help.
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+    broker: Annotated[Literal["tansu", "kafka"], Flag()] = "tansu"
+    """tansu (starts in a second, no JVM) or kafka (Apache Kafka in KRaft mode, JVMs on
+    127.0.0.1, from --kafka-home)."""
+    kafka_home: Annotated[Path | None, Flag(metavar="DIR")] = None
+    """With --broker kafka: an unpacked Apache Kafka 4 distribution, or the folder `make
+    kafka` prints (when not given: $KIPROXY_KAFKA_HOME, then the newest `make kafka`
+    folder)."""
+    kafka_nodes: Annotated[int, Flag(metavar="N")] = Field(default=1, gt=0)
+    """With --broker kafka: brokers (node ids 1..N; plus one controller)."""
+    registry: Annotated[bool, Flag(set_to=True)] = False
+    """Also start a schema registry (Apicurio Registry, in memory, the Confluent API at
+    http://127.0.0.1:PORT/apis/ccompat/v7; built by `make registry`, needs Java 17+)."""
+    registry_port: Annotated[int, Flag(metavar="PORT")] = Field(default=8081, ge=0, le=65535)
+    """With --registry: its port on 127.0.0.1."""
+    registry_jar: Annotated[Path | None, Flag(metavar="JAR")] = None
+    """With --registry: the quarkus-run.jar `make registry` prints (when not given:
+    $KIPROXY_REGISTRY_JAR, then the `make registry` cache)."""
+
+    @model_validator(mode="after")
+    def _paired(self) -> DevSettings:
+        given = self.model_fields_set
+        if not self.registry and given & {"registry_jar", "registry_port"}:
+            raise ValueError("--registry-jar and --registry-port need --registry")
+        if self.broker != "kafka" and given & {"kafka_home", "kafka_nodes"}:
+            raise ValueError("--kafka-home and --kafka-nodes need --broker kafka")
+        return self
 
 
 def add_parsers(subparsers: Any) -> None:
@@ -39,47 +78,36 @@ def add_parsers(subparsers: Any) -> None:
         description="Start an embedded Kafka-compatible broker (Tansu, memory storage) and "
                     "the proxy in front of it.")
     proxy_cli.add_flags(dev, "dev")
-    dev.add_argument("--broker", choices=("tansu", "kafka"), default="tansu",
-                     help="tansu (default: starts in a second, no JVM) or kafka (Apache Kafka "
-                          "in KRaft mode, JVMs on 127.0.0.1, from --kafka-home)")
-    dev.add_argument("--kafka-home", metavar="DIR",
-                     help="with --broker kafka: an unpacked Apache Kafka 4 distribution, or "
-                          "the folder `make kafka` prints (default: $KIPROXY_KAFKA_HOME, "
-                          "then the newest `make kafka` folder)")
-    dev.add_argument("--kafka-nodes", metavar="N", type=int, default=1,
-                     help="with --broker kafka: brokers (node ids 1..N; plus one controller)")
-    dev.add_argument("--registry", action="store_true",
-                     help="also start a schema registry (Apicurio Registry, in memory, the "
-                          "Confluent API at http://127.0.0.1:PORT/apis/ccompat/v7; built by "
-                          "`make registry`, needs Java 17+)")
-    dev.add_argument("--registry-port", metavar="PORT", type=int, default=8081,
-                     help="with --registry: its port on 127.0.0.1 (default 8081)")
-    dev.add_argument("--registry-jar", metavar="JAR", type=Path,
-                     help="with --registry: the quarkus-run.jar `make registry` prints "
-                          "(default: $KIPROXY_REGISTRY_JAR, then the `make registry` cache)")
+    add_model_flags(dev, DevSettings, "dev")
 
 
 def run(args: argparse.Namespace) -> int:
     """Run ``kiproxy dev``; returns the exit code."""
+    try:
+        settings = model_from_flags(args, DevSettings)
+    except FlagError as exc:
+        print(f"kiproxy: config error: {exc}", file=sys.stderr)
+        return 2
+
+    def body(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+        return _dev(config, args.config, overrides, settings)
+
     # The upstream is replaced once the broker is up.
-    return proxy_cli.run(args, _dev, upstream=["127.0.0.1:1"])
+    return proxy_cli.run(args, body, upstream=["127.0.0.1:1"])
 
 
-def _dev(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
-    if not args.registry:
-        if args.registry_jar is not None or args.registry_port != 8081:
-            print("kiproxy: config error: --registry-jar and --registry-port need --registry",
-                  file=sys.stderr)
-            return 2
-        return _dev_broker(config, args, overrides)
-    jar = args.registry_jar if args.registry_jar is not None else find_registry_jar()
+def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
+         settings: DevSettings) -> int:
+    if not settings.registry:
+        return _dev_broker(config, config_file, overrides, settings)
+    jar = settings.registry_jar if settings.registry_jar is not None else find_registry_jar()
     if jar is None:
         print("kiproxy: no Apicurio Registry built: run `make registry` (or pass the jar it "
               "prints with --registry-jar)", file=sys.stderr)
         return 1
     try:
-        with _registry(jar, args.registry_port):
-            return _dev_broker(config, args, overrides)
+        with _registry(jar, settings.registry_port):
+            return _dev_broker(config, config_file, overrides, settings)
     except RegistryLaunchError as exc:
         first, _, detail = str(exc).partition("\n")
         if detail:
@@ -101,14 +129,10 @@ def _registry(jar: Path, port: int) -> Iterator[ApicurioRegistry]:
         registry.stop()
 
 
-def _dev_broker(config: ProxyConfig, args: argparse.Namespace,
-                overrides: dict[str, Any]) -> int:
-    if args.broker == "kafka":
-        return _dev_kafka(config, args, overrides)
-    if args.kafka_home is not None or args.kafka_nodes != 1:
-        print("kiproxy: config error: --kafka-home and --kafka-nodes need --broker kafka",
-              file=sys.stderr)
-        return 2
+def _dev_broker(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
+                settings: DevSettings) -> int:
+    if settings.broker == "kafka":
+        return _dev_kafka(config, config_file, overrides, settings)
     broker = EmbeddedBroker()
     try:
         broker.start()
@@ -119,20 +143,21 @@ def _dev_broker(config: ProxyConfig, args: argparse.Namespace,
         log.info("embedded broker (Tansu, memory storage) on %s", broker.bootstrap)
         upstream = [broker.bootstrap]
         config = config.model_copy(update={"upstream": upstream})
-        serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+        serve_until_stopped(config, config_file, {**overrides, "upstream": upstream})
     finally:
         broker.stop()
     return 0
 
 
-def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[str, Any]) -> int:
+def _dev_kafka(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
+               settings: DevSettings) -> int:
     """Apache Kafka (``nodes`` brokers and a controller) with the proxy in front of it.
 
     Every launcher failure (no jars, Java too old, a port taken, a node that exits
     or never becomes ready) is one line; the launcher has ended its JVMs by then.
     """
-    nodes: int = args.kafka_nodes
-    home = args.kafka_home if args.kafka_home is not None else find_kafka_home()
+    nodes = settings.kafka_nodes
+    home = settings.kafka_home if settings.kafka_home is not None else find_kafka_home()
     if home is None:
         print("kiproxy: no Apache Kafka found: run `make kafka` and pass the folder it prints "
               "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
@@ -154,7 +179,7 @@ def _dev_kafka(config: ProxyConfig, args: argparse.Namespace, overrides: dict[st
                  cluster.kafka_version, nodes, cluster.workdir, cluster.bootstrap)
         upstream = cluster.bootstrap.split(",")
         config = config.model_copy(update={"upstream": upstream})
-        serve_until_stopped(config, args.config, {**overrides, "upstream": upstream})
+        serve_until_stopped(config, config_file, {**overrides, "upstream": upstream})
     finally:
         cluster.stop()
     return 0

@@ -4,18 +4,23 @@
 ``Flag`` (kiproxy.interceptors.flags): their dests are the config keys, their
 help the fields' docstrings with the fields' defaults, and a flag given sets
 exactly its key. The plugin flags that ``replay`` and ``check`` share with
-``run`` are the same declarations.
+``run`` are the same declarations. ``replay``/``report``'s job options and
+``dev``'s broker options are the fields of small settings models, built from the
+parsed flags through the model (its errors naming the flag).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from kiproxy.cli import build_parser, main
-from kiproxy.interceptors.flags import PLUGINS_DIR, model_flags
+from kiproxy.interceptors.flags import PLUGINS_DIR, FlagError, model_flags, model_from_flags
+from kiproxy.localbrokers.dev import DevSettings
+from kiproxy.pipelines.settings import ReplaySettings, ReportSettings
 from kiproxy.proxy.cli import _overrides
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
 
@@ -103,7 +108,7 @@ def test_replay_and_check_share_the_plugin_flags_with_run() -> None:
     replay = {a.option_strings[-1]: a for a in _command("replay")._actions
               if a.option_strings}
     assert replay["--interceptor"].required
-    assert replay["--interceptor-timeout-ms"].default == 5000
+    assert replay["--interceptor-timeout-ms"].help.endswith("(default 5000)")
 
 
 def test_a_bad_flag_value_is_a_config_error(capsys: pytest.CaptureFixture[str]) -> None:
@@ -111,3 +116,123 @@ def test_a_bad_flag_value_is_a_config_error(capsys: pytest.CaptureFixture[str]) 
     assert "--node-port 'one=2': expected NODE=PORT" in capsys.readouterr().err
     assert main(["run", "--upstream", "b:9092", "--interceptor-config", "[1]"]) == 2
     assert "--interceptor-config: must be a JSON object" in capsys.readouterr().err
+
+
+_REPLAY = ["replay", "--bootstrap", "b:9092", "--topic", "orders", "--interceptor", "uppercase"]
+
+
+def _parse(words: list[str]) -> argparse.Namespace:
+    return build_parser().parse_args(words)
+
+
+@pytest.mark.parametrize(("command", "model"), [
+    ("replay", ReplaySettings), ("report", ReportSettings), ("dev", DevSettings)])
+def test_job_flags_are_the_settings_fields(command: str, model: Any) -> None:
+    dests = {a.dest for a in _command(command)._actions}
+    keys = {key for key, _, _ in model_flags(model)}
+    assert keys <= dests
+    if command != "dev":  # dev adds the proxy's flags and --config
+        assert dests - keys == {"help"}
+
+
+def test_replay_defaults_are_the_fields_defaults() -> None:
+    settings = model_from_flags(_parse(_REPLAY), ReplaySettings)
+    assert (settings.bootstrap, settings.topic, settings.interceptor) == (
+        "b:9092", "orders", "uppercase")
+    assert settings.from_offsets == "earliest" and settings.to_offsets == "latest"
+    assert settings.reader == "auto" and settings.isolation_level == "read_committed"
+    assert (settings.max_records_per_task, settings.chunk_records) == (100_000, 500)
+    assert settings.interceptor_timeout_ms == 5000 and settings.interceptor_config == {}
+    assert settings.report == Path("kiproxy-replay-report")
+    assert settings.spark_conf == {} and settings.consumer_property == []
+    assert settings.progress is None and settings.verbose is False
+    assert settings.output_topic is None and settings.output_path is None
+
+
+def test_replay_flags_reach_the_settings() -> None:
+    settings = model_from_flags(_parse([
+        *_REPLAY, "--plugins-dir", "plugins", "--interceptor-config", '{"a": 1}',
+        "--interceptor-timeout-ms", "250", "--from-offsets", "latest-10",
+        "--to-offsets", "1763848800000", "--output-path", "/tmp/out", "--report", "r",
+        "--reader", "consumer", "--isolation-level", "read_uncommitted",
+        "--max-records-per-task", "7", "--chunk-records", "3",
+        "--spark-conf", "spark.a=1", "--spark-conf", "spark.b=x=y", "--master", "local[2]",
+        "--no-progress", "--verbose", "--command-config", "client.properties",
+        "--consumer-property", "security.protocol=SSL",
+        "--consumer-property", "ssl.ca.location=ca.pem"]), ReplaySettings)
+    assert settings.plugins_dir == Path("plugins")
+    assert settings.interceptor_config == {"a": 1} and settings.interceptor_timeout_ms == 250
+    assert (settings.from_offsets, settings.to_offsets) == ("latest-10", "1763848800000")
+    assert settings.output_path == "/tmp/out" and settings.report == Path("r")
+    assert (settings.reader, settings.isolation_level) == ("consumer", "read_uncommitted")
+    assert (settings.max_records_per_task, settings.chunk_records) == (7, 3)
+    assert settings.spark_conf == {"spark.a": "1", "spark.b": "x=y"}
+    assert settings.master == "local[2]" and settings.progress is False and settings.verbose
+    assert settings.command_config == Path("client.properties")
+    assert settings.consumer_property == ["security.protocol=SSL", "ssl.ca.location=ca.pem"]
+
+
+def test_report_flags_reach_the_settings() -> None:
+    settings = model_from_flags(_parse([
+        "report", "--audit", "a.jsonl", "--audit", "b.jsonl*", "--out", "o",
+        "--audit-topic", "kiproxy-audit", "--bootstrap", "b:9092",
+        "--since", "2026-11-01", "--until", "2026-11-02"]), ReportSettings)
+    assert settings.audit == ["a.jsonl", "b.jsonl*"] and settings.out == Path("o")
+    assert (settings.audit_topic, settings.bootstrap) == ("kiproxy-audit", "b:9092")
+    assert (settings.since, settings.until) == ("2026-11-01", "2026-11-02")
+
+
+@pytest.mark.parametrize("words", [
+    ["replay", "--topic", "t", "--interceptor", "uppercase"],  # no --bootstrap
+    [*_REPLAY, "--output-topic", "t2", "--output-path", "/tmp/out"],
+    [*_REPLAY, "--reader", "kafka"],
+    [*_REPLAY, "--chunk-records", "many"],
+    ["report", "--audit", "a.jsonl"],  # no --out
+    ["dev", "--broker", "redpanda"],
+])
+def test_parse_errors_of_the_job_flags(words: list[str],
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        _parse(words)
+    assert exit_.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("words", "model", "message"), [
+    ([*_REPLAY, "--chunk-records", "0"], ReplaySettings,
+     "--chunk-records: Input should be greater than 0"),
+    ([*_REPLAY, "--max-records-per-task", "-1"], ReplaySettings,
+     "--max-records-per-task: Input should be greater than 0"),
+    ([*_REPLAY, "--interceptor-timeout-ms", "0"], ReplaySettings,
+     "--interceptor-timeout-ms: Input should be greater than 0"),
+    ([*_REPLAY, "--spark-conf", "spark.a"], ReplaySettings,
+     "--spark-conf 'spark.a': expected KEY=VALUE"),
+    ([*_REPLAY, "--interceptor-config", "[1]"], ReplaySettings,
+     "--interceptor-config: must be a JSON object"),
+    (["report", "--out", "o", "--spark-conf", "=1"], ReportSettings,
+     "--spark-conf '=1': expected KEY=VALUE"),
+    (["dev", "--kafka-nodes", "0", "--broker", "kafka"], DevSettings,
+     "--kafka-nodes: Input should be greater than 0"),
+    (["dev", "--registry-port", "70000", "--registry"], DevSettings,
+     "--registry-port: Input should be less than or equal to 65535"),
+    (["dev", "--kafka-nodes", "1"], DevSettings,
+     "--kafka-home and --kafka-nodes need --broker kafka"),
+    (["dev", "--registry-jar", "r.jar"], DevSettings,
+     "--registry-jar and --registry-port need --registry"),
+])
+def test_a_refused_job_setting_names_its_flag(words: list[str], model: Any,
+                                              message: str) -> None:
+    with pytest.raises(FlagError) as refused:
+        model_from_flags(_parse(words), model)
+    assert str(refused.value) == message
+
+
+def test_dev_settings_defaults_and_flags() -> None:
+    assert model_from_flags(_parse(["dev"]), DevSettings) == DevSettings()
+    settings = model_from_flags(_parse([
+        "dev", "--broker", "kafka", "--kafka-home", "/opt/kafka", "--kafka-nodes", "3",
+        "--registry", "--registry-port", "18081", "--registry-jar", "r.jar"]), DevSettings)
+    assert settings == DevSettings(broker="kafka", kafka_home=Path("/opt/kafka"), kafka_nodes=3,
+                                   registry=True, registry_port=18081,
+                                   registry_jar=Path("r.jar"))
+    assert DevSettings().broker == "tansu" and DevSettings().registry_port == 8081
