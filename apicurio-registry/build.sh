@@ -11,7 +11,6 @@
 # printed and the exit status is 1. Run the jar with in-memory storage (the default) on
 # 127.0.0.1, e.g.:
 #   java -Dquarkus.http.host=127.0.0.1 -Dquarkus.http.port=8081 \
-#        -Dregistry.ccompat.use-canonical-hash=true \
 #        -Dregistry.rules.global.compatibility=BACKWARD -jar <quarkus-run.jar>
 set -euo pipefail
 

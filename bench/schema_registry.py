@@ -198,13 +198,7 @@ def registry(url: str | None) -> Iterator[str]:
     jar = find_registry_jar()
     if jar is None:
         raise SystemExit("no Apicurio Registry jar: run `make registry` (or pass --registry-url)")
-    class Faithful(ApicurioRegistry):
-        # Without use-canonical-hash, which stores Avro schemas with their fields sorted
-        # (docs/schema-registry.md): no multi-field Avro payload would decode.
-        def command(self) -> list[str]:
-            return [arg for arg in super().command() if "use-canonical-hash" not in arg]
-
-    with Faithful(jar) as started:
+    with ApicurioRegistry(jar) as started:
         yield started.url
 
 

@@ -6,9 +6,11 @@ Contract: ``start`` launches ``java -jar quarkus-run.jar`` in its own process gr
 chosen (or free) port and returns once ``GET /apis/ccompat/v7/subjects`` answers 200, or
 raises :class:`RegistryLaunchError` with the end of the log after ending the JVM; ``stop``
 ends it (the port is then refused, as in an outage); ``start`` again after ``stop`` uses
-the same port, with empty storage. Schema IDs are canonical-hash based, so re-registering
-a schema that differs only in whitespace gives the same ID, as Confluent's registry does;
-the global compatibility level is set explicitly (Apicurio's default is NONE).
+the same port, with empty storage. The registry stores each schema as it was registered
+(``registry.ccompat.use-canonical-hash`` stays off: in 2.4.2 it stores Avro schemas with
+their fields sorted by name, and a positional Avro payload then no longer decodes with the
+schema its id names); the global compatibility level is set explicitly (Apicurio's default
+is NONE).
 Standard library only; never imported by the proxy.
 """
 
@@ -78,7 +80,6 @@ class ApicurioRegistry:
             # about three times faster, on a loaded machine most of all.
             self.java, "-Xmx512m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC",
             f"-Dquarkus.http.host={HOST}", f"-Dquarkus.http.port={self.port}",
-            "-Dregistry.ccompat.use-canonical-hash=true",
             f"-Dregistry.rules.global.compatibility={self.compatibility}",
             "-jar", str(self.jar),
         ]

@@ -25,9 +25,7 @@ from typing import Any
 import pytest
 from conftest import ProxyProcess, consume, launch_proxy
 from support.raw_client import RawClient
-from support.registry import registry_jar_or_skip
 
-from kiproxy.localbrokers.apicurio import ApicurioRegistry
 from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.protocol.records import Record, build_batch
 
@@ -80,40 +78,6 @@ def interceptor_config(url: str, *, rules: list[dict[str, str]] | None = None,
 
 
 # -- the registry and its clients ------------------------------------------------------
-
-
-class FaithfulRegistry(ApicurioRegistry):
-    """The tests' Apicurio Registry without ``-Dregistry.ccompat.use-canonical-hash=true``:
-    with it, Apicurio stores an Avro schema in its canonical form, fields sorted by name,
-    so the schema an id names no longer reads the bytes the producer wrote with it (Avro
-    binary is positional) and every multi-field Avro payload fails, ours or any consumer's
-    (docs/schema-registry.md). These tests need the schema as it was registered."""
-
-    def command(self) -> list[str]:
-        return [arg for arg in super().command() if "use-canonical-hash" not in arg]
-
-
-@pytest.fixture(scope="module")
-def registry_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    with FaithfulRegistry(registry_jar_or_skip(),
-                          workdir=tmp_path_factory.mktemp("contracts-registry")) as registry:
-        yield registry.url
-
-
-@pytest.fixture
-def start_registry(tmp_path: Path) -> Iterator[Callable[[], ApicurioRegistry]]:
-    started: list[ApicurioRegistry] = []
-
-    def start() -> ApicurioRegistry:
-        registry = FaithfulRegistry(registry_jar_or_skip(), workdir=tmp_path)
-        started.append(registry)
-        registry.start()
-        return registry
-
-    yield start
-    for registry in started:
-        registry.stop()
-
 
 
 @pytest.fixture(scope="module")

@@ -309,7 +309,10 @@ class SchemaRegistryClient:
         started = time.perf_counter()
         try:
             resp = await http.get(url, headers=headers)
-        except httpx.HTTPError as exc:
+        except (httpx.HTTPError, OSError) as exc:
+            # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
+            # certificate says so only once the first response is read, outside httpx's
+            # own error mapping.
             self._counts["errors"] += 1
             cause = str(exc) or type(exc).__name__
             raise RegistryUnavailable(f"schema registry {url}: {cause}") from exc
