@@ -6,7 +6,10 @@ cannot be loaded or configured, when the sample file cannot be read, or when
 the plugin fails on a batch (raises, breaks the record-count rule, returns
 something else than a batch, misses the deadline) - and, with
 ``--fail-on-reject``, when any batch is rejected (the Wasm interceptor reports
-a module's trap as a rejection). A plugin repository's CI job can run it as is.
+a module's trap as a rejection). ``--mode observe`` runs the plugin as a route
+in observe mode would: each batch is reported as forwarded as it came, followed
+by what it would have been, in the same words (and counted, and failed on, as
+it would have been). A plugin repository's CI job can run it as is.
 
 Loading is the proxy's (:func:`kiproxy.interceptors.testing.load`, the
 loader of ``kiproxy run``) and so is every verdict
@@ -88,6 +91,9 @@ def add_parsers(subparsers: Any) -> None:
                        help="exit 2 when any sample batch is rejected (for samples that must "
                             "pass; a Wasm module's trap is such a rejection)")
     add_flag(check, INTERCEPTOR_TIMEOUT.renamed("--timeout-ms"), default=DEFAULT_TIMEOUT_MS)
+    check.add_argument("--mode", choices=("enforce", "observe"), default="enforce",
+                       help="a route's mode: observe forwards every batch as it came and "
+                            "reports what the verdict would have done (default enforce)")
 
 
 def _bytes(value: Any, what: str) -> bytes | None:
@@ -186,6 +192,9 @@ def _record_line(record: Record) -> str:
 def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> None:
     where = (f"batch {number}: {batch.topic}[{batch.partition}], {len(batch)} "
              + ("record" if len(batch) == 1 else "records"))
+    if outcome.would is not None:  # observe mode: what it would have been, said the same way
+        where += ": forwarded as it came (observe mode); would have been"
+        outcome = outcome.would
     if outcome.kind == "rejected":
         print(f"{where}: rejected with {outcome.error} ({outcome.code}): {outcome.message}",
               file=out)
@@ -193,7 +202,7 @@ def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> N
             print(f"  record {index}: {message}", file=out)
         return
     if outcome.kind == "unchanged":
-        print(f"{where}: forwarded unchanged", file=out)
+        print(f"{where}: forwarded unchanged", file=out)  # observed: the same words
         return
     changed = [i for i, (a, b) in enumerate(zip(batch.records, outcome.records, strict=True))
                if a != b]
@@ -233,13 +242,18 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
         faults: list[str] = []
         counts = {"unchanged": 0, "transformed": 0, "rejected": 0}
         for number, batch in enumerate(batches, 1):
-            outcome = run_interceptor(plugin, batch, timeout_ms=args.timeout_ms)
+            outcome = run_interceptor(plugin, batch, timeout_ms=args.timeout_ms,
+                                      mode=args.mode)
             _report(number, batch, outcome, out)
-            counts[outcome.kind] += 1
-            if outcome.fault is not None or (args.fail_on_reject and not outcome.forwarded):
+            verdict = outcome.would or outcome  # observe mode: counted as it would have been
+            counts[verdict.kind] += 1
+            if verdict.fault is not None or (args.fail_on_reject and not verdict.forwarded):
                 faults.append(f"batch {number}: {(outcome.message or '').rstrip('.')}")
-    summary = ", ".join(f"{n} {kind}" for kind, n in counts.items())
-    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {summary}", file=out)
+    would = "would be " if args.mode == "observe" else ""
+    summary = ", ".join(f"{n} {would}{kind}" for kind, n in counts.items())
+    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {summary}"
+          + (" (observe mode: every batch forwarded as it came)"
+             if args.mode == "observe" else ""), file=out)
     if faults:
         raise CheckFailed(f"{plugin.name} failed on {len(faults)} of {_batches(len(batches))}"
                           + (" (--fail-on-reject)" if args.fail_on_reject else "") + ": "

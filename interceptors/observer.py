@@ -58,6 +58,18 @@ class PartitionSummary:
     route: str | None = None
     """The name of the route whose chain handled the partition (``default`` for the
     ``interceptor:`` shorthand); None when no route matched and it passed through."""
+    link: str | None = None
+    """The chain link (its ``class``) that refused the partition, when one did."""
+    observed_outcome: Literal["unchanged", "transformed", "rejected"] | None = None
+    """What a route or link in observe mode would have done to the partition (the
+    partition itself was forwarded as received by an observing route); None when no
+    route or link in observe mode judged it."""
+    observed_error_code: int = 0
+    """The error code the producer would have got (``observed_outcome`` rejected)."""
+    observed_error_message: str | None = None
+    """The error message it would have got."""
+    observed_link: str | None = None
+    """The link whose verdict ``observed_outcome`` is."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

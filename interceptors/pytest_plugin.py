@@ -3,7 +3,8 @@
 * ``make_batch`` / ``make_record``: :func:`kiproxy.interceptors.testing.make_batch`
   and :func:`~kiproxy.interceptors.testing.make_record`.
 * ``kiproxy_run``: :func:`~kiproxy.interceptors.testing.run_interceptor` - the
-  proxy's verdict on one batch, as an :class:`~kiproxy.interceptors.testing.Outcome`.
+  proxy's verdict on one batch, as an :class:`~kiproxy.interceptors.testing.Outcome`
+  (``mode="observe"``: as a route in observe mode, the verdict in ``Outcome.would``).
 * ``kiproxy_load``: :func:`~kiproxy.interceptors.testing.load` - a plugin loaded
   by spec as the proxy loads it; every plugin it loaded is closed after the test.
 
@@ -40,7 +41,9 @@ def make_record() -> Callable[..., Any]:
 
 @pytest.fixture
 def kiproxy_run() -> Callable[..., Any]:
-    """Run an interceptor on a batch by the proxy's rules: ``kiproxy_run(plugin, batch)``."""
+    """Run an interceptor on a batch by the proxy's rules: ``kiproxy_run(plugin, batch)``;
+    ``kiproxy_run(plugin, batch, mode="observe")`` as a route in observe mode (the
+    outcome's ``would`` holds the observed verdict)."""
     from kiproxy.interceptors.testing import run_interceptor
 
     return run_interceptor

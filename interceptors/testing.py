@@ -9,7 +9,9 @@ Every rule comes with it: a ``RejectBatch``, any other exception, a returned
 batch with another record count or something that is not a batch, an
 ``async def intercept`` (awaited on an event loop, as the proxy does) and the
 deadline (``timeout_ms``, the proxy's ``interceptor.timeout_ms``, 5000 by
-default).
+default). With ``mode="observe"`` (a route's ``mode: observe``) the outcome
+is the proxy's in observe mode - the batch forwarded as it came - and
+:attr:`Outcome.would` is what the verdict would have done when enforced.
 
 :func:`load` loads a plugin by ``MODULE:CLASS`` (or an entry-point name) with
 the proxy's loader, from a plugins directory and with a config, so the names
@@ -39,10 +41,11 @@ from typing import Any
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import Outcome, judge
+from kiproxy.interceptors.verdict import Mode, Outcome, judge
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "Mode",
     "Outcome",
     "Plugin",
     "load",
@@ -143,9 +146,9 @@ class Plugin:
     """The spec it was loaded by (``module:Class``)."""
 
     def run(self, batch: RecordBatch, ctx: InterceptContext | None = None, *,
-            timeout_ms: int = DEFAULT_TIMEOUT_MS) -> Outcome:
+            timeout_ms: int = DEFAULT_TIMEOUT_MS, mode: Mode = "enforce") -> Outcome:
         """:func:`run_interceptor` on this plugin."""
-        return run_interceptor(self, batch, ctx, timeout_ms=timeout_ms)
+        return run_interceptor(self, batch, ctx, timeout_ms=timeout_ms, mode=mode)
 
     def close(self) -> None:
         """Run the interceptor's ``close()``, as the proxy does at shutdown."""
@@ -180,12 +183,13 @@ def _judge_args(interceptor: Any, batch: RecordBatch, ctx: InterceptContext | No
 
 async def run_interceptor_async(
     interceptor: Any, batch: RecordBatch, ctx: InterceptContext | None = None, *,
-    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None, mode: Mode = "enforce",
 ) -> Outcome:
     """:func:`run_interceptor` for a test that already runs on an event loop."""
     plugin, batch, context, label, timeout = _judge_args(interceptor, batch, ctx, timeout_ms,
                                                          name)
-    return Outcome.of(await judge(plugin, batch, context, name=label, timeout=timeout))
+    verdict = await judge(plugin, batch, context, name=label, timeout=timeout)
+    return Outcome.of(verdict, mode, batch)
 
 
 _loops = threading.local()
@@ -202,16 +206,19 @@ def _thread_loop() -> asyncio.AbstractEventLoop:
 
 def run_interceptor(
     interceptor: Any, batch: RecordBatch, ctx: InterceptContext | None = None, *,
-    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None,
+    timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None, mode: Mode = "enforce",
 ) -> Outcome:
     """Hand ``batch`` to ``interceptor`` by the proxy's rules and say what becomes of it.
 
     ``interceptor`` is an instance or a :class:`Plugin` from :func:`load`;
     ``ctx`` defaults to :func:`make_context`'s; ``timeout_ms`` is the deadline;
     ``name`` names the plugin in messages (default: the spec it was loaded by,
-    or its class name). Never raises for anything the plugin does.
+    or its class name); ``mode`` is the route's (``observe``: the outcome is
+    ``unchanged`` and :attr:`Outcome.would` holds the observed verdict's). Never
+    raises for anything the plugin does.
     """
-    call = run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms, name=name)
+    call = run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms, name=name,
+                                 mode=mode)
     try:
         asyncio.get_running_loop()
     except RuntimeError:

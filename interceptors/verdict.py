@@ -65,6 +65,7 @@ __all__ = [
     "AcknowledgementHook",
     "Fault",
     "Judged",
+    "Mode",
     "Outcome",
     "Rejected",
     "Transformed",
@@ -76,6 +77,9 @@ __all__ = [
     "judge_sync",
     "result_fault",
 ]
+
+Mode = Literal["enforce", "observe"]
+"""A route's (or link's) ``mode``: its verdict enforced, or only observed."""
 
 Fault = Literal["raised", "return_type", "record_count", "timeout"]
 """Why a plugin-bug rejection happened."""
@@ -153,10 +157,23 @@ class Outcome:
     or None (it answered, or rejected by policy with ``RejectBatch``)."""
     verdict: Verdict
     """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
+    mode: Mode = "enforce"
+    """``enforce``: the verdict takes effect; ``observe``: the batch is forwarded as it came
+    (``unchanged``) and :attr:`would` says what the verdict would have done."""
+    would: Outcome | None = None
+    """In observe mode, the outcome the verdict stands for when enforced (None otherwise)."""
 
     @classmethod
-    def of(cls, verdict: Verdict) -> Outcome:
-        """The outcome a verdict stands for."""
+    def of(cls, verdict: Verdict, mode: Mode = "enforce",
+           given: RecordBatch | None = None) -> Outcome:
+        """The outcome a verdict on ``given`` stands for, enforced or observed (``mode``;
+        observing needs ``given``, the batch forwarded as it came)."""
+        if mode == "observe":
+            if given is None:
+                raise ValueError("Outcome.of(verdict, 'observe') needs the batch given")
+            return cls(kind="unchanged", records=given.records, error=None, code=0,
+                       message=None, record_errors=(), fault=None, verdict=verdict,
+                       mode="observe", would=cls.of(verdict))
         if isinstance(verdict, Rejected):
             return cls(kind="rejected", records=(), error=verdict.error, code=verdict.code,
                        message=verdict.message, record_errors=verdict.record_errors,

@@ -16,6 +16,7 @@ The per-record loops are compiled (:mod:`protocol._codec`).
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from crc32c import crc32c
@@ -217,6 +218,7 @@ def decode_batch(
     origin: int = 0,
     verify_crc: bool = True,
     limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
+    header: RecordBatchHeader | None = None,
 ) -> DecodedBatch:
     """Decode the batch starting at ``data[start]``; it must end by ``data[stop]``
     (the end of ``data`` by default). Error messages count bytes from ``data[origin]``.
@@ -224,9 +226,11 @@ def decode_batch(
     Raises a :class:`kiproxy.protocol.errors.CorruptBatch` subclass for anything malformed:
     truncation, old magic, a CRC mismatch, an unknown codec, a bad record, and
     :class:`~kiproxy.protocol.compression.DecompressionLimitExceeded` for a records block
-    that decompresses past ``limits`` (decompression stops there).
+    that decompresses past ``limits`` (decompression stops there). ``header`` is the
+    batch's header when it was read already (by :func:`read_batch_headers`).
     """
-    header = _read_header(data, start, len(data) if stop is None else stop, origin)
+    if header is None:
+        header = _read_header(data, start, len(data) if stop is None else stop, origin)
     end = start + _LOG_OVERHEAD + header.batch_length
     if verify_crc:
         actual = crc32c(memoryview(data)[start + _CRC_START : end])
@@ -265,18 +269,23 @@ def decode_batches(
     *,
     verify_crc: bool = True,
     limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
+    headers: Sequence[RecordBatchHeader] | None = None,
 ) -> list[DecodedBatch]:
     """Decode every batch in a partition's ``records`` bytes (several may follow each other).
 
     The records are ``data[start:end]`` (all of ``data`` by default): a partition is
-    decoded where it lies in its request frame, without a copy.
+    decoded where it lies in its request frame, without a copy. ``headers`` are the
+    batches' headers when :func:`read_batch_headers` read them already (they are not
+    read again).
     """
     stop = len(data) if end is None else end
     out = []
     pos = start
+    known = iter(headers) if headers else None
     while pos < stop:
         batch = decode_batch(
-            data, pos, stop=stop, origin=start, verify_crc=verify_crc, limits=limits)
+            data, pos, stop=stop, origin=start, verify_crc=verify_crc, limits=limits,
+            header=next(known, None) if known is not None else None)
         out.append(batch)
         pos += _LOG_OVERHEAD + batch.header.batch_length
     return out

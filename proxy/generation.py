@@ -31,8 +31,9 @@ from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig
 from kiproxy.proxy.config.networks import Network
 from kiproxy.proxy.net.proxy_protocol import trusted_networks
-from kiproxy.proxy.net.tls import client_context
+from kiproxy.proxy.net.tls import client_context, upstream_context
 from kiproxy.proxy.observe.audit import AuditLog, KafkaAuditSink
+from kiproxy.proxy.observe.dead_letter import DeadLetterSink
 from kiproxy.proxy.observe.hub import ObserverHub
 from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.produce.offload import BatchOffload
@@ -148,10 +149,27 @@ def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub
     return ObserverHub(observers, metrics=metrics, queue_size=config.observer_queue_size)
 
 
+def uses_dead_letter(config: ProxyConfig) -> bool:
+    """Some route of ``config`` copies refused records to a dead-letter topic."""
+    routes = (*config.routes, *([config.default] if config.default is not None else []))
+    return any(route.dead_letter is not None for route in routes)
+
+
+def dead_letter_sink(config: ProxyConfig, metrics: Metrics | None) -> DeadLetterSink:
+    """The process's dead-letter sink, from ``dead_letter_sink`` (bootstrap and TLS
+    default to the upstream cluster's); its counters go to ``metrics`` when given."""
+    bootstrap, tls = config.dead_letter_sink.connection(config.upstream, config.upstream_tls)
+    return DeadLetterSink(config.dead_letter_sink, bootstrap=bootstrap,
+                          tls=upstream_context(tls, "dead_letter_sink.tls")
+                          if tls is not None else None,
+                          metrics=metrics if metrics is not None else Metrics())
+
+
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
                      offload: BatchOffload | None = None,
                      topic_names: dict[uuid.UUID, str] | None = None,
-                     previous: Generation | None = None) -> Generation:
+                     previous: Generation | None = None,
+                     dead_letter: DeadLetterSink | None = None) -> Generation:
     """Everything ``config`` needs, complete, or an exception and nothing left open.
 
     With ``previous`` (a reload), its observers are kept when the observer and
@@ -177,7 +195,7 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
         compression_levels=config.interceptor.compression.levels(),
         max_version=12 if config.workers > 1 else PRODUCE_MAX_VERSION,
         metrics=metrics, tallies=observers.active or metrics is not None,
-        offload=offload, topic_names=topic_names,
+        offload=offload, topic_names=topic_names, dead_letter=dead_letter,
     )
     return Generation(number=number, config=config, produce=produce, observers=observers,
                       client_tls=client_tls,

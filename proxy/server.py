@@ -48,6 +48,8 @@ from kiproxy.proxy.generation import (
     GenerationCell,
     build_generation,
     close_generation,
+    dead_letter_sink,
+    uses_dead_letter,
 )
 from kiproxy.proxy.net.buffers import HeapTrimmer, ReceiveBudget
 from kiproxy.proxy.net.frame_stream import FrameStream
@@ -55,6 +57,7 @@ from kiproxy.proxy.net.proxy_protocol import Refuse, UseHeader, accept_proxy_hea
 from kiproxy.proxy.net.tls import ListenerTls, principal_from_peercert, upstream_context
 from kiproxy.proxy.observe.admin import AdminGuard
 from kiproxy.proxy.observe.audit import AuditLog
+from kiproxy.proxy.observe.dead_letter import DeadLetterSink
 from kiproxy.proxy.observe.metrics import HealthServer, Metrics
 from kiproxy.proxy.produce.offload import BatchOffload
 from kiproxy.proxy.produce.pipeline import learn_topic_ids
@@ -121,8 +124,13 @@ class ProxyServer:
             })
         if metrics is not None:
             metrics.watch_interceptors(lambda: self.generations.current.produce.interceptors())
+        self.dead_letter: DeadLetterSink | None = (
+            dead_letter_sink(config, metrics) if uses_dead_letter(config) else None)
+        """Copies refused records to the routes' dead-letter topics (made when a route
+        first asks for one; its ``dead_letter_sink`` settings are read then)."""
         self.generations = GenerationCell(build_generation(
-            config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names))
+            config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names,
+            dead_letter=self.dead_letter))
         """The configuration generation in force, and the older ones still in use."""
         first_tls = self.generations.current.client_tls
         self._listener_tls = ListenerTls(first_tls) if first_tls is not None else None
@@ -233,13 +241,20 @@ class ProxyServer:
         """The generation a reload to ``config`` would install, complete, sharing this
         process's parts; raises (having closed what it opened) if anything in it cannot
         be built."""
+        if self.dead_letter is None and uses_dead_letter(config):
+            self.dead_letter = dead_letter_sink(config, self.metrics)  # started by switch()
         return build_generation(config, number, metrics=self.metrics, offload=self.offload,
-                                topic_names=self.topic_names, previous=self.generations.current)
+                                topic_names=self.topic_names, previous=self.generations.current,
+                                dead_letter=self.dead_letter)
 
     def switch(self, generation: Generation) -> None:
         """Make ``generation`` current; close the replaced one once no request uses it
         (at most its interceptor timeout plus the shutdown grace later)."""
         old = self.generations.switch(generation)
+        if self.dead_letter is not None:  # a reload may be the first to ask for one
+            starting = asyncio.get_running_loop().create_task(self.dead_letter.start())
+            self._retiring.add(starting)
+            starting.add_done_callback(self._retiring.discard)
         if self._listener_tls is not None and generation.client_tls is not None:
             self._listener_tls.use(generation.client_tls)
         if self.metrics is not None:
@@ -286,6 +301,8 @@ class ProxyServer:
         if self._watch is not None:
             self._watch.start()
         self._sweeper = asyncio.create_task(self._close_idle())
+        if self.dead_letter is not None:
+            await self.dead_letter.start()
         self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
             guard = AdminGuard(self.config.admin.token_file, self.metrics.admin_refused)
@@ -498,6 +515,8 @@ class ProxyServer:
             task.cancel()
         await asyncio.gather(*self._retiring, return_exceptions=True)
         await close_generation(self.generation)
+        if self.dead_letter is not None:
+            await self.dead_letter.close()  # what is queued, within its close_timeout_ms
         self.offload.close()
         if self._health is not None:
             await self._health.stop()

@@ -45,6 +45,7 @@ from kiproxy.proxy.config.errors import describe
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
     DefaultRouteSettings,
+    Mode,
     RouteSettings,
     plugin_spec,
     route_warnings,
@@ -168,6 +169,11 @@ class InterceptorSettings(_Strict):
     """Plugin worker processes when ``isolation`` is ``process`` (per proxy process)."""
     compression: CompressionSettings = Field(default_factory=CompressionSettings)
     """Compression levels of the batches the interceptor changed."""
+    mode: Mode = "enforce"
+    """``enforce``, or ``observe``: the verdict is recorded and every batch forwarded as
+    received (as on a route; see ``proxy.routes``)."""
+    observe_sample: float = Field(default=1.0, gt=0, le=1)
+    """In observe mode, the fraction of batches evaluated, chosen per batch."""
 
     @field_validator("class_name")
     @classmethod

@@ -24,6 +24,14 @@ for everything):
 ``acks``            0, 1, -1 (or ``all``), or a list of them
 ==================  ==========================================================
 
+Rolling a rule out: ``mode: observe`` (on a route, the ``default`` route, a
+chain link or the ``interceptor:`` shorthand) runs the chain exactly as it
+would and records its verdict, but forwards the partition as received (a link
+in observe mode hands the next link the batch it was given); ``observe_sample``
+evaluates a fraction of batches, chosen per batch. ``dead_letter: {topic}``
+copies the records a route refuses to that topic, and ``dead_letter_observed:
+true`` also those an observing route or link would refuse.
+
 A client with no principal matches no ``principal``/``principal_regex``. These
 are facts of the connection and the batch; a rule on record contents belongs
 inside a plugin.
@@ -38,19 +46,25 @@ import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS
 from kiproxy.proxy.config.networks import network
 
 __all__ = [
     "ChainLinkSettings",
+    "DeadLetterSettings",
     "DefaultRouteSettings",
     "MatchSettings",
+    "Mode",
     "RouteSettings",
     "plugin_spec",
     "route_warnings",
 ]
+
+
+Mode = Literal["enforce", "observe"]
+"""How a route's or a link's verdict takes effect (see the module docstring)."""
 
 
 class _Strict(BaseModel):
@@ -142,6 +156,10 @@ class ChainLinkSettings(_Strict):
     rejects the batch with REQUEST_TIMED_OUT."""
     isolation: Literal["inline", "process"] = "inline"
     """``inline`` on the event loop, or ``process`` in the isolation workers."""
+    mode: Mode = "enforce"
+    """``enforce``: the link's verdict counts; ``observe``: it is recorded (metrics
+    ``kiproxy_would_*``, the audit event's ``observed_outcome``, a rate-limited log line)
+    and the next link gets the batch this one was given."""
 
     @field_validator("class_name")
     @classmethod
@@ -149,7 +167,39 @@ class ChainLinkSettings(_Strict):
         return plugin_spec(value)
 
 
-class RouteSettings(_Strict):
+class DeadLetterSettings(_Strict):
+    """Where a route copies the records it refuses (by the ``dead_letter_sink`` producer)."""
+
+    topic: str = Field(min_length=1, max_length=249, pattern=r"^[A-Za-z0-9._-]+$")
+    """The dead-letter topic, on the cluster of ``dead_letter_sink`` (it is not created)."""
+
+
+class _RolloutSettings(_Strict):
+    """How a route's verdicts take effect: enforced or observed, and copied when refused."""
+
+    mode: Mode = "enforce"
+    """``enforce``: refused partitions are refused, transformed ones forwarded changed;
+    ``observe``: the chain runs as it would, its verdict is recorded (metrics
+    ``kiproxy_would_*``, the audit event's ``observed_outcome``, a rate-limited log line)
+    and the partition is forwarded exactly as received."""
+    observe_sample: float = Field(default=1.0, gt=0, le=1)
+    """In observe mode, the fraction of batches evaluated, each batch chosen at random on
+    its own (0.1: about one batch in ten); the others are forwarded unevaluated."""
+    dead_letter: DeadLetterSettings | None = None
+    """Copy the records of every partition this route refuses to ``dead_letter.topic``
+    (asynchronously; the producer's answer is unchanged)."""
+    dead_letter_observed: bool = False
+    """Copy the records an observing route or link would refuse too (needs ``dead_letter``)."""
+
+    @model_validator(mode="after")
+    def _observed_copies_need_a_topic(self) -> _RolloutSettings:
+        if self.dead_letter_observed and self.dead_letter is None:
+            raise ValueError("dead_letter_observed: true needs dead_letter: {topic: ...} on "
+                             "the same route")
+        return self
+
+
+class RouteSettings(_RolloutSettings):
     """One route: a name, when it applies, and its chain of interceptors."""
 
     name: str | None = Field(default=None, min_length=1)
@@ -160,7 +210,7 @@ class RouteSettings(_Strict):
     """Run in order, each on the previous one's output."""
 
 
-class DefaultRouteSettings(_Strict):
+class DefaultRouteSettings(_RolloutSettings):
     """The route for batches no route matched (instead of passing them through)."""
 
     name: str = Field(default="default", min_length=1)

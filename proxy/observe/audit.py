@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-from kiproxy.interceptors.observer import Observer, ResponseInfo
+from kiproxy.interceptors.observer import Observer, PartitionSummary, ResponseInfo
 
 log = logging.getLogger("kiproxy.audit")
 
@@ -60,7 +60,7 @@ def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
     req = info.request
     latency = round(info.latency_ms, 3)
     return [
-        {
+        _verdict_fields(p, {
             "event": "produce",
             "ts": req.received_at_ms,
             "client_id": req.client_id,
@@ -79,9 +79,23 @@ def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
             "error_message": p.error_message,
             "base_offset": p.base_offset,
             "latency_ms": latency,
-        }
+        })
         for p in info.produce
     ]
+
+
+def _verdict_fields(p: PartitionSummary, event: dict[str, Any]) -> dict[str, Any]:
+    """``link`` when a link refused the partition; ``observed_outcome`` (with the would-be
+    error and link) beside the real ``outcome`` when a route or link in observe mode
+    judged it."""
+    if p.link is not None:
+        event["link"] = p.link
+    if p.observed_outcome is not None:
+        event["observed_outcome"] = p.observed_outcome
+        event["observed_error_code"] = p.observed_error_code
+        event["observed_error_message"] = p.observed_error_message
+        event["observed_link"] = p.observed_link
+    return event
 
 
 def request_event(info: ResponseInfo) -> dict[str, Any]:

@@ -101,6 +101,21 @@ class Metrics:
             "kiproxy_route_rejections", "Topic-partition batches a route refused, by route and "
             "Kafka error name (POLICY_VIOLATION, INVALID_RECORD, ...)", ["route", "error"],
             registry=r)
+        self.would_reject_batches = Counter(
+            "kiproxy_would_reject_batches", "Batches a route or link in observe mode would "
+            "have refused (they were forwarded), by route, link and reason (the Kafka error "
+            "name, or the plugin fault)", ["route", "link", "reason"], registry=r)
+        self.would_reject_records = Counter(
+            "kiproxy_would_reject_records", "Records in the batches a route or link in observe "
+            "mode would have refused, by route, link and reason", ["route", "link", "reason"],
+            registry=r)
+        self.would_transform_batches = Counter(
+            "kiproxy_would_transform_batches", "Batches a route or link in observe mode would "
+            "have changed (they were forwarded as received), by route and link",
+            ["route", "link"], registry=r)
+        self.would_transform_records = Counter(
+            "kiproxy_would_transform_records", "Records in the batches a route or link in "
+            "observe mode would have changed, by route and link", ["route", "link"], registry=r)
         self.dead_letter_written = Counter(
             "kiproxy_dead_letter_written", "Refused records copied to a dead-letter topic, by "
             "that topic", ["topic"], registry=r)

@@ -12,6 +12,10 @@ plugin's traceback for an exception), then at most one line per
 :data:`WARNING_INTERVAL` seconds, saying how many were suppressed since the
 last line. A plugin failing on every batch therefore costs a line every 10 s,
 not one per batch.
+
+What a route or link in observe mode would have done (rejected or
+transformed a batch that was forwarded as received) is an INFO line,
+rate-limited the same way per route, link and outcome.
 """
 
 from __future__ import annotations
@@ -54,6 +58,22 @@ class VerdictLog:
                              client_address, client_id, _on(route), message,
                              more=" ({count} more like it in the last {interval:.0f} s not logged)",
                              exc_info=exception, extra=_with_route(extra, route))
+
+    def observed(self, outcome: str, where: str, client_address: str, client_id: str | None,
+                 route: str, link: str, detail: str,
+                 extra: Mapping[str, object] | None = None) -> None:
+        """An INFO line for a batch a route or link in observe mode would have rejected or
+        transformed (it was forwarded), rate-limited per route, link and outcome like a
+        fault."""
+        suppressed = self._faults.allow(("observe", route, link, outcome))
+        if suppressed is None:
+            return
+        note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
+                if suppressed else "")
+        self.log.info("would have %s %s from %s (client_id %r) on route %s, link %s "
+                      "(observe mode: forwarded as received)%s%s", outcome, where,
+                      client_address, client_id, route, link, detail, note,
+                      extra=_with_route(extra, route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
                  client_id: str | None, extra: Mapping[str, object] | None = None, *,

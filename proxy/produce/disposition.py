@@ -4,6 +4,7 @@ tallies of a produce request that observers get."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,10 +40,11 @@ Disposition = Forward | Answer
 """What the dispatcher decides for one request."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PartitionTally:
-    """A tally of one produced topic-partition (batches, records, bytes, outcome), filled
-    in as the request goes; frozen for observers by :meth:`freeze`."""
+    """A tally of one produced topic-partition (batches, records, bytes, outcome): made
+    by the pipeline once the partition is decided, completed with the broker's answer
+    by :meth:`answered` (a new tally), handed to observers as :meth:`freeze`."""
 
     topic: str
     partition: int
@@ -55,6 +57,22 @@ class PartitionTally:
     base_offset: int = -1
     route: str | None = None
     """The route that handled the partition; None when it passed through unrouted."""
+    link: str | None = None
+    """The chain link that refused it, when one did."""
+    observed_outcome: str | None = None
+    """What a route or link in observe mode would have done (``unchanged``,
+    ``transformed``, ``rejected``); None when none judged it."""
+    observed_error_code: int = 0
+    observed_error_message: str | None = None
+    observed_link: str | None = None
+
+    def answered(self, base_offset: int, error_code: int,
+                 error_message: str | None) -> PartitionTally:
+        """This tally once the broker answered the partition (an error: ``broker_error``)."""
+        if not error_code:
+            return dataclasses.replace(self, base_offset=base_offset)
+        return dataclasses.replace(self, base_offset=base_offset, outcome="broker_error",
+                                   error_code=error_code, error_message=error_message)
 
     def freeze(self) -> PartitionSummary:
         """The observer-facing, immutable summary."""
@@ -63,5 +81,9 @@ class PartitionTally:
             records=self.records, bytes=self.bytes,
             outcome=self.outcome,  # type: ignore[arg-type]
             error_code=self.error_code, error_message=self.error_message,
-            base_offset=self.base_offset, route=self.route,
+            base_offset=self.base_offset, route=self.route, link=self.link,
+            observed_outcome=self.observed_outcome,  # type: ignore[arg-type]
+            observed_error_code=self.observed_error_code,
+            observed_error_message=self.observed_error_message,
+            observed_link=self.observed_link,
         )

@@ -51,14 +51,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kiproxy.protocol.compression import Compression, CompressionLevels, DecompressionLimits
-from kiproxy.protocol.errors import DecompressionLimitExceeded, ProtocolError
+from kiproxy.protocol.errors import DecompressionLimitExceeded
+from kiproxy.protocol.partition_batches import PartitionBatches
 from kiproxy.protocol.records import (
     DecodedBatch,
     Record,
     RecordBatchHeader,
     decode_batches,
     encode_batch,
-    read_batch_headers,
 )
 from kiproxy.proxy.config.model import DEFAULT_INLINE_ENCODE_SECONDS
 
@@ -86,7 +86,6 @@ WORKER_NICE = 5
 """How much lower the worker threads' priority is than the event loop's (nice steps)."""
 _RECORD_OVERHEAD = 160
 """Bytes a decoded Record object costs beyond its key and value (measured, CPython 3.11)."""
-_HEADER = 61
 
 
 def _lower_priority() -> None:
@@ -197,29 +196,17 @@ class BatchOffload:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
-    def plain_inline(self, data: bytes, start: int, end: int) -> bool:
-        """Whether ``data[start:end]`` is uncompressed and small enough to decode on the loop."""
-        if end - start > self.inline_plain_bytes:
-            return False
-        try:
-            headers = read_batch_headers(data, start, end)
-        except ProtocolError:
-            return False  # decoded (and refused) the way it always was
-        return (sum(h.record_count for h in headers) <= self.inline_records
-                and all(h.attributes & 0x07 == Compression.NONE for h in headers))
+    def plain_inline(self, batches: PartitionBatches) -> bool:
+        """Whether a partition is uncompressed and small enough to decode on the loop."""
+        if batches.size > self.inline_plain_bytes or batches.error is not None:
+            return False  # an unreadable one is decoded (and refused) the way it always was
+        return batches.records <= self.inline_records and not batches.compressed
 
-    def worst_case(self, data: bytes, start: int, end: int) -> int:
-        """Bytes decoding ``data[start:end]`` may hold at most: its size plus each block's
-        bound."""
-        total = end - start
-        try:
-            headers = read_batch_headers(data, start, end)
-        except ProtocolError:
-            return total  # the decoder refuses it before decompressing anything
-        for h in headers:
-            if h.attributes & 0x07 != Compression.NONE:
-                total += self.limits.bound(h.batch_length + 12 - _HEADER)[0]
-        return total
+    def worst_case(self, batches: PartitionBatches) -> int:
+        """Bytes decoding a partition may hold at most: its size plus each compressed
+        block's bound (an unreadable one is refused before anything is decompressed)."""
+        return batches.size + sum(self.limits.bound(block)[0]
+                                  for block in batches.compressed_blocks)
 
     def close(self) -> None:
         """Stop the worker threads (after the work they hold)."""
@@ -295,34 +282,38 @@ class DecodeLease:
         self._offload = offload
         self._held = 0
 
-    async def decode(self, data: bytes, start: int = 0, end: int | None = None
+    async def decode(self, data: bytes, batches: PartitionBatches | None = None
                      ) -> list[DecodedBatch]:
-        """Decode every batch of a partition's ``records``, ``data[start:end]`` (all of
-        ``data`` by default; see the module contract).
+        """Decode every batch of a partition's ``records`` in ``data``: where ``batches``
+        (its headers, read once) says they lie, or all of ``data`` (see the module
+        contract).
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
         offload = self._offload
-        if end is None:
-            end = len(data)
-        size = end - start
-        if size <= offload.inline_bytes or offload.plain_inline(data, start, end):
+        if batches is None:
+            batches = PartitionBatches.read(data)
+        start, end, size = batches.start, batches.end, batches.size
+        headers = batches.headers
+        if size <= offload.inline_bytes or offload.plain_inline(batches):
             try:
-                return decode_batches(data, start, end, limits=offload.inline_limits)
+                return decode_batches(data, start, end, limits=offload.inline_limits,
+                                      headers=headers)
             except DecompressionLimitExceeded as exc:
                 if not (exc.setting == "max_decompressed_batch_bytes"
                         and exc.limit < offload.limits.max_bytes):
                     raise  # the real bound, not the inline one
         budget = offload.budget
-        self._held += await budget.acquire(offload.worst_case(data, start, end))
-        batches: list[DecodedBatch] = await offload.run(decode_batches, data, start, end,
-                                                        limits=offload.limits)
+        self._held += await budget.acquire(offload.worst_case(batches))
+        decoded: list[DecodedBatch] = await offload.run(decode_batches, data, start, end,
+                                                        limits=offload.limits,
+                                                        headers=headers)
         used = size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
-                               for b in batches)
+                          for b in decoded)
         if used < self._held:
             budget.release(self._held - used)
             self._held = used
-        return batches
+        return decoded
 
     def start_encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
                      levels: CompressionLevels, size_hint: int) -> bytes | asyncio.Future[bytes]:

@@ -1,9 +1,11 @@
 """One topic-partition of a ProduceRequest: decode, intercept, re-encode.
 
 Contract: :meth:`PartitionHandler.handle` decodes a partition's record batches
-(off the loop for large ones, within the decode budget), hands each data batch
-to the single interceptor - or to a route's chain
-(:func:`~kiproxy.proxy.routes.runtime.run_route`) - and answers with a
+where its :class:`~kiproxy.protocol.partition_batches.PartitionBatches` (its
+headers, read once by the pipeline) says they lie (off the loop for large ones,
+within the decode budget), hands each data batch to its route's chain
+(:func:`~kiproxy.proxy.routes.chain.run_chain`; the ``interceptor:`` shorthand
+is a chain of one link) and answers with one immutable
 :class:`PartitionResult`: no records when nothing changed (the partition stays
 as it lies in the request frame, decoded there without a copy), the re-encoded
 batches (original codec, every producer field kept) when some interceptor
@@ -11,8 +13,9 @@ transformed one, or a :class:`Rejection` for the whole partition.
 Control batches pass untouched. Fail closed: a batch that cannot be decoded
 (old format, unknown codec, corrupt, over the decompression limits) rejects
 the partition. What counts as unchanged, transformed or rejected is decided by
-:func:`kiproxy.interceptors.verdict.judge` alone; plugin faults are metered and
-logged here, policy rejections by the pipeline once per request.
+:func:`kiproxy.interceptors.verdict.judge` alone; plugin faults are metered
+here, and every rejection (policy or fault) is logged by the pipeline, in one
+place, from the :class:`~kiproxy.proxy.produce.response.Rejection` it carries.
 
 The handler owns the partition's :class:`~kiproxy.proxy.produce.offload.DecodeLease` and
 releases it when the partition is done. A transformed batch large enough to be
@@ -25,7 +28,7 @@ request's next partition is decoded and intercepted while this one compresses.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import random
 import socket
 import time
 from dataclasses import dataclass
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, judge
+from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.errors import (
     CorruptBatch,
@@ -42,11 +45,12 @@ from kiproxy.protocol.errors import (
     UnsupportedMagic,
 )
 from kiproxy.protocol.log_limit import RateLimitedLog
-from kiproxy.protocol.produce_request import PartitionSpan, ProduceLayout
-from kiproxy.protocol.records import CompressionLevels
-from kiproxy.proxy.observe.verdict_log import VerdictLog
-from kiproxy.proxy.produce.response import Rejection
-from kiproxy.proxy.routes.runtime import LoadedChain, run_route
+from kiproxy.protocol.partition_batches import PartitionBatches
+from kiproxy.protocol.produce_request import ProduceLayout
+from kiproxy.protocol.records import CompressionLevels, DecodedBatch
+from kiproxy.proxy.produce.response import Observation, Rejection
+from kiproxy.proxy.routes.chain import ChainResult, run_chain
+from kiproxy.proxy.routes.runtime import LoadedChain
 
 if TYPE_CHECKING:
     import logging
@@ -70,14 +74,7 @@ _FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "rec
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 
-def _log_fields(ctx: InterceptContext, topic: str, partition: int,
-                route: str | None = None) -> dict[str, object]:
-    return {"client_address": ctx.client_address, "client_id": ctx.client_id,
-            "principal": ctx.principal, "topic": topic, "partition": partition,
-            "route": route}
-
-
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PartitionResult:
     """What the proxy decided for one topic-partition of a ProduceRequest."""
 
@@ -86,16 +83,22 @@ class PartitionResult:
     they lie in the request frame)."""
     changed: bool = False
     """The interceptor transformed at least one batch: ``records`` were re-encoded."""
-    acknowledged: list[AcknowledgedBatch] = dataclasses.field(default_factory=list)
+    acknowledged: tuple[AcknowledgedBatch, ...] = ()
     """The batches the acknowledgement hook hears about once the broker answered."""
     rejection: Rejection | None = None
     """Why the partition is not forwarded, when it is not."""
+    observed: tuple[Observation, ...] = ()
+    """What routes or links in observe mode would have done to its batches."""
+    watched: bool = False
+    """Some batch was judged by a route or link in observe mode (``observed`` may still
+    be empty: nothing would have changed)."""
 
 
 def _refused(topic_key: Any, partition: int, code: int, message: str,
-             reason: str) -> PartitionResult:
-    return PartitionResult(None, rejection=Rejection(topic_key, partition, code, message,
-                                                     reason=reason))
+             reason: str, route: str | None) -> PartitionResult:
+    return PartitionResult(None, rejection=Rejection(
+        topic=topic_key, partition=partition, error_code=code, message=message,
+        reason=reason, route=route))
 
 
 Piece = bytes | memoryview | asyncio.Future[bytes]
@@ -114,84 +117,75 @@ def _discard(pieces: list[Piece]) -> None:
             piece.exception()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Encoding:
     """A partition the interceptor is done with whose re-encoding is still running."""
 
     pieces: list[Piece]
-    acknowledged: list[AcknowledgedBatch]
-    client: RequestingClient
-    chain: LoadedChain | None
+    acknowledged: tuple[AcknowledgedBatch, ...]
+    chain: LoadedChain
     topic: str
     topic_key: Any
     partition: int
-
+    route: str | None
+    observed: tuple[Observation, ...]
+    watched: bool
 
 
 class PartitionHandler:
-    """Runs one topic-partition's batches through the interceptor or a route's chain."""
+    """Runs one topic-partition's batches through a route's chain."""
 
-    def __init__(self, interceptor: Any | None, *, name: str, timeout: float,
-                 route_name: str | None, log: logging.Logger,
-                 compression_levels: CompressionLevels | None = None,
-                 proxy_host: str | None = None, metrics: Metrics | None = None) -> None:
-        self.interceptor = interceptor
-        """The single interceptor (None when batches go through routes' chains)."""
-        self.name = name
-        self.timeout = timeout
-        self.route_name = route_name
-        """The route the single interceptor's partitions are tallied under."""
+    def __init__(self, *, compression_levels: CompressionLevels | None = None,
+                 proxy_host: str | None = None, metrics: Metrics | None = None,
+                 log: logging.Logger) -> None:
         self.compression_levels = compression_levels or DEFAULT_LEVELS
         """Levels a batch the interceptor changed is re-compressed with (its own codec)."""
         self.proxy_host = proxy_host or socket.gethostname()
         self.metrics = metrics
         self.log = log
-        self.verdict_log = VerdictLog(log)
-        self.acknowledges = False
-        """The single interceptor has an ``on_acknowledgement`` hook (a chain knows its
-        own): only then are the batches it will hear about written down."""
         self._limit_warnings = RateLimitedLog(log)
 
     async def handle(
         self,
         client: RequestingClient,
-        request: Any,
+        request: ProduceLayout,
         version: int,
         topic: str,
         topic_key: Any,
-        part: PartitionSpan,
+        partition: int,
         frame: bytes,
+        batches: PartitionBatches,
         received_at_ms: int,
         lease: DecodeLease,
-        chain: LoadedChain | None = None,
+        chain: LoadedChain,
+        route: str | None,
     ) -> PartitionResult | asyncio.Task[PartitionResult]:
-        """Decode, intercept (the one interceptor, or ``chain``) and re-encode one
-        topic-partition's batches; release ``lease`` when done.
+        """Decode ``batches`` (the partition's headers, read once), run each through
+        ``chain`` and re-encode what it changed; release ``lease`` when done. ``route``
+        names the route in rejections' log lines (None for the shorthand).
 
         The answer is a task when re-encoding still runs on a decode thread (the
         interceptor has seen every batch): await it for the partition's result.
         """
-        route = chain.name if chain is not None else None  # the shorthand's lines as before
         finishing = False
         try:
-            if part.data_end == part.data_start:  # null or empty: nothing to look at
+            if batches.size == 0:  # null or empty: nothing to look at
                 return PartitionResult(None)
             result = await self._decode_and_intercept(client, request, version, topic,
-                                                      topic_key, part, frame, received_at_ms,
-                                                      lease, chain)
+                                                      topic_key, partition, frame, batches,
+                                                      received_at_ms, lease, chain, route)
             if isinstance(result, _Encoding):
-                task = asyncio.ensure_future(self._finish(result, lease, route))
+                task = asyncio.ensure_future(self._finish(result, lease))
                 finishing = True
                 return task
-            if result.rejection is not None:
-                result.rejection.route = route
+            if chain.route.observe and result.rejection is not None:
+                return _observed_refusal(result.rejection, batches.records)
             return result
         finally:
             if not finishing:
                 lease.release()
 
-    async def _finish(self, encoding: _Encoding, lease: DecodeLease,
-                      route: str | None) -> PartitionResult:
+    async def _finish(self, encoding: _Encoding, lease: DecodeLease) -> PartitionResult:
         """The partition's result once every re-encoding has finished."""
         pieces = encoding.pieces
         try:
@@ -203,72 +197,60 @@ class PartitionHandler:
                 try:
                     out.append(await piece)
                 except Exception as exc:
-                    result = self._unencodable(encoding.client, encoding.chain, encoding.topic,
-                                               encoding.topic_key, encoding.partition, exc)
-                    assert result.rejection is not None
-                    result.rejection.route = route
-                    return result
+                    return _unencodable(encoding.chain, encoding.topic_key, encoding.partition,
+                                        encoding.route, exc)
             return PartitionResult(b"".join(out), changed=True,
-                                   acknowledged=encoding.acknowledged)
+                                   acknowledged=encoding.acknowledged,
+                                   observed=encoding.observed, watched=encoding.watched)
         finally:
             _discard(pieces)
             lease.release()
 
-    def _unencodable(self, client: RequestingClient, chain: LoadedChain | None, topic: str,
-                     topic_key: Any, partition: int, exc: Exception) -> PartitionResult:
-        """Records the plugin returned that cannot be encoded (not Records, a header key
-        that is not UTF-8, a timestamp out of range): the plugin's fault, so the
-        partition is rejected like a raise."""
-        who = client.identity
-        name = self.name if chain is None else f"of route {chain.name}"
-        message = (f"interceptor {name} returned records that cannot "
-                   f"be encoded: {type(exc).__name__}: {exc}")
-        self.verdict_log.fault(name, "encode", f"{topic}[{partition}]",
-                               who.client_address, who.client_id, message,
-                               extra=client.log_context,
-                               route=chain.name if chain is not None else None)
-        return PartitionResult(None, rejection=Rejection(
-            topic_key, partition, INVALID_RECORD, message, logged=True))
-
     async def _decode_and_intercept(
         self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
-        topic_key: Any, part: PartitionSpan, frame: bytes, received_at_ms: int,
-        lease: DecodeLease, chain: LoadedChain | None,
+        topic_key: Any, partition: int, frame: bytes, batches: PartitionBatches,
+        received_at_ms: int, lease: DecodeLease, chain: LoadedChain, route: str | None,
     ) -> PartitionResult | _Encoding:
         try:
-            batches = await lease.decode(frame, part.data_start, part.data_end)
+            decoded = await lease.decode(frame, batches)
         except UnsupportedMagic as exc:
-            return _refused(topic_key, part.partition, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
-                            "old_format")
+            return _refused(topic_key, partition, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
+                            "old_format", route)
         except UnsupportedCompression as exc:
-            return _refused(topic_key, part.partition, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
-                            "unsupported_compression")
+            return _refused(topic_key, partition, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
+                            "unsupported_compression", route)
         except DecompressionLimitExceeded as exc:
-            self._warn_limit(client, topic, part.partition, exc)
-            return _refused(topic_key, part.partition, INVALID_RECORD, str(exc),
-                            "decompression_limit")
+            self._warn_limit(client, topic, partition, exc)
+            return _refused(topic_key, partition, INVALID_RECORD, str(exc),
+                            "decompression_limit", route)
         except CorruptBatch as exc:
-            return _refused(topic_key, part.partition, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
-                            "corrupt")
+            return _refused(topic_key, partition, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
+                            "corrupt", route)
 
         out: list[Piece] = []
         try:
             return await self._intercept_batches(client, request, version, topic, topic_key,
-                                                 part, received_at_ms, lease, chain, batches,
-                                                 out)
+                                                 partition, received_at_ms, lease, chain,
+                                                 route, decoded, out)
         except BaseException:
             _discard(out)
             raise
 
     async def _intercept_batches(
         self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
-        topic_key: Any, part: PartitionSpan, received_at_ms: int, lease: DecodeLease,
-        chain: LoadedChain | None, batches: list[Any], out: list[Piece],
+        topic_key: Any, partition: int, received_at_ms: int, lease: DecodeLease,
+        chain: LoadedChain, route: str | None, batches: list[DecodedBatch], out: list[Piece],
     ) -> PartitionResult | _Encoding:
         who = client.identity
-        timeout = self.timeout if chain is None else chain.links[0].timeout
-        hooked = self.acknowledges or (chain is not None and bool(chain.hooks))
+        timeout = chain.links[0].timeout
+        hooked = bool(chain.hooks)
+        observing = chain.route.observe
+        sample = chain.route.observe_sample if observing else 1.0
+        keep = chain.route.dead_letter is not None  # refused records are copied
+        watched = False
+        observe_links = chain.observe_links
         acked: list[AcknowledgedBatch] = []
+        observed: list[Observation] = []
         changed = False
         threaded = False
         record_offset = 0
@@ -277,8 +259,12 @@ class PartitionHandler:
             if h.is_control:
                 out.append(decoded.raw)
                 continue
+            if sample < 1.0 and random.random() >= sample:  # not evaluated: as received
+                out.append(decoded.raw)
+                record_offset += len(decoded.records)
+                continue
             view = RecordBatch(
-                topic=topic, partition=part.partition, records=decoded.records,
+                topic=topic, partition=partition, records=decoded.records,
                 producer_id=h.producer_id, producer_epoch=h.producer_epoch,
                 base_sequence=h.base_sequence, transactional=h.is_transactional,
                 compression=_CODEC_NAMES[h.compression],
@@ -290,39 +276,57 @@ class PartitionHandler:
                 deadline=time.monotonic() + timeout, received_at_ms=received_at_ms,
                 proxy_host=self.proxy_host, identity=who,
             )
-            if chain is None:
-                result = await self._intercept(view, ctx, topic, part.partition, record_offset)
-            else:
-                result = await self._intercept_chain(chain, view, ctx, topic, part.partition,
-                                                     record_offset)
-            if isinstance(result, Rejection):
+            decided = await self._run(chain, view, ctx)
+            watched = watched or observing or observe_links
+            copy = chain.route.dead_letter_observed
+            if decided.observed:
+                observed.extend(_observation(o.link, o.verdict, view, copy)
+                                for o in decided.observed)
+            verdict = decided.verdict
+            if observing:  # recorded; the batch goes on exactly as it came
+                if not isinstance(verdict, Unchanged):
+                    link = chain.links[decided.rejected_by or len(chain.links) - 1].name
+                    observed.append(_observation(link, verdict, view, copy))
+                verdict = Unchanged(view)
+            if isinstance(verdict, Rejected):
                 _discard(out)
-                result.topic = topic_key
-                return PartitionResult(None, rejection=result)
-            if isinstance(result, Unchanged):
+                records = (tuple(r for b in batches if not b.header.is_control
+                                 for r in b.records) if keep else ())
+                return PartitionResult(None, rejection=Rejection(
+                    topic=topic_key, partition=partition, error_code=verdict.code,
+                    message=verdict.message,
+                    record_errors=tuple((record_offset + i, m)
+                                        for i, m in verdict.record_errors),
+                    route=route, link=chain.links[decided.rejected_by or 0].name,
+                    fault=verdict.fault, exception=verdict.exception, records=records),
+                    observed=tuple(observed), watched=watched)
+            if isinstance(verdict, Unchanged):
                 out.append(decoded.raw)
                 transformed = False
             else:
                 try:
-                    piece = lease.start_encode(h, tuple(result.batch.records),
+                    piece = lease.start_encode(h, tuple(verdict.batch.records),
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return self._unencodable(client, chain, topic, topic_key, part.partition, exc)
+                    return _unencodable(chain, topic_key, partition, route, exc)
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
             if hooked:
-                acked.append(AcknowledgedBatch(topic=topic, partition=part.partition,
+                acked.append(AcknowledgedBatch(topic=topic, partition=partition,
                                                record_count=len(decoded.records),
                                                transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
-            return PartitionResult(None, acknowledged=acked)
+            return PartitionResult(None, acknowledged=tuple(acked), observed=tuple(observed),
+                                   watched=watched)
         if threaded:
-            return _Encoding(out, acked, client, chain, topic, topic_key, part.partition)
+            return _Encoding(out, tuple(acked), chain, topic, topic_key, partition, route,
+                             tuple(observed), watched)
         return PartitionResult(b"".join(cast("list[bytes | memoryview]", out)), changed=True,
-                               acknowledged=acked)
+                               acknowledged=tuple(acked), observed=tuple(observed),
+                               watched=watched)
 
     def _warn_limit(self, client: RequestingClient, topic: str, partition: int,
                     exc: DecompressionLimitExceeded) -> None:
@@ -335,43 +339,55 @@ class PartitionHandler:
         self.log.warning("refused %s[%d] from %s (client_id %r): %s%s", topic, partition,
                     who.client_address, who.client_id, exc, more, extra=client.log_context)
 
-    async def _intercept(
-        self, view: RecordBatch, ctx: InterceptContext, topic: str, partition: int,
-        record_offset: int,
-    ) -> Unchanged | Transformed | Rejection:
-        """The verdict on one batch (:func:`~kiproxy.interceptors.verdict.judge`), metered
-        and, for a plugin fault, logged; a rejection's record indices made request-wide."""
+    async def _run(self, chain: LoadedChain, view: RecordBatch,
+                   ctx: InterceptContext) -> ChainResult:
+        """The chain's verdict on one batch (:func:`~kiproxy.proxy.routes.chain.run_chain`,
+        each link judged by :func:`~kiproxy.interceptors.verdict.judge`), metered."""
         started = time.perf_counter()
-        verdict = await judge(self.interceptor, view, ctx, name=self.name, timeout=self.timeout)
-        return self._judged(verdict, self.name, started, ctx, topic, partition, record_offset,
-                            None)
-
-    async def _intercept_chain(
-        self, chain: LoadedChain, view: RecordBatch, ctx: InterceptContext, topic: str,
-        partition: int, record_offset: int,
-    ) -> Unchanged | Transformed | Rejection:
-        """:meth:`_intercept` for a route's chain: each link judged in turn."""
-        started = time.perf_counter()
-        decided = await run_route(chain, view, ctx)
-        return self._judged(decided.verdict, decided.link, started, ctx, topic, partition,
-                            record_offset, chain.name)
-
-    def _judged(self, verdict: Unchanged | Transformed | Rejected, name: str, started: float,
-                ctx: InterceptContext, topic: str, partition: int, record_offset: int,
-                route: str | None) -> Unchanged | Transformed | Rejection:
+        decided = await run_chain(chain.name, chain.links, view, ctx)
         metrics = self.metrics
-        if metrics is not None and not (isinstance(verdict, Rejected)
-                                        and verdict.fault == "raised"):
+        if metrics is None:
+            return decided
+        verdict = decided.verdict
+        if not (isinstance(verdict, Rejected) and verdict.fault == "raised"):
             metrics.interceptor_seconds.observe(time.perf_counter() - started)
-        if not isinstance(verdict, Rejected):
-            return verdict
-        if verdict.fault is not None:
-            if metrics is not None and verdict.fault in _FAULT_METRICS:
-                metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
-            self.verdict_log.rejected(verdict, name, f"{topic}[{partition}]",
-                                      ctx.client_address, ctx.client_id,
-                                      extra=_log_fields(ctx, topic, partition, route),
-                                      route=route)
-        return Rejection(topic, partition, verdict.code, verdict.message, tuple(
-            (record_offset + i, m) for i, m in verdict.record_errors),
-            logged=verdict.fault is not None, route=route)
+        if isinstance(verdict, Rejected) and verdict.fault in _FAULT_METRICS:
+            metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
+        return decided
+
+
+DECODE_LINK = "(decode)"
+"""The ``link`` label of what the proxy's own decoding would have refused."""
+
+
+def _observed_refusal(rejection: Rejection, records: int) -> PartitionResult:
+    """A partition an observing route's decoding refused (old format, corrupt, over the
+    limits): forwarded as received, like a partition no route matches, and recorded as
+    what enforcing would have done."""
+    return PartitionResult(None, watched=True, observed=(Observation(
+        link=rejection.link or DECODE_LINK, outcome="rejected", error_code=rejection.error_code,
+        message=rejection.message, reason=rejection.reason, record_count=records),))
+
+
+def _observation(link: str, verdict: Transformed | Rejected, batch: RecordBatch,
+                 copy: bool) -> Observation:
+    """An observed verdict as recorded: what the producer would have been told."""
+    if isinstance(verdict, Transformed):
+        return Observation(link=link, outcome="transformed", record_count=len(batch.records))
+    return Observation(link=link, outcome="rejected", error_code=verdict.code,
+                       message=verdict.message, reason=verdict.fault or verdict.error,
+                       record_count=len(batch.records), record_errors=verdict.record_errors,
+                       records=tuple(batch.records) if copy else ())
+
+
+def _unencodable(chain: LoadedChain, topic_key: Any, partition: int, route: str | None,
+                 exc: Exception) -> PartitionResult:
+    """Records the plugin returned that cannot be encoded (not Records, a header key
+    that is not UTF-8, a timestamp out of range): the plugin's fault, so the
+    partition is rejected like a raise."""
+    name = chain.links[0].name if route is None else f"of route {chain.name}"
+    message = (f"interceptor {name} returned records that cannot "
+               f"be encoded: {type(exc).__name__}: {exc}")
+    return PartitionResult(None, rejection=Rejection(
+        topic=topic_key, partition=partition, error_code=INVALID_RECORD, message=message,
+        route=route, link=name, fault="encode"))

@@ -36,8 +36,7 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.interceptors.verdict import acknowledgement_hook
+from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.errors import MalformedFrame, ProtocolError, UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader, encode_response_header
 from kiproxy.protocol.legacy_produce import (
@@ -45,16 +44,18 @@ from kiproxy.protocol.legacy_produce import (
     legacy_produce_error_response,
 )
 from kiproxy.protocol.messages import ApiKey
+from kiproxy.protocol.partition_batches import PartitionBatches
 from kiproxy.protocol.produce_request import PartitionSpan, read_produce_request
 from kiproxy.protocol.produce_splice import splice_produce_request
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     CompressionLevels,
-    read_batch_headers,
 )
 from kiproxy.protocol.wire import read_uvarint
 from kiproxy.proxy.brokers.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.observe.dead_letter import DeadLetterCopy
+from kiproxy.proxy.observe.verdict_log import VerdictLog
 from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward, PartitionTally
 from kiproxy.proxy.produce.offload import BatchOffload
 from kiproxy.proxy.produce.partition import PartitionHandler, PartitionResult
@@ -64,10 +65,11 @@ from kiproxy.proxy.produce.response import (
     ResponseMerger,
     rejection_only_response,
 )
-from kiproxy.proxy.routes.runtime import LoadedChain, close_interceptor
+from kiproxy.proxy.routes.runtime import LoadedChain, one_interceptor
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
+    from kiproxy.proxy.observe.dead_letter import DeadLetterSink
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.routes.runtime import LoadedRoutes
 
@@ -119,29 +121,45 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
     return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
-_Slot = tuple[int, PartitionSpan, PartitionTally | None, LoadedChain | None,
+_Slot = tuple[int, PartitionSpan, PartitionBatches, LoadedChain | None,
               PartitionResult | asyncio.Task[PartitionResult] | None]
-"""A partition of a request: its position, data, tally, chain and what was decided (None:
-forwarded untouched; a task: re-encoding still running)."""
+"""A partition of a request: its position, data, batch headers (read once), chain and
+what was decided (None: forwarded untouched; a task: re-encoding still running)."""
 
 
-def _count(frame: bytes, part: PartitionSpan) -> tuple[int, int]:
-    """(batches, records) of a partition's records in the frame, from batch headers only."""
-    if part.data_end == part.data_start:
-        return 0, 0
-    try:
-        headers = read_batch_headers(frame, part.data_start, part.data_end)
-    except ProtocolError:
-        return 0, 0
-    return len(headers), sum(h.record_count for h in headers)
+_UNREAD = PartitionBatches(start=0, end=0, headers=(), records=0, compressed_blocks=())
+"""The headers of a partition forwarded untouched and not tallied: never read."""
+
+
+def _tally(topic: str, partition: int, batches: PartitionBatches, chain: LoadedChain | None,
+           done: PartitionResult | None) -> PartitionTally:
+    """The tally of one decided partition (the broker's answer is added by the merger)."""
+    outcome, code, message, link = "forwarded", 0, None, None
+    if done is not None and done.rejection is not None:
+        rejection = done.rejection
+        outcome, code, message = "rejected", rejection.error_code, rejection.message
+        link = rejection.link
+    elif done is not None and done.changed:
+        outcome = "transformed"
+    observed: dict[str, Any] = {}
+    if done is not None and done.watched:
+        seen = next((o for o in done.observed if o.outcome == "rejected"),
+                    done.observed[0] if done.observed else None)
+        observed = {"observed_outcome": "unchanged"} if seen is None else {
+            "observed_outcome": seen.outcome, "observed_error_code": seen.error_code,
+            "observed_error_message": seen.message, "observed_link": seen.link}
+    return PartitionTally(topic, partition, batches.batches, batches.records, batches.size,
+                          outcome=outcome, error_code=code, error_message=message,
+                          route=chain.name if chain is not None else None, link=link,
+                          **observed)
 
 
 class ProducePipeline:
-    """Runs every produce request through the configured interceptor."""
+    """Runs every produce request through the configured routes' chains."""
 
     def __init__(
         self,
-        interceptor: Any | None,
+        interceptor: Any | None = None,
         *,
         name: str = "",
         timeout_ms: int = 5000,
@@ -153,31 +171,29 @@ class ProducePipeline:
         tallies: bool = False,
         topic_names: dict[uuid.UUID, str] | None = None,
         routes: LoadedRoutes | None = None,
+        dead_letter: DeadLetterSink | None = None,
     ) -> None:
-        self._loaded = routes
-        single = routes.single if routes is not None else None
-        timeout = timeout_ms / 1000
-        if single is not None:  # one link on a catch-all route: the single-interceptor path
-            link = single.links[0]
-            interceptor, name, timeout = link.interceptor, link.name, link.timeout
-        self.routes = routes if routes is not None and single is None else None
-        """The routes when batches are selected per client and topic (None: one
-        interceptor, or none, for every batch)."""
-        self.interceptor = interceptor
-        self.intercepts = interceptor is not None or self.routes is not None
+        if interceptor is not None:  # built in code: the shorthand's one-link route
+            routes = one_interceptor(interceptor, name or type(interceptor).__name__,
+                                     timeout_ms / 1000)
+        self.routes = routes
+        """Every route's loaded chain (None: no interceptor, every batch passes through)."""
+        self.intercepts = routes is not None
         """Some batch may go through an interceptor (so Produce requests are decoded)."""
+        single = routes.single if routes is not None else None
+        self._single = single
+        """The chain of every batch when there is one catch-all route (no selection)."""
+        self._unnamed = single if single is not None and len(single.links) == 1 else None
+        """The shorthand's chain (one link on one catch-all route): its log lines name
+        no route."""
         self.max_version = max_version
         """Highest Produce version accepted: what the ApiVersions cut offers (12 with
         ``workers`` > 1, where topic ids are learned per process)."""
-        self.name = name or (type(interceptor).__name__ if interceptor is not None else "")
-        self.route_name: str | None = single.name if single is not None else (
-            "default" if interceptor is not None else None)
-        """The route the single interceptor's partitions are tallied under."""
         self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
         """Decompression limits, the decode memory budget and the decode threads."""
         self.partitions = PartitionHandler(
-            interceptor, name=self.name, timeout=timeout, route_name=self.route_name, log=log,
-            compression_levels=compression_levels, proxy_host=proxy_host, metrics=metrics)
+            compression_levels=compression_levels, proxy_host=proxy_host, metrics=metrics,
+            log=log)
         """Decodes, intercepts and re-encodes one topic-partition."""
         self.topic_names: dict[uuid.UUID, str] = {} if topic_names is None else topic_names
         """Topic id -> name, learned from Metadata responses (for Produce v13); shared by
@@ -185,19 +201,15 @@ class ProducePipeline:
         self.tallies = tallies
         """Responses are observed or metered, so each request is tallied per partition."""
         self.metrics = metrics
-        self.verdict_log = self.partitions.verdict_log
-        self._ack_hook = acknowledgement_hook(interceptor)
-        self.partitions.acknowledges = self._ack_hook is not None
+        self.verdict_log = VerdictLog(log)
+        """Where every rejection is logged, once (see :meth:`_log_rejections`)."""
+        self.dead_letter = dead_letter
+        """Where routes with ``dead_letter`` copy refused records (the process's sink)."""
 
     @property
     def compression_levels(self) -> CompressionLevels:
         """Levels a batch an interceptor changed is re-compressed with (its own codec)."""
         return self.partitions.compression_levels
-
-    @property
-    def timeout(self) -> float:
-        """The single interceptor's deadline, in seconds."""
-        return self.partitions.timeout
 
     def learn_topic_ids(self, metadata: Any) -> None:
         """Record topic ids named by a Metadata response."""
@@ -206,24 +218,17 @@ class ProducePipeline:
     @property
     def watched_files(self) -> list[Path]:
         """Files the loaded interceptors read (their ``watched_files``): a change reloads."""
-        interceptors = [self.interceptor] + ([link.interceptor for chain in self._loaded.chains
-                                              for link in chain.links]
-                                             if self._loaded is not None else [])
-        return list(dict.fromkeys(Path(f) for i in interceptors
+        return list(dict.fromkeys(Path(f) for _, i in self.interceptors()
                                   for f in getattr(i, "watched_files", ())))
 
     def interceptors(self) -> tuple[tuple[str, Any], ...]:
         """``(name, interceptor)`` of every interceptor this pipeline runs."""
-        if self._loaded is not None:
-            return self._loaded.interceptors()
-        return () if self.interceptor is None else ((self.name, self.interceptor),)
+        return self.routes.interceptors() if self.routes is not None else ()
 
     async def close(self) -> None:
         """Run every interceptor's ``close()`` (the decode threads are the process's)."""
-        if self._loaded is not None:
-            await self._loaded.close()
-        elif self.interceptor is not None:
-            await close_interceptor(self.interceptor, self.name)
+        if self.routes is not None:
+            await self.routes.close()
 
     # ------------------------------------------------------------------ request
 
@@ -251,18 +256,19 @@ class ProducePipeline:
                 "offered in ApiVersions")
         if version < 3:
             return self._refuse_legacy(client, header, frame)
-        if not self.intercepts:
+        if self.routes is None:
             if self.tallies:
                 return self._tallied_passthrough(header, frame, nodes_seen)
             acks = read_acks(frame, header.body_offset, header.header_version == 2)
             return Forward(frame, expect_response=acks != 0,
                            on_response=_node_rewriter(version, nodes_seen))
 
+        routes = self.routes
         request = read_produce_request(frame, header.body_offset, version)
         received_at_ms = int(time.time() * 1000)
-        client_routes = client.routes(self.routes.table) if self.routes is not None else None
+        client_routes = client.routes(routes.table) if self._single is None else None
         transactional = request.transactional_id is not None
-        hooked = self._ack_hook is not None
+        hooked = False
         rejections: list[Rejection] = []
         acked: list[Acked] = []
         tallies: list[PartitionTally] | None = [] if self.tallies else None
@@ -274,6 +280,7 @@ class ProducePipeline:
         # Per topic, in order: a partition forwarded untouched, or the handler's answer
         # (a task while its re-encoding runs on a decode thread; awaited in order below).
         slots: list[list[_Slot]] = []
+        names: list[str] = []
         tasks: list[asyncio.Task[PartitionResult]] = []
         try:
             for topic in request.topics:
@@ -283,67 +290,69 @@ class ProducePipeline:
                     topic_key = topic.topic_id
                     topic_name = (self.topic_names.get(topic.topic_id)
                                   if topic.topic_id is not None else None)
+                names.append(topic_name or str(topic_key))
                 topic_slots: list[_Slot] = []
                 slots.append(topic_slots)
                 for pj, part in enumerate(topic.partitions):
-                    tally = None
-                    if tallies is not None:
-                        n_batches, n_records = _count(frame, part)
-                        tally = PartitionTally(topic_name or str(topic_key), part.partition,
-                                               n_batches, n_records,
-                                               part.data_end - part.data_start,
-                                               route=self.route_name)
-                        tallies.append(tally)
-                    chain: LoadedChain | None = None
+                    chain: LoadedChain | None = self._single
                     if client_routes is not None and topic_name is not None:
-                        assert self.routes is not None
                         route = client_routes.select(topic_name, request.acks, transactional)
-                        if route is None:  # no route and no default: forwarded untouched
-                            topic_slots.append((pj, part, tally, None, None))
-                            continue
-                        chain = self.routes.chain(route)
-                        hooked = hooked or bool(chain.hooks)
-                        if tally is not None:
-                            tally.route = chain.name
-                    if topic_name is None:
-                        result: PartitionResult | asyncio.Task[PartitionResult] = (
-                            PartitionResult(None, rejection=Rejection(
-                                topic_key, part.partition, UNKNOWN_TOPIC_ID,
-                                f"topic id {topic_key} is unknown to the proxy; refresh "
-                                "metadata", reason="unknown_topic_id")))
+                        chain = routes.chain(route) if route is not None else None
+                    if chain is None and topic_name is not None:
+                        # No route and no default: forwarded untouched, its headers read
+                        # only when it is tallied.
+                        batches = (PartitionBatches.read(frame, part.data_start, part.data_end)
+                                   if tallies is not None else _UNREAD)
+                        topic_slots.append((pj, part, batches, None, None))
+                        continue
+                    batches = PartitionBatches.read(frame, part.data_start, part.data_end)
+                    result: PartitionResult | asyncio.Task[PartitionResult]
+                    if topic_name is None or chain is None:
+                        result = PartitionResult(None, rejection=Rejection(
+                            topic=topic_key, partition=part.partition,
+                            error_code=UNKNOWN_TOPIC_ID,
+                            message=f"topic id {topic_key} is unknown to the proxy; "
+                                    "refresh metadata", reason="unknown_topic_id"))
                     else:
+                        hooked = hooked or bool(chain.hooks)
                         result = await self.partitions.handle(
-                            client, request, version, topic_name, topic_key, part, frame,
-                            received_at_ms, self.offload.lease(), chain)
+                            client, request, version, topic_name, topic_key, part.partition,
+                            frame, batches, received_at_ms, self.offload.lease(), chain,
+                            None if chain is self._unnamed else chain.name)
                         if isinstance(result, asyncio.Task):
                             tasks.append(result)
-                    topic_slots.append((pj, part, tally, chain, result))
+                    topic_slots.append((pj, part, batches, chain, result))
 
             for ti, topic in enumerate(request.topics):
-                for pj, part, tally, chain, answer in slots[ti]:
-                    if answer is None:
+                for pj, part, batches, chain, answer in slots[ti]:
+                    done = None
+                    if answer is not None:
+                        done = await answer if isinstance(answer, asyncio.Task) else answer
+                    if tallies is not None:
+                        tallies.append(_tally(names[ti], part.partition, batches, chain, done))
+                    if done is not None and done.observed and chain is not None:
+                        self._observed(client, names[ti], part.partition, chain, done,
+                                       received_at_ms)
+                    if done is None:
                         forwarded += 1
                         continue
-                    done = await answer if isinstance(answer, asyncio.Task) else answer
                     if done.rejection is not None:
                         rejection = done.rejection
                         rejections.append(rejection)
                         edits[ti, pj] = None
+                        if chain is not None and chain.route.dead_letter is not None:
+                            self._copy(client, chain, names[ti], part.partition, rejection,
+                                       received_at_ms)
                         if self.metrics is not None:
                             self.metrics.rejected_batches.labels(rejection.reason).inc(
-                                max(_count(frame, part)[0], 1))
-                        if tally is not None:
-                            tally.outcome = "rejected"
-                            tally.error_code = rejection.error_code
-                            tally.error_message = rejection.message
+                                max(batches.batches, 1))
                         continue
-                    acked.append(Acked(topic.topic_id if version >= 13 else topic.name,
-                                       part.partition, done.acknowledged,
-                                       chain.hooks if chain is not None else ()))
+                    if chain is not None and chain.hooks:
+                        acked.append(Acked(topic.topic_id if version >= 13 else topic.name,
+                                           part.partition, done.acknowledged, chain.hooks,
+                                           chain.hook_names))
                     if done.changed:
                         edits[ti, pj] = done.records
-                        if tally is not None:
-                            tally.outcome = "transformed"
                     forwarded += 1
         finally:
             for task in tasks:
@@ -352,13 +361,7 @@ class ProducePipeline:
 
         acks = request.acks
         if rejections:
-            who = client.identity
-            for r in rejections:
-                if not r.logged:
-                    self.verdict_log.policy(
-                        f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]",
-                        who.client_address, who.client_id, r.error_code, r.message,
-                        client.log_context, route=r.route)
+            self._log_rejections(client, rejections)
         if not forwarded:
             if acks == 0:
                 return Answer(None, produce=tallies)
@@ -378,12 +381,76 @@ class ProducePipeline:
             version, header.header_version == 2, rejections, acked, tallies, nodes_seen),
             produce=tallies)
 
+    def _log_rejections(self, client: RequestingClient, rejections: list[Rejection]) -> None:
+        """The one place a rejection is logged: policy at INFO, a plugin fault as a
+        rate-limited WARNING (see :mod:`kiproxy.proxy.observe.verdict_log`)."""
+        who = client.identity
+        for r in rejections:
+            where = f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]"
+            if r.fault is None:
+                self.verdict_log.policy(where, who.client_address, who.client_id,
+                                        r.error_code, r.message, client.log_context,
+                                        route=r.route)
+            else:
+                self.verdict_log.fault(
+                    r.link or "", r.fault, where, who.client_address, who.client_id,
+                    r.message, exception=r.exception, route=r.route,
+                    extra={**client.log_context, "topic": self.topic_names.get(r.topic, r.topic),
+                           "partition": r.partition})
+
+    def _observed(self, client: RequestingClient, topic: str, partition: int,
+                  chain: LoadedChain, done: PartitionResult, received_at_ms: int) -> None:
+        """The one place what observe mode saw is recorded: the ``kiproxy_would_*``
+        counters, a rate-limited log line, and (``dead_letter_observed``) the copy of
+        what would have been refused."""
+        who = client.identity
+        route = chain.name
+        for seen in done.observed:
+            if self.metrics is not None:
+                if seen.outcome == "rejected":
+                    self.metrics.would_reject_batches.labels(route, seen.link, seen.reason).inc()
+                    self.metrics.would_reject_records.labels(
+                        route, seen.link, seen.reason).inc(seen.record_count)
+                else:
+                    self.metrics.would_transform_batches.labels(route, seen.link).inc()
+                    self.metrics.would_transform_records.labels(route, seen.link).inc(
+                        seen.record_count)
+            detail = (f": error {seen.error_code}: {seen.message}"
+                      if seen.outcome == "rejected" else "")
+            self.verdict_log.observed("rejected" if seen.outcome == "rejected"
+                                      else "transformed", f"{topic}[{partition}]",
+                                      who.client_address, who.client_id, route, seen.link,
+                                      detail, client.log_context)
+            if seen.records and self.dead_letter is not None \
+                    and chain.route.dead_letter is not None:
+                self.dead_letter.offer(DeadLetterCopy(
+                    topic=chain.route.dead_letter, source_topic=topic, partition=partition,
+                    route=route, link=seen.link, error_code=seen.error_code,
+                    error_name=error_name(seen.error_code), reason=seen.message or "",
+                    client_id=who.client_id, principal=who.principal, time_ms=received_at_ms,
+                    observed=True, records=seen.records,
+                    record_reasons={i: m for i, m in seen.record_errors if m is not None}))
+
+    def _copy(self, client: RequestingClient, chain: LoadedChain, topic: str,
+              partition: int, rejection: Rejection, received_at_ms: int) -> None:
+        """A refused partition's records to its route's dead-letter topic (never blocks)."""
+        if self.dead_letter is None or not rejection.records:
+            return
+        who = client.identity
+        assert chain.route.dead_letter is not None
+        self.dead_letter.offer(DeadLetterCopy(
+            topic=chain.route.dead_letter, source_topic=topic, partition=partition,
+            route=chain.name, link=rejection.link, error_code=rejection.error_code,
+            error_name=error_name(rejection.error_code), reason=rejection.message,
+            client_id=who.client_id, principal=who.principal, time_ms=received_at_ms,
+            observed=False, records=rejection.records,
+            record_reasons={i: m for i, m in rejection.record_errors if m is not None}))
+
     def _merger(self, version: int, flexible: bool, rejections: list[Rejection],
                 acked: list[Acked], tallies: list[PartitionTally] | None,
                 nodes_seen: NodeSeen | None) -> ResponseMerger:
         return ResponseMerger(version=version, flexible=flexible, rejections=rejections,
-                              acked=acked, tallies=tallies, ack_hook=self._ack_hook,
-                              interceptor_name=self.name, topic_names=self.topic_names,
+                              acked=acked, tallies=tallies, topic_names=self.topic_names,
                               nodes_seen=nodes_seen)
 
     def _tallied_passthrough(self, header: RequestHeader, frame: bytes,
@@ -398,10 +465,9 @@ class ProducePipeline:
             if version >= 13 and topic.topic_id is not None:
                 name = self.topic_names.get(topic.topic_id)
             for part in topic.partitions:
-                n_batches, n_records = _count(frame, part)
-                tallies.append(PartitionTally(name or str(topic.topic_id), part.partition,
-                                              n_batches, n_records,
-                                              part.data_end - part.data_start))
+                batches = PartitionBatches.read(frame, part.data_start, part.data_end)
+                tallies.append(_tally(name or str(topic.topic_id), part.partition, batches,
+                                      None, None))
         if request.acks == 0:
             return Forward(frame, expect_response=False, produce=tallies)
         return Forward(frame, on_response=self._merger(

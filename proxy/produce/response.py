@@ -18,11 +18,11 @@ import logging
 import typing
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
-from typing import Any
+from typing import Any, Literal
 
-from kiproxy.interceptors.api import AcknowledgedBatch
+from kiproxy.interceptors.api import AcknowledgedBatch, Record
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import AcknowledgementHook
 from kiproxy.protocol.framing import parse_response_header
@@ -32,36 +32,71 @@ from kiproxy.proxy.produce.disposition import PartitionTally
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["Acked", "Rejection", "ResponseMerger", "merge_rejections", "rejection_only_response"]
+__all__ = ["Acked", "Observation", "Rejection", "ResponseMerger", "merge_rejections",
+           "rejection_only_response"]
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Rejection:
-    """One topic-partition the proxy refused, and what the producer is told."""
+    """One topic-partition the proxy refused, what the producer is told, and what the
+    one log line about it says."""
 
     topic: Any  # name (str) or topic id (UUID), as the request named it
     partition: int
     error_code: int
     message: str
     record_errors: tuple[tuple[int, str | None], ...] = ()
-    logged: bool = False
-    """Already logged as a plugin fault (a WARNING), so not again at INFO."""
+    """``(record index in the partition, message)`` pairs."""
     reason: str = "interceptor"
     """The ``reason`` label of kiproxy_rejected_batches_total."""
     route: str | None = None
-    """The route whose chain (or decoding on its behalf) refused it, for the log line."""
+    """The route whose chain (or decoding on its behalf) refused it, for the log line
+    (None for the ``interceptor:`` shorthand, whose lines name no route)."""
+    link: str | None = None
+    """The interceptor that refused it (None: the proxy, e.g. an undecodable batch)."""
+    fault: str | None = None
+    """Why the plugin failed (a :data:`~kiproxy.interceptors.verdict.Fault`, or
+    ``encode``) - logged as a rate-limited WARNING; None for a policy rejection (INFO)."""
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+    """The exception a ``raised`` fault came from (its traceback, for the log)."""
+    records: tuple[Record, ...] = field(default=(), compare=False, repr=False)
+    """The partition's records as the producer sent them, when its route copies refused
+    records to a dead-letter topic (else empty)."""
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Observation:
+    """What a route or link in observe mode would have done to one batch (which was
+    forwarded as it was given)."""
+
+    link: str
+    """The link whose verdict it is (for a route in observe mode: the deciding link)."""
+    outcome: Literal["transformed", "rejected"]
+    error_code: int = 0
+    """The Kafka error code the producer would have got (0 when transformed)."""
+    message: str | None = None
+    """The error message it would have got."""
+    reason: str = ""
+    """The ``reason`` label: the Kafka error name, or the plugin fault."""
+    record_count: int = 0
+    """Records in the batch."""
+    record_errors: tuple[tuple[int, str | None], ...] = ()
+    """``(record index in :attr:`records`, message)`` pairs of a would-be rejection."""
+    records: tuple[Record, ...] = field(default=(), compare=False, repr=False)
+    """The batch's records when would-be refusals are copied to a dead-letter topic."""
+
+
+@dataclass(frozen=True, slots=True)
 class Acked:
     """The batches of one forwarded topic-partition, for ``on_acknowledgement``."""
 
     topic_key: Any
     partition: int
-    batches: list[AcknowledgedBatch]
+    batches: tuple[AcknowledgedBatch, ...]
     hooks: tuple[AcknowledgementHook, ...] = ()
-    """The ``on_acknowledgement`` hooks of the route's chain (the single interceptor's is
-    the merger's own)."""
+    """The ``on_acknowledgement`` hooks of the route's chain."""
+    hook_names: tuple[str, ...] = ()
+    """How a failing hook is named in the log (its link's ``class``), hook by hook."""
 
 
 @cache
@@ -134,7 +169,6 @@ class ResponseMerger:
 
     def __init__(self, *, version: int, flexible: bool, rejections: list[Rejection],
                  acked: list[Acked], tallies: list[PartitionTally] | None,
-                 ack_hook: AcknowledgementHook | None, interceptor_name: str,
                  topic_names: dict[uuid.UUID, str],
                  nodes_seen: Callable[[int, str, int], tuple[str, int]] | None) -> None:
         self._version = version
@@ -142,8 +176,6 @@ class ResponseMerger:
         self._rejections = rejections
         self._acked = acked
         self._tallies = tallies
-        self._ack_hook = ack_hook
-        self._name = interceptor_name
         self._topic_names = topic_names
         self._nodes_seen = nodes_seen
 
@@ -151,7 +183,7 @@ class ResponseMerger:
         version = self._version
         _, body_offset = parse_response_header(frame, 1 if self._flexible else 0)
         response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
-        if self._ack_hook is not None or any(entry.hooks for entry in self._acked):
+        if any(entry.hooks for entry in self._acked):
             self._acknowledge(response)
         if self._tallies:
             self._fill_tallies(response)
@@ -174,18 +206,14 @@ class ResponseMerger:
             name = self._topic_names.get(key, str(key)) if version >= 13 else key
             for p in topic.partition_responses:
                 results[(name, p.index)] = p
-        for tally in self._tallies or ():
+        tallies = self._tallies or []
+        for i, tally in enumerate(tallies):
             if tally.outcome == "rejected":
                 continue
             p = results.get((tally.topic, tally.partition))
-            if p is None:
-                continue
-            tally.base_offset = int(p.base_offset)
-            code = int(p.error_code)
-            if code:
-                tally.outcome = "broker_error"
-                tally.error_code = code
-                tally.error_message = getattr(p, "error_message", None)
+            if p is not None:
+                tallies[i] = tally.answered(int(p.base_offset), int(p.error_code),
+                                            getattr(p, "error_message", None))
 
     def _acknowledge(self, response: Any) -> None:
         key_field = "topic_id" if self._version >= 13 else "name"
@@ -194,19 +222,15 @@ class ResponseMerger:
             for p in topic.partition_responses:
                 results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
                                                                  int(p.error_code))
-        single = (self._ack_hook,) if self._ack_hook is not None else ()
         for entry in self._acked:
-            hooks = entry.hooks or single
-            if not hooks:
+            if not entry.hooks:
                 continue
             base_offset, code = results.get((entry.topic_key, entry.partition), (-1, -1))
             for batch in entry.batches:
-                for hook in hooks:
+                for hook, name in zip(entry.hooks, entry.hook_names, strict=True):
                     try:
                         hook(batch, base_offset, code or None)
                     except Exception:
-                        log.exception("interceptor %s: on_acknowledgement failed",
-                                      getattr(hook, "__self__", self._name).__class__.__name__
-                                      if entry.hooks else self._name)
+                        log.exception("interceptor %s: on_acknowledgement failed", name)
                 if base_offset >= 0:
                     base_offset += batch.record_count

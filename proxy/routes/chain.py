@@ -1,21 +1,24 @@
 """Running a route's chain: each interceptor in order, judged after each link.
 
 Contract: :func:`run_chain` hands the batch to the first link, judges its
-answer with the verdict function, hands what it returned to the next link, and
-so on. The record-count rule, exceptions, return types and the deadline are
-the verdict function's to judge, once per link; a link whose verdict is a
-rejection ends the chain there and nothing is forwarded. Each link gets its own
-deadline (its ``timeout_ms`` counted from when it starts: the context it sees
-has ``deadline`` set accordingly), so a chain's worst case is the sum.
+answer with the verdict function (:func:`~kiproxy.interceptors.verdict.judge`
+by default), hands what it returned to the next link, and so on. The
+record-count rule, exceptions, return types and the deadline are the verdict
+function's to judge, once per link; a link whose verdict is a rejection ends
+the chain there and nothing is forwarded. Each link gets its own deadline
+(its ``timeout_ms`` counted from when it starts), so a chain's worst case is
+the sum; a chain of one link is judged with the context as given (the
+caller set its ``deadline`` to now + that link's ``timeout_ms``).
 
-Seam (phase 2 of routes): ``judge`` is
-``kiproxy.interceptors.verdict.judge`` once that lands; until then any
-callable of the same shape works. A verdict that has a ``batch`` attribute
-(``Unchanged``/``Transformed``) lets the chain go on with that batch; one
-without (``Rejected``) stops it. ``Unchanged`` carries the very batch it was
-given, which is how ``changed`` is told apart. The runtime maps a
-:class:`ChainResult` back to one verdict: ``rejection`` when set, else
-``Transformed(batch)`` when ``changed``, else ``Unchanged(batch)``.
+A link in observe mode (``mode: observe``) is judged the same way, but its
+verdict only goes into :attr:`ChainResult.observed` and the next link gets
+the batch it was given.
+
+The answer is one immutable :class:`ChainResult`: :attr:`ChainResult.verdict`,
+the one verdict the produce path acts on (a chain of one link answers with
+that link's verdict as it is), which link refused, and what observing links
+would have done. The ``interceptor:`` shorthand is a
+chain of one link like any other.
 """
 
 from __future__ import annotations
@@ -27,15 +30,16 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
+from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, Verdict, judge
 
-__all__ = ["ChainResult", "Judge", "LoadedLink", "run_chain"]
+__all__ = ["ChainResult", "Judge", "LoadedLink", "Observed", "run_chain"]
 
 
 class Judge(Protocol):
     """The verdict function's shape: ``judge(interceptor, batch, ctx, *, name, timeout)``."""
 
     def __call__(self, interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
-                 name: str, timeout: float | None) -> Awaitable[object]: ...
+                 name: str, timeout: float | None) -> Awaitable[Verdict]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,19 @@ class LoadedLink:
     """The configured, ready interceptor (or the isolation pool standing in for it)."""
     timeout: float
     """Seconds the link may take (``timeout_ms`` / 1000)."""
+    observe: bool = False
+    """``mode: observe``: its verdict is recorded, and the next link gets the batch this
+    one was given."""
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """What a link in observe mode would have done to one batch."""
+
+    link: str
+    """The link's name (its ``class``)."""
+    verdict: Transformed | Rejected
+    """Its verdict (an unchanged batch is not recorded)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,30 +73,59 @@ class ChainResult:
 
     route: str
     """The route's name (for the ``route`` metric label, logs and audit events)."""
-    batch: RecordBatch
-    """What to forward: the last link's output, or the original when nothing changed it.
-    On a rejection: the batch the rejecting link was given."""
-    changed: bool
-    """Some link transformed the batch."""
-    rejection: object | None = None
-    """The rejecting link's verdict (``Rejected``), or None."""
+    verdict: Verdict
+    """The chain's verdict: the rejecting link's ``Rejected``, else ``Transformed`` (some
+    link changed the batch: the last output) or ``Unchanged`` (the batch as given)."""
+    given: RecordBatch
+    """On a rejection, the batch the rejecting link was given; else the chain's input."""
     rejected_by: int | None = None
     """The index of the rejecting link in the chain, or None."""
+    observed: tuple[Observed, ...] = ()
+    """The verdicts of links in observe mode that would have changed or refused it."""
+
+    @property
+    def rejection(self) -> Rejected | None:
+        """The rejecting link's verdict, or None."""
+        return self.verdict if isinstance(self.verdict, Rejected) else None
+
+    @property
+    def changed(self) -> bool:
+        """Some link transformed the batch."""
+        return isinstance(self.verdict, Transformed)
+
+    @property
+    def batch(self) -> RecordBatch:
+        """What to forward: the last link's output, or the original when nothing changed
+        it; on a rejection, the batch the rejecting link was given."""
+        return self.given if isinstance(self.verdict, Rejected) else self.verdict.batch
 
 
 async def run_chain(route: str, links: Sequence[LoadedLink], batch: RecordBatch,
-                    ctx: InterceptContext, judge: Judge) -> ChainResult:
+                    ctx: InterceptContext, judge: Judge = judge) -> ChainResult:
     """Run ``links`` in order over ``batch``; see the module docstring."""
+    if len(links) == 1 and not links[0].observe:  # the common case, judged as it is
+        link = links[0]
+        verdict = await judge(link.interceptor, batch, ctx, name=link.name,
+                              timeout=link.timeout)
+        return ChainResult(route=route, verdict=verdict, given=batch,
+                           rejected_by=0 if isinstance(verdict, Rejected) else None)
     current = batch
     changed = False
+    observed: list[Observed] = []
+    single = len(links) == 1  # the caller's context as it is
     for index, link in enumerate(links):
-        link_ctx = dataclasses.replace(ctx, deadline=time.monotonic() + link.timeout)
+        link_ctx = ctx if single else dataclasses.replace(
+            ctx, deadline=time.monotonic() + link.timeout)
         verdict = await judge(link.interceptor, current, link_ctx, name=link.name,
                               timeout=link.timeout)
-        returned = getattr(verdict, "batch", None)
-        if not isinstance(returned, RecordBatch):
-            return ChainResult(route=route, batch=current, changed=changed,
-                               rejection=verdict, rejected_by=index)
-        changed = changed or returned is not current
-        current = returned
-    return ChainResult(route=route, batch=current, changed=changed)
+        if link.observe:
+            if not isinstance(verdict, Unchanged):
+                observed.append(Observed(link.name, verdict))
+            continue  # the next link gets the batch this one was given
+        if isinstance(verdict, Rejected):
+            return ChainResult(route=route, verdict=verdict, given=current,
+                               rejected_by=index, observed=tuple(observed))
+        changed = changed or isinstance(verdict, Transformed)
+        current = verdict.batch
+    return ChainResult(route=route, given=batch, observed=tuple(observed),
+                       verdict=Transformed(current) if changed else Unchanged(batch))

@@ -9,15 +9,12 @@ Contract:
   for ``isolation: process`` (``interceptor.workers`` workers each). It returns
   a complete :class:`LoadedRoutes` or raises (``PluginLoadError``) having
   closed every link it had loaded.
-- :attr:`LoadedRoutes.single` is the one link when the table is exactly one
-  catch-all route with one link and no ``default`` (the shorthand, or the same
-  written as a route): the produce pipeline then takes the single-interceptor
-  path, with no per-batch selection at all.
-- :func:`run_route` hands a batch to a route's chain
-  (:func:`~kiproxy.proxy.routes.chain.run_chain` with the one verdict function,
-  :func:`~kiproxy.interceptors.verdict.judge`, so the record-count rule is
-  checked after each link) and answers with the verdict the pipeline acts on:
-  ``Unchanged``, ``Transformed`` or ``Rejected`` (with the rejecting link's name).
+- :attr:`LoadedRoutes.single` is the chain when the table is exactly one
+  catch-all route and no ``default`` (the shorthand, or the same written as a
+  route): the produce pipeline then skips the per-batch selection; the chain
+  runs the same way (:func:`~kiproxy.proxy.routes.chain.run_chain`) either way.
+- :func:`one_interceptor` is the same one-link catch-all route for an
+  interceptor built in code (the benches, tests, an embedding program).
 """
 
 from __future__ import annotations
@@ -29,18 +26,11 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.api import InterceptContext, RecordBatch
 from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import (
-    AcknowledgementHook,
-    Rejected,
-    Transformed,
-    Unchanged,
-    acknowledgement_hook,
-    judge,
-)
+from kiproxy.interceptors.verdict import AcknowledgementHook, acknowledgement_hook
+from kiproxy.proxy.config.routes import MatchSettings
 from kiproxy.proxy.isolation.pool import IsolatedInterceptor
-from kiproxy.proxy.routes.chain import LoadedLink, run_chain
+from kiproxy.proxy.routes.chain import LoadedLink
 from kiproxy.proxy.routes.table import CompiledMatch, Route, RouteTable
 
 if TYPE_CHECKING:
@@ -49,7 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["LoadedChain", "LoadedRoutes", "RouteVerdict", "load_routes", "run_route"]
+__all__ = ["LoadedChain", "LoadedRoutes", "close_interceptor", "load_routes",
+           "one_interceptor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,20 +51,15 @@ class LoadedChain:
     links: tuple[LoadedLink, ...]
     hooks: tuple[AcknowledgementHook, ...]
     """The links' ``on_acknowledgement`` hooks (those that override the base class's)."""
+    hook_names: tuple[str, ...] = ()
+    """The name of each hook's link, in the same order (for the log)."""
+    observe_links: bool = False
+    """Some link of the chain is in observe mode."""
 
     @property
     def name(self) -> str:
         """The route's name (the ``route`` label, audit field and log field)."""
         return self.route.name
-
-
-@dataclass(frozen=True, slots=True)
-class RouteVerdict:
-    """What a route's chain made of one batch: a verdict, and which link decided it."""
-
-    verdict: Unchanged | Transformed | Rejected
-    link: str
-    """The rejecting link's ``class`` (for a rejection), else the last link's."""
 
 
 class LoadedRoutes:
@@ -86,10 +72,9 @@ class LoadedRoutes:
         """The compiled routes (selection, per-client cache)."""
         self._chains = chains
         self.single: LoadedChain | None = None
-        """The only chain, when it is one link on a catch-all route and there is no default."""
+        """The only chain, when it is on a catch-all route and there is no default."""
         only = table.routes[0] if len(table.routes) == 1 else None
-        if (only is not None and table.default is None and _matches_everything(only.match)
-                and len(chains[only.index].links) == 1):
+        if only is not None and table.default is None and _matches_everything(only.match):
             self.single = chains[only.index]
 
     def chain(self, route: Route) -> LoadedChain:
@@ -139,10 +124,10 @@ def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> Load
         pool.start()  # a plugin that cannot load raises PluginLoadError here
         log.info("%sinterceptor %s loaded in %d worker processes (pids %s)", where, spec,
                  len(pool.pids), ", ".join(map(str, pool.pids)))
-        return LoadedLink(spec, pool, link.timeout_ms / 1000)
+        return LoadedLink(spec, pool, link.timeout_ms / 1000, link.mode == "observe")
     interceptor = load_interceptor(spec, config.plugins_dir, link.config)
     log.info("%sinterceptor %s loaded", where, spec)
-    return LoadedLink(spec, interceptor, link.timeout_ms / 1000)
+    return LoadedLink(spec, interceptor, link.timeout_ms / 1000, link.mode == "observe")
 
 
 def load_routes(config: ProxyConfig) -> LoadedRoutes | None:
@@ -162,10 +147,7 @@ def load_routes(config: ProxyConfig) -> LoadedRoutes | None:
             for link in route.links:
                 links.append(_load_link(config, link, where))
                 loaded.append(links[-1])
-            hooks = tuple(hook for hook in map(acknowledgement_hook,
-                                               (x.interceptor for x in links))
-                          if hook is not None)
-            chains[route.index] = LoadedChain(route, tuple(links), hooks)
+            chains[route.index] = _chain(route, tuple(links))
     except BaseException:
         _close_now(loaded)
         raise
@@ -193,21 +175,17 @@ def _close_now(links: list[LoadedLink]) -> None:
             log.exception("interceptor %s: close() failed", link.name)
 
 
-async def run_route(chain: LoadedChain, batch: RecordBatch,
-                    ctx: InterceptContext) -> RouteVerdict:
-    """Run ``batch`` through ``chain``; see the module docstring.
+def one_interceptor(interceptor: Any, name: str, timeout: float) -> LoadedRoutes:
+    """``interceptor`` (built in code) as the ``interceptor:`` shorthand is: one link on
+    one catch-all route named ``default``."""
+    route = Route(index=0, name="default", match=CompiledMatch.of(MatchSettings()), links=())
+    return LoadedRoutes(RouteTable([route]),
+                        {0: _chain(route, (LoadedLink(name, interceptor, timeout),))})
 
-    ``ctx.deadline`` must be the first link's (now + its ``timeout_ms``): a chain of
-    one link, the common case, is judged with ``ctx`` as it is.
-    """
-    if len(chain.links) == 1:
-        link = chain.links[0]
-        verdict = await judge(link.interceptor, batch, ctx, name=link.name,
-                              timeout=link.timeout)
-        return RouteVerdict(verdict, link.name)
-    result = await run_chain(chain.name, chain.links, batch, ctx, judge)
-    if result.rejected_by is not None:
-        assert isinstance(result.rejection, Rejected)
-        return RouteVerdict(result.rejection, chain.links[result.rejected_by].name)
-    verdict = Transformed(result.batch) if result.changed else Unchanged(result.batch)
-    return RouteVerdict(verdict, chain.links[-1].name)
+
+def _chain(route: Route, links: tuple[LoadedLink, ...]) -> LoadedChain:
+    hooked = [(link.name, hook) for link in links
+              if (hook := acknowledgement_hook(link.interceptor)) is not None]
+    return LoadedChain(route, links, tuple(hook for _, hook in hooked),
+                       tuple(name for name, _ in hooked),
+                       any(link.observe for link in links))

@@ -107,6 +107,24 @@ class Route:
     links: tuple[ChainLinkSettings, ...]
     """The chain, in order. The runtime loads each link's interceptor once per
     configuration generation and finds it by ``(route.index, link index)``."""
+    observe: bool = False
+    """``mode: observe``: the chain's verdict is recorded, the partition forwarded as
+    received."""
+    observe_sample: float = 1.0
+    """In observe mode, the fraction of batches evaluated (chosen per batch)."""
+    dead_letter: str | None = None
+    """The topic refused records are copied to, or None."""
+    dead_letter_observed: bool = False
+    """Records an observing route or link would refuse are copied too."""
+
+
+def _route(index: int, name: str, match: MatchSettings,
+           settings: RouteSettings | DefaultRouteSettings) -> Route:
+    return Route(index=index, name=name, match=CompiledMatch.of(match),
+                 links=settings.interceptors, observe=settings.mode == "observe",
+                 observe_sample=settings.observe_sample,
+                 dead_letter=settings.dead_letter.topic if settings.dead_letter else None,
+                 dead_letter_observed=settings.dead_letter_observed)
 
 
 class ClientRoutes:
@@ -155,12 +173,10 @@ class RouteTable:
     def from_settings(cls, routes: Iterable[RouteSettings],
                       default: DefaultRouteSettings | None = None) -> RouteTable:
         """Compile validated settings (see :meth:`from_config`)."""
-        compiled = [Route(index=i, name=r.name if r.name is not None else str(i),
-                          match=CompiledMatch.of(r.match), links=r.interceptors)
+        compiled = [_route(i, r.name if r.name is not None else str(i), r.match, r)
                     for i, r in enumerate(routes)]
-        fallback = None if default is None else Route(
-            index=-1, name=default.name, match=CompiledMatch.of(MatchSettings()),
-            links=default.interceptors)
+        fallback = None if default is None else _route(-1, default.name, MatchSettings(),
+                                                       default)
         return cls(compiled, fallback)
 
     @classmethod
@@ -176,7 +192,9 @@ class RouteTable:
                 "timeout_ms": config.interceptor.timeout_ms,
                 "isolation": config.interceptor.isolation})
             return cls.from_settings(
-                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,))])
+                [RouteSettings(name="default", match=MatchSettings(), interceptors=(link,),
+                               mode=config.interceptor.mode,
+                               observe_sample=config.interceptor.observe_sample)])
         return cls.from_settings(config.routes, config.default)
 
     def for_client(self, identity: ClientIdentity) -> ClientRoutes:

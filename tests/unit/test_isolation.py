@@ -382,9 +382,11 @@ async def test_the_pipeline_rejects_a_spinning_batch_with_request_timed_out(
     pool = make_pool("SpinOrUpper", workers=1)
     pipeline = ProducePipeline(pool, name="iso_plugins:SpinOrUpper", timeout_ms=400)
     ctx = _ctx(0.4)
-    rejection = await pipeline.partitions._intercept(_batch("spin"), ctx, "spin", 3, 0)
-    assert rejection.error_code == REQUEST_TIMED_OUT  # type: ignore[union-attr]
-    assert "did not finish within 400 ms" in rejection.message  # type: ignore[union-attr]
+    assert pipeline.routes is not None and pipeline.routes.single is not None
+    decided = await pipeline.partitions._run(pipeline.routes.single, _batch("spin"), ctx)
+    rejection = decided.rejection
+    assert rejection is not None and rejection.code == REQUEST_TIMED_OUT
+    assert "did not finish within 400 ms" in rejection.message
     await _eventually(lambda: pool.restarts == 1)
 
 
@@ -392,12 +394,14 @@ async def test_the_pipeline_rejects_a_crashed_batch_with_invalid_record(
         make_pool: Any) -> None:
     pool = make_pool("Crash", workers=1, code=9)
     pipeline = ProducePipeline(pool, name="iso_plugins:Crash", timeout_ms=5000)
-    rejection = await pipeline.partitions._intercept(_batch("crash"), _ctx(5), "crash", 3, 0)
-    assert rejection.error_code == INVALID_RECORD  # type: ignore[union-attr]
-    message = rejection.message  # type: ignore[union-attr]
+    assert pipeline.routes is not None and pipeline.routes.single is not None
+    decided = await pipeline.partitions._run(pipeline.routes.single, _batch("crash"), _ctx(5))
+    rejection = decided.rejection
+    assert rejection is not None and rejection.code == INVALID_RECORD
+    message = rejection.message
     assert message.startswith("interceptor iso_plugins:Crash failed: WorkerCrashed: ")
     assert "died with exit code 9" in message
-    assert pipeline._ack_hook is None  # on_acknowledgement is not forwarded
+    assert pipeline.routes.single.hooks == ()  # on_acknowledgement is not forwarded
 
 
 # ------------------------------------------------------------------ start and stop

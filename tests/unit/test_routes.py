@@ -227,3 +227,49 @@ def test_the_route_benchmark_runs_and_picks_the_last_route() -> None:
     results = measure(50, 1)
     assert set(results) == {"connection", "table", "first sight"}
     assert all(set(by) == {1, 50} for by in results.values())
+
+
+def test_observe_mode_and_dead_letter_settings_compile(tmp_path: Path) -> None:
+    config = _config(tmp_path, """
+        upstream: [127.0.0.1:9092]
+        routes:
+          - name: watch
+            match: {topic: "trial|rej-observe"}
+            mode: observe
+            observe_sample: 0.1
+            interceptors: [{class: uppercase}, {class: uppercase, mode: observe}]
+          - name: guard
+            match: {topic: payments}
+            dead_letter: {topic: payments-dlq}
+            dead_letter_observed: true
+            interceptors: [{class: uppercase}]
+    """)
+    watch, guard = RouteTable.from_config(config).routes
+    assert (watch.observe, watch.observe_sample, watch.dead_letter) == (True, 0.1, None)
+    assert [link.mode for link in watch.links] == ["enforce", "observe"]
+    assert (guard.observe, guard.dead_letter, guard.dead_letter_observed) == (
+        False, "payments-dlq", True)
+
+
+def test_the_shorthand_takes_a_mode(tmp_path: Path) -> None:
+    config = _config(tmp_path, """
+        upstream: [127.0.0.1:9092]
+        interceptor: {class: uppercase, mode: observe, observe_sample: 0.5}
+    """)
+    [route] = RouteTable.from_config(config).routes
+    assert (route.name, route.observe, route.observe_sample) == ("default", True, 0.5)
+
+
+@pytest.mark.parametrize(("text", "needle"), [
+    ("routes: [{interceptors: [{class: uppercase}], mode: watch}]", "routes[0].mode"),
+    ("routes: [{interceptors: [{class: uppercase, mode: log}]}]",
+     "routes[0].interceptors[0].mode"),
+    ("routes: [{interceptors: [{class: uppercase}], observe_sample: 0}]",
+     "routes[0].observe_sample"),
+    ("routes: [{interceptors: [{class: uppercase}], dead_letter_observed: true}]",
+     "dead_letter_observed: true needs dead_letter"),
+    ("routes: [{interceptors: [{class: uppercase}], dead_letter: {}}]",
+     "routes[0].dead_letter.topic"),
+])
+def test_rollout_settings_errors_name_the_key(tmp_path: Path, text: str, needle: str) -> None:
+    assert needle in _error(tmp_path, "upstream: [127.0.0.1:9092]\n" + text)

@@ -1,0 +1,84 @@
+"""The produce pipeline in observe mode, without sockets: the request is forwarded byte for
+byte, whatever the rule or the proxy's own decoding would have done."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+
+from kio.schema.produce.v9.request import (
+    PartitionProduceData,
+    ProduceRequest,
+    TopicProduceData,
+)
+from kio.schema.types import TopicName
+from kio.static.primitive import Records, i16, i32, i32Timedelta
+from support.client import Client
+
+from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.protocol.framing import encode_request_header, parse_request_header
+from kiproxy.protocol.messages import serialize
+from kiproxy.protocol.records import Record, build_batch
+from kiproxy.proxy.config.routes import MatchSettings
+from kiproxy.proxy.observe.metrics import Metrics
+from kiproxy.proxy.produce.disposition import Forward
+from kiproxy.proxy.produce.pipeline import ProducePipeline
+from kiproxy.proxy.routes.chain import LoadedLink
+from kiproxy.proxy.routes.runtime import LoadedChain, LoadedRoutes
+from kiproxy.proxy.routes.table import CompiledMatch, Route, RouteTable
+
+
+class Upper(ProduceRequestInterceptor):
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        return batch.with_records(r.with_value((r.value or b"").upper()) for r in batch.records)
+
+
+def _frame(corrupt: bool = False) -> bytes:
+    batch = build_batch([Record(key=None, value=b"v%d" % i, timestamp=1) for i in range(3)],
+                        producer_id=7, producer_epoch=0, base_sequence=0)
+    if corrupt:  # a CRC that does not match: enforcing refuses it as CORRUPT_MESSAGE
+        batch = batch[:-1] + bytes([batch[-1] ^ 0xFF])
+    topic = TopicProduceData(name=TopicName("t"), partition_data=(
+        PartitionProduceData(index=i32(0), records=Records(batch)),))
+    request = ProduceRequest(transactional_id=None, acks=i16(-1),
+                             timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+                             topic_data=(topic,))
+    return encode_request_header(0, 9, 7, "unit", 2) + serialize(request)
+
+
+def _pipeline(observe: bool, metrics: Metrics) -> ProducePipeline:
+    route = Route(index=0, name="watch", match=CompiledMatch.of(MatchSettings()), links=(),
+                  observe=observe)
+    chain = LoadedChain(route, (LoadedLink("upper", Upper(), 5.0),), ())
+    return ProducePipeline(routes=LoadedRoutes(RouteTable([route]), {0: chain}),
+                           metrics=metrics, tallies=True)
+
+
+def _handle(pipeline: ProducePipeline, frame: bytes) -> Forward:
+    outcome = asyncio.run(pipeline.handle(Client(), parse_request_header(frame), frame,
+                                          None))  # type: ignore[arg-type]
+    assert isinstance(outcome, Forward)
+    return outcome
+
+
+def _sample(metrics: Metrics, name: str, **labels: str) -> float:
+    return metrics.registry.get_sample_value(name, labels) or 0.0
+
+
+def test_a_transforming_rule_in_observe_mode_forwards_the_request_as_it_came() -> None:
+    frame, metrics = _frame(), Metrics()
+    assert _handle(_pipeline(True, metrics), frame).frame == frame
+    assert _handle(_pipeline(False, Metrics()), frame).frame != frame  # enforced: changed
+    assert _sample(metrics, "kiproxy_would_transform_records_total", route="watch",
+                   link="upper") == 3
+
+
+def test_what_decoding_would_refuse_is_forwarded_as_received_in_observe_mode() -> None:
+    frame, metrics = _frame(corrupt=True), Metrics()
+    outcome = _handle(_pipeline(True, metrics), frame)
+    assert outcome.frame == frame and outcome.produce is not None
+    [tally] = outcome.produce
+    assert (tally.outcome, tally.observed_outcome, tally.observed_link) == (
+        "forwarded", "rejected", "(decode)")
+    assert _sample(metrics, "kiproxy_would_reject_batches_total", route="watch",
+                   link="(decode)", reason="corrupt") == 1
