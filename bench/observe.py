@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> None:
             f"`{command}` ({when}; commit {commit}; {os.cpu_count()} cores, shared). {setup}. "
             "`vs enforce`: CPU per record against the same rule enforced without a copy; "
             "see the module docstring of `bench/observe.py` for the cases.", "",
-            table, ""]), SECTION)
+            table, ""]), "observe")
 
 
 if __name__ == "__main__":
