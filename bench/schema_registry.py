@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text)
     if not args.no_write:
         from bench.results import write_results
-        write_results(text, HEADING)
+        write_results(text, "schema-registry")
 
 
 if __name__ == "__main__":
