@@ -417,32 +417,30 @@ def section(rows: Sequence[Row], impls: Sequence[Impl], command: str, count: int
             target: float, slow_target: float, elapsed: float) -> str:
     """The ``## Codec: decode + re-encode`` section of RESULTS.md."""
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    notes = "\n".join(f"- {i.name}: {i.note}" for i in impls)
+    notes = "; ".join(f"{i.name}: {i.note}" for i in impls)
     return f"""{SECTION}
 
 Command: `{command}` (from the repository root, project virtualenv)
 
-- Date: {now}
-- Machine: {_nproc()} CPUs (nproc), {_cpu_model()}, {platform.system()} {platform.release()}
-- Python: {platform.python_implementation()} {platform.python_version()}
-- Libraries: {_versions()}
-- Input: one batch of {count} records per row (16-byte keys, values of the given size,
-  1-2 headers, producer id/epoch/sequence set), built once; all implementations get the
-  same bytes and are checked to decode the same records.
-- One operation: verify CRC, decompress, decode every record, build a new batch with the
-  same producer fields and codec, compress. Throughput is records/s of CPU time
-  (`time.process_time`, one thread), median of {REPEATS} repeats of ~{target:g} s each
-  (~{slow_target:g} s for kafka-python), the implementations' repeats interleaved.
-  Total run: {elapsed:.0f} s.
-{notes}
+- Date: {now}; machine: {_nproc()} CPUs (nproc), {_cpu_model()}, {platform.system()} \
+{platform.release()}
+- Python: {platform.python_implementation()} {platform.python_version()}; libraries: {_versions()}
+- Input: one batch of {count} records per row (16-byte keys, values of the given size, \
+1-2 headers, producer id/epoch/sequence set), built once; all implementations get the \
+same bytes and are checked to decode the same records.
+- One operation: verify CRC, decompress, decode every record, build a new batch with the \
+same producer fields and codec, compress. Throughput is records/s of CPU time \
+(`time.process_time`, one thread), median of {REPEATS} repeats of ~{target:g} s each \
+(~{slow_target:g} s for kafka-python), the implementations' repeats interleaved. \
+Total run: {elapsed:.0f} s.
+- Implementations: {notes}
 
 {table(rows, impls)}
 
-Ratio columns: our throughput over aiokafka's C path, first with each library's own
-compressors, then with aiokafka running our compressors; above 1.00x means ours is faster.
-
-Compression levels are each library's defaults and differ, which dominates the
-compressed rows (ours: gzip 6, lz4 1, zstd 3; aiokafka and kafka-python: gzip 9, lz4 9,
+Ratio columns: our throughput over aiokafka's C path, first with each library's own \
+compressors, then with aiokafka running our compressors; above 1.00x means ours is faster. \
+Compression levels are each library's defaults and differ, which dominates the \
+compressed rows (ours: gzip 6, lz4 1, zstd 3; aiokafka and kafka-python: gzip 9, lz4 9, \
 zstd 3); the bench prints the re-encoded batch sizes that show it.
 """
 

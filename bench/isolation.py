@@ -155,24 +155,23 @@ def section(results: dict[tuple[int, str], float], command: str, target: float,
 
 Command: `{command}` (from the repository root, project virtualenv)
 
-- Date: {now}
-- Machine: {os.cpu_count()} CPUs, {_cpu_model()}, {platform.system()} {platform.release()}
-- Python: {platform.python_implementation()} {platform.python_version()}
-- 1-minute load average at the end: {os.getloadavg()[0]:.1f} (other jobs share the machine
-  when it exceeds the CPU count; compare the ratios, not the absolute figures)
-- Interceptor: `{SPEC}` on records with 16-byte keys, 100-byte values and one header.
-- Throughput is records/s of wall-clock time, median of {REPEATS} repeats of ~{target:g} s,
-  modes interleaved. Total run: {elapsed:.0f} s. No proxy, no broker: the call only.
-- inline: `intercept()` in this process. process: `IsolatedInterceptor.intercept()`
-  (one worker, one batch at a time; or two workers and two concurrent callers), on
-  {loop_name()}.
+- Date: {now}; machine: {os.cpu_count()} CPUs, {_cpu_model()}, {platform.system()} \
+{platform.release()}; Python: {platform.python_implementation()} {platform.python_version()}
+- 1-minute load average at the end: {os.getloadavg()[0]:.1f} (other jobs share the machine \
+when it exceeds the CPU count; compare the ratios, not the absolute figures)
+- Interceptor: `{SPEC}` on records with 16-byte keys, 100-byte values and one header. \
+Throughput is records/s of wall-clock time, median of {REPEATS} repeats of ~{target:g} s, \
+modes interleaved. Total run: {elapsed:.0f} s. No proxy, no broker: the call only.
+- inline: `intercept()` in this process. process: `IsolatedInterceptor.intercept()` \
+(one worker, one batch at a time; or two workers and two concurrent callers), on \
+{loop_name()}.
 
 {table(results)}
 
-The ratio columns are process mode's throughput over inline's (below 1.00x: slower).
-The round trip copies every record to the worker and back (Kafka's record encoding
-over a socketpair, rebuilt into `Record`s on both sides) and wakes two processes, so a
-cheap interceptor pays that several times over; an expensive one (or one that must be
+The ratio columns are process mode's throughput over inline's (below 1.00x: slower). \
+The round trip copies every record to the worker and back (Kafka's record encoding \
+over a socketpair, rebuilt into `Record`s on both sides) and wakes two processes, so a \
+cheap interceptor pays that several times over; an expensive one (or one that must be \
 killable) hides it. Inline stays the default.
 """
 

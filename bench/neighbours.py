@@ -399,23 +399,22 @@ def section(runs: Sequence[Run], cost: BatchCost, *, command: str, options: Opti
 Command: `{command}` (from the repository root, project virtualenv)
 
 - Date: {now}; code: {code_version()}; Python {platform.python_version()}
-- Machine: {nproc} CPUs, {platform.system()} {platform.release()}; shared with other work:
-  load average (1/5/15 min) {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f}
-  before, {after[0]:.2f} / {after[1]:.2f} / {after[2]:.2f} after; {elapsed / 60:.1f} min in all
-- A fresh Tansu broker (memory storage) per run, and on the kiproxy path a fresh
-  `kiproxy run --interceptor kiproxy.interceptors.builtin.uppercase:Uppercase`; loopback.
-- Small producer: confluent-kafka in its own process, 100 B JSON values, acks=1,
-  linger.ms={options.small_linger_ms:g}, one partition,
-  paced at {options.rate:,.0f} records/s for {options.seconds:g} s;
-  latency is librdkafka's produce-to-acknowledgement time of every record.
-- Large producer: confluent-kafka in its own process, 1 KiB lower-case JSON values,
-  compression.type=zstd, batch.size={options.batch_size:,}, linger.ms={options.large_linger_ms:g},
-  acks=1, {options.large_partitions} partition(s), {large_pace}, on its own topic;
-  MB/s are record values acknowledged (before compression).
-- {options.rounds} round(s) of the four runs, interleaved and rotated; medians. Cores are CPU
-  seconds over the small producer's window, from /proc ("other": the rest of the machine).
-- One batch's cost: `bench.intercept.measure` in-process, `ProducePipeline.handle` with
-  uppercase on one Produce v9 request of one batch, best of {options.cost_repeats} repeats.
+- Machine: {nproc} CPUs, {platform.system()} {platform.release()}; shared with other work: \
+load average (1/5/15 min) {load_before[0]:.2f} / {load_before[1]:.2f} / {load_before[2]:.2f} \
+before, {after[0]:.2f} / {after[1]:.2f} / {after[2]:.2f} after; {elapsed / 60:.1f} min in all
+- Setup (in full in the module docstring of `bench/neighbours.py`): a fresh Tansu broker \
+(memory storage) per run, on the kiproxy path a fresh `kiproxy run --interceptor \
+kiproxy.interceptors.builtin.uppercase:Uppercase`; loopback; each producer is confluent-kafka \
+in its own process. Small: 100 B JSON values, acks=1, linger.ms={options.small_linger_ms:g}, \
+one partition, paced at {options.rate:,.0f} records/s for {options.seconds:g} s; latency is \
+librdkafka's produce-to-acknowledgement time of every record. Large: 1 KiB lower-case JSON \
+values, zstd, batch.size={options.batch_size:,}, linger.ms={options.large_linger_ms:g}, acks=1, \
+{options.large_partitions} partition(s), {large_pace}, own topic; MB/s are values acknowledged \
+(before compression).
+- {options.rounds} round(s) of the four runs, interleaved and rotated; medians. Cores are CPU \
+seconds over the small producer's window, from /proc ("other": the rest of the machine). \
+One batch's cost: `bench.intercept.measure`, `ProducePipeline.handle` with uppercase on one \
+Produce v9 request of one batch, best of {options.cost_repeats} repeats.
 
 {render_table(summarize(runs))}
 

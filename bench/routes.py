@@ -118,20 +118,18 @@ def render(results: dict[str, dict[int, float]], command: str, n: int, repeats: 
 
 Command: `{command}` (from the repository root, project virtualenv)
 
-- Date: {now}
-- Machine: {platform.machine()}, {platform.system()} {platform.release()},
-  Python {platform.python_version()}; shared with other work, so read the ratios.
-- {n} batches per timing ({n // 10} for first sight; GC off while timing, as `timeit`
-  does), median of {repeats} repeats, the
-  1-route and 50-route tables interleaved; total {elapsed:.0f} s. In the 50-route table
-  the matching route is the last one.
+- Date: {now}; machine: {platform.machine()}, {platform.system()} {platform.release()}, \
+Python {platform.python_version()}; shared with other work, so read the ratios.
+- {n} batches per timing ({n // 10} for first sight; GC off while timing, as `timeit` \
+does), median of {repeats} repeats, the 1-route and 50-route tables interleaved; total \
+{elapsed:.0f} s. In the 50-route table the matching route is the last one.
 
 | path | 1 route (ns/batch) | 50 routes (ns/batch) | 50 / 1 |
 | --- | ---: | ---: | ---: |
 {rows}
 
-*connection* is what a connection that keeps `RouteTable.for_client(identity)` pays per
-batch; *table* is `RouteTable.select` with a known identity; *first sight* is a new
+*connection* is what a connection that keeps `RouteTable.for_client(identity)` pays per \
+batch; *table* is `RouteTable.select` with a known identity; *first sight* is a new \
 client every batch (all routes evaluated: the cache miss).
 """
 

@@ -175,7 +175,7 @@ def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, comm
              f"a random 1 in {options.latency_sample} records")
     nproc = (len(os.sched_getaffinity(0) | (options.proxy_cpus or set()))
              if hasattr(os, "sched_getaffinity") else os.cpu_count())
-    described = "\n".join(f"  - **{s.name}**: {s.description}" for s in scenarios)
+    named = ", ".join(s.name for s in scenarios)
     records = ", ".join(f"{n:,} x {Case(size, 'none').label}"
                         for size, n in sorted(options.records.items()))
     offered = ", ".join(f"{s.case.label} {s.case.codec} {num(s.offered_rps)}"
@@ -191,26 +191,24 @@ def section(summaries: Sequence[Summary], checks: Sequence[TargetCheck], *, comm
 Command: `{command}` (from the repository root, project virtualenv)
 
 - Date: {now}; code: {code}
-- Machine: {nproc} CPUs (nproc), {_cpu_model()}, {platform.system()} {platform.release()};
-  shared with other work: {load}
-- Python {platform.python_version()}; {_versions()}; broker {_tansu_version()} (memory
-  storage); haproxy: {_haproxy_version(haproxy_binary())}
-- Producer: confluent-kafka in its own process; acks={options.acks},
-  linger.ms={options.linger_ms:g}, max.in.flight={options.max_in_flight}, no keys, JSON values
-  (1,000 distinct, lower case), {options.partitions} partitions, round-robin; a fresh broker
-  (and proxy) per run, {options.warmup:,} warm-up records, then {records} records as fast as
-  possible, then {options.latency_seconds:g} s paced at {options.load_fraction:.0%} of
-  {pace}.
-- Scenarios:
-{described}
-- {repeats} rounds, scenarios interleaved and rotated each round; medians. "x direct" and
-  "p99 added" are medians of per-round pairs against direct (for p99 added, the difference
-  of the medians when no round has both latencies).
-- rec/s and MB/s: throughput phase, MB = 10^6 bytes of record values (before compression).
-  p50/p99: librdkafka's produce-to-acknowledgement latency of {timed} of the paced phase.
-- proxy CPU: utime+stime of the proxy process (kiproxy or haproxy) from /proc. s/GB = CPU
-  seconds per 10^9 bytes of record values; this is the same number as millicores per MB/s.
-  "paced CPU" is the same measure in the paced phase (smaller batches, more per-request cost).
+- Machine: {nproc} CPUs (nproc), {_cpu_model()}, {platform.system()} {platform.release()}; \
+shared with other work: {load}
+- Python {platform.python_version()}; {_versions()}; broker {_tansu_version()} (memory \
+storage); haproxy: {_haproxy_version(haproxy_binary())}
+- Producer: confluent-kafka in its own process; acks={options.acks}, \
+linger.ms={options.linger_ms:g}, max.in.flight={options.max_in_flight}, no keys, JSON values \
+(1,000 distinct, lower case), {options.partitions} partitions, round-robin; a fresh broker \
+(and proxy) per run, {options.warmup:,} warm-up records, then {records} records as fast as \
+possible, then {options.latency_seconds:g} s paced at {options.load_fraction:.0%} of {pace}.
+- Scenarios (each described in `bench/proxy/scenarios.py`): {named}.
+- {repeats} rounds, scenarios interleaved and rotated each round; medians. "x direct" and \
+"p99 added" are medians of per-round pairs against direct (for p99 added, the difference \
+of the medians when no round has both latencies).
+- rec/s and MB/s: throughput phase, MB = 10^6 bytes of record values (before compression). \
+p50/p99: librdkafka's produce-to-acknowledgement latency of {timed} of the paced phase.
+- proxy CPU: utime+stime of the proxy process (kiproxy or haproxy) from /proc. s/GB = CPU \
+seconds per 10^9 bytes of record values; this is the same number as millicores per MB/s. \
+"paced CPU" is the same measure in the paced phase (smaller batches, more per-request cost).
 {extra}
 {render_table(summaries)}
 """ + (f"""
