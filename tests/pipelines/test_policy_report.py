@@ -32,7 +32,8 @@ from kiproxy.pipelines.impact import (
 )
 from kiproxy.protocol.records import Record, build_batch
 from kiproxy.proxy.observe.audit import AuditLog, produce_events
-from pipelines.test_pipelines import PLUGINS, create_topic, kiproxy, produce_raw, spark
+
+from .test_pipelines import PLUGINS, create_topic, kiproxy, produce_raw, spark
 
 pytestmark = pytest.mark.timeout(240)
 __all__ = ["spark"]  # the module's SparkSession, shared with test_pipelines' definition

@@ -124,13 +124,17 @@ def test_the_shorthand_and_one_catch_all_link_take_the_single_path() -> None:
     written_out = load_routes(_config(routes=[
         {"name": "all", "interceptors": [{"class": "uppercase"}]}]))
     assert written_out is not None and written_out.single is not None
+    # One catch-all route needs no selection whatever its chain's length.
+    two_links = load_routes(_config(routes=[
+        {"interceptors": [{"class": "uppercase"}, {"class": "uppercase"}]}]))
+    assert two_links is not None and two_links.single is not None
+    assert len(two_links.single.links) == 2
 
 
 def test_routes_that_select_do_not_take_the_single_path() -> None:
     assert load_routes(_config()) is None  # nothing to run: every batch passes
     for settings in (
         {"routes": [{"match": {"topic": "a"}, "interceptors": [{"class": "uppercase"}]}]},
-        {"routes": [{"interceptors": [{"class": "uppercase"}, {"class": "uppercase"}]}]},
         {"default": {"interceptors": [{"class": "uppercase"}]}},
     ):
         loaded = load_routes(_config(**settings))
