@@ -281,12 +281,15 @@ def decode_batches(
     stop = len(data) if end is None else end
     out = []
     pos = start
-    known = iter(headers) if headers else None
+    known = headers or ()
+    count = len(known)
+    index = 0
     while pos < stop:
         batch = decode_batch(
             data, pos, stop=stop, origin=start, verify_crc=verify_crc, limits=limits,
-            header=next(known, None) if known is not None else None)
+            header=known[index] if index < count else None)
         out.append(batch)
+        index += 1
         pos += _LOG_OVERHEAD + batch.header.batch_length
     return out
 

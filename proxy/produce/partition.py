@@ -94,6 +94,11 @@ class PartitionResult:
     be empty: nothing would have changed)."""
 
 
+_FORWARDED = PartitionResult(None)
+"""The result of a partition forwarded as it lies in the request frame with nothing to
+acknowledge or record (immutable, so one value serves every such partition)."""
+
+
 def _refused(topic_key: Any, partition: int, code: int, message: str,
              reason: str, route: str | None) -> PartitionResult:
     return PartitionResult(None, rejection=Rejection(
@@ -169,8 +174,8 @@ class PartitionHandler:
         """
         finishing = False
         try:
-            if batches.size == 0:  # null or empty: nothing to look at
-                return PartitionResult(None)
+            if batches.start == batches.end:  # null or empty: nothing to look at
+                return _FORWARDED
             result = await self._decode_and_intercept(client, request, version, topic,
                                                       topic_key, partition, frame, batches,
                                                       received_at_ms, lease, chain, route)
@@ -248,7 +253,9 @@ class PartitionHandler:
         sample = chain.route.observe_sample if observing else 1.0
         keep = chain.route.dead_letter is not None  # refused records are copied
         watched = False
-        observe_links = chain.observe_links
+        watching = observing or chain.observe_links  # a judged batch is watched
+        copy = chain.route.dead_letter_observed
+        links = chain.links
         acked: list[AcknowledgedBatch] = []
         observed: list[Observation] = []
         changed = False
@@ -277,15 +284,14 @@ class PartitionHandler:
                 proxy_host=self.proxy_host, identity=who,
             )
             decided = await self._run(chain, view, ctx)
-            watched = watched or observing or observe_links
-            copy = chain.route.dead_letter_observed
+            watched = watched or watching
             if decided.observed:
                 observed.extend(_observation(o.link, o.verdict, view, copy)
                                 for o in decided.observed)
             verdict = decided.verdict
             if observing:  # recorded; the batch goes on exactly as it came
                 if not isinstance(verdict, Unchanged):
-                    link = chain.links[decided.rejected_by or len(chain.links) - 1].name
+                    link = links[decided.rejected_by or len(links) - 1].name
                     observed.append(_observation(link, verdict, view, copy))
                 verdict = Unchanged(view)
             if isinstance(verdict, Rejected):
@@ -297,7 +303,7 @@ class PartitionHandler:
                     message=verdict.message,
                     record_errors=tuple((record_offset + i, m)
                                         for i, m in verdict.record_errors),
-                    route=route, link=chain.links[decided.rejected_by or 0].name,
+                    route=route, link=links[decided.rejected_by or 0].name,
                     fault=verdict.fault, exception=verdict.exception, records=records),
                     observed=tuple(observed), watched=watched)
             if isinstance(verdict, Unchanged):
@@ -319,6 +325,8 @@ class PartitionHandler:
                                                transformed=transformed))
             record_offset += len(decoded.records)
         if not changed:
+            if not (acked or observed or watched):
+                return _FORWARDED
             return PartitionResult(None, acknowledged=tuple(acked), observed=tuple(observed),
                                    watched=watched)
         if threaded:
@@ -343,11 +351,11 @@ class PartitionHandler:
                    ctx: InterceptContext) -> ChainResult:
         """The chain's verdict on one batch (:func:`~kiproxy.proxy.routes.chain.run_chain`,
         each link judged by :func:`~kiproxy.interceptors.verdict.judge`), metered."""
-        started = time.perf_counter()
-        decided = await run_chain(chain.name, chain.links, view, ctx)
         metrics = self.metrics
-        if metrics is None:
-            return decided
+        if metrics is None:  # nothing to meter: no clock read
+            return await run_chain(chain.route.name, chain.links, view, ctx)
+        started = time.perf_counter()
+        decided = await run_chain(chain.route.name, chain.links, view, ctx)
         verdict = decided.verdict
         if not (isinstance(verdict, Rejected) and verdict.fault == "raised"):
             metrics.interceptor_seconds.observe(time.perf_counter() - started)
