@@ -2,7 +2,8 @@
 
 On a real socket the client pipelines a Metadata request and a Produce request,
 and resets the connection while the proxy holds the Produce in the interceptor
-(``hardening_stall:Stall``, which holds the event loop and writes a file when it
+(``hardening_stall:Stall``, which holds the event loop for 3 s, long enough for the
+broker's answer to arrive on a loaded machine, and writes a file when it
 starts). The Metadata request was forwarded before the stall, so the broker's
 answer and the client's reset both wait for the proxy when the stall ends: the
 answer is ready for a client whose connection is already closed. The proxy says
@@ -37,7 +38,7 @@ def test_a_client_gone_before_its_answer_is_an_ordinary_close(
     started = tmp_path / "started"
     proxy = start_proxy("--log-level", "DEBUG", plugins_dir=PLUGINS,
                         interceptor="hardening_stall:Stall",
-                        interceptor_config={"stall_ms": 500, "started_file": str(started)})
+                        interceptor_config={"stall_ms": 3000, "started_file": str(started)})
     metadata = request_type(ApiKey.METADATA, 9)(
         topics=None, allow_auto_topic_creation=False, include_cluster_authorized_operations=False,
         include_topic_authorized_operations=False)
