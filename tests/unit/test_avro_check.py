@@ -161,9 +161,13 @@ def test_out_of_range_indexes_and_ints_are_refused() -> None:
         compiled(["null", "int"]).check(b"\x04")
     with pytest.raises(PayloadError, match=r"an int out of 32-bit range \(2147483648\)"):
         compiled("int").check(b"\x80\x80\x80\x80\x10")
-    with pytest.raises(PayloadError, match=r"a varint longer than 10 bytes"):
+    with pytest.raises(PayloadError, match=r"a varint longer than 5 bytes"):
+        compiled("int").check(b"\x80" * 5 + b"\x00")
+    with pytest.raises(PayloadError, match=r"a varint beyond 64 bits"):
         compiled("long").check(b"\xff" * 10 + b"\x01")
-    compiled("long").check(b"\xfe" + b"\xff" * 8 + b"\x01")  # the smallest long, 10 bytes
+    with pytest.raises(PayloadError, match=r"a varint beyond 64 bits"):
+        compiled("long").check(b"\xff" * 9 + b"\x02")
+    compiled("long").check(b"\xff" * 9 + b"\x01")  # the smallest long, in 10 bytes
 
 
 def test_hostile_payloads_are_refused_without_running_away() -> None:

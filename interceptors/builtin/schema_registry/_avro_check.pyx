@@ -11,7 +11,7 @@ no Python values, so a valid record costs a walk over its bytes.
 
 Stricter than a lenient reader on purpose: a length or count past the end of
 the payload, a negative length, a union branch or enum symbol out of range, a
-varint longer than 10 bytes (5 for ``int``) or an ``int`` outside 32 bits,
+varint longer than 10 bytes (5 for ``int``) or past 64 bits, an ``int`` outside 32 bits,
 string bytes that are not UTF-8 (Python's strict decoder decides), nesting
 deeper than ``MAX_DEPTH``, an array or map block claiming more items than
 bytes left (or, for items written in no bytes, more than ``MAX_EMPTY_ITEMS``)
@@ -19,7 +19,9 @@ and bytes left over are all refusals. A boolean
 byte other than 0 and 1 is accepted, as Avro's Java and fastavro readers
 accept it. Logical types are checked as the type they annotate.
 
-The walk is plain C over the buffer (no fastavro, no per-field Python calls),
+A :class:`Checker` keeps the failure it is explaining on itself; the walk holds
+the GIL from start to end (it never runs Python bytecode), so one instance
+serves every thread. The walk is plain C over the buffer (no fastavro, no per-field Python calls),
 which is why this module exists: fastavro spends about 5 us building the
 dict of a 10-field record that this check walks in a fraction of that.
 """
@@ -224,6 +226,8 @@ cdef class Checker:
             count += 1
             if count > max_bytes:
                 return self._fail(f"a varint longer than {max_bytes} bytes")
+            if count == 10 and b > 1:  # the tenth byte holds the 64th bit only
+                return self._fail("a varint beyond 64 bits")
             n |= (b & 0x7F) << shift
             if not (b & 0x80):
                 break
