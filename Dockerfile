@@ -7,9 +7,10 @@
 #       kiproxy:0.3.0 --upstream kafka-1:9092 --advertised-host localhost \
 #       --interceptor mask_card_numbers:MaskCardNumbers
 #
-# Two stages: the builder has gcc and turns the project (with its Cython record
-# codec, protocol/_codec.pyx) and every runtime dependency into wheels; the
-# runtime stage installs those wheels only - no compiler, no test extras.
+# Two stages: the builder has gcc and turns the project (with its Cython
+# extensions: the record codec and the Avro payload check) and every runtime
+# dependency into wheels; the runtime stage installs those wheels only - no
+# compiler, no test extras.
 #
 # Ports (EXPOSE below; the defaults of deploy/docker/config.yaml):
 #   9192        bootstrap listener (`listen`)
@@ -23,6 +24,8 @@
 # Arguments after the image name are more `kiproxy run` flags; they override the file.
 
 ARG PYTHON_IMAGE=python:3.12-slim-trixie
+# The proxy's optional extras the image carries (pyproject.toml).
+ARG KIPROXY_EXTRAS=jsonschema,wasm,extism,schema-registry,kafka-audit
 
 FROM ${PYTHON_IMAGE} AS builder
 RUN apt-get update \
@@ -35,9 +38,11 @@ COPY . .
 # Build isolation fetches the build requirements (setuptools, wheel, Cython) of pyproject.toml.
 # The image carries every built-in interceptor and the audit log's Kafka sink
 # (the optional extras of the proxy), not the embedded broker of `kiproxy dev`.
-RUN pip wheel --wheel-dir /wheels '.[jsonschema,wasm,kafka-audit]'
+ARG KIPROXY_EXTRAS
+RUN pip wheel --wheel-dir /wheels ".[${KIPROXY_EXTRAS}]"
 
 FROM ${PYTHON_IMAGE}
+ARG KIPROXY_EXTRAS
 LABEL org.opencontainers.image.title="kiproxy" \
       org.opencontainers.image.description="Kafka produce-request interceptor proxy" \
       org.opencontainers.image.licenses="Apache-2.0"
@@ -47,8 +52,10 @@ ENV PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 RUN --mount=type=bind,from=builder,source=/wheels,target=/wheels \
-    pip install --no-index --find-links=/wheels 'kafka-interceptor-proxy[jsonschema,wasm,kafka-audit]' \
-    && python -c "import kiproxy.protocol._codec" \
+    pip install --no-index --find-links=/wheels "kafka-interceptor-proxy[${KIPROXY_EXTRAS}]" \
+    && python -c "import kiproxy.protocol._codec, \
+kiproxy.interceptors.builtin.schema_registry._avro_check, \
+kiproxy.interceptors.builtin.schema_registry.contract, kiproxy.interceptors.builtin.extism" \
     && kiproxy run --help > /dev/null
 RUN groupadd --system --gid 10001 kiproxy \
     && useradd --system --uid 10001 --gid kiproxy --no-create-home \

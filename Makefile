@@ -4,7 +4,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
-SOURCES := pyproject.toml setup.py protocol/_codec.pyx kiproxy/__init__.py
+SOURCES := pyproject.toml setup.py protocol/_codec.pyx \
+	interceptors/builtin/schema_registry/_avro_check.pyx kiproxy/__init__.py
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
 .PHONY: install run test lint typecheck unit dist docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
@@ -82,7 +83,9 @@ bench-proxy: $(TEST_STAMP) bench-deps
 	$(BIN)/python -m bench.proxy $(BENCH_FLAGS)
 
 clean:
-	rm -rf $(VENV) build *.egg-info protocol/_codec.c protocol/_codec*.so
+	rm -rf $(VENV) build *.egg-info protocol/_codec.c protocol/_codec*.so \
+		interceptors/builtin/schema_registry/_avro_check.c \
+		interceptors/builtin/schema_registry/_avro_check*.so
 
 ## Apache Kafka (version pinned in apache-kafka/pom.xml) from Maven Central into
 ## ${KIPROXY_KAFKA_CACHE:-~/.cache/kiproxy/kafka}/kafka_2.13-<version>; prints that folder last.

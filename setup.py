@@ -1,4 +1,5 @@
-"""Build the compiled record codec as ``kiproxy.protocol._codec``; the rest is in pyproject.toml.
+"""Build the compiled record codec (``kiproxy.protocol._codec``) and the Avro payload check
+(``kiproxy.interceptors.builtin.schema_registry._avro_check``); the rest is in pyproject.toml.
 
 The codec is required (the proxy has no pure-Python record path), so a build
 without a working C compiler stops with a message that says what to install
@@ -39,6 +40,9 @@ setup(
     cmdclass={"build_ext": BuildCodec},
     ext_modules=cythonize(
         [Extension("kiproxy.protocol._codec", ["kiproxy/protocol/_codec.pyx"],
+                   extra_compile_args=["-O3"]),
+         Extension("kiproxy.interceptors.builtin.schema_registry._avro_check",
+                   ["kiproxy/interceptors/builtin/schema_registry/_avro_check.pyx"],
                    extra_compile_args=["-O3"])],
         compiler_directives={
             "language_level": "3",

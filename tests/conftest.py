@@ -34,7 +34,9 @@ from typing import Any
 
 import pytest
 from support.apache_kafka import kafka_home_or_skip, session_cluster
+from support.registry import registry_jar_or_skip
 
+from kiproxy.localbrokers.apicurio import ApicurioRegistry
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster
 from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 
@@ -275,3 +277,21 @@ def extism_plugins() -> dict[str, Path]:
         return build()
     except NoToolchain as exc:
         pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
+def apicurio_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
+    """One Apicurio Registry (in-memory, BACKWARD compatibility) for the session, built by
+    `make registry` when missing; tests register subjects with names of their own. Never
+    stopped by a test: an outage test starts its own (integration's ``start_registry``)."""
+    registry = ApicurioRegistry(registry_jar_or_skip(),
+                                workdir=tmp_path_factory.mktemp("registry"))
+    registry.start()
+    yield registry
+    registry.stop()
+
+
+@pytest.fixture(scope="session")
+def registry_url(apicurio_registry: ApicurioRegistry) -> str:
+    """The shared registry's Confluent-compatible API URL (``.../apis/ccompat/v7``)."""
+    return apicurio_registry.url

@@ -31,6 +31,7 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,13 +105,10 @@ def _write_plugin(plugins: Path, suffix: bytes) -> None:
     tmp.replace(plugins / "suffix.py")
 
 
-@pytest.fixture
-def sidecar(image: Image, broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Sidecar]:
-    """The image in front of Tansu, ``/readyz`` answering 200; removed afterwards."""
-    plugins = tmp_path / "plugins"
-    plugins.mkdir(mode=0o755)
-    plugins.chmod(0o755)
-    _write_plugin(plugins, b" [A]")
+@contextmanager
+def _running(image: Image, broker: EmbeddedBroker, plugins: Path,
+             *flags: str) -> Iterator[Sidecar]:
+    """The image in front of Tansu with ``flags``, ``/readyz`` answering 200; removed after."""
     listen, metrics = free_port(), free_port()
     start = broker_port_start((TANSU_NODE_ID,))
     name = f"kiproxy-test-{uuid.uuid4().hex[:8]}"
@@ -119,7 +117,7 @@ def sidecar(image: Image, broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Si
               "-v", f"{plugins}:/plugins:ro", image.ref,
               "--upstream", broker.bootstrap, "--listen", f"127.0.0.1:{listen}",
               "--broker-port-start", str(start), "--metrics-listen", f"127.0.0.1:{metrics}",
-              "--interceptor", "suffix:Suffix")
+              *flags)
     car = Sidecar(image, name, f"127.0.0.1:{listen}", f"127.0.0.1:{metrics}", plugins, 0.0)
     try:
         deadline, checked = time.monotonic() + 60, time.monotonic()
@@ -133,6 +131,17 @@ def sidecar(image: Image, broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Si
         yield car
     finally:
         image.run("rm", "-f", "-t", "0", name, check=False)
+
+
+@pytest.fixture
+def sidecar(image: Image, broker: EmbeddedBroker, tmp_path: Path) -> Iterator[Sidecar]:
+    """The image in front of Tansu with the ``suffix`` plugin mounted."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir(mode=0o755)
+    plugins.chmod(0o755)
+    _write_plugin(plugins, b" [A]")
+    with _running(image, broker, plugins, "--interceptor", "suffix:Suffix") as car:
+        yield car
 
 
 def _produce(bootstrap: str, topic: str, values: list[bytes]) -> None:
@@ -232,3 +241,36 @@ def test_sigterm_stops_it_cleanly_and_keeps_every_acknowledged_record(
     assert missing == [], (f"{len(missing)} acknowledged record(s) not stored: {missing[:5]}; "
                            f"acked {len(acked)}, stored {len(stored)}, last acked {acked[-3:]}, "
                            f"stored {sorted(stored)[-3:]}")
+
+
+def test_the_schema_registry_check_runs_in_the_image(
+        image: Image, broker: EmbeddedBroker, registry_url: str, tmp_path: Path) -> None:
+    """The image carries the ``schema_registry`` built-in (its extra and the compiled Avro
+    check): a confluent-kafka AvroSerializer's record is stored, a record framed with an
+    unregistered id is refused with its record error."""
+    from confluent_kafka import KafkaError, Producer
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
+
+    topic = f"image-contract-{uuid.uuid4().hex[:8]}"
+    schema = {"type": "record", "name": "Order", "namespace": "image",
+              "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "double"}]}
+    serialize = AvroSerializer(SchemaRegistryClient({"url": registry_url}), json.dumps(schema))
+    good = bytes(serialize({"id": "o-1", "amount": 2.5},
+                           SerializationContext(topic, MessageField.VALUE)))
+    unregistered = b"\x00" + (987_654).to_bytes(4, "big") + good[5:]
+    config = {"registry": {"url": registry_url}, "topics": {topic: {"value": "payload"}}}
+    plugins = tmp_path / "plugins"
+    plugins.mkdir(mode=0o755)
+    with _running(image, broker, plugins, "--interceptor", "schema_registry",
+                  "--interceptor-config", json.dumps(config)) as car:
+        _produce(car.bootstrap, topic, [good])
+        reports: list[KafkaError | None] = []
+        producer = Producer({"bootstrap.servers": car.bootstrap, "acks": "all", "retries": 0})
+        producer.produce(topic, value=unregistered, partition=0,
+                         on_delivery=lambda err, _m: reports.append(err))
+        assert producer.flush(30) == 0
+    assert len(reports) == 1 and reports[0] is not None, reports
+    assert reports[0].code() == KafkaError.INVALID_RECORD, reports[0]
+    assert [m.value() for m in consume(broker.bootstrap, topic, 1)] == [good]

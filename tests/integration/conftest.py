@@ -37,24 +37,6 @@ def haproxy(tmp_path: Path) -> Iterator[StartHaproxy]:
         yield start
 
 
-@pytest.fixture(scope="session")
-def apicurio_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApicurioRegistry]:
-    """One Apicurio Registry (in-memory, BACKWARD compatibility) for the session, built by
-    `make registry` when missing; tests register subjects with names of their own. Never
-    stopped by a test: an outage test starts its own with ``start_registry``."""
-    registry = ApicurioRegistry(registry_jar_or_skip(),
-                                workdir=tmp_path_factory.mktemp("registry"))
-    registry.start()
-    yield registry
-    registry.stop()
-
-
-@pytest.fixture(scope="session")
-def registry_url(apicurio_registry: ApicurioRegistry) -> str:
-    """The shared registry's Confluent-compatible API URL (``.../apis/ccompat/v7``)."""
-    return apicurio_registry.url
-
-
 @pytest.fixture
 def start_registry(tmp_path: Path) -> Iterator[Callable[[], ApicurioRegistry]]:
     """``start_registry()``: a started registry of the test's own (to stop and restart),

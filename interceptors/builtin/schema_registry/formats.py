@@ -5,6 +5,8 @@ Contract: ``compile_schema`` (in :mod:`.contract`) turns what the registry retur
 raises :class:`SchemaCompileError` naming the id and why. A compiled schema
 answers, for one payload:
 
+* :meth:`CompiledSchema.check` - None, or :class:`PayloadError`: the verdict
+  alone, which Avro reaches without building values;
 * :meth:`CompiledSchema.decode` - the decoded value as Python data (dicts,
   lists, str, bytes, int, float, bool, None), or :class:`PayloadError` with the
   cause in a producer developer's words ("field amount (double): ...");
@@ -20,10 +22,20 @@ are protocols that the registry client's ``RegisteredSchema`` and
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-__all__ = ["CompiledSchema", "PayloadError", "ReferenceSource", "SchemaCompileError",
-           "SchemaSource", "walk_references"]
+if TYPE_CHECKING:
+    from kiproxy.interceptors.api import Record
+
+__all__ = [
+    "CompiledSchema",
+    "PayloadError",
+    "ReferenceSource",
+    "SchemaCompileError",
+    "SchemaSource",
+    "check_each",
+    "walk_references",
+]
 
 
 class ReferenceSource(Protocol):
@@ -76,11 +88,34 @@ class CompiledSchema(Protocol):
     uses_message_indexes: bool
     """True for Protobuf: the frame carries message indexes after the id."""
 
+    def check(self, payload: bytes | memoryview, indexes: tuple[int, ...] = (),
+              start: int = 0) -> None:
+        """None when ``payload[start:]`` decodes (as :meth:`decode` would), else
+        :class:`PayloadError`."""
+
+    def check_run(self, records: tuple[Record, ...], begin: int, frame: bytes) -> int:
+        """The index of the first record from ``begin`` on whose value is not ``frame``
+        followed by a payload that checks; ``len(records)`` when there is none."""
+
     def decode(self, payload: memoryview, indexes: tuple[int, ...]) -> Any:
         """The decoded payload, or :class:`PayloadError`."""
 
     def record_name(self, indexes: tuple[int, ...]) -> str:
         """The fully qualified record name, or :class:`PayloadError` when there is none."""
+
+
+def check_each(schema: CompiledSchema, records: tuple[Record, ...], begin: int,
+               frame: bytes) -> int:
+    """:meth:`CompiledSchema.check_run` one :meth:`~CompiledSchema.check` at a time."""
+    for index in range(begin, len(records)):
+        value = records[index].value
+        if value is None or value[:len(frame)] != frame:
+            return index
+        try:
+            schema.check(value, (), len(frame))
+        except PayloadError:
+            return index
+    return len(records)
 
 
 def walk_references(schema: SchemaSource) -> list[tuple[str, SchemaSource]]:

@@ -11,7 +11,7 @@ never over the network. The error nearest the root is the one reported.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     import jsonschema_rs
@@ -24,8 +24,12 @@ from kiproxy.interceptors.builtin.schema_registry.formats import (
     PayloadError,
     SchemaCompileError,
     SchemaSource,
+    check_each,
     walk_references,
 )
+
+if TYPE_CHECKING:
+    from kiproxy.interceptors.api import Record
 
 __all__ = ["JsonSchema", "compile_json", "parse_json"]
 
@@ -50,6 +54,15 @@ class JsonSchema:
         self.schema_id = schema_id
         self._validator = validator
         self._title = title
+
+    def check(self, payload: bytes | memoryview, indexes: tuple[int, ...] = (),
+              start: int = 0) -> None:
+        """:meth:`decode`'s verdict, the value dropped."""
+        self.decode(memoryview(payload)[start:], indexes)
+
+    def check_run(self, records: tuple[Record, ...], begin: int, frame: bytes) -> int:
+        """Records from ``begin`` on checked one at a time (:func:`.formats.check_each`)."""
+        return check_each(self, records, begin, frame)
 
     def decode(self, payload: memoryview, indexes: tuple[int, ...]) -> Any:
         """The parsed document; :class:`PayloadError` when it is no JSON or breaks the schema."""

@@ -28,7 +28,7 @@ import os
 import tempfile
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 try:
     from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -43,8 +43,12 @@ from kiproxy.interceptors.builtin.schema_registry.formats import (
     PayloadError,
     SchemaCompileError,
     SchemaSource,
+    check_each,
     walk_references,
 )
+
+if TYPE_CHECKING:
+    from kiproxy.interceptors.api import Record
 
 __all__ = ["ProtobufSchema", "compile_protobuf", "to_map"]
 
@@ -127,6 +131,15 @@ class ProtobufSchema:
     def record_name(self, indexes: tuple[int, ...]) -> str:
         """The full name of the message the indexes choose."""
         return str(self._descriptor(indexes).full_name)
+
+    def check(self, payload: bytes | memoryview, indexes: tuple[int, ...] = (),
+              start: int = 0) -> None:
+        """:meth:`decode`'s verdict, the value dropped."""
+        self.decode(memoryview(payload)[start:], indexes)
+
+    def check_run(self, records: tuple[Record, ...], begin: int, frame: bytes) -> int:
+        """Records from ``begin`` on checked one at a time (:func:`.formats.check_each`)."""
+        return check_each(self, records, begin, frame)
 
     def decode(self, payload: memoryview, indexes: tuple[int, ...]) -> Message:
         """The parsed message; :class:`PayloadError` if it does not parse or has unknown fields."""
