@@ -121,13 +121,16 @@ public final class ApicurioProducer {
             case "good":
                 return value;
             case "unknown-id":
-                for (Header header : headers.toArray()) {
-                    if (header.key().startsWith("apicurio.") && header.key().endsWith("Id")
-                            && header.value().length == 8) {
-                        headers.remove(header.key());
-                        headers.add(header.key(),
-                                ByteBuffer.allocate(8).putLong(UNKNOWN_ID).array());
-                    }
+                Header[] all = headers.toArray();
+                for (Header header : all) {
+                    headers.remove(header.key());
+                }
+                for (Header header : all) {  // the same headers, in the same order
+                    boolean id = header.key().startsWith("apicurio.")
+                            && header.key().endsWith("Id") && header.value().length == 8;
+                    headers.add(header.key(), id
+                            ? ByteBuffer.allocate(8).putLong(UNKNOWN_ID).array()
+                            : header.value());
                 }
                 return value;
             case "cut":

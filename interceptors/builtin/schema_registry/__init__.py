@@ -29,7 +29,8 @@ entry per bad record ("record 3: schema id 17 is registered under
 payments-value, not orders-value") and the batch message summarising. The
 registry client (``registry.py``) caches schemas by id; this module owns the
 checks (``contract.py``), the payload formats (``avro.py``, ``protobuf.py``,
-``json_payload.py``), the framing (``wire.py``; Apicurio globalIds in headers, ``apicurio_ids.py``), the rules (``rules.py``) and the
+``json_payload.py``), the framing (``wire.py``; Apicurio globalIds carried in
+headers are translated by ``apicurio_ids.py``), the rules (``rules.py``) and the
 settings (``settings.py``).
 """
 
