@@ -12,6 +12,11 @@ Check levels, each including the ones before it: ``none`` (nothing; with
 rules, the value is read as plain JSON), ``id`` (the record is framed and its
 id is registered), ``subject`` (the id is registered under the subject the
 naming strategy gives), ``payload`` (the payload decodes with the id's schema).
+A side may read its id from a header instead of the frame (:class:`HeaderId`:
+the header's name, the number's encoding, and whether it is an id of the
+registry's Confluent-compatible API or an Apicurio globalId). A record a side
+allows without an id (``allow_unframed``) is not looked up; with rules, its
+value is read as plain JSON, as at level ``none``.
 """
 
 from __future__ import annotations
