@@ -138,6 +138,8 @@ def test_framing_reads_the_id_and_the_protobuf_indexes() -> None:
     assert confluent_frame(b"\x00\x00\x00\x00\x11rest")[0] == 17
     with pytest.raises(FramingError, match=r"magic byte 0.*first byte 0x7b"):
         confluent_frame(b'{"a": 1}')
+    with pytest.raises(FramingError, match=r"schema id 0 .*8-byte id.*as-confluent=true"):
+        confluent_frame(b"\x00" + struct.pack(">q", 5) + b"payload")  # Apicurio, no headers
     assert message_indexes(memoryview(b"\x00pay"))[0] == (0,)
     indexes, rest = message_indexes(memoryview(b"\x04\x02\x00pay"))  # zigzag 2 -> [1, 0]
     assert indexes == (1, 0) and bytes(rest) == b"pay"

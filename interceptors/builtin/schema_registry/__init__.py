@@ -36,6 +36,7 @@ settings (``settings.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -121,7 +122,15 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                                 "unavailable (on_registry_unavailable: pass)",
                            labels={}, value=check.unavailable_passed)
         if self._client is not None:
-            yield from _client_samples(self._client.stats())
+            stats = self._client.stats()
+            if self._global_ids is not None:  # the globalId translations' requests count too
+                more = self._global_ids.stats()
+                stats = dataclasses.replace(
+                    stats, requests=stats.requests + more.requests,
+                    errors=stats.errors + more.errors,
+                    latency_sum_s=stats.latency_sum_s + more.latency_sum_s,
+                    latency_count=stats.latency_count + more.latency_count)
+            yield from _client_samples(stats)
 
     async def close(self) -> None:
         """Close the registry client's connections."""

@@ -27,7 +27,12 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from .registry import RegistryUnavailable, SchemaRegistryClient, UnknownSchemaId
+from .registry import (
+    RegistryStats,
+    RegistryUnavailable,
+    SchemaRegistryClient,
+    UnknownSchemaId,
+)
 from .registry_config import RegistrySettings
 
 __all__ = ["GlobalIds"]
@@ -96,6 +101,10 @@ class GlobalIds:
     def _odd(self, what: str, body: Any) -> RegistryUnavailable:
         return RegistryUnavailable(f"Apicurio Registry {self._http.settings.url}: the answer "
                                    f"of {what} is not the native API's: {str(body)[:200]}")
+
+    def stats(self) -> RegistryStats:
+        """The HTTP counters of the translations (requests, errors, latency)."""
+        return self._http.stats()
 
     async def close(self) -> None:
         """Close the HTTP connections."""
