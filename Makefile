@@ -128,9 +128,17 @@ kafka-image: container-engine
 ## Apicurio Registry (version pinned in apicurio-registry/pom.xml), built from Maven Central as
 ## a Quarkus app into ${KIPROXY_REGISTRY_CACHE:-~/.cache/kiproxy/registry}; prints the path of
 ## its quarkus-run.jar last (`kiproxy dev --registry` and the tests find it there).
-.PHONY: registry registry-for-tests
+.PHONY: registry registry-serdes registry-for-tests
 registry:
 	@apicurio-registry/build.sh
 
+## Apicurio's Java Avro serde (version pinned in apicurio-registry/serdes/pom.xml) and what it
+## needs beside `make kafka`'s libs, copied from Maven Central (a few seconds cold) into
+## ${KIPROXY_REGISTRY_CACHE:-~/.cache/kiproxy/registry}/apicurio-serdes-<version>/libs; prints
+## that folder last. The tests whose producer carries schema ids in headers use it.
+registry-serdes:
+	@apicurio-registry/serdes.sh
+
 registry-for-tests:
 	@apicurio-registry/build.sh >/dev/null || echo "make registry failed: the schema registry tests will fail (or skip where Java or Maven is missing)"
+	@apicurio-registry/serdes.sh >/dev/null || echo "make registry-serdes failed: the Apicurio serde test will fail (or skip where Java or Maven is missing)"

@@ -138,6 +138,8 @@ def test_framing_reads_the_id_and_the_protobuf_indexes() -> None:
     assert confluent_frame(b"\x00\x00\x00\x00\x11rest")[0] == 17
     with pytest.raises(FramingError, match=r"magic byte 0.*first byte 0x7b"):
         confluent_frame(b'{"a": 1}')
+    with pytest.raises(FramingError, match=r"schema id 0 .*8-byte id.*as-confluent=true"):
+        confluent_frame(b"\x00" + struct.pack(">q", 5) + b"payload")  # Apicurio, no headers
     assert message_indexes(memoryview(b"\x00pay"))[0] == (0,)
     indexes, rest = message_indexes(memoryview(b"\x04\x02\x00pay"))  # zigzag 2 -> [1, 0]
     assert indexes == (1, 0) and bytes(rest) == b"pay"
@@ -283,6 +285,84 @@ async def test_rules_over_decoded_and_plain_json_values() -> None:
     errors = dict(refusal.record_errors)
     assert "rule has_kind could not be evaluated" in errors[0] or "failed" in errors[0]
     assert errors[1].startswith("record 1: not JSON")
+
+
+async def test_allowed_unframed_values_go_through_the_rules_as_json() -> None:
+    rules = [{"name": "positive_amount", "expr": "value.amount > 0.0"}]
+    check = checker({"topics": {"orders": {
+        "value": {"check": "payload", "allow_unframed": True}, "rules": rules}}})
+    assert await check.check(batch("orders", GOOD, b'{"amount": 2.5}')) is None
+    refusal = await check.check(batch("orders", b'{"amount": -1.0}', b"legacy bytes", GOOD))
+    assert refusal is not None
+    errors = dict(refusal.record_errors)
+    assert errors[0] == "record 0: rule positive_amount failed: value.amount > 0.0 is false"
+    assert errors[1].startswith("record 1: not JSON") and errors[1].endswith(
+        "(the rules read the value as JSON)")
+    assert sorted(errors) == [0, 1]
+    # Without rules, an allowed unframed value passes whatever it holds.
+    lenient = checker({"topics": {"orders": {"value": {"check": "payload",
+                                                       "allow_unframed": True}}}})
+    assert await lenient.check(batch("orders", b"legacy bytes")) is None
+
+
+@dataclass
+class FakeGlobalIds:
+    """Apicurio globalId -> the Confluent-compatible API's id, in memory."""
+
+    ids: dict[int, int]
+    down: bool = False
+    calls: list[int] = field(default_factory=list)
+
+    async def registry_id(self, global_id: int) -> int:
+        self.calls.append(global_id)
+        if self.down:
+            raise Down("connection refused")
+        if global_id not in self.ids:
+            raise Unknown(f"Apicurio global id {global_id} is not registered")
+        return self.ids[global_id]
+
+
+async def test_apicurio_global_ids_in_headers_are_translated() -> None:
+    config = {"registry": {"url": "http://127.0.0.1:1/apis/ccompat/v7"},
+              "topics": {"orders": {"value": {"check": "payload",
+                                              "header": "apicurio.value.globalId"}}}}
+    settings = parse_settings(config)
+    assert settings.global_ids and settings.policy_for("orders").value.header.id == "global_id"
+    fake, global_ids = registry(), FakeGlobalIds({5: 17})
+    check = ContractCheck(settings, fake, unknown_id=Unknown, unavailable=Down,
+                          global_ids=global_ids)
+
+    def carrying(global_id: int, payload: bytes = GOOD[5:]) -> RecordBatch:
+        return batch("orders", payload, headers=(
+            Header("apicurio.value.globalId", struct.pack(">q", global_id)),))
+
+    assert await check.check(carrying(5)) is None
+    assert ("schema", 17) in fake.calls and global_ids.calls == [5]
+    assert await check.check(carrying(5)) is None
+    assert global_ids.calls == [5]  # a globalId names one version for good: kept
+    for _ in range(2):
+        refusal = await check.check(carrying(6))
+        assert refusal is not None and refusal.record_errors == ((0, (
+            "record 0: Apicurio global id 6 is not registered (header "
+            "apicurio.value.globalId)")),)
+    assert global_ids.calls == [5, 6]  # the unknown answer is remembered a while
+    refusal = await check.check(carrying(5, b"\x02"))
+    assert refusal is not None and "field" in refusal.record_errors[0][1]
+    global_ids.down = True
+    refusal = await check.check(carrying(7))
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    assert await check.check(carrying(5)) is None  # translated before: still checked
+    # The header's id kind: by name, or as configured; global_id needs Apicurio's ccompat URL.
+    header = {"name": "apicurio.value.contentId"}
+    plain = parse_settings({**config, "topics": {"o": {"value": {"check": "id",
+                                                                 "header": header}}}})
+    assert plain.policy_for("o").value.header.id == "registry" and not plain.global_ids
+    with pytest.raises(ValueError, match=r"registry.url: .* id: global_id"):
+        parse_settings({"registry": {"url": "http://127.0.0.1:1"},
+                        "topics": config["topics"]})
+    with pytest.raises(ValueError, match=r"topics.o.value.header.id: expected one of"):
+        parse_settings({**config, "topics": {"o": {"value": {"check": "id", "header": {
+            "name": "h", "id": "content"}}}}})
 
 
 def test_bad_configuration_names_the_key() -> None:

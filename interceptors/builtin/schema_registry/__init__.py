@@ -29,12 +29,14 @@ entry per bad record ("record 3: schema id 17 is registered under
 payments-value, not orders-value") and the batch message summarising. The
 registry client (``registry.py``) caches schemas by id; this module owns the
 checks (``contract.py``), the payload formats (``avro.py``, ``protobuf.py``,
-``json_payload.py``), the framing (``wire.py``), the rules (``rules.py``) and the
+``json_payload.py``), the framing (``wire.py``; Apicurio globalIds carried in
+headers are translated by ``apicurio_ids.py``), the rules (``rules.py``) and the
 settings (``settings.py``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -61,6 +63,7 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
     def __init__(self) -> None:
         self._check: ContractCheck | None = None
         self._client: Any = None
+        self._global_ids: Any = None
 
     def configure(self, config: Mapping[str, Any]) -> None:
         """Read the config; every error names its key. The registry is not contacted yet."""
@@ -68,6 +71,7 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
         client: Any = None
         unknown: type[Exception] = _NoRegistry
         unavailable: type[Exception] = _NoRegistry
+        global_ids: Any = None
         raw_registry = config.get("registry")
         if raw_registry is not None:
             from kiproxy.interceptors.builtin.schema_registry.registry import (
@@ -80,11 +84,16 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
             )
             if not isinstance(raw_registry, Mapping):
                 raise ValueError("registry: expected a mapping, e.g. {url: http://...}")
-            client = SchemaRegistryClient(RegistrySettings.from_config(raw_registry))
+            registry = RegistrySettings.from_config(raw_registry)
+            client = SchemaRegistryClient(registry)
             unknown, unavailable = UnknownSchemaId, RegistryUnavailable
+            if settings.global_ids:
+                from kiproxy.interceptors.builtin.schema_registry.apicurio_ids import GlobalIds
+                global_ids = GlobalIds(registry)
         self._client = client
+        self._global_ids = global_ids
         self._check = ContractCheck(settings, client, unknown_id=unknown,
-                                    unavailable=unavailable)
+                                    unavailable=unavailable, global_ids=global_ids)
 
     async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return ``batch`` unchanged, or raise RejectBatch naming every bad record."""
@@ -113,12 +122,22 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                                 "unavailable (on_registry_unavailable: pass)",
                            labels={}, value=check.unavailable_passed)
         if self._client is not None:
-            yield from _client_samples(self._client.stats())
+            stats = self._client.stats()
+            if self._global_ids is not None:  # the globalId translations' requests count too
+                more = self._global_ids.stats()
+                stats = dataclasses.replace(
+                    stats, requests=stats.requests + more.requests,
+                    errors=stats.errors + more.errors,
+                    latency_sum_s=stats.latency_sum_s + more.latency_sum_s,
+                    latency_count=stats.latency_count + more.latency_count)
+            yield from _client_samples(stats)
 
     async def close(self) -> None:
         """Close the registry client's connections."""
         if self._client is not None:
             await self._client.close()
+        if self._global_ids is not None:
+            await self._global_ids.close()
 
 
 _CLIENT_COUNTERS = {

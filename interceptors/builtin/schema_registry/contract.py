@@ -52,7 +52,8 @@ from kiproxy.interceptors.builtin.schema_registry.wire import (
 )
 from kiproxy.interceptors.errors import ErrorCode, error_code
 
-__all__ = ["CHECKS", "ContractCheck", "Refusal", "SchemaLookup", "compile_schema"]
+__all__ = ["CHECKS", "ContractCheck", "GlobalIdLookup", "Refusal", "SchemaLookup",
+           "compile_schema"]
 
 log = logging.getLogger("kiproxy.schema_registry")
 
@@ -61,6 +62,8 @@ CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "schema", "r
 """The checks a record can fail, as ``rejections{check}`` counts them."""
 
 _MAX_ERRORS = 1000
+_UNKNOWN_GLOBAL_S = 5.0
+"""An Apicurio globalId found unregistered is asked again after this long."""
 _RECHECK_S = 1.0
 """A subject missing from an id's cached subjects is asked again at most this often."""
 
@@ -91,6 +94,13 @@ class SchemaLookup(Protocol):
         """The id of the subject's latest version."""
 
 
+class GlobalIdLookup(Protocol):
+    """What the check asks of Apicurio's native API (a :class:`~.apicurio_ids.GlobalIds`)."""
+
+    async def registry_id(self, global_id: int) -> int:
+        """The Confluent-compatible API's id of the version an Apicurio globalId names."""
+
+
 @dataclass(frozen=True, slots=True)
 class Refusal:
     """Why a batch is refused."""
@@ -112,6 +122,9 @@ class _Pass:
     counts: collections.Counter[str]
     rules: collections.Counter[str]
     unavailable: list[str]
+    looked_global: dict[int, Any] = field(default_factory=dict)
+    """Apicurio globalIds looked up for this batch: the registry's id, _Missing or
+    _Unavailable."""
     good_frames: dict[tuple[str, bytes], CompiledSchema] = field(default_factory=dict)
     """Frames (side, 5 bytes) whose id and subject checks held in this pass: the records
     that carry them only need their payload decoded."""
@@ -132,9 +145,16 @@ class ContractCheck:
 
     def __init__(self, settings: Settings, client: SchemaLookup | None, *,
                  unknown_id: type[Exception], unavailable: type[Exception],
-                 compile: Callable[[SchemaSource], CompiledSchema] = compile_schema) -> None:
+                 compile: Callable[[SchemaSource], CompiledSchema] = compile_schema,
+                 global_ids: GlobalIdLookup | None = None) -> None:
         self.settings = settings
         self.client = client
+        self.global_ids = global_ids
+        self._global: collections.OrderedDict[int, int] = collections.OrderedDict()
+        """Apicurio globalId -> the registry's id (a version's ids never change)."""
+        self._global_inflight: dict[int, asyncio.Future[int | _Missing]] = {}
+        self._global_unknown: dict[int, tuple[_Missing, float]] = {}
+        """Apicurio globalIds found unregistered, and until when that answer is trusted."""
         self._unknown_id = unknown_id
         self._unavailable = unavailable
         self._compile = compile
@@ -159,17 +179,32 @@ class ContractCheck:
         if policy is None:
             return None
         looked: dict[int, Any] = {}
+        looked_global: dict[int, Any] = {}
+        ids: set[int] = set()
         # The id-only path finds its misses in its one pass (each frame is read once there).
-        ids = () if policy.fast_ids else {
-            sid for side in (policy.key, policy.value) if side.level != "none"
-            for sid in self._ids(batch.records, side)}
+        for side in () if policy.fast_ids else (policy.key, policy.value):
+            if side.level == "none":
+                continue
+            read = self._ids(batch.records, side)
+            if side.header is None or side.header.id == "registry":
+                ids |= read
+                continue
+            new = [gid for gid in read if gid not in self._global]
+            if new:
+                looked_global.update(zip(new, await asyncio.gather(
+                    *(self._lookup_global(gid) for gid in new)), strict=True))
+            for gid in read:
+                mapped = self._global.get(gid, looked_global.get(gid))
+                if isinstance(mapped, int):
+                    ids.add(mapped)
         missing = [sid for sid in ids if sid not in self._compiled]
         if missing:
             results = await asyncio.gather(*(self._lookup(sid) for sid in missing))
             looked.update(zip(missing, results, strict=True))
         down: dict[tuple[str, object], str] = {}
         for _ in range(4):
-            state = _Pass(looked, down, [], collections.Counter(), collections.Counter(), [])
+            state = _Pass(looked, down, [], collections.Counter(), collections.Counter(), [],
+                          looked_global)
             outcome = self._evaluate(batch, policy, state)
             if not state.pending:
                 self.rejections.update(state.counts)
@@ -267,6 +302,8 @@ class ContractCheck:
                 problems.append("null value (tombstone), which this topic refuses")
                 state.counts["tombstone"] += 1
             value = self._side(record, policy.value, batch.topic, state, problems, need)
+            if key_value is _UNFRAMED:  # allowed without a schema id: the rules see its bytes
+                key_value = record.key
             if (policy.rules and not problems and value is not _SKIP
                     and record.value is not None and not state.pending):
                 self._rules(record, policy, batch.topic, value, key_value, state, problems)
@@ -304,7 +341,7 @@ class ContractCheck:
     @staticmethod
     def _rules(record: Record, policy: TopicPolicy, topic: str, value: Any, key_value: Any,
                state: _Pass, problems: list[str]) -> None:
-        if policy.value.level == "none":
+        if policy.value.level == "none" or value is _UNFRAMED:
             try:
                 value = parse_json(record.value or b"")
             except PayloadError as exc:
@@ -342,10 +379,23 @@ class ContractCheck:
             schema_id, body = self._frame(record, data, side)
         except FramingError as exc:
             if side.allow_unframed:
-                return _SKIP
+                return _UNFRAMED
             problems.append(f"{what}{exc}")
             state.counts["unframed"] += 1
             return _SKIP
+        if side.header is not None and side.header.id == "global_id":
+            mapped = self._global.get(schema_id) or state.looked_global.get(schema_id)
+            if isinstance(mapped, _Unavailable):
+                state.unavailable.append(f"Apicurio global id {schema_id}: {mapped}")
+                return _SKIP
+            if isinstance(mapped, _Missing):
+                problems.append(f"{what}{mapped.text} (header {side.header.name})")
+                state.counts[mapped.check] += 1
+                return _SKIP
+            if mapped is None:  # translated a moment ago, then evicted by another batch
+                state.pending.append(self._relook_global(schema_id, state.looked_global))
+                return _SKIP
+            schema_id = mapped
         compiled = self._compiled.get(schema_id) or state.looked.get(schema_id)
         if isinstance(compiled, _Unavailable):
             state.unavailable.append(f"schema id {schema_id}: {compiled}")
@@ -467,6 +517,39 @@ class ContractCheck:
     async def _relook(self, schema_id: int, looked: dict[int, Any]) -> None:
         looked[schema_id] = await self._lookup(schema_id)
 
+    async def _lookup_global(self, global_id: int) -> int | _Missing | _Unavailable:
+        """The registry's id of an Apicurio globalId; one lookup in flight per globalId."""
+        unknown = self._global_unknown.get(global_id)
+        if unknown is not None and unknown[1] > time.monotonic():
+            return unknown[0]
+        future = self._global_inflight.get(global_id)
+        if future is None:
+            future = self._global_inflight[global_id] = asyncio.ensure_future(
+                self._load_global(global_id))
+            future.add_done_callback(lambda _f: self._global_inflight.pop(global_id, None))
+        try:
+            return await asyncio.shield(future)
+        except self._unavailable as exc:
+            return _Unavailable(str(exc))
+
+    async def _load_global(self, global_id: int) -> int | _Missing:
+        assert self.global_ids is not None
+        try:
+            found = await self.global_ids.registry_id(global_id)
+        except self._unknown_id as exc:
+            missing = _Missing("unknown_id", str(exc))
+            if len(self._global_unknown) >= self.settings.compiled_cache_size:
+                self._global_unknown.clear()
+            self._global_unknown[global_id] = (missing, time.monotonic() + _UNKNOWN_GLOBAL_S)
+            return missing
+        self._global[global_id] = found
+        while len(self._global) > self.settings.compiled_cache_size:
+            self._global.popitem(last=False)
+        return found
+
+    async def _relook_global(self, global_id: int, looked: dict[int, Any]) -> None:
+        looked[global_id] = await self._lookup_global(global_id)
+
     async def _fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
                               fresh: bool = False) -> None:
         assert self.client is not None
@@ -498,10 +581,15 @@ class ContractCheck:
 
 
 class _Skip:
-    """The side was not decoded (a problem, allowed unframed, or passed unchecked)."""
+    """The side was not decoded (a problem, or passed unchecked)."""
+
+
+class _Unframed:
+    """The side carries no schema id and its topic allows that: the rules read it as JSON."""
 
 
 _SKIP: Any = _Skip()
+_UNFRAMED: Any = _Unframed()
 
 
 def _for_cel(value: Any) -> Any:

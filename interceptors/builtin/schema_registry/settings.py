@@ -12,6 +12,11 @@ Check levels, each including the ones before it: ``none`` (nothing; with
 rules, the value is read as plain JSON), ``id`` (the record is framed and its
 id is registered), ``subject`` (the id is registered under the subject the
 naming strategy gives), ``payload`` (the payload decodes with the id's schema).
+A side may read its id from a header instead of the frame (:class:`HeaderId`:
+the header's name, the number's encoding, and whether it is an id of the
+registry's Confluent-compatible API or an Apicurio globalId). A record a side
+allows without an id (``allow_unframed``) is not looked up; with rules, its
+value is read as plain JSON, as at level ``none``.
 """
 
 from __future__ import annotations
@@ -25,13 +30,16 @@ from kiproxy.interceptors.builtin.schema_registry.rules import Rules, compile_ru
 from kiproxy.interceptors.builtin.schema_registry.wire import HEADER_ENCODINGS, HeaderEncoding
 from kiproxy.interceptors.errors import error_code
 
-__all__ = ["LEVELS", "STRATEGIES", "HeaderId", "Level", "Settings", "SideCheck",
-           "Strategy", "TopicPolicy", "parse_settings"]
+__all__ = ["HEADER_ID_KINDS", "LEVELS", "STRATEGIES", "HeaderId", "HeaderIdKind", "Level",
+           "Settings", "SideCheck", "Strategy", "TopicPolicy", "parse_settings"]
 
 Level = Literal["none", "id", "subject", "payload"]
 LEVELS: tuple[Level, ...] = ("none", "id", "subject", "payload")
 Strategy = Literal["TopicName", "RecordName", "TopicRecordName"]
 STRATEGIES: tuple[Strategy, ...] = ("TopicName", "RecordName", "TopicRecordName")
+HeaderIdKind = Literal["registry", "global_id"]
+HEADER_ID_KINDS: tuple[HeaderIdKind, ...] = ("registry", "global_id")
+_CCOMPAT_URL = re.compile(r"https?://.+/apis/ccompat/v[0-9]+/?")
 
 _TOP_KEYS = {"registry", "topics", "on_registry_unavailable", "error", "compiled_cache_size",
              "lookup_ttl_s"}
@@ -48,6 +56,12 @@ class HeaderId:
     """The header name (``apicurio.value.globalId``)."""
     encoding: HeaderEncoding = "long"
     """``long`` (8-byte big-endian, as Apicurio serdes write), ``int`` (4-byte) or ``string``."""
+    id: HeaderIdKind = "registry"
+    """What the number is: ``registry``, an id of the registry's Confluent-compatible API
+    (Confluent's ids; on Apicurio 2.x its contentIds, or its globalIds in legacy id mode),
+    looked up as it is; ``global_id``, an Apicurio globalId (what Apicurio serdes write by
+    default), translated through Apicurio's native API (``/apis/registry/v2``) to the
+    artifact version it names. Defaults to ``global_id`` for a header named ``*.globalId``."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -103,6 +117,8 @@ class Settings:
     compiled_cache_size: int = 1000
     lookup_ttl_s: float = 30.0
     needs_registry: bool = False
+    global_ids: bool = False
+    """Some side reads Apicurio globalIds (``header.id: global_id``)."""
     _cache: dict[str, TopicPolicy | None] = field(default_factory=dict, compare=False)
 
     def policy_for(self, topic: str) -> TopicPolicy | None:
@@ -156,10 +172,13 @@ def _side(raw: Any, side: Literal["key", "value"], topic: Mapping[str, Any],
         if isinstance(header, str):
             header = {"name": header}
         if not isinstance(header, Mapping) or not isinstance(header.get("name"), str):
-            raise ValueError(f"{at}.header: expected a header name or {{name, encoding}}")
-        _unknown(header, {"name", "encoding"}, f"{at}.header")
-        header_id = HeaderId(name=header["name"], encoding=_choice(
-            header.get("encoding", "long"), HEADER_ENCODINGS, f"{at}.header.encoding"))
+            raise ValueError(f"{at}.header: expected a header name or {{name, encoding, id}}")
+        _unknown(header, {"name", "encoding", "id"}, f"{at}.header")
+        name = header["name"]
+        kind = header.get("id", "global_id" if name.endswith(".globalId") else "registry")
+        header_id = HeaderId(name=name, encoding=_choice(
+            header.get("encoding", "long"), HEADER_ENCODINGS, f"{at}.header.encoding"),
+            id=_choice(kind, HEADER_ID_KINDS, f"{at}.header.id"))
     return SideCheck(
         side=side,
         level=_choice(raw.get("check", "none"), LEVELS, f"{at}.check"),
@@ -225,9 +244,20 @@ def parse_settings(config: Mapping[str, Any]) -> Settings:
     if needs and config.get("registry") is None:
         raise ValueError("registry: a check level above none needs the registry, e.g. "
                          "registry: {url: http://127.0.0.1:8081/apis/ccompat/v7}")
+    global_ids = any(s.level != "none" and s.header is not None and s.header.id == "global_id"
+                     for p in policies for s in (p.key, p.value))
+    registry = config.get("registry")
+    url = registry.get("url") if isinstance(registry, Mapping) else None
+    if global_ids and isinstance(url, str) and not _CCOMPAT_URL.fullmatch(url):
+        raise ValueError(
+            f"registry.url: {url!r} is not an Apicurio Registry's Confluent-compatible API "
+            "(http://HOST:PORT/apis/ccompat/v7), which a header with id: global_id needs (its "
+            "globalIds are looked up through the native API beside it); against another "
+            "registry, give the header id: registry")
     return Settings(
         exact=exact, patterns=tuple(patterns),
         on_registry_unavailable=_choice(config.get("on_registry_unavailable", "reject"),
                                         ("reject", "pass"), "on_registry_unavailable"),
         error=error, compiled_cache_size=size, lookup_ttl_s=float(ttl), needs_registry=needs,
+        global_ids=global_ids,
     )

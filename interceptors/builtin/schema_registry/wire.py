@@ -3,7 +3,9 @@
 Pure functions over bytes, no I/O:
 
 * :func:`confluent_frame` splits a Confluent-framed key or value - magic byte 0,
-  then the schema id as a 4-byte big-endian integer - into the id and the rest.
+  then the schema id as a 4-byte big-endian integer - into the id and the rest. An
+  id of 0 is refused as framing: it is what Apicurio's serdes with headers disabled
+  leave there (magic byte 0, then an 8-byte id), and no registry gives out id 0.
 * :func:`message_indexes` reads the Protobuf message-index array that Confluent's
   Protobuf serializers write after the id: a zigzag varint count, then that many
   zigzag varint indexes (the path of nested message types from the file's top
@@ -48,7 +50,14 @@ def confluent_frame(data: bytes) -> tuple[int, memoryview]:
         raise FramingError(
             "not framed with a schema id: expected magic byte 0 and a 4-byte schema id, as "
             f"Confluent serializers write, got {got}")
-    return int.from_bytes(data[1:5], "big"), memoryview(data)[5:]
+    schema_id = int.from_bytes(data[1:5], "big")
+    if schema_id == 0:  # no registry gives out id 0
+        raise FramingError(
+            "schema id 0 after magic byte 0: an Apicurio serde with "
+            "apicurio.registry.headers.enabled=false writes an 8-byte id there, which is not "
+            "Confluent framing; let it write the id in a header (its default) or set "
+            "apicurio.registry.as-confluent=true with apicurio.registry.use-id=contentId")
+    return schema_id, memoryview(data)[5:]
 
 
 def _varint(data: memoryview, pos: int) -> tuple[int, int]:

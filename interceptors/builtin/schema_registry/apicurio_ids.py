@@ -1,0 +1,111 @@
+"""``GlobalIds``: an Apicurio Registry globalId turned into the id its Confluent-compatible API
+knows, for records whose header carries a globalId (``apicurio.value.globalId``).
+
+Why: Apicurio's Java serdes write the artifact version's *globalId* by default
+(``apicurio.registry.use-id=globalId``, an 8-byte big-endian long in the header
+``apicurio.value.globalId``), while Apicurio 2.x's Confluent-compatible API
+(``/apis/ccompat/v7/schemas/ids/{id}``) numbers schemas by *contentId*, unless the registry
+runs with ``registry.ccompat.legacy-id-mode.enabled=true``. The two numberings differ as soon
+as one content is registered twice; looking a globalId up as a contentId names no schema, or
+the wrong one.
+
+Contract: :meth:`GlobalIds.registry_id` finds the artifact version a globalId names through
+the native API beside the configured ccompat URL (``/apis/registry/v2/search/artifacts?globalId=``,
+then that artifact's versions), and returns the id of the same subject version on the
+Confluent-compatible API (``/subjects/{artifactId}/versions/{version}``), so the answer is right
+whichever numbering that API uses. Raises ``UnknownSchemaId`` when no version has that
+globalId, or when it lies outside the default group (which the Confluent-compatible API does
+not serve), and ``RegistryUnavailable`` when the registry cannot answer. A globalId names one
+immutable version, so callers may keep the answer for as long as they like. The HTTP
+connection, credentials and TLS are the ``registry:`` settings'.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Any
+from urllib.parse import quote
+
+from .registry import (
+    RegistryStats,
+    RegistryUnavailable,
+    SchemaRegistryClient,
+    UnknownSchemaId,
+)
+from .registry_config import RegistrySettings
+
+__all__ = ["GlobalIds"]
+
+_PAGE = 500
+_MAX_PAGES = 20
+_CCOMPAT = re.compile(r"(?P<root>.+/apis)(?P<ccompat>/ccompat/v[0-9]+)/?")
+
+
+class GlobalIds:
+    """Apicurio globalIds to Confluent-compatible API ids (see the module docstring)."""
+
+    def __init__(self, settings: RegistrySettings) -> None:
+        match = _CCOMPAT.fullmatch(settings.url)
+        if match is None:
+            raise ValueError(f"registry.url: {settings.url!r} is not an Apicurio Registry's "
+                             "Confluent-compatible API (http://HOST:PORT/apis/ccompat/v7)")
+        self._ccompat = match["ccompat"]
+        # A client rooted at /apis reaches both APIs with the same connection settings.
+        self._http = SchemaRegistryClient(dataclasses.replace(settings, url=match["root"]))
+
+    async def registry_id(self, global_id: int) -> int:
+        """The Confluent-compatible API's id of the version ``global_id`` names."""
+        def unknown(where: str = "") -> UnknownSchemaId:
+            return UnknownSchemaId(f"Apicurio global id {global_id} is not registered{where}")
+
+        found = await self._get(f"/registry/v2/search/artifacts?globalId={int(global_id)}"
+                                "&limit=1", unknown)
+        artifacts = found.get("artifacts") if isinstance(found, dict) else None
+        if not isinstance(artifacts, list):
+            raise self._odd("search/artifacts", found)
+        if not artifacts:
+            raise unknown()
+        artifact = artifacts[0]
+        if not isinstance(artifact, dict) or not isinstance(artifact.get("id"), str):
+            raise self._odd("search/artifacts", found)
+        group = artifact.get("groupId") or "default"
+        if group != "default":
+            raise unknown(f" in the default group (it is artifact {artifact['id']} of group "
+                          f"{group}, which the Confluent-compatible API does not serve)")
+        version = await self._version(artifact["id"], global_id, unknown)
+        body = await self._get(f"{self._ccompat}/subjects/{quote(artifact['id'], safe='')}"
+                               f"/versions/{quote(version, safe='')}", unknown)
+        schema_id = body.get("id") if isinstance(body, dict) else None
+        if not isinstance(schema_id, int):
+            raise self._odd("subjects/.../versions", body)
+        return schema_id
+
+    async def _version(self, artifact: str, global_id: int, unknown: Any) -> str:
+        path = f"/registry/v2/groups/default/artifacts/{quote(artifact, safe='')}/versions"
+        for page in range(_MAX_PAGES):
+            body = await self._get(f"{path}?offset={page * _PAGE}&limit={_PAGE}", unknown)
+            versions = body.get("versions") if isinstance(body, dict) else None
+            if not isinstance(versions, list):
+                raise self._odd("versions", body)
+            for item in versions:
+                if isinstance(item, dict) and item.get("globalId") == global_id:
+                    return str(item.get("version"))
+            if len(versions) < _PAGE:
+                break
+        raise unknown()
+
+    async def _get(self, path: str, unknown: Any) -> Any:
+        return await self._http._get(path, unknown=unknown)
+
+    def _odd(self, what: str, body: Any) -> RegistryUnavailable:
+        return RegistryUnavailable(f"Apicurio Registry {self._http.settings.url}: the answer "
+                                   f"of {what} is not the native API's: {str(body)[:200]}")
+
+    def stats(self) -> RegistryStats:
+        """The HTTP counters of the translations (requests, errors, latency)."""
+        return self._http.stats()
+
+    async def close(self) -> None:
+        """Close the HTTP connections."""
+        await self._http.close()
