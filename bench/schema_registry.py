@@ -207,7 +207,8 @@ PHASES = ("no burst", "100 records, cached id", "100 records, 100 new ids")
 """The burst phases, run in this order in every round."""
 
 
-def burst(url: str, steady_records: int, rounds: int) -> dict[str, list[dict[str, float]]]:
+def burst(url: str, steady_records: int, rounds: int,
+          registry_settings: dict[str, Any] | None = None) -> dict[str, list[dict[str, float]]]:
     """The steady producer's latencies (ms) in each phase of each round."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
@@ -228,7 +229,7 @@ def burst(url: str, steady_records: int, rounds: int) -> dict[str, list[dict[str
         [sys.executable, "-m", "kiproxy", "run", "--upstream", broker.bootstrap,
          "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(free_port() - 111),
          "--interceptor", "schema_registry", "--interceptor-config", json.dumps({
-             "registry": {"url": url}, "topics": {
+             "registry": {"url": url, **(registry_settings or {})}, "topics": {
                  steady_topic: {"value": "payload"}, burst_topic: {"value": "payload"}}})],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     output: list[str] = []
@@ -373,16 +374,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steady-records", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3,
                         help="burst rounds (each runs every phase once)")
+    parser.add_argument("--max-requests-in-flight", type=int,
+                        help="the proxy's registry.max_requests_in_flight (default: its own)")
     parser.add_argument("--burst-only", action="store_true",
                         help="run only the cache-miss burst (implies --no-write)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    settings = ({} if args.max_requests_in_flight is None
+                else {"max_requests_in_flight": args.max_requests_in_flight})
     with registry(args.registry_url) as url:
         if args.burst_only:
-            print(render([], burst(url, args.steady_records, args.rounds), "burst only"))
+            print(render([], burst(url, args.steady_records, args.rounds, settings),
+                         "burst only"))
             return
         rows = per_record(url, args.records, args.seconds)
-        burst_rows = burst(url, args.steady_records, args.rounds) if args.burst else None
+        burst_rows = (burst(url, args.steady_records, args.rounds, settings)
+                      if args.burst else None)
     command = "python -m bench.schema_registry" + (" --burst" if args.burst else "")
     text = render(rows, burst_rows, command)
     print(text)
