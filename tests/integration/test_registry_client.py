@@ -180,6 +180,26 @@ async def test_requests_in_flight_never_exceed_the_bound(registry_url: str, pki:
         front.close()
 
 
+async def test_a_lookup_waits_for_a_request_slot_at_most_the_timeout(registry_url: str,
+                                                                     pki: Pki) -> None:
+    """One slot, answers held 0.6 s, a 1 s timeout: the first of three new ids resolves;
+    the third would wait at least 1.2 s for the slot and fails as unavailable instead,
+    naming the setting."""
+    ids = [register(registry_url, f"{RUN}-slot{i}-value", avro_record(f"Slot{i}", {"n": "int"}))
+           for i in range(3)]
+    front = HttpsFront(registry_url, pki, delay=0.6)
+    c = client(front.url, ca_file=str(pki.ca), max_requests_in_flight=1, timeout_ms=1000)
+    try:
+        got = await asyncio.gather(*(c.schema_by_id(i) for i in ids), return_exceptions=True)
+        assert isinstance(got[0], RegisteredSchema) and got[0].schema_id == ids[0]
+        assert isinstance(got[2], RegistryUnavailable)
+        assert "no request slot free within 1000 ms" in str(got[2])
+        assert "registry.max_requests_in_flight" in str(got[2])
+    finally:
+        await c.close()
+        front.close()
+
+
 async def test_a_burst_of_new_ids_in_one_batch_keeps_the_bound(registry_url: str,
                                                                pki: Pki) -> None:
     """The interceptor checking one batch of 10 records, each with a new id, to payload

@@ -13,7 +13,8 @@ Contract:
   an ID still in the cache keeps answering, even past its TTL (counted as ``stale``);
   any other lookup raises :class:`RegistryUnavailable` naming the URL and the cause.
 * At most ``max_requests_in_flight`` HTTP requests are in flight at once (per client and
-  loop); other lookups wait their turn without touching httpx. A burst of new IDs thus
+  loop); other lookups wait their turn without touching httpx, at most ``timeout_ms``
+  (then :class:`RegistryUnavailable`, as httpx's own pool timeout did). A burst of new IDs thus
   puts only a few registry callbacks at a time on the event loop, and the connections
   whose schemas are cached keep being served between them.
 * No module-level event-loop state: the HTTP client is created in the loop that first
@@ -313,21 +314,22 @@ class SchemaRegistryClient:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         state = self._loop_state()
-        async with state.gate:
-            self._counts["requests"] += 1
-            started = time.perf_counter()
-            try:
-                resp = await state.http.get(url, headers=headers)
-            except (httpx.HTTPError, OSError) as exc:
-                # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
-                # certificate says so only once the first response is read, outside httpx's
-                # own error mapping.
-                self._counts["errors"] += 1
-                cause = str(exc) or type(exc).__name__
-                raise RegistryUnavailable(f"schema registry {url}: {cause}") from exc
-            finally:
-                self._latency_sum += time.perf_counter() - started
-                self._counts["latency_count"] += 1
+        await self._take_slot(state.gate, url)
+        self._counts["requests"] += 1
+        started = time.perf_counter()
+        try:
+            resp = await state.http.get(url, headers=headers)
+        except (httpx.HTTPError, OSError) as exc:
+            # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
+            # certificate says so only once the first response is read, outside httpx's
+            # own error mapping.
+            self._counts["errors"] += 1
+            cause = str(exc) or type(exc).__name__
+            raise RegistryUnavailable(f"schema registry {url}: {cause}") from exc
+        finally:
+            state.gate.release()
+            self._latency_sum += time.perf_counter() - started
+            self._counts["latency_count"] += 1
         if resp.status_code == 404:
             raise unknown()
         if resp.status_code != 200:
@@ -343,6 +345,22 @@ class SchemaRegistryClient:
             self._counts["errors"] += 1
             raise RegistryUnavailable(f"schema registry {url}: the answer is not JSON "
                                       "(is registry.url the API's base URL?)") from exc
+
+    async def _take_slot(self, gate: asyncio.Semaphore, url: str) -> None:
+        """Wait for one of the ``max_requests_in_flight`` slots, at most ``timeout_ms`` (as
+        long as a request may take), so lookups queued behind a registry that stopped
+        answering fail as unavailable in about that time instead of one timeout after
+        another."""
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                await gate.acquire()
+        except TimeoutError:
+            self._counts["errors"] += 1
+            s = self.settings
+            raise RegistryUnavailable(
+                f"schema registry {url}: no request slot free within {s.timeout_ms} ms "
+                f"({s.max_requests_in_flight} requests in flight, "
+                "registry.max_requests_in_flight): the registry answers slowly") from None
 
     async def _fetch_id(self, schema_id: int) -> RegisteredSchema:
         body = await self._get(f"/schemas/ids/{int(schema_id)}", unknown=lambda: UnknownSchemaId(
