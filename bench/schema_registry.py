@@ -25,10 +25,16 @@ CPU per record less passthrough's.
 ``--burst`` also runs the cache-miss burst: a proxy process (``kiproxy run``) in
 front of Tansu with this interceptor, one producer sending one record at a time
 with a cached id (its produce-to-acknowledgement latencies are the figure), and,
-in the other phases, another connection sending 100 records a quarter into the
-phase: records with the steady producer's (cached) id, as a control for the load
+in the other phases, another connection sending 100 records to another topic a
+quarter into the phase: records with a cached id, as a control for the load
 itself, then records that each carry a schema id the proxy has not seen (100
-schemas registered just before). The steady producer's p50/p99 are compared.
+schemas registered just before, differing only in their ``doc``). The phases run
+in ``--rounds`` rounds (default 3), each round every phase once, so a change in
+the machine's load touches every phase alike; the table gives each figure's
+median over the rounds and its range, and how long the burst took from its first
+record sent to its last acknowledged. ``--burst-only`` skips the per-record cases
+and writes nothing; ``--max-requests-in-flight N`` sets the proxy's
+``registry.max_requests_in_flight``.
 """
 
 from __future__ import annotations
