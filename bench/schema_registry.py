@@ -25,10 +25,16 @@ CPU per record less passthrough's.
 ``--burst`` also runs the cache-miss burst: a proxy process (``kiproxy run``) in
 front of Tansu with this interceptor, one producer sending one record at a time
 with a cached id (its produce-to-acknowledgement latencies are the figure), and,
-in the other phases, another connection sending 100 records a quarter into the
-phase: records with the steady producer's (cached) id, as a control for the load
+in the other phases, another connection sending 100 records to another topic a
+quarter into the phase: records with a cached id, as a control for the load
 itself, then records that each carry a schema id the proxy has not seen (100
-schemas registered just before). The steady producer's p50/p99 are compared.
+schemas registered just before, differing only in their ``doc``). The phases run
+in ``--rounds`` rounds (default 3), each round every phase once, so a change in
+the machine's load touches every phase alike; the table gives each figure's
+median over the rounds and its range, and how long the burst took from its first
+record sent to its last acknowledged. ``--burst-only`` skips the per-record cases
+and writes nothing; ``--max-requests-in-flight N`` sets the proxy's
+``registry.max_requests_in_flight``.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -202,21 +209,25 @@ def registry(url: str | None) -> Iterator[str]:
         yield started.url
 
 
-def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
-    """Steady producer latencies (ms) without and with a burst of 100 new ids."""
+PHASES = ("no burst", "100 records, cached id", "100 records, 100 new ids")
+"""The burst phases, run in this order in every round."""
+
+
+def burst(url: str, steady_records: int, rounds: int,
+          registry_settings: dict[str, Any] | None = None) -> dict[str, list[dict[str, float]]]:
+    """The steady producer's latencies (ms) in each phase of each round."""
     from confluent_kafka import Producer
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
     from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+    from confluent_kafka.schema_registry.avro import AvroSerializer
+    from confluent_kafka.serialization import MessageField, SerializationContext
 
     from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 
     run = str(int(time.time()))[-6:]
     steady_topic, burst_topic = f"steady{run}", f"burst{run}"
-    from confluent_kafka.schema_registry.avro import AvroSerializer
-    from confluent_kafka.serialization import MessageField, SerializationContext
-
     client = SchemaRegistryClient({"url": url})
-    steady_serializer = AvroSerializer(client, json.dumps(AVRO))
+    serializer = AvroSerializer(client, json.dumps(AVRO))
     broker = EmbeddedBroker()
     broker.start()
     listen = free_port()
@@ -224,39 +235,51 @@ def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
         [sys.executable, "-m", "kiproxy", "run", "--upstream", broker.bootstrap,
          "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(free_port() - 111),
          "--interceptor", "schema_registry", "--interceptor-config", json.dumps({
-             "registry": {"url": url}, "topics": {
+             "registry": {"url": url, **(registry_settings or {})}, "topics": {
                  steady_topic: {"value": "payload"}, burst_topic: {"value": "payload"}}})],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output: list[str] = []
     try:
         assert proxy.stdout is not None
         for line in proxy.stdout:
             if "bootstrap address" in line:
                 break
+        # Keep reading what the proxy writes, so a full pipe never blocks its loop.
+        threading.Thread(target=lambda: output.extend(proxy.stdout or ()), daemon=True).start()
         bootstrap = f"127.0.0.1:{listen}"
         admin = AdminClient({"bootstrap.servers": broker.bootstrap})
         for future in admin.create_topics(
                 [NewTopic(t, 1, 1) for t in (steady_topic, burst_topic)]).values():
             future.result(15)
-        steady_value = bytes(steady_serializer(
+        steady_value = bytes(serializer(
             datum(900, 0), SerializationContext(steady_topic, MessageField.VALUE)))
-        results: dict[str, dict[str, float]] = {}
-        steady_id = int.from_bytes(steady_value[1:5], "big")
-        for phase in ("without burst", "with a burst of cached ids", "with burst"):
-            ids = [steady_id] * 100 if phase == "with a burst of cached ids" else []
-            if phase == "with burst":
-                for i in range(100):  # 100 schemas the proxy has never seen
-                    schema = dict(AVRO, name=f"Burst{run}x{i}")
-                    ids.append(client.register_schema(f"{burst_topic}-value",
-                                                      Schema(json.dumps(schema), "AVRO")))
-            latencies = steady_phase(Producer, bootstrap, steady_topic, steady_value,
-                                     steady_records,
-                                     steady_topic if ids and ids[0] == steady_id else burst_topic,
-                                     ids)
-            latencies.sort()
-            results[phase] = {"p50": latencies[len(latencies) // 2],
-                              "p99": latencies[int(len(latencies) * 0.99) - 1],
-                              "max": latencies[-1], "n": len(latencies)}
+        # The control burst goes to the burst topic too (not the steady producer's
+        # partition), with an id registered there and cached by a first record.
+        cached_value = bytes(serializer(
+            datum(900, 0), SerializationContext(burst_topic, MessageField.VALUE)))
+        cached_id = int.from_bytes(cached_value[1:5], "big")
+        steady_phase(Producer, bootstrap, steady_topic, steady_value, 50, burst_topic,
+                     [cached_id])  # warms both ids, the connections and the topics
+        results: dict[str, list[dict[str, float]]] = {phase: [] for phase in PHASES}
+        for round_ in range(rounds):
+            for phase in PHASES:
+                ids: list[int] = []
+                if phase == PHASES[1]:
+                    ids = [cached_id] * 100
+                elif phase == PHASES[2]:
+                    for i in range(100):  # 100 schemas the proxy has never seen
+                        # Another doc: a new id for a schema the same records decode with
+                        # (and that the registry's BACKWARD rule accepts).
+                        schema = dict(AVRO, doc=f"burst {run}, round {round_}, schema {i}")
+                        ids.append(client.register_schema(f"{burst_topic}-value",
+                                                          Schema(json.dumps(schema), "AVRO")))
+                results[phase].append(steady_phase(
+                    Producer, bootstrap, steady_topic, steady_value, steady_records,
+                    burst_topic, ids))
         return results
+    except BaseException:
+        print("".join(output[-30:]), file=sys.stderr)
+        raise
     finally:
         proxy.terminate()
         proxy.wait(30)
@@ -264,23 +287,33 @@ def burst(url: str, steady_records: int) -> dict[str, dict[str, float]]:
 
 
 def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, count: int,
-                 burst_topic: str, ids: list[int]) -> list[float]:
+                 burst_topic: str, ids: list[int]) -> dict[str, float]:
+    """One phase: ``count`` records one at a time on one connection, the burst of ``ids``
+    on another a quarter in. The steady latencies, and how long the burst took."""
     steady = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
     burster = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1,
                             "max.in.flight": 100})
+    burster.list_topics(burst_topic, 10)  # connected before the phase starts
     payload = value[5:]
     failed: list[Any] = []
+    burst_done: list[float] = []
 
     def delivered(err: Any, _msg: Any) -> None:
         if err is not None:
             failed.append(err)
 
+    def burst_delivered(err: Any, _msg: Any) -> None:
+        delivered(err, _msg)
+        burst_done.append(time.perf_counter())
+
     latencies: list[float] = []
+    burst_start = 0.0
     for i in range(count):
         if ids and i == count // 4:  # the burst lands a quarter into the phase
+            burst_start = time.perf_counter()
             for n, schema_id in enumerate(ids):
                 burster.produce(burst_topic, b"\x00" + schema_id.to_bytes(4, "big") + payload,
-                                partition=0, on_delivery=delivered)
+                                partition=0, on_delivery=burst_delivered)
                 if n % 10 == 9:
                     burster.poll(0)
         t0 = time.perf_counter()
@@ -288,14 +321,28 @@ def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, co
         if steady.flush(10):
             raise RuntimeError(f"the steady producer's record {i} was not acknowledged in 10 s")
         latencies.append((time.perf_counter() - t0) * 1000)
+        burster.poll(0)
     burster.flush(30)
     if failed:
         raise RuntimeError(f"{len(failed)} records were refused, first: {failed[0]}")
-    return latencies
+    latencies.sort()
+    return {"p50": latencies[len(latencies) // 2],
+            "p99": latencies[int(len(latencies) * 0.99) - 1],
+            "max": latencies[-1], "n": len(latencies),
+            "burst": (max(burst_done) - burst_start) * 1000 if ids else 0.0}
 
 
-def render(rows: list[tuple[str, int, float]], burst_rows: dict[str, dict[str, float]] | None,
-           command: str) -> str:
+def _spread(values: list[float]) -> str:
+    """The median of the rounds, and their range."""
+    ordered = sorted(values)
+    mid = ordered[len(ordered) // 2]
+    if len(ordered) == 1:
+        return f"{mid:.2f}"
+    return f"{mid:.2f} ({ordered[0]:.2f}-{ordered[-1]:.2f})"
+
+
+def render(rows: list[tuple[str, int, float]],
+           burst_rows: dict[str, list[dict[str, float]]] | None, command: str) -> str:
     base = {size: us for case, size, us in rows if case == "passthrough"}
     lines = [HEADING, "",
              f"{datetime.date.today().isoformat()}, {platform.machine()} "
@@ -307,14 +354,19 @@ def render(rows: list[tuple[str, int, float]], burst_rows: dict[str, dict[str, f
         lines.append(f"| {case} | {size} B | {us:.2f} | {us - base[size]:+.2f} | "
                      f"{us / size * 1e3:.2f} |")
     if burst_rows:
+        rounds = len(next(iter(burst_rows.values())))
         lines += ["", "Cache-miss burst: one producer sends a record at a time with a cached id; "
-                  "a quarter into each phase another connection sends 100 records (with the "
-                  "cached id, then with 100 ids the proxy has not seen). The steady producer's "
-                  "produce-to-acknowledgement latency:",
-                  "", "| phase | records | p50 ms | p99 ms | max ms |", "|---|---:|---:|---:|---:|"]
-        for phase, r in burst_rows.items():
-            lines.append(f"| {phase} | {r['n']:.0f} | {r['p50']:.2f} | {r['p99']:.2f} | "
-                         f"{r['max']:.2f} |")
+                  "a quarter into each phase another connection sends 100 records to another "
+                  "topic (with a cached id, then with 100 ids the proxy has not seen). The "
+                  f"steady producer's produce-to-acknowledgement latency, median of {rounds} "
+                  "rounds (range); burst: from its first record sent to its last acknowledged:",
+                  "", "| phase | records | p50 ms | p99 ms | max ms | burst ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for phase, runs in burst_rows.items():
+            lines.append(
+                f"| {phase} | {runs[0]['n']:.0f} | {_spread([r['p50'] for r in runs])} | "
+                f"{_spread([r['p99'] for r in runs])} | {_spread([r['max'] for r in runs])} | "
+                f"{_spread([r['burst'] for r in runs]) if runs[0]['burst'] else '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -326,11 +378,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=2.5, help="per case")
     parser.add_argument("--burst", action="store_true", help="also run the cache-miss burst")
     parser.add_argument("--steady-records", type=int, default=2000)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="burst rounds (each runs every phase once)")
+    parser.add_argument("--max-requests-in-flight", type=int,
+                        help="the proxy's registry.max_requests_in_flight (default: its own)")
+    parser.add_argument("--burst-only", action="store_true",
+                        help="run only the cache-miss burst (implies --no-write)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args(argv)
+    settings = ({} if args.max_requests_in_flight is None
+                else {"max_requests_in_flight": args.max_requests_in_flight})
     with registry(args.registry_url) as url:
+        if args.burst_only:
+            print(render([], burst(url, args.steady_records, args.rounds, settings),
+                         "burst only"))
+            return
         rows = per_record(url, args.records, args.seconds)
-        burst_rows = burst(url, args.steady_records) if args.burst else None
+        burst_rows = (burst(url, args.steady_records, args.rounds, settings)
+                      if args.burst else None)
     command = "python -m bench.schema_registry" + (" --burst" if args.burst else "")
     text = render(rows, burst_rows, command)
     print(text)

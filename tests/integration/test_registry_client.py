@@ -162,6 +162,75 @@ async def test_one_request_per_id_however_many_callers(registry_url: str, pki: P
         front.close()
 
 
+async def test_requests_in_flight_never_exceed_the_bound(registry_url: str, pki: Pki) -> None:
+    """Twelve new ids asked at once, each answer held 0.1 s by the server: the server
+    never answers more than ``max_requests_in_flight`` at once (counted there), and more
+    than one, so the bound is what holds them back, not a serial client."""
+    ids = [register(registry_url, f"{RUN}-bound{i}-value", avro_record(f"Bound{i}", {"n": "int"}))
+           for i in range(12)]
+    front = HttpsFront(registry_url, pki, delay=0.1)
+    c = client(front.url, ca_file=str(pki.ca), max_requests_in_flight=3)
+    try:
+        got = await asyncio.gather(*(c.schema_by_id(i) for i in ids))
+        assert [g.schema_id for g in got] == ids
+        assert len(front.seen) == 12
+        assert 1 < front.peak <= 3
+    finally:
+        await c.close()
+        front.close()
+
+
+async def test_a_lookup_waits_for_a_request_slot_at_most_the_timeout(registry_url: str,
+                                                                     pki: Pki) -> None:
+    """One slot, answers held 0.6 s, a 1 s timeout: the first of three new ids resolves;
+    the third would wait at least 1.2 s for the slot and fails as unavailable instead,
+    naming the setting."""
+    ids = [register(registry_url, f"{RUN}-slot{i}-value", avro_record(f"Slot{i}", {"n": "int"}))
+           for i in range(3)]
+    front = HttpsFront(registry_url, pki, delay=0.6)
+    c = client(front.url, ca_file=str(pki.ca), max_requests_in_flight=1, timeout_ms=1000)
+    try:
+        got = await asyncio.gather(*(c.schema_by_id(i) for i in ids), return_exceptions=True)
+        assert isinstance(got[0], RegisteredSchema) and got[0].schema_id == ids[0]
+        assert isinstance(got[2], RegistryUnavailable)
+        assert "no request slot free within 1000 ms" in str(got[2])
+        assert "registry.max_requests_in_flight" in str(got[2])
+    finally:
+        await c.close()
+        front.close()
+
+
+async def test_a_burst_of_new_ids_in_one_batch_keeps_the_bound(registry_url: str,
+                                                               pki: Pki) -> None:
+    """The interceptor checking one batch of 10 records, each with a new id, to payload
+    level (a schema and a subjects lookup per id): every record passes, and the server
+    never answered more than the default bound (2) at once."""
+    from kiproxy.interceptors.api import InterceptContext, Record, RecordBatch
+    from kiproxy.interceptors.builtin.schema_registry import SchemaRegistryValidator
+
+    topic = f"{RUN}-burst"
+    ids = [register(registry_url, f"{topic}-value",
+                    avro_record("Burst", {"n": "int"}).replace('"Burst"', f'"Burst", "doc": "{i}"'))
+           for i in range(10)]
+    assert len(set(ids)) == 10
+    front = HttpsFront(registry_url, pki, delay=0.05)
+    plugin = SchemaRegistryValidator()
+    plugin.configure({"registry": {"url": front.url, "ca_file": str(pki.ca)},
+                      "topics": {topic: {"value": "payload"}}})
+    batch = RecordBatch(topic=topic, partition=0, records=tuple(
+        Record(key=None, value=b"\x00" + sid.to_bytes(4, "big") + b"\x0e", offset_delta=n)
+        for n, sid in enumerate(ids)))
+    ctx = InterceptContext(client_id="t", client_address="t", principal=None, api_version=9,
+                           acks=-1, transactional_id=None, deadline=0.0)
+    try:
+        assert await plugin.intercept(batch, ctx) is batch
+        assert len(front.seen) == 20  # a schema and a subjects request per id
+        assert 1 < front.peak <= 2
+    finally:
+        await plugin.close()
+        front.close()
+
+
 def test_a_client_serves_successive_event_loops(registry_url: str) -> None:
     """As in Spark executors: each task may run its own loop, one client per executor."""
     schema_id = register(registry_url, f"{RUN}-loops-value", avro_record("Loops", {"n": "int"}))

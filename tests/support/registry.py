@@ -18,6 +18,7 @@ import shutil
 import ssl
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -106,11 +107,16 @@ class HttpsFront:
 
     ``require_client_cert``: the TLS handshake needs a certificate the CA signed;
     ``basic``/``bearer``: requests without those credentials get 401. ``seen`` lists
-    the Authorization headers received."""
+    the Authorization headers received; ``delay`` holds each answer that many seconds,
+    and ``peak`` is the most requests the front was answering at once."""
 
     def __init__(self, upstream: str, pki: Pki, *, require_client_cert: bool = False,
-                 basic: tuple[str, str] | None = None, bearer: str | None = None) -> None:
+                 basic: tuple[str, str] | None = None, bearer: str | None = None,
+                 delay: float = 0.0) -> None:
         self.seen: list[str | None] = []
+        self.peak = 0
+        answering = 0
+        lock = threading.Lock()
         front = self
         want = None
         if basic is not None:
@@ -120,6 +126,18 @@ class HttpsFront:
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
+                nonlocal answering
+                with lock:
+                    answering += 1
+                    front.peak = max(front.peak, answering)
+                try:
+                    time.sleep(delay)
+                    self._get()
+                finally:
+                    with lock:
+                        answering -= 1
+
+            def _get(self) -> None:
                 auth = self.headers.get("Authorization")
                 front.seen.append(auth)
                 if want is not None and auth != want:

@@ -20,8 +20,11 @@ def test_defaults_and_every_key(tmp_path: Path) -> None:
         "url": URL, "bearer_token_file": str(tmp_path / "token"),
         "ca_file": str(tmp_path / "ca.pem"), "cert_file": str(tmp_path / "c.pem"),
         "key_file": str(tmp_path / "c.key"), "timeout_ms": 500, "cache_size": 3,
-        "cache_ttl_s": 1.5, "negative_ttl_s": 0, "subject_ttl_s": 2, "max_connections": 4})
+        "cache_ttl_s": 1.5, "negative_ttl_s": 0, "subject_ttl_s": 2, "max_connections": 4,
+        "max_requests_in_flight": 8})
     assert (s.cache_size, s.cache_ttl_s, s.negative_ttl_s, s.timeout_s) == (3, 1.5, 0, 0.5)
+    assert (s.max_connections, s.max_requests_in_flight) == (4, 8)
+    assert RegistrySettings.from_config({"url": URL}).max_requests_in_flight == 2
     auth = RegistrySettings.from_config(
         {"url": URL, "basic_auth": {"username": "u", "password": "p"}}).basic_auth
     assert auth is not None and (auth.username, auth.password) == ("u", "p")
@@ -31,6 +34,8 @@ def test_defaults_and_every_key(tmp_path: Path) -> None:
     ({}, r"registry\.url: Field required"),
     ({"url": "127.0.0.1:8081"}, r"registry\.url: '127.0.0.1:8081' is not an http"),
     ({"url": URL, "cache_size": 0}, r"registry\.cache_size: Input should be greater than 0"),
+    ({"url": URL, "max_requests_in_flight": 0},
+     r"registry\.max_requests_in_flight: Input should be greater than 0"),
     ({"url": URL, "timeout": 5}, r"registry\.timeout: Unexpected keyword argument"),
     ({"url": URL, "timeout_ms": "soon"}, r"registry\.timeout_ms: Input should be a valid int"),
     ({"url": URL, "basic_auth": {"username": "u"}},

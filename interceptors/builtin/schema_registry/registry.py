@@ -12,6 +12,11 @@ Contract:
 * When the registry cannot be reached (timeout, refused, 5xx, refused credentials),
   an ID still in the cache keeps answering, even past its TTL (counted as ``stale``);
   any other lookup raises :class:`RegistryUnavailable` naming the URL and the cause.
+* At most ``max_requests_in_flight`` HTTP requests are in flight at once (per client and
+  loop); other lookups wait their turn without touching httpx, at most ``timeout_ms``
+  (then :class:`RegistryUnavailable`, as httpx's own pool timeout did). A burst of new IDs thus
+  puts only a few registry callbacks at a time on the event loop, and the connections
+  whose schemas are cached keep being served between them.
 * No module-level event-loop state: the HTTP client is created in the loop that first
   uses it and replaced when a later call runs in another loop (a Spark executor's fresh
   loop), so one client object serves any number of successive loops.
@@ -144,6 +149,9 @@ class _LoopState:
 
     loop: asyncio.AbstractEventLoop
     http: httpx.AsyncClient
+    gate: asyncio.Semaphore
+    """At most ``max_requests_in_flight`` HTTP requests at once; the others wait here,
+    as one parked future each, not as requests queued in httpx's pool."""
     inflight: dict[Hashable, asyncio.Task[Any]] = field(default_factory=dict)
 
 
@@ -256,7 +264,8 @@ class SchemaRegistryClient:
         loop = asyncio.get_running_loop()
         state = self._state
         if state is None or state.loop is not loop:
-            state = self._state = _LoopState(loop, self._new_http())
+            state = self._state = _LoopState(
+                loop, self._new_http(), asyncio.Semaphore(self.settings.max_requests_in_flight))
         return state
 
     # -- HTTP ---------------------------------------------------------------------------
@@ -304,11 +313,12 @@ class SchemaRegistryClient:
         token = self._bearer()
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
-        http = self._loop_state().http
+        state = self._loop_state()
+        await self._take_slot(state.gate, url)
         self._counts["requests"] += 1
         started = time.perf_counter()
         try:
-            resp = await http.get(url, headers=headers)
+            resp = await state.http.get(url, headers=headers)
         except (httpx.HTTPError, OSError) as exc:
             # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
             # certificate says so only once the first response is read, outside httpx's
@@ -317,6 +327,7 @@ class SchemaRegistryClient:
             cause = str(exc) or type(exc).__name__
             raise RegistryUnavailable(f"schema registry {url}: {cause}") from exc
         finally:
+            state.gate.release()
             self._latency_sum += time.perf_counter() - started
             self._counts["latency_count"] += 1
         if resp.status_code == 404:
@@ -334,6 +345,22 @@ class SchemaRegistryClient:
             self._counts["errors"] += 1
             raise RegistryUnavailable(f"schema registry {url}: the answer is not JSON "
                                       "(is registry.url the API's base URL?)") from exc
+
+    async def _take_slot(self, gate: asyncio.Semaphore, url: str) -> None:
+        """Wait for one of the ``max_requests_in_flight`` slots, at most ``timeout_ms`` (as
+        long as a request may take), so lookups queued behind a registry that stopped
+        answering fail as unavailable in about that time instead of one timeout after
+        another."""
+        try:
+            async with asyncio.timeout(self.settings.timeout_s):
+                await gate.acquire()
+        except TimeoutError:
+            self._counts["errors"] += 1
+            s = self.settings
+            raise RegistryUnavailable(
+                f"schema registry {url}: no request slot free within {s.timeout_ms} ms "
+                f"({s.max_requests_in_flight} requests in flight, "
+                "registry.max_requests_in_flight): the registry answers slowly") from None
 
     async def _fetch_id(self, schema_id: int) -> RegisteredSchema:
         body = await self._get(f"/schemas/ids/{int(schema_id)}", unknown=lambda: UnknownSchemaId(

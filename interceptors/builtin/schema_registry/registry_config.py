@@ -22,6 +22,7 @@ Keys (``docs/schema-registry.md``, "Registry connection settings")::
       negative_ttl_s: 5                             # an unknown id is re-asked after this long
       subject_ttl_s: 1                              # an id's subjects, a subject's latest id
       max_connections: 10                           # concurrent HTTP connections
+      max_requests_in_flight: 2                     # HTTP requests at once; the rest wait
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ class RegistrySettings:
     negative_ttl_s: Annotated[float, Field(ge=0)] = 5.0
     subject_ttl_s: Annotated[float, Field(ge=0)] = 1.0
     max_connections: Annotated[int, Field(gt=0)] = 10
+    max_requests_in_flight: Annotated[int, Field(gt=0)] = 2
 
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> RegistrySettings:
