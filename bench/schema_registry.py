@@ -209,8 +209,29 @@ def registry(url: str | None) -> Iterator[str]:
         yield started.url
 
 
-PHASES = ("no burst", "100 records, cached id", "100 records, 100 new ids")
-"""The burst phases, run in this order in every round."""
+PHASES = ("no burst", "100 records, cached id", "100 records, 100 new ids",
+          "100 records, cached id; 100 new ids asked by another process")
+"""The burst phases, run in this order in every round. The last one is the control for
+the machine: the burst's records carry a cached id, and the registry requests the proxy
+would make for 100 new ids (schema, then subjects, two at a time) are made at the same
+moment by another process, so the registry's and an HTTP client's CPU land on the
+machine without the proxy's loop doing any of it."""
+
+ASKER = """
+import sys, threading, urllib.request
+url, ids = sys.argv[1], [int(i) for i in sys.argv[2:]]
+print("ready", flush=True)
+sys.stdin.readline()
+def ask(share):
+    for i in share:
+        for path in (f"/schemas/ids/{i}", f"/schemas/ids/{i}/versions"):
+            urllib.request.urlopen(url + path, timeout=10).read()
+threads = [threading.Thread(target=ask, args=(ids[k::2],)) for k in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print("done", flush=True)
+"""
+"""The other process of the last phase: waits for a line, then asks the registry."""
 
 
 def burst(url: str, steady_records: int, rounds: int,
@@ -264,18 +285,34 @@ def burst(url: str, steady_records: int, rounds: int,
         for round_ in range(rounds):
             for phase in PHASES:
                 ids: list[int] = []
-                if phase == PHASES[1]:
+                new: list[int] = []
+                if phase != PHASES[0]:
                     ids = [cached_id] * 100
-                elif phase == PHASES[2]:
+                if phase in PHASES[2:]:
                     for i in range(100):  # 100 schemas the proxy has never seen
                         # Another doc: a new id for a schema the same records decode with
                         # (and that the registry's BACKWARD rule accepts).
-                        schema = dict(AVRO, doc=f"burst {run}, round {round_}, schema {i}")
-                        ids.append(client.register_schema(f"{burst_topic}-value",
+                        schema = dict(AVRO, doc=f"burst {run}, round {round_}, {phase}, {i}")
+                        new.append(client.register_schema(f"{burst_topic}-value",
                                                           Schema(json.dumps(schema), "AVRO")))
-                results[phase].append(steady_phase(
-                    Producer, bootstrap, steady_topic, steady_value, steady_records,
-                    burst_topic, ids))
+                asker = None
+                if phase == PHASES[2]:
+                    ids = new
+                elif phase == PHASES[3]:
+                    asker = subprocess.Popen([sys.executable, "-c", ASKER, url, *map(str, new)],
+                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                             text=True)
+                    assert asker.stdout is not None
+                    if asker.stdout.readline().strip() != "ready":  # started before the phase
+                        raise RuntimeError("the other process did not start")
+                try:
+                    results[phase].append(steady_phase(
+                        Producer, bootstrap, steady_topic, steady_value, steady_records,
+                        burst_topic, ids, asker))
+                finally:
+                    if asker is not None:
+                        asker.kill()
+                        asker.wait()
         return results
     except BaseException:
         print("".join(output[-30:]), file=sys.stderr)
@@ -287,9 +324,11 @@ def burst(url: str, steady_records: int, rounds: int,
 
 
 def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, count: int,
-                 burst_topic: str, ids: list[int]) -> dict[str, float]:
+                 burst_topic: str, ids: list[int],
+                 asker: subprocess.Popen[str] | None = None) -> dict[str, float]:
     """One phase: ``count`` records one at a time on one connection, the burst of ``ids``
-    on another a quarter in. The steady latencies, and how long the burst took."""
+    on another a quarter in (and ``asker`` told to start then). The steady latencies, and
+    how long the burst took."""
     steady = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1})
     burster = producer_cls({"bootstrap.servers": bootstrap, "linger.ms": 0, "acks": 1,
                             "max.in.flight": 100})
@@ -311,6 +350,9 @@ def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, co
     for i in range(count):
         if ids and i == count // 4:  # the burst lands a quarter into the phase
             burst_start = time.perf_counter()
+            if asker is not None and asker.stdin is not None:
+                asker.stdin.write("go\n")
+                asker.stdin.flush()
             for n, schema_id in enumerate(ids):
                 burster.produce(burst_topic, b"\x00" + schema_id.to_bytes(4, "big") + payload,
                                 partition=0, on_delivery=burst_delivered)
@@ -323,6 +365,9 @@ def steady_phase(producer_cls: Any, bootstrap: str, topic: str, value: bytes, co
         latencies.append((time.perf_counter() - t0) * 1000)
         burster.poll(0)
     burster.flush(30)
+    if asker is not None and asker.stdout is not None and \
+            asker.stdout.readline().strip() != "done":
+        raise RuntimeError("the other process did not finish asking the registry")
     if failed:
         raise RuntimeError(f"{len(failed)} records were refused, first: {failed[0]}")
     latencies.sort()
@@ -357,7 +402,9 @@ def render(rows: list[tuple[str, int, float]],
         rounds = len(next(iter(burst_rows.values())))
         lines += ["", "Cache-miss burst: one producer sends a record at a time with a cached id; "
                   "a quarter into each phase another connection sends 100 records to another "
-                  "topic (with a cached id, then with 100 ids the proxy has not seen). The "
+                  "topic (with a cached id, then with 100 ids the proxy has not seen; in the "
+                  "last phase with a cached id while another process asks the registry what "
+                  "the proxy would ask for 100 new ids: the machine's share of a burst). The "
                   f"steady producer's produce-to-acknowledgement latency, median of {rounds} "
                   "rounds (range); burst: from its first record sent to its last acknowledged:",
                   "", "| phase | records | p50 ms | p99 ms | max ms | burst ms |",
