@@ -2,9 +2,9 @@
 #
 # kiproxy's container image.
 #
-#   docker build -t kiproxy:0.3.0 .
+#   docker build -t kiproxy:0.4.0 .
 #   docker run --rm -p 9192-9195:9192-9195 -p 9404:9404 -v "$PWD/plugins:/plugins:ro" \
-#       kiproxy:0.3.0 --upstream kafka-1:9092 --advertised-host localhost \
+#       kiproxy:0.4.0 --upstream kafka-1:9092 --advertised-host localhost \
 #       --interceptor mask_card_numbers:MaskCardNumbers
 #
 # Two stages: the builder has gcc and turns the project (with its Cython

@@ -414,6 +414,19 @@ def render(rows: list[tuple[str, int, float]],
                 f"| {phase} | {runs[0]['n']:.0f} | {_spread([r['p50'] for r in runs])} | "
                 f"{_spread([r['p99'] for r in runs])} | {_spread([r['max'] for r in runs])} | "
                 f"{_spread([r['burst'] for r in runs]) if runs[0]['burst'] else '-'} |")
+    added = {(case, size): us - base[size] for case, size, us in rows}
+    lines += ["", "Against the issue's targets: the id check adds "
+              f"{max(added[('id', 100)], added[('id', 1024)]):.2f} us a record (target 0.3); "
+              f"the Avro payload check {max(added[('avro', 100)], added[('avro', 1024)]):.2f} "
+              "us (target 3); its CPU per GB in the proxy is in the next section "
+              "(bench/schema_registry_cpu.py)."]
+    if burst_rows:
+        p99 = {phase: sorted(r["p99"] for r in runs)[len(runs) // 2]
+               for phase, runs in burst_rows.items()}
+        lines.append(f"A burst of 100 new ids raises the other connection's p99 from "
+                     f"{p99[PHASES[0]]:.2f} to {p99[PHASES[2]]:.2f} ms; the same registry "
+                     f"requests made by another process raise it to {p99[PHASES[3]]:.2f} ms, "
+                     "the machine's share (the registry's JVM answering on the same cores).")
     return "\n".join(lines) + "\n"
 
 

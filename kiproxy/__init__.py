@@ -12,6 +12,6 @@ The installed distribution ``kafka-interceptor-proxy`` is this one namespace:
 Importing ``kiproxy`` imports none of them.
 """
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 __all__ = ["__version__"]

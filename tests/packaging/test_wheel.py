@@ -77,7 +77,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, 
 def test_the_wheel_adds_only_kiproxy_to_site_packages(
         installed: tuple[Path, Path, set[str]]) -> None:
     _, _, added = installed
-    assert added == {"kiproxy", "kafka_interceptor_proxy-0.3.0.dist-info"}
+    assert added == {"kiproxy", "kafka_interceptor_proxy-0.4.0.dist-info"}
 
 
 def test_the_installed_package_is_not_the_source_tree_and_has_the_codec(
@@ -127,7 +127,7 @@ def test_kiproxy_version_from_the_installed_script(
         installed: tuple[Path, Path, set[str]]) -> None:
     python, work, _ = installed
     out = _run(python.parent / "kiproxy", "--version", cwd=work)
-    assert out.strip() == "kiproxy 0.3.0"
+    assert out.strip() == "kiproxy 0.4.0"
 
 
 def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(

@@ -11,6 +11,7 @@ Inside ``proxy`` the sub-packages keep the order :data:`PROXY_LAYERS` declares
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,6 +44,8 @@ def _module_name(path: Path) -> str:
 
 def _modules() -> dict[str, Path]:
     found = {_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")}
+    # The Cython extensions are modules too (an import of one is not of its package).
+    found.update({_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.pyx")})
     found.update({f"kiproxy.{p.stem}": p for p in (ROOT / "kiproxy").glob("*.py")
                   if p.stem != "__init__"})
     found.update({_module_name(p): p for pkg in REAL_PACKAGES
@@ -54,7 +57,11 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
     """Every project module ``name`` imports, wherever the import statement stands."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".pyx":  # its Python import statements (not cimport), read as Python
+        text = "\n".join(m[0] for m in re.findall(
+            r"^((from\s+\S+\s+import\s+(\([^)]*\)|[^\n]*))|import\s+[^\n]*)$", text, re.M))
+    for node in ast.walk(ast.parse(text)):
         targets: list[str] = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
@@ -77,6 +84,7 @@ def _graph() -> dict[str, set[str]]:
     modules = _modules()
     known = set(modules)
     return {name: _imports(name, path, known) for name, path in modules.items()}
+
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
