@@ -31,14 +31,16 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from kiproxy.interceptors.api import Record, RecordBatch
 from kiproxy.interceptors.builtin.schema_registry.avro import compile_avro, plain
 from kiproxy.interceptors.builtin.schema_registry.formats import (
     CompiledSchema,
+    GlobalIdLookup,
     PayloadError,
     SchemaCompileError,
+    SchemaLookup,
     SchemaSource,
 )
 from kiproxy.interceptors.builtin.schema_registry.json_payload import compile_json, parse_json
@@ -52,7 +54,7 @@ from kiproxy.interceptors.builtin.schema_registry.wire import (
 )
 from kiproxy.interceptors.errors import ErrorCode, error_code
 
-__all__ = ["CHECKS", "ContractCheck", "GlobalIdLookup", "Refusal", "SchemaLookup",
+__all__ = ["CHECKS", "ContractCheck", "Refusal",
            "compile_schema"]
 
 log = logging.getLogger("kiproxy.schema_registry")
@@ -80,25 +82,6 @@ def compile_schema(schema: SchemaSource) -> CompiledSchema:
         raise SchemaCompileError(f"schema id {schema.schema_id} has type {kind!r}, "
                                  "which is none of AVRO, PROTOBUF, JSON")
     return compiler(schema)
-
-
-class SchemaLookup(Protocol):
-    """What the check asks of the registry client."""
-
-    async def schema_by_id(self, schema_id: int) -> Any:
-        """The registered schema (a :class:`~.formats.SchemaSource`)."""
-    async def subjects_of(self, schema_id: int, *,
-                          fresh: bool = False) -> tuple[tuple[str, int], ...]:
-        """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""
-    async def latest_id(self, subject: str) -> int:
-        """The id of the subject's latest version."""
-
-
-class GlobalIdLookup(Protocol):
-    """What the check asks of Apicurio's native API (a :class:`~.apicurio_ids.GlobalIds`)."""
-
-    async def registry_id(self, global_id: int) -> int:
-        """The Confluent-compatible API's id of the version an Apicurio globalId names."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -384,28 +367,17 @@ class ContractCheck:
             state.counts["unframed"] += 1
             return _SKIP
         if side.header is not None and side.header.id == "global_id":
-            mapped = self._global.get(schema_id) or state.looked_global.get(schema_id)
-            if isinstance(mapped, _Unavailable):
-                state.unavailable.append(f"Apicurio global id {schema_id}: {mapped}")
-                return _SKIP
-            if isinstance(mapped, _Missing):
-                problems.append(f"{what}{mapped.text} (header {side.header.name})")
-                state.counts[mapped.check] += 1
-                return _SKIP
-            if mapped is None:  # translated a moment ago, then evicted by another batch
-                state.pending.append(self._relook_global(schema_id, state.looked_global))
+            mapped = _settled(self._global.get(schema_id) or state.looked_global.get(schema_id),
+                              f"Apicurio global id {schema_id}",
+                              f" (header {side.header.name})", what, state, problems,
+                              lambda: self._relook_global(schema_id, state.looked_global))
+            if mapped is None:
                 return _SKIP
             schema_id = mapped
-        compiled = self._compiled.get(schema_id) or state.looked.get(schema_id)
-        if isinstance(compiled, _Unavailable):
-            state.unavailable.append(f"schema id {schema_id}: {compiled}")
-            return _SKIP
-        if isinstance(compiled, _Missing):
-            problems.append(f"{what}{compiled.text}")
-            state.counts[compiled.check] += 1
-            return _SKIP
-        if compiled is None:  # cached a moment ago, then evicted by another batch
-            state.pending.append(self._relook(schema_id, state.looked))
+        compiled = _settled(self._compiled.get(schema_id) or state.looked.get(schema_id),
+                            f"schema id {schema_id}", "", what, state, problems,
+                            lambda: self._relook(schema_id, state.looked))
+        if compiled is None:
             return _SKIP
         indexes: tuple[int, ...] = ()
         try:
@@ -578,6 +550,23 @@ class ContractCheck:
         self._latest[subject] = (latest, time.monotonic() + self.settings.lookup_ttl_s)
         if len(self._latest) > self.settings.compiled_cache_size:
             self._latest.pop(next(iter(self._latest)))
+
+
+def _settled(found: Any, label: str, where: str, what: str, state: _Pass,
+             problems: list[str], relook: Callable[[], Awaitable[None]]) -> Any:
+    """A lookup's answer when it holds one, else None, having noted why: the registry
+    down (``state.unavailable``), a refusal (``problems``), or - None, looked up a moment
+    ago and evicted since by another batch - a lookup again (``state.pending``)."""
+    if isinstance(found, _Unavailable):
+        state.unavailable.append(f"{label}: {found}")
+        return None
+    if isinstance(found, _Missing):
+        problems.append(f"{what}{found.text}{where}")
+        state.counts[found.check] += 1
+        return None
+    if found is None:
+        state.pending.append(relook())
+    return found
 
 
 class _Skip:

@@ -16,7 +16,9 @@ answers, for one payload:
 
 The shapes this module reads (:class:`SchemaSource`, :class:`ReferenceSource`)
 are protocols that the registry client's ``RegisteredSchema`` and
-``SchemaReference`` satisfy; nothing here does I/O.
+``SchemaReference`` satisfy, and what the contract check asks of the registry
+(:class:`SchemaLookup`, :class:`GlobalIdLookup`) protocols its client and
+``apicurio_ids.GlobalIds`` satisfy; nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -102,6 +104,25 @@ class CompiledSchema(Protocol):
 
     def record_name(self, indexes: tuple[int, ...]) -> str:
         """The fully qualified record name, or :class:`PayloadError` when there is none."""
+
+
+class SchemaLookup(Protocol):
+    """What the check asks of the registry client."""
+
+    async def schema_by_id(self, schema_id: int) -> Any:
+        """The registered schema (a :class:`~.formats.SchemaSource`)."""
+    async def subjects_of(self, schema_id: int, *,
+                          fresh: bool = False) -> tuple[tuple[str, int], ...]:
+        """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""
+    async def latest_id(self, subject: str) -> int:
+        """The id of the subject's latest version."""
+
+
+class GlobalIdLookup(Protocol):
+    """What the check asks of Apicurio's native API (a :class:`~.apicurio_ids.GlobalIds`)."""
+
+    async def registry_id(self, global_id: int) -> int:
+        """The Confluent-compatible API's id of the version an Apicurio globalId names."""
 
 
 def check_each(schema: CompiledSchema, records: tuple[Record, ...], begin: int,
