@@ -9,8 +9,9 @@ class AvroCheckError(ValueError):
     problem: str
     path: tuple[str, ...]
     expected: str | None
+    left_over: int
     def __init__(self, problem: str, path: tuple[str, ...] = (),
-                 expected: str | None = None) -> None: ...
+                 expected: str | None = None, left_over: int = 0) -> None: ...
 
 class Node:
     """One schema node: kind, size, children and, for a record, its field names."""

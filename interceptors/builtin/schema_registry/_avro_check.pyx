@@ -71,12 +71,14 @@ KINDS = {"null": K_NULL, "boolean": K_BOOLEAN, "int": K_INT, "long": K_LONG,
 class AvroCheckError(ValueError):
     """A payload that is not one datum of the schema: ``path`` (field names) and ``problem``."""
 
-    def __init__(self, problem, path=(), expected=None):
+    def __init__(self, problem, path=(), expected=None, left_over=0):
         super().__init__(problem)
         self.problem = problem
         self.path = tuple(path)
         self.expected = expected
         """The type of the innermost field on ``path`` (None without a path)."""
+        self.left_over = left_over
+        """Bytes after a whole datum (0 when the datum itself failed)."""
 
 
 cdef class Node:
@@ -171,14 +173,13 @@ cdef class Checker:
                 failed = self._walk(self.root, &cur)
             finally:
                 PyBuffer_Release(&view)
-        if not failed and cur.pos != cur.end:
-            if cur.pos > cur.end:  # start was past the end
-                self._problem = "the payload ends too early"
-            else:
-                self._problem = (f"{cur.end - cur.pos} byte(s) left over after the datum: "
-                                 "the payload was written with another schema")
-            self._path = []
+        if not failed and cur.pos > cur.end:  # start was past the end
+            self._fail("the payload ends too early")
             failed = 1
+        if not failed and cur.pos < cur.end:
+            raise AvroCheckError(f"{cur.end - cur.pos} byte(s) left over after the datum: "
+                                 "the payload was written with another schema",
+                                 left_over=cur.end - cur.pos)
         if failed:
             path = self._path or []
             path.reverse()

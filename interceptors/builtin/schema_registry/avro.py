@@ -111,8 +111,9 @@ class AvroSchema:
         return f"{self._name or _type_name(self._parsed)} (schema id {self.schema_id})"
 
     def _explain(self, exc: AvroCheckError) -> str:
-        if "left over" in exc.problem:
-            return f"{exc.problem.replace('the datum', 'reading ' + self._what())}"
+        if exc.left_over:
+            return (f"{exc.left_over} byte(s) left over after reading {self._what()}: the "
+                    "payload was written with another schema")
         if not exc.path:
             return f"does not decode as {self._what()}: {exc.problem}"
         path = ""
