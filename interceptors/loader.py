@@ -12,6 +12,7 @@ message says what was looked for, where, and what went wrong.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import importlib
 import importlib.util
 import inspect
@@ -24,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from kiproxy.interceptors.api import PluginFactory, ProduceRequestInterceptor
+from kiproxy.interceptors.extras import ENTRY_POINT_GROUP, interceptor_feature, missing_extras
 from kiproxy.interceptors.observer import Observer
 
 __all__ = [
@@ -34,9 +36,6 @@ __all__ = [
     "load_observer",
     "resolve_class",
 ]
-
-ENTRY_POINT_GROUP = "kiproxy.interceptors"
-
 
 class PluginLoadError(Exception):
     """The interceptor could not be found, imported, created or configured."""
@@ -82,7 +81,31 @@ def _from_entry_points(spec: str) -> Any | None:
     return None
 
 
-def _import_failed(what: str, exc: BaseException) -> PluginLoadError:
+def _did_you_mean(name: str, candidates: list[str], form: str = " (did you mean {!r}?)") -> str:
+    """``form`` filled with the candidate closest to a misspelt ``name`` (difflib), or
+    nothing when none is close."""
+    close = difflib.get_close_matches(name, candidates, n=1)
+    return form.format(close[0]) if close else ""
+
+
+def _builtin_names() -> list[str]:
+    return sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+
+
+def _plugin_modules(plugins_dir: Path) -> list[str]:
+    """The modules a plugins dir offers: its ``.py`` files and packages."""
+    with contextlib.suppress(OSError):
+        return sorted({p.stem for p in plugins_dir.glob("*.py")}
+                      | {p.parent.name for p in plugins_dir.glob("*/__init__.py")})
+    return []
+
+
+def _import_failed(what: str, exc: BaseException, spec: str | None = None) -> PluginLoadError:
+    feature = interceptor_feature(spec) if spec is not None else None
+    if feature is not None:  # a built-in whose extra is missing: say what to install
+        missing = missing_extras([(f"the {feature} interceptor", feature)])
+        if missing:
+            return PluginLoadError(missing[0])
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith("<frozen ")]
@@ -112,11 +135,13 @@ def resolve_class(
         try:
             obj = _from_entry_points(spec)
         except Exception as exc:
-            raise _import_failed(f"for entry point {spec!r}", exc) from exc
+            raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
+            names = _builtin_names()
             raise PluginLoadError(
-                f"interceptor {spec!r} is not MODULE:CLASS and no entry point of that name "
-                f"exists in group {ENTRY_POINT_GROUP!r}"
+                f"interceptor {spec!r} is not MODULE:CLASS nor a known name"
+                f"{_did_you_mean(spec, names)}; known names (the built-ins and the entry "
+                f"points of group {ENTRY_POINT_GROUP!r}): {', '.join(names)}"
             )
         return _check_class(spec, obj)
     module_name, _, class_name = spec.partition(":")
@@ -139,18 +164,20 @@ def resolve_class(
             if missing == module_name or module_name.startswith(missing + "."):
                 module = None  # the module (or its package) does not exist
             else:
-                raise _import_failed(repr(module_name), exc) from exc
+                raise _import_failed(repr(module_name), exc, spec) from exc
         except Exception as exc:
-            raise _import_failed(repr(module_name), exc) from exc
+            raise _import_failed(repr(module_name), exc, spec) from exc
     if module is None:
         places.append(f"entry points ({ENTRY_POINT_GROUP})")
         try:
             obj = _from_entry_points(spec)
         except Exception as exc:
-            raise _import_failed(f"for entry point {spec!r}", exc) from exc
+            raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
+            nearby = _plugin_modules(Path(plugins_dir)) if plugins_dir is not None else []
             raise PluginLoadError(
                 f"interceptor module {module_name!r} not found (looked in: {', '.join(places)})"
+                + _did_you_mean(module_name, nearby, "; did you mean {!r}?")
             )
         return _check_class(spec, obj)
     obj = getattr(module, class_name, None)
@@ -159,7 +186,8 @@ def resolve_class(
                          if inspect.isclass(v) and v.__module__ == module.__name__)
         raise PluginLoadError(
             f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no class "
-            f"{class_name!r}; it defines: {', '.join(defined) or 'no classes'}"
+            f"{class_name!r}{_did_you_mean(class_name, defined)}; it defines: "
+            f"{', '.join(defined) or 'no classes'}"
         )
     return _check_class(spec, obj)
 

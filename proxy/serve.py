@@ -65,12 +65,14 @@ async def serve(config: ProxyConfig, on_ready: Any = None, *,
 def run_loop(coro: Any) -> None:
     """Run ``coro`` to its end on uvloop (asyncio without it), the allocator tuned."""
     keep_freed_memory()
+    # Only the import is guarded: an ImportError the coroutine raises (a plugin's missing
+    # package) is its own failure, and the coroutine cannot run a second time anyway.
     try:
         import uvloop
-
-        uvloop.run(coro)
     except ImportError:
         asyncio.run(coro)
+    else:
+        uvloop.run(coro)
 
 
 def serve_until_stopped(config: ProxyConfig, config_file: str | None,

@@ -15,7 +15,7 @@ from typing import Literal, Protocol
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = ["ClientTlsSettings", "DeadLetterSinkSettings", "SaslClientSettings", "TlsFiles",
-           "parse_host_port"]
+           "bootstrap_servers", "parse_host_port"]
 
 
 def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
@@ -24,6 +24,25 @@ def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"{what} {value!r} is not HOST:PORT".lstrip())
     return host.strip("[]"), int(port)
+
+
+def bootstrap_servers(value: object) -> object:
+    """A bootstrap list as Kafka's ``bootstrap.servers`` writes it (``HOST:PORT,HOST:PORT``),
+    a list of such strings, or both, as one list of ``HOST:PORT``; raises ``ValueError``
+    naming a server that is not ``HOST:PORT``. Other values are returned for the field's
+    type to refuse."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list | tuple):
+        return value
+    servers = []
+    for item in items:
+        for server in str(item).split(","):
+            server = server.strip()
+            if not server:
+                raise ValueError(f"{item!r} has an empty entry; write HOST:PORT,HOST:PORT")
+            parse_host_port(server, "")
+            servers.append(server)
+    return servers
 
 
 class _Strict(BaseModel):
@@ -105,8 +124,8 @@ class DeadLetterSinkSettings(_Strict):
     """
 
     bootstrap: tuple[str, ...] = ()
-    """``HOST:PORT`` bootstrap servers of the cluster holding the dead-letter topics
-    (default: ``upstream``)."""
+    """``HOST:PORT`` bootstrap servers of the cluster holding the dead-letter topics, a list
+    or comma-separated as ``bootstrap.servers`` (default: ``upstream``)."""
     tls: ClientTlsSettings | None = None
     """TLS to that cluster (default: ``upstream_tls`` when ``bootstrap`` is unset, else off)."""
     sasl: SaslClientSettings | None = None
@@ -135,12 +154,8 @@ class DeadLetterSinkSettings(_Strict):
     @field_validator("bootstrap", mode="before")
     @classmethod
     def _servers(cls, value: object) -> object:
-        items = [value] if isinstance(value, str) else value
-        if isinstance(items, list | tuple):
-            for item in items:
-                parse_host_port(str(item), "")
-            return tuple(str(item) for item in items)
-        return value
+        servers = bootstrap_servers(value)
+        return tuple(servers) if isinstance(servers, list) else servers
 
     def connection(self, upstream: Sequence[str], upstream_tls: TlsFiles
                    ) -> tuple[tuple[str, ...], TlsFiles | None]:

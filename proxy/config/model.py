@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from kiproxy.interceptors.extras import interceptor_feature, missing_extras
 from kiproxy.interceptors.flags import (
     DEFAULT_TIMEOUT_MS,
     INTERCEPTOR,
@@ -40,7 +41,11 @@ from kiproxy.protocol.compression import (
     DecompressionLimits,
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
-from kiproxy.proxy.config.clients import DeadLetterSinkSettings, parse_host_port
+from kiproxy.proxy.config.clients import (
+    DeadLetterSinkSettings,
+    bootstrap_servers,
+    parse_host_port,
+)
 from kiproxy.proxy.config.errors import describe
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
@@ -48,6 +53,7 @@ from kiproxy.proxy.config.routes import (
     Mode,
     RouteSettings,
     plugin_spec,
+    route_features,
     route_warnings,
 )
 
@@ -315,9 +321,10 @@ class ProxyConfig(_Strict):
     """``HOST:PORT`` of the bootstrap listener."""
     advertised_host: Annotated[str | None, Flag(metavar="HOST")] = None
     """Host named in rewritten metadata; defaults to the listen host."""
-    upstream: Annotated[list[str], Flag(metavar="HOST:PORT", repeat=True, commands=_RUN_ONLY)
-                        ] = Field(default_factory=list)
-    """Bootstrap servers of the real cluster, ``HOST:PORT`` each."""
+    upstream: Annotated[list[str], Flag(metavar="HOST:PORT[,HOST:PORT...]", repeat=True,
+                                        commands=_RUN_ONLY)] = Field(default_factory=list)
+    """Bootstrap servers of the real cluster, ``HOST:PORT`` each: a list, or comma-separated
+    as Kafka's ``bootstrap.servers`` (the flag may also be repeated)."""
     broker_port_start: Annotated[int | None,
                 Flag(metavar="PORT")] = Field(default=None, ge=0, le=65535)
     """Node N is served on ``broker_port_start + N``; defaults to the listen port + 1."""
@@ -427,12 +434,10 @@ class ProxyConfig(_Strict):
             raise ValueError(f"{value!r} is not text or json")
         return value.lower()
 
-    @field_validator("upstream")
+    @field_validator("upstream", mode="before")
     @classmethod
-    def _upstream(cls, value: list[str]) -> list[str]:
-        for item in value:
-            parse_host_port(item, "")
-        return value
+    def _upstream(cls, value: object) -> object:
+        return bootstrap_servers(value)
 
     @field_validator("log_level")
     @classmethod
@@ -466,6 +471,16 @@ class ProxyConfig(_Strict):
             raise ValueError(f"default.name: {self.default.name!r} is already the name of "
                              f"routes[{names[self.default.name]}]")
         return self
+
+    def features(self) -> list[tuple[str, str]]:
+        """``(key, feature)`` of the optional features this configuration uses, each of
+        which may need an extra (:mod:`kiproxy.interceptors.extras`)."""
+        uses = [("audit.topic", "audit.topic")] if self.audit.topic is not None else []
+        spec = self.interceptor.class_name
+        feature = None if spec is None else interceptor_feature(spec)
+        if feature is not None:
+            uses.append((f"interceptor.class ({spec})", feature))
+        return uses + route_features(self.routes, self.default)
 
     def route_warnings(self) -> list[str]:
         """Routes that can never match, one line each (log them as warnings at start)."""
@@ -508,7 +523,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
 
     ``overrides`` uses the config's keys; nested keys are written ``interceptor.class``.
     Raises :class:`ConfigError` with one line per problem, each naming the key path,
-    what is wrong and, for an unknown key, the closest valid one.
+    what is wrong and, for an unknown key, the closest valid one - or naming each extra
+    that a feature in use needs and that is not installed, with what to install.
     """
     data: dict[str, Any] = {}
     if path is not None:
@@ -538,7 +554,11 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
                                   f"{target!r}", path)
         target[leaf] = value
     try:
-        return ProxyConfig.model_validate(data)
+        config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
         flags = frozenset(k for k, v in overrides.items() if v is not None) if path else frozenset()
         raise ConfigError("\n".join(describe(exc, ProxyConfig, flags)), path) from None
+    missing = missing_extras(config.features())
+    if missing:
+        raise ConfigError("\n".join(missing), path)
+    return config

@@ -48,6 +48,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kiproxy.interceptors.extras import interceptor_feature
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS
 from kiproxy.proxy.config.networks import network
 
@@ -59,6 +60,7 @@ __all__ = [
     "Mode",
     "RouteSettings",
     "plugin_spec",
+    "route_features",
     "route_warnings",
 ]
 
@@ -249,3 +251,22 @@ def route_warnings(routes: Iterable[RouteSettings], default: DefaultRouteSetting
         warnings.append(f"default ({default.name}) is never used: {catch_all} matches "
                         "every batch")
     return warnings
+
+
+def route_features(routes: Iterable[RouteSettings],
+                   default: DefaultRouteSettings | None = None) -> list[tuple[str, str]]:
+    """``(key, feature)`` of the optional features the routes use: a ``dead_letter``, a
+    built-in interceptor that needs an extra (see :mod:`kiproxy.interceptors.extras`)."""
+    keyed: list[tuple[str, _RolloutSettings, tuple[ChainLinkSettings, ...]]] = [
+        (f"routes[{i}]", route, route.interceptors) for i, route in enumerate(routes)]
+    if default is not None:
+        keyed.append(("default", default, default.interceptors))
+    uses: list[tuple[str, str]] = []
+    for key, route, links in keyed:
+        if route.dead_letter is not None:
+            uses.append((f"{key}.dead_letter", "dead_letter"))
+        for j, link in enumerate(links):
+            feature = interceptor_feature(link.class_name)
+            if feature is not None:
+                uses.append((f"{key}.interceptors[{j}] ({link.class_name})", feature))
+    return uses
