@@ -48,7 +48,9 @@ from kiproxy.interceptors.flags import (
     INTERCEPTOR_CONFIG,
     INTERCEPTOR_TIMEOUT,
     PLUGINS_DIR,
+    FlagError,
     add_flag,
+    json_object,
 )
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
@@ -189,6 +191,15 @@ def _record_line(record: Record) -> str:
                        "timestamp": record.timestamp}, ensure_ascii=False)
 
 
+def _record_error(index: int, message: str | None) -> str:
+    """``record N: MESSAGE``, once: a plugin may have written the prefix itself (as the
+    schema_registry interceptor does, for the producer's log)."""
+    prefix = f"record {index}"
+    if message is None:
+        return prefix
+    return message if message.startswith(prefix + ":") else f"{prefix}: {message}"
+
+
 def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> None:
     where = (f"batch {number}: {batch.topic}[{batch.partition}], {len(batch)} "
              + ("record" if len(batch) == 1 else "records"))
@@ -199,7 +210,7 @@ def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> N
         print(f"{where}: rejected with {outcome.error} ({outcome.code}): {outcome.message}",
               file=out)
         for index, message in outcome.record_errors:
-            print(f"  record {index}: {message}", file=out)
+            print(f"  {_record_error(index, message)}", file=out)
         return
     if outcome.kind == "unchanged":
         print(f"{where}: forwarded unchanged", file=out)  # observed: the same words
@@ -216,14 +227,12 @@ def _batches(n: int) -> str:
 
 
 def _plugin(args: argparse.Namespace) -> Plugin:
-    config: Any = {}
+    config: dict[str, Any] = {}
     if args.config:
-        try:
-            config = json.loads(args.config)
-        except ValueError as exc:
-            raise CheckFailed(f"--config is not valid JSON: {exc}") from None
-        if not isinstance(config, dict):
-            raise CheckFailed(f"--config must be a JSON object, not {args.config}")
+        try:  # the rule of --interceptor-config: inline JSON, or a JSON or YAML file
+            config = json_object("--config")(args.config)
+        except FlagError as exc:
+            raise CheckFailed(str(exc)) from None
     spec = args.spec
     if spec.endswith(_WASM_SUFFIXES) and ":" not in spec:
         config = {"module": spec, **config}

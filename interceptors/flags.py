@@ -31,8 +31,10 @@ import types
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import yaml
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
@@ -88,16 +90,49 @@ class Flag:
 
 
 def json_object(flag: str) -> Callable[[str], dict[str, Any]]:
-    """A ``parse`` for a JSON object given as text; errors name ``flag``."""
+    """A ``parse`` for a JSON object given inline or as a file's path; errors name ``flag``.
+
+    The rule: text that starts with ``{`` is the object itself, inline JSON;
+    anything else is the path of a file holding it, JSON (a ``.json`` file) or
+    YAML (any other). A path that does not exist says so, and a file that does
+    not parse is named with the parser's message.
+    """
     def parse(text: str) -> dict[str, Any]:
-        try:
-            value = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FlagError(f"{flag}: not valid JSON ({exc})") from None
+        if text.lstrip().startswith("{"):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise FlagError(f"{flag}: not valid JSON ({exc})") from None
+            where = "inline"
+        else:
+            value, where = _object_file(flag, text), text
         if not isinstance(value, dict):
-            raise FlagError(f"{flag}: must be a JSON object")
+            raise FlagError(f"{flag}: {where} must hold a JSON object ({{\"key\": value}}) or "
+                            f"a YAML mapping, not {type(value).__name__}")
         return value
     return parse
+
+
+def _object_file(flag: str, path: str) -> Any:
+    """What the JSON or YAML file at ``path`` holds (an empty file: an empty mapping)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FlagError(f"{flag}: no file {path} (a value that does not start with '{{' is "
+                        "the path of a JSON or YAML file)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FlagError(f"{flag}: cannot read {path}: {exc}") from None
+    if path.endswith(".json"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise FlagError(f"{flag}: {path} is not valid JSON ({exc})") from None
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise FlagError(f"{flag}: {path} is not valid YAML ({' '.join(str(exc).split())})"
+                        ) from None
+    return {} if value is None else value
 
 
 DEFAULT_TIMEOUT_MS = 5000
@@ -110,8 +145,10 @@ PLUGINS_DIR = Flag("--plugins-dir", metavar="DIR",
 INTERCEPTOR = Flag("--interceptor", metavar="MODULE:CLASS",
                    help="the interceptor every batch goes through (MODULE:CLASS, found in "
                         "--plugins-dir first, or an entry-point name such as uppercase)")
-INTERCEPTOR_CONFIG = Flag("--interceptor-config", metavar="JSON",
-                          help="JSON object passed to the interceptor's configure()",
+INTERCEPTOR_CONFIG = Flag("--interceptor-config", metavar="JSON|FILE",
+                          help="the interceptor's configure() argument: a JSON object inline "
+                               "(text starting with '{'), or the path of a JSON or YAML file "
+                               "holding it",
                           parse=json_object("--interceptor-config"))
 INTERCEPTOR_TIMEOUT = Flag("--interceptor-timeout-ms", metavar="MS", type=int,
                            help="per-batch deadline; a batch not done by then is rejected")

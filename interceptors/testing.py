@@ -30,13 +30,14 @@ import asyncio
 import atexit
 import concurrent.futures
 import dataclasses
+import inspect
 import socket
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
@@ -56,6 +57,8 @@ __all__ = [
     "run_interceptor_async",
 ]
 
+
+_T = TypeVar("_T")
 
 Bytes = bytes | bytearray | str | None
 """A key, value or header value: bytes, text (encoded as UTF-8) or None (null)."""
@@ -151,10 +154,13 @@ class Plugin:
         return run_interceptor(self, batch, ctx, timeout_ms=timeout_ms, mode=mode)
 
     def close(self) -> None:
-        """Run the interceptor's ``close()``, as the proxy does at shutdown."""
+        """Run the interceptor's ``close()`` as the proxy does at shutdown: an ``async def
+        close()`` is awaited, on the event loop the plugin ran on."""
         close = getattr(self.interceptor, "close", None)
         if close is not None:
-            close()
+            result = close()
+            if inspect.isawaitable(result):
+                _run_to_end(result)
 
     def __enter__(self) -> Plugin:
         return self
@@ -217,12 +223,19 @@ def run_interceptor(
     ``unchanged`` and :attr:`Outcome.would` holds the observed verdict's). Never
     raises for anything the plugin does.
     """
-    call = run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms, name=name,
-                                 mode=mode)
+    return _run_to_end(run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms,
+                                             name=name, mode=mode))
+
+
+def _run_to_end(awaitable: Awaitable[_T]) -> _T:
+    """Await ``awaitable`` on this thread's plugin loop (:func:`_thread_loop`)."""
+    async def wait() -> _T:
+        return await awaitable
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return _thread_loop().run_until_complete(call)
+        return _thread_loop().run_until_complete(wait())
     # Called from a coroutine: that loop is busy here, so a thread of our own runs the plugin.
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: _thread_loop().run_until_complete(call)).result()
+        return pool.submit(lambda: _thread_loop().run_until_complete(wait())).result()

@@ -158,7 +158,8 @@ class InterceptorSettings(_Strict):
     class_name: Annotated[str | None, INTERCEPTOR] = Field(default=None, alias="class")
     """``MODULE:CLASS`` (plugins dir, then installed modules) or an entry-point name."""
     config: Annotated[dict[str, Any], INTERCEPTOR_CONFIG] = Field(default_factory=dict)
-    """Passed to the interceptor's ``configure()``."""
+    """Passed to the interceptor's ``configure()``. The flag takes a JSON object inline
+    (text starting with ``{``) or the path of a JSON or YAML file holding it, read at start."""
     properties: Annotated[str | None,
                           Flag("--interceptor-properties", metavar="FILE")] = None
     """A broker-style ``.properties`` file, passed to ``configure()`` as the config key

@@ -142,9 +142,12 @@ def test_a_plugin_that_fails_on_a_batch(capsys: pytest.CaptureFixture[str],
 @pytest.mark.parametrize(("argv", "reason"), [
     (["nowhere:Plugin"], "interceptor module 'nowhere' not found (looked in: sys.path, entry "
                          "points (kiproxy.interceptors))"),
-    (["uppercase", "--config", "[1]"], "--config must be a JSON object, not [1]"),
-    (["uppercase", "--config", "{"], "--config is not valid JSON: Expecting property name "
-                                     "enclosed in double quotes: line 1 column 2 (char 1)"),
+    (["uppercase", "--config", "[1]"], "--config: no file [1] (a value that does not start "
+                                       "with '{' is the path of a JSON or YAML file)"),
+    (["uppercase", "--config", "{"], "--config: not valid JSON (Expecting property name "
+                                     "enclosed in double quotes: line 1 column 2 (char 1))"),
+    (["uppercase", "--config", '{"a": [1]'], "--config: not valid JSON (Expecting ',' "
+                                             "delimiter: line 1 column 10 (char 9))"),
     (["uppercase", "--sample", "/nonexistent/s.jsonl"],
      "cannot read sample file /nonexistent/s.jsonl: [Errno 2] No such file or directory: "
      "'/nonexistent/s.jsonl'"),
