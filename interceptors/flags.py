@@ -31,7 +31,6 @@ import types
 import typing
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
@@ -116,19 +115,17 @@ def json_object(flag: str) -> Callable[[str], dict[str, Any]]:
 def _object_file(flag: str, path: str) -> Any:
     """What the JSON or YAML file at ``path`` holds (an empty file: an empty mapping)."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8") as stream:  # YAML's errors then name the file
+            if path.endswith(".json"):
+                return json.load(stream)
+            value = yaml.safe_load(stream)
     except FileNotFoundError:
         raise FlagError(f"{flag}: no file {path} (a value that does not start with '{{' is "
                         "the path of a JSON or YAML file)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FlagError(f"{flag}: cannot read {path}: {exc}") from None
-    if path.endswith(".json"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FlagError(f"{flag}: {path} is not valid JSON ({exc})") from None
-    try:
-        value = yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise FlagError(f"{flag}: {path} is not valid JSON ({exc})") from None
     except yaml.YAMLError as exc:
         raise FlagError(f"{flag}: {path} is not valid YAML ({' '.join(str(exc).split())})"
                         ) from None

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from kiproxy.pipelines.session import check_java, check_pyspark
 
-        check_pyspark()
+        check_pyspark(f"kiproxy {command}")
         check_java()
         return _replay(args) if command == "replay" else _report(args)
     except JavaMissing as exc:

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from kiproxy.interceptors.extras import missing_extras
 from kiproxy.pipelines.errors import JavaMissing, PipelineError
 
 __all__ = [
@@ -96,19 +97,12 @@ def check_java(env: Mapping[str, str] | None = None) -> str:
     return text.strip().splitlines()[0]
 
 
-def check_pyspark() -> None:
-    """Fail with the install command unless pyspark (and the pipelines extra) is importable."""
-    missing = []
-    for module in ("pyspark", "pyarrow", "matplotlib", "tqdm"):
-        try:
-            __import__(module)
-        except ImportError:
-            missing.append(module)
+def check_pyspark(command: str = "kiproxy replay") -> None:
+    """Fail with the install command unless the pipelines extra (pyspark and the rest)
+    imports; ``command`` is the one being run (``kiproxy replay`` or ``kiproxy report``)."""
+    missing = missing_extras([("this command", command)])
     if missing:
-        raise PipelineError(
-            f"the pipelines need {', '.join(missing)}: "
-            "pip install 'kafka-interceptor-proxy[pipelines]'"
-        )
+        raise PipelineError(missing[0])
 
 
 def is_local(master: str | None) -> bool:

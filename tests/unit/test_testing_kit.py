@@ -9,11 +9,13 @@ spec, and the fixtures in a pytest run of their own.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from kiproxy.interceptors import (
 )
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
+    Plugin,
     load,
     make_batch,
     make_context,
@@ -107,6 +110,39 @@ def test_deadlines_of_async_and_plain_plugins_are_the_proxys() -> None:
 async def test_it_runs_from_inside_a_running_event_loop() -> None:
     assert run_interceptor(Upper(), make_batch("x")).values == [b"X"]
     assert (await run_interceptor_async(Upper(), make_batch("y"))).values == [b"Y"]
+
+
+class AsyncClose(ProduceRequestInterceptor):
+    """Closes a resource bound to the loop it ran on, as an HTTP client session is."""
+
+    def __init__(self) -> None:
+        self.loops: list[asyncio.AbstractEventLoop] = []
+        self.closed_on: asyncio.AbstractEventLoop | None = None
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        self.loops.append(asyncio.get_running_loop())
+        return batch
+
+    async def close(self) -> None:
+        await asyncio.sleep(0)
+        self.closed_on = asyncio.get_running_loop()
+
+
+def test_an_async_close_is_awaited_on_the_loop_the_plugin_ran_on() -> None:
+    interceptor = AsyncClose()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "coroutine ... was never awaited" fails the test
+        with Plugin(interceptor, "async_close:AsyncClose") as plugin:
+            plugin.run(make_batch())
+        gc.collect()
+    assert interceptor.closed_on is not None and interceptor.closed_on is interceptor.loops[0]
+
+
+async def test_an_async_close_is_awaited_from_inside_a_running_event_loop() -> None:
+    interceptor = AsyncClose()
+    Plugin(interceptor, "async_close:AsyncClose").close()
+    assert interceptor.closed_on is not None
+    assert interceptor.closed_on is not asyncio.get_running_loop()
 
 
 def test_the_context_is_the_callers_with_a_fresh_deadline() -> None:
