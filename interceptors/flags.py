@@ -142,7 +142,7 @@ PLUGINS_DIR = Flag("--plugins-dir", metavar="DIR",
 INTERCEPTOR = Flag("--interceptor", metavar="MODULE:CLASS",
                    help="the interceptor every batch goes through (MODULE:CLASS, found in "
                         "--plugins-dir first, or an entry-point name such as uppercase)")
-INTERCEPTOR_CONFIG = Flag("--interceptor-config", metavar="JSON|FILE",
+INTERCEPTOR_CONFIG = Flag("--interceptor-config", metavar="JSON/FILE",
                           help="the interceptor's configure() argument: a JSON object inline "
                                "(text starting with '{'), or the path of a JSON or YAML file "
                                "holding it",

@@ -104,7 +104,7 @@ def test_replay_and_check_share_the_plugin_flags_with_run() -> None:
         (action,) = [a for a in _command(command)._actions if "--plugins-dir" in a.option_strings]
         assert action.help == PLUGINS_DIR.help, command
     check = {a.option_strings[-1]: a for a in _command("check")._actions if a.option_strings}
-    assert check["--timeout-ms"].default == 5000 and check["--config"].metavar == "JSON|FILE"
+    assert check["--timeout-ms"].default == 5000 and check["--config"].metavar == "JSON/FILE"
     replay = {a.option_strings[-1]: a for a in _command("replay")._actions
               if a.option_strings}
     assert replay["--interceptor"].required
@@ -244,7 +244,7 @@ def test_dev_settings_defaults_and_flags() -> None:
 def test_the_plugin_config_flag_says_it_takes_inline_json_or_a_file(command: str) -> None:
     action = next(a for a in _command(command)._actions
                   if {"--interceptor-config", "--config"} & set(a.option_strings)
-                  and a.metavar == "JSON|FILE")
+                  and a.metavar == "JSON/FILE")
     assert "(text starting with '{')" in (action.help or "")
     assert "JSON or YAML file" in (action.help or "")
 

@@ -1,0 +1,137 @@
+"""What a new user meets at start: one line and an exit status, never a traceback.
+
+The ``kiproxy`` command runs as a subprocess (what is asserted is its stderr and
+exit code). A package that is not installed is made so for that process by a
+directory on ``PYTHONPATH`` whose ``aiokafka`` package raises the error a missing
+one does; :func:`~kiproxy.proxy.serve.run_loop` is tested in this process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kiproxy.proxy.serve import run_loop
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# docs/rollout.md's routes, with a built-in for the policy plugin
+ROLLOUT = """\
+upstream: [127.0.0.1:1]
+routes:
+  - name: trial
+    match: {topic: "trial|rej-observe"}
+    mode: observe
+    interceptors: [{class: uppercase}]
+  - name: guard
+    match: {topic: "payments"}
+    dead_letter: {topic: payments-dlq}
+    interceptors: [{class: uppercase}]
+"""
+
+
+def _kiproxy(*args: str, cwd: Path, pythonpath: Path | None = None
+             ) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+    return subprocess.run([sys.executable, "-m", "kiproxy", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def _without_aiokafka(tmp_path: Path) -> Path:
+    shim = tmp_path / "shim"
+    (shim / "aiokafka").mkdir(parents=True)
+    (shim / "aiokafka" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'aiokafka'\", name='aiokafka')\n")
+    return shim
+
+
+@pytest.mark.parametrize("command", ["run", "dev"])
+def test_a_config_that_needs_a_missing_extra_stops_with_one_line(tmp_path: Path,
+                                                                 command: str) -> None:
+    (tmp_path / "config.yaml").write_text(
+        ROLLOUT if command == "run" else ROLLOUT.replace("upstream: [127.0.0.1:1]\n", ""))
+    result = _kiproxy(command, "--config", "config.yaml", cwd=tmp_path,
+                      pythonpath=_without_aiokafka(tmp_path))
+    assert (result.returncode, result.stderr) == (2, (
+        "kiproxy: config error in config.yaml: routes[1].dead_letter needs the kafka-audit "
+        "extra (aiokafka is not installed): pip install '.[kafka-audit]' from a kiproxy "
+        "checkout\n"))
+    assert "bootstrap address" not in result.stdout
+
+
+def test_the_same_config_passes_the_check_where_the_extra_is_installed(tmp_path: Path) -> None:
+    # The shim is what fails above: without it, start-up gets as far as the upstream.
+    (tmp_path / "config.yaml").write_text(ROLLOUT)
+    result = _kiproxy("run", "--config", "config.yaml", "--upstream-startup-timeout-ms", "100",
+                      cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("kiproxy: upstream 127.0.0.1:1: connection refused")
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_upstream_takes_kafkas_comma_separated_bootstrap_list(tmp_path: Path) -> None:
+    first, second = _closed_port(), _closed_port()
+    result = _kiproxy("run", "--upstream", f"127.0.0.1:{first},127.0.0.1:{second}",
+                      "--upstream-startup-timeout-ms", "100", cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith(f"kiproxy: upstream 127.0.0.1:{first}: connection refused; "
+                                    f"127.0.0.1:{second}: connection refused"), result.stderr
+
+
+def test_a_misspelt_built_in_gets_a_suggestion(tmp_path: Path) -> None:
+    result = _kiproxy("check", "uppercas", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.startswith(
+        "kiproxy check: interceptor 'uppercas' is not MODULE:CLASS nor a known name (did you "
+        "mean 'uppercase'?); known names (the built-ins and the entry points of group "
+        "'kiproxy.interceptors'): chain, "), result.stderr
+
+
+def test_check_of_schema_registry_closes_it_and_prints_each_record_error_once(
+        tmp_path: Path) -> None:
+    # Level id refuses an unframed value before any lookup: no registry is asked.
+    (tmp_path / "config.yaml").write_text(
+        "registry: {url: 'http://127.0.0.1:1'}\ntopics: {check: {value: id}}\n")
+    result = _kiproxy("check", "schema_registry", "--config", "config.yaml", cwd=tmp_path)
+    assert (result.returncode, result.stderr) == (0, "")
+    lines = result.stdout.splitlines()
+    assert lines[1].startswith("  record 0: not framed with a schema id: expected magic byte 0")
+    assert lines[-1] == ("schema_registry: loaded; 2 batches: 0 unchanged, 0 transformed, "
+                         "2 rejected")
+
+
+def test_an_import_error_of_the_served_coroutine_is_raised_once() -> None:
+    runs: list[int] = []
+
+    async def start() -> None:
+        runs.append(1)
+        raise ImportError("the embedded thing needs a package")
+
+    with pytest.raises(ImportError, match="the embedded thing needs a package"):
+        run_loop(start())
+    assert runs == [1]
+
+
+def test_without_uvloop_the_coroutine_runs_on_asyncio(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "uvloop", None)
+    loops: list[str] = []
+
+    async def serve() -> None:
+        loops.append(type(asyncio.get_running_loop()).__module__)
+
+    run_loop(serve())
+    assert loops == ["asyncio.unix_events"]
