@@ -19,6 +19,7 @@ the same line).
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -139,8 +140,17 @@ def interceptor_feature(spec: str) -> str | None:
     ``kiproxy.interceptors.builtin.json_schema:JsonSchemaValidator``) when an extra
     declares it; None for any other interceptor."""
     module = spec.partition(":")[0]
-    for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if spec in (ep.name, ep.value) or (
-                ":" in spec and (module == ep.module or module.startswith(ep.module + "."))):
-            return ep.name if extra_for(ep.name) is not None else None
+    for name, value, ep_module in _declared_built_ins():
+        if spec in (name, value) or (
+                ":" in spec and (module == ep_module or module.startswith(ep_module + "."))):
+            return name
     return None
+
+
+@functools.cache
+def _declared_built_ins() -> tuple[tuple[str, str, str], ...]:
+    """``(name, value, module)`` of the entry points :data:`EXTRAS` names (read once: a
+    config walks every link, and a reload does it again)."""
+    declared = {feature for extra in EXTRAS for feature in extra.needed_by}
+    return tuple((ep.name, ep.value, ep.module) for ep in entry_points(group=ENTRY_POINT_GROUP)
+                 if ep.name in declared)

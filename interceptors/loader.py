@@ -100,12 +100,19 @@ def _plugin_modules(plugins_dir: Path) -> list[str]:
     return []
 
 
-def _import_failed(what: str, exc: BaseException, spec: str | None = None) -> PluginLoadError:
+def _missing_extra(spec: str | None) -> PluginLoadError | None:
+    """The error for a built-in whose extra is not installed (what to install), if so."""
     feature = interceptor_feature(spec) if spec is not None else None
-    if feature is not None:  # a built-in whose extra is missing: say what to install
-        missing = missing_extras([(f"the {feature} interceptor", feature)])
-        if missing:
-            return PluginLoadError(missing[0])
+    if feature is None:
+        return None
+    missing = missing_extras([(f"the {feature} interceptor", feature)])
+    return PluginLoadError(missing[0]) if missing else None
+
+
+def _import_failed(what: str, exc: BaseException, spec: str | None = None) -> PluginLoadError:
+    missing = _missing_extra(spec)
+    if missing is not None:
+        return missing
     detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if not f.filename.startswith("<frozen ")]
@@ -248,12 +255,19 @@ def _takes_plugins(configure: Callable[..., Any]) -> bool:
         inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
+def _call_failed(what: str, spec: str, exc: Exception) -> PluginLoadError:
+    # A built-in that imports its extra's package when configured (wasm, extism) says
+    # what to install, as when the import of its module fails.
+    missing = _missing_extra(spec) if isinstance(exc, ImportError) else None
+    return missing or PluginLoadError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+
 def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                  plugins: PluginFactory | None = None) -> Any:
     try:
         instance = cls()
     except Exception as exc:
-        raise PluginLoadError(f"creating {spec} failed: {type(exc).__name__}: {exc}") from exc
+        raise _call_failed(f"creating {spec}", spec, exc) from exc
     configure = getattr(instance, "configure", None)
     if configure is not None:
         try:
@@ -262,9 +276,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
             else:
                 configure(dict(config or {}))
         except Exception as exc:
-            raise PluginLoadError(
-                f"{spec}.configure() failed: {type(exc).__name__}: {exc}"
-            ) from exc
+            raise _call_failed(f"{spec}.configure()", spec, exc) from exc
     return instance
 
 

@@ -188,3 +188,14 @@ def test_a_built_in_whose_extra_is_missing_fails_to_load_with_the_same_line(
     assert str(caught.value) == (
         "the json_schema interceptor needs the jsonschema extra (jsonschema_rs is not "
         "installed): pip install '.[jsonschema]' from a kiproxy checkout")
+
+
+def test_a_built_in_that_imports_its_extra_when_configured_says_the_same(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delitem(sys.modules, "kiproxy.interceptors.builtin.wasm.engine", raising=False)
+    _hide(monkeypatch, "wasmtime")
+    with pytest.raises(PluginLoadError) as caught:
+        load_interceptor("wasm", config={"module": str(tmp_path / "policy.wasm")})
+    assert str(caught.value) == (
+        "the wasm interceptor needs the wasm extra (wasmtime is not installed): pip install "
+        "'.[wasm]' from a kiproxy checkout")
