@@ -99,3 +99,18 @@ def test_sizes_and_magics_a_consumer_refuses_are_corrupt() -> None:
 def test_empty_records_hold_no_batch() -> None:
     split = split_fetched_records(b"xyz", 3)
     assert split.batches == () and not split.partial
+
+
+@settings(max_examples=500, deadline=None)
+@given(data=st.binary(max_size=300), at=st.integers(0, 20))
+def test_any_bytes_split_into_batches_within_them_or_are_corrupt(data: bytes, at: int) -> None:
+    good = _batch(0, 2)
+    for records in (data, good + data, good[:at] + data):
+        try:
+            split = split_fetched_records(records)
+        except CorruptBatch:
+            continue
+        assert split.start <= split.tail <= split.end == len(records)
+        ends = [split.start] + [b.end for b in split.batches]
+        assert all(b.start == prev < b.end for b, prev in zip(split.batches, ends,
+                                                              strict=False))

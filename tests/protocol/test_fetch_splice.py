@@ -115,3 +115,41 @@ def test_a_wrong_size_prefix_or_position_is_refused() -> None:
                               {(0, 0): b"x"}, size_prefix=True)
     with pytest.raises(KeyError, match=r"no partition at position \(0, 0\)"):
         splice_fetch_response(payload, len(head(12)), 12, {(0, 0): b"x"})
+
+
+def _with_unknown_tags(frame: bytes, version: int, tag: bytes) -> bytes:
+    """``frame`` with an unknown tagged field (tag 9) on every partition, topic and the
+    response that kio wrote none on (as a newer broker, or Tansu's empty
+    ``node_endpoints``, would send)."""
+    layout = read_fetch_response(frame, len(head(version)), version)
+    ends = [p.end for t in layout.topics for p in t.partitions if not p.tagged]
+    ends += [t.end for t in layout.topics] + ([layout.end] if not layout.tagged else [])
+    out = bytearray(frame)
+    for end in sorted(ends, reverse=True):
+        assert out[end - 1] == 0  # an empty tagged section
+        out[end - 1:end] = b"\x01\x09" + bytes([len(tag)]) + tag
+    return bytes(out)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), case=fetch_responses(versions=range(12, 19)),
+       tag=st.binary(max_size=20))
+def test_unknown_tagged_fields_are_read_as_spans_and_kept(
+        data: st.DataObject, case: tuple[int, Any], tag: bytes) -> None:
+    version, response = case
+    plain = head(version) + serialize(response)
+    before = read_fetch_response(plain, len(head(version)), version)
+    frame = _with_unknown_tags(plain, version, tag)
+    layout = read_fetch_response(frame, len(head(version)), version)
+    for old_topic, topic in zip(before.topics, layout.topics, strict=True):
+        for old, part in zip(old_topic.partitions, topic.partitions, strict=True):
+            expected = [t.tag for t in old.tagged] or [9]
+            assert [t.tag for t in part.tagged] == expected
+            if not old.tagged:
+                (unknown,) = part.tagged
+                assert frame[unknown.start:unknown.end] == tag
+    assert [t.tag for t in layout.tagged] == ([t.tag for t in before.tagged] or [9])
+    replacements = data.draw(replacements_for(response))
+    spliced = splice_fetch_response(frame, len(head(version)), version, replacements, layout)
+    edited = head(version) + serialize(_edited(response, replacements))
+    assert spliced == _with_unknown_tags(edited, version, tag)
