@@ -22,6 +22,11 @@ the field and the byte: a length running past the frame, a null or negative arra
 where the schema has none, a null topic name, a name that is not UTF-8, bytes left
 after the body. Nothing is read past the frame and nothing is allocated from a length
 before that length is checked against the bytes that remain.
+
+Why not kio: its reader (which :mod:`~kiproxy.protocol.messages` uses for the messages
+the proxy rewrites) builds every field, copies every ``records`` field and reports no
+positions, and a splice needs positions. This reader follows ``FetchResponse.json``
+field by field instead; the tests check it against kio's serializer on every version.
 """
 
 from __future__ import annotations
