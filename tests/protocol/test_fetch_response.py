@@ -101,7 +101,9 @@ def _one_partition(version: int, records: bytes | None, aborted: int = 1) -> Any
         last_stable_offset=90,
         aborted_transactions=tuple(types.AbortedTransaction(producer_id=7, first_offset=i)
                                    for i in range(aborted)),
-        records=records)
+        records=records,
+        **({"current_leader": types.LeaderIdAndEpoch(leader_id=2, leader_epoch=9)}
+           if version >= 12 else {}))
     topic = (types.FetchableTopicResponse(topic_id=uuid.UUID(int=5), partitions=(part,))
              if version >= 13 else types.FetchableTopicResponse(topic="t", partitions=(part,)))
     kw: dict[str, Any] = {"throttle_time": i32Timedelta.parse(datetime.timedelta(0)),
