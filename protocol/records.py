@@ -148,7 +148,8 @@ class DecodedBatch:
     """Bytes of the records block once decompressed (its stored size when uncompressed)."""
 
 
-def _read_header(data: bytes, start: int, end: int, origin: int = 0) -> RecordBatchHeader:
+def _read_header(data: bytes | bytearray, start: int, end: int, origin: int = 0
+                 ) -> RecordBatchHeader:
     # Messages count bytes from ``origin``, the start of the partition's records.
     at = start - origin
     remaining = end - start
@@ -193,7 +194,7 @@ def _read_header(data: bytes, start: int, end: int, origin: int = 0) -> RecordBa
     )
 
 
-def read_batch_headers(data: bytes, start: int = 0, end: int | None = None
+def read_batch_headers(data: bytes | bytearray, start: int = 0, end: int | None = None
                        ) -> list[RecordBatchHeader]:
     """Headers of every batch in a partition's ``records`` bytes, without decoding records.
 
@@ -301,6 +302,7 @@ def encode_batch(
     renumber: bool = True,
     compression: Compression | None = None,
     levels: CompressionLevels = DEFAULT_LEVELS,
+    keep_extent: bool = False,
 ) -> bytes:
     """Encode ``records`` as one batch that keeps every field of ``header``.
 
@@ -309,6 +311,8 @@ def encode_batch(
     delta, max timestamp (for CreateTime), batch length and CRC are recomputed.
     With ``renumber`` (what a produce request needs) offset deltas become 0..n-1.
     ``compression`` overrides the header's codec; ``levels`` sets its level.
+    ``keep_extent`` keeps the header's last offset delta and max timestamp too (a batch
+    read from the log, whose compacted-away records still count in both).
     """
     block, max_ts = encode_records(records, header.base_timestamp, renumber)
     attributes = header.attributes
@@ -317,13 +321,13 @@ def encode_batch(
     codec = compression_from_attributes(attributes)
     if codec is not Compression.NONE:
         block = compress(codec, block, levels)
-    if not records:
+    if not records or keep_extent:
         last_offset_delta = header.last_offset_delta
     elif renumber:
         last_offset_delta = len(records) - 1
     else:
         last_offset_delta = records[-1].offset_delta
-    if max_ts is None or attributes & _TIMESTAMP_TYPE_BIT:
+    if max_ts is None or keep_extent or attributes & _TIMESTAMP_TYPE_BIT:
         max_ts = header.max_timestamp
     after_crc = _AFTER_CRC.pack(
         attributes, last_offset_delta, header.base_timestamp, max_ts,
