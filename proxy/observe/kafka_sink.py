@@ -12,8 +12,8 @@ Contract:
   record through an aiokafka producer of its own (its own client id, TLS and SASL;
   bootstrap defaults to the upstream cluster). Connecting, asking whether a topic
   exists and handing a batch to the producer each take at most ``request_timeout_ms``;
-  the producer holds at most one batch per partition besides those on the wire, so
-  memory stays bounded while the cluster is gone, hanging or slow. Nothing the sink
+  the producer holds at most one batch (512 KiB) per partition besides those on the
+  wire, so memory stays bounded while the cluster is gone, hanging or slow. Nothing the sink
   does changes or delays a producer's answer.
 * What cannot be written is dropped and counted, by record, in
   ``kiproxy_sink_dropped_total{sink,reason}``: ``queue_full`` (the queue's bound),
@@ -62,6 +62,10 @@ LOG_INTERVAL = 30.0
 """Seconds between two WARNING lines about the same sink, topic and drop reason."""
 
 _RETRY_CONNECT_S = 1.0
+_BATCH_BYTES = 512 * 2**10
+"""aiokafka's batch per partition (its default, 16 KiB, holds one large refused record and
+makes every such record wait for the previous one's acknowledgement); under the brokers'
+default ``message.max.bytes`` (1 MiB)."""
 
 
 class SinkRecord(NamedTuple):
@@ -105,6 +109,14 @@ def _drop_reason(exc: BaseException) -> str:
             or getattr(exc, "retriable", False):
         return "unavailable"
     return "refused"
+
+
+def _quiet_library_log() -> None:
+    # The sink reports aiokafka's failures itself, rate-limited, with aiokafka's text;
+    # aiokafka's own lines (an ERROR per failed connection attempt) only at DEBUG.
+    library = logging.getLogger("aiokafka")
+    if library.level == logging.NOTSET and logging.getLogger().level > logging.DEBUG:
+        library.setLevel(logging.CRITICAL)
 
 
 def _why(exc: BaseException) -> str:
@@ -157,6 +169,7 @@ class KafkaSink:
         self._held: dict[tuple[str, str], int] = {}
         """(topic, reason) -> records dropped since the last line about them."""
         self._log = RateLimitedLog(log, LOG_INTERVAL)
+        _quiet_library_log()
 
     @property
     def queued(self) -> tuple[int, int]:
@@ -269,6 +282,7 @@ class KafkaSink:
         self._queued_bytes_gauge.set(size)
 
     async def _write_loop(self) -> None:
+        await self._connected()  # early: the first records need not wait for a connection
         while True:
             with self._lock:
                 idle = not self._queue
@@ -305,7 +319,7 @@ class KafkaSink:
         producer = AIOKafkaProducer(
             bootstrap_servers=list(self.bootstrap), client_id=s.client_id, acks=s.acks,
             linger_ms=s.linger_ms, request_timeout_ms=s.request_timeout_ms,
-            security_protocol=protocol, ssl_context=self._tls, **sasl)
+            max_batch_size=_BATCH_BYTES, security_protocol=protocol, ssl_context=self._tls, **sasl)
         try:
             await asyncio.wait_for(producer.start(), s.request_timeout_ms / 1000)
         except Exception as exc:
@@ -357,9 +371,7 @@ class KafkaSink:
                 reason = await self._topic_reason(producer, topic)
                 if reason is not None:
                     handed = total
-                    self._drop(topic, reason, total,
-                               f"topic {topic} cannot be written ({reason}); create it, or "
-                               f"grant the sink's user ({self.settings.client_id}) write access")
+                    self._drop(topic, reason, total, self._remedy(topic, reason))
                     return
                 for record in batch.sink_records():
                     try:
@@ -384,6 +396,15 @@ class KafkaSink:
             raise
         except Exception as exc:
             self._drop(topic, _drop_reason(exc), total - handed, _why(exc))
+
+    def _remedy(self, topic: str, reason: str) -> str:
+        if reason == "topic_missing":
+            return f"topic {topic} does not exist; create it"
+        if reason == "not_authorized":
+            return (f"the sink's user may not write topic {topic}; grant it write access "
+                    f"({self.name}_sink.sasl)")
+        return (f"{','.join(self.bootstrap)} did not say whether topic {topic} can be written "
+                f"({reason}); it is asked again within a second")
 
     def _delivered(self, topic: str, future: asyncio.Future[Any]) -> None:
         self._in_flight.discard(future)
