@@ -62,6 +62,8 @@ LOG_INTERVAL = 30.0
 """Seconds between two WARNING lines about the same sink, topic and drop reason."""
 
 _RETRY_CONNECT_S = 1.0
+_CREATE_WAIT_S = 2.0
+_NOT_YET = (3, 5)  # UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE
 _BATCH_BYTES = 512 * 2**10
 """aiokafka's batch per partition (its default, 16 KiB, holds one large refused record and
 makes every such record wait for the previous one's acknowledgement); under the brokers'
@@ -343,11 +345,18 @@ class KafkaSink:
         from aiokafka.protocol.metadata import MetadataRequest
 
         reason: str | None
+        # A topic the cluster creates on this request is not there at once (unknown topic
+        # or no leader yet): ask again for a moment before calling it missing.
+        patience = time.monotonic() + (_CREATE_WAIT_S if self.creates_topics else 0.0)
         try:
-            node = producer.client.get_random_node()
-            answer = await producer.client.send(
-                node, MetadataRequest([topic], self.creates_topics))
-            code = next((t[0] for t in answer.topics if t[1] == topic), 3)
+            while True:
+                node = producer.client.get_random_node()
+                answer = await producer.client.send(
+                    node, MetadataRequest([topic], self.creates_topics))
+                code = next((t[0] for t in answer.topics if t[1] == topic), 3)
+                if code not in _NOT_YET or time.monotonic() >= patience:
+                    break
+                await asyncio.sleep(0.1)
             reason = None if code == 0 else _drop_reason(kafka_errors.for_code(code)())
         except Exception as exc:
             reason = _drop_reason(exc)
