@@ -9,6 +9,7 @@ and the drops read from the proxy's ``/metrics``.
 from __future__ import annotations
 
 import json
+import signal
 import urllib.request
 import uuid
 from pathlib import Path
@@ -36,6 +37,15 @@ def produce(bootstrap: str, topic: str, n: int) -> list[Any]:
         producer.produce(topic, b"v%d" % i, on_delivery=lambda err, _m: errors.append(err))
     producer.flush(30)
     return errors
+
+
+def partitions(bootstrap: str, topic: str) -> int:
+    """How many partitions ``topic`` has (the cluster created it on first use)."""
+    from confluent_kafka.admin import AdminClient
+
+    metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
+    assert topic in metadata.topics
+    return len(metadata.topics[topic].partitions)
 
 
 def dropped(metrics: str) -> float:
@@ -67,12 +77,8 @@ def test_audit_events_go_to_a_cluster_of_their_own_with_their_own_credentials(
         assert produce(proxy.bootstrap, topic, 30) == [None] * 30
     finally:
         assert proxy.stop() == 0  # shutdown writes what is queued
-    from confluent_kafka.admin import AdminClient
-
-    metadata = AdminClient({"bootstrap.servers": apache_kafka.bootstrap}).list_topics(timeout=10)
-    assert audit in metadata.topics, proxy.log  # created by the cluster on first use
     got = consume(apache_kafka.bootstrap, audit, 1000,
-                  partitions=len(metadata.topics[audit].partitions), timeout=10)
+                  partitions=partitions(apache_kafka.bootstrap, audit), timeout=10)
     mine = [e for e in (json.loads(m.value()) for m in got) if e.get("topic") == topic]
     assert sum(e["records"] for e in mine) == 30, proxy.log
     assert all(e["client_id"] == "audited" for e in mine)
@@ -92,3 +98,23 @@ def test_refused_credentials_change_no_answer_and_drops_are_counted(
     # At shutdown the queued events are counted as closed (the metrics listener is gone
     # by then: the line says so).
     proxy.wait_for_line("audit sink: dropped", f"for topic {audit}", "(closed)")
+
+
+def test_a_reload_that_first_sets_audit_topic_starts_the_audit_sink(
+        tmp_path: Path, broker: EmbeddedBroker, topic: str) -> None:
+    audit = f"audit-{uuid.uuid4().hex[:8]}"
+    config = tmp_path / "kiproxy.yaml"
+    config.write_text(yaml.safe_dump({"log_level": "INFO"}))
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    try:
+        assert produce(proxy.bootstrap, topic, 5) == [None] * 5  # not audited
+        config.write_text(yaml.safe_dump({"log_level": "INFO", "audit": {"topic": audit}}))
+        proxy.process.send_signal(signal.SIGHUP)
+        proxy.wait_for_line("reload (signal) applied")
+        assert produce(proxy.bootstrap, topic, 7) == [None] * 7
+    finally:
+        assert proxy.stop() == 0
+    got = consume(broker.bootstrap, audit, 1000, partitions=partitions(broker.bootstrap, audit),
+                  timeout=10)
+    mine = [e for e in (json.loads(m.value()) for m in got) if e.get("topic") == topic]
+    assert sum(e["records"] for e in mine) == 7, proxy.log
