@@ -28,7 +28,7 @@ Contract:
 * The topic is asked about at most every ``topic_check_interval_ms`` (a passing fault
   for a second), so a missing topic costs no wait per batch.
 * :meth:`KafkaSink.close` writes what is queued within ``close_timeout_ms``, counts the
-  rest as ``closed`` and stops the producer.
+  rest (queued, or handed over and not acknowledged) as ``closed`` and stops the producer.
 """
 
 from __future__ import annotations
@@ -165,7 +165,8 @@ class KafkaSink:
         self._loop_thread: int | None = None
         self._producer: Any = None
         self._writer: asyncio.Task[None] | None = None
-        self._in_flight: set[asyncio.Future[Any]] = set()
+        self._in_flight: dict[asyncio.Future[Any], str] = {}
+        """Records handed to the producer and not yet acknowledged -> their topic."""
         self._topics: dict[str, tuple[float, str | None]] = {}
         """Topic -> (monotonic time until which the answer holds, drop reason or None)."""
         self._held: dict[tuple[str, str], int] = {}
@@ -203,14 +204,12 @@ class KafkaSink:
                     self._queue.append((batch, size))
                     self._queued_records += records
                     self._queued_bytes += size
+                    self._set_gauges()
                     wake = not self._wake_pending
                     self._wake_pending = True
-                queued = (self._queued_records, self._queued_bytes)
             if refusal is not None:
                 self._drop(batch.topic, refusal[0], records, refusal[1])
                 return
-            self._queued_records_gauge.set(queued[0])
-            self._queued_bytes_gauge.set(queued[1])
             if wake:
                 self._signal()
         except Exception:  # the producer's answer must never depend on the copy
@@ -256,12 +255,15 @@ class KafkaSink:
                     break
                 batch, _ = self._take()
             self._drop(batch.topic, "closed", batch.count(), "the proxy stopped first")
-        self._update_gauges()
         if self._in_flight:
             await asyncio.wait(self._in_flight, timeout=max(deadline - time.monotonic(), 0.1))
+        unanswered = collections.Counter(self._in_flight.values())  # handed over, no answer
+        self._in_flight.clear()  # their callbacks, when they come, count nothing more
+        for topic, records in unanswered.items():
+            self._drop(topic, "closed", records, "not acknowledged before the proxy stopped")
         producer, self._producer = self._producer, None
         if producer is not None:
-            await self._stop(producer, max(deadline - time.monotonic(), 1.0))
+            await self._stop(producer, max(deadline - time.monotonic(), 0.1))
 
     async def _stop(self, producer: Any, timeout: float) -> None:
         try:
@@ -276,12 +278,13 @@ class KafkaSink:
         batch, size = self._queue.popleft()
         self._queued_records -= batch.count()
         self._queued_bytes -= size
+        self._set_gauges()
         return batch, size
 
-    def _update_gauges(self) -> None:
-        records, size = self.queued
-        self._queued_records_gauge.set(records)
-        self._queued_bytes_gauge.set(size)
+    def _set_gauges(self) -> None:
+        """The queue gauges from the counts (call with ``_lock`` held)."""
+        self._queued_records_gauge.set(self._queued_records)
+        self._queued_bytes_gauge.set(self._queued_bytes)
 
     async def _write_loop(self) -> None:
         await self._connected()  # early: the first records need not wait for a connection
@@ -303,7 +306,6 @@ class KafkaSink:
                 continue
             with self._lock:
                 batch, _ = self._take()
-            self._update_gauges()
             await self._write(producer, batch)
 
     async def _connected(self) -> Any:
@@ -392,8 +394,8 @@ class KafkaSink:
                     except Exception as exc:  # too large, or the producer's batch stayed full
                         self._drop(topic, _drop_reason(exc), 1, _why(exc))
                     else:
-                        self._in_flight.add(future)
-                        future.add_done_callback(lambda f, t=topic: self._delivered(t, f))
+                        self._in_flight[future] = topic
+                        future.add_done_callback(self._delivered)
                     handed += 1
         except TimeoutError:
             self._remember(topic, "unavailable")
@@ -415,8 +417,10 @@ class KafkaSink:
         return (f"{','.join(self.bootstrap)} did not say whether topic {topic} can be written "
                 f"({reason}); it is asked again within a second")
 
-    def _delivered(self, topic: str, future: asyncio.Future[Any]) -> None:
-        self._in_flight.discard(future)
+    def _delivered(self, future: asyncio.Future[Any]) -> None:
+        topic = self._in_flight.pop(future, None)
+        if topic is None:  # counted by close() already
+            return
         exc = asyncio.CancelledError() if future.cancelled() else future.exception()
         if exc is None:
             self._written.labels(self.name, topic).inc()
