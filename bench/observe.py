@@ -63,7 +63,7 @@ def _refuser(share: float) -> Any:
 def _pipeline(case: str) -> tuple[Any, Any]:
     from kiproxy.proxy.config.clients import DeadLetterSinkSettings
     from kiproxy.proxy.config.routes import MatchSettings
-    from kiproxy.proxy.observe.dead_letter import DeadLetterSink
+    from kiproxy.proxy.observe.kafka_sink import KafkaSink
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.produce.pipeline import ProducePipeline
     from kiproxy.proxy.routes.chain import LoadedLink
@@ -79,7 +79,7 @@ def _pipeline(case: str) -> tuple[Any, Any]:
     chain = LoadedChain(route, (LoadedLink(rule, plugin, 5.0),), ())
     sink = None
     if copy:
-        sink = DeadLetterSink(DeadLetterSinkSettings.model_validate(
+        sink = KafkaSink("dead_letter", DeadLetterSinkSettings.model_validate(
             {"queue_records": 10**9, "queue_bytes": 10**12}), bootstrap=["127.0.0.1:9"],
             tls=None, metrics=Metrics())
     pipeline = ProducePipeline(routes=LoadedRoutes(RouteTable([route]), {0: chain}),

@@ -52,16 +52,20 @@ class Key:
 
 
 def attribute_docstrings(model: type[BaseModel]) -> dict[str, str]:
-    """The string literal under each annotated field of ``model``'s class body."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(model)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
+    """The string literal under each annotated field of ``model``'s class body, and of its
+    base models' for the fields it inherits."""
     docs: dict[str, str] = {}
-    for node, following in itertools.pairwise(body):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(following, ast.Expr)
-                and isinstance(following.value, ast.Constant)
-                and isinstance(following.value.value, str)):
-            docs[node.target.id] = inspect.cleandoc(following.value.value)
+    for cls in reversed(model.__mro__):
+        if not (isinstance(cls, type) and issubclass(cls, BaseModel)) or cls is BaseModel:
+            continue
+        tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        body = tree.body[0].body  # type: ignore[attr-defined]
+        for node, following in itertools.pairwise(body):
+            if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                    and isinstance(following, ast.Expr)
+                    and isinstance(following.value, ast.Constant)
+                    and isinstance(following.value.value, str)):
+                docs[node.target.id] = inspect.cleandoc(following.value.value)
     return docs
 
 

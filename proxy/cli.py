@@ -19,8 +19,8 @@ from typing import Any
 from kiproxy.interceptors.flags import FlagError, add_model_flags, model_overrides
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.proxy.brokers.discovery import UpstreamUnreachable, check_upstream
+from kiproxy.proxy.collector import freeze_imported
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
-from kiproxy.proxy.observe.collector import freeze_imported
 from kiproxy.proxy.observe.logs import setup_logging
 from kiproxy.proxy.serve import run_loop as _run
 from kiproxy.proxy.serve import serve_until_stopped

@@ -10,6 +10,9 @@ Contract:
   complete generation or raises (``PluginLoadError``, ``ConfigError``,
   ``OSError``) having closed whatever it had already opened; nothing is ever
   half built.
+- The side-copy sinks (:func:`dead_letter_sink`, :func:`audit_sink`) belong to the
+  process, not to a generation: the server makes each when a configuration first
+  needs it, hands it to every generation, and closes it at shutdown.
 - A generation is immutable. The server swaps the current one atomically
   (:class:`GenerationCell`); a request runs entirely under the generation it
   started with, so a batch already inside an interceptor finishes there.
@@ -28,13 +31,14 @@ from typing import Any
 
 from kiproxy.interceptors.loader import load_observer
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
+from kiproxy.proxy.config.clients import KafkaSinkSettings
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig
 from kiproxy.proxy.config.networks import Network
 from kiproxy.proxy.net.proxy_protocol import trusted_networks
 from kiproxy.proxy.net.tls import client_context, upstream_context
-from kiproxy.proxy.observe.audit import AuditLog, KafkaAuditSink
-from kiproxy.proxy.observe.dead_letter import DeadLetterSink
+from kiproxy.proxy.observe.audit import AuditLog, AuditTopic
 from kiproxy.proxy.observe.hub import ObserverHub
+from kiproxy.proxy.observe.kafka_sink import KafkaSink
 from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.produce.offload import BatchOffload
 from kiproxy.proxy.produce.pipeline import ProducePipeline
@@ -123,8 +127,10 @@ class GenerationCell:
         return True
 
 
-def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub:
-    """Open the audit log and load the configured observers."""
+def build_observers(config: ProxyConfig, metrics: Metrics | None,
+                    audit_sink: KafkaSink | None = None) -> ObserverHub:
+    """Open the audit log and load the configured observers; ``audit.topic`` sends its
+    events through ``audit_sink`` (the process's, see :func:`audit_sink`)."""
     observers: list[tuple[str, Any]] = []
     audit = config.audit
     try:
@@ -136,10 +142,10 @@ def build_observers(config: ProxyConfig, metrics: Metrics | None) -> ObserverHub
                 raise ConfigError(f"audit.path: cannot open {audit.path}: {exc}") from None
             observers.append(("audit", log_))
         if audit.topic is not None:
-            sink = KafkaAuditSink()
-            sink.configure({"topic": audit.topic, "bootstrap": ",".join(config.upstream),
-                            "requests": audit.requests})
-            observers.append(("audit-kafka", sink))
+            if audit_sink is None:
+                raise ConfigError("audit.topic: no audit sink was made for this process")
+            observers.append(("audit-kafka", AuditTopic(audit_sink, audit.topic,
+                                                        requests=audit.requests)))
         for item in config.observers:
             observers.append((item.class_name,
                               load_observer(item.class_name, config.plugins_dir, item.config)))
@@ -155,31 +161,49 @@ def uses_dead_letter(config: ProxyConfig) -> bool:
     return any(route.dead_letter is not None for route in routes)
 
 
-def dead_letter_sink(config: ProxyConfig, metrics: Metrics | None) -> DeadLetterSink:
-    """The process's dead-letter sink, from ``dead_letter_sink`` (bootstrap and TLS
-    default to the upstream cluster's); its counters go to ``metrics`` when given."""
-    bootstrap, tls = config.dead_letter_sink.connection(config.upstream, config.upstream_tls)
-    return DeadLetterSink(config.dead_letter_sink, bootstrap=bootstrap,
-                          tls=upstream_context(tls, "dead_letter_sink.tls")
-                          if tls is not None else None,
-                          metrics=metrics if metrics is not None else Metrics())
+def dead_letter_sink(config: ProxyConfig, metrics: Metrics | None) -> KafkaSink:
+    """The process's dead-letter sink, from ``dead_letter_sink``; it never creates a topic."""
+    return _kafka_sink("dead_letter", config.dead_letter_sink, config, metrics,
+                       creates_topics=False)
+
+
+def uses_audit_topic(config: ProxyConfig) -> bool:
+    """``config`` sends the audit events to a topic."""
+    return config.audit.topic is not None
+
+
+def audit_sink(config: ProxyConfig, metrics: Metrics | None) -> KafkaSink:
+    """The process's audit sink, from ``audit_sink``; the cluster may create the topic."""
+    return _kafka_sink("audit", config.audit_sink, config, metrics, creates_topics=True)
+
+
+def _kafka_sink(name: str, settings: KafkaSinkSettings, config: ProxyConfig,
+                metrics: Metrics | None, *, creates_topics: bool) -> KafkaSink:
+    # Bootstrap and TLS default to the upstream cluster's; counters go to ``metrics``.
+    bootstrap, tls = settings.connection(config.upstream, config.upstream_tls)
+    return KafkaSink(name, settings, bootstrap=bootstrap,
+                     tls=upstream_context(tls, f"{name}_sink.tls") if tls is not None else None,
+                     metrics=metrics if metrics is not None else Metrics(),
+                     creates_topics=creates_topics)
 
 
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,
                      offload: BatchOffload | None = None,
                      topic_names: dict[uuid.UUID, str] | None = None,
                      previous: Generation | None = None,
-                     dead_letter: DeadLetterSink | None = None) -> Generation:
+                     dead_letter: KafkaSink | None = None,
+                     audit_sink: KafkaSink | None = None) -> Generation:
     """Everything ``config`` needs, complete, or an exception and nothing left open.
 
     With ``previous`` (a reload), its observers are kept when the observer and
-    audit settings did not change: one audit file has one writer.
+    audit settings did not change: one audit file has one writer. ``dead_letter`` and
+    ``audit_sink`` are the process's sinks (they outlive the generation).
     """
     client_tls = client_context(config.tls)  # first: a bad certificate opens nothing
     if previous is not None and _same_observers(previous.config, config):
         observers = previous.observers
     else:
-        observers = build_observers(config, metrics)
+        observers = build_observers(config, metrics, audit_sink)
     try:
         routes = load_routes(config)
     except BaseException:

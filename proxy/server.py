@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.proxy.admin.guard import AdminGuard
+from kiproxy.proxy.admin.http import HealthServer
 from kiproxy.proxy.brokers.discovery import DiscoveryError, discover_nodes
 from kiproxy.proxy.brokers.nodes import NodeRegistry
 from kiproxy.proxy.brokers.upstreams import Upstreams
@@ -46,19 +48,20 @@ from kiproxy.proxy.dispatch import RequestDispatcher
 from kiproxy.proxy.generation import (
     Generation,
     GenerationCell,
+    audit_sink,
     build_generation,
     close_generation,
     dead_letter_sink,
+    uses_audit_topic,
     uses_dead_letter,
 )
 from kiproxy.proxy.net.buffers import HeapTrimmer, ReceiveBudget
 from kiproxy.proxy.net.frame_stream import FrameStream
 from kiproxy.proxy.net.proxy_protocol import Refuse, UseHeader, accept_proxy_header
 from kiproxy.proxy.net.tls import ListenerTls, principal_from_peercert, upstream_context
-from kiproxy.proxy.observe.admin import AdminGuard
 from kiproxy.proxy.observe.audit import AuditLog
-from kiproxy.proxy.observe.dead_letter import DeadLetterSink
-from kiproxy.proxy.observe.metrics import HealthServer, Metrics
+from kiproxy.proxy.observe.kafka_sink import KafkaSink
+from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.produce.offload import BatchOffload
 from kiproxy.proxy.produce.pipeline import learn_topic_ids
 from kiproxy.proxy.reload.reloader import (
@@ -124,13 +127,17 @@ class ProxyServer:
             })
         if metrics is not None:
             metrics.watch_interceptors(lambda: self.generations.current.produce.interceptors())
-        self.dead_letter: DeadLetterSink | None = (
+        self.dead_letter: KafkaSink | None = (
             dead_letter_sink(config, metrics) if uses_dead_letter(config) else None)
         """Copies refused records to the routes' dead-letter topics (made when a route
         first asks for one; its ``dead_letter_sink`` settings are read then)."""
+        self.audit_sink: KafkaSink | None = (
+            audit_sink(config, metrics) if uses_audit_topic(config) else None)
+        """Sends the audit events to ``audit.topic`` (made when a configuration first sets
+        it; its ``audit_sink`` settings are read then)."""
         self.generations = GenerationCell(build_generation(
             config, 1, metrics=metrics, offload=self.offload, topic_names=self.topic_names,
-            dead_letter=self.dead_letter))
+            dead_letter=self.dead_letter, audit_sink=self.audit_sink))
         """The configuration generation in force, and the older ones still in use."""
         first_tls = self.generations.current.client_tls
         self._listener_tls = ListenerTls(first_tls) if first_tls is not None else None
@@ -241,18 +248,25 @@ class ProxyServer:
         """The generation a reload to ``config`` would install, complete, sharing this
         process's parts; raises (having closed what it opened) if anything in it cannot
         be built."""
+        # A sink made here is started by switch().
         if self.dead_letter is None and uses_dead_letter(config):
-            self.dead_letter = dead_letter_sink(config, self.metrics)  # started by switch()
+            self.dead_letter = dead_letter_sink(config, self.metrics)
+        if self.audit_sink is None and uses_audit_topic(config):
+            self.audit_sink = audit_sink(config, self.metrics)
         return build_generation(config, number, metrics=self.metrics, offload=self.offload,
                                 topic_names=self.topic_names, previous=self.generations.current,
-                                dead_letter=self.dead_letter)
+                                dead_letter=self.dead_letter, audit_sink=self.audit_sink)
+
+    def _sinks(self) -> list[KafkaSink]:
+        """The side-copy sinks this process has made."""
+        return [sink for sink in (self.dead_letter, self.audit_sink) if sink is not None]
 
     def switch(self, generation: Generation) -> None:
         """Make ``generation`` current; close the replaced one once no request uses it
         (at most its interceptor timeout plus the shutdown grace later)."""
         old = self.generations.switch(generation)
-        if self.dead_letter is not None:  # a reload may be the first to ask for one
-            starting = asyncio.get_running_loop().create_task(self.dead_letter.start())
+        for sink in self._sinks():  # a reload may be the first to ask for one
+            starting = asyncio.get_running_loop().create_task(sink.start())
             self._retiring.add(starting)
             starting.add_done_callback(self._retiring.discard)
         if self._listener_tls is not None and generation.client_tls is not None:
@@ -301,8 +315,8 @@ class ProxyServer:
         if self._watch is not None:
             self._watch.start()
         self._sweeper = asyncio.create_task(self._close_idle())
-        if self.dead_letter is not None:
-            await self.dead_letter.start()
+        for sink in self._sinks():
+            await sink.start()
         self._trim_task = asyncio.create_task(self._trimmer.run())
         if self.config.metrics_listen is not None and self.metrics is not None:
             guard = AdminGuard(self.config.admin.token_file, self.metrics.admin_refused)
@@ -514,9 +528,9 @@ class ProxyServer:
         for task in list(self._retiring):
             task.cancel()
         await asyncio.gather(*self._retiring, return_exceptions=True)
-        await close_generation(self.generation)
-        if self.dead_letter is not None:
-            await self.dead_letter.close()  # what is queued, within its close_timeout_ms
+        await close_generation(self.generation)  # the observers offer their last events
+        # What is queued, each within its close_timeout_ms, the sinks side by side.
+        await asyncio.gather(*(sink.close() for sink in self._sinks()))
         self.offload.close()
         if self._health is not None:
             await self._health.stop()

@@ -1,9 +1,12 @@
-"""The producer the proxy runs itself: how it connects to Kafka, and its queue.
+"""The producers the proxy runs itself: how they connect to Kafka, and their queues.
 
-``dead_letter_sink`` configures it: it copies refused records to dead-letter topics
-(:mod:`kiproxy.proxy.observe.dead_letter`): its bootstrap servers (default:
-the upstream cluster), TLS (default: ``upstream_tls`` when the bootstrap is the
-upstream's), SASL credentials of its own, and its bounded queue.
+Two side copies use one producer class (:mod:`kiproxy.proxy.observe.kafka_sink`), each
+configured by a section of the same shape (:class:`KafkaSinkSettings`):
+``dead_letter_sink`` copies refused records to dead-letter topics
+(:mod:`kiproxy.proxy.observe.dead_letter`), ``audit_sink`` sends the audit events to
+``audit.topic``. Each has its bootstrap servers (default: the upstream cluster), TLS
+(default: ``upstream_tls`` when the bootstrap is the upstream's), SASL credentials of its
+own, its bounded queue and its time bounds.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ClientTlsSettings", "DeadLetterSinkSettings", "SaslClientSettings", "TlsFiles",
-           "bootstrap_servers", "parse_host_port"]
+__all__ = ["AuditSinkSettings", "ClientTlsSettings", "DeadLetterSinkSettings",
+           "KafkaSinkSettings", "SaslClientSettings", "TlsFiles", "bootstrap_servers",
+           "parse_host_port"]
 
 
 def parse_host_port(value: str, what: str = "address") -> tuple[str, int]:
@@ -116,25 +120,25 @@ class SaslClientSettings(_Strict):
                              f"({exc.strerror or exc})") from None
 
 
-class DeadLetterSinkSettings(_Strict):
-    """The producer that copies refused records to a route's ``dead_letter.topic``.
+class KafkaSinkSettings(_Strict):
+    """A producer the proxy runs itself for a side copy: where it connects, its queue and
+    its time bounds (the shape of ``dead_letter_sink`` and ``audit_sink``).
 
-    Only used when some route has a ``dead_letter``; the topics must exist (the sink
-    never creates one). docs/observability.md lists the headers each copy carries.
-    """
+    Nothing it does changes or delays a producer's answer; what it cannot write is
+    dropped and counted in ``kiproxy_sink_dropped_total{sink,reason}``."""
 
     bootstrap: tuple[str, ...] = ()
-    """``HOST:PORT`` bootstrap servers of the cluster holding the dead-letter topics, a list
-    or comma-separated as ``bootstrap.servers`` (default: ``upstream``)."""
+    """``HOST:PORT`` bootstrap servers of the cluster holding the sink's topics, a list or
+    comma-separated as ``bootstrap.servers`` (default: ``upstream``)."""
     tls: ClientTlsSettings | None = None
     """TLS to that cluster (default: ``upstream_tls`` when ``bootstrap`` is unset, else off)."""
     sasl: SaslClientSettings | None = None
     """SASL credentials of the sink's own producer (default: none)."""
-    client_id: str = "kiproxy-dead-letter"
+    client_id: str = "kiproxy-sink"
     """The producer's client id, as the brokers log and quota it."""
     queue_records: int = Field(default=10_000, gt=0)
     """Records waiting to be written, at most; a copy that does not fit is dropped whole
-    and counted (``kiproxy_dead_letter_dropped_total{reason="queue_full"}``)."""
+    and counted (``kiproxy_sink_dropped_total{reason="queue_full"}``)."""
     queue_bytes: int = Field(default=64 * 2**20, gt=0)
     """Bytes (keys, values, headers) of the records waiting, at most; dropped likewise."""
     acks: Literal["all", 1] = "all"
@@ -142,14 +146,14 @@ class DeadLetterSinkSettings(_Strict):
     linger_ms: int = Field(default=20, ge=0)
     """How long the producer waits to fill a batch."""
     request_timeout_ms: int = Field(default=10_000, gt=0)
-    """How long a write may take (retries included) before its records are dropped and
-    counted as ``unavailable``."""
+    """How long connecting, asking for a topic, or a write may take (retries included)
+    before its records are dropped and counted as ``unavailable``."""
     close_timeout_ms: int = Field(default=5_000, ge=0)
-    """At shutdown, how long queued copies may take to be written; the rest are counted
+    """At shutdown, how long queued records may take to be written; the rest are counted
     as ``closed``."""
     topic_check_interval_ms: int = Field(default=10_000, gt=0)
-    """How often the sink asks the cluster whether a dead-letter topic exists (without
-    creating it); copies to a missing topic are dropped as ``topic_missing`` meanwhile."""
+    """How often the sink asks the cluster whether a topic exists; records for a missing
+    topic are dropped as ``topic_missing`` meanwhile."""
 
     @field_validator("bootstrap", mode="before")
     @classmethod
@@ -166,3 +170,27 @@ class DeadLetterSinkSettings(_Strict):
                 else None
         tls: TlsFiles = self.tls if self.tls is not None else upstream_tls
         return tuple(upstream), tls if tls.active else None
+
+
+class DeadLetterSinkSettings(KafkaSinkSettings):
+    """The producer that copies refused records to a route's ``dead_letter.topic``.
+
+    Only used when some route has a ``dead_letter``; the topics must exist (the sink
+    never creates one). docs/observability.md lists the headers each copy carries.
+    """
+
+    client_id: str = "kiproxy-dead-letter"
+    """The producer's client id, as the brokers log and quota it."""
+
+
+class AuditSinkSettings(KafkaSinkSettings):
+    """The producer that sends the audit events to ``audit.topic``.
+
+    Only used when ``audit.topic`` is set; the topic is created by the cluster on first
+    use where it creates topics automatically (``auto.create.topics.enable``).
+    """
+
+    client_id: str = "kiproxy-audit"
+    """The producer's client id, as the brokers log and quota it."""
+    linger_ms: int = Field(default=50, ge=0)
+    """How long the producer waits to fill a batch."""

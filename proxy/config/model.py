@@ -42,6 +42,7 @@ from kiproxy.protocol.compression import (
 )
 from kiproxy.protocol.framing import DEFAULT_MAX_FRAME_SIZE
 from kiproxy.proxy.config.clients import (
+    AuditSinkSettings,
     DeadLetterSinkSettings,
     bootstrap_servers,
     parse_host_port,
@@ -202,7 +203,7 @@ class ReloadSettings(_Strict):
 
 class AdminSettings(_Strict):
     """Who may use the metrics listener's admin actions (``POST /reload``); see
-    ``proxy.observe.admin``. ``/metrics``, ``/healthz``, ``/livez`` and ``/readyz`` stay open."""
+    ``proxy.admin.guard``. ``/metrics``, ``/healthz``, ``/livez`` and ``/readyz`` stay open."""
 
     token_file: str | None = None
     """File holding the bearer token ``POST /reload`` needs (``Authorization: Bearer
@@ -225,7 +226,8 @@ class AuditSettings(_Strict):
     flush_interval_ms: int = Field(default=200, gt=0)
     """Longest time an event waits in the write buffer."""
     topic: str | None = None
-    """Also send every event to this topic of the upstream cluster."""
+    """Also send every event to this topic (of the upstream cluster unless ``audit_sink``
+    says otherwise)."""
 
 
 class TlsSettings(_Strict):
@@ -355,6 +357,8 @@ class ProxyConfig(_Strict):
     """The built-in audit log."""
     dead_letter_sink: DeadLetterSinkSettings = Field(default_factory=DeadLetterSinkSettings)
     """The producer that copies refused records to the routes' ``dead_letter`` topics."""
+    audit_sink: AuditSinkSettings = Field(default_factory=AuditSinkSettings)
+    """The producer that sends the audit events to ``audit.topic``."""
     metrics_listen: Annotated[str | None, Flag(metavar="HOST:PORT")] = None
     """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
     log_level: Annotated[str, Flag(metavar="LEVEL")] = "INFO"

@@ -8,7 +8,7 @@ Switched on with ``--audit-log PATH`` (config ``audit.path``)::
       rotate_interval_s: 3600    # ... or when it is this old (0: never)
       backups: 24                # rotated files kept (0: keep all)
       requests: false            # also one event per request of other APIs
-      topic: null                # also send every event to this topic of the upstream cluster
+      topic: null                # also send every event to this topic (see audit_sink)
 
 Produce event (``"event": "produce"``), one per topic-partition of each
 produce request::
@@ -32,27 +32,33 @@ Rotation renames the current file to ``PATH.<UTC time>.<n>`` and opens a new
 one, so ``PATH*`` globs every event. Lines are written by the observer thread,
 never the event loop; the file is flushed at least every ``flush_interval_ms``
 (default 200) and on shutdown.
+
+With ``topic`` set, :class:`AuditTopic` also sends every event, as JSON keyed by
+the topic's (or API's) name, through the process's audit sink
+(:mod:`kiproxy.proxy.observe.kafka_sink`; its connection, queue and time bounds are
+``audit_sink``'s). The topic is created by the cluster on first use where the cluster
+creates topics automatically; what the sink cannot write is dropped and counted in
+``kiproxy_sink_dropped_total{sink="audit"}``.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import importlib.util
 import json
 import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from kiproxy.interceptors.observer import Observer, PartitionSummary, ResponseInfo
+from kiproxy.proxy.observe.kafka_sink import KafkaSink, SinkRecord
 
 log = logging.getLogger("kiproxy.audit")
 
-__all__ = ["AuditLog", "KafkaAuditSink", "produce_events", "request_event"]
+__all__ = ["AuditBatch", "AuditLog", "AuditTopic", "produce_events", "request_event"]
 
 
 def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
@@ -234,97 +240,48 @@ class AuditLog(Observer):
                     self._dirty = False
 
 
-class KafkaAuditSink(Observer):
-    """Sends audit events to a topic of the upstream cluster (aiokafka producer).
+@dataclass(frozen=True, slots=True)
+class AuditBatch:
+    """The audit events of one response, as records for ``audit.topic``: keyed by the
+    produced topic's name (or the API's, for a request event), the event's JSON as value."""
 
-    Configured by ``audit.topic``; the proxy passes ``bootstrap`` (its upstream).
-    Events are keyed by topic name and sent as JSON; the producer runs on a
-    thread and event loop of its own.
+    topic: str
+    """``audit.topic``."""
+    events: tuple[tuple[bytes, bytes], ...]
+    """(key, value) of each event."""
+
+    def count(self) -> int:
+        """How many records."""
+        return len(self.events)
+
+    def size(self) -> int:
+        """Bytes of keys and values (what the sink's ``queue_bytes`` counts)."""
+        return sum(len(key) + len(value) for key, value in self.events)
+
+    def sink_records(self) -> Iterator[SinkRecord]:
+        """The records as written (no headers; the broker stamps the time)."""
+        for key, value in self.events:
+            yield SinkRecord(key, value, [], None)
+
+
+class AuditTopic(Observer):
+    """Sends audit events to ``audit.topic`` through the process's audit sink.
+
+    An observer, so the events are made into JSON on its observer thread, off the event
+    loop; the records go to ``sink`` (a :class:`KafkaSink` named ``audit``, settings
+    ``audit_sink``), whose queue, time bounds and drop counts are the proxy's. The sink
+    belongs to the process and outlives this observer (a reload may replace it).
     """
 
-    def __init__(self) -> None:
-        self.topic = ""
-        self.bootstrap = ""
-        self.requests = False
-        self.sent = 0
-        self.failed = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._producer: Any = None
-        self._ready = threading.Event()
-        self._pending: set[concurrent.futures.Future[None]] = set()
-
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Keys: ``topic`` and ``bootstrap`` (required), ``requests``."""
-        self.topic = str(config.get("topic") or "")
-        self.bootstrap = str(config.get("bootstrap") or "")
-        if not self.topic or not self.bootstrap:
-            raise ValueError("the Kafka audit sink needs topic and bootstrap")
-        if importlib.util.find_spec("aiokafka") is None:
-            raise ImportError("audit.topic needs aiokafka: "
-                              "pip install 'kafka-interceptor-proxy[kafka-audit]'")
-        self.requests = bool(config.get("requests", False))
-        self._thread = threading.Thread(target=self._run_loop, name="audit-kafka", daemon=True)
-        self._thread.start()
-        self._ready.wait(30)
-
-    def _run_loop(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        self._ready.set()
-        loop.run_forever()
-        loop.close()
-
-    async def _producer_started(self) -> Any:
-        if self._producer is None:
-            from aiokafka import AIOKafkaProducer
-
-            producer = AIOKafkaProducer(bootstrap_servers=self.bootstrap, linger_ms=50,
-                                        client_id="kiproxy-audit")
-            await producer.start()
-            self._producer = producer
-        return self._producer
-
-    async def _send(self, key: bytes, value: bytes) -> None:
-        try:
-            producer = await self._producer_started()
-            await producer.send_and_wait(self.topic, value, key=key)
-            self.sent += 1
-        except Exception as exc:
-            self.failed += 1
-            if self.failed == 1 or self.failed % 1000 == 0:
-                log.warning("audit sink: sending to topic %s failed (%d so far): %s",
-                            self.topic, self.failed, exc)
+    def __init__(self, sink: KafkaSink, topic: str, *, requests: bool) -> None:
+        self.sink = sink
+        self.topic = topic
+        self.requests = requests
 
     def on_response(self, info: ResponseInfo) -> None:
-        """Queue the response's events for sending."""
-        assert self._loop is not None
-        for event in _events(info, self.requests):
-            key = str(event.get("topic") or event.get("api_name")).encode()
-            value = json.dumps(event, separators=(",", ":")).encode()
-            fut = asyncio.run_coroutine_threadsafe(self._send(key, value), self._loop)
-            self._pending.add(fut)
-            fut.add_done_callback(self._pending.discard)
-
-    def close(self) -> None:
-        """Send what is queued, then stop the producer."""
-        if self._loop is None:
-            return
-        for fut in list(self._pending):
-            try:
-                fut.result(timeout=10)
-            except Exception:
-                break
-
-        async def stop() -> None:
-            if self._producer is not None:
-                await self._producer.stop()
-
-        try:
-            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=10)
-        except Exception as exc:
-            log.warning("audit sink: stopping the producer failed: %s", exc)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        if self._thread is not None:
-            self._thread.join(5)
+        """Offer the response's events to the sink (queued or dropped and counted)."""
+        events = _events(info, self.requests)
+        if events:
+            self.sink.offer(AuditBatch(self.topic, tuple(
+                (str(event.get("topic") or event.get("api_name")).encode(),
+                 json.dumps(event, separators=(",", ":")).encode()) for event in events)))

@@ -1,44 +1,23 @@
-"""Prometheus metrics, and the HTTP endpoint serving them with health checks.
+"""Prometheus metrics: the proxy's counters, gauges and histograms, in a registry of their
+own, and the collectors that read the limits' and plugins' own numbers at scrape time.
 
-``--metrics-listen HOST:PORT`` serves:
-
-* ``/metrics`` - Prometheus text format (the metric names are listed in the README);
-* ``/healthz`` - 200 while the process runs its event loop;
-* ``/readyz`` - 200 when the interceptor is loaded and an upstream broker
-  accepts a TCP connection, 503 with the reason otherwise;
-* ``/livez`` - the same as ``/healthz`` (the Kubernetes name);
-* ``POST /reload`` - reload the configuration (an admin action: see
-  :mod:`proxy.observe.admin` for who may call it; others get 401 or 403):
-  200 with the outcome as JSON when it was applied, 409 when it was refused
-  (a setting that needs a restart), 500 when building it failed; the running
-  configuration is unchanged unless the answer says ``"ok": true``;
-* ``/config`` - the running configuration as JSON, secrets redacted, with its
-  generation and hash.
-
-The endpoint is a small HTTP/1.0 responder on the proxy's own event loop, so a
-scrape costs no thread and a wedged loop shows up as a failing ``/healthz``.
+The metrics listener that serves them (``/metrics``, health checks, admin actions) is
+:mod:`kiproxy.proxy.admin.http`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import json
 import logging
-import time
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
-
-from kiproxy.proxy.observe.admin import AdminGuard
 
 log = logging.getLogger("kiproxy.metrics")
 
-__all__ = ["HealthServer", "Metrics"]
+__all__ = ["Metrics"]
 
 
 class Metrics:
@@ -116,16 +95,19 @@ class Metrics:
         self.would_transform_records = Counter(
             "kiproxy_would_transform_records", "Records in the batches a route or link in "
             "observe mode would have changed, by route and link", ["route", "link"], registry=r)
-        self.dead_letter_written = Counter(
-            "kiproxy_dead_letter_written", "Refused records copied to a dead-letter topic, by "
-            "that topic", ["topic"], registry=r)
-        self.dead_letter_dropped = Counter(
-            "kiproxy_dead_letter_dropped", "Refused records not copied to their dead-letter "
-            "topic, by reason (queue_full, topic_missing, not_authorized, refused, "
-            "unavailable, closed)", ["reason"], registry=r)
-        self.dead_letter_queued = Gauge(
-            "kiproxy_dead_letter_queued_records", "Records waiting to be copied to a "
-            "dead-letter topic now", registry=r)
+        self.sink_written = Counter(
+            "kiproxy_sink_written", "Records a side-copy sink wrote, by sink (dead_letter, "
+            "audit) and topic", ["sink", "topic"], registry=r)
+        self.sink_dropped = Counter(
+            "kiproxy_sink_dropped", "Records a side-copy sink did not write, by sink and reason "
+            "(queue_full, topic_missing, not_authorized, refused, unavailable, closed)",
+            ["sink", "reason"], registry=r)
+        self.sink_queued_records = Gauge(
+            "kiproxy_sink_queued_records", "Records waiting in a side-copy sink's queue now",
+            ["sink"], registry=r)
+        self.sink_queued_bytes = Gauge(
+            "kiproxy_sink_queued_bytes", "Bytes (keys, values, headers) waiting in a side-copy "
+            "sink's queue now", ["sink"], registry=r)
         self.request_latency = Histogram(
             "kiproxy_request_latency_seconds", "From reading a request to writing its "
             "response, by API", ["api"],
@@ -160,119 +142,6 @@ class Metrics:
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
         return generate_latest(self.registry)
-
-
-ReadinessCheck = Callable[[], Awaitable[str | None]]
-"""Returns ``None`` when ready, else the reason it is not."""
-
-ReloadAction = Callable[[str], Awaitable[tuple[int, dict[str, Any]]]]
-"""Runs a reload (given the request's query string); returns the HTTP status and the
-JSON answer."""
-
-ConfigView = Callable[[], dict[str, Any]]
-"""The running configuration, redacted, for ``/config``."""
-
-
-class HealthServer:
-    """Serves ``/metrics``, ``/healthz``, ``/readyz``, ``/config`` and ``/reload``."""
-
-    def __init__(self, metrics: Metrics, ready: ReadinessCheck,
-                 reload: ReloadAction | None = None, config: ConfigView | None = None,
-                 guard: AdminGuard | None = None) -> None:
-        self.metrics = metrics
-        self.guard = guard or AdminGuard(None, metrics.admin_refused)
-        self._ready = ready
-        self._reload = reload
-        self._config = config
-        self._server: asyncio.Server | None = None
-        self.started_at = time.time()
-
-    async def start(self, host: str, port: int) -> None:
-        """Open the listener."""
-        self._server = await asyncio.start_server(self._serve, host, port, reuse_address=True)
-
-    @property
-    def address(self) -> str:
-        """``host:port`` actually listened on."""
-        assert self._server is not None
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return f"{host}:{port}"
-
-    async def stop(self) -> None:
-        """Close the listener."""
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(self._server.wait_closed(), 1)
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            request_line = await asyncio.wait_for(reader.readline(), 10)
-            authorization: str | None = None
-            for _ in range(100):  # the request headers: only Authorization is used
-                line = await asyncio.wait_for(reader.readline(), 10)
-                if line in (b"\r\n", b"\n", b""):
-                    break
-                name, _, value = line.decode("latin-1").partition(":")
-                if name.strip().lower() == "authorization":
-                    authorization = value.strip()
-            parts = request_line.decode("latin-1").split()
-            method, path = (parts[0], parts[1]) if len(parts) >= 2 else ("", "")
-            path, _, query = path.partition("?")
-            if path == "/reload" and method == "POST" and self._reload is not None:
-                peer = str((writer.get_extra_info("peername") or ("",))[0])
-                local = str((writer.get_extra_info("sockname") or ("",))[0])
-                refusal = self.guard.check(peer, local, authorization)
-            else:
-                refusal = None
-            extra = ""
-            if refusal is not None:
-                status, ctype = _STATUS[refusal[0]], "text/plain; charset=utf-8"
-                body = f"{refusal[1]}\n".encode()
-                if refusal[0] == 401:
-                    extra = 'WWW-Authenticate: Bearer realm="kiproxy admin"\r\n'
-            else:
-                status, ctype, body = await self._answer(method, path, query)
-            head = (f"HTTP/1.0 {status}\r\nContent-Type: {ctype}\r\n{extra}"
-                    f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n")
-            writer.write(head.encode("latin-1") + (b"" if method == "HEAD" else body))
-            await writer.drain()
-        except (TimeoutError, ConnectionError, UnicodeDecodeError):
-            pass
-        except Exception:
-            log.exception("metrics endpoint: request failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    async def _answer(self, method: str, path: str,
-                      query: str = "") -> tuple[str, str, bytes]:
-        text = "text/plain; charset=utf-8"
-        if path == "/reload" and self._reload is not None:
-            if method != "POST":
-                return "405 Method Not Allowed", text, b"POST /reload\n"
-            status, answer = await self._reload(query)
-            return _STATUS[status], "application/json", json.dumps(answer).encode() + b"\n"
-        if method not in ("GET", "HEAD"):
-            return "405 Method Not Allowed", text, b"only GET and HEAD\n"
-        if path == "/config" and self._config is not None:
-            body = json.dumps(self._config(), indent=2, sort_keys=True).encode() + b"\n"
-            return "200 OK", "application/json", body
-        if path == "/metrics":
-            return "200 OK", CONTENT_TYPE_LATEST, self.metrics.render()
-        if path in ("/healthz", "/livez"):
-            return "200 OK", text, b"ok\n"
-        if path == "/readyz":
-            reason = await self._ready()
-            if reason is None:
-                return "200 OK", text, b"ready\n"
-            return "503 Service Unavailable", text, f"not ready: {reason}\n".encode()
-        return "404 Not Found", text, b"try /metrics, /healthz, /livez, /readyz or /config\n"
-
-
-_STATUS = {200: "200 OK", 401: "401 Unauthorized", 403: "403 Forbidden", 409: "409 Conflict",
-           500: "500 Internal Server Error"}
 
 
 class _LimitCollector(Collector):

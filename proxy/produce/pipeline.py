@@ -69,7 +69,7 @@ from kiproxy.proxy.routes.runtime import LoadedChain, one_interceptor
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
-    from kiproxy.proxy.observe.dead_letter import DeadLetterSink
+    from kiproxy.proxy.observe.kafka_sink import KafkaSink
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.routes.runtime import LoadedRoutes
 
@@ -171,7 +171,7 @@ class ProducePipeline:
         tallies: bool = False,
         topic_names: dict[uuid.UUID, str] | None = None,
         routes: LoadedRoutes | None = None,
-        dead_letter: DeadLetterSink | None = None,
+        dead_letter: KafkaSink | None = None,
     ) -> None:
         if interceptor is not None:  # built in code: the shorthand's one-link route
             routes = one_interceptor(interceptor, name or type(interceptor).__name__,

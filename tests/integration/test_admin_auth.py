@@ -1,4 +1,4 @@
-"""Who may reload a running proxy over HTTP (``proxy.observe.admin``).
+"""Who may reload a running proxy over HTTP (``proxy.admin.guard``).
 
 A real ``kiproxy run`` in front of the session's Tansu broker, asked over real
 HTTP: with ``admin.token_file`` set, ``POST /reload`` needs the file's token
@@ -20,7 +20,7 @@ from conftest import launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
-from kiproxy.proxy.observe.admin import AdminGuard
+from kiproxy.proxy.admin.guard import AdminGuard
 
 pytestmark = pytest.mark.timeout(120)
 

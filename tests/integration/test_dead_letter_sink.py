@@ -1,4 +1,5 @@
-"""The dead-letter sink alone, against real brokers: what a copy carries, and what is dropped.
+"""The dead-letter sink (a ``KafkaSink``) alone, against real brokers: what a copy
+carries, and what is dropped.
 
 The sink is driven as the produce path drives it (``offer`` on the event loop);
 the copies are read back with confluent-kafka and the counters read from the
@@ -21,7 +22,8 @@ from kiproxy.interceptors import Record
 from kiproxy.localbrokers.kafka_cluster import KafkaCluster
 from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.proxy.config.model import DeadLetterSinkSettings, UpstreamTlsSettings
-from kiproxy.proxy.observe.dead_letter import HEADERS, DeadLetterCopy, DeadLetterSink
+from kiproxy.proxy.observe.dead_letter import HEADERS, DeadLetterCopy
+from kiproxy.proxy.observe.kafka_sink import KafkaSink
 from kiproxy.proxy.observe.metrics import Metrics
 
 pytestmark = pytest.mark.timeout(120)
@@ -67,18 +69,18 @@ def records(n: int, size: int = 8) -> list[Record]:
 
 
 def dropped(metrics: Metrics, reason: str) -> float:
-    return metrics.registry.get_sample_value("kiproxy_dead_letter_dropped_total",
-                                             {"reason": reason}) or 0.0
+    return metrics.registry.get_sample_value("kiproxy_sink_dropped_total",
+                                             {"sink": "dead_letter", "reason": reason}) or 0.0
 
 
 def written(metrics: Metrics, topic: str) -> float:
-    return metrics.registry.get_sample_value("kiproxy_dead_letter_written_total",
-                                             {"topic": topic}) or 0.0
+    return metrics.registry.get_sample_value("kiproxy_sink_written_total",
+                                             {"sink": "dead_letter", "topic": topic}) or 0.0
 
 
-def sink(bootstrap: str, metrics: Metrics, **settings: object) -> DeadLetterSink:
-    return DeadLetterSink(DeadLetterSinkSettings.model_validate(settings),
-                          bootstrap=[bootstrap], tls=None, metrics=metrics)
+def sink(bootstrap: str, metrics: Metrics, **settings: object) -> KafkaSink:
+    return KafkaSink("dead_letter", DeadLetterSinkSettings.model_validate(settings),
+                     bootstrap=[bootstrap], tls=None, metrics=metrics)
 
 
 async def wait_for(check: object, timeout: float = 30.0) -> None:
@@ -211,7 +213,7 @@ def test_the_sink_authenticates_with_credentials_of_its_own(apache_kafka: KafkaC
     assert tls is None and bootstrap == (apache_kafka.listener_bootstrap(SASL_LISTENER),)
 
     async def run() -> None:
-        dl = DeadLetterSink(settings, bootstrap=bootstrap, tls=None, metrics=metrics)
+        dl = KafkaSink("dead_letter", settings, bootstrap=bootstrap, tls=None, metrics=metrics)
         await dl.start()
         dl.offer(refused_copy(topic, records(2)))
         await wait_for(lambda: written(metrics, topic) == 2)

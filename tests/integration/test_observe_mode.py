@@ -278,11 +278,12 @@ def test_a_missing_dead_letter_topic_changes_nothing_for_producers(
     from confluent_kafka import KafkaError
 
     proxy, _, metrics = watched
-    before = metric(metrics, "kiproxy_dead_letter_dropped_total", reason="topic_missing")
+    before = metric(metrics, "kiproxy_sink_dropped_total", sink="dead_letter",
+                    reason="topic_missing")
     errors = produce(proxy.bootstrap, "guard-gone", sent_records("gone", 2, bad={0}))
     assert all(e is not None and e.code() == KafkaError.POLICY_VIOLATION for e in errors)
     deadline = time.monotonic() + 30
-    while metric(metrics, "kiproxy_dead_letter_dropped_total",
+    while metric(metrics, "kiproxy_sink_dropped_total", sink="dead_letter",
                  reason="topic_missing") < before + 2:
         assert time.monotonic() < deadline, proxy.log
         time.sleep(0.1)

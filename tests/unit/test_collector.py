@@ -1,4 +1,4 @@
-"""The cyclic collector's frozen start-up objects (kiproxy.proxy.observe.collector)."""
+"""The cyclic collector's frozen start-up objects (kiproxy.proxy.collector)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from kiproxy.proxy.brokers.discovery import UpstreamUnreachable
 _PROBE = textwrap.dedent("""
     import gc, json, weakref
     import kiproxy.proxy.cli
-    from kiproxy.proxy.observe.collector import freeze_imported
+    from kiproxy.proxy.collector import freeze_imported
     from kiproxy.proxy.server import ProxyServer
 
     class Node:

@@ -21,6 +21,7 @@ REAL_PACKAGES = ("localbrokers",)  # real folders inside kiproxy/, not links
 PROXY_LAYERS: dict[str, frozenset[str]] = {
     "config": frozenset(),
     "observe": frozenset({"config"}),
+    "admin": frozenset({"config", "observe"}),
     "reload": frozenset({"config"}),
     "isolation": frozenset({"observe"}),
     "routes": frozenset({"config", "observe", "isolation"}),
