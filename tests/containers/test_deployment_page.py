@@ -4,9 +4,12 @@ The block (the one whose test marker names this test) exports ``CONTAINERS_CONF`
 itself, builds or reuses the image with ``make -s image``, runs it, waits for
 ``/readyz``, reloads it with SIGHUP and stops it. It runs here with ``bash -e -o
 pipefail`` from the repository root, without ``CONTAINERS_CONF`` in its environment,
-so a page that forgot the export fails as a reader's shell would. The addresses are
-the one change made to it: the page's broker ``127.0.0.1:9092`` becomes the
-session's Tansu broker, and its listeners move to free ports when theirs are taken.
+so a page that forgot the export fails as a reader's shell would (on a host that
+refuses podman's default rlimits: ``error setting rlimit type 7``). Two changes are
+made to it: the page's broker ``127.0.0.1:9092`` becomes the session's Tansu broker
+and its listeners move to free ports when theirs are taken; and the container's
+state is read before the block removes it, to check that SIGTERM stopped it with
+exit status 0.
 """
 
 from __future__ import annotations
@@ -79,7 +82,7 @@ def test_the_podman_lines_run_as_written(image: Image, broker: EmbeddedBroker,
     block = page_block()
     for page_address, address in _addresses(block, broker).items():
         block = block.replace(page_address, address)
-    # Left running by a failed step, the container's state is what to look at.
+    # The container's state after `podman stop`, read before the block's `podman rm`.
     block = block.replace("podman rm kiproxy", "podman inspect --format '{{json .State}}' kiproxy "
                           f"> {tmp_path / 'state.json'}\npodman rm kiproxy")
     env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}
