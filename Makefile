@@ -8,7 +8,7 @@ SOURCES := pyproject.toml setup.py protocol/_codec.pyx \
 	interceptors/builtin/schema_registry/_avro_check.pyx kiproxy/__init__.py
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
-.PHONY: install run test lint typecheck unit dist docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
+.PHONY: install run test lint typecheck unit dist wheel docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,11 @@ test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps container-e
 dist: $(TEST_STAMP)
 	rm -rf dist
 	$(BIN)/python -m build --outdir dist .
+
+## A wheel of the package alone (its compiled extensions built in) in dist/, to install
+## elsewhere with pip; needs only the virtualenv, not the test tools.
+wheel: | $(BIN)/python
+	$(BIN)/python -m pip wheel --quiet --no-deps --wheel-dir dist .
 
 ## The documentation site in build/site (a broken link or a missing page fails the build).
 docs: $(TEST_STAMP)

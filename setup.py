@@ -4,10 +4,25 @@
 The codec is required (the proxy has no pure-Python record path), so a build
 without a working C compiler stops with a message that says what to install
 instead of a compiler traceback.
+
+``KIPROXY_EXT_CACHE=DIR`` keeps each compiled extension in DIR under a hash of
+everything its compilation reads (its ``.pyx``, this file, Cython's version,
+the Python ABI, the compiler and its flags), and a later build with the same
+hash copies it instead of running Cython and the C compiler again. The docs
+tests, which install the checkout into a fresh virtualenv for every page, set it
+(``tests/docs/test_fresh_checkout.py``); unset, every build compiles.
 """
 
+import hashlib
+import os
+import platform
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
 from typing import Any
 
+import Cython
 from Cython.Build import cythonize
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -18,10 +33,34 @@ NO_COMPILER = (
     "(Debian/Ubuntu: apt-get install gcc python3-dev; Fedora: dnf install gcc python3-devel; "
     "macOS: xcode-select --install), or install a prebuilt wheel of kafka-interceptor-proxy."
 )
+CYTHON_DIRECTIVES = {
+    "language_level": "3",
+    "boundscheck": False,
+    "wraparound": False,
+    "cdivision": True,
+    "embedsignature": True,
+}
+HERE = Path(__file__).resolve().parent
+
+
+def _cache_key(ext: Extension) -> str:
+    """A hash of what compiling ``ext`` reads: its sources, this file, the toolchain."""
+    digest = hashlib.sha256()
+    for source in sorted(ext.sources):
+        folder = (HERE / source).parent
+        for path in sorted([*folder.glob("*.pyx"), *folder.glob("*.pxd"), *folder.glob("*.pxi")]):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    digest.update(Path(__file__).read_bytes())
+    toolchain = [Cython.__version__, sys.version, platform.platform(),
+                 str(sysconfig.get_config_var("EXT_SUFFIX")), *ext.extra_compile_args,
+                 *(os.environ.get(k, "") for k in ("CC", "CFLAGS", "LDFLAGS", "CPPFLAGS"))]
+    digest.update("\0".join(toolchain).encode())
+    return digest.hexdigest()[:32]
 
 
 class BuildCodec(build_ext):
-    """``build_ext`` whose compiler failures name what is missing."""
+    """``build_ext`` that runs Cython per extension, reuses ``KIPROXY_EXT_CACHE``, and whose
+    compiler failures name what is missing."""
 
     def run(self) -> None:
         try:
@@ -30,26 +69,33 @@ class BuildCodec(build_ext):
             raise SystemExit(NO_COMPILER.format(error=f"{type(exc).__name__}: {exc}")) from exc
 
     def build_extension(self, ext: Any) -> None:
+        target = Path(self.get_ext_fullpath(ext.name))
+        cache = os.environ.get("KIPROXY_EXT_CACHE")
+        cached = Path(cache) / _cache_key(ext) / target.name if cache else None
+        if cached is not None and cached.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(cached, target)
+            return
         try:
+            (compiled,) = cythonize([ext], compiler_directives=CYTHON_DIRECTIVES, quiet=True)
+            ext.sources = compiled.sources  # the generated .c
             super().build_extension(ext)
         except Exception as exc:
             raise SystemExit(NO_COMPILER.format(error=f"{type(exc).__name__}: {exc}")) from exc
+        if cached is not None:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            partial = cached.with_suffix(f".{os.getpid()}.partial")
+            shutil.copy2(target, partial)
+            partial.replace(cached)  # whole or absent, when two builds share the cache
 
 
 setup(
     cmdclass={"build_ext": BuildCodec},
-    ext_modules=cythonize(
-        [Extension("kiproxy.protocol._codec", ["kiproxy/protocol/_codec.pyx"],
-                   extra_compile_args=["-O3"]),
-         Extension("kiproxy.interceptors.builtin.schema_registry._avro_check",
-                   ["kiproxy/interceptors/builtin/schema_registry/_avro_check.pyx"],
-                   extra_compile_args=["-O3"])],
-        compiler_directives={
-            "language_level": "3",
-            "boundscheck": False,
-            "wraparound": False,
-            "cdivision": True,
-            "embedsignature": True,
-        },
-    ),
+    ext_modules=[
+        Extension("kiproxy.protocol._codec", ["kiproxy/protocol/_codec.pyx"],
+                  extra_compile_args=["-O3"]),
+        Extension("kiproxy.interceptors.builtin.schema_registry._avro_check",
+                  ["kiproxy/interceptors/builtin/schema_registry/_avro_check.pyx"],
+                  extra_compile_args=["-O3"]),
+    ],
 )

@@ -1,14 +1,15 @@
 """The README's and the documentation's examples work as written.
 
-A fenced code block is tested according to the HTML comment on the line above it:
+A fenced code block is tested according to the HTML comment on the line above it
+(parsed by ``tests/docs/doc_blocks.py``):
 
-- ``<!-- test: run -->`` (``sh`` or ``python``): executed as written, from the
-  repository root, with ``kiproxy`` on ``PATH``. Blocks that name the quickstart
-  address ``127.0.0.1:9192`` run against ``kiproxy dev --plugins-dir plugins
-  --interceptor mask_card_numbers:MaskCardNumbers`` (what ``make run`` starts),
-  which this test starts on that address when it is free. When it is taken, the
-  proxy listens on a free port instead and that one substitution - the address
-  it printed for ``127.0.0.1:9192`` - is the only change made to the block.
+- ``<!-- test: run -->`` (``sh`` or ``python``): executed as written. On a page
+  marked ``<!-- test: fresh-checkout -->`` (a line of its own before its first
+  block) the page's ``run`` blocks run top to bottom in one fresh copy of the
+  checkout, from a clean shell, as a new user would type them
+  (``tests/docs/test_fresh_checkout.py``, which also documents ``run fails`` and
+  ``run background``). On the other pages each ``run`` block runs on its own
+  from the repository root with this checkout's ``kiproxy`` on ``PATH``.
   ``expect="TEXT"`` in the marker: TEXT must be in the block's output.
 - ``<!-- test: plugin -->`` (``python``): the module is dropped into a plugins
   directory, each interceptor or observer class it defines is loaded by the
@@ -18,7 +19,9 @@ A fenced code block is tested according to the HTML comment on the line above it
 - ``<!-- test: config -->`` (``yaml``): validated by the config model
   (``kiproxy.proxy.config.model.load_config``); ``config load`` also loads and
   configures its interceptor.
-- ``<!-- test: skip REASON -->``: not executed, for the reason given.
+- ``<!-- test: skip REASON -->``: not executed. REASON names the test that runs
+  the same thing as a pytest node id (``tests/containers/test_image.py::test_x``,
+  which must exist), or says why it cannot run here (a real cluster, say).
 
 Every ``sh``, ``python`` and ``yaml`` block must carry one of them, and every
 ``kiproxy`` command line in an ``sh`` block must parse with the real parser.
@@ -32,85 +35,29 @@ import json
 import os
 import re
 import shlex
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from doc_blocks import (
+    ALL_BLOCKS,
+    CHECKED_LANGUAGES,
+    PAGE_MARKER,
+    PAGES,
+    ROOT,
+    Block,
+    is_fresh_checkout,
+    missing_node_ids,
+    page_marker_line,
+)
 
 from kiproxy.cli import build_parser
 from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.loader import load_interceptor, load_observer
 from kiproxy.proxy.config.model import load_config
-
-ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-QUICKSTART_ADDRESS = "127.0.0.1:9192"
-DEV_COMMAND = ["dev", "--plugins-dir", "plugins", "--interceptor",
-               "mask_card_numbers:MaskCardNumbers"]
-CHECKED_LANGUAGES = {"sh", "python", "yaml"}
-MARKER = re.compile(r"<!--\s*test:\s*(?P<kind>run|plugin|config load|config|skip)\b"
-                    r"(?P<args>.*?)-->")
-SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
-
-
-@dataclass(frozen=True)
-class Block:
-    """One fenced code block of a page, with its test marker (if any)."""
-
-    page: Path
-    line: int
-    language: str
-    code: str
-    kind: str | None
-    args: str
-
-    @property
-    def id(self) -> str:
-        return f"{self.page.relative_to(ROOT)}:{self.line}"
-
-    def arg(self, name: str) -> str | None:
-        """A ``name="value"`` or ``name={json}`` argument of the marker."""
-        found = re.search(rf'{name}=("(?P<q>[^"]*)"|(?P<j>\{{.*\}}))', self.args)
-        if found is None:
-            return None
-        return found.group("q") if found.group("q") is not None else found.group("j")
-
-
-def _include_snippets(code: str) -> str:
-    lines = []
-    for line in code.splitlines():
-        found = SNIPPET.match(line.strip())
-        lines.append((ROOT / found.group("path")).read_text().rstrip("\n") if found else line)
-    return "\n".join(lines) + "\n"
-
-
-def blocks(page: Path) -> Iterator[Block]:
-    """The fenced blocks of ``page``, top to bottom."""
-    lines = page.read_text(encoding="utf-8").splitlines()
-    i = 0
-    while i < len(lines):
-        fence = re.match(r"^(`{3,})(\w*)", lines[i])
-        if fence is None:
-            i += 1
-            continue
-        start, language = i, fence.group(2)
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith(fence.group(1)))
-        above = next((lines[j] for j in range(start - 1, -1, -1) if lines[j].strip()), "")
-        marker = MARKER.search(above)
-        yield Block(page=page, line=start + 1, language=language,
-                    code=_include_snippets("\n".join(lines[start + 1:end])),
-                    kind=marker.group("kind") if marker else None,
-                    args=marker.group("args") if marker else "")
-        i = end + 1
-
-
-ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]
 
 
 def _of(kind: str, *languages: str) -> list[Block]:
@@ -134,6 +81,28 @@ def test_every_runnable_language_block_says_how_it_is_tested() -> None:
 def test_skipped_blocks_give_a_reason() -> None:
     bare = [b.id for b in _of("skip") if len(b.args.strip()) < 10]
     assert bare == [], f"say why these blocks are not run: {bare}"
+
+
+def test_tests_named_by_skip_reasons_exist() -> None:
+    wrong = {b.id: missing for b in _of("skip") if (missing := missing_node_ids(b.args))}
+    assert wrong == {}, ("a skip reason names a test as FILE::FUNCTION, and that test "
+                         f"must exist: {wrong}")
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if is_fresh_checkout(p)],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_fresh_checkout_marker_comes_before_the_first_block(page: Path) -> None:
+    first = next((b.line for b in ALL_BLOCKS if b.page == page), None)
+    marker = page_marker_line(page)
+    assert marker is not None and (first is None or marker < first), (
+        f"{page.name}: put {PAGE_MARKER} on a line of its own before the first block")
+
+
+def test_background_blocks_are_on_fresh_checkout_pages() -> None:
+    elsewhere = [b.id for b in _of("run") if b.flag("background")
+                 and not is_fresh_checkout(b.page)]
+    assert elsewhere == [], ("`run background` needs a page marked "
+                             f"{PAGE_MARKER}: {elsewhere}")
 
 
 def test_the_examples_cover_each_kind() -> None:
@@ -168,64 +137,26 @@ def test_kiproxy_command_lines_parse(block: Block, line: str) -> None:
 # ------------------------------------------------------------------------- run
 
 
-def _port_free(address: str) -> bool:
-    host, port = address.rsplit(":", 1)
-    with socket.socket() as s:
-        try:
-            s.bind((host, int(port)))
-        except OSError:
-            return False
-    return True
-
-
-@pytest.fixture(scope="module")
-def quickstart_proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """``kiproxy dev`` as ``make run`` starts it; yields the bootstrap address it printed."""
-    extra = [] if _port_free(QUICKSTART_ADDRESS) else ["--listen", "127.0.0.1:0"]
-    log = tmp_path_factory.mktemp("quickstart") / "kiproxy.log"
-    with log.open("wb") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "kiproxy", *DEV_COMMAND, *extra],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=stderr, text=True)
-    try:
-        assert proc.stdout is not None
-        address = None
-        deadline = time.monotonic() + 90
-        while address is None and time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line and proc.poll() is not None:
-                break
-            found = re.match(r"kiproxy: bootstrap address (\S+)", line)
-            address = found.group(1) if found else None
-        assert address is not None, f"kiproxy dev did not start: {log.read_text()[-2000:]}"
-        yield address
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@pytest.mark.parametrize("block", _params(_of("run")))
-def test_run_blocks_work_as_written(block: Block, request: pytest.FixtureRequest) -> None:
-    code = block.code
-    if QUICKSTART_ADDRESS in code:
-        address = request.getfixturevalue("quickstart_proxy")
-        code = code.replace(QUICKSTART_ADDRESS, address)  # the one substitution (see above)
+@pytest.mark.parametrize("block", _params([b for b in _of("run")
+                                           if not is_fresh_checkout(b.page)]))
+def test_run_blocks_work_as_written(block: Block) -> None:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     if block.language == "python":
-        argv = [sys.executable, "-c", code]
+        argv = [sys.executable, "-c", block.code]
     elif block.language == "sh":
-        argv = ["bash", "-e", "-o", "pipefail", "-c", code]
+        argv = ["bash", "-e", "-o", "pipefail", "-c", block.code]
     else:
         pytest.fail(f"{block.id}: `test: run` needs a python or sh block")
     done = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"
+    output = done.stdout + done.stderr
+    if block.flag("fails"):
+        assert done.returncode != 0, f"{block.id} exited 0; the page shows it failing"
+    else:
+        assert done.returncode == 0, f"{block.id} failed:\n{done.stdout}\n{done.stderr}"
     expected = block.arg("expect")
     if expected is not None:
-        assert expected in done.stdout, f"{block.id}: {expected!r} not in {done.stdout!r}"
+        assert expected in output, f"{block.id}: {expected!r} not in {output!r}"
 
 
 # ------------------------------------------------------------------------- plugins

@@ -1,0 +1,99 @@
+"""Pages marked ``<!-- test: fresh-checkout -->`` work, block after block, in a fresh clone.
+
+One test per page (its blocks depend on each other): its ``run`` blocks run top
+to bottom in one copy of the checkout, from a clean environment, as
+``tests/docs/fresh_checkout.py`` describes. The markers on such a page:
+
+- ``run``: exits 0; ``expect="TEXT"``: TEXT is in its output (stdout and stderr).
+- ``run fails expect="TEXT"``: exits non-zero, with TEXT in its output (a page
+  that shows an error).
+- ``run background ready="TEXT"``: started and left running for the following
+  blocks once TEXT is in its output (``timeout=SECONDS``, 240 by default);
+  stopped at the end of the page.
+- ``timeout=SECONDS`` on any ``run`` block overrides the 900 s a block may take.
+
+What it costs, and why it stays cheap. A page's copy takes well under a
+second. Its installs (``python3 -m venv``, ``pip install '.[extra]'``) use
+pip's cache under ``HOME``, so dependencies are not downloaded again, but pip
+builds the checkout itself each time, and the build compiles the Cython
+extensions (most of the build's CPU). ``setup.py`` keeps compiled extensions in
+the folder ``KIPROXY_EXT_CACHE`` names, keyed by a hash of everything the
+compiler reads (the ``.pyx`` and ``setup.py``'s text, Cython's version, the
+Python ABI), and copies a cached one instead of compiling it again. This test
+points it at one folder per pytest session unless the environment already
+names one, so each session compiles each extension once, for real, and every
+later page of the session reuses the result of that same build.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from doc_blocks import PAGES, ROOT, blocks, is_fresh_checkout
+from fresh_checkout import PageFailure, Workspace, clean_environment
+
+FRESH_PAGES = [page for page in PAGES if is_fresh_checkout(page)]
+#: A whole page: installs, a broker or two, Maven builds on a cold cache.
+PAGE_TIMEOUT = 3600
+
+
+@pytest.fixture(scope="session")
+def page_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The clean environment of every page, with one extension cache for the session."""
+    env = clean_environment()
+    env.setdefault("KIPROXY_EXT_CACHE", str(tmp_path_factory.mktemp("extensions")))
+    yield env
+
+
+@pytest.mark.timeout(PAGE_TIMEOUT)
+@pytest.mark.parametrize("page", [pytest.param(p, id=str(p.relative_to(ROOT)))
+                                  for p in FRESH_PAGES])
+def test_page_runs_as_written_in_a_fresh_checkout(page: Path, tmp_path: Path,
+                                                  page_environment: dict[str, str]) -> None:
+    runnable = [b for b in blocks(page) if b.kind == "run"]
+    assert runnable, f"{page.name} is marked fresh-checkout but has no run block"
+    with Workspace.create(tmp_path, dict(page_environment)) as workspace:
+        for block in runnable:
+            try:
+                workspace.run(block)
+            except PageFailure as failure:
+                pytest.fail(str(failure), pytrace=False)
+            finally:  # shown with -rP, or when the page fails
+                print(*(f"{seconds:6.1f} s  {where}" for where, seconds in workspace.timings[-1:]))
+
+
+def test_the_workspace_is_a_clean_shell_that_carries_state(tmp_path: Path) -> None:
+    """The harness itself: state carries from block to block, the virtualenv does not leak in."""
+    from doc_blocks import Block
+
+    def block(code: str, args: str = "", language: str = "sh") -> Block:
+        return Block(page=ROOT / "README.md", line=1, language=language, code=code,
+                     kind="run", args=args)
+
+    environ = {**os.environ, "VIRTUAL_ENV": "/nowhere", "MAKEFLAGS": "-j9",
+               "PATH": f"{ROOT / '.venv' / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    with Workspace.create(tmp_path, clean_environment(environ)) as workspace:
+        assert (workspace.root / "README.md").is_file()
+        assert (workspace.root / "kiproxy" / "proxy").is_symlink()
+        assert not (workspace.root / ".venv").exists()
+        workspace.run(block('test -z "${VIRTUAL_ENV:-}"; test -z "${MAKEFLAGS:-}"\n'
+                            'case ":$PATH:" in *"/.venv/bin:"*) exit 1;; esac\n'
+                            "export GREETING=hello; mkdir sub; cd sub"))
+        assert workspace.run(block('echo "$GREETING from $(basename "$PWD")"',
+                                   'expect="hello from sub"')).strip() == "hello from sub"
+        workspace.run(block("unset GREETING"))
+        workspace.run(block('test -z "${GREETING:-}"'))
+        workspace.run(block("echo no such thing >&2; exit 3", 'fails expect="no such thing"'))
+        with pytest.raises(PageFailure, match="exited 0 but the page shows it failing"):
+            workspace.run(block("true", "fails"))
+        with pytest.raises(PageFailure, match="exited 1"):
+            workspace.run(block("false; echo not reached"))
+        workspace.run(block("echo starting; echo ready now; exec sleep 600",
+                            'background ready="ready now" timeout=30'))
+        with pytest.raises(PageFailure, match="output of the background block"):
+            workspace.run(block("exit 4"))
+        process = workspace.background[0].process
+    assert process.poll() is not None  # stopped at the end of the page
