@@ -9,7 +9,7 @@ answers: AWS itself, LocalStack, moto's server (``endpoint_url``).
 
 Credentials, region and CA bundle are found as every AWS SDK finds them
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``
-and ``~/.aws/config``, ``AWS_REGION``, ``AWS_CA_BUNDLE``, container and instance
+and ``~/.aws/config``, ``AWS_DEFAULT_REGION``, ``AWS_CA_BUNDLE``, container and instance
 roles); the settings below override them.
 
 Bounds. Each call has a connect and a read timeout and at most ``max_attempts``
@@ -90,7 +90,7 @@ class AwsKmsSettings:
     __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
 
     region: str | None = None
-    """The region (default: as the SDK finds it, ``AWS_REGION`` or the profile's)."""
+    """The region (default: as the SDK finds it, ``AWS_DEFAULT_REGION`` or the profile's)."""
     endpoint_url: str | None = None
     """Another endpoint than the region's (LocalStack, a VPC endpoint, moto)."""
     profile: str | None = None
@@ -187,6 +187,9 @@ class AwsKmsProvider(KmsProvider):
     async def _call(self, operation: str, key: str, key_error: type[KmsError],
                     **params: Any) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
+        if self._client is None:  # local work (botocore's service data), not timed
+            await loop.run_in_executor(self._pool, functools.partial(
+                self._invoke, "", key, key_error, {}))
         call = functools.partial(self._invoke, operation, key, key_error, params)
         try:
             return await asyncio.wait_for(loop.run_in_executor(self._pool, call),
@@ -206,16 +209,18 @@ class AwsKmsProvider(KmsProvider):
                     config=botocore.config.Config(
                         connect_timeout=s.connect_timeout_ms / 1000,
                         read_timeout=s.read_timeout_ms / 1000,
-                        retries={"max_attempts": s.max_attempts, "mode": "standard"},
+                        retries={"total_max_attempts": s.max_attempts, "mode": "standard"},
                         max_pool_connections=s.max_calls_in_flight,
                         user_agent_extra="kiproxy-record-encryption"))
             return self._client
 
     def _invoke(self, operation: str, key: str, key_error: type[KmsError],
                 params: dict[str, Any]) -> dict[str, Any]:
-        what = f"{operation} for KMS key {key!r} at {self._where}"
+        what = f"{operation or 'Setting up the client'} for KMS key {key!r} at {self._where}"
         try:
             client = self._kms()
+            if not operation:  # only the client was asked for
+                return {}
             method = getattr(client, botocore.xform_name(operation))
             answer: dict[str, Any] = method(**params)
             return answer
