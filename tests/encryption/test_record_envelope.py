@@ -161,3 +161,11 @@ def test_the_layout_is_the_documented_one() -> None:
     assert sealed.value is not None and len(sealed.value) == 12 + len(b"hello") + 16
     again = seal(Record(value=b"hello")).value
     assert again is not None and sealed.value[:12] != again[:12]  # a fresh nonce each time
+
+
+def test_a_marker_over_8_kib_is_refused_both_ways() -> None:
+    names = tuple(f"h{i:03d}-" + "x" * 60 for i in range(200))
+    with pytest.raises(EnvelopeError, match="over 8192"):
+        seal(Record(value=b"v", headers=[(n, b"v") for n in names]), headers=names)
+    with pytest.raises(EnvelopeError, match="over 8192"):
+        unseal(Record(value=b"v", headers=[(MARKER_HEADER, b"\x01" * 8193)]))

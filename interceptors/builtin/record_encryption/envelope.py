@@ -18,6 +18,7 @@ Key, timestamp, offset delta and every other header are left as they were. Byte 
       2     u16    n, then n bytes: the KEK id, UTF-8 (an AWS key ARN, a key file's name)
       ..    u16    m, then m bytes: the wrapped data key, as the KMS returned it
       ..    u8     h, then h times: u16 length + UTF-8 name of a sealed header
+      (at most 8 KiB in all)
 
     sealed field (the value, a sealed header's value)
       0     12     nonce, random per field
@@ -56,6 +57,7 @@ off as sealed.
 
 from __future__ import annotations
 
+import functools
 import os
 import struct
 from collections.abc import Collection
@@ -81,6 +83,9 @@ MARKER_HEADER = "kiproxy.encryption"
 FORMAT_VERSION = 1
 NONCE_BYTES = 12
 TAG_BYTES = 16
+MAX_DESCRIPTOR_BYTES = 8192
+"""A longer marker is refused (a KMS ciphertext blob is at most 6 KiB), which also
+bounds the memory of the parsed descriptors kept."""
 _VALUE_SEALED = 0x01
 _U16 = struct.Struct(">H")
 _AAD_PREFIX = MARKER_HEADER.encode() + b"\x00"
@@ -115,6 +120,7 @@ def sealed_fields(record: Record, header_names: Collection[str]) -> int:
     return count
 
 
+@functools.lru_cache(maxsize=256)  # the same few per data key: built once
 def _pack_descriptor(key_id: str, wrapped_key: bytes, value_sealed: bool,
                      headers: tuple[str, ...]) -> bytes:
     kid = key_id.encode()
@@ -127,6 +133,7 @@ def _pack_descriptor(key_id: str, wrapped_key: bytes, value_sealed: bool,
     return b"".join(parts)
 
 
+@functools.lru_cache(maxsize=256)  # the same few per data key: built once
 def _aad(topic: bytes, kind: bytes, name: bytes, occurrence: int, descriptor: bytes) -> bytes:
     return b"".join((_AAD_PREFIX, _U16.pack(len(topic)), topic, kind, _U16.pack(len(name)),
                      name, _U16.pack(occurrence), descriptor))
@@ -148,6 +155,10 @@ def seal_record(record: Record, *, topic: str, aead: AESGCM, key_id: str, wrappe
         raise EnvelopeError(f"topic {topic!r}: at most 255 distinct header names are "
                             f"sealed per record, not {len(present)}")
     descriptor = _pack_descriptor(key_id, wrapped_key, value is not None, present)
+    if len(descriptor) > MAX_DESCRIPTOR_BYTES:
+        raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header would be "
+                            f"{len(descriptor)} bytes, over {MAX_DESCRIPTOR_BYTES} (seal "
+                            "fewer header names)")
     tb = topic.encode()
     if value is not None:
         nonce = os.urandom(NONCE_BYTES)
@@ -180,9 +191,13 @@ def read_descriptor(record: Record, *, topic: str) -> tuple[Descriptor, bytes] |
                 raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header is null")
     if raw is None:
         return None
+    if len(raw) > MAX_DESCRIPTOR_BYTES:
+        raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header is {len(raw)} "
+                            f"bytes, over {MAX_DESCRIPTOR_BYTES}")
     return _parse_descriptor(raw, topic), raw
 
 
+@functools.lru_cache(maxsize=256)  # the same few per data key: built once
 def _parse_descriptor(raw: bytes, topic: str) -> Descriptor:
     where = f"topic {topic!r}: the {MARKER_HEADER} header"
     if not raw or raw[0] != FORMAT_VERSION:
