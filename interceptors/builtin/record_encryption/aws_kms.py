@@ -29,8 +29,9 @@ and ``InvalidKeyUsageException`` are :class:`~.kms.UnresolvedKey` when encryptin
 and :class:`~.kms.Undecryptable` when decrypting, as are ``InvalidCiphertextException``
 and ``IncorrectKeyException``; throttling, KMS-internal and 5xx answers, timeouts,
 refused or broken connections and malformed answers are
-:class:`~.kms.KmsUnavailable` (retriable); refused credentials and a missing region
-are a plain :class:`~.kms.KmsError` naming what to set.
+:class:`~.kms.KmsUnavailable` (retriable); refused credentials, a missing region
+and a certificate the CA bundle does not trust are a plain :class:`~.kms.KmsError`
+naming what to set.
 
 Why boto3 in threads rather than aiobotocore: aiobotocore pins botocore to a narrow
 range (an installation with boto3 elsewhere breaks), and KMS is called once per data
@@ -136,7 +137,7 @@ class AwsKmsProvider(KmsProvider):
     def __init__(self, settings: AwsKmsSettings) -> None:
         self.settings = settings
         self._pool = ThreadPoolExecutor(max_workers=settings.max_calls_in_flight,
-                                        thread_name_prefix="kiproxy-kms")
+                                        thread_name_prefix=f"kiproxy-kms-{id(self):x}")
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._where = settings.endpoint_url or f"AWS KMS ({settings.region or 'SDK region'})"
@@ -231,6 +232,10 @@ class AwsKmsProvider(KmsProvider):
                 botocore.exceptions.ProfileNotFound) as exc:
             raise KmsError(f"{what}: {exc}; set aws_kms.region/profile or the AWS_* "
                            "environment variables") from None
+        except botocore.exceptions.SSLError as exc:
+            raise KmsError(f"{what}: the TLS handshake failed ({exc}); set aws_kms.ca_bundle "
+                           "(or AWS_CA_BUNDLE) to the CA that signed the endpoint's "
+                           "certificate") from None
         except botocore.exceptions.BotoCoreError as exc:  # timeouts, connections, parsing
             raise KmsUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
 
