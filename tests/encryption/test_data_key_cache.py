@@ -133,3 +133,5 @@ def test_the_policy_names_the_setting_that_is_wrong() -> None:
     with pytest.raises(ValueError, match=r"data_keys\.max_key_age"):
         DataKeyPolicy.from_config({"max_key_age": 10})
     assert DataKeyPolicy.from_config({"negative_ttl_s": 0}).negative_ttl_s == 0
+    with pytest.raises(ValueError, match="data_keys: expected a mapping, got list"):
+        DataKeyPolicy.from_config([])  # type: ignore[arg-type]

@@ -110,6 +110,8 @@ class AwsKmsSettings:
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> AwsKmsSettings:
         """Parse the ``aws_kms:`` mapping; errors name the key (``aws_kms.region``)."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"aws_kms: expected a mapping, got {type(raw).__name__}")
         try:
             settings = _ADAPTER.validate_python(dict(raw))
         except pydantic.ValidationError as exc:

@@ -64,6 +64,8 @@ class DataKeyPolicy:
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> DataKeyPolicy:
         """Parse the ``data_keys:`` mapping; errors name the key (``data_keys.x``)."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"data_keys: expected a mapping, got {type(raw).__name__}")
         try:
             return _ADAPTER.validate_python(dict(raw))
         except pydantic.ValidationError as exc:
