@@ -10,7 +10,8 @@ more encryptions than a data key has left is split across keys; so no data key e
 seals more than ``max_encryptions_per_key`` fields.
 
 :meth:`RecordCipher.decrypt` returns plaintext records (no marker header) unchanged and
-opens the others, unwrapping each distinct data key once (cached). Record count and
+opens the others, unwrapping each distinct data key once (cached; a batch's keys
+concurrently). Record count and
 order, keys, timestamps and offset deltas never change.
 
 Errors: :class:`~.kms.KmsError` (its ``retriable`` says whether to try later) and
@@ -20,6 +21,7 @@ whose message names the topic and the record's offset delta in its batch.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Collection, Sequence
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -86,17 +88,14 @@ class RecordCipher:
     async def decrypt(self, topic: str, records: Sequence[Record]) -> tuple[Record, ...]:
         """``records`` with every sealed one opened; plaintext ones as they are."""
         found: list[tuple[Descriptor, bytes] | None] = []
-        aeads: dict[tuple[str, bytes], AESGCM] = {}
         for record in records:
             try:
-                parsed = read_descriptor(record, topic=topic)
+                found.append(read_descriptor(record, topic=topic))
             except EnvelopeError as exc:
                 raise _at(record, exc) from None
-            found.append(parsed)
-            if parsed is not None:
-                slot = (parsed[0].key_id, parsed[0].wrapped_key)
-                if slot not in aeads:
-                    aeads[slot] = await self.keys.decryption_key(*slot)
+        slots = list(dict.fromkeys((p[0].key_id, p[0].wrapped_key) for p in found if p))
+        unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s) for s in slots))
+        aeads: dict[tuple[str, bytes], AESGCM] = dict(zip(slots, unwrapped, strict=True))
         out = []
         for record, parsed in zip(records, found, strict=True):
             if parsed is None:
