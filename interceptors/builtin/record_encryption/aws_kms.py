@@ -1,0 +1,259 @@
+"""``AwsKmsProvider``: KEKs and data keys from the AWS KMS API, through boto3.
+
+Contract. ``resolve_key`` is ``DescribeKey`` (an alias, key id or ARN; the answer's ARN
+is the id, and a key that is not an enabled symmetric encryption key is
+:class:`~.kms.UnresolvedKey`), ``generate_data_key`` is ``GenerateDataKey``
+(``AES_256``) and ``decrypt_data_key`` is ``Decrypt`` naming the KEK (so a wrapped key
+is only unwrapped by the key the envelope names). Anything that speaks the API
+answers: AWS itself, LocalStack, moto's server (``endpoint_url``).
+
+Credentials, region and CA bundle are found as every AWS SDK finds them
+(``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``
+and ``~/.aws/config``, ``AWS_DEFAULT_REGION``, ``AWS_CA_BUNDLE``, container and instance
+roles); the settings below override them.
+
+Bounds. Each call has a connect and a read timeout and at most ``max_attempts``
+attempts (botocore's ``standard`` retry mode, set explicitly, so SDK defaults never
+multiply a stall), and the whole call - queueing for a thread included - is cut
+off after :attr:`AwsKmsSettings.call_timeout_s`. boto3 is blocking, so calls run in a
+thread pool of ``max_calls_in_flight`` threads (the same number of HTTP
+connections): a KMS that stalls holds at most that many threads, never the event
+loop. What is sent is bounded (a wrapped key over 6 KiB, KMS's own limit, is refused
+before any call) and what is accepted is checked (a data key is 32 bytes, a wrapped
+key at most 6 KiB); an answer of any other shape is :class:`~.kms.KmsUnavailable`.
+botocore reads an answer whole before kiproxy sees it, so the size of an answer is
+bounded only by the read timeout: point ``endpoint_url`` only at a KMS you trust.
+
+Errors: ``NotFoundException``, ``DisabledException``, ``KMSInvalidStateException``
+and ``InvalidKeyUsageException`` are :class:`~.kms.UnresolvedKey` when encrypting
+and :class:`~.kms.Undecryptable` when decrypting, as are ``InvalidCiphertextException``
+and ``IncorrectKeyException``; throttling, KMS-internal and 5xx answers, timeouts,
+refused or broken connections and malformed answers are
+:class:`~.kms.KmsUnavailable` (retriable); refused credentials, a missing region
+and a certificate the CA bundle does not trust are a plain :class:`~.kms.KmsError`
+naming what to set.
+
+Why boto3 in threads rather than aiobotocore: aiobotocore pins botocore to a narrow
+range (an installation with boto3 elsewhere breaks), and KMS is called once per data
+key rotation or cache miss, so a thread per call costs nothing that matters.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, ClassVar
+
+import boto3
+import botocore.config
+import botocore.exceptions
+import pydantic
+from pydantic import ConfigDict, Field
+
+from .kms import (
+    DATA_KEY_BYTES,
+    DataKey,
+    KmsError,
+    KmsProvider,
+    KmsUnavailable,
+    Undecryptable,
+    UnresolvedKey,
+)
+
+__all__ = ["AwsKmsProvider", "AwsKmsSettings"]
+
+MAX_WRAPPED_BYTES = 6144
+"""KMS's own bound on a ciphertext blob."""
+
+_KEY_PROBLEMS = frozenset({"NotFoundException", "DisabledException",
+                           "KMSInvalidStateException", "InvalidKeyUsageException",
+                           "InvalidArnException"})
+_CIPHERTEXT_PROBLEMS = _KEY_PROBLEMS | {"InvalidCiphertextException",
+                                        "IncorrectKeyException"}
+_UNAVAILABLE = frozenset({"ThrottlingException", "LimitExceededException",
+                          "KMSInternalException", "DependencyTimeoutException",
+                          "KeyUnavailableException", "ServiceUnavailableException",
+                          "InternalFailure", "RequestTimeout"})
+_REFUSED_CREDENTIALS = frozenset({"AccessDeniedException", "UnrecognizedClientException",
+                                  "InvalidSignatureException", "ExpiredTokenException",
+                                  "IncompleteSignature", "InvalidClientTokenId"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AwsKmsSettings:
+    """Where the KMS is and how long a call may take."""
+
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+
+    region: str | None = None
+    """The region (default: as the SDK finds it, ``AWS_DEFAULT_REGION`` or the profile's)."""
+    endpoint_url: str | None = None
+    """Another endpoint than the region's (LocalStack, a VPC endpoint, moto)."""
+    profile: str | None = None
+    """A profile of ``~/.aws/config`` (default: ``AWS_PROFILE`` or ``default``)."""
+    ca_bundle: str | None = None
+    """Trust these CAs (default: ``AWS_CA_BUNDLE``, the profile's, or certifi's)."""
+    verify_tls: bool = True
+    """False turns certificate checks off (never in production)."""
+    connect_timeout_ms: Annotated[int, Field(gt=0)] = 2000
+    read_timeout_ms: Annotated[int, Field(gt=0)] = 5000
+    max_attempts: Annotated[int, Field(ge=1, le=5)] = 2
+    """Attempts per call, the first included (botocore's ``standard`` retries)."""
+    max_calls_in_flight: Annotated[int, Field(ge=1, le=64)] = 4
+    """Threads (and HTTP connections) for KMS calls; more calls wait for one."""
+
+    @classmethod
+    def from_config(cls, raw: Mapping[str, object]) -> AwsKmsSettings:
+        """Parse the ``aws_kms:`` mapping; errors name the key (``aws_kms.region``)."""
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"aws_kms: expected a mapping, got {type(raw).__name__}")
+        try:
+            settings = _ADAPTER.validate_python(dict(raw))
+        except pydantic.ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"aws_kms.{'.'.join(str(p) for p in err['loc'])}: "
+                             f"{err['msg']}") from None
+        if settings.ca_bundle is not None and not Path(settings.ca_bundle).is_file():
+            raise ValueError(f"aws_kms.ca_bundle: no file at {settings.ca_bundle!r}")
+        return settings
+
+    @property
+    def call_timeout_s(self) -> float:
+        """The bound on one call: every attempt's connect and read timeouts, and a
+        second per attempt for queueing and retry back-off."""
+        return self.max_attempts * ((self.connect_timeout_ms + self.read_timeout_ms) / 1000
+                                    + 1.0)
+
+
+_ADAPTER = pydantic.TypeAdapter(AwsKmsSettings)
+
+
+class AwsKmsProvider(KmsProvider):
+    """The AWS KMS API as a :class:`~.kms.KmsProvider` (see the module docstring)."""
+
+    def __init__(self, settings: AwsKmsSettings) -> None:
+        self.settings = settings
+        self._pool = ThreadPoolExecutor(max_workers=settings.max_calls_in_flight,
+                                        thread_name_prefix=f"kiproxy-kms-{id(self):x}")
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._where = settings.endpoint_url or f"AWS KMS ({settings.region or 'SDK region'})"
+
+    async def resolve_key(self, reference: str) -> str:
+        answer = await self._call("DescribeKey", reference, UnresolvedKey, KeyId=reference)
+        meta = answer.get("KeyMetadata")
+        if not isinstance(meta, Mapping) or not isinstance(meta.get("Arn"), str):
+            raise KmsUnavailable(f"{self._where} answered DescribeKey {reference!r} "
+                                 "without the key's ARN")
+        state, usage = meta.get("KeyState"), meta.get("KeyUsage")
+        if state != "Enabled" or usage not in (None, "ENCRYPT_DECRYPT"):
+            raise UnresolvedKey(f"KMS key {reference!r} ({meta['Arn']}) cannot wrap data "
+                                f"keys: it is {state}, for {usage}; enable it or name an "
+                                "enabled symmetric key")
+        return str(meta["Arn"])
+
+    async def generate_data_key(self, key_id: str) -> DataKey:
+        answer = await self._call("GenerateDataKey", key_id, UnresolvedKey,
+                                  KeyId=key_id, KeySpec="AES_256")
+        plaintext, wrapped = answer.get("Plaintext"), answer.get("CiphertextBlob")
+        if (not isinstance(plaintext, bytes) or len(plaintext) != DATA_KEY_BYTES
+                or not isinstance(wrapped, bytes) or not 0 < len(wrapped) <= MAX_WRAPPED_BYTES):
+            raise KmsUnavailable(f"{self._where} answered GenerateDataKey for {key_id!r} "
+                                 "with no 32-byte key and wrapped key")
+        return DataKey(key_id=key_id, plaintext=plaintext, wrapped=wrapped)
+
+    async def decrypt_data_key(self, key_id: str, wrapped: bytes) -> bytes:
+        if not 0 < len(wrapped) <= MAX_WRAPPED_BYTES:
+            raise Undecryptable(f"a data key wrapped under {key_id!r} is {len(wrapped)} "
+                                f"bytes; KMS wraps keys in 1..{MAX_WRAPPED_BYTES}")
+        answer = await self._call("Decrypt", key_id, Undecryptable,
+                                  KeyId=key_id, CiphertextBlob=wrapped)
+        plaintext = answer.get("Plaintext")
+        if not isinstance(plaintext, bytes) or len(plaintext) != DATA_KEY_BYTES:
+            raise KmsUnavailable(f"{self._where} answered Decrypt under {key_id!r} "
+                                 "without a 32-byte key")
+        return plaintext
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._client_lock:
+            if self._client is not None:
+                self._client.close()
+
+    # -- the blocking part, in the pool ------------------------------------------------
+
+    async def _call(self, operation: str, key: str, key_error: type[KmsError],
+                    **params: Any) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        if self._client is None:  # local work (botocore's service data), not timed
+            await loop.run_in_executor(self._pool, functools.partial(
+                self._invoke, "", key, key_error, {}))
+        call = functools.partial(self._invoke, operation, key, key_error, params)
+        try:
+            return await asyncio.wait_for(loop.run_in_executor(self._pool, call),
+                                          self.settings.call_timeout_s)
+        except TimeoutError:
+            raise KmsUnavailable(f"{self._where} did not answer {operation} for {key!r} "
+                                 f"within {self.settings.call_timeout_s:g}s") from None
+
+    def _kms(self) -> Any:
+        with self._client_lock:
+            if self._client is None:
+                s = self.settings
+                session = boto3.session.Session(profile_name=s.profile, region_name=s.region)
+                verify: bool | str | None = s.ca_bundle or (None if s.verify_tls else False)
+                self._client = session.client(
+                    "kms", endpoint_url=s.endpoint_url, verify=verify,
+                    config=botocore.config.Config(
+                        connect_timeout=s.connect_timeout_ms / 1000,
+                        read_timeout=s.read_timeout_ms / 1000,
+                        retries={"total_max_attempts": s.max_attempts, "mode": "standard"},
+                        max_pool_connections=s.max_calls_in_flight,
+                        user_agent_extra="kiproxy-record-encryption"))
+            return self._client
+
+    def _invoke(self, operation: str, key: str, key_error: type[KmsError],
+                params: dict[str, Any]) -> dict[str, Any]:
+        what = f"{operation or 'Setting up the client'} for KMS key {key!r} at {self._where}"
+        try:
+            client = self._kms()
+            if not operation:  # only the client was asked for
+                return {}
+            method = getattr(client, botocore.xform_name(operation))
+            answer: dict[str, Any] = method(**params)
+            return answer
+        except botocore.exceptions.ClientError as exc:
+            raise _client_error(exc, what, key_error) from None
+        except (botocore.exceptions.NoRegionError,
+                botocore.exceptions.NoCredentialsError,
+                botocore.exceptions.ProfileNotFound) as exc:
+            raise KmsError(f"{what}: {exc}; set aws_kms.region/profile or the AWS_* "
+                           "environment variables") from None
+        except botocore.exceptions.SSLError as exc:
+            raise KmsError(f"{what}: the TLS handshake failed ({exc}); set aws_kms.ca_bundle "
+                           "(or AWS_CA_BUNDLE) to the CA that signed the endpoint's "
+                           "certificate") from None
+        except botocore.exceptions.BotoCoreError as exc:  # timeouts, connections, parsing
+            raise KmsUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
+
+
+def _client_error(exc: botocore.exceptions.ClientError, what: str,
+                  key_error: type[KmsError]) -> KmsError:
+    error = exc.response.get("Error", {})
+    code = str(error.get("Code", ""))
+    status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+    message = f"{what}: {code or status}: {error.get('Message', '')}".rstrip(": ")
+    if code in _UNAVAILABLE or status >= 500 or status == 429:
+        return KmsUnavailable(message)
+    if code in _CIPHERTEXT_PROBLEMS and key_error is Undecryptable:
+        return Undecryptable(message)
+    if code in _KEY_PROBLEMS:
+        return key_error(message)
+    if code in _REFUSED_CREDENTIALS:
+        return KmsError(f"{message}; the credentials are refused or lack kms:{what.split()[0]}")
+    return KmsError(message)

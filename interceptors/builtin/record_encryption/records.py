@@ -1,0 +1,115 @@
+"""``RecordCipher``: a topic-partition's records sealed and opened, with the data keys
+a :class:`~.data_keys.DataKeyCache` holds - what the produce and fetch hooks will call.
+
+Contract. :meth:`RecordCipher.encrypt` seals every record of a batch that has a field
+to seal (a non-null value, or a non-null value of a chosen header) under the topic's
+current data key, reserving one encryption per sealed field; a record with nothing to
+seal (a tombstone without chosen headers) is returned as it is, and so stays a
+tombstone. A record that already carries the marker header is refused. A batch needing
+more encryptions than a data key has left is split across keys; so no data key ever
+seals more than ``max_encryptions_per_key`` fields.
+
+:meth:`RecordCipher.decrypt` returns plaintext records (no marker header) unchanged and
+opens the others, unwrapping each distinct data key once (cached; a batch's keys
+concurrently). Record count and
+order, keys, timestamps and offset deltas never change.
+
+Errors: :class:`~.kms.KmsError` (its ``retriable`` says whether to try later) and
+:class:`~.envelope.EnvelopeError` (a record that does not open, or may not be sealed),
+whose message names the topic and the record's offset delta in its batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Collection, Sequence
+
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from kiproxy.interceptors import Record
+
+from .data_keys import DataKeyCache
+from .envelope import (
+    MARKER_HEADER,
+    Descriptor,
+    EnvelopeError,
+    open_record,
+    read_descriptor,
+    seal_record,
+    sealed_fields,
+)
+
+__all__ = ["RecordCipher"]
+
+
+class RecordCipher:
+    """Seals and opens records with the data keys of ``keys`` (see the module docstring)."""
+
+    def __init__(self, keys: DataKeyCache) -> None:
+        self.keys = keys
+
+    async def encrypt(self, topic: str, records: Sequence[Record], *, key_reference: str,
+                      header_names: Collection[str] = ()) -> tuple[Record, ...]:
+        """``records`` sealed under the current data key of ``topic`` and KEK
+        ``key_reference``, the values and the headers named in ``header_names``."""
+        limit = self.keys.policy.max_encryptions_per_key
+        uses = []
+        for record in records:
+            if any(h.key == MARKER_HEADER for h in record.headers):
+                raise EnvelopeError(
+                    f"topic {topic!r}, record at offset delta {record.offset_delta}: it "
+                    f"already carries the {MARKER_HEADER} header; it is not encrypted "
+                    "again (remove the header, or produce the plaintext)")
+            needed = sealed_fields(record, header_names)
+            if needed > limit:
+                raise EnvelopeError(
+                    f"topic {topic!r}, record at offset delta {record.offset_delta}: "
+                    f"{needed} fields to seal, more than data_keys.max_encryptions_per_key "
+                    f"({limit}) allows one data key")
+            uses.append(needed)
+        out: list[Record] = []
+        start = 0
+        while start < len(records):
+            end, total = start, 0
+            while end < len(records) and total + uses[end] <= limit:
+                total += uses[end]
+                end += 1
+            if total == 0:
+                out += records[start:end]
+            else:
+                key = await self.keys.encryption_key(topic, key_reference, total)
+                out += (seal_record(r, topic=topic, aead=key.aead, key_id=key.key_id,
+                                    wrapped_key=key.wrapped, header_names=header_names)
+                        if n else r for r, n in zip(records[start:end], uses[start:end],
+                                                    strict=True))
+            start = end
+        return tuple(out)
+
+    async def decrypt(self, topic: str, records: Sequence[Record]) -> tuple[Record, ...]:
+        """``records`` with every sealed one opened; plaintext ones as they are."""
+        found: list[tuple[Descriptor, bytes] | None] = []
+        for record in records:
+            try:
+                found.append(read_descriptor(record, topic=topic))
+            except EnvelopeError as exc:
+                raise _at(record, exc) from None
+        slots = list(dict.fromkeys((p[0].key_id, p[0].wrapped_key) for p in found if p))
+        unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s) for s in slots))
+        aeads: dict[tuple[str, bytes], AESGCM] = dict(zip(slots, unwrapped, strict=True))
+        out = []
+        for record, parsed in zip(records, found, strict=True):
+            if parsed is None:
+                out.append(record)
+                continue
+            descriptor, raw = parsed
+            try:
+                out.append(open_record(
+                    record, topic=topic, descriptor=descriptor, raw_descriptor=raw,
+                    aead=aeads[descriptor.key_id, descriptor.wrapped_key]))
+            except EnvelopeError as exc:
+                raise _at(record, exc) from None
+        return tuple(out)
+
+
+def _at(record: Record, exc: EnvelopeError) -> EnvelopeError:
+    return EnvelopeError(f"record at offset delta {record.offset_delta}: {exc}")
