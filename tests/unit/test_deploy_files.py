@@ -474,3 +474,19 @@ def test_deployment_page_covers_compose_and_kubernetes() -> None:
     for line in runs:
         flags = shlex.split(line.split(f" {image} ", 1)[1].split("#")[0])
         parse_flags(image_entrypoint() + flags, f"docs/deployment.md: {line.strip()}")
+
+
+def test_the_wheel_lists_every_package_folder_of_the_namespace() -> None:
+    # setuptools installs only the packages pyproject.toml names: a new folder left out of
+    # the list works in an editable checkout and is missing from every real install.
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    on_disk = {"kiproxy"}
+    for top in ("protocol", "interceptors", "proxy", "pipelines", "kiproxy/localbrokers"):
+        for init in (ROOT / top).rglob("__init__.py"):
+            folder = init.parent.relative_to(ROOT).as_posix()
+            name = folder if folder.startswith("kiproxy/") else f"kiproxy/{folder}"
+            on_disk.add(name.replace("/", "."))
+    assert on_disk == listed, (
+        f"missing from [tool.setuptools] packages: {sorted(on_disk - listed)}; "
+        f"listed but not a package: {sorted(listed - on_disk)}")
