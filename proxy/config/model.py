@@ -30,6 +30,7 @@ from kiproxy.interceptors.flags import (
     Flag,
     FlagError,
 )
+from kiproxy.interceptors.settings import describe
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
@@ -46,7 +47,6 @@ from kiproxy.proxy.config.clients import (
     bootstrap_servers,
     parse_host_port,
 )
-from kiproxy.proxy.config.errors import describe
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
     DefaultRouteSettings,
