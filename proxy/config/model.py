@@ -7,6 +7,7 @@ to a default), and every error names the key.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -56,6 +57,7 @@ from kiproxy.proxy.config.routes import (
     route_features,
     route_warnings,
 )
+from kiproxy.proxy.config.shorthands import expand_shorthands
 
 __all__ = [
     "DEFAULT_INLINE_ENCODE_SECONDS",
@@ -73,6 +75,8 @@ __all__ = [
     "load_config",
     "parse_host_port",
 ]
+
+log = logging.getLogger("kiproxy")
 
 DEFAULT_INLINE_ENCODE_SECONDS = 0.001
 """CPU a transformed batch is expected to take to re-encode, at most, for it to be
@@ -554,6 +558,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
                 raise ConfigError(f"{part}: expected a mapping of settings, got "
                                   f"{target!r}", path)
         target[leaf] = value
+    for note in expand_shorthands(data):
+        log.warning("config%s: %s", f" {path}" if path else "", note)
     try:
         config = ProxyConfig.model_validate(data)
     except ValidationError as exc:
