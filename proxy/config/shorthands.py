@@ -48,20 +48,23 @@ def _link(item: Any) -> dict[str, Any] | None:
     return {"class": item["interceptor"], "config": item.get("config") or {}}
 
 
-def _own_dir(config: dict[str, Any], data: dict[str, Any]) -> bool:
-    """The composite looks for its links in a plugins dir other than the proxy's."""
-    own = config.get("plugins_dir")
-    return own is not None and own != data.get("plugins_dir")
+def _items(settings: dict[str, Any], data: dict[str, Any], names: frozenset[str],
+           key: str) -> list[Any] | None:
+    """The non-empty list ``config.<key>`` of the composite ``settings`` names, when it can be
+    rewritten: no other key than ``key`` and a ``plugins_dir`` that is the proxy's."""
+    config = settings.get("config")
+    if settings.get("class") not in names or not isinstance(config, dict) \
+            or set(config) - {key, "plugins_dir"} \
+            or config.get("plugins_dir", data.get("plugins_dir")) != data.get("plugins_dir"):
+        return None
+    items = config.get(key)
+    return items if isinstance(items, list) and items else None
 
 
 def _chain_links(settings: dict[str, Any], data: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The links of a ``chain`` given as ``settings`` (class, config...), else None."""
-    config = settings.get("config")
-    if settings.get("class") not in CHAIN or not isinstance(config, dict) \
-            or set(config) - {"links", "plugins_dir"} or _own_dir(config, data):
-        return None
-    items = config.get("links")
-    links = [_link(item) for item in items] if isinstance(items, list) and items else None
+    items = _items(settings, data, CHAIN, "links")
+    links = None if items is None else [_link(item) for item in items]
     if links is None or any(link is None for link in links):
         return None
     inherited = {k: settings[k] for k in _LINK_KEYS if k in settings}
@@ -70,12 +73,8 @@ def _chain_links(settings: dict[str, Any], data: dict[str, Any]) -> list[dict[st
 
 def _router_routes(settings: dict[str, Any], data: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The routes a ``topic_router`` given as ``settings`` stands for, else None."""
-    config = settings.get("config")
-    if settings.get("class") not in TOPIC_ROUTER or not isinstance(config, dict) \
-            or set(config) - {"routes", "plugins_dir"} or _own_dir(config, data):
-        return None
-    items = config.get("routes")
-    if not isinstance(items, list) or not items:
+    items = _items(settings, data, TOPIC_ROUTER, "routes")
+    if items is None:
         return None
     routes: list[dict[str, Any]] = []
     inherited: dict[str, Any] = {k: settings[k] for k in ("timeout_ms", "isolation")
