@@ -143,12 +143,11 @@ class PiiRuleSettings(PluginSettings):
     action: Literal["mask", "reject"] = "mask"
     """``mask`` the matches, or ``reject`` the batch on a match."""
 
-    @model_validator(mode="before")
-    @classmethod
-    def _one_source(cls, data: Any) -> Any:
-        if isinstance(data, dict) and ("pattern" in data) == ("builtin" in data):
+    @model_validator(mode="after")
+    def _one_source(self) -> PiiRuleSettings:
+        if (self.pattern is None) == (self.builtin is None):
             raise ValueError("needs exactly one of pattern and builtin")
-        return data
+        return self
 
     @field_validator("pattern")
     @classmethod
