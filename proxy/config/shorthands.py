@@ -18,9 +18,9 @@ routes:
 
 Each rewrite returns a line saying what the config should say instead (the
 caller logs it as a deprecation warning). A shape that cannot be rewritten
-exactly (its own ``plugins_dir`` other than the proxy's, ``properties``, a
-malformed link) is left alone: the built-in then runs it as before and reports
-its own errors.
+exactly or as cheaply (its own ``plugins_dir`` other than the proxy's,
+``properties``, ``isolation: process``, a malformed link) is left alone: the
+built-in then runs it as before and reports its own errors.
 """
 
 from __future__ import annotations
@@ -51,9 +51,12 @@ def _link(item: Any) -> dict[str, Any] | None:
 def _items(settings: dict[str, Any], data: dict[str, Any], names: frozenset[str],
            key: str) -> list[Any] | None:
     """The non-empty list ``config.<key>`` of the composite ``settings`` names, when it can be
-    rewritten: no other key than ``key`` and a ``plugins_dir`` that is the proxy's."""
+    rewritten: inline, no other key than ``key`` and a ``plugins_dir`` that is the proxy's."""
     config = settings.get("config")
+    # In process isolation one worker pool runs the whole composite; as routes, every
+    # link would get a pool of its own and every batch a hop per link.
     if settings.get("class") not in names or not isinstance(config, dict) \
+            or settings.get("isolation") == "process" \
             or set(config) - {key, "plugins_dir"} \
             or config.get("plugins_dir", data.get("plugins_dir")) != data.get("plugins_dir"):
         return None

@@ -106,6 +106,11 @@ routes:
         in caplog.records[0].getMessage()
 
 
+def test_a_composite_in_process_isolation_stays_one_interceptor(tmp_path: Path) -> None:
+    config = _load(tmp_path, CHAIN.replace("timeout_ms: 700", "isolation: process"))
+    assert config.interceptor.class_name == "chain" and config.routes == ()
+
+
 def test_a_shape_that_cannot_be_rewritten_is_left_to_the_built_in(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     (tmp_path / "other").mkdir()
