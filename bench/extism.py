@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
-from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.builtin.uppercase import Uppercase, UppercaseSettings
 from kiproxy.interceptors.builtin.wasm import WasmInterceptor
 
 __all__ = ["main"]
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(ROOT / "tests"))
     wasm = importlib.import_module("support.extism_plugins").build()["uppercase"]
     baseline = Uppercase()
-    baseline.configure({})
+    baseline.configure(UppercaseSettings())
     rows: list[tuple[str, Callable[[RecordBatch], Any]]] = [
         ("Extism, a call per record (transform)", _extism(wasm, None)),
         ("Extism, batch export (transform_batch)", _extism(wasm, "transform_batch")),

@@ -60,14 +60,17 @@ def _plugin(name: str) -> Any:
         from kiproxy.interceptors.builtin.uppercase import Uppercase
         return Uppercase()
     if name == "stamp":
-        from kiproxy.interceptors.builtin.headers import StampHeaders
+        from kiproxy.interceptors.builtin.headers import StampHeaders, StampHeadersSettings
         stamper = StampHeaders()
-        stamper.configure({"headers": {"x-env": "bench"}})
+        stamper.configure(StampHeadersSettings(headers={"x-env": "bench"}))
         return stamper
     if name == "validator":
-        from kiproxy.interceptors.builtin.json_schema import JsonSchemaValidator
+        from kiproxy.interceptors.builtin.json_schema import (
+            JsonSchemaSettings,
+            JsonSchemaValidator,
+        )
         validator = JsonSchemaValidator()
-        validator.configure({"default_schema": SCHEMA})
+        validator.configure(JsonSchemaSettings.model_validate({"default_schema": SCHEMA}))
         return validator
 
     class Identity(ProduceRequestInterceptor):

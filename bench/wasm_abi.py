@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
-from kiproxy.interceptors.builtin.uppercase import Uppercase
+from kiproxy.interceptors.builtin.uppercase import Uppercase, UppercaseSettings
 from kiproxy.interceptors.builtin.wasm import WasmInterceptor
 
 __all__ = ["main"]
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     batch = _batch(args.records)
 
     baseline = Uppercase()
-    baseline.configure({})
+    baseline.configure(UppercaseSettings())
     rows: list[tuple[str, Callable[[], Any]]] = [
         ("Python Uppercase (baseline)", lambda: baseline),
         ("uppercase.wat, binary, ABI v1", lambda: _wasm(

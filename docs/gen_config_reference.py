@@ -1,13 +1,15 @@
-"""Write ``docs/configuration.md`` from the config model: one source of truth.
+"""Write ``docs/configuration.md`` and ``docs/builtin-settings.md`` from the models.
 
 Every key of :class:`kiproxy.proxy.config.model.ProxyConfig` and its nested models
 appears with its dotted path, type, default, the field's docstring, and the
 ``kiproxy run``/``kiproxy dev`` flag that sets it (read from the command's own
-argparse parser). A key without a docstring is an error: document it in
-``proxy/config/model.py``.
+argparse parser). Every built-in interceptor with typed settings (its base's type
+argument, :func:`kiproxy.interceptors.settings.settings_model`) gets a table of its
+``config:`` keys the same way. A key without a docstring is an error: document it
+under the field.
 
-    python docs/gen_config_reference.py           # rewrite docs/configuration.md
-    python docs/gen_config_reference.py --check   # exit 1 if the page is stale
+    python docs/gen_config_reference.py           # rewrite both pages
+    python docs/gen_config_reference.py --check   # exit 1 if a page is stale
 
 ``tests/docs/test_docs_site.py`` runs the check in ``make test``.
 """
@@ -25,6 +27,7 @@ import types
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -33,10 +36,13 @@ from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from kiproxy.cli import build_parser
+from kiproxy.interceptors.extras import ENTRY_POINT_GROUP
 from kiproxy.interceptors.flags import model_flags
+from kiproxy.interceptors.settings import settings_model
 from kiproxy.proxy.config.model import ProxyConfig
 
 PAGE = Path(__file__).resolve().parent / "configuration.md"
+BUILTINS_PAGE = Path(__file__).resolve().parent / "builtin-settings.md"
 REGENERATE = "python docs/gen_config_reference.py (or: make docs-config)"
 
 
@@ -79,11 +85,13 @@ def _markdown(text: str) -> str:
 def _type_name(annotation: Any) -> str:
     origin = typing.get_origin(annotation)
     args = typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _type_name(args[0])
     if origin is typing.Literal:
         return " \\| ".join(f'`"{a}"`' if isinstance(a, str) else f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in args)
-    if origin is list:
+    if origin in (list, tuple):
         return f"list of {_type_name(args[0])}"
     if origin is dict:
         return f"map {_type_name(args[0])} → {_type_name(args[1])}"
@@ -91,8 +99,16 @@ def _type_name(annotation: Any) -> str:
         return "null"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "mapping"
-    names = {str: "string", int: "integer", float: "number", bool: "boolean", Any: "any"}
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", Any: "any",
+             bytes: "secret"}
     return names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+
+
+def _bare(annotation: Any) -> Any:
+    """``Annotated[T, ...]`` as ``T``."""
+    if typing.get_origin(annotation) is typing.Annotated:
+        return typing.get_args(annotation)[0]
+    return annotation
 
 
 def _bounds(info: FieldInfo) -> str:
@@ -159,15 +175,19 @@ def keys(model: type[BaseModel], prefix: str, flags: dict[str, str]) -> Iterator
         key = info.alias or name
         path = f"{prefix}{key}"
         annotation = info.annotation
-        description = docs.get(name)
+        description = docs.get(name) or info.description
         if description is None:
             raise SystemExit(f"{model.__name__}.{name} ({path}) has no docstring: add one "
-                             "under the field in proxy/config/model.py")
-        item = typing.get_args(annotation)[0] if typing.get_origin(annotation) is list else None
+                             "under the field")
+        args = [_bare(a) for a in typing.get_args(annotation)]
+        item = args[0] if typing.get_origin(annotation) is list else None
+        value = args[1] if typing.get_origin(annotation) is dict else None
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((f"{path}.", annotation))
         elif isinstance(item, type) and issubclass(item, BaseModel):
             nested.append((f"{path}[].", item))
+        elif isinstance(value, type) and issubclass(value, BaseModel):
+            nested.append((f"{path}.NAME.", value))
         yield Key(path=path, type=_type_name(annotation) + _bounds(info),
                   default=_default(info), flag=flags.get(path, "—"),
                   description=_markdown(description))
@@ -247,20 +267,62 @@ def render() -> str:
     return "\n".join(out)
 
 
+def builtin_models() -> list[tuple[str, str, str, type[BaseModel]]]:
+    """``(short name, MODULE:CLASS, what it does, settings model)`` of every built-in with
+    typed settings."""
+    found = []
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        if not ep.value.startswith("kiproxy.interceptors.builtin."):
+            continue
+        cls = ep.load()
+        model = settings_model(cls)
+        if model is not None:
+            summary = inspect.cleandoc(cls.__doc__ or "").split("\n\n")[0]
+            found.append((ep.name, ep.value, summary, model))
+    return found
+
+
+def render_builtins() -> str:
+    """The built-ins' settings page, as committed in ``docs/builtin-settings.md``."""
+    out = [
+        "<!-- Generated by docs/gen_config_reference.py from the built-ins' settings models; "
+        "do not",
+        f"     edit by hand. After changing a setting run: {REGENERATE} -->",
+        "",
+        "# Built-in interceptor settings",
+        "",
+        "The keys each [built-in interceptor](builtins.md) takes under `config:`, read from",
+        "its settings model (see [typed settings](interceptors.md#typed-settings)). Unknown",
+        "keys are errors and every error names the key, e.g. `pii_masker: invalid config:",
+        "rules.ids.acton: unknown key; did you mean rules.ids.action?`. `[]` marks the keys",
+        "of each item of a list, `NAME` any key of a mapping.",
+        "",
+    ]
+    for name, spec, summary, model in builtin_models():
+        out += [f"## `{name}`", "", f"`{spec}` — {_markdown(summary)}", "",
+                "| key | type | default | description |", "|---|---|---|---|"]
+        out += [f"| `{k.path}` | {k.type} | {k.default} | {k.description} |"
+                for k in keys(model, "", {})]
+        out.append("")
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Write the page, or with ``--check`` say whether the committed one is current."""
+    """Write the pages, or with ``--check`` say whether the committed ones are current."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true",
-                        help="exit 1 if docs/configuration.md differs from the model")
+                        help="exit 1 if a page differs from the models")
     args = parser.parse_args(argv)
-    page = render()
+    pages = [(PAGE, render()), (BUILTINS_PAGE, render_builtins())]
     if args.check:
-        if not PAGE.exists() or PAGE.read_text(encoding="utf-8") != page:
-            print(f"{PAGE} is stale: regenerate it with {REGENERATE}", file=sys.stderr)
-            return 1
-        return 0
-    PAGE.write_text(page, encoding="utf-8")
-    print(f"wrote {PAGE}")
+        stale = [p for p, text in pages
+                 if not p.exists() or p.read_text(encoding="utf-8") != text]
+        for path in stale:
+            print(f"{path} is stale: regenerate it with {REGENERATE}", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in pages:
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
     return 0
 
 

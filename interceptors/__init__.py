@@ -22,12 +22,14 @@ from kiproxy.interceptors.api import (
     InterceptContext,
     MetricSample,
     PluginFactory,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
     RejectBatch,
     error_code,
 )
+from kiproxy.interceptors.topics import TopicPattern, TopicSelector
 
 __all__ = [
     "ERROR_CODES",
@@ -38,9 +40,12 @@ __all__ = [
     "InterceptContext",
     "MetricSample",
     "PluginFactory",
+    "PluginSettings",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",
     "RejectBatch",
+    "TopicPattern",
+    "TopicSelector",
     "error_code",
 ]

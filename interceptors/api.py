@@ -9,12 +9,16 @@ An interceptor sees one topic-partition batch at a time. It returns the batch
 from __future__ import annotations
 
 import abc
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+import functools
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Generic, Literal, Protocol
+
+from typing_extensions import TypeVar
 
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
+from kiproxy.interceptors.settings import PluginSettings, parse_settings, settings_model
 from kiproxy.protocol.records import Header, Record, upper_values
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "InterceptContext",
     "MetricSample",
     "PluginFactory",
+    "PluginSettings",
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",
@@ -190,16 +195,47 @@ class PluginFactory(Protocol):
         """Resolve ``spec`` (``MODULE:CLASS`` or an entry-point name), create and configure it."""
 
 
-class ProduceRequestInterceptor(abc.ABC):
+SettingsT = TypeVar("SettingsT", default=Mapping[str, Any])
+"""What ``configure`` receives: the config mapping, or the plugin's settings model."""
+
+
+def _validating(configure: Callable[..., Any], model: type[Any]) -> Callable[..., Any]:
+    """``configure`` that validates a config mapping into ``model`` before it runs."""
+
+    @functools.wraps(configure)
+    def configure_settings(self: Any, config: Any, *args: Any, **kwargs: Any) -> Any:
+        return configure(self, parse_settings(model, config), *args, **kwargs)
+
+    configure_settings.__kiproxy_settings__ = model  # type: ignore[attr-defined]
+    return configure_settings
+
+
+class ProduceRequestInterceptor(abc.ABC, Generic[SettingsT]):
     """Base class of interceptor plugins.
 
     ``intercept`` may be a plain method or ``async def``. One instance serves
     every connection, on the proxy's event loop: a plain ``intercept`` must not
     block (do I/O in an ``async def``).
+
+    Typed settings: a plugin that names a pydantic model as the type argument
+    (``class Redact(ProduceRequestInterceptor[RedactSettings])``, the model
+    usually a :class:`PluginSettings`) gets that model, validated, in
+    ``configure``: an unknown key, a wrong type or a failed validator stops the
+    load with the key named, as the proxy's own settings do. ``configure`` called
+    with a mapping (in a test) validates it the same way.
     """
 
-    def configure(self, config: Mapping[str, Any]) -> None:  # noqa: B027 - optional hook
-        """Receive the ``interceptor.config`` mapping once, before any batch.
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        model = settings_model(cls)
+        own = cls.__dict__.get("configure")
+        if model is not None and own is not None \
+                and getattr(own, "__kiproxy_settings__", None) is None:
+            cls.configure = _validating(own, model)  # type: ignore[method-assign]
+
+    def configure(self, config: SettingsT) -> None:
+        """Receive the ``interceptor.config`` once, before any batch: the mapping, or the
+        settings model validated from it (see the class docstring).
 
         An interceptor that loads others (a chain, a router) may declare a keyword
         parameter ``plugins: PluginFactory``: the loader then passes a factory that
@@ -212,7 +248,7 @@ class ProduceRequestInterceptor(abc.ABC):
     ) -> RecordBatch | Awaitable[RecordBatch]:
         """Return ``batch`` (unchanged or transformed, same record count) or raise RejectBatch."""
 
-    def on_acknowledgement(  # noqa: B027 - optional hook
+    def on_acknowledgement(
         self, batch: AcknowledgedBatch, base_offset: int, error: int | None
     ) -> None:
         """Called after the broker answered a forwarded batch (``error`` None on success)."""
@@ -224,5 +260,5 @@ class ProduceRequestInterceptor(abc.ABC):
         """
         return ()
 
-    def close(self) -> Awaitable[None] | None:  # noqa: B027 - optional hook
+    def close(self) -> Awaitable[None] | None:
         """Release resources on shutdown (may be ``async def``; the runtime awaits it)."""

@@ -1,9 +1,10 @@
 """The one check of a plugin's config keys: a key it does not know is an error, not ignored.
 
 A misspelt key (``sampeld: false``) silently ignored is a setting the operator
-believes in and does not have, so every built-in refuses unknown keys through
-:func:`check_keys`, which names them and the keys it knows. Plugins may call it
-too. Standard library only.
+believes in and does not have. A plugin with typed settings (see
+:mod:`kiproxy.interceptors.settings`) gets this from its model, with "did you
+mean"; a plugin that reads a plain mapping can refuse unknown keys through
+:func:`check_keys`, which names them and the keys it knows. Standard library only.
 """
 
 from __future__ import annotations

@@ -27,10 +27,12 @@ from typing import Any
 from kiproxy.interceptors.api import PluginFactory, ProduceRequestInterceptor
 from kiproxy.interceptors.extras import ENTRY_POINT_GROUP, interceptor_feature, missing_extras
 from kiproxy.interceptors.observer import Observer
+from kiproxy.interceptors.settings import SettingsError, parse_settings, settings_model
 
 __all__ = [
     "ENTRY_POINT_GROUP",
     "PluginLoadError",
+    "PluginSettingsError",
     "forget_plugin_modules",
     "load_interceptor",
     "load_observer",
@@ -39,6 +41,19 @@ __all__ = [
 
 class PluginLoadError(Exception):
     """The interceptor could not be found, imported, created or configured."""
+
+
+class PluginSettingsError(PluginLoadError):
+    """The config given to an interceptor with typed settings does not fit its model.
+
+    ``problems`` has one line per problem, ``KEY: what is wrong``, keys as written
+    under the interceptor's ``config:``.
+    """
+
+    def __init__(self, spec: str, problems: tuple[str, ...]) -> None:
+        super().__init__(f"{spec}: invalid config: {'; '.join(problems)}")
+        self.spec = spec
+        self.problems = problems
 
 
 def _plugin_file(plugins_dir: Path, module: str) -> tuple[Path, bool] | None:
@@ -270,11 +285,19 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
         raise _call_failed(f"creating {spec}", spec, exc) from exc
     configure = getattr(instance, "configure", None)
     if configure is not None:
+        # Typed settings are validated here, so their errors name the keys and nothing else.
+        model = settings_model(cls)
+        settings: Any = dict(config or {})
+        if model is not None:
+            try:
+                settings = parse_settings(model, settings)
+            except SettingsError as exc:
+                raise PluginSettingsError(spec, exc.problems) from None
         try:
             if plugins is not None and _takes_plugins(configure):
-                configure(dict(config or {}), plugins=plugins)
+                configure(settings, plugins=plugins)
             else:
-                configure(dict(config or {}))
+                configure(settings)
         except Exception as exc:
             raise _call_failed(f"{spec}.configure()", spec, exc) from exc
     return instance

@@ -34,64 +34,80 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
-from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
 
 from kiproxy.interceptors import (
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
     RejectBatch,
-    error_code,
 )
 from kiproxy.interceptors.builtin.signing import resolve_secret
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
+from kiproxy.interceptors.topics import TopicSelector
 
 _MAX_REPORTED = 50
 _SHA256 = re.compile(r"sha256:([0-9a-fA-F]{64})")
 
 
-def _digest(value: Any, where: str) -> bytes:
+def _digest(value: Any) -> bytes:
+    if isinstance(value, bytes):
+        return value  # already a digest
     if isinstance(value, str) and value.startswith("sha256:"):
         match = _SHA256.fullmatch(value)
         if match is None:
-            raise ValueError(f"{where}: a sha256: token needs 64 hex digits after the prefix")
+            raise ValueError("a sha256: token needs 64 hex digits after the prefix")
         return bytes.fromhex(match.group(1))
-    return hashlib.sha256(resolve_secret(value, where)).digest()
+    return hashlib.sha256(resolve_secret(value)).digest()
 
 
-class HeaderTokenAuthorizer(ProduceRequestInterceptor):
+def _listed(value: Any) -> Any:
+    return value if isinstance(value, list | tuple) else [value]
+
+
+TokenDigest = Annotated[bytes, BeforeValidator(_digest)]
+"""A token: a literal string, ``sha256:<hex digest>``, ``{env: NAME}`` or ``{file: PATH}``;
+kept as its SHA-256 digest."""
+
+
+class HeaderTokenAuthorizerSettings(PluginSettings):
+    """Settings of ``header_token_authorizer``."""
+
+    header: str = "kiproxy-token"
+    """The header that carries the token."""
+    tokens: dict[str, Annotated[tuple[TokenDigest, ...], BeforeValidator(_listed),
+                                Field(min_length=1)]] = Field(min_length=1)
+    """Topic -> a token or a list of tokens (a string, ``sha256:<hex>``, ``{env: NAME}``
+    or ``{file: PATH}``); ``"*"`` for any other topic."""
+    unlisted: Literal["deny", "allow"] = "deny"
+    """A topic with no entry and no ``"*"``: denied or allowed."""
+    strip: bool = True
+    """Remove the token header before the batch is stored."""
+    error: ErrorName = "POLICY_VIOLATION"
+    """The error code of a rejection."""
+
+
+class HeaderTokenAuthorizer(ProduceRequestInterceptor[HeaderTokenAuthorizerSettings]):
     """Rejects batches whose records lack a valid token header for their topic."""
 
     def __init__(self) -> None:
         self.header = "kiproxy-token"
-        self.tokens: dict[str, tuple[bytes, ...]] = {}
+        self.tokens: TopicSelector[tuple[bytes, ...]] = TopicSelector.of_names({})
         self.unlisted_allowed = False
         self.strip = True
         self.error = "POLICY_VIOLATION"
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``header``, ``tokens``, ``unlisted``, ``strip`` and ``error``."""
-        known = {"header", "tokens", "unlisted", "strip", "error"}
-        check_keys(config, known)
-        self.header = str(config.get("header", self.header))
-        tokens = config.get("tokens")
-        if not isinstance(tokens, Mapping) or not tokens:
-            raise ValueError("tokens must be a non-empty mapping of topic to token(s)")
-        for topic, entry in tokens.items():
-            entries = entry if isinstance(entry, list) else [entry]
-            if not entries:
-                raise ValueError(f"tokens.{topic} is an empty list")
-            self.tokens[str(topic)] = tuple(
-                _digest(e, f"tokens.{topic}[{i}]") for i, e in enumerate(entries))
-        unlisted = str(config.get("unlisted", "deny"))
-        if unlisted not in ("deny", "allow"):
-            raise ValueError(f"unlisted must be deny or allow, not {unlisted!r}")
-        self.unlisted_allowed = unlisted == "allow"
-        self.strip = bool(config.get("strip", True))
-        self.error = str(config.get("error", self.error))
-        error_code(self.error)
+    def configure(self, config: HeaderTokenAuthorizerSettings) -> None:
+        """Take the validated settings."""
+        self.header = config.header
+        self.tokens = TopicSelector.of_names(config.tokens)
+        self.unlisted_allowed = config.unlisted == "allow"
+        self.strip = config.strip
+        self.error = config.error
 
     def _problem(self, record: Record, valid: tuple[bytes, ...], topic: str) -> str | None:
         presented = record.header_values(self.header)
@@ -106,7 +122,7 @@ class HeaderTokenAuthorizer(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch (token headers stripped), or reject it."""
-        valid = self.tokens.get(batch.topic, self.tokens.get("*"))
+        valid = self.tokens.select(batch.topic)
         if valid is None:
             if self.unlisted_allowed:
                 return batch

@@ -1,8 +1,11 @@
 """``kiproxy.interceptors.builtin.chain:Chain`` - several interceptors, in order, as one.
 
-The proxy runs one configured interceptor; ``Chain`` is that interceptor when
-a batch should pass several: each link gets the batch the previous link
-returned. Links are loaded like the top-level interceptor (plugins dir, then
+Each link gets the batch the previous link returned. In the proxy's own config
+a route's ``interceptors:`` list is the chain (the runtime runs it, with a
+deadline, a mode and metrics per link), and ``interceptor: {class: chain}`` is
+rewritten into that list when the config is loaded (with a warning naming the
+new shape); this class is what ``kiproxy check``, replay and code that load
+one interceptor get. Links are loaded like the top-level interceptor (plugins dir, then
 installed modules, then entry points), so a chain mixes built-ins and your own
 plugins. Links may be plain or ``async``; the chain stays synchronous until a
 link returns an awaitable. All links share the batch's deadline.
@@ -34,48 +37,51 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import Any
+
+from pydantic import Field
 
 from kiproxy.interceptors import (
     AcknowledgedBatch,
     InterceptContext,
     PluginFactory,
+    PluginSettings,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
 )
-from kiproxy.interceptors.builtin._composite import link_loader
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.builtin._composite import Link, link_loader
 from kiproxy.interceptors.verdict import acknowledgement_hook, result_fault
 
 
-class Chain(ProduceRequestInterceptor):
+class ChainSettings(PluginSettings):
+    """Settings of ``chain``."""
+
+    links: list[Link] = Field(min_length=1)
+    """The interceptors, in order: ``{interceptor: MODULE:CLASS, config: {...}}``, or
+    the name alone."""
+    plugins_dir: str | None = None
+    """Where the links are looked for first; default: the plugins dir this chain was
+    loaded from."""
+
+
+class Chain(ProduceRequestInterceptor[ChainSettings]):
     """Runs its links in order; each gets the batch the previous one returned."""
 
     def __init__(self) -> None:
         self.links: list[tuple[str, Any]] = []
 
-    def configure(self, config: Mapping[str, Any], *,
+    def configure(self, config: ChainSettings, *,
                   plugins: PluginFactory | None = None) -> None:
         """Load every link's interceptor (a failure names the link)."""
-        check_keys(config, ("links", "plugins_dir"))
-        links = config.get("links")
-        if not isinstance(links, list) or not links:
-            raise ValueError("links must be a non-empty list of {interceptor, config}")
-        load = link_loader(config, plugins)
-        for i, link in enumerate(links, 1):
-            if isinstance(link, str):
-                link = {"interceptor": link}
-            if not isinstance(link, Mapping) or "interceptor" not in link:
-                raise ValueError(f"links[{i - 1}] needs 'interceptor' (MODULE:CLASS)")
-            check_keys(link, ("interceptor", "config"), f"links[{i - 1}]: ")
-            spec = str(link["interceptor"])
+        load = link_loader(config.plugins_dir, plugins)
+        for i, link in enumerate(config.links):
             try:
-                plugin = load(spec, link.get("config") or {})
+                plugin = load(link.interceptor, link.config)
             except Exception as exc:
-                raise ValueError(f"links[{i - 1}] ({spec}): {exc}") from exc
-            self.links.append((spec, plugin))
+                raise ValueError(f"links[{i}] ({link.interceptor}): {exc}") from exc
+            self.links.append((link.interceptor, plugin))
         if any(_has_ack_hook(p) for _, p in self.links):
             # The proxy parses every produce response for an interceptor whose class has
             # the hook, so only a chain with a link that wants it gets it.

@@ -16,13 +16,31 @@ Config::
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from pydantic import ConfigDict, Field
 
-from kiproxy.interceptors import Header, InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import (
+    Header,
+    InterceptContext,
+    PluginSettings,
+    ProduceRequestInterceptor,
+    RecordBatch,
+)
 
 
-class StampHeaders(ProduceRequestInterceptor):
+class StampHeadersSettings(PluginSettings):
+    """Settings of ``stamp_headers``."""
+
+    model_config = ConfigDict(coerce_numbers_to_str=True)  # `version: 2` is the header "2"
+
+    headers: dict[str, str | None] = Field(default_factory=dict)
+    """Static headers appended to every record, name -> value (null: a null value)."""
+    prefix: str = "kiproxy-"
+    """Prefix of the three stamps (``host``, ``client-id``, ``received-ms``)."""
+    stamp: bool = True
+    """Append the three stamps; false: only the static headers."""
+
+
+class StampHeaders(ProduceRequestInterceptor[StampHeadersSettings]):
     """Appends static headers and ``<prefix>host``, ``client-id``, ``received-ms`` stamps."""
 
     def __init__(self) -> None:
@@ -30,16 +48,12 @@ class StampHeaders(ProduceRequestInterceptor):
         self.prefix = "kiproxy-"
         self.stamp = True
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``headers``, ``prefix`` and ``stamp``."""
-        headers = config.get("headers", {}) or {}
-        if not isinstance(headers, Mapping):
-            raise ValueError("headers must be a mapping of header name to value")
+    def configure(self, config: StampHeadersSettings) -> None:
+        """Take the validated settings."""
         self.static = tuple(
-            Header(str(k), None if v is None else str(v).encode()) for k, v in headers.items()
-        )
-        self.prefix = str(config.get("prefix", self.prefix))
-        self.stamp = bool(config.get("stamp", True))
+            Header(k, None if v is None else v.encode()) for k, v in config.headers.items())
+        self.prefix = config.prefix
+        self.stamp = config.stamp
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with the headers appended to every record."""

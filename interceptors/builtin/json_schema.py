@@ -37,7 +37,9 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import AfterValidator, BeforeValidator, Field
 
 try:
     import jsonschema_rs
@@ -50,11 +52,15 @@ except ModuleNotFoundError as exc:
 
 from kiproxy.interceptors import (
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
+    TopicPattern,
+    TopicSelector,
 )
 from kiproxy.interceptors.builtin._json_typed import typed_check
+from kiproxy.interceptors.settings import ErrorName
 
 _MAX_REPORTED = 50
 
@@ -69,25 +75,61 @@ class _Schema(NamedTuple):
 _ANY_JSON = _Schema(None, typed_check({}))
 
 
-def _load_schema(value: Any, where: str) -> _Schema:
+def _read_schema(value: Any) -> Any:
+    """A schema file path read into its mapping; anything else as it is."""
     if isinstance(value, str):
         try:
-            value = json.loads(Path(value).read_text())
+            return json.loads(Path(value).read_text())
         except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{where}: cannot read schema file {value}: {exc}") from None
+            raise ValueError(f"cannot read schema file {value}: {exc}") from None
     if not isinstance(value, Mapping):
-        raise ValueError(f"{where}: a schema must be a mapping or a file path")
+        raise ValueError("a schema must be a mapping or a file path")
+    return value
+
+
+def _compile(value: dict[str, Any]) -> jsonschema_rs.Validator:
     try:
         # format stays an annotation and $ref never goes to the network: what the
         # Python jsonschema package, used before, did by default.
-        validator = jsonschema_rs.validator_for(dict(value), validate_formats=False,
-                                                offline=True)
+        return jsonschema_rs.validator_for(value, validate_formats=False, offline=True)
     except jsonschema_rs.ValidationError as exc:  # the schema breaks its meta-schema
         at = f" (at {_path(exc.instance_path)})" if exc.instance_path else ""
-        raise ValueError(f"{where}: invalid JSON Schema{at}: {exc.message}") from None
+        raise ValueError(f"invalid JSON Schema{at}: {exc.message}") from None
     except jsonschema_rs.ReferencingError as exc:
-        raise ValueError(f"{where}: invalid JSON Schema: {exc}") from None
-    return _Schema(validator, typed_check(value))
+        raise ValueError(f"invalid JSON Schema: {exc}") from None
+
+
+def _valid_schema(value: dict[str, Any]) -> dict[str, Any]:
+    _compile(value)
+    return value
+
+
+Schema = Annotated[dict[str, Any], BeforeValidator(_read_schema), AfterValidator(_valid_schema)]
+"""A JSON Schema: inline, or the path of a file holding it (read at load)."""
+
+
+class JsonSchemaSettings(PluginSettings):
+    """Settings of ``json_schema``."""
+
+    schemas: dict[str, Schema] = Field(default_factory=dict)
+    """Topic -> its JSON Schema: a mapping, or the path of a JSON file."""
+    default_schema: Schema | None = None
+    """The schema of other topics; without one they only need to be JSON."""
+    require_schema: bool = False
+    """Topics without a schema are not checked at all (not even for JSON)."""
+    allow_null: bool = True
+    """Tombstones (null values) pass."""
+    error: ErrorName = "INVALID_RECORD"
+    """The error code of a rejection."""
+
+
+def _load_schema(value: Any, where: str = "") -> _Schema:
+    """A topic's schema (a mapping, or a file path) compiled; ``where`` begins an error."""
+    try:
+        schema = _read_schema(value)
+        return _Schema(_compile(schema), typed_check(schema))
+    except ValueError as exc:
+        raise ValueError(f"{where}: {exc}" if where else str(exc)) from None
 
 
 def _path(parts: list[str | int]) -> str:
@@ -121,32 +163,34 @@ def _parse(value: bytes) -> Any:
     return _DECODER.decode(value.decode(json.detect_encoding(value), "surrogatepass"))
 
 
-class JsonSchemaValidator(ProduceRequestInterceptor):
+class JsonSchemaValidator(ProduceRequestInterceptor[JsonSchemaSettings]):
     """Rejects batches with values that are not JSON or break the topic's JSON Schema."""
 
     def __init__(self) -> None:
-        self.schemas: dict[str, _Schema] = {}
-        self.default = _ANY_JSON
+        self.schemas: TopicSelector[_Schema] = TopicSelector.of_names({})
         self.require_schema = False
         self.allow_null = True
         self.error = "INVALID_RECORD"
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``schemas``, ``default_schema``, ``require_schema``, ``allow_null``, ``error``."""
-        schemas = config.get("schemas", {}) or {}
-        if not isinstance(schemas, Mapping):
-            raise ValueError("schemas must be a mapping of topic to schema")
-        self.schemas = {str(t): _load_schema(s, f"schemas.{t}") for t, s in schemas.items()}
-        if config.get("default_schema") is not None:
-            self.default = _load_schema(config["default_schema"], "default_schema")
-        self.require_schema = bool(config.get("require_schema", False))
-        self.allow_null = bool(config.get("allow_null", True))
-        self.error = str(config.get("error", "INVALID_RECORD"))
-        RejectBatch("check", self.error)  # fail at start on an unknown error name
+    def configure(self, config: JsonSchemaSettings) -> None:
+        """Take the validated settings and compile every schema."""
+        default = _ANY_JSON if config.default_schema is None \
+            else _load_schema(config.default_schema)
+        self.schemas = TopicSelector(
+            ((TopicPattern.name(t), _load_schema(s)) for t, s in config.schemas.items()),
+            default)
+        self.require_schema = config.require_schema
+        self.allow_null = config.allow_null
+        self.error = config.error
+
+    @property
+    def default(self) -> _Schema:
+        """The schema of topics without one of their own."""
+        return self.schemas.default or _ANY_JSON
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch unchanged, or raise RejectBatch listing the bad records."""
-        schema = self.schemas.get(batch.topic, self.default)
+        schema = self.schemas.select(batch.topic) or _ANY_JSON
         if schema.validator is None and self.require_schema:
             return batch
         errors: list[tuple[int, str]] = []

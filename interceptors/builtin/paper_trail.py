@@ -34,19 +34,20 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
 from typing import Any
+
+from pydantic import Field
 
 from kiproxy.interceptors import (
     Header,
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
     RejectBatch,
-    error_code,
 )
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
 
 _MAX_REPORTED = 50
 
@@ -64,7 +65,24 @@ def trail_entries(record: Record, header: str = "kiproxy-trail") -> list[dict[st
     return entries
 
 
-class PaperTrail(ProduceRequestInterceptor):
+class PaperTrailSettings(PluginSettings):
+    """Settings of ``paper_trail``."""
+
+    cluster: str = Field(min_length=1)
+    """Required: the name of the cluster behind this proxy."""
+    header: str = "kiproxy-trail"
+    """The header the trail entries are written to."""
+    host: str | None = None
+    """The host named in the entries; default: the proxy's host name."""
+    max_hops: int = Field(default=16, ge=0, strict=True)
+    """Entries a record's trail may already hold before it is rejected; 0: no limit."""
+    reject_loops: bool = True
+    """Reject a record whose trail already names this cluster and topic."""
+    error: ErrorName = "POLICY_VIOLATION"
+    """The error code of a rejection."""
+
+
+class PaperTrail(ProduceRequestInterceptor[PaperTrailSettings]):
     """Appends a routing-trail entry (host, cluster, topic, time) to every record."""
 
     def __init__(self) -> None:
@@ -75,24 +93,14 @@ class PaperTrail(ProduceRequestInterceptor):
         self.reject_loops = True
         self.error = "POLICY_VIOLATION"
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``cluster`` (required), ``header``, ``host``, ``max_hops``, ``reject_loops``,
-        ``error``."""
-        known = {"cluster", "header", "host", "max_hops", "reject_loops", "error"}
-        check_keys(config, known)
-        if not config.get("cluster"):
-            raise ValueError("cluster is required: the name of the cluster behind this proxy")
-        self.cluster = str(config["cluster"])
-        self.header = str(config.get("header", self.header))
-        host = config.get("host")
-        self.host = None if host is None else str(host)
-        max_hops = config.get("max_hops", 16)
-        if isinstance(max_hops, bool) or not isinstance(max_hops, int) or max_hops < 0:
-            raise ValueError(f"max_hops must be an integer >= 0, not {max_hops!r}")
-        self.max_hops = max_hops
-        self.reject_loops = bool(config.get("reject_loops", True))
-        self.error = str(config.get("error", self.error))
-        error_code(self.error)
+    def configure(self, config: PaperTrailSettings) -> None:
+        """Take the validated settings."""
+        self.cluster = config.cluster
+        self.header = config.header
+        self.host = config.host
+        self.max_hops = config.max_hops
+        self.reject_loops = config.reject_loops
+        self.error = config.error
 
     def _entry(self, topic: str, ctx: InterceptContext) -> bytes:
         entry = {

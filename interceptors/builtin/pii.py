@@ -40,22 +40,25 @@ Config::
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator, model_validator
 
 from kiproxy.interceptors import (
     Header,
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
-    error_code,
+    TopicSelector,
 )
 from kiproxy.interceptors.builtin._per_record import per_record
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
 
-__all__ = ["BUILTIN_RULES", "PiiMasker"]
+__all__ = ["BUILTIN_RULES", "PiiMasker", "PiiMaskerSettings", "PiiRuleSettings"]
 
 
 Replacement = bytes | Callable[[re.Match[bytes]], bytes]
@@ -122,83 +125,120 @@ class _Rule:
         return any(self.replacement(m) != m.group() for m in self.pattern.finditer(data))
 
 
-def _compile(pattern: str, where: str) -> re.Pattern[bytes]:
-    try:
-        return re.compile(pattern.encode())
-    except re.error as exc:
-        raise ValueError(f"{where}: pattern is not a regular expression: {exc}") from None
+BuiltinRule = Literal["email", "card", "ssn", "iban", "ipv4"]
+"""The names of :data:`BUILTIN_RULES`."""
 
 
-def _rule(name: str, spec: Any) -> _Rule:
-    where = f"rules.{name}"
-    if not isinstance(spec, Mapping):
-        raise ValueError(f"{where} must be a mapping with pattern or builtin")
-    check_keys(spec, ("pattern", "builtin", "replacement", "action"), f"{where}: ")
-    action = str(spec.get("action", "mask"))
-    if action not in ("mask", "reject"):
-        raise ValueError(f"{where}.action must be mask or reject, not {action!r}")
-    if ("pattern" in spec) == ("builtin" in spec):
-        raise ValueError(f"{where} needs exactly one of pattern and builtin")
-    replacement: Replacement
-    needs = b""
-    if "builtin" in spec:
-        builtin = str(spec["builtin"])
-        if builtin not in BUILTIN_RULES:
-            raise ValueError(f"{where}.builtin {builtin!r} is not one of "
-                             f"{', '.join(BUILTIN_RULES)}")
-        pattern_text, replacement = BUILTIN_RULES[builtin]
-        needs = BUILTIN_NEEDS.get(builtin, b"")
-    else:
-        pattern_text, replacement = str(spec["pattern"]), b"****"
-    pattern = _compile(pattern_text, where)
-    if "replacement" in spec:
-        replacement = str(spec["replacement"]).encode()
-        for number, group in re.findall(rb"\\(\d+)|\\g<(\w+)>", replacement):
+class PiiRuleSettings(PluginSettings):
+    """A rule of your own: a ``pattern`` (or a ``builtin`` rule) and what a match becomes."""
+
+    pattern: str | None = None
+    """A Python regular expression, applied to the raw bytes (exactly one of ``pattern``
+    and ``builtin``)."""
+    builtin: BuiltinRule | None = None
+    """A built-in rule whose pattern this rule uses."""
+    replacement: str | None = None
+    """What a match becomes, a template (``\\1`` for a group); default ``****``, or the
+    built-in rule's."""
+    action: Literal["mask", "reject"] = "mask"
+    """``mask`` the matches, or ``reject`` the batch on a match."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> PiiRuleSettings:
+        if (self.pattern is None) == (self.builtin is None):
+            raise ValueError("needs exactly one of pattern and builtin")
+        return self
+
+    @field_validator("pattern")
+    @classmethod
+    def _regex(cls, pattern: str | None) -> str | None:
+        if pattern is not None:
+            try:
+                re.compile(pattern.encode())
+            except re.error as exc:
+                raise ValueError(f"not a regular expression: {exc}") from None
+        return pattern
+
+    @field_validator("replacement")
+    @classmethod
+    def _groups(cls, replacement: str | None, info: ValidationInfo) -> str | None:
+        builtin = info.data.get("builtin")
+        source = info.data.get("pattern") or (BUILTIN_RULES[builtin][0] if builtin else None)
+        if replacement is None or source is None:  # a bad pattern has its own error
+            return replacement
+        pattern = _compile(source)
+        for number, group in re.findall(rb"\\(\d+)|\\g<(\w+)>", replacement.encode()):
             ref = (number or group).decode()
             if not ((ref.isdigit() and int(ref) <= pattern.groups) or ref in pattern.groupindex):
-                raise ValueError(f"{where}.replacement refers to group {ref}, which the "
-                                 "pattern does not have")
-    return _Rule(name, pattern, replacement, action == "reject", needs)
+                raise ValueError(f"refers to group {ref}, which the pattern does not have")
+        return replacement
 
 
-class PiiMasker(ProduceRequestInterceptor):
+def _names(value: Any) -> Any:
+    return [value] if isinstance(value, str) else value
+
+
+class PiiMaskerSettings(PluginSettings):
+    """Settings of ``pii_masker``."""
+
+    rules: dict[str, PiiRuleSettings] = Field(default_factory=dict)
+    """Rules of your own, name -> rule, besides the built-in ones (``email``, ``card``,
+    ``ssn``, ``iban``, ``ipv4``)."""
+    topics: dict[str, Annotated[list[str], BeforeValidator(_names)]] = Field(min_length=1)
+    """Topic -> the names of the rules applied to it, in order; ``"*"`` for any other
+    topic."""
+    headers: list[str] = Field(default_factory=list)
+    """Header names whose values are masked too."""
+    error: ErrorName = "POLICY_VIOLATION"
+    """The error code of a rejection (a ``reject`` rule matched)."""
+
+    @model_validator(mode="after")
+    def _known_rules(self) -> PiiMaskerSettings:
+        known = set(BUILTIN_RULES) | set(self.rules)
+        for topic, names in self.topics.items():
+            missing = [n for n in names if n not in known]
+            if missing:
+                raise ValueError(f"topics.{topic}: unknown rule(s) {', '.join(missing)}; "
+                                 f"known: {', '.join(sorted(known))}")
+        return self
+
+
+def _compile(pattern: str) -> re.Pattern[bytes]:
+    return re.compile(pattern.encode())  # validated by PiiRuleSettings
+
+
+def _rule(name: str, spec: PiiRuleSettings | dict[str, Any]) -> _Rule:
+    """The compiled rule ``name``, from its settings (or their mapping)."""
+    spec = PiiRuleSettings.model_validate(spec)
+    replacement: Replacement
+    needs = b""
+    if spec.builtin is not None:
+        pattern_text, replacement = BUILTIN_RULES[spec.builtin]
+        needs = BUILTIN_NEEDS.get(spec.builtin, b"")
+    else:
+        assert spec.pattern is not None  # the settings hold exactly one of the two
+        pattern_text, replacement = spec.pattern, b"****"
+    if spec.replacement is not None:
+        replacement = spec.replacement.encode()
+    return _Rule(name, _compile(pattern_text), replacement, spec.action == "reject", needs)
+
+
+class PiiMasker(ProduceRequestInterceptor[PiiMaskerSettings]):
     """Masks (or rejects) regex matches in values, with rules chosen per topic."""
 
     def __init__(self) -> None:
-        self.topics: dict[str, tuple[_Rule, ...]] = {}
+        self.topics: TopicSelector[tuple[_Rule, ...]] = TopicSelector.of_names({})
         self.headers: frozenset[str] = frozenset()
         self.error = "POLICY_VIOLATION"
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``rules``, ``topics``, ``headers`` and ``error``."""
-        known = {"rules", "topics", "headers", "error"}
-        check_keys(config, known)
+    def configure(self, config: PiiMaskerSettings) -> None:
+        """Take the validated settings and compile the rules of every topic."""
         rules = {name: _rule(name, {"builtin": name}) for name in BUILTIN_RULES}
-        custom = config.get("rules", {}) or {}
-        if not isinstance(custom, Mapping):
-            raise ValueError("rules must be a mapping of rule name to rule")
-        for name, spec in custom.items():
-            rules[str(name)] = _rule(str(name), spec)
-        topics = config.get("topics")
-        if not isinstance(topics, Mapping) or not topics:
-            raise ValueError("topics must be a non-empty mapping of topic to rule names "
-                             '("*" for any other topic)')
-        for topic, names in topics.items():
-            if isinstance(names, str):
-                names = [names]
-            if not isinstance(names, list):
-                raise ValueError(f"topics.{topic} must be a list of rule names")
-            missing = [n for n in names if n not in rules]
-            if missing:
-                raise ValueError(f"topics.{topic}: unknown rule(s) {', '.join(map(str, missing))}"
-                                 f"; known: {', '.join(sorted(rules))}")
-            self.topics[str(topic)] = tuple(rules[n] for n in names)
-        headers = config.get("headers", []) or []
-        if not isinstance(headers, list):
-            raise ValueError("headers must be a list of header names")
-        self.headers = frozenset(str(h) for h in headers)
-        self.error = str(config.get("error", self.error))
-        error_code(self.error)
+        rules.update((name, _rule(name, spec)) for name, spec in config.rules.items())
+        self.topics = TopicSelector.of_names(
+            {topic: tuple(rules[n] for n in names) for topic, names in config.topics.items()})
+        self.headers = frozenset(config.headers)
+        self.error = config.error
 
     def _mask(self, data: bytes | None, rules: tuple[_Rule, ...]) -> bytes | None:
         if data is None:
@@ -228,7 +268,7 @@ class PiiMasker(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with matches masked, or reject it on a ``reject`` rule."""
-        rules = self.topics.get(batch.topic, self.topics.get("*"))
+        rules = self.topics.select(batch.topic)
         if not rules:
             return batch
         return per_record(batch, lambda r: self._one(r, rules), plugin="PiiMasker",

@@ -3,6 +3,11 @@
 In the spirit of KIP-940: routes are tried in order, the first whose regular
 expression matches the whole topic name handles the batch; unmatched topics
 pass untouched. Each route names an interceptor like the top-level setting.
+Topics are matched by :class:`~kiproxy.interceptors.TopicSelector`, as the
+proxy's routes match ``match.topic``. In the proxy's own config,
+``interceptor: {class: topic_router}`` is rewritten into ``routes:`` when the
+config is loaded (with a warning naming the new shape); this class is what
+``kiproxy check``, replay and code that load one interceptor get.
 
 Config::
 
@@ -21,58 +26,58 @@ Config::
 from __future__ import annotations
 
 import inspect
-import re
-from collections.abc import Awaitable, Mapping
-from typing import Any
+from collections.abc import Awaitable
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
 
 from kiproxy.interceptors import (
     InterceptContext,
     PluginFactory,
+    PluginSettings,
     ProduceRequestInterceptor,
     RecordBatch,
+    TopicSelector,
 )
-from kiproxy.interceptors.builtin._composite import link_loader
+from kiproxy.interceptors.builtin._composite import LinkSettings, link_loader
+from kiproxy.interceptors.topics import topic_regex
 
 
-class TopicRouter(ProduceRequestInterceptor):
+class TopicRouteSettings(LinkSettings):
+    """One route: the topics it takes and the interceptor that handles them."""
+
+    topic: Annotated[str, AfterValidator(topic_regex)]
+    """A regular expression matched against the whole topic name."""
+
+
+class TopicRouterSettings(PluginSettings):
+    """Settings of ``topic_router``."""
+
+    routes: list[TopicRouteSettings] = Field(min_length=1)
+    """Tried in order: ``{topic: REGEX, interceptor: MODULE:CLASS, config: {...}}``."""
+    plugins_dir: str | None = None
+    """Where the routes' interceptors are looked for first; default: the plugins dir
+    this router was loaded from."""
+
+
+class TopicRouter(ProduceRequestInterceptor[TopicRouterSettings]):
     """Hands each batch to the first route whose pattern matches its topic."""
 
     def __init__(self) -> None:
-        self.routes: list[tuple[re.Pattern[str], Any]] = []
-        self._cache: dict[str, Any] = {}
+        self.routes: TopicSelector[Any] = TopicSelector(())
 
-    def configure(self, config: Mapping[str, Any], *,
+    def configure(self, config: TopicRouterSettings, *,
                   plugins: PluginFactory | None = None) -> None:
         """Load every route's interceptor."""
-        routes = config.get("routes")
-        if not isinstance(routes, list) or not routes:
-            raise ValueError("routes must be a non-empty list of {topic, interceptor, config}")
-        load = link_loader(config, plugins)
-        for i, route in enumerate(routes):
-            if not isinstance(route, Mapping) or "topic" not in route or "interceptor" not in route:
-                raise ValueError(f"routes[{i}] needs 'topic' (a regex) and 'interceptor'")
-            try:
-                pattern = re.compile(str(route["topic"]))
-            except re.error as exc:
-                raise ValueError(f"routes[{i}].topic is not a regular expression: {exc}") from None
-            plugin = load(str(route["interceptor"]), route.get("config") or {})
-            self.routes.append((pattern, plugin))
-
-    def _route(self, topic: str) -> Any:
-        try:
-            return self._cache[topic]
-        except KeyError:
-            pass
-        plugin = next((p for pattern, p in self.routes if pattern.fullmatch(topic)), None)
-        if len(self._cache) < 100_000:
-            self._cache[topic] = plugin
-        return plugin
+        load = link_loader(config.plugins_dir, plugins)
+        self.routes = TopicSelector(
+            (route.topic, load(route.interceptor, route.config)) for route in config.routes)
 
     def intercept(
         self, batch: RecordBatch, ctx: InterceptContext
     ) -> RecordBatch | Awaitable[RecordBatch]:
         """Delegate to the matching route (sync or async), or pass the batch untouched."""
-        plugin = self._route(batch.topic)
+        plugin = self.routes.select(batch.topic)
         if plugin is None:
             return batch
         result: RecordBatch | Awaitable[RecordBatch] = plugin.intercept(batch, ctx)

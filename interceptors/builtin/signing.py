@@ -52,44 +52,57 @@ import hmac
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Generic, Literal, TypeVar
+
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from kiproxy.interceptors import (
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
     RejectBatch,
-    error_code,
 )
 from kiproxy.interceptors.builtin._per_record import MAX_REPORTED, map_records
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
 
-__all__ = ["SignatureVerifier", "Signer", "resolve_secret", "signature", "signing_message"]
+__all__ = ["Secret", "SignatureVerifier", "SignatureVerifierSettings", "Signer",
+           "SignerSettings", "resolve_secret", "signature", "signing_message"]
 
 _PREFIX = b"kiproxy-sig-v1\n"
 _NULL = b"\xff\xff\xff\xff"
 
 
-def resolve_secret(value: Any, where: str) -> bytes:
-    """A secret from config: a literal string, ``{env: NAME}`` or ``{file: PATH}``."""
+def resolve_secret(value: Any, where: str = "") -> bytes:
+    """A secret from config: a literal string, ``{env: NAME}`` or ``{file: PATH}``.
+
+    ``where`` (``keys.k1``) begins the message of the ``ValueError`` a bad one raises.
+    """
+    at = f"{where}: " if where else ""
+    if isinstance(value, bytes):
+        return value  # already resolved
     if isinstance(value, str):
         secret = value.encode()
     elif isinstance(value, Mapping) and set(value) == {"env"}:
         env = os.environ.get(str(value["env"]))
         if env is None:
-            raise ValueError(f"{where}: environment variable {value['env']} is not set")
+            raise ValueError(f"{at}environment variable {value['env']} is not set")
         secret = env.encode()
     elif isinstance(value, Mapping) and set(value) == {"file"}:
         try:
             secret = Path(str(value["file"])).read_bytes().strip()
         except OSError as exc:
-            raise ValueError(f"{where}: cannot read secret file: {exc}") from None
+            raise ValueError(f"{at}cannot read secret file: {exc}") from None
     else:
-        raise ValueError(f"{where} must be a string, {{env: NAME}} or {{file: PATH}}")
+        raise ValueError(f"{at}a secret is a string, {{env: NAME}} or {{file: PATH}}")
     if not secret:
-        raise ValueError(f"{where} is empty")
+        raise ValueError(f"{at}the secret is empty")
     return secret
+
+
+Secret = Annotated[bytes, BeforeValidator(resolve_secret)]
+"""A secret: a literal string, ``{env: NAME}`` or ``{file: PATH}`` (read at load)."""
 
 
 def _field(data: bytes | None) -> bytes:
@@ -124,41 +137,89 @@ def signature(
     return f"v1:{key_id}:{digest.hexdigest()}".encode()
 
 
-class _Signing(ProduceRequestInterceptor):
-    """Settings shared by Signer and SignatureVerifier."""
+class _SigningSettings(PluginSettings):
+    """Settings shared by ``signer`` and ``signature_verifier``."""
 
-    _own_keys: frozenset[str] = frozenset()
-    _default_error = "POLICY_VIOLATION"
+    keys: dict[str, Secret] = Field(min_length=1)
+    """Key id -> secret: a literal string, ``{env: NAME}`` or ``{file: PATH}``."""
+    header: str = "kiproxy-signature"
+    """The header the signature is in."""
+    headers: list[str] = Field(default_factory=list)
+    """Header names the signature covers, in this order."""
+    include_topic: bool = False
+    """Also cover the topic (breaks when a mirror renames it)."""
+
+    @field_validator("keys")
+    @classmethod
+    def _key_ids(cls, keys: dict[str, bytes]) -> dict[str, bytes]:
+        for key_id in keys:
+            if not key_id or ":" in key_id:
+                raise ValueError(f"key id {key_id!r} must be non-empty without ':'")
+        return keys
+
+    @model_validator(mode="after")
+    def _signature_header_not_covered(self) -> _SigningSettings:
+        if self.header in self.headers:
+            raise ValueError(f"headers must not include the signature header {self.header!r}")
+        return self
+
+
+class SignerSettings(_SigningSettings):
+    """Settings of ``signer``."""
+
+    key_id: str | None = None
+    """The key to sign with; default: the only key of ``keys``."""
+    on_existing: Literal["replace", "keep", "reject"] = "replace"
+    """A record already signed: its signature replaced, kept, or the batch rejected."""
+    require_headers: bool = False
+    """Reject records lacking a header of ``headers``."""
+    error: ErrorName = "INVALID_RECORD"
+    """The error code of a rejection."""
+
+    @model_validator(mode="after")
+    def _signing_key(self) -> SignerSettings:
+        if self.key_id is None and len(self.keys) != 1:
+            raise ValueError("key_id is required when keys holds more than one key")
+        if self.key_id is not None and self.key_id not in self.keys:
+            raise ValueError(f"key_id {self.key_id!r} is not one of keys "
+                             f"({', '.join(self.keys)})")
+        return self
+
+    @property
+    def signing_key(self) -> str:
+        """``key_id``, or the only key's id."""
+        return self.key_id if self.key_id is not None else next(iter(self.keys))
+
+
+class SignatureVerifierSettings(_SigningSettings):
+    """Settings of ``signature_verifier``."""
+
+    strip: bool = False
+    """Remove the signature header once verified."""
+    error: ErrorName = "POLICY_VIOLATION"
+    """The error code of a rejection."""
+
+
+_S = TypeVar("_S", SignerSettings, SignatureVerifierSettings)
+
+
+class _Signing(ProduceRequestInterceptor[_S], Generic[_S]):
+    """Settings shared by Signer and SignatureVerifier."""
 
     def __init__(self) -> None:
         self.keys: dict[str, bytes] = {}
         self.header = "kiproxy-signature"
         self.headers: tuple[str, ...] = ()
         self.include_topic = False
-        self.error = self._default_error
+        self.error = "POLICY_VIOLATION"
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read the shared settings (see the module docstring)."""
-        known = {"keys", "header", "headers", "include_topic", "error"} | self._own_keys
-        check_keys(config, known)
-        keys = config.get("keys")
-        if not isinstance(keys, Mapping) or not keys:
-            raise ValueError("keys must be a non-empty mapping of key id to secret")
-        for key_id, secret in keys.items():
-            if not str(key_id) or ":" in str(key_id):
-                raise ValueError(f"keys: key id {key_id!r} must be non-empty without ':'")
-            self.keys[str(key_id)] = resolve_secret(secret, f"keys.{key_id}")
-        self.header = str(config.get("header", self.header))
-        headers = config.get("headers", []) or []
-        if not isinstance(headers, list) or not all(isinstance(h, str) for h in headers):
-            raise ValueError("headers must be a list of header names")
-        if self.header in headers:
-            raise ValueError(f"headers must not include the signature header {self.header!r}")
-        self.headers = tuple(headers)
-        self.include_topic = bool(config.get("include_topic", False))
-        self.error = str(config.get("error", self._default_error))
-        error_code(self.error)
-
+    def configure(self, config: _S) -> None:
+        """Take the shared settings (see the module docstring)."""
+        self.keys = dict(config.keys)
+        self.header = config.header
+        self.headers = tuple(config.headers)
+        self.include_topic = config.include_topic
+        self.error = config.error
     def _reject(self, batch: RecordBatch, what: str, problems: list[tuple[int, str]]) -> None:
         if problems:
             first_index, first = problems[0]
@@ -173,11 +234,8 @@ class _Signing(ProduceRequestInterceptor):
         raise NotImplementedError
 
 
-class Signer(_Signing):
+class Signer(_Signing[SignerSettings]):
     """Appends an HMAC-SHA256 signature of key, value and chosen headers to every record."""
-
-    _own_keys = frozenset({"key_id", "on_existing", "require_headers"})
-    _default_error = "INVALID_RECORD"
 
     def __init__(self) -> None:
         super().__init__()
@@ -185,22 +243,12 @@ class Signer(_Signing):
         self.on_existing = "replace"
         self.require_headers = False
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read the shared settings plus ``key_id``, ``on_existing``, ``require_headers``."""
+    def configure(self, config: SignerSettings) -> None:
+        """Take the shared settings plus ``key_id``, ``on_existing``, ``require_headers``."""
         super().configure(config)
-        key_id = config.get("key_id")
-        if key_id is None:
-            if len(self.keys) != 1:
-                raise ValueError("key_id is required when keys holds more than one key")
-            key_id = next(iter(self.keys))
-        if str(key_id) not in self.keys:
-            raise ValueError(f"key_id {key_id!r} is not one of keys ({', '.join(self.keys)})")
-        self.key_id = str(key_id)
-        self.on_existing = str(config.get("on_existing", "replace"))
-        if self.on_existing not in ("replace", "keep", "reject"):
-            raise ValueError(f"on_existing must be replace, keep or reject, "
-                             f"not {self.on_existing!r}")
-        self.require_headers = bool(config.get("require_headers", False))
+        self.key_id = config.signing_key
+        self.on_existing = config.on_existing
+        self.require_headers = config.require_headers
 
     def sign(self, record: Record, topic: str) -> bytes:
         """The signature header value for ``record`` produced to ``topic``."""
@@ -228,19 +276,17 @@ class Signer(_Signing):
         return batch.with_records(out)
 
 
-class SignatureVerifier(_Signing):
+class SignatureVerifier(_Signing[SignatureVerifierSettings]):
     """Rejects batches holding a record whose signature is missing or wrong."""
-
-    _own_keys = frozenset({"strip"})
 
     def __init__(self) -> None:
         super().__init__()
         self.strip = False
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read the shared settings plus ``strip``."""
+    def configure(self, config: SignatureVerifierSettings) -> None:
+        """Take the shared settings plus ``strip``."""
         super().configure(config)
-        self.strip = bool(config.get("strip", False))
+        self.strip = config.strip
 
     def problem(self, record: Record, topic: str) -> str | None:
         """Why ``record``'s signature does not verify, or None when it does."""

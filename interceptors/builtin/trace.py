@@ -31,19 +31,18 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
-from typing import Any
+from typing import Literal
 
 from kiproxy.interceptors import (
     Header,
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     Record,
     RecordBatch,
-    error_code,
 )
 from kiproxy.interceptors.builtin._per_record import per_record
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
 
 _TRACEPARENT = re.compile(rb"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?",
                           re.DOTALL)
@@ -68,7 +67,20 @@ def traceparent_problem(value: bytes | None) -> str | None:
     return None
 
 
-class TraceContext(ProduceRequestInterceptor):
+class TraceContextSettings(PluginSettings):
+    """Settings of ``trace_context``."""
+
+    header: str = "traceparent"
+    """The header that carries the trace context."""
+    sampled: bool = True
+    """The trace-flags of a new traceparent: ``01`` (sampled), or ``00`` with false."""
+    on_invalid: Literal["replace", "keep", "reject"] = "replace"
+    """A present but invalid traceparent: replaced in place, kept, or the batch rejected."""
+    error: ErrorName = "INVALID_RECORD"
+    """The error code of a rejection (``on_invalid: reject``)."""
+
+
+class TraceContext(ProduceRequestInterceptor[TraceContextSettings]):
     """Adds a W3C ``traceparent`` header to records that have none; keeps valid ones."""
 
     def __init__(self) -> None:
@@ -78,17 +90,12 @@ class TraceContext(ProduceRequestInterceptor):
         self.error = "INVALID_RECORD"
         self._random = random.Random()
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``header``, ``sampled``, ``on_invalid`` and ``error``."""
-        known = {"header", "sampled", "on_invalid", "error"}
-        check_keys(config, known)
-        self.header = str(config.get("header", self.header))
-        self.flags = "01" if config.get("sampled", True) else "00"
-        self.on_invalid = str(config.get("on_invalid", self.on_invalid))
-        if self.on_invalid not in ("replace", "keep", "reject"):
-            raise ValueError(f"on_invalid must be replace, keep or reject, not {self.on_invalid!r}")
-        self.error = str(config.get("error", self.error))
-        error_code(self.error)
+    def configure(self, config: TraceContextSettings) -> None:
+        """Take the validated settings."""
+        self.header = config.header
+        self.flags = "01" if config.sampled else "00"
+        self.on_invalid = config.on_invalid
+        self.error = config.error
 
     def new_traceparent(self) -> bytes:
         """A fresh version-00 traceparent (random ids, never all zeros)."""

@@ -16,20 +16,29 @@ returned unchanged and forwarded as its original bytes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from kiproxy.interceptors import (
+    InterceptContext,
+    PluginSettings,
+    ProduceRequestInterceptor,
+    RecordBatch,
+)
 
-from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+
+class UppercaseSettings(PluginSettings):
+    """Settings of ``uppercase``."""
+
+    keys: bool = False
+    """Upper-case keys too, not only values."""
 
 
-class Uppercase(ProduceRequestInterceptor):
+class Uppercase(ProduceRequestInterceptor[UppercaseSettings]):
     """Upper-cases every non-null value (ASCII bytes.upper), and keys if ``keys: true``."""
 
     keys = False
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read ``keys``."""
-        self.keys = bool(config.get("keys", False))
+    def configure(self, config: UppercaseSettings) -> None:
+        """Take the validated settings."""
+        self.keys = config.keys
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return the batch with upper-cased values (the batch itself if none changes)."""

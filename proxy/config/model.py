@@ -7,6 +7,7 @@ to a default), and every error names the key.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -30,6 +31,7 @@ from kiproxy.interceptors.flags import (
     Flag,
     FlagError,
 )
+from kiproxy.interceptors.settings import describe
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
@@ -47,7 +49,6 @@ from kiproxy.proxy.config.clients import (
     bootstrap_servers,
     parse_host_port,
 )
-from kiproxy.proxy.config.errors import describe
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
     DefaultRouteSettings,
@@ -57,6 +58,7 @@ from kiproxy.proxy.config.routes import (
     route_features,
     route_warnings,
 )
+from kiproxy.proxy.config.shorthands import expand_shorthands
 
 __all__ = [
     "DEFAULT_INLINE_ENCODE_SECONDS",
@@ -74,6 +76,8 @@ __all__ = [
     "load_config",
     "parse_host_port",
 ]
+
+log = logging.getLogger("kiproxy")
 
 DEFAULT_INLINE_ENCODE_SECONDS = 0.001
 """CPU a transformed batch is expected to take to re-encode, at most, for it to be
@@ -558,6 +562,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
                 raise ConfigError(f"{part}: expected a mapping of settings, got "
                                   f"{target!r}", path)
         target[leaf] = value
+    for note in expand_shorthands(data):
+        log.warning("config%s: %s", f" {path}" if path else "", note)
     try:
         config = ProxyConfig.model_validate(data)
     except ValidationError as exc:

@@ -42,7 +42,6 @@ The compiled form is :class:`kiproxy.proxy.routes.table.RouteTable`.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -50,6 +49,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from kiproxy.interceptors.extras import interceptor_feature
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS
+from kiproxy.interceptors.topics import topic_regex
 from kiproxy.proxy.config.networks import network
 
 __all__ = [
@@ -71,14 +71,6 @@ Mode = Literal["enforce", "observe"]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True)
-
-
-def _regex(value: str) -> str:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
-    return value
 
 
 def _names(value: str | list[str]) -> tuple[str, ...]:
@@ -103,7 +95,7 @@ class MatchSettings(_Strict):
     @field_validator("topic", "principal_regex", "client_id")
     @classmethod
     def _regexes(cls, value: str | None) -> str | None:
-        return None if value is None else _regex(value)
+        return None if value is None else topic_regex(value)
 
     @field_validator("principal", "listener", mode="before")
     @classmethod

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.interceptors.topics import TopicPattern
 from kiproxy.proxy.config.networks import IPAddress, Network, client_ip, network
 from kiproxy.proxy.config.routes import (
     ChainLinkSettings,
@@ -37,7 +38,7 @@ _CACHE_LIMIT = 10_000
 class CompiledMatch:
     """A :class:`MatchSettings` with its regexes and networks built."""
 
-    topic: re.Pattern[str] | None
+    topic: TopicPattern | None
     principals: frozenset[str] | None
     principal_regex: re.Pattern[str] | None
     client_id: re.Pattern[str] | None
@@ -52,7 +53,7 @@ class CompiledMatch:
         def pattern(text: str | None) -> re.Pattern[str] | None:
             return None if text is None else re.compile(text)
         return cls(
-            topic=pattern(settings.topic),
+            topic=None if settings.topic is None else TopicPattern(settings.topic),
             principals=None if settings.principal is None else frozenset(settings.principal),
             principal_regex=pattern(settings.principal_regex),
             client_id=pattern(settings.client_id),
@@ -87,7 +88,7 @@ class CompiledMatch:
 
     def holds_for_topic(self, topic: str) -> bool:
         """The ``topic`` key holds."""
-        return self.topic is None or self.topic.fullmatch(topic) is not None
+        return self.topic is None or self.topic.holds(topic)
 
     def holds_for_request(self, acks: int, transactional: bool) -> bool:
         """The ``acks`` and ``transactional`` keys hold."""

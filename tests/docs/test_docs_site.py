@@ -2,8 +2,9 @@
 
 ``make test`` runs this: ``mkdocs build --strict`` fails on a broken link, a
 missing anchor or a page that is not in the nav; the configuration reference
-(``docs/configuration.md``) must be what ``docs/gen_config_reference.py``
-writes from the config model today.
+(``docs/configuration.md``) and the built-ins' settings reference
+(``docs/builtin-settings.md``) must be what ``docs/gen_config_reference.py``
+writes from the models today.
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ def test_configuration_reference_is_generated_from_the_current_model() -> None:
     assert committed == generator.render(), (
         f"docs/configuration.md is stale: regenerate it with {generator.REGENERATE} "
         "and commit the result")
+
+
+def test_builtin_settings_reference_is_generated_from_the_current_models() -> None:
+    generator = _generator()
+    committed = (ROOT / "docs" / "builtin-settings.md").read_text(encoding="utf-8")
+    assert committed == generator.render_builtins(), (
+        f"docs/builtin-settings.md is stale: regenerate it with {generator.REGENERATE} "
+        "and commit the result")
+    for name in ("pii_masker", "json_schema", "signer", "chain", "topic_router"):
+        assert f"## `{name}`" in committed, name
 
 
 def _leaf_keys(model: type[object], prefix: str = "") -> list[str]:

@@ -186,8 +186,10 @@ def _plugin_classes(code: str) -> list[tuple[str, str]]:
     found = []
     for node in ast.parse(code).body:
         if isinstance(node, ast.ClassDef):
+            # A base may be parametrized by its settings model: Base[Settings].
+            plain = [b.value if isinstance(b, ast.Subscript) else b for b in node.bases]
             bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
-                     for b in node.bases}
+                     for b in plain}
             for base in ("ProduceRequestInterceptor", "Observer"):
                 if base in bases:
                     found.append((node.name, base))

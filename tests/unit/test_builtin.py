@@ -134,7 +134,7 @@ def test_stamp_headers_defaults_stamp_only() -> None:
 
 
 def test_stamp_headers_rejects_a_non_mapping() -> None:
-    with pytest.raises(PluginLoadError, match="headers must be a mapping"):
+    with pytest.raises(PluginLoadError, match="headers: expected a mapping, got a list"):
         load_interceptor("kiproxy.interceptors.builtin.headers:StampHeaders", None,
                          {"headers": ["env", "prod"]})
 
@@ -331,7 +331,7 @@ def test_json_format_is_an_annotation() -> None:
     ({"default_schema": {"$ref": "#/$defs/missing"}}, "default_schema: invalid JSON Schema"),
     ({"schemas": {"orders": "/nonexistent/schema.json"}}, "cannot read schema file"),
     ({"schemas": {"orders": 5}}, "a schema must be a mapping or a file path"),
-    ({"schemas": ["orders"]}, "schemas must be a mapping"),
+    ({"schemas": ["orders"]}, "schemas: expected a mapping, got a list"),
     ({"error": "NOT_AN_ERROR"}, "NOT_AN_ERROR"),
 ])
 def test_json_bad_config_fails_at_start(config: dict[str, Any], match: str) -> None:
@@ -423,12 +423,12 @@ def test_router_uses_its_own_plugins_dir_setting(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("config", "match"), [
-    ({}, "routes must be a non-empty list"),
-    ({"routes": []}, "routes must be a non-empty list"),
-    ({"routes": [{"interceptor": "uppercase"}]}, r"routes\[0\] needs 'topic'"),
-    ({"routes": [{"topic": "a"}]}, r"routes\[0\] needs 'topic' \(a regex\) and 'interceptor'"),
+    ({}, "routes: required key is missing"),
+    ({"routes": []}, r"routes: needs at least 1 item\(s\), got an empty list"),
+    ({"routes": [{"interceptor": "uppercase"}]}, r"routes\[0\]\.topic: required key is missing"),
+    ({"routes": [{"topic": "a"}]}, r"routes\[0\]\.interceptor: required key is missing"),
     ({"routes": [{"topic": "(", "interceptor": "uppercase"}]},
-     r"routes\[0\].topic is not a regular expression"),
+     r"routes\[0\]\.topic: '\(' is not a regular expression"),
     ({"routes": [{"topic": "a", "interceptor": "tp_no_such_plugin:X"}]}, "tp_no_such_plugin"),
     ({"routes": [{"topic": "a", "interceptor": "tp_bad_configure:BadConfigure"}]},
      "'limit' must be a positive integer"),

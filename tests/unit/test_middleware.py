@@ -126,9 +126,9 @@ def test_paper_trail_max_hops_counts_foreign_entries_too() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({}, "cluster is required"),
-    ({"cluster": "c", "hops": 1}, "unknown key(s) hops"),
-    ({"cluster": "c", "max_hops": -1}, "max_hops must be an integer >= 0"),
+    ({}, "cluster: required key is missing"),
+    ({"cluster": "c", "hops": 1}, "hops: unknown key; did you mean host?"),
+    ({"cluster": "c", "max_hops": -1}, "max_hops: must be at least 0, got -1"),
 ])
 def test_paper_trail_config_errors(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -310,7 +310,7 @@ def test_signer_existing_signature_and_required_headers() -> None:
 
 
 @pytest.mark.parametrize(("cls", "config", "message"), [
-    (Signer, {}, "keys must be a non-empty mapping"),
+    (Signer, {}, "keys: required key is missing"),
     (Signer, {"keys": KEYS}, "key_id is required when keys holds more than one key"),
     (Signer, {"keys": KEYS, "key_id": "k7"}, "key_id 'k7' is not one of keys"),
     (Signer, {"keys": {"a:b": "x"}}, "must be non-empty without ':'"),
@@ -318,7 +318,7 @@ def test_signer_existing_signature_and_required_headers() -> None:
      "keys.k: environment variable KIPROXY_TEST_UNSET_VAR is not set"),
     (SignatureVerifier, {"keys": KEYS, "headers": ["kiproxy-signature"]},
      "must not include the signature header"),
-    (SignatureVerifier, {"keys": KEYS, "on_existing": "keep"}, "unknown key(s) on_existing"),
+    (SignatureVerifier, {"keys": KEYS, "on_existing": "keep"}, "on_existing: unknown key"),
 ])
 def test_signing_config_errors(cls: type[Any], config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -367,10 +367,11 @@ def test_records_without_a_valid_token_reject_the_batch() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({}, "tokens must be a non-empty mapping"),
+    ({}, "tokens: required key is missing"),
     ({"tokens": {"t": "sha256:abc"}}, "tokens.t[0]: a sha256: token needs 64 hex digits"),
-    ({"tokens": {"t": []}}, "tokens.t is an empty list"),
-    ({"tokens": {"t": "x"}, "unlisted": "maybe"}, "unlisted must be deny or allow"),
+    ({"tokens": {"t": []}}, "tokens.t: needs at least 1 item(s), got an empty list"),
+    ({"tokens": {"t": "x"}, "unlisted": "maybe"},
+     "unlisted: expected 'deny' or 'allow', got 'maybe'"),
 ])
 def test_authorizer_config_errors(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -440,14 +441,16 @@ def test_pii_masker_reject_rule() -> None:
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({}, "topics must be a non-empty mapping"),
+    ({}, "topics: required key is missing"),
     ({"topics": {"t": ["nope"]}}, "topics.t: unknown rule(s) nope"),
-    ({"rules": {"r": {"pattern": "("}}, "topics": {"t": ["r"]}}, "rules.r: pattern is not"),
+    ({"rules": {"r": {"pattern": "("}}, "topics": {"t": ["r"]}},
+     "rules.r.pattern: not a regular expression"),
     ({"rules": {"r": {"pattern": "a", "replacement": r"\2"}}, "topics": {"t": ["r"]}},
-     "rules.r.replacement refers to group 2"),
-    ({"rules": {"r": {"builtin": "phone"}}, "topics": {"t": ["r"]}}, "builtin 'phone' is not"),
+     "rules.r.replacement: refers to group 2"),
+    ({"rules": {"r": {"builtin": "phone"}}, "topics": {"t": ["r"]}},
+     "rules.r.builtin: expected 'email', 'card', 'ssn', 'iban' or 'ipv4', got 'phone'"),
     ({"rules": {"r": {"pattern": "a", "action": "drop"}}, "topics": {"t": ["r"]}},
-     "action must be mask or reject"),
+     "rules.r.action: expected 'mask' or 'reject', got 'drop'"),
 ])
 def test_pii_config_errors(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
@@ -604,13 +607,14 @@ async def test_chain_names_a_link_that_breaks_the_record_count_rule(tmp_path: Pa
 
 
 @pytest.mark.parametrize(("config", "message"), [
-    ({}, "links must be a non-empty list"),
-    ({"links": [{"config": {}}]}, "links[0] needs 'interceptor'"),
+    ({}, "links: required key is missing"),
+    ({"links": [{"config": {}}]}, "links[0].interceptor: required key is missing"),
     ({"links": [TRAIL, {"interceptor": "no_such_module_xyz:X"}]},
      "links[1] (no_such_module_xyz:X): interceptor module 'no_such_module_xyz' not found"),
     ({"links": [{"interceptor": "kiproxy.interceptors.builtin.paper_trail:PaperTrail"}]},
      "links[0] (kiproxy.interceptors.builtin.paper_trail:PaperTrail): "
-     "kiproxy.interceptors.builtin.paper_trail:PaperTrail.configure() failed: ValueError: cluster"),
+     "kiproxy.interceptors.builtin.paper_trail:PaperTrail: invalid config: "
+     "cluster: required key is missing"),
 ])
 def test_chain_config_errors_name_the_link(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -1,26 +1,98 @@
-"""Validation errors of the config model, in kiproxy's own words.
+"""Typed settings: a plugin's config validated by a pydantic model, errors in kiproxy's words.
 
-:func:`describe` turns a pydantic ``ValidationError`` into one line per problem:
-the key path as the user writes it (``interceptor.timeout_ms``,
-``observers[0].class``), what is wrong, and the value that was given::
+Contract. An interceptor declares its settings as a model, the type argument of its
+base class (``class Redact(ProduceRequestInterceptor[RedactSettings])``);
+:func:`settings_model` finds it. :func:`parse_settings` validates a config mapping
+against it and either returns the model or raises :class:`SettingsError`, one line
+per problem, the same lines the proxy's own config gives (the proxy's
+``load_config`` calls :func:`describe` too): the key path as the user writes it
+(``rules.ids.action``, ``links[0].interceptor``), what is wrong, and the value
+that was given::
 
     interceptor.timeout: unknown key; did you mean interceptor.timeout_ms?
     max_in_flight: expected an integer, got 'ten'
 
 An unknown key is matched against the valid keys at the same level
 (``difflib.get_close_matches``) so a typo names the key that was meant.
+:class:`PluginSettings` is the base a settings model may use: unknown keys are
+errors, the docstring under a field is its documentation (the reference of the
+built-ins' settings is generated from it), and a validated value is frozen.
 """
 
 from __future__ import annotations
 
 import difflib
+import types
 import typing
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 from pydantic_core import ErrorDetails
 
-__all__ = ["describe", "key_path", "valid_keys"]
+from kiproxy.interceptors.errors import error_code
+
+__all__ = ["ErrorName", "PluginSettings", "SettingsError", "describe", "key_path", "parse_settings",
+           "settings_model", "valid_keys"]
+
+
+class PluginSettings(BaseModel):
+    """Base of a plugin's settings model: strict keys, documented fields, frozen values."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, frozen=True,
+                              use_attribute_docstrings=True)
+
+
+def _known_error(name: str) -> str:
+    error_code(name)  # a ValueError naming the known names
+    return name
+
+
+ErrorName = Annotated[str, AfterValidator(_known_error)]
+"""A Kafka error name a rejection carries (``POLICY_VIOLATION``, ``INVALID_RECORD``...)."""
+
+
+class SettingsError(ValueError):
+    """A plugin's config does not fit its settings model; ``problems`` has one line each.
+
+    A ``ValueError``, as the hand-written checks of plugin configs raised before.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
+
+
+def settings_model(cls: type[Any]) -> type[BaseModel] | None:
+    """The settings model ``cls`` declares as its base class's type argument, or None.
+
+    The first pydantic model among the type arguments of the parametrized bases
+    (``ProduceRequestInterceptor[Settings]``, or a generic built on it), searched
+    along the method resolution order: a subclass may declare a model of its own.
+    """
+    for klass in cls.__mro__:
+        for base in klass.__dict__.get("__orig_bases__", ()):
+            for arg in typing.get_args(base):
+                if isinstance(arg, type) and issubclass(arg, BaseModel):
+                    return arg
+    return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_settings(model: type[M], config: Mapping[str, Any] | M | None) -> M:
+    """``config`` validated by ``model`` (a model instance is returned as it is).
+
+    Raises :class:`SettingsError` naming every key that is wrong and why.
+    """
+    if isinstance(config, model):
+        return config
+    try:
+        return model.model_validate(dict(config or {}))
+    except ValidationError as exc:
+        raise SettingsError(describe(exc, model)) from None
+
 
 _EXPECTED = {
     "int_parsing": "an integer", "int_type": "an integer", "int_from_float": "an integer",
@@ -63,30 +135,47 @@ def _shown(value: Any) -> str:
 
 
 def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
-    """The settings model that holds the keys at ``loc`` (``None`` if it is not a model)."""
+    """The settings model that holds the keys at ``loc`` (``None`` if it is not a model).
+
+    A list index and a key of a mapping of models (``rules.ids``) lead to the item's model.
+    """
     current: Any = model
     for part in loc:
-        if isinstance(part, int):
-            continue  # a list item: the list's element type is already ``current``
-        if not (isinstance(current, type) and issubclass(current, BaseModel)):
-            return None
-        field = next((f for name, f in current.model_fields.items()
-                      if part in (name, f.alias)), None)
-        if field is None:
-            return None
-        current = _unwrap(field.annotation)
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = next((f for name, f in current.model_fields.items()
+                          if part in (name, f.alias)), None)
+            if field is None:
+                return None
+            current = field.annotation
+        else:  # a list item or a mapping's key: go into the item type
+            current = _item(current)
+            if current is None:
+                return None
+        current = _unwrap(current)
     return current if isinstance(current, type) and issubclass(current, BaseModel) else None
 
 
+def _item(annotation: Any) -> Any:
+    """The model inside a list, tuple or mapping annotation (its values), or None."""
+    for arg in reversed(typing.get_args(annotation)):
+        if isinstance(arg, type) and issubclass(arg, BaseModel):
+            return arg
+        found = _item(arg)
+        if found is not None:
+            return found
+    return None
+
+
 def _unwrap(annotation: Any) -> Any:
-    """The model inside ``Model | None``, ``list[Model]``, ``tuple[Model, ...]`` and the like,
-    else the annotation itself."""
+    """``Model | None`` as ``Model``; other annotations as they are."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return annotation
-    for arg in typing.get_args(annotation):
-        found = _unwrap(arg)
-        if isinstance(found, type) and issubclass(found, BaseModel):
-            return found
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            found = _unwrap(arg)
+            if isinstance(found, type) and issubclass(found, BaseModel):
+                return found
     return annotation
 
 
