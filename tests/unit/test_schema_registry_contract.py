@@ -66,7 +66,7 @@ class FakeRegistry:
     calls: list[tuple[str, object]] = field(default_factory=list)
     gate: asyncio.Event | None = None
 
-    async def schema_by_id(self, schema_id: int) -> Schema:
+    async def schema_by_id(self, schema_id: int, *, fresh: bool = False) -> Schema:
         self.calls.append(("schema", schema_id))
         if self.gate is not None:
             await self.gate.wait()
@@ -118,10 +118,11 @@ def registry() -> FakeRegistry:
     )
 
 
-def checker(config: dict[str, Any], fake: FakeRegistry | None = None) -> ContractCheck:
+def checker(config: dict[str, Any], fake: FakeRegistry | None = None,
+            **lifetimes: float) -> ContractCheck:
     config = {"registry": {"url": "http://127.0.0.1:1"}, **config}
     return ContractCheck(parse_settings(config), fake or registry(), unknown_id=Unknown,
-                         unavailable=Down)
+                         unavailable=Down, **lifetimes)
 
 
 def batch(topic: str, *values: bytes | None, key: bytes | None = None,
@@ -382,7 +383,7 @@ def test_bad_configuration_names_the_key() -> None:
 
 async def test_registry_down_policy_and_cached_ids() -> None:
     fake = registry()
-    check = checker(ORDERS, fake)
+    check = checker(ORDERS, fake, negative_ttl_s=0.2)
     assert await check.check(batch("orders", GOOD)) is None
     fake.down = True
     assert await check.check(batch("orders", GOOD)) is None  # cached: still checked
@@ -396,6 +397,9 @@ async def test_registry_down_policy_and_cached_ids() -> None:
     assert passing.unavailable_passed == 1
     fake.down = False
     fake.subjects[20] = ["orders-value"]
+    refusal = await check.check(batch("orders", new))  # "unavailable" is remembered briefly
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    await asyncio.sleep(0.25)  # negative_ttl_s
     assert await check.check(batch("orders", new)) is None
 
 

@@ -72,6 +72,7 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
         unknown: type[Exception] = _NoRegistry
         unavailable: type[Exception] = _NoRegistry
         global_ids: Any = None
+        registry: Any = None
         raw_registry = config.get("registry")
         if raw_registry is not None:
             from kiproxy.interceptors.builtin.schema_registry.registry import (
@@ -92,8 +93,14 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                 global_ids = GlobalIds(registry)
         self._client = client
         self._global_ids = global_ids
+        lifetimes: dict[str, Any] = {}
+        if registry is not None:
+            lifetimes = {"cache_ttl_s": registry.cache_ttl_s,
+                         "negative_ttl_s": registry.negative_ttl_s,
+                         "compile_threads": registry.max_requests_in_flight}
         self._check = ContractCheck(settings, client, unknown_id=unknown,
-                                    unavailable=unavailable, global_ids=global_ids)
+                                    unavailable=unavailable, global_ids=global_ids,
+                                    **lifetimes)
 
     async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return ``batch`` unchanged, or raise RejectBatch naming every bad record."""
@@ -121,6 +128,10 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                            help="Records passed unchecked because the registry was "
                                 "unavailable (on_registry_unavailable: pass)",
                            labels={}, value=check.unavailable_passed)
+        yield MetricSample(name="schema_registry_uncompilable", kind="counter",
+                           help="Schema lookups whose schema the proxy could not compile "
+                                "(its records follow on_registry_unavailable)",
+                           labels={}, value=check.lookups.uncompilable)
         if self._client is not None:
             stats = self._client.stats()
             if self._global_ids is not None:  # the globalId translations' requests count too
@@ -133,7 +144,9 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
             yield from _client_samples(stats)
 
     async def close(self) -> None:
-        """Close the registry client's connections."""
+        """Close the registry client's connections and the compiling threads."""
+        if self._check is not None:
+            self._check.close()
         if self._client is not None:
             await self._client.close()
         if self._global_ids is not None:
