@@ -439,3 +439,47 @@ async def test_an_id_registered_under_another_subject_later_is_accepted_at_once(
     assert await check.check(batch("archive", GOOD)) is not None
     await asyncio.sleep(1.05)
     assert await check.check(batch("archive", GOOD)) is None
+
+
+async def test_a_compiled_schema_is_refreshed_after_cache_ttl_s_while_it_serves() -> None:
+    fake = registry()
+    check = checker(ORDERS, fake, cache_ttl_s=0.1)
+    assert await check.check(batch("orders", GOOD)) is None
+    await asyncio.sleep(0.15)
+    fake.gate = asyncio.Event()  # the refresh waits; the batch does not
+    assert await check.check(batch("orders", GOOD)) is None
+    await asyncio.sleep(0.01)
+    assert fake.calls.count(("schema", 17)) == 2
+    fake.gate.set()
+
+
+BROKEN = Schema(17, "AVRO", json.dumps({"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "shop.NoSuchType"}]}))
+
+
+@pytest.mark.parametrize("policy", ["reject", "pass"])
+async def test_a_schema_the_proxy_cannot_compile_is_not_the_records_fault(
+        policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    fake = registry()
+    fake.schemas[17] = BROKEN
+    check = checker({**ORDERS, "on_registry_unavailable": policy}, fake, negative_ttl_s=0.2)
+    refusal = await check.check(batch("orders", GOOD))
+    if policy == "reject":
+        assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+        assert "schema id 17: the proxy cannot compile its schema" in refusal.message
+    else:
+        assert refusal is None and check.unavailable_passed == 1
+    assert check.lookups.uncompilable == 1
+    [line] = [r for r in caplog.records if "cannot be compiled by the" in r.getMessage()]
+    assert line.levelname == "WARNING" and "schema id 17" in line.getMessage()
+    assert "NoSuchType" in line.getMessage()
+    await check.check(batch("orders", GOOD))
+    assert fake.calls.count(("schema", 17)) == 1  # remembered for negative_ttl_s
+
+    fake.schemas[17] = registry().schemas[17]  # the registry's schema fixed
+    await asyncio.sleep(0.25)
+    assert await check.check(batch("orders", GOOD)) is None
+    assert fake.calls.count(("schema", 17)) == 2
+    refusal = await check.check(batch("orders", framed(17, b"\x02")))
+    # compiled: a record that does not match is the record's fault
+    assert refusal is not None and refusal.code == ErrorCode.INVALID_RECORD

@@ -48,9 +48,9 @@ class CacheCounts:
     lookups: int = 0
     """``hits`` + ``misses`` + ``unknown``."""
     hits: int = 0
-    """Answered from the cache (``stale`` among them)."""
+    """Answered from the cache (``stale`` among them) or by joining a lookup in flight."""
     misses: int = 0
-    """Had to wait for the service."""
+    """Started a lookup of the service and waited for it."""
     unknown: int = 0
     """Answered by a remembered negative answer."""
     stale: int = 0
@@ -123,7 +123,10 @@ class LookupCache(Generic[_V]):
                     counts.stale += 1
                     self._refresh(key, fetch)
                 return value
-        counts.misses += 1
+        if self._live(key) is None:
+            counts.misses += 1
+        else:
+            counts.hits += 1  # joins the lookup in flight: no request of its own
         task = self._task(key, fetch)
         return await asyncio.shield(task)
 

@@ -144,8 +144,7 @@ class Lookups:
                                "on_registry_unavailable; it is fetched again after "
                                "registry.negative_ttl_s): %s", schema_id, exc,
                                more=" ({count} more in the last {interval:.0f} s)")
-            raise _Uncompilable(f"schema id {schema_id} cannot be compiled by the proxy: "
-                                f"{exc}") from None
+            raise _Uncompilable(f"the proxy cannot compile its schema ({exc})") from None
 
     # -- Apicurio globalIds ------------------------------------------------------------
 

@@ -99,6 +99,7 @@ class RegistryHttp:
         self._threads: ThreadPoolExecutor | None = None
         self._closing: set[asyncio.Task[None]] = set()
         self._warn = RateLimitedLog(log)
+        self._closed = False
 
     # -- requests -----------------------------------------------------------------------
 
@@ -206,6 +207,8 @@ class RegistryHttp:
     # -- the connection pool and the credential files ----------------------------------
 
     def _current_pool(self, url: str) -> _Pool:
+        if self._closed:  # a refresh that outlived the client
+            raise RegistryUnavailable(f"schema registry {url}: the client is closed")
         loop = asyncio.get_running_loop()
         pool = self._pool
         stamp = self._stamp(url)
@@ -307,7 +310,8 @@ class RegistryHttp:
 
     async def close(self) -> None:
         """Close the HTTP client (when called in the loop that made it; otherwise drop it)
-        and the parsing threads."""
+        and the parsing threads; lookups after this fail as unavailable."""
+        self._closed = True
         pool, self._pool = self._pool, None
         threads, self._threads = self._threads, None
         if threads is not None:
