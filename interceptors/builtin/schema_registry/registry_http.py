@@ -152,7 +152,7 @@ class RegistryHttp:
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
             # certificate says so only once the first response is read.
-            kind, setting = _classify(exc)
+            kind, setting = _classify(exc, tls=url.startswith("https://"))
             cause = str(exc) or type(exc).__name__
             raise self._failed(kind, url, cause, setting) from exc
         finally:
@@ -328,10 +328,17 @@ class RegistryHttp:
             await pool.http.close()
 
 
-def _classify(exc: BaseException) -> tuple[str, str]:
+def _classify(exc: BaseException, *, tls: bool) -> tuple[str, str]:
     """The kind of a transport failure (one warning per kind per interval) and the
     setting to check."""
     text = f"{type(exc).__name__} {exc}".upper()
+    if tls and isinstance(exc, aiohttp.ServerDisconnectedError):
+        # TLS 1.3: a server that refuses the client's certificate says so after the
+        # handshake, by closing the connection before it answers.
+        return "tls closed", ("registry.cert_file / registry.key_file (the registry closed "
+                              "the connection unanswered: it may refuse the client "
+                              "certificate - missing, expired or not signed by a CA it "
+                              "trusts)")
     if isinstance(exc, aiohttp.ClientConnectorCertificateError) or \
             "CERTIFICATE_VERIFY_FAILED" in text:
         return "tls verify", ("registry.ca_file (the registry's certificate is not signed by "
