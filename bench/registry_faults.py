@@ -38,7 +38,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the stand-in registry of tests/faults
 
-from faults.registry_standin import StandInRegistry  # noqa: E402
+from faults.registry_standin import (  # type: ignore[import-not-found]  # noqa: E402
+    StandInRegistry,
+)
 from hardening.bombs import RssSampler, rss_of  # noqa: E402
 
 from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port  # noqa: E402
