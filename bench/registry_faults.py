@@ -8,22 +8,25 @@ Run from the repository root with the project's virtualenv::
 
 Per tree: two ``kiproxy run`` processes (``schema_registry``, ``value: payload`` on one
 topic, ``on_registry_unavailable: reject`` and ``pass``, ``timeout_ms`` 800,
-``negative_ttl_s`` 1) in front of an embedded Tansu broker, against the stand-in registry
-of ``tests/faults/registry_standin.py``. Per fault phase (healthy first, as a control):
-a confluent-kafka producer (``retries: 0``) sends ``--lookups`` records, each framed with
-an id the proxies have not seen, one at a time, to each proxy; meanwhile two producers
-send one small record at a time to a topic with no contract, one through the ``reject``
-proxy and one direct to the broker (its latency is the machine's own, the baseline).
-Reported per phase: the checked producer's answers, the other topic's p50/p99
-produce-to-acknowledgement latency through the proxy and direct, the ``reject`` proxy's
-RSS before, at its peak and 2 s after the phase, and its WARNING/ERROR lines. Latencies
-on a shared 2-core machine are noisy: compare the two columns of one row, not rows.
+``negative_ttl_s`` 1) in front of an embedded Tansu broker, against the stand-in
+registry of ``tests/faults/registry_standin.py`` (in a process of its own). Per fault
+phase (healthy first, as a control): a confluent-kafka producer (``retries: 0``) sends
+``--lookups`` records, each framed with an id the proxies have not seen, one at a time,
+to each proxy; meanwhile two producers send one small record at a time to a topic with
+no contract, one through the ``reject`` proxy and one direct to the broker (its latency
+is the machine's own, the baseline). Reported per phase: the checked producer's answers,
+the other topic's p50/p99 produce-to-acknowledgement latency through the proxy and
+direct, the ``reject`` proxy's RSS before, at its peak and 2 s after the phase, and its
+WARNING/ERROR lines. Latencies on a shared 2-core machine are noisy: compare the two
+columns of one row, not rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import multiprocessing
 import os
 import statistics
 import struct
@@ -32,6 +35,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterator
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +55,51 @@ ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
 BODY = b"\x02x" + struct.pack("<d", 1.0)
 PHASES = ("healthy", "hang", "http500", "garble", "flood", "flood_chunked", "trickle",
           "uncompilable", "closed")
+
+
+def _serve(conn: Connection) -> None:
+    """The stand-in registry in a process of its own, driven over ``conn``: sending 50 MB
+    answers must not cost the measuring producers of this process their GIL."""
+    registry = StandInRegistry()
+    conn.send(registry.url)
+    while True:
+        command, *args = conn.recv()
+        if command == "close":
+            registry.close()
+            conn.send(None)
+            return
+        getattr(registry, command)(*args)
+        conn.send(None)
+
+
+class RemoteStandIn:
+    """:class:`StandInRegistry` in a child process (``register``, ``phase``, ``close``)."""
+
+    def __init__(self) -> None:
+        self._conn, child = multiprocessing.get_context("spawn").Pipe()
+        self._proc = multiprocessing.get_context("spawn").Process(
+            target=_serve, args=(child,), daemon=True)
+        self._proc.start()
+        self.url: str = self._conn.recv()
+
+    def _call(self, *command: Any) -> None:
+        self._conn.send(command)
+        self._conn.recv()
+
+    def register(self, schema_id: int, schema: dict[str, Any], subject: str) -> None:
+        self._call("register", schema_id, schema, subject)
+
+    @contextlib.contextmanager
+    def phase(self, mode: str) -> Iterator[None]:
+        self._call("set_mode", mode)
+        try:
+            yield
+        finally:
+            self._call("set_mode", "healthy")
+
+    def close(self) -> None:
+        self._call("close")
+        self._proc.join(10)
 
 
 class Proxy:
@@ -135,8 +185,8 @@ class Latencies:
         return statistics.median(ms), ms[min(len(ms) - 1, int(len(ms) * 0.99))]
 
 
-def run_tree(tree: Path, broker: EmbeddedBroker, standin: StandInRegistry,
-             lookups: int) -> list[dict[str, Any]]:
+def run_tree(tree: Path, broker: EmbeddedBroker, standin: RemoteStandIn,
+             lookups: int, first_id: int) -> list[dict[str, Any]]:
     run = uuid.uuid4().hex[:6]
     topics = {"reject": f"bf{run}-strict", "pass": f"bf{run}-lenient"}
     plain = f"bf{run}-plain"
@@ -144,7 +194,7 @@ def run_tree(tree: Path, broker: EmbeddedBroker, standin: StandInRegistry,
         "registry": {"url": standin.url, "timeout_ms": 800, "negative_ttl_s": 1},
         "on_registry_unavailable": policy, "topics": {topic: {"value": "payload"}}})
         for policy, topic in topics.items()}
-    ids = iter(range(10_000 + 1000 * len(standin.requests), 1_000_000))
+    ids = iter(range(first_id, first_id + 100_000))
     via, direct = Latencies(proxies["reject"].bootstrap, plain), Latencies(broker.bootstrap,
                                                                            plain)
     rows = []
@@ -165,7 +215,7 @@ def run_tree(tree: Path, broker: EmbeddedBroker, standin: StandInRegistry,
                 via_ms, direct_ms = via.stop(), direct.stop()
             time.sleep(2)
             logged = [line for line in proxies["reject"].lines[seen:]
-                      if " WARNING " in line or " ERROR " in line or "Traceback" in line]
+                      if "level=WARNING" in line or "level=ERROR" in line or "Traceback" in line]
             rows.append({"phase": phase, "reject": sorted(set(answers["reject"])),
                          "pass": sorted(set(answers["pass"])), "via_ms": via_ms,
                          "direct_ms": direct_ms, "rss_before": before, "rss_peak": rss.peak,
@@ -183,7 +233,7 @@ def table(tree: Path, rows: list[dict[str, Any]]) -> str:
            "| RSS before / peak / after (MiB) | log lines |",
            "|---|---|---|---|---|---|---|"]
     for r in rows:
-        levels = [("ERROR" if " ERROR " in line or "Traceback" in line else "WARNING")
+        levels = [("ERROR" if "level=ERROR" in line or "Traceback" in line else "WARNING")
                   for line in r["log"]]
         log = ", ".join(f"{levels.count(k)} {k}" for k in ("WARNING", "ERROR")
                         if levels.count(k)) or "-"
@@ -194,7 +244,7 @@ def table(tree: Path, rows: list[dict[str, Any]]) -> str:
                    f"{r['rss_after'] / mib:.0f} | {log} |")
     firsts = {r["phase"]: r["log"][0] for r in rows if r["log"]}
     out += ["", "First log line per fault:", ""]
-    out += [f"- {phase}: `{line.split(' ', 2)[-1][:220]}`" for phase, line in firsts.items()]
+    out += [f"- {phase}: `{line[line.find('level='):][:240]}`" for phase, line in firsts.items()]
     return "\n".join(out)
 
 
@@ -206,10 +256,12 @@ def main() -> int:
     args = parser.parse_args()
     broker = EmbeddedBroker()
     broker.start()
-    standin = StandInRegistry()
+    standin = RemoteStandIn()
     try:
-        for tree in [ROOT, *([args.baseline] if args.baseline else [])]:
-            print(table(tree, run_tree(tree, broker, standin, args.lookups)), flush=True)
+        trees = [ROOT, *([args.baseline] if args.baseline else [])]
+        for n, tree in enumerate(trees):
+            rows = run_tree(tree, broker, standin, args.lookups, 10_000 + 100_000 * n)
+            print(table(tree, rows), flush=True)
     finally:
         standin.close()
         broker.stop()

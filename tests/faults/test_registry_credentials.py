@@ -183,12 +183,12 @@ def test_a_refused_token_through_the_proxy_follows_the_policy_and_stalls_no_one(
             assert produce_one(procs["pass"].bootstrap, topics["pass"], framed(12)) is None
         assert other.errors == [] and other.delivered > 0
         for proc in procs.values():
-            proc.wait_for_line("WARNING", "HTTP 401", "registry.bearer_token_file")
+            proc.wait_for_line("level=WARNING", "HTTP 401", "registry.bearer_token_file")
         replace(credentials["token"], TOKEN + "\n")
         assert delivered_eventually(procs["reject"].bootstrap, topics["reject"],
                                     framed(11)) is None
         for proc in procs.values():
-            assert not [line for line in proc.lines if " ERROR " in line or "Traceback" in line]
+            assert not [line for line in proc.lines if "level=ERROR" in line or "Traceback" in line]
     finally:
         for proc in procs.values():
             proc.stop()

@@ -179,12 +179,12 @@ def test_every_registry_fault_is_a_retriable_answer_or_a_pass_and_never_a_stall(
         assert peak[p] - rss_before[p] < 64 * 1024 * 1024, (p, rss_before[p], peak[p])
     for proc in procs.values():
         assert proc.alive()
-        bad = [line for line in proc.lines if " ERROR " in line or "Traceback" in line]
+        bad = [line for line in proc.lines if "level=ERROR" in line or "Traceback" in line]
         assert bad == [], "\n".join(bad)
-        proc.wait_for_line("WARNING", "registry.max_response_bytes")
-        proc.wait_for_line("WARNING", "cannot be compiled by the proxy", "NoSuchType")
-        proc.wait_for_line("WARNING", "not JSON")
-        proc.wait_for_line("WARNING", "HTTP 500")
+        proc.wait_for_line("level=WARNING", "registry.max_response_bytes")
+        proc.wait_for_line("level=WARNING", "cannot be compiled by the proxy", "NoSuchType")
+        proc.wait_for_line("level=WARNING", "not JSON")
+        proc.wait_for_line("level=WARNING", "HTTP 500")
     print(json.dumps({"rss_before": rss_before, "rss_peak": peak, "rss_after": rss_after}))
 
 

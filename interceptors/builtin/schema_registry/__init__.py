@@ -27,11 +27,12 @@ Config (``docs/schema-registry.md`` has every key and what a producer sees)::
 A refused batch gets INVALID_RECORD (``error:``) with one ``record_errors``
 entry per bad record ("record 3: schema id 17 is registered under
 payments-value, not orders-value") and the batch message summarising. The
-registry client (``registry.py``) caches schemas by id; this module owns the
-checks (``contract.py``), the payload formats (``avro.py``, ``protobuf.py``,
-``json_payload.py``), the framing (``wire.py``; Apicurio globalIds carried in
-headers are translated by ``apicurio_ids.py``), the rules (``rules.py``) and the
-settings (``settings.py``).
+registry client (``registry.py``, its bounded HTTP requests in ``registry_http.py``)
+caches schemas by id; this module owns the checks (``contract.py``, what they know of
+the registry in ``lookups.py``; every cache is a ``lookup_cache.LookupCache``),
+the payload formats (``avro.py``, ``protobuf.py``, ``json_payload.py``), the
+framing (``wire.py``; Apicurio globalIds carried in headers are translated by
+``apicurio_ids.py``), the rules (``rules.py``) and the settings (``settings.py``).
 """
 
 from __future__ import annotations

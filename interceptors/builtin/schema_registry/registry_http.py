@@ -133,7 +133,7 @@ class RegistryHttp:
             pool.gate.release()
 
     async def _fetch(self, pool: _Pool, url: str, headers: dict[str, str],
-                     what: str) -> tuple[int, str, bytes]:
+                     what: str) -> tuple[int, str, bytearray]:
         limit = self.settings.max_response_bytes
         self.counts.requests += 1
         started = time.perf_counter()
@@ -148,7 +148,7 @@ class RegistryHttp:
                     body += chunk
                     if len(body) > limit:
                         raise self._too_large(url, what, f"more than {limit} bytes")
-                return status, reason, bytes(body)
+                return status, reason, body  # not copied: json.loads reads a bytearray
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
             # OSError: ssl.SSLError among them; a TLS 1.3 server refusing the client's
             # certificate says so only once the first response is read.
@@ -159,7 +159,7 @@ class RegistryHttp:
             self.counts.latency_sum_s += time.perf_counter() - started
             self.counts.latency_count += 1
 
-    async def _parse(self, body: bytes, url: str) -> Any:
+    async def _parse(self, body: bytearray, url: str) -> Any:
         try:
             if len(body) <= OFF_LOOP_BYTES:
                 return json.loads(body)
@@ -167,7 +167,7 @@ class RegistryHttp:
             return await loop.run_in_executor(self._workers(), json.loads, body)
         except ValueError as exc:
             raise self._failed("not json", url, "the answer is not JSON",
-                               "registry.url (is it the API's base URL?)") from exc
+                               "registry.url, is it the API's base URL?") from exc
 
     async def _take_turn(self, gate: asyncio.Semaphore, url: str) -> None:
         """Wait for one of the ``max_requests_in_flight`` turns, at most ``timeout_ms`` (as
@@ -199,7 +199,7 @@ class RegistryHttp:
 
     def _failed(self, kind: str, url: str, cause: str, setting: str) -> RegistryUnavailable:
         self.counts.errors += 1
-        check = f" (check {setting})" if setting else ""
+        check = f"; check {setting}" if setting else ""
         self._warn.warning(kind, "schema registry unavailable: %s: %s%s", url, cause, check,
                            more=" ({count} more in the last {interval:.0f} s)")
         return RegistryUnavailable(f"schema registry {url}: {cause}{check}")
