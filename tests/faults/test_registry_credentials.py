@@ -140,17 +140,28 @@ async def test_wrong_material_names_the_setting_and_its_replacement_is_picked_up
         await c.close()
 
 
-async def test_a_credential_file_that_cannot_be_loaded_fails_the_lookup_naming_it(
+async def test_a_replacement_that_cannot_be_loaded_keeps_the_previous_material_and_says_so(
         tls_standin: StandInRegistry, credentials: dict[str, Path], pki: FaultPki,
         caplog: pytest.LogCaptureFixture) -> None:
     c = client(tls_standin.url, credentials)
     try:
         assert (await c.schema_by_id(7)).schema_id == 7
-        replace(credentials["cert"], "not a certificate\n")  # a half-written rotation
+        replace(credentials["cert"], "not a certificate\n")  # a rotation half written
+        credentials["token"].unlink()
         with caplog.at_level(logging.WARNING, logger="kiproxy.schema_registry"):
-            await fails_twice_warns_once(c, caplog, "registry.cert_file")
-        replace(credentials["cert"], pki.client_cert)
-        assert (await c.schema_by_id(6)).schema_id == 6
+            assert (await c.schema_by_id(5)).schema_id == 5  # the previous material
+        warned = " | ".join(r.getMessage() for r in caplog.records)
+        assert "cannot load registry.cert_file" in warned, warned
+        assert "cannot read registry.bearer_token_file" in warned, warned
+        replace(credentials["token"], TOKEN + "\n")
+        fresh = client(tls_standin.url, credentials)  # nothing read before: it cannot go on
+        try:
+            with pytest.raises(RegistryUnavailable, match=r"cannot load registry\.cert_file"):
+                await fresh.schema_by_id(6)
+            replace(credentials["cert"], pki.client_cert)
+            assert (await fresh.schema_by_id(6)).schema_id == 6
+        finally:
+            await fresh.close()
     finally:
         await c.close()
 

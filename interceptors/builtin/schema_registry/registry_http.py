@@ -22,9 +22,10 @@ Contract of :meth:`RegistryHttp.get_json`:
 Credentials and TLS files: the bearer token file is read again whenever its mtime
 changes (checked before each request); the CA, client certificate, key and password
 files likewise, and a change makes a new connection pool (the old one closes once its
-requests have had ``timeout_ms`` to finish). A file that cannot be read or parsed fails
-the request as unavailable, naming the key; the running pool is not replaced by a broken
-one.
+requests have had ``timeout_ms`` to finish). A replaced file that cannot be read or
+loaded (a rotation half written) is named in a WARNING and the material read before
+stays in use until the file loads; with nothing read before, the request fails as
+unavailable, naming the key.
 
 No module-level event-loop state: the HTTP client is created in the loop that first uses
 it and replaced when a later call runs in another loop.
@@ -211,10 +212,23 @@ class RegistryHttp:
             raise RegistryUnavailable(f"schema registry {url}: the client is closed")
         loop = asyncio.get_running_loop()
         pool = self._pool
-        stamp = self._stamp(url)
-        if pool is not None and pool.loop is loop and pool.stamp == stamp:
-            return pool
-        http = self._new_http(url)
+        ours = pool if pool is not None and pool.loop is loop else None
+        stamp: tuple[tuple[str, int], ...] | None = None
+        try:
+            stamp = self._stamp()
+            if ours is not None and ours.stamp == stamp:
+                return ours
+            http = self._new_http()
+        except _FileTrouble as trouble:
+            if ours is None:
+                raise self._failed(f"file {trouble.key}", url, str(trouble),
+                                   trouble.key) from trouble
+            self._warn.warning(("file", trouble.key), "schema registry: %s; the connections "
+                               "made with the previous %s go on until it loads", trouble,
+                               trouble.key, more=" ({count} more in the last {interval:.0f} s)")
+            if stamp is not None:
+                ours.stamp = stamp  # tried again when the file changes again
+            return ours
         gate = pool.gate if pool is not None and pool.loop is loop else \
             asyncio.Semaphore(self.settings.max_requests_in_flight)
         if pool is not None and pool.loop is loop:
@@ -222,7 +236,7 @@ class RegistryHttp:
         self._pool = _Pool(loop, http, gate, stamp)
         return self._pool
 
-    def _stamp(self, url: str) -> tuple[tuple[str, int], ...]:
+    def _stamp(self) -> tuple[tuple[str, int], ...]:
         s = self.settings
         files = {"registry.ca_file": s.ca_file, "registry.cert_file": s.cert_file,
                  "registry.key_file": s.key_file,
@@ -235,28 +249,25 @@ class RegistryHttp:
             try:
                 stamp.append((key, os.stat(path).st_mtime_ns))
             except OSError as exc:
-                raise self._failed(f"file {key}", url, f"cannot read {key} {path!r}: {exc}",
-                                   key) from exc
+                raise _FileTrouble(key, f"cannot read {key} {path!r}: {exc}") from exc
         return tuple(stamp)
 
-    def _new_http(self, url: str) -> aiohttp.ClientSession:
+    def _new_http(self) -> aiohttp.ClientSession:
         s = self.settings
         tls: ssl.SSLContext | bool = True
         if s.url.startswith("https://"):
             try:
                 ctx = ssl.create_default_context(cafile=s.ca_file)
             except (OSError, ValueError) as exc:
-                raise self._failed("file registry.ca_file", url,
-                                   f"cannot load registry.ca_file {s.ca_file!r}: {exc}",
-                                   "registry.ca_file") from exc
+                raise _FileTrouble("registry.ca_file", "cannot load registry.ca_file "
+                                   f"{s.ca_file!r}: {exc}") from exc
             if s.cert_file is not None:
                 try:
                     ctx.load_cert_chain(s.cert_file, s.key_file)
                 except (OSError, ValueError) as exc:
-                    raise self._failed(
-                        "file registry.cert_file", url, "cannot load registry.cert_file "
-                        f"{s.cert_file!r} / registry.key_file {s.key_file!r}: {exc}",
-                        "registry.cert_file / registry.key_file") from exc
+                    raise _FileTrouble("registry.cert_file / registry.key_file",
+                                       f"cannot load registry.cert_file {s.cert_file!r} / "
+                                       f"registry.key_file {s.key_file!r}: {exc}") from exc
             tls = ctx
         headers = {"Accept": "application/vnd.schemaregistry.v1+json, application/json"}
         if s.basic_auth is not None:
@@ -265,10 +276,9 @@ class RegistryHttp:
                 try:
                     password = Path(s.basic_auth.password_file).read_text().strip()
                 except OSError as exc:
-                    raise self._failed(
-                        "file registry.basic_auth.password_file", url,
-                        f"cannot read registry.basic_auth.password_file: {exc}",
-                        "registry.basic_auth.password_file") from exc
+                    raise _FileTrouble("registry.basic_auth.password_file",
+                                       f"cannot read registry.basic_auth.password_file: "
+                                       f"{exc}") from exc
             pair = f"{s.basic_auth.username}:{password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         return aiohttp.ClientSession(
@@ -287,10 +297,13 @@ class RegistryHttp:
             if self._token is None or self._token[0] != mtime:
                 self._token = (mtime, path.read_text().strip())
         except OSError as exc:
-            raise self._failed("file registry.bearer_token_file", url,
-                               f"cannot read registry.bearer_token_file "
-                               f"{s.bearer_token_file!r}: {exc}",
-                               "registry.bearer_token_file") from exc
+            cause = f"cannot read registry.bearer_token_file {s.bearer_token_file!r}: {exc}"
+            if self._token is None:
+                raise self._failed("file registry.bearer_token_file", url, cause,
+                                   "registry.bearer_token_file") from exc
+            self._warn.warning(("file", "registry.bearer_token_file"), "schema registry: %s; "
+                               "the token read before is sent until it can be read", cause,
+                               more=" ({count} more in the last {interval:.0f} s)")
         return self._token[1]
 
     def _workers(self) -> ThreadPoolExecutor:
@@ -326,6 +339,14 @@ class RegistryHttp:
             return
         if running is pool.loop:
             await pool.http.close()
+
+
+class _FileTrouble(Exception):
+    """A credential or TLS file that cannot be read or loaded; ``key`` names its setting."""
+
+    def __init__(self, key: str, message: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 def _classify(exc: BaseException, *, tls: bool) -> tuple[str, str]:
