@@ -14,7 +14,9 @@ retriable answer under ``on_registry_unavailable: reject`` and its record stored
 ``pass``, another topic's producer is served throughout, the proxy's memory stays
 bounded and its log holds no ERROR. ``test_registry_credentials.py`` does the same for
 a wrong CA, an expired or untrusted client certificate and a refused token, and shows
-that replaced credential files are picked up. No test asserts a latency;
+that replaced credential files are picked up. ``test_registry_answer_bounds.py`` pins
+the client's size bound (by Content-Length, and while streaming) and the parse of large
+answers off the event loop. No test asserts a latency;
 ``bench/registry_faults.py`` measures the other topic's p99 against a producer direct
 to the broker.
 """
