@@ -37,7 +37,7 @@ from kiproxy.interceptors.builtin.schema_registry.formats import (
     SchemaSource,
 )
 from kiproxy.interceptors.builtin.schema_registry.lookup_cache import LookupCache
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.interceptors.log_limit import RateLimitedLog
 
 __all__ = ["Lookups", "Missing", "Unavailable"]
 

@@ -48,7 +48,7 @@ from typing import Any
 
 import aiohttp
 
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.interceptors.log_limit import RateLimitedLog
 
 from .registry_config import RegistrySettings
 
