@@ -129,7 +129,7 @@ async def test_cache_is_bounded_and_entries_expire(registry_url: str) -> None:
     from bench.registry_schemas import register_schemas  # the benches' helper, tried here
     ids = [i for _, i in register_schemas(registry_url, 3, prefix=f"{RUN}-bound")]
     assert len(set(ids)) == 3
-    c = client(registry_url, cache_size=2, cache_ttl_s=0.3)
+    c = client(registry_url, cache_size=2, cache_ttl_s=1.5)  # outlives the lookups below
     try:
         for schema_id in ids:
             await c.schema_by_id(schema_id)
@@ -138,7 +138,7 @@ async def test_cache_is_bounded_and_entries_expire(registry_url: str) -> None:
         assert c.stats().requests == 3
         await c.schema_by_id(ids[0])  # evicted as least recently used: asked again
         assert c.stats().requests == 4
-        await asyncio.sleep(0.4)
+        await asyncio.sleep(1.6)
         first = await c.schema_by_id(ids[0])  # expired: served, and refreshed meanwhile
         assert first.schema_id == ids[0] and c.stats().stale == 1
         for _ in range(100):
