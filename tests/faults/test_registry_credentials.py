@@ -6,9 +6,11 @@ CA that did not sign the server's certificate, an expired client certificate, on
 another CA, or a token the registry refuses, fails the lookup as "registry unavailable"
 with a message naming the setting, and writes one WARNING per cause however many
 lookups fail. Replacing the files the settings name (the client certificate and key,
-the token) is picked up by the next lookup, with no reload. Through a real proxy, a
-refused token is a retriable answer under ``reject``, a stored record under ``pass``,
-and producers of other topics are served meanwhile.
+the token) is picked up by the next lookup, with no reload; a replacement that cannot be
+loaded keeps the material read before. Through a real proxy, a refused token, a wrong CA
+or an expired client certificate is a retriable answer under ``reject`` and a stored
+record under ``pass``, producers of other topics are served meanwhile, and putting the
+right file back is picked up.
 """
 
 from __future__ import annotations
@@ -166,9 +168,14 @@ async def test_a_replacement_that_cannot_be_loaded_keeps_the_previous_material_a
         await c.close()
 
 
-def test_a_refused_token_through_the_proxy_follows_the_policy_and_stalls_no_one(
-        broker: EmbeddedBroker, tls_standin: StandInRegistry,
-        credentials: dict[str, Path]) -> None:
+@pytest.mark.parametrize(("fault", "file", "bad", "warning"), [
+    ("refused token", "token", "stale-token\n", ("HTTP 401", "registry.bearer_token_file")),
+    ("wrong CA", "ca", "other_ca", ("CERTIFICATE_VERIFY_FAILED", "registry.ca_file")),
+    ("expired client certificate", "cert", "expired_cert", ("registry.cert_file",)),
+])
+def test_wrong_material_through_the_proxy_follows_the_policy_and_stalls_no_one(
+        fault: str, file: str, bad: str, warning: tuple[str, ...], broker: EmbeddedBroker,
+        tls_standin: StandInRegistry, credentials: dict[str, Path], pki: FaultPki) -> None:
     run = uuid.uuid4().hex[:6]
     topics = {"reject": f"rc{run}-strict", "pass": f"rc{run}-lenient"}
     plain = f"rc{run}-plain"
@@ -176,7 +183,10 @@ def test_a_refused_token_through_the_proxy_follows_the_policy_and_stalls_no_one(
     ids = {"reject": 11, "pass": 12}
     for policy, topic in topics.items():
         tls_standin.register(ids[policy], ORDER, f"{topic}-value")
-    replace(credentials["token"], "stale-token\n")
+    good = credentials[file].read_text()
+    if file == "cert":  # the key goes with the certificate
+        replace(credentials["key"], pki.expired_key)
+    replace(credentials[file], getattr(pki, bad) if hasattr(pki, bad) else bad)
     procs: dict[str, Any] = {}
     try:
         for policy, topic in topics.items():
@@ -190,12 +200,14 @@ def test_a_refused_token_through_the_proxy_follows_the_policy_and_stalls_no_one(
                 "on_registry_unavailable": policy, "topics": {topic: {"value": "payload"}}})
         with OtherTopic(procs["reject"].bootstrap, plain) as other:
             err = produce_one(procs["reject"].bootstrap, topics["reject"], framed(11))
-            assert err is not None and err.code() == REQUEST_TIMED_OUT
+            assert err is not None and err.code() == REQUEST_TIMED_OUT, fault
             assert produce_one(procs["pass"].bootstrap, topics["pass"], framed(12)) is None
         assert other.errors == [] and other.delivered > 0
         for proc in procs.values():
-            proc.wait_for_line("level=WARNING", "HTTP 401", "registry.bearer_token_file")
-        replace(credentials["token"], TOKEN + "\n")
+            proc.wait_for_line("level=WARNING", *warning)
+        if file == "cert":
+            replace(credentials["key"], pki.client_key)
+        replace(credentials[file], good)  # replaced, no reload: picked up
         assert delivered_eventually(procs["reject"].bootstrap, topics["reject"],
                                     framed(11)) is None
         for proc in procs.values():
