@@ -53,8 +53,8 @@ from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port  # noqa: E402
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "string"}, {"name": "amount", "type": "double"}]}
 BODY = b"\x02x" + struct.pack("<d", 1.0)
-PHASES = ("healthy", "hang", "http500", "garble", "flood", "flood_chunked", "trickle",
-          "uncompilable", "closed")
+PHASES = ("healthy", "hang", "http500", "garble", "flood", "flood_chunked", "large",
+          "trickle", "uncompilable", "closed")
 
 
 def _serve(conn: Connection) -> None:

@@ -11,6 +11,8 @@ its own, and answers according to its ``mode``, switched per test phase:
 ``garble``        HTTP 200 with a body that is not JSON
 ``flood``         HTTP 200 and a 50 MB JSON body, with its Content-Length
 ``flood_chunked`` the same 50 MB, chunked: no length announced
+``large``         the registered schemas, each answer padded to 3.5 MB (a ``doc`` of
+                  padding: under the client's 4 MiB default)
 ``trickle``       HTTP 200, a JSON body sent one byte per second
 ``uncompilable``  HTTP 200 and a schema no compiler takes (an Avro field of an unknown
                   type), for every id
@@ -34,9 +36,10 @@ from typing import Any
 
 from aiohttp import web
 
-MODES = ("healthy", "hang", "http500", "garble", "flood", "flood_chunked", "trickle",
+MODES = ("healthy", "hang", "http500", "garble", "flood", "flood_chunked", "large", "trickle",
          "uncompilable", "closed")
 FLOOD_BYTES = 50 * 1024 * 1024
+LARGE_BYTES = 3_500_000
 UNCOMPILABLE = json.dumps({"type": "record", "name": "Broken", "namespace": "faults",
                            "fields": [{"name": "a", "type": "faults.NoSuchType"}]})
 
@@ -175,6 +178,8 @@ class StandInRegistry:
                 return web.json_response([{"subject": subject, "version": 1}])
             if mode == "uncompilable":
                 text, schema_type = UNCOMPILABLE, "AVRO"
+            elif mode == "large":
+                text = json.dumps({**json.loads(text), "doc": "x" * LARGE_BYTES})
             body: dict[str, Any] = {"schema": text}
             if schema_type != "AVRO":
                 body["schemaType"] = schema_type
@@ -193,8 +198,8 @@ def _not_found(code: int, message: str) -> web.Response:
 
 
 @functools.cache
-def _flood_body() -> bytes:
-    """A valid 50 MB answer: a schema whose doc string is mostly padding."""
+def _flood_body(size: int = FLOOD_BYTES) -> bytes:
+    """A valid answer of ``size`` bytes: a string schema whose doc is mostly padding."""
     head = b'{"schema": "{\\"type\\": \\"string\\", \\"doc\\": \\"'
     tail = b'\\"}"}'
-    return head + b"x" * (FLOOD_BYTES - len(head) - len(tail)) + tail
+    return head + b"x" * (size - len(head) - len(tail)) + tail

@@ -7,7 +7,8 @@ reject``, one with ``pass``; a third topic has no contract. For each fault (hang
 port), a confluent-kafka producer (``retries: 0``, so its delivery report carries the
 proxy's own answer) sends a record framed with an id neither proxy has seen:
 
-* under ``reject`` it gets REQUEST_TIMED_OUT (7), which every client retries;
+* under ``reject`` it gets REQUEST_TIMED_OUT (7), which every client retries (but for
+  3.5 MB answers, under the 4 MiB bound: three are looked up and stored);
 * under ``pass`` it is delivered;
 * meanwhile a producer on the uncontracted topic, through the same proxy, has every
   record delivered;
@@ -44,8 +45,8 @@ pytestmark = pytest.mark.timeout(300)
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "string"}, {"name": "amount", "type": "double"}]}
 BODY = b"\x02x" + struct.pack("<d", 1.0)  # {"id": "x", "amount": 1.0}
-FAULTS = ("hang", "http500", "garble", "flood", "flood_chunked", "trickle", "uncompilable",
-          "closed")
+FAULTS = ("hang", "http500", "garble", "flood", "flood_chunked", "large", "trickle",
+          "uncompilable", "closed")
 REQUEST_TIMED_OUT = 7
 INVALID_RECORD = 87
 TIMEOUT_MS = 800
@@ -161,7 +162,12 @@ def test_every_registry_fault_is_a_retriable_answer_or_a_pass_and_never_a_stall(
             ids[policy] = next(next_id)
             standin.register(ids[policy], ORDER, f"{topic}-value")
         with standin.phase(fault), OtherTopic(procs["reject"].bootstrap, plain) as other:
-            for _ in range(5 if fault.startswith("flood") else 1):
+            if fault == "large":  # 3.5 MB answers, under the limit: served
+                for _ in range(3):
+                    standin.register(sid := next(next_id), ORDER, f"{topics['reject']}-value")
+                    assert produce_one(procs["reject"].bootstrap, topics["reject"],
+                                       framed(sid)) is None
+            for _ in range(5 if fault.startswith("flood") else 1 if fault != "large" else 0):
                 err = produce_one(procs["reject"].bootstrap, topics["reject"],
                                   framed(ids["reject"]))
                 assert err is not None and err.code() == REQUEST_TIMED_OUT, (fault, err)

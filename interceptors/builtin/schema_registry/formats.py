@@ -111,7 +111,7 @@ class SchemaLookup(Protocol):
 
     async def schema_by_id(self, schema_id: int, *, fresh: bool = False) -> Any:
         """The registered schema (a :class:`~.formats.SchemaSource`); ``fresh``: asked of
-        the registry now, not from the client's cache."""
+        the registry now, and not kept by the client."""
     async def subjects_of(self, schema_id: int, *,
                           fresh: bool = False) -> tuple[tuple[str, int], ...]:
         """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""

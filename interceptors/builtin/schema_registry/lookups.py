@@ -128,7 +128,8 @@ class Lookups:
 
     async def _load(self, schema_id: int) -> CompiledSchema:
         assert self.client is not None
-        # fresh: the client's own copy of the schema would outlive this cache's lifetimes
+        # fresh: this cache keeps the compiled schema; a second copy in the client's
+        # cache would double a large schema's memory and outlive this cache's lifetimes
         source = await self.client.schema_by_id(schema_id, fresh=True)
         if self._threads is None:
             self._threads = ThreadPoolExecutor(self._compile_threads,
