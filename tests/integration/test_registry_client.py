@@ -129,7 +129,7 @@ async def test_cache_is_bounded_and_entries_expire(registry_url: str) -> None:
     from bench.registry_schemas import register_schemas  # the benches' helper, tried here
     ids = [i for _, i in register_schemas(registry_url, 3, prefix=f"{RUN}-bound")]
     assert len(set(ids)) == 3
-    c = client(registry_url, cache_size=2, cache_ttl_s=0.3)
+    c = client(registry_url, cache_size=2, cache_ttl_s=1.5)  # outlives the lookups below
     try:
         for schema_id in ids:
             await c.schema_by_id(schema_id)
@@ -138,8 +138,13 @@ async def test_cache_is_bounded_and_entries_expire(registry_url: str) -> None:
         assert c.stats().requests == 3
         await c.schema_by_id(ids[0])  # evicted as least recently used: asked again
         assert c.stats().requests == 4
-        await asyncio.sleep(0.4)
-        await c.schema_by_id(ids[0])  # expired: asked again
+        await asyncio.sleep(1.6)
+        first = await c.schema_by_id(ids[0])  # expired: served, and refreshed meanwhile
+        assert first.schema_id == ids[0] and c.stats().stale == 1
+        for _ in range(100):  # the refresh, done
+            if c.stats().latency_count == 5:
+                break
+            await asyncio.sleep(0.02)
         assert c.stats().requests == 5
         stats = c.stats()
         assert stats.lookups == stats.hits + stats.misses == 6
@@ -256,7 +261,12 @@ async def test_an_outage_keeps_cached_ids_and_a_restart_resolves_new_ones(
             await c.schema_by_id(other)
         await asyncio.sleep(0.6)
         assert (await c.schema_by_id(cached)).schema_id == cached  # expired, kept while down
+        for _ in range(100):  # the refresh it started fails in the background
+            if c.stats().errors == 2:
+                break
+            await asyncio.sleep(0.02)
         assert c.stats().stale == 1 and c.stats().errors == 2
+        assert (await c.schema_by_id(cached)).schema_id == cached
         with pytest.raises(RegistryUnavailable):
             await c.latest_id("outage-a-value")
 

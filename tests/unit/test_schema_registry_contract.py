@@ -66,7 +66,7 @@ class FakeRegistry:
     calls: list[tuple[str, object]] = field(default_factory=list)
     gate: asyncio.Event | None = None
 
-    async def schema_by_id(self, schema_id: int) -> Schema:
+    async def schema_by_id(self, schema_id: int, *, fresh: bool = False) -> Schema:
         self.calls.append(("schema", schema_id))
         if self.gate is not None:
             await self.gate.wait()
@@ -118,10 +118,11 @@ def registry() -> FakeRegistry:
     )
 
 
-def checker(config: dict[str, Any], fake: FakeRegistry | None = None) -> ContractCheck:
+def checker(config: dict[str, Any], fake: FakeRegistry | None = None,
+            **lifetimes: float) -> ContractCheck:
     config = {"registry": {"url": "http://127.0.0.1:1"}, **config}
     return ContractCheck(parse_settings(config), fake or registry(), unknown_id=Unknown,
-                         unavailable=Down)
+                         unavailable=Down, **lifetimes)
 
 
 def batch(topic: str, *values: bytes | None, key: bytes | None = None,
@@ -382,7 +383,7 @@ def test_bad_configuration_names_the_key() -> None:
 
 async def test_registry_down_policy_and_cached_ids() -> None:
     fake = registry()
-    check = checker(ORDERS, fake)
+    check = checker(ORDERS, fake, negative_ttl_s=0.2)
     assert await check.check(batch("orders", GOOD)) is None
     fake.down = True
     assert await check.check(batch("orders", GOOD)) is None  # cached: still checked
@@ -396,6 +397,9 @@ async def test_registry_down_policy_and_cached_ids() -> None:
     assert passing.unavailable_passed == 1
     fake.down = False
     fake.subjects[20] = ["orders-value"]
+    refusal = await check.check(batch("orders", new))  # "unavailable" is remembered briefly
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    await asyncio.sleep(0.25)  # negative_ttl_s
     assert await check.check(batch("orders", new)) is None
 
 
@@ -435,3 +439,47 @@ async def test_an_id_registered_under_another_subject_later_is_accepted_at_once(
     assert await check.check(batch("archive", GOOD)) is not None
     await asyncio.sleep(1.05)
     assert await check.check(batch("archive", GOOD)) is None
+
+
+async def test_a_compiled_schema_is_refreshed_after_cache_ttl_s_while_it_serves() -> None:
+    fake = registry()
+    check = checker(ORDERS, fake, cache_ttl_s=0.1)
+    assert await check.check(batch("orders", GOOD)) is None
+    await asyncio.sleep(0.15)
+    fake.gate = asyncio.Event()  # the refresh waits; the batch does not
+    assert await check.check(batch("orders", GOOD)) is None
+    await asyncio.sleep(0.01)
+    assert fake.calls.count(("schema", 17)) == 2
+    fake.gate.set()
+
+
+BROKEN = Schema(17, "AVRO", json.dumps({"type": "record", "name": "Order", "fields": [
+    {"name": "id", "type": "shop.NoSuchType"}]}))
+
+
+@pytest.mark.parametrize("policy", ["reject", "pass"])
+async def test_a_schema_the_proxy_cannot_compile_is_not_the_records_fault(
+        policy: str, caplog: pytest.LogCaptureFixture) -> None:
+    fake = registry()
+    fake.schemas[17] = BROKEN
+    check = checker({**ORDERS, "on_registry_unavailable": policy}, fake, negative_ttl_s=0.2)
+    refusal = await check.check(batch("orders", GOOD))
+    if policy == "reject":
+        assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+        assert "schema id 17: the proxy cannot compile its schema" in refusal.message
+    else:
+        assert refusal is None and check.unavailable_passed == 1
+    assert check.lookups.uncompilable == 1
+    [line] = [r for r in caplog.records if "cannot be compiled by the" in r.getMessage()]
+    assert line.levelname == "WARNING" and "schema id 17" in line.getMessage()
+    assert "NoSuchType" in line.getMessage()
+    await check.check(batch("orders", GOOD))
+    assert fake.calls.count(("schema", 17)) == 1  # remembered for negative_ttl_s
+
+    fake.schemas[17] = registry().schemas[17]  # the registry's schema fixed
+    await asyncio.sleep(0.25)
+    assert await check.check(batch("orders", GOOD)) is None
+    assert fake.calls.count(("schema", 17)) == 2
+    refusal = await check.check(batch("orders", framed(17, b"\x02")))
+    # compiled: a record that does not match is the record's fault
+    assert refusal is not None and refusal.code == ErrorCode.INVALID_RECORD

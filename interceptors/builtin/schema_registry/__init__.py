@@ -27,11 +27,12 @@ Config (``docs/schema-registry.md`` has every key and what a producer sees)::
 A refused batch gets INVALID_RECORD (``error:``) with one ``record_errors``
 entry per bad record ("record 3: schema id 17 is registered under
 payments-value, not orders-value") and the batch message summarising. The
-registry client (``registry.py``) caches schemas by id; this module owns the
-checks (``contract.py``), the payload formats (``avro.py``, ``protobuf.py``,
-``json_payload.py``), the framing (``wire.py``; Apicurio globalIds carried in
-headers are translated by ``apicurio_ids.py``), the rules (``rules.py``) and the
-settings (``settings.py``).
+registry client (``registry.py``, its bounded HTTP requests in ``registry_http.py``)
+caches schemas by id; this module owns the checks (``contract.py``, what they know of
+the registry in ``lookups.py``; every cache is a ``lookup_cache.LookupCache``),
+the payload formats (``avro.py``, ``protobuf.py``, ``json_payload.py``), the
+framing (``wire.py``; Apicurio globalIds carried in headers are translated by
+``apicurio_ids.py``), the rules (``rules.py``) and the settings (``settings.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
         unknown: type[Exception] = _NoRegistry
         unavailable: type[Exception] = _NoRegistry
         global_ids: Any = None
+        registry: Any = None
         raw_registry = config.get("registry")
         if raw_registry is not None:
             from kiproxy.interceptors.builtin.schema_registry.registry import (
@@ -92,8 +94,14 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                 global_ids = GlobalIds(registry)
         self._client = client
         self._global_ids = global_ids
+        lifetimes: dict[str, Any] = {}
+        if registry is not None:
+            lifetimes = {"cache_ttl_s": registry.cache_ttl_s,
+                         "negative_ttl_s": registry.negative_ttl_s,
+                         "compile_threads": registry.max_requests_in_flight}
         self._check = ContractCheck(settings, client, unknown_id=unknown,
-                                    unavailable=unavailable, global_ids=global_ids)
+                                    unavailable=unavailable, global_ids=global_ids,
+                                    **lifetimes)
 
     async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return ``batch`` unchanged, or raise RejectBatch naming every bad record."""
@@ -121,6 +129,10 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
                            help="Records passed unchecked because the registry was "
                                 "unavailable (on_registry_unavailable: pass)",
                            labels={}, value=check.unavailable_passed)
+        yield MetricSample(name="schema_registry_uncompilable", kind="counter",
+                           help="Schema lookups whose schema the proxy could not compile "
+                                "(its records follow on_registry_unavailable)",
+                           labels={}, value=check.lookups.uncompilable)
         if self._client is not None:
             stats = self._client.stats()
             if self._global_ids is not None:  # the globalId translations' requests count too
@@ -133,7 +145,9 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
             yield from _client_samples(stats)
 
     async def close(self) -> None:
-        """Close the registry client's connections."""
+        """Close the registry client's connections and the compiling threads."""
+        if self._check is not None:
+            self._check.close()
         if self._client is not None:
             await self._client.close()
         if self._global_ids is not None:

@@ -16,8 +16,10 @@ Confluent-compatible API (``/subjects/{artifactId}/versions/{version}``), so the
 whichever numbering that API uses. Raises ``UnknownSchemaId`` when no version has that
 globalId, or when it lies outside the default group (which the Confluent-compatible API does
 not serve), and ``RegistryUnavailable`` when the registry cannot answer. A globalId names one
-immutable version, so callers may keep the answer for as long as they like. The HTTP
-connection, credentials and TLS are the ``registry:`` settings'.
+immutable version, so callers may keep the answer for as long as they like (the contract
+check keeps it in a :class:`~.lookup_cache.LookupCache`). The HTTP requests are bounded
+as the registry client's (``registry_http.py``) and use the ``registry:`` settings'
+connection, credentials and TLS.
 """
 
 from __future__ import annotations
@@ -27,13 +29,9 @@ import re
 from typing import Any
 from urllib.parse import quote
 
-from .registry import (
-    RegistryStats,
-    RegistryUnavailable,
-    SchemaRegistryClient,
-    UnknownSchemaId,
-)
+from .registry import RegistryStats, UnknownSchemaId
 from .registry_config import RegistrySettings
+from .registry_http import RegistryHttp, RegistryUnavailable
 
 __all__ = ["GlobalIds"]
 
@@ -52,7 +50,7 @@ class GlobalIds:
                              "Confluent-compatible API (http://HOST:PORT/apis/ccompat/v7)")
         self._ccompat = match["ccompat"]
         # A client rooted at /apis reaches both APIs with the same connection settings.
-        self._http = SchemaRegistryClient(dataclasses.replace(settings, url=match["root"]))
+        self._http = RegistryHttp(dataclasses.replace(settings, url=match["root"]))
 
     async def registry_id(self, global_id: int) -> int:
         """The Confluent-compatible API's id of the version ``global_id`` names."""
@@ -96,7 +94,7 @@ class GlobalIds:
         raise unknown()
 
     async def _get(self, path: str, unknown: Any) -> Any:
-        return await self._http._get(path, unknown=unknown)
+        return await self._http.get_json(path, unknown=unknown)
 
     def _odd(self, what: str, body: Any) -> RegistryUnavailable:
         return RegistryUnavailable(f"Apicurio Registry {self._http.settings.url}: the answer "
@@ -104,7 +102,9 @@ class GlobalIds:
 
     def stats(self) -> RegistryStats:
         """The HTTP counters of the translations (requests, errors, latency)."""
-        return self._http.stats()
+        h = self._http.counts
+        return RegistryStats(requests=h.requests, errors=h.errors,
+                             latency_sum_s=h.latency_sum_s, latency_count=h.latency_count)
 
     async def close(self) -> None:
         """Close the HTTP connections."""

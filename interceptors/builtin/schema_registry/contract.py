@@ -15,11 +15,18 @@ How a batch is checked, so that a cache miss delays only the batch that needs it
    latest id, both trusted for ``lookup_ttl_s``) is looked up and the batch
    checked again.
 
-A registry that cannot be reached, for an id not cached: with
-``on_registry_unavailable: reject`` the batch is refused with REQUEST_TIMED_OUT
-(7), a code every Kafka client retries, so the records are produced once the
-registry answers again; with ``pass`` the records that need the missing answer
-are forwarded unchecked, counted, and logged at most every 10 seconds.
+A registry that cannot be reached, for an id not cached, and a schema the proxy cannot
+compile (an unknown type, an unresolvable reference, a feature the compiler lacks: the
+proxy's inability, not the record's fault): with ``on_registry_unavailable: reject`` the
+batch is refused with REQUEST_TIMED_OUT (7), a code every Kafka client retries, so the
+records are produced once the registry (or the proxy) can check them; with ``pass``
+the records that need the missing answer are forwarded unchecked, counted, and logged
+at most every 10 seconds. An uncompilable schema is also counted (``uncompilable``)
+and logged (WARNING, the id and the compiler's message, at most every 10 seconds per
+id). A record that does not match a schema the proxy did compile is refused with the
+configured error (INVALID_RECORD).
+
+What the check knows of the registry, and for how long, is :mod:`.lookups`'.
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ from kiproxy.interceptors.builtin.schema_registry.formats import (
     SchemaSource,
 )
 from kiproxy.interceptors.builtin.schema_registry.json_payload import compile_json, parse_json
+from kiproxy.interceptors.builtin.schema_registry.lookups import Lookups, Missing, Unavailable
 from kiproxy.interceptors.builtin.schema_registry.protobuf import compile_protobuf, to_map
 from kiproxy.interceptors.builtin.schema_registry.settings import Settings, SideCheck, TopicPolicy
 from kiproxy.interceptors.builtin.schema_registry.wire import (
@@ -59,13 +67,11 @@ __all__ = ["CHECKS", "ContractCheck", "Refusal",
 
 log = logging.getLogger("kiproxy.schema_registry")
 
-CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "schema", "rule",
+CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "rule",
           "tombstone", "registry_unavailable")
 """The checks a record can fail, as ``rejections{check}`` counts them."""
 
 _MAX_ERRORS = 1000
-_UNKNOWN_GLOBAL_S = 5.0
-"""An Apicurio globalId found unregistered is asked again after this long."""
 _RECHECK_S = 1.0
 """A subject missing from an id's cached subjects is asked again at most this often."""
 
@@ -98,7 +104,7 @@ class _Pass:
     """One pass over a batch: what it learnt (kept across passes) and what it found."""
 
     looked: dict[int, Any]
-    """Ids looked up for this batch: compiled, _Missing or _Unavailable."""
+    """Ids looked up for this batch: compiled, Missing or Unavailable."""
     down: dict[tuple[str, object], str]
     """Lookups the registry could not answer for this batch, with its message."""
     pending: list[Awaitable[None]]
@@ -106,21 +112,11 @@ class _Pass:
     rules: collections.Counter[str]
     unavailable: list[str]
     looked_global: dict[int, Any] = field(default_factory=dict)
-    """Apicurio globalIds looked up for this batch: the registry's id, _Missing or
-    _Unavailable."""
+    """Apicurio globalIds looked up for this batch: the registry's id, Missing or
+    Unavailable."""
     good_frames: dict[tuple[str, bytes], CompiledSchema] = field(default_factory=dict)
     """Frames (side, 5 bytes) whose id and subject checks held in this pass: the records
     that carry them only need their payload decoded."""
-
-
-@dataclass(frozen=True, slots=True)
-class _Missing:
-    check: str
-    text: str
-
-
-class _Unavailable(Exception):
-    """A lookup the registry could not answer; carries the registry's message."""
 
 
 class ContractCheck:
@@ -129,30 +125,27 @@ class ContractCheck:
     def __init__(self, settings: Settings, client: SchemaLookup | None, *,
                  unknown_id: type[Exception], unavailable: type[Exception],
                  compile: Callable[[SchemaSource], CompiledSchema] = compile_schema,
-                 global_ids: GlobalIdLookup | None = None) -> None:
+                 global_ids: GlobalIdLookup | None = None, cache_ttl_s: float = 300.0,
+                 negative_ttl_s: float = 5.0, compile_threads: int = 2) -> None:
         self.settings = settings
         self.client = client
         self.global_ids = global_ids
-        self._global: collections.OrderedDict[int, int] = collections.OrderedDict()
-        """Apicurio globalId -> the registry's id (a version's ids never change)."""
-        self._global_inflight: dict[int, asyncio.Future[int | _Missing]] = {}
-        self._global_unknown: dict[int, tuple[_Missing, float]] = {}
-        """Apicurio globalIds found unregistered, and until when that answer is trusted."""
-        self._unknown_id = unknown_id
-        self._unavailable = unavailable
-        self._compile = compile
-        self._compiled: collections.OrderedDict[int, CompiledSchema | _Missing] = \
-            collections.OrderedDict()
-        self._subjects: dict[int, tuple[frozenset[str], float, float]] = {}
-        """id -> (subjects, trusted until, fetched at)."""
+        self.lookups = Lookups(client, global_ids, unknown_id=unknown_id,
+                               unavailable=unavailable, compile=compile,
+                               size=settings.compiled_cache_size, cache_ttl_s=cache_ttl_s,
+                               lookup_ttl_s=settings.lookup_ttl_s,
+                               negative_ttl_s=negative_ttl_s, compile_threads=compile_threads)
+        """What is known of the registry, each answer with its lifetime."""
         self._rechecked: dict[tuple[int, str], float] = {}
         """When an id's subjects were last asked again for a subject they lacked."""
-        self._latest: dict[str, tuple[int, float]] = {}
-        self._inflight: dict[int, asyncio.Future[CompiledSchema | _Missing]] = {}
         self.rejections: collections.Counter[str] = collections.Counter()
         self.rule_rejections: collections.Counter[str] = collections.Counter()
         self.unavailable_passed = 0
         self._last_pass_log = 0.0
+
+    def close(self) -> None:
+        """Stop the compiling threads (a compile under way finishes on its own)."""
+        self.lookups.close()
 
     # -- the batch ---------------------------------------------------------------
 
@@ -172,17 +165,17 @@ class ContractCheck:
             if side.header is None or side.header.id == "registry":
                 ids |= read
                 continue
-            new = [gid for gid in read if gid not in self._global]
+            new = [gid for gid in read if self.lookups.global_id(gid) is None]
             if new:
                 looked_global.update(zip(new, await asyncio.gather(
-                    *(self._lookup_global(gid) for gid in new)), strict=True))
+                    *(self.lookups.lookup_global(gid) for gid in new)), strict=True))
             for gid in read:
-                mapped = self._global.get(gid, looked_global.get(gid))
+                mapped = self.lookups.global_id(gid) or looked_global.get(gid)
                 if isinstance(mapped, int):
                     ids.add(mapped)
-        missing = [sid for sid in ids if sid not in self._compiled]
+        missing = [sid for sid in ids if self.lookups.compiled(sid) is None]
         if missing:
-            results = await asyncio.gather(*(self._lookup(sid) for sid in missing))
+            results = await asyncio.gather(*(self.lookups.lookup(sid) for sid in missing))
             looked.update(zip(missing, results, strict=True))
         down: dict[tuple[str, object], str] = {}
         for _ in range(4):
@@ -367,16 +360,17 @@ class ContractCheck:
             state.counts["unframed"] += 1
             return _SKIP
         if side.header is not None and side.header.id == "global_id":
-            mapped = _settled(self._global.get(schema_id) or state.looked_global.get(schema_id),
+            mapped = _settled(self.lookups.global_id(schema_id)
+                              or state.looked_global.get(schema_id),
                               f"Apicurio global id {schema_id}",
                               f" (header {side.header.name})", what, state, problems,
-                              lambda: self._relook_global(schema_id, state.looked_global))
+                              lambda: self.lookups.relook_global(schema_id, state.looked_global))
             if mapped is None:
                 return _SKIP
             schema_id = mapped
-        compiled = _settled(self._compiled.get(schema_id) or state.looked.get(schema_id),
+        compiled = _settled(self.lookups.compiled(schema_id) or state.looked.get(schema_id),
                             f"schema id {schema_id}", "", what, state, problems,
-                            lambda: self._relook(schema_id, state.looked))
+                            lambda: self.lookups.relook(schema_id, state.looked))
         if compiled is None:
             return _SKIP
         indexes: tuple[int, ...] = ()
@@ -417,18 +411,18 @@ class ContractCheck:
         if down is not None:
             state.unavailable.append(f"subjects of schema id {schema_id}: {down}")
             return "down"
-        known = self._subjects.get(schema_id)
-        if known is None or known[1] < now:
-            state.pending.append(self._fetch_subjects(schema_id, state.down))
+        known = self.lookups.subjects(schema_id)
+        if known is None:
+            state.pending.append(self.lookups.fetch_subjects(schema_id, state.down))
             return "pending"
         if subject not in known[0]:
             # Registered there since? Ask once, then at most every second per (id, subject).
             asked = self._rechecked.get((schema_id, subject))
-            if known[2] < now and (asked is None or now - asked >= _RECHECK_S):
+            if known[1] < now and (asked is None or now - asked >= _RECHECK_S):
                 if len(self._rechecked) >= self.settings.compiled_cache_size:
                     self._rechecked.clear()
                 self._rechecked[(schema_id, subject)] = now
-                state.pending.append(self._fetch_subjects(schema_id, state.down, fresh=True))
+                state.pending.append(self.lookups.fetch_subjects(schema_id, state.down, fresh=True))
                 return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
@@ -440,13 +434,13 @@ class ContractCheck:
             if down is not None:
                 state.unavailable.append(f"latest version of {subject}: {down}")
                 return "down"
-            latest = self._latest.get(subject)
-            if latest is None or latest[1] < now:
-                state.pending.append(self._fetch_latest(subject, state.down))
+            latest = self.lookups.latest(subject)
+            if latest is None:
+                state.pending.append(self.lookups.fetch_latest(subject, state.down))
                 return "pending"
-            if latest[0] != schema_id:
+            if latest != schema_id:
                 return "latest", (f"schema id {schema_id} is not the latest version of "
-                                  f"{subject} (schema id {latest[0]} is)")
+                                  f"{subject} (schema id {latest} is)")
         return None
 
     def _passed_unchecked(self, records: int, cause: str) -> None:
@@ -458,109 +452,16 @@ class ContractCheck:
                         "(on_registry_unavailable: pass; %d so far): %s",
                         self.unavailable_passed, cause)
 
-    # -- lookups -------------------------------------------------------------------
-
-    async def _lookup(self, schema_id: int) -> CompiledSchema | _Missing | _Unavailable:
-        """The compiled schema of ``schema_id``; one lookup in flight per id."""
-        future = self._inflight.get(schema_id)
-        if future is None:
-            future = self._inflight[schema_id] = asyncio.ensure_future(self._load(schema_id))
-            future.add_done_callback(lambda _f: self._inflight.pop(schema_id, None))
-        try:
-            return await asyncio.shield(future)
-        except self._unavailable as exc:
-            return _Unavailable(str(exc))
-
-    async def _load(self, schema_id: int) -> CompiledSchema | _Missing:
-        assert self.client is not None
-        try:
-            source = await self.client.schema_by_id(schema_id)
-        except self._unknown_id:
-            return _Missing("unknown_id", f"schema id {schema_id} is not registered")
-        try:
-            compiled: CompiledSchema | _Missing = await asyncio.to_thread(self._compile, source)
-        except SchemaCompileError as exc:
-            compiled = _Missing("schema", f"cannot check against {exc}")
-        self._compiled[schema_id] = compiled
-        while len(self._compiled) > self.settings.compiled_cache_size:
-            self._compiled.popitem(last=False)
-        return compiled
-
-    async def _relook(self, schema_id: int, looked: dict[int, Any]) -> None:
-        looked[schema_id] = await self._lookup(schema_id)
-
-    async def _lookup_global(self, global_id: int) -> int | _Missing | _Unavailable:
-        """The registry's id of an Apicurio globalId; one lookup in flight per globalId."""
-        unknown = self._global_unknown.get(global_id)
-        if unknown is not None and unknown[1] > time.monotonic():
-            return unknown[0]
-        future = self._global_inflight.get(global_id)
-        if future is None:
-            future = self._global_inflight[global_id] = asyncio.ensure_future(
-                self._load_global(global_id))
-            future.add_done_callback(lambda _f: self._global_inflight.pop(global_id, None))
-        try:
-            return await asyncio.shield(future)
-        except self._unavailable as exc:
-            return _Unavailable(str(exc))
-
-    async def _load_global(self, global_id: int) -> int | _Missing:
-        assert self.global_ids is not None
-        try:
-            found = await self.global_ids.registry_id(global_id)
-        except self._unknown_id as exc:
-            missing = _Missing("unknown_id", str(exc))
-            if len(self._global_unknown) >= self.settings.compiled_cache_size:
-                self._global_unknown.clear()
-            self._global_unknown[global_id] = (missing, time.monotonic() + _UNKNOWN_GLOBAL_S)
-            return missing
-        self._global[global_id] = found
-        while len(self._global) > self.settings.compiled_cache_size:
-            self._global.popitem(last=False)
-        return found
-
-    async def _relook_global(self, global_id: int, looked: dict[int, Any]) -> None:
-        looked[global_id] = await self._lookup_global(global_id)
-
-    async def _fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
-                              fresh: bool = False) -> None:
-        assert self.client is not None
-        try:
-            pairs = await self.client.subjects_of(schema_id, fresh=fresh)
-        except self._unavailable as exc:
-            down[("subjects", schema_id)] = str(exc)
-            return
-        except self._unknown_id:
-            pairs = ()
-        now = time.monotonic()
-        self._subjects[schema_id] = (frozenset(s for s, _ in pairs),
-                                     now + self.settings.lookup_ttl_s, now)
-        if len(self._subjects) > self.settings.compiled_cache_size:
-            self._subjects.pop(next(iter(self._subjects)))
-
-    async def _fetch_latest(self, subject: str, down: dict[tuple[str, object], str]) -> None:
-        assert self.client is not None
-        try:
-            latest = await self.client.latest_id(subject)
-        except self._unknown_id:
-            latest = -1  # no version at all: no id is the latest
-        except self._unavailable as exc:
-            down[("latest", subject)] = str(exc)
-            return
-        self._latest[subject] = (latest, time.monotonic() + self.settings.lookup_ttl_s)
-        if len(self._latest) > self.settings.compiled_cache_size:
-            self._latest.pop(next(iter(self._latest)))
-
 
 def _settled(found: Any, label: str, where: str, what: str, state: _Pass,
              problems: list[str], relook: Callable[[], Awaitable[None]]) -> Any:
     """A lookup's answer when it holds one, else None, having noted why: the registry
     down (``state.unavailable``), a refusal (``problems``), or - None, looked up a moment
     ago and evicted since by another batch - a lookup again (``state.pending``)."""
-    if isinstance(found, _Unavailable):
+    if isinstance(found, Unavailable):
         state.unavailable.append(f"{label}: {found}")
         return None
-    if isinstance(found, _Missing):
+    if isinstance(found, Missing):
         problems.append(f"{what}{found.text}{where}")
         state.counts[found.check] += 1
         return None

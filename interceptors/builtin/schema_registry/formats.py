@@ -109,8 +109,9 @@ class CompiledSchema(Protocol):
 class SchemaLookup(Protocol):
     """What the check asks of the registry client."""
 
-    async def schema_by_id(self, schema_id: int) -> Any:
-        """The registered schema (a :class:`~.formats.SchemaSource`)."""
+    async def schema_by_id(self, schema_id: int, *, fresh: bool = False) -> Any:
+        """The registered schema (a :class:`~.formats.SchemaSource`); ``fresh``: asked of
+        the registry now, and not kept by the client."""
     async def subjects_of(self, schema_id: int, *,
                           fresh: bool = False) -> tuple[tuple[str, int], ...]:
         """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""

@@ -18,11 +18,13 @@ Keys (``docs/schema-registry.md``, "Registry connection settings")::
       key_file: client.key                          # ... and its key
       timeout_ms: 2000                              # per HTTP request
       cache_size: 10000                             # schema ids kept (least recently used out)
-      cache_ttl_s: 300                              # an id is re-fetched after this long
-      negative_ttl_s: 5                             # an unknown id is re-asked after this long
+      cache_ttl_s: 300                              # an id is refreshed after this long
+      negative_ttl_s: 5                             # an unknown, uncompilable or unanswered
+                                                    # id is asked again after this long
       subject_ttl_s: 1                              # an id's subjects, a subject's latest id
       max_connections: 10                           # concurrent HTTP connections
       max_requests_in_flight: 2                     # HTTP requests at once; the rest wait
+      max_response_bytes: 4194304                   # a larger answer is refused
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class RegistrySettings:
     subject_ttl_s: Annotated[float, Field(ge=0)] = 1.0
     max_connections: Annotated[int, Field(gt=0)] = 10
     max_requests_in_flight: Annotated[int, Field(gt=0)] = 2
+    max_response_bytes: Annotated[int, Field(gt=0)] = 4 * 1024 * 1024
+    """The largest registry answer read (4 MiB: real schemas are a few KiB, the largest
+    generated ones a few hundred); a larger one fails the lookup as unavailable."""
 
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> RegistrySettings:
