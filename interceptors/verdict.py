@@ -68,7 +68,7 @@ from kiproxy.interceptors.api import (
     RecordBatch,
     RejectBatch,
 )
-from kiproxy.interceptors.errors import ErrorCode, error_code, error_name
+from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.records import records_size
 
 __all__ = [
@@ -240,7 +240,7 @@ class Outcome:
         return [r.value for r in self.records]
 
 
-class PluginFault(Exception):
+class PluginFault(RejectBatch):
     """Raised by a plugin host (the Wasm built-ins) when the plugin it runs misbehaved.
 
     ``fault`` says how: ``crashed`` (a Wasm trap, out of memory or fuel, or refused while
@@ -248,17 +248,14 @@ class PluginFault(Exception):
     cannot read as records). Not a decision about the records: the verdict rejects the
     batch with ``error`` (INVALID_RECORD by default), the ``message`` as given (name
     the plugin and the cause in a user's words; a raw trace belongs in the log, at
-    DEBUG) and ``record_errors``, and the runtime logs it as a rate-limited fault, not
-    as a policy rejection.
+    DEBUG) and ``record_errors``, as a plugin fault - logged rate-limited, not as a
+    policy rejection. A ``RejectBatch``, so code that catches rejections sees it.
     """
 
     def __init__(self, message: str, record_errors: Sequence[tuple[int, str | None]] = (),
                  error: str | int = "INVALID_RECORD", *,
                  fault: Literal["crashed", "return_type"] = "crashed") -> None:
-        super().__init__(message)
-        self.message = message
-        self.record_errors = tuple(record_errors)
-        self.error_code = error_code(error)
+        super().__init__(message, error, record_errors)
         self.fault: Fault = fault
 
 
@@ -291,10 +288,8 @@ def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Reje
         return exc.verdict
     if isinstance(exc, RejectBatch):
         return Rejected(code=exc.error_code, message=exc.message,
-                        record_errors=exc.record_errors)
-    if isinstance(exc, PluginFault):
-        return Rejected(code=exc.error_code, message=exc.message,
-                        record_errors=exc.record_errors, fault=exc.fault)
+                        record_errors=exc.record_errors,
+                        fault=exc.fault if isinstance(exc, PluginFault) else None)
     if isinstance(exc, TimeoutError):
         return _timed_out(name, timeout)
     return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
