@@ -134,6 +134,7 @@ def test_endless_allocation_is_stopped_at_the_cap_and_its_memory_returned(
                 for _ in range(3)]
     after = watch.settle()
     watch.report("grow", after)
+    print(f"grow: {messages[-1]}")
     assert all(f"extism plugin {extism_plugins['grow']} ran out of memory (limit 256 MiB, "
                "setting max_memory_bytes" in m for m in messages), messages
     assert all("InvalidRecord" in m or "87" in m for m in messages), messages
@@ -147,6 +148,7 @@ def test_a_50_mib_answer_is_refused_and_memory_stays_bounded(
     message = kafka_python_error(extism_proxy.bootstrap, TOPICS["huge"], b"hello")
     after = watch.settle()
     watch.report("huge", after)
+    print(f"huge: {message}")
     assert "interceptor extism returned 52428813 bytes of records for 12 bytes received; " \
         "the limit is max_plugin_output_bytes (33554432)" in message
     assert after[0] < watch.rss_before + POOL * CAP, "pooled instances are capped"
@@ -156,6 +158,7 @@ def test_a_50_mib_answer_is_refused_and_memory_stays_bounded(
 def test_an_answer_without_value_stores_nothing(extism_proxy: ProxyProcess,
                                                 extism_plugins: dict[str, Path]) -> None:
     message = kafka_python_error(extism_proxy.bootstrap, TOPICS["novalue"], b"keep me")
+    print(f"novalue: {message}")
     assert f'extism plugin {extism_plugins["novalue"]} transform: its answer for record 0 ' \
         'has no "value" (write "value": null to store a null value on purpose)' in message
     assert consume(extism_proxy.bootstrap, TOPICS["novalue"], 1, timeout=3) == []
@@ -171,7 +174,8 @@ def test_a_plugin_trapping_on_every_call_leaks_no_threads_and_floods_no_log(
     after = watch.settle()
     logged = [line for line in extism_proxy.lines[lines:] if "trap.wasm" in line]
     watch.report("trap", after)
-    print(f"trap: {len(errors)} batches answered, {len(logged)} log lines")
+    print(f"trap: {len(errors)} batches answered, {len(logged)} log lines: {message}")
+    print("\n".join(logged))
     assert len(errors) == 8 * 40
     assert {None if e is None else e.code() for e in errors} == {INVALID_RECORD}
     assert f"extism plugin {extism_plugins['trap']} crashed (a WebAssembly trap) in " \
@@ -201,6 +205,7 @@ def test_a_python_plugin_returning_200_mb_is_refused(broker: EmbeddedBroker) -> 
             producer.close(5)
         after = watch.settle()
         watch.report("balloon", after)
+        print(f"balloon: {failures[0]}")
         assert [None if e is None else e.code() for e in errors] == [INVALID_RECORD]
         assert all("interceptor tp_balloon:Balloon returned" in f
                    and "the limit is max_plugin_output_bytes (33554432)" in f
