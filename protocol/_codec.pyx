@@ -647,6 +647,8 @@ def encode_records(tuple records, int64_t base_timestamp, bint renumber):
         PyMem_Free(bodies)
 
 
+@cython.boundscheck(False)
+@cython.wraparound(False)
 def records_size(tuple records):
     """Bytes ``records`` take encoded (before compression; timestamps and offsets written
     as deltas of 0), counted without building a field nobody read. Items that are not

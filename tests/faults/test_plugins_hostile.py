@@ -214,3 +214,26 @@ def test_a_python_plugin_returning_200_mb_is_refused(broker: EmbeddedBroker) -> 
         assert p.alive()
     finally:
         p.stop()
+
+
+def test_a_kiproxy_abi_module_trapping_on_every_call_is_named_and_leaks_nothing(
+        broker: EmbeddedBroker) -> None:
+    module = TESTS / "wasm" / "faults.wat"
+    p = launch_proxy(broker.bootstrap, interceptor="wasm", interceptor_config={
+        "module": str(module), "function": "trap", "encoding": "binary"})
+    try:
+        watch = Watch(p)
+        lines = len(p.lines)
+        errors = produce_many(p.bootstrap, TOPICS["trap"] + "-abi", producers=4, per_producer=25)
+        message = kafka_python_error(p.bootstrap, TOPICS["trap"] + "-abi", b"one more")
+        after = watch.settle()
+        logged = [line for line in p.lines[lines:] if "faults.wat" in line]
+        watch.report("wasm trap", after)
+        print(f"wasm trap: {len(logged)} log lines: {message}")
+        assert {None if e is None else e.code() for e in errors} == {INVALID_RECORD}
+        assert f"wasm module {module} (trap, abi v1) trapped: wasm trap: integer divide by " \
+            "zero on record 0 of" in message
+        assert after[1] <= watch.threads_before + 2  # its worker thread and epoch clock
+        assert len(logged) <= 3, "\n".join(logged)
+    finally:
+        p.stop()
