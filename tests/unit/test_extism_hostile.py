@@ -85,3 +85,25 @@ def test_a_plugin_that_traps_on_every_call_is_backed_off_and_threads_stay_bounde
         assert threads() <= before + 2 + 2 + 1  # kit loop, worker threads, cache threads
     time.sleep(0.5)
     assert threads() <= before + 2
+
+
+def test_the_plugins_own_words_are_never_taken_for_a_crash(
+        extism_plugins: dict[str, Path]) -> None:
+    from kiproxy.interceptors import RejectBatch
+    from kiproxy.interceptors.builtin.extism.plugin import Cancel
+    from kiproxy.interceptors.verdict import PluginFault
+
+    with plugin(extism_plugins, "uppercase") as p:
+        compiled = p.interceptor.topics[TOPIC]
+        batch = make_batch(b"a", topic=TOPIC)
+
+        def failure(text: str) -> Exception:
+            found: Exception = compiled._failure(text, "transform", batch, range(1), Cancel())
+            return getattr(found, "fault", found)  # a crash carries its rejection
+
+        for own in ("host unreachable", "value is out of memory range", "oom killer said no"):
+            found = failure(own)
+            assert type(found) is RejectBatch and found.message == own
+        for runtime in ("oom", "error while executing at wasm backtrace:\n 0: 0x1 - f",
+                        "wasm trap: wasm `unreachable` instruction executed"):
+            assert isinstance(failure(runtime), PluginFault)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,12 +58,13 @@ __all__ = ["Cancel", "ExtismPlugin", "PluginSpec"]
 log = logging.getLogger("kiproxy.extism")
 
 _PAGE = 65536
-_TRAPS = ("wasm trap:", "wasm backtrace", "unreachable", "Function not found")
+_TRAP = re.compile(r"^wasm trap: |error while executing at wasm backtrace|^Function not found")
 """What the runtime's own messages hold (a trap, a missing export); anything else is the
 plugin's own error message."""
-_OUT_OF_MEMORY = ("oom", "failed to allocate", "out of memory")
-"""Extism's words for a call stopped by the memory cap (the whole text is ``oom`` when
-the guest's memory would grow past it)."""
+_OUT_OF_MEMORY = re.compile(
+    r"^oom$|^failed to allocate extism memory|^[0-9a-f-]{36} out of memory$")
+"""Extism's words for a call stopped by the memory cap: ``oom`` when the guest's memory
+would grow past it, the kernel's allocation failures otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +302,12 @@ class ExtismPlugin:
                 return _Crash(_deadline(where, batch, indices))
             return _Crash(self._crash(f"ran past its timeout_ms ({self.spec.timeout_ms} ms)",
                                       text, batch, indices.start, function))
-        lowered = text.lower()
-        if any(marker in lowered for marker in _OUT_OF_MEMORY):
+        if _OUT_OF_MEMORY.search(text):
             setting, cap = self.spec.memory_setting
             return _Crash(self._crash(
                 f"ran out of memory (limit {mib(cap)}, setting {setting}; raise it if the "
                 "plugin needs more)", text, batch, indices.start, function))
-        if any(marker in text for marker in _TRAPS):
+        if _TRAP.search(text):
             return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
                                       indices.start, function))
         # The plugin's own error (error_set and a non-zero return): its message, as is.
