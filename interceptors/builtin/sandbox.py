@@ -66,6 +66,8 @@ class Backoff:
 
     def refusal(self) -> str | None:
         """Why a batch is refused now without running the plugin, or None: run it."""
+        if not self._until:  # never backed off, or an answer ended it: no lock taken
+            return None
         with self._lock:
             left = self._until - self._clock()
             if left <= 0:
