@@ -69,6 +69,7 @@ from kiproxy.interceptors.api import (
     RejectBatch,
 )
 from kiproxy.interceptors.errors import ErrorCode, error_name
+from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
 from kiproxy.protocol.records import records_size
 
 __all__ = [
@@ -104,9 +105,9 @@ Fault = Literal["raised", "return_type", "record_count", "timeout", "output_size
 FAULTS: tuple[Fault, ...] = ("raised", "return_type", "record_count", "timeout",
                              "output_size", "crashed")
 
-DEFAULT_MAX_PLUGIN_OUTPUT_BYTES = 32 * 2**20
-"""The most bytes of records a plugin may return for one batch: as much as the proxy
-accepts decompressed from a client (``max_decompressed_batch_bytes``)."""
+DEFAULT_MAX_PLUGIN_OUTPUT_BYTES = DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
+"""The most bytes of records a plugin may return for one batch (32 MiB): as much as the
+proxy accepts decompressed from a client (``max_decompressed_batch_bytes``)."""
 DEFAULT_MAX_PLUGIN_OUTPUT_RATIO = 16
 """How many times the bytes it was given a plugin may return, once past
 :data:`RATIO_CHECKED_FROM`."""
