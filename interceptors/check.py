@@ -5,8 +5,8 @@ batch (a ``RejectBatch`` is an answer); 2, with the reason on stderr, when it
 cannot be loaded or configured, when the sample file cannot be read, or when
 the plugin fails on a batch (raises, breaks the record-count rule, returns
 something else than a batch, misses the deadline) - and, with
-``--fail-on-reject``, when any batch is rejected (the Wasm interceptor reports
-a module's trap as a rejection). ``--mode observe`` runs the plugin as a route
+``--fail-on-reject``, when any batch is rejected (a Wasm module's trap or running
+out of memory is a failure of the plugin). ``--mode observe`` runs the plugin as a route
 in observe mode would: each batch is reported as forwarded as it came, followed
 by what it would have been, in the same words (and counted, and failed on, as
 it would have been). A plugin repository's CI job can run it as is.

@@ -15,15 +15,25 @@ nothing else decides. The rules, in order:
   the exception (with its traceback) is kept on the verdict for logging.
 * Something other than a :class:`RecordBatch` returned: INVALID_RECORD,
   "interceptor X returned NoneType, not a RecordBatch".
+* :class:`PluginFault` raised (a plugin host's sandbox stopped the plugin - a Wasm
+  trap, out of memory or fuel - or could not read its answer): INVALID_RECORD with
+  its message and record errors, ``fault`` as it says.
 * Another number of records returned (the record-count rule): INVALID_RECORD,
   "interceptor X broke the record-count rule: returned 1 records for a batch of 2".
 * The same records returned (the same tuple, or records equal in every field:
   key, value, headers in order, timestamp and offset delta): :class:`Unchanged`,
   and the proxy forwards the original bytes.
+* More bytes returned than :class:`OutputLimits` allow (the output bound:
+  ``max_plugin_output_bytes``, and ``max_plugin_output_ratio`` times the bytes
+  received once past :data:`RATIO_CHECKED_FROM`): INVALID_RECORD, "interceptor X
+  returned 40000000 bytes of records for 500 bytes received; the limit is
+  max_plugin_output_bytes (33554432)". Sizes are the records' encoded size
+  (:func:`~kiproxy.protocol.records.records_size`, compiled, reading fields nobody
+  built from the decoded block); an unchanged batch is never measured.
 * Anything else: :class:`Transformed`, carrying the returned batch.
 
-The four plugin-bug rejections set ``plugin_fault`` (and ``fault``, one of
-:data:`FAULTS`), so a runtime can log them apart from policy rejections.
+The plugin-bug rejections set ``plugin_fault`` (and ``fault``, one of
+:data:`FAULTS`), so a runtime can log them apart from policy rejections (rate-limited).
 
 :func:`judge` and :func:`judge_sync` are one body (``_judging``) driven two ways: a
 plain ``intercept`` is judged without an event loop; only an ``async def intercept``
@@ -46,7 +56,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import time
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -59,14 +69,22 @@ from kiproxy.interceptors.api import (
     RejectBatch,
 )
 from kiproxy.interceptors.errors import ErrorCode, error_name
+from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
+from kiproxy.protocol.records import records_size
 
 __all__ = [
+    "DEFAULT_MAX_PLUGIN_OUTPUT_BYTES",
+    "DEFAULT_MAX_PLUGIN_OUTPUT_RATIO",
+    "DEFAULT_OUTPUT_LIMITS",
     "FAULTS",
+    "RATIO_CHECKED_FROM",
     "AcknowledgementHook",
     "Fault",
     "Judged",
     "Mode",
     "Outcome",
+    "OutputLimits",
+    "PluginFault",
     "Rejected",
     "Transformed",
     "Unchanged",
@@ -75,15 +93,43 @@ __all__ = [
     "fault_rejection",
     "judge",
     "judge_sync",
+    "output_fault",
     "result_fault",
 ]
 
 Mode = Literal["enforce", "observe"]
 """A route's (or link's) ``mode``: its verdict enforced, or only observed."""
 
-Fault = Literal["raised", "return_type", "record_count", "timeout"]
+Fault = Literal["raised", "return_type", "record_count", "timeout", "output_size", "crashed"]
 """Why a plugin-bug rejection happened."""
-FAULTS: tuple[Fault, ...] = ("raised", "return_type", "record_count", "timeout")
+FAULTS: tuple[Fault, ...] = ("raised", "return_type", "record_count", "timeout",
+                             "output_size", "crashed")
+
+DEFAULT_MAX_PLUGIN_OUTPUT_BYTES = DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
+"""The most bytes of records a plugin may return for one batch (32 MiB): as much as the
+proxy accepts decompressed from a client (``max_decompressed_batch_bytes``)."""
+DEFAULT_MAX_PLUGIN_OUTPUT_RATIO = 16
+"""How many times the bytes it was given a plugin may return, once past
+:data:`RATIO_CHECKED_FROM`."""
+RATIO_CHECKED_FROM = 4 * 2**20
+"""Bytes of output below which no ratio is checked: small batches may grow freely
+(a header on a 5-byte record), as with ``max_decompression_ratio``."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutputLimits:
+    """How much a plugin may return for one batch (the proxy's ``max_plugin_output_bytes``
+    and ``max_plugin_output_ratio``; see docs/limits.md, "Plugins")."""
+
+    max_bytes: int = DEFAULT_MAX_PLUGIN_OUTPUT_BYTES
+    """Bytes of records (encoded, before compression) returned for one batch, at most."""
+    max_ratio: int = DEFAULT_MAX_PLUGIN_OUTPUT_RATIO
+    """Returned bytes over the bytes received, at most, once past
+    :data:`RATIO_CHECKED_FROM` (0: no ratio check)."""
+
+
+DEFAULT_OUTPUT_LIMITS = OutputLimits()
+"""The limits of a runtime that was given none (the test kit, ``kiproxy check``, replay)."""
 
 AcknowledgementHook = Callable[[AcknowledgedBatch, int, "int | None"], None]
 
@@ -153,8 +199,9 @@ class Outcome:
     record_errors: tuple[tuple[int, str | None], ...]
     """``(record index, message)`` pairs of a rejection."""
     fault: Fault | None
-    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``),
-    or None (it answered, or rejected by policy with ``RejectBatch``)."""
+    """Why the plugin failed (``raised``, ``return_type``, ``record_count``, ``timeout``,
+    ``output_size``, ``crashed``), or None (it answered, or rejected by policy with
+    ``RejectBatch``)."""
     verdict: Verdict
     """The verdict itself, as :func:`~kiproxy.interceptors.verdict.judge` returned it."""
     mode: Mode = "enforce"
@@ -194,6 +241,25 @@ class Outcome:
         return [r.value for r in self.records]
 
 
+class PluginFault(RejectBatch):
+    """Raised by a plugin host (the Wasm built-ins) when the plugin it runs misbehaved.
+
+    ``fault`` says how: ``crashed`` (a Wasm trap, out of memory or fuel, or refused while
+    the host backs it off after such crashes) or ``return_type`` (an answer the host
+    cannot read as records). Not a decision about the records: the verdict rejects the
+    batch with ``error`` (INVALID_RECORD by default), the ``message`` as given (name
+    the plugin and the cause in a user's words; a raw trace belongs in the log, at
+    DEBUG) and ``record_errors``, as a plugin fault - logged rate-limited, not as a
+    policy rejection. A ``RejectBatch``, so code that catches rejections sees it.
+    """
+
+    def __init__(self, message: str, record_errors: Sequence[tuple[int, str | None]] = (),
+                 error: str | int = "INVALID_RECORD", *,
+                 fault: Literal["crashed", "return_type"] = "crashed") -> None:
+        super().__init__(message, error, record_errors)
+        self.fault: Fault = fault
+
+
 class Judged(Exception):
     """Raised by a runtime's ``intercept`` wrapper that judged the batch elsewhere.
 
@@ -223,7 +289,8 @@ def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Reje
         return exc.verdict
     if isinstance(exc, RejectBatch):
         return Rejected(code=exc.error_code, message=exc.message,
-                        record_errors=exc.record_errors)
+                        record_errors=exc.record_errors,
+                        fault=exc.fault if isinstance(exc, PluginFault) else None)
     if isinstance(exc, TimeoutError):
         return _timed_out(name, timeout)
     return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
@@ -245,13 +312,36 @@ def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
     return None
 
 
-def _result_verdict(batch: RecordBatch, result: Any, name: str) -> Verdict:
+def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
+                 limits: OutputLimits) -> Rejected | None:
+    """The rejection when ``result`` holds more bytes than ``limits`` allow, else None.
+
+    The returned records are measured in compiled code (no Python loop per record);
+    the batch received only when the ratio is to be checked.
+    """
+    size = records_size(result.records)
+    if size > limits.max_bytes:
+        given = records_size(batch.records)
+        return fault_rejection("output_size", name, (
+            f"returned {size} bytes of records for {given} bytes received; the limit is "
+            f"max_plugin_output_bytes ({limits.max_bytes})"))
+    if limits.max_ratio and size > RATIO_CHECKED_FROM:
+        given = records_size(batch.records)
+        if size > given * limits.max_ratio:
+            return fault_rejection("output_size", name, (
+                f"returned {size} bytes of records for {given} bytes received, more than "
+                f"max_plugin_output_ratio ({limits.max_ratio}) times as many"))
+    return None
+
+
+def _result_verdict(batch: RecordBatch, result: Any, name: str,
+                    limits: OutputLimits) -> Verdict:
     fault = result_fault(batch, result, name)
     if fault is not None:
         return fault
     if result.records is batch.records or result.records == batch.records:
         return Unchanged(batch)
-    return Transformed(result)
+    return output_fault(batch, result, name, limits) or Transformed(result)
 
 
 _Pending = tuple[Awaitable[Any], float | None]
@@ -259,7 +349,7 @@ _Pending = tuple[Awaitable[Any], float | None]
 
 
 def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: str,
-             timeout: float | None) -> Generator[_Pending, Any, Verdict]:
+             timeout: float | None, limits: OutputLimits) -> Generator[_Pending, Any, Verdict]:
     """The one body of :func:`judge` and :func:`judge_sync`, without the waiting.
 
     Yields once, for an ``async def intercept``: the driver waits for the awaitable and
@@ -274,7 +364,7 @@ def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: 
             return _timed_out(name, timeout)
     except Exception as exc:
         return _exception_verdict(exc, name, timeout)
-    return _result_verdict(batch, result, name)
+    return _result_verdict(batch, result, name, limits)
 
 
 def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
@@ -292,14 +382,16 @@ def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
 
 
 async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
-                name: str, timeout: float | None) -> Verdict:
+                name: str, timeout: float | None,
+                limits: OutputLimits = DEFAULT_OUTPUT_LIMITS) -> Verdict:
     """Run ``interceptor.intercept(batch, ctx)`` and return the verdict; never raises.
 
     ``name`` names the plugin in messages. ``timeout`` (seconds, the configured
     ``interceptor.timeout_ms``) turns on the deadline ``ctx.deadline``; None
     leaves the deadline to the caller (an isolation worker, killed by its pool).
+    ``limits`` bound the bytes it may return (the proxy's configured ones).
     """
-    judging = _judging(interceptor, batch, ctx, name, timeout)
+    judging = _judging(interceptor, batch, ctx, name, timeout, limits)
     try:
         awaitable, remaining = next(judging)
     except StopIteration as done:  # a plain intercept: judged without waiting
@@ -315,14 +407,15 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
 
 def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
                name: str, timeout: float | None,
-               run: Callable[[Awaitable[Any], float | None], Any]) -> Verdict:
+               run: Callable[[Awaitable[Any], float | None], Any],
+               limits: OutputLimits = DEFAULT_OUTPUT_LIMITS) -> Verdict:
     """:func:`judge` for a caller without a running event loop (the same rules, one body).
 
     ``run(awaitable, seconds)`` runs an ``async def intercept``'s awaitable to
     completion on the caller's own loop, raising ``TimeoutError`` after
     ``seconds`` (None: no limit). A plain ``intercept`` never reaches ``run``.
     """
-    judging = _judging(interceptor, batch, ctx, name, timeout)
+    judging = _judging(interceptor, batch, ctx, name, timeout, limits)
     try:
         awaitable, remaining = next(judging)
     except StopIteration as done:

@@ -26,6 +26,7 @@ from kiproxy.protocol._codec import (
     Record,
     decode_records,
     encode_records,
+    records_size,
     upper_values,
 )
 from kiproxy.protocol.compression import (
@@ -56,6 +57,7 @@ __all__ = [
     "decode_batches",
     "encode_batch",
     "read_batch_headers",
+    "records_size",
     "upper_values",
 ]
 

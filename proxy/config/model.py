@@ -32,6 +32,11 @@ from kiproxy.interceptors.flags import (
     FlagError,
 )
 from kiproxy.interceptors.settings import describe
+from kiproxy.interceptors.verdict import (
+    DEFAULT_MAX_PLUGIN_OUTPUT_BYTES,
+    DEFAULT_MAX_PLUGIN_OUTPUT_RATIO,
+    OutputLimits,
+)
 from kiproxy.protocol.compression import (
     DEFAULT_LEVELS,
     DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES,
@@ -400,6 +405,14 @@ class ProxyConfig(_Strict):
                                          strict=True)
     """Largest decompressed/compressed ratio of a records block once past 4 MiB of
     output (256; 0: no ratio check); refused like the above."""
+    max_plugin_output_bytes: Annotated[int, Flag(metavar="BYTES")] = Field(
+        default=DEFAULT_MAX_PLUGIN_OUTPUT_BYTES, gt=0, strict=True)
+    """Most bytes of records (encoded, before compression) a plugin may return for one
+    batch (32 MiB); more is refused with INVALID_RECORD. See docs/limits.md."""
+    max_plugin_output_ratio: Annotated[int, Flag(metavar="N")] = Field(
+        default=DEFAULT_MAX_PLUGIN_OUTPUT_RATIO, ge=0, strict=True)
+    """Most times the bytes it was given a plugin may return for one batch, once past
+    4 MiB returned (16; 0: no ratio check); refused like the above."""
     max_decode_memory: Annotated[int,
                 Flag(metavar="BYTES")] = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of large batches being decoded or held decoded (256 MiB);
@@ -520,6 +533,11 @@ class ProxyConfig(_Strict):
         """``max_decompressed_batch_bytes`` and ``max_decompression_ratio`` as one value."""
         return DecompressionLimits(max_bytes=self.max_decompressed_batch_bytes,
                                    max_ratio=self.max_decompression_ratio)
+
+    def plugin_output_limits(self) -> OutputLimits:
+        """``max_plugin_output_bytes`` and ``max_plugin_output_ratio`` as one value."""
+        return OutputLimits(max_bytes=self.max_plugin_output_bytes,
+                            max_ratio=self.max_plugin_output_ratio)
 
     @property
     def upstream_addresses(self) -> list[tuple[str, int]]:

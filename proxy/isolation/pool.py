@@ -108,7 +108,12 @@ from typing import Any
 
 from kiproxy.interceptors.api import InterceptContext, RecordBatch, RejectBatch
 from kiproxy.interceptors.loader import PluginLoadError
-from kiproxy.interceptors.verdict import Judged, Rejected
+from kiproxy.interceptors.verdict import (
+    DEFAULT_OUTPUT_LIMITS,
+    Judged,
+    OutputLimits,
+    Rejected,
+)
 from kiproxy.proxy.isolation.process import (
     WorkerGone,
     WorkerProcess,
@@ -182,6 +187,7 @@ class IsolatedInterceptor:
         workers: int = 2,
         start_timeout: float = 60.0,
         log_setup: tuple[str, str] | None = None,
+        limits: OutputLimits = DEFAULT_OUTPUT_LIMITS,
     ) -> None:
         if workers < 1:
             raise ValueError("interceptor.workers must be at least 1")
@@ -191,6 +197,8 @@ class IsolatedInterceptor:
         self.size = workers
         self.start_timeout = start_timeout
         self.log_setup = log_setup
+        self.limits = limits
+        """The output bound the workers judge by (the proxy's ``max_plugin_output_*``)."""
         self.restarts = 0
         """Workers killed or found dead and replaced since start."""
         self._workers: set[WorkerProcess] = set()
@@ -216,7 +224,8 @@ class IsolatedInterceptor:
             self._serial += 1
             process = process_context().Process(
                 target=worker_main, name=f"kiproxy-interceptor-{self._serial}", daemon=True,
-                args=(theirs, self.spec, self.plugins_dir, self.config, self.log_setup))
+                args=(theirs, self.spec, self.plugins_dir, self.config, self.log_setup,
+                      self.limits))
             try:
                 process.start()
             except BaseException:

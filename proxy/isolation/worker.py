@@ -27,7 +27,14 @@ from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
-from kiproxy.interceptors.verdict import Rejected, Unchanged, acknowledgement_hook, judge_sync
+from kiproxy.interceptors.verdict import (
+    DEFAULT_OUTPUT_LIMITS,
+    OutputLimits,
+    Rejected,
+    Unchanged,
+    acknowledgement_hook,
+    judge_sync,
+)
 from kiproxy.proxy.isolation.wire import (
     decode_request,
     frame,
@@ -78,7 +85,7 @@ def _plain_str(value: Any) -> str:
 
 
 def _answer(plugin: Any, name: str, message: Any,
-            loop: list[asyncio.AbstractEventLoop]) -> Any:
+            loop: list[asyncio.AbstractEventLoop], limits: OutputLimits) -> Any:
     """The verdict of ``intercept`` on one request, in plain values."""
 
     def run(awaitable: Awaitable[Any], timeout: float | None) -> Any:
@@ -90,7 +97,7 @@ def _answer(plugin: Any, name: str, message: Any,
         batch, ctx = decode_request(message)
     except Exception as exc:  # a request this worker cannot read: answer, do not die
         return ("raised", type(exc).__name__, _plain_str(exc), traceback.format_exc())
-    verdict = judge_sync(plugin, batch, ctx, name=name, timeout=None, run=run)
+    verdict = judge_sync(plugin, batch, ctx, name=name, timeout=None, run=run, limits=limits)
     if isinstance(verdict, Unchanged):
         return ("same",)
     if not isinstance(verdict, Rejected):
@@ -128,8 +135,10 @@ def _close_plugin(plugin: Any, loop: list[asyncio.AbstractEventLoop]) -> None:
 
 
 def worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
-                 config: Mapping[str, Any], log_setup: tuple[str, str] | None) -> None:
-    """Entry point of a worker process: load the plugin, then answer requests until EOF."""
+                 config: Mapping[str, Any], log_setup: tuple[str, str] | None,
+                 limits: OutputLimits = DEFAULT_OUTPUT_LIMITS) -> None:
+    """Entry point of a worker process: load the plugin, then answer requests until EOF
+    (judged with ``limits``, so an oversized answer is refused before it is sent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _drop_fork_server_pipe()
     _die_with_parent()
@@ -153,7 +162,7 @@ def worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
             message = recv_message(sock)
         except (EOFError, OSError):
             break
-        reply = _answer(plugin, spec, message, loop)
+        reply = _answer(plugin, spec, message, loop, limits)
         try:
             data = frame(reply)
         except Exception as exc:  # e.g. a RejectBatch message that does not pickle

@@ -67,7 +67,8 @@ UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
 UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 INVALID_RECORD = ErrorCode.INVALID_RECORD
 
-_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count"}
+_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count",
+                  "output_size": "output_size", "crashed": "crashed"}
 """kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
 
 

@@ -30,16 +30,26 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
-from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, Verdict, judge
+from kiproxy.interceptors.verdict import (
+    DEFAULT_OUTPUT_LIMITS,
+    OutputLimits,
+    Rejected,
+    Transformed,
+    Unchanged,
+    Verdict,
+    judge,
+)
 
 __all__ = ["ChainResult", "Judge", "LoadedLink", "Observed", "run_chain"]
 
 
 class Judge(Protocol):
-    """The verdict function's shape: ``judge(interceptor, batch, ctx, *, name, timeout)``."""
+    """The verdict function's shape: ``judge(interceptor, batch, ctx, *, name, timeout,
+    limits)``."""
 
     def __call__(self, interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
-                 name: str, timeout: float | None) -> Awaitable[Verdict]: ...
+                 name: str, timeout: float | None,
+                 limits: OutputLimits = ...) -> Awaitable[Verdict]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +65,8 @@ class LoadedLink:
     observe: bool = False
     """``mode: observe``: its verdict is recorded, and the next link gets the batch this
     one was given."""
+    limits: OutputLimits = DEFAULT_OUTPUT_LIMITS
+    """How many bytes it may return for a batch (the proxy's ``max_plugin_output_*``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +118,7 @@ async def run_chain(route: str, links: Sequence[LoadedLink], batch: RecordBatch,
     if len(links) == 1 and not links[0].observe:  # the common case, judged as it is
         link = links[0]
         verdict = await judge(link.interceptor, batch, ctx, name=link.name,
-                              timeout=link.timeout)
+                              timeout=link.timeout, limits=link.limits)
         return ChainResult(route=route, verdict=verdict, given=batch,
                            rejected_by=0 if isinstance(verdict, Rejected) else None)
     current = batch
@@ -117,7 +129,7 @@ async def run_chain(route: str, links: Sequence[LoadedLink], batch: RecordBatch,
         link_ctx = ctx if single else dataclasses.replace(
             ctx, deadline=time.monotonic() + link.timeout)
         verdict = await judge(link.interceptor, current, link_ctx, name=link.name,
-                              timeout=link.timeout)
+                              timeout=link.timeout, limits=link.limits)
         if link.observe:
             if not isinstance(verdict, Unchanged):
                 observed.append(Observed(link.name, verdict))

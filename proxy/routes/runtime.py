@@ -120,14 +120,17 @@ def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> Load
     if link.isolation == "process":
         pool = IsolatedInterceptor(spec, config.plugins_dir, link.config,
                                    workers=config.interceptor.workers,
-                                   log_setup=(config.log_level, config.log_format))
+                                   log_setup=(config.log_level, config.log_format),
+                                   limits=config.plugin_output_limits())
         pool.start()  # a plugin that cannot load raises PluginLoadError here
         log.info("%sinterceptor %s loaded in %d worker processes (pids %s)", where, spec,
                  len(pool.pids), ", ".join(map(str, pool.pids)))
-        return LoadedLink(spec, pool, link.timeout_ms / 1000, link.mode == "observe")
+        return LoadedLink(spec, pool, link.timeout_ms / 1000, link.mode == "observe",
+                          config.plugin_output_limits())
     interceptor = load_interceptor(spec, config.plugins_dir, link.config)
     log.info("%sinterceptor %s loaded", where, spec)
-    return LoadedLink(spec, interceptor, link.timeout_ms / 1000, link.mode == "observe")
+    return LoadedLink(spec, interceptor, link.timeout_ms / 1000, link.mode == "observe",
+                      config.plugin_output_limits())
 
 
 def load_routes(config: ProxyConfig) -> LoadedRoutes | None:

@@ -187,9 +187,8 @@ def test_an_infinite_loop_runs_out_of_fuel_within_the_deadline(wasm_proxy: Proxy
     elapsed = time.monotonic() - started
     assert_rejected(errors, INVALID_RECORD)
     assert elapsed < TIMEOUT_MS / 1000, f"rejected after {elapsed:.2f} s"
-    assert "ran out of fuel (200000000 per batch)" in wasm_proxy.log
     message = rejection_message(wasm_proxy.bootstrap, topic, b"!again")
-    assert "faults.wat (spin_on_bang, abi v1) ran out of fuel" in message
+    assert "faults.wat (spin_on_bang, abi v1) ran out of fuel (200000000 per batch)" in message
     # The instance was reset and the proxy serves the next batch.
     assert produce(wasm_proxy.bootstrap, topic, [(None, b"next", [])]) == [None]
     assert [m.value() for m in consume(wasm_proxy.bootstrap, topic, 2)] == [b"warm-up", b"next"]

@@ -20,9 +20,12 @@ from pathlib import Path
 __all__ = ["PLUGINS", "SOURCES", "NoToolchain", "build"]
 
 SOURCES = Path(__file__).parent.parent / "extism"
-PLUGINS = ("uppercase", "shouting", "loop", "twice", "config")
+PLUGINS = ("uppercase", "shouting", "loop", "twice", "config", "grow", "huge", "trap",
+           "novalue")
 """uppercase (also exports transform_batch), the "stop shouting" validator, an
-infinite loop, two records for one, and one that reads the config value ``greeting``."""
+infinite loop, two records for one, one that reads the config value ``greeting``; and the
+hostile ones: ``grow`` allocates without end, ``huge`` answers every record with a 50 MiB
+value, ``trap`` traps on every call, ``novalue`` answers without a ``"value"``."""
 
 
 class NoToolchain(Exception):

@@ -27,6 +27,7 @@ from kiproxy.interceptors.builtin.wasm import (
     decode_result,
     encode_input,
 )
+from kiproxy.interceptors.verdict import PluginFault
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
@@ -252,10 +253,43 @@ def test_a_v2_result_with_the_wrong_record_count_is_malformed() -> None:
     assert "on orders[3]" in exc.message
 
 
-def test_out_of_memory() -> None:
+def test_out_of_memory_names_the_limit_and_its_setting() -> None:
     plugin = wasm(module=FAULTS, function="oom", encoding="binary", max_memory_bytes=1 << 20)
     exc = rejection(plugin, batch())
-    assert "ran out of memory (max_memory_bytes 1048576)" in exc.message
+    assert isinstance(exc, PluginFault) and exc.fault == "crashed"
+    assert "(oom, abi v1) ran out of memory (limit 1 MiB, setting max_memory_bytes; raise it " \
+        "if the module needs more) on record 0 of orders[3]" in exc.message
+    assert "backtrace" not in exc.message
+
+
+def test_every_instance_is_capped_at_256_mib_unless_configured() -> None:
+    plugin = wasm(module=FAULTS, function="oom", encoding="binary")
+    exc = rejection(plugin, batch())
+    assert "ran out of memory (limit 256 MiB, setting max_memory_bytes" in exc.message
+
+
+def test_a_module_that_keeps_crashing_is_backed_off_without_instantiating(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiproxy.interceptors.builtin.wasm import engine
+
+    plugin = wasm(module=FAULTS, function="trap", encoding="binary")
+    built: list[object] = []
+    original = engine.Instance.__init__
+
+    def counting(self: Any, program: Any) -> None:
+        built.append(self)
+        original(self, program)
+
+    monkeypatch.setattr(engine.Instance, "__init__", counting)
+    for _ in range(3):
+        assert "trapped: wasm trap: integer divide by zero" in rejection(plugin, batch()).message
+    assert len(built) == 3
+    refused = rejection(plugin, batch())
+    assert isinstance(refused, PluginFault) and refused.error_code == INVALID_RECORD
+    assert "trapped: wasm trap: integer divide by zero" in refused.message
+    assert "crashed 3 times in a row; its batches are refused without running it" \
+        in refused.message
+    assert len(built) == 3, "a backed-off module builds no instance"
 
 
 def test_an_input_larger_than_max_memory_is_out_of_memory() -> None:

@@ -27,7 +27,8 @@ Config::
         config: {}                      # Extism config values (strings)
         wasi: false
         timeout_ms: 1000                # per call (Extism's manifest timeout_ms)
-        max_pages: 1024                 # memory cap, 64 KiB pages (manifest memory.max_pages)
+        max_memory_bytes: 268435456     # linear-memory cap per instance (the default, 256 MiB)
+        # max_pages: 4096               # or the cap in 64 KiB pages (manifest memory.max_pages)
         binary: refuse                  # non-UTF-8 bytes: refuse the batch, or base64
         error: POLICY_VIOLATION         # the code of a batch the plugin refuses
         pool_size: 2                    # worker threads (and instances per plugin)
@@ -39,16 +40,24 @@ directory (in a properties file, against the file's folder).
 Errors: the plugin's own error (Extism ``error_set`` with a non-zero return)
 rejects the batch with ``error`` and the plugin's message as the partition's
 message and as the record error of the record that caused it. A trap, a
-``timeout_ms`` overrun, running out of memory (``max_pages``) or an answer that
-breaks the contract reject it with INVALID_RECORD naming the plugin and the
-export; the instance is thrown away. The batch deadline stops a running call
-through Extism's cancel handle (REQUEST_TIMED_OUT). Returning another number of
-records is the verdict's record-count rejection, as for every interceptor.
+``timeout_ms`` overrun or running out of memory (``max_memory_bytes``, default
+256 MiB, or ``max_pages``) reject it with INVALID_RECORD, "extism plugin FILE ran
+out of memory (limit 256 MiB, setting max_memory_bytes; ...) in transform on record
+0 of orders[0]" (the runtime's own text is logged at DEBUG); the instance is freed. After
+three such crashes in a row the plugin is backed off: for 0.1 s, doubling with each
+further crash up to 5 s, its batches are refused at once with the last reason and
+nothing is instantiated (:class:`~kiproxy.interceptors.builtin.sandbox.Backoff`).
+An answer that breaks the contract (not JSON, no ``"value"``, another topic) is
+INVALID_RECORD naming the record. The batch deadline stops a running call through
+Extism's cancel handle (REQUEST_TIMED_OUT). Returning another number of records,
+or more bytes than the proxy's ``max_plugin_output_*`` allow, is the verdict's
+rejection, as for every interceptor.
 
 Threads: calls run on ``pool_size`` worker threads (the Extism runtime releases
 the GIL), so a slow plugin never holds the event loop and other connections
-keep being served. Each plugin keeps a pool of instances reused across batches;
-an instance serves one batch at a time.
+keep being served. Each plugin keeps at most ``pool_size`` instances, reused
+across batches, each compiled once (:mod:`.plugin`); an instance serves one batch
+at a time. Memory held by a plugin is therefore at most ``pool_size`` times its cap.
 
 Reload: the plugin files are compiled at configure. A proxy reload (file watch
 - the plugin and properties files are watched - SIGHUP or ``POST /reload``)
@@ -74,12 +83,13 @@ from kiproxy.interceptors import (
     error_code,
 )
 from kiproxy.interceptors.builtin.extism.records import BINARY_RULES, non_utf8_fields
+from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
 from kiproxy.interceptors.config_keys import check_keys
 
 __all__ = ["ExtismInterceptor"]
 
 _SPEC_KEYS = {"function", "batch_function", "config", "wasi", "timeout_ms", "max_pages",
-              "binary", "error"}
+              "max_memory_bytes", "binary", "error"}
 _TOPIC_KEYS = _SPEC_KEYS | {"plugin"}
 _CONFIG_KEYS = _SPEC_KEYS | {"plugin", "topics", "patterns", "properties", "pool_size"}
 
@@ -121,6 +131,10 @@ def _spec(defaults: Mapping[str, Any], entry: Any, where: str) -> Any:
     error_code(error)  # an unknown error name fails at start
     timeout = merged.get("timeout_ms")
     pages = merged.get("max_pages")
+    memory = merged.get("max_memory_bytes")
+    if pages is not None and memory is not None:
+        raise ValueError(f"{where}: set max_memory_bytes or max_pages, not both (they are "
+                         "the same cap, in bytes or in 64 KiB pages)")
     batch_function = merged.get("batch_function")
     return _plugin_module().PluginSpec(
         source=str(merged["plugin"]), function=str(merged.get("function", "transform")),
@@ -129,6 +143,8 @@ def _spec(defaults: Mapping[str, Any], entry: Any, where: str) -> Any:
         wasi=bool(merged.get("wasi", False)),
         timeout_ms=None if timeout is None else _positive(timeout, f"{where}.timeout_ms"),
         max_pages=None if pages is None else _positive(pages, f"{where}.max_pages"),
+        max_memory_bytes=(DEFAULT_MAX_MEMORY_BYTES if memory is None
+                          else _positive(memory, f"{where}.max_memory_bytes")),
         binary=binary, error=error)
 
 
@@ -164,13 +180,14 @@ class ExtismInterceptor(ProduceRequestInterceptor):
             patterns = [*patterns, {"pattern": ".*", "plugin": config["plugin"]}]
         if not topics and not patterns:
             raise ValueError("set plugin, topics, patterns or properties: no topic has a plugin")
+        workers = _positive(config.get("pool_size", 2), "pool_size")
 
         def plugin(entry: Any, where: str) -> Any:
             spec = _spec(defaults, entry, where)
             found = self._plugins.get(spec)
             if found is None:
                 found = self._plugins[spec] = module.ExtismPlugin(
-                    spec, f"extism plugin {spec.source}")
+                    spec, f"extism plugin {spec.source}", workers)
             return found
 
         for topic, entry in topics.items():
@@ -185,7 +202,6 @@ class ExtismInterceptor(ProduceRequestInterceptor):
                 raise ValueError(f"{where}.pattern {entry['pattern']!r}: {exc}") from None
             rest = {k: v for k, v in entry.items() if k != "pattern"}
             self.patterns.append((regex, plugin(rest, where)))
-        workers = _positive(config.get("pool_size", 2), "pool_size")
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="kiproxy-extism")
 
@@ -231,6 +247,8 @@ class ExtismInterceptor(ProduceRequestInterceptor):
         """Stop the worker threads (a running call is stopped by its deadline)."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
+        for plugin in self._plugins.values():
+            plugin.close()
 
 
 def _refuse_non_utf8(batch: RecordBatch) -> None:

@@ -1,26 +1,39 @@
-"""One Extism plugin: compiled once, instances pooled, called for a batch on a worker thread.
+"""One Extism plugin: compiled per pool slot, called for a batch on a worker thread.
 
 :class:`PluginSpec` is what the config says about a topic's plugin; :class:`ExtismPlugin`
-compiles it (``extism``'s ``CompiledPlugin``: the file is read and checked once, at
-configure, so a file that does not load fails there and a reload keeps the old
-plugin) and keeps a pool of instances. An instance is taken from the pool for one
-batch and put back after it, so no instance is ever used by two threads at once
-(the Extism runtime does not allow it); an instance whose call failed in the
-runtime (trap, timeout, memory) or was cancelled is dropped and a fresh one
-created next time. Each instance is compiled from the manifest on its own (see
-``_new``); the manifest - the file's bytes - is read once, at configure.
+runs it. The manifest (the file's bytes) is read once, at configure, and compiled
+there once as a check, so a file that does not load fails there and a reload keeps
+the old plugin.
 
-Limits come from the Extism manifest: ``timeout_ms`` (per call; Extism stops the
-guest and the call fails with ``timeout``) and ``memory.max_pages`` (64 KiB
-pages; an allocation beyond it fails). Besides, :meth:`ExtismPlugin.run` is
-given a :class:`Cancel` that the interceptor fires at the batch deadline, which
-stops a running call through Extism's cancel handle.
+Pool: at most ``pool_size`` slots (the interceptor's worker threads, so never more
+than the calls that can run at once). A slot is one compiled copy of the plugin
+(``extism``'s ``CompiledPlugin``: its own Wasm engine) and its current instance; a
+batch takes a slot and gives it back, so no instance is used by two threads at once
+(the Extism runtime does not allow it). Each slot compiles once: Extism stops a call
+(``timeout_ms``, cancel) by advancing its engine's epoch, which stops every call then
+running on that engine, so slots do not share one - and each engine has a cache
+thread of wasmtime's, so compiling per failed instance, as an unbounded pool would,
+grows the proxy's threads. An instance whose call failed in the runtime (trap,
+timeout, out of memory) or was cancelled is freed at once, and the next batch on the
+slot instantiates a fresh one from the slot's compiled copy (no compiling).
+
+Limits: ``timeout_ms`` (per call; Extism stops the guest) and the memory cap
+(``max_memory_bytes``, default
+:data:`~kiproxy.interceptors.builtin.sandbox.DEFAULT_MAX_MEMORY_BYTES`, or Extism's
+``max_pages``; the manifest's ``memory.max_pages`` is kept when smaller). Besides,
+:meth:`ExtismPlugin.run` is given a :class:`Cancel` that the interceptor fires at the
+batch deadline. Crashes (a trap, out of memory, past ``timeout_ms``) raise
+:class:`~kiproxy.interceptors.verdict.PluginFault` with a message in a user's words
+(the runtime's own text goes to the log at DEBUG), and a plugin that keeps crashing is
+backed off (:class:`~kiproxy.interceptors.builtin.sandbox.Backoff`).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,12 +50,21 @@ from kiproxy.interceptors.builtin.extism.records import (
     encode_record,
     encode_records,
 )
+from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES, Backoff, mib
+from kiproxy.interceptors.verdict import PluginFault
 
 __all__ = ["Cancel", "ExtismPlugin", "PluginSpec"]
 
-_RUNTIME_ERRORS = ("wasm trap:", "error while executing at wasm backtrace", "Function not found")
+log = logging.getLogger("kiproxy.extism")
+
+_PAGE = 65536
+_TRAP = re.compile(r"^wasm trap: |error while executing at wasm backtrace|^Function not found")
 """What the runtime's own messages hold (a trap, a missing export); anything else is the
 plugin's own error message."""
+_OUT_OF_MEMORY = re.compile(
+    r"^oom$|^failed to allocate extism memory|^[0-9a-f-]{36} out of memory$")
+"""Extism's words for a call stopped by the memory cap: ``oom`` when the guest's memory
+would grow past it, the kernel's allocation failures otherwise."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,10 +83,20 @@ class PluginSpec:
     timeout_ms: int | None = None
     """Per call; None: until the batch deadline."""
     max_pages: int | None = None
-    """Linear memory cap in 64 KiB pages; None: Extism's default (no cap)."""
+    """Linear memory cap in 64 KiB pages (Extism's term); None: ``max_memory_bytes``."""
+    max_memory_bytes: int = DEFAULT_MAX_MEMORY_BYTES
+    """Linear memory cap in bytes, unless ``max_pages`` is set."""
     binary: Binary = "refuse"
     error: str = "POLICY_VIOLATION"
     """The error code of a batch the plugin refuses (its own error)."""
+
+    @property
+    def memory_setting(self) -> tuple[str, int]:
+        """The setting that caps memory and the cap in bytes: ``("max_pages", bytes)``
+        when ``max_pages`` is set, else ``("max_memory_bytes", bytes)``."""
+        if self.max_pages is not None:
+            return "max_pages", self.max_pages * _PAGE
+        return "max_memory_bytes", self.max_memory_bytes
 
     def manifest(self) -> dict[str, Any]:
         """The Extism manifest: the file's own (a ``.json`` manifest) or one around the
@@ -81,8 +113,12 @@ class PluginSpec:
             manifest["config"] = config
         if self.timeout_ms is not None:
             manifest["timeout_ms"] = self.timeout_ms
-        if self.max_pages is not None:
-            manifest["memory"] = {**manifest.get("memory", {}), "max_pages": self.max_pages}
+        memory = dict(manifest.get("memory") or {})
+        pages = max(self.memory_setting[1] // _PAGE, 1)
+        own = memory.get("max_pages")
+        if self.max_pages is None and isinstance(own, int) and 0 < own < pages:
+            pages = own  # the manifest's own, smaller cap
+        manifest["memory"] = {**memory, "max_pages": pages}
         return manifest
 
 
@@ -109,104 +145,195 @@ class Cancel:
                 self._handle.cancel()
 
 
-class ExtismPlugin:
-    """A compiled Extism plugin and its pool of instances (see the module docstring)."""
+class _Slot:
+    """One compiled copy of the plugin (its own engine) and its current instance."""
 
-    def __init__(self, spec: PluginSpec, name: str) -> None:
+    __slots__ = ("compiled", "instance")
+
+    def __init__(self, compiled: Any) -> None:
+        self.compiled = compiled
+        self.instance: Any = None
+
+    def ready(self) -> Any:
+        """The instance, instantiated from the compiled copy if there is none."""
+        if self.instance is None:
+            self.instance = extism.Plugin(self.compiled, functions=[])
+        return self.instance
+
+    def drop_instance(self) -> None:
+        """Free the instance now (its memory goes at once, not when collected)."""
+        instance, self.instance = self.instance, None
+        if instance is not None:
+            instance.__exit__(None, None, None)  # the SDK's way to free a plugin
+
+
+class _Crash(Exception):
+    """A call the runtime stopped: the instance is not reused."""
+
+    def __init__(self, fault: PluginFault | RejectBatch) -> None:
+        super().__init__(str(fault))
+        self.fault = fault
+
+
+class ExtismPlugin:
+    """A compiled Extism plugin and its pool of slots (see the module docstring)."""
+
+    def __init__(self, spec: PluginSpec, name: str, pool_size: int = 2) -> None:
         self.spec = spec
         self.name = name
         """How messages name it: ``extism plugin FILE``."""
+        self.pool_size = pool_size
+        self.backoff = Backoff()
         try:
             self._manifest = spec.manifest()
-            probe = self._new()
+            probe = _Slot(self._compile())
+            instance = probe.ready()
         except (OSError, ValueError, extism.Error) as exc:
             raise ValueError(f"{name} does not load: {exc}") from None
         for export in (spec.batch_function or spec.function,):
-            if not probe.function_exists(export):
+            if not instance.function_exists(export):
                 raise ValueError(f"{name} does not export {export!r} (set function or "
                                  "batch_function to one it exports)")
-        self._idle: queue.SimpleQueue[extism.Plugin] = queue.SimpleQueue()
+        self._idle: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
         self._idle.put(probe)
+        self._slots = 1
+        self._lock = threading.Lock()
 
     @property
     def files(self) -> tuple[Path, ...]:
         """The files it was loaded from (for the file watch)."""
         return (Path(self.spec.source),)
 
-    def _new(self) -> extism.Plugin:
-        # Each instance is compiled on its own: instances of one CompiledPlugin share a
-        # Wasm engine, and Extism stops a call (timeout_ms, cancel) by advancing that
-        # engine's epoch, which would stop every call then running on any of them.
-        return extism.Plugin(CompiledPlugin(self._manifest, self.spec.wasi, []), functions=[])
+    @property
+    def slots(self) -> int:
+        """Slots compiled so far (at most ``pool_size``)."""
+        return self._slots
 
-    def _take(self) -> extism.Plugin:
+    def _compile(self) -> Any:
+        return CompiledPlugin(self._manifest, self.spec.wasi, [])
+
+    def _take(self) -> _Slot:
         try:
             return self._idle.get_nowait()
         except queue.Empty:
-            return self._new()
+            pass
+        with self._lock:
+            grow = self._slots < self.pool_size
+            if grow:
+                self._slots += 1
+        if not grow:  # every slot is busy: wait for one (bounded by the worker threads)
+            return self._idle.get()
+        try:
+            return _Slot(self._compile())
+        except BaseException:
+            with self._lock:
+                self._slots -= 1
+            raise
 
     def run(self, batch: RecordBatch, cancel: Cancel) -> RecordBatch:
-        """Call the plugin for ``batch`` (on a worker thread); RejectBatch on any failure."""
-        instance = self._take()
-        healthy = False
+        """Call the plugin for ``batch`` (on a worker thread); RejectBatch or PluginFault
+        on any failure."""
+        refusal = self.backoff.refusal()
+        if refusal is not None:
+            raise PluginFault(refusal, [(0, refusal)])
+        slot = self._take()
         try:
-            cancel.attach(instance.cancel_handle())
-            if self.spec.batch_function is not None:
-                records = self._call(instance, self.spec.batch_function,
-                                     encode_records(batch.records, batch.topic, self.spec.binary),
-                                     batch, range(len(batch.records)), cancel)
-            else:
-                records = []
-                for i, record in enumerate(batch.records):
-                    records += self._call(instance, self.spec.function,
-                                          encode_record(record, batch.topic, self.spec.binary),
-                                          batch, range(i, i + 1), cancel)
-            # A cancel fired as the call returned may still reach the instance: drop it.
-            healthy = not cancel.fired
-        except RejectBatch as exc:
-            healthy = not getattr(exc, "runtime", False) and not cancel.fired
+            records = self._run(slot, batch, cancel)
+        except _Crash as crash:
+            slot.drop_instance()
+            if isinstance(crash.fault, PluginFault):
+                self.backoff.crashed(crash.fault.message)
+            raise crash.fault from None
+        except (RejectBatch, PluginFault):  # it answered: its own error, or unreadable
+            self.backoff.answered()
             raise
+        except BaseException:
+            slot.drop_instance()
+            raise
+        else:
+            self.backoff.answered()
         finally:
-            cancel.attach(None)
-            if healthy:
-                self._idle.put(instance)
+            if cancel.fired:  # a cancel fired as the call returned may still reach it
+                slot.drop_instance()
+            self._idle.put(slot)
         return batch.with_records(records)
 
-    def _call(self, instance: extism.Plugin, function: str, data: bytes, batch: RecordBatch,
+    def _run(self, slot: _Slot, batch: RecordBatch, cancel: Cancel) -> list[Any]:
+        try:
+            instance = slot.ready()
+        except extism.Error as exc:
+            raise _Crash(self._crash("could not be instantiated", str(exc), batch, 0)) from None
+        cancel.attach(instance.cancel_handle())
+        try:
+            if self.spec.batch_function is not None:
+                data = encode_records(batch.records, batch.topic, self.spec.binary)
+                return self._call(instance, self.spec.batch_function, data, batch,
+                                  range(len(batch.records)), cancel)
+            records: list[Any] = []
+            for i, record in enumerate(batch.records):
+                data = encode_record(record, batch.topic, self.spec.binary)
+                records += self._call(instance, self.spec.function, data, batch,
+                                      range(i, i + 1), cancel)
+            return records
+        finally:
+            cancel.attach(None)
+
+    def _call(self, instance: Any, function: str, data: bytes, batch: RecordBatch,
               indices: range, cancel: Cancel) -> list[Any]:
-        where = f"{self.name} {function}"
         if cancel.fired:
-            raise _runtime_failure(f"{where}: the batch deadline passed", indices,
-                                   "REQUEST_TIMED_OUT")
+            raise _Crash(_deadline(f"{self.name} {function}", batch, indices))
         try:
             output = instance.call(function, data)
         except extism.Error as exc:
-            raise self._failure(str(exc), where, indices, cancel) from None
+            raise self._failure(str(exc), function, batch, indices, cancel) from None
         originals = batch.records[indices.start:indices.stop]
         try:
-            return decode_records(output, originals, batch.topic, self.spec.binary, where)
+            return decode_records(output, originals, batch.topic, self.spec.binary,
+                                  f"{self.name} {function}", indices.start)
         except ContractError as exc:
-            raise RejectBatch(str(exc), "INVALID_RECORD",
-                              [(indices.start, str(exc))]) from None
+            raise PluginFault(str(exc), [(indices.start, str(exc))],
+                              fault="return_type") from None
 
-    def _failure(self, text: str, where: str, indices: range, cancel: Cancel) -> RejectBatch:
+    def _failure(self, text: str, function: str, batch: RecordBatch, indices: range,
+                 cancel: Cancel) -> Exception:
+        where = f"{self.name} {function}"
         if text == "timeout":
             if cancel.fired:
-                return _runtime_failure(f"{where} was stopped at the batch deadline", indices,
-                                        "REQUEST_TIMED_OUT")
-            return _runtime_failure(f"{where} was stopped: it ran past its timeout_ms "
-                                    f"({self.spec.timeout_ms} ms)", indices, "INVALID_RECORD")
-        if text.startswith("failed to allocate"):
-            return _runtime_failure(f"{where} was stopped: out of memory (max_pages "
-                                    f"{self.spec.max_pages}): {text}", indices, "INVALID_RECORD")
-        if any(marker in text for marker in _RUNTIME_ERRORS):
-            return _runtime_failure(f"{where} failed: {text}", indices, "INVALID_RECORD")
+                return _Crash(_deadline(where, batch, indices))
+            return _Crash(self._crash(f"ran past its timeout_ms ({self.spec.timeout_ms} ms)",
+                                      text, batch, indices.start, function))
+        if _OUT_OF_MEMORY.search(text):
+            setting, cap = self.spec.memory_setting
+            return _Crash(self._crash(
+                f"ran out of memory (limit {mib(cap)}, setting {setting}; raise it if the "
+                "plugin needs more)", text, batch, indices.start, function))
+        if _TRAP.search(text):
+            return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
+                                      indices.start, function))
         # The plugin's own error (error_set and a non-zero return): its message, as is.
         # A batch export's error concerns the batch: every record (up to 50) carries it.
         return RejectBatch(text, self.spec.error, [(i, text) for i in indices[:50]])
 
+    def _crash(self, what: str, raw: str, batch: RecordBatch, index: int,
+               function: str | None = None) -> PluginFault:
+        call = f" in {function}" if function else ""
+        at = (f"record {index} of " if self.spec.batch_function is None else "") + (
+            f"{batch.topic}[{batch.partition}]")
+        message = f"{self.name} {what}{call} on {at}"
+        log.debug("%s; the runtime said: %s", message, raw)
+        return PluginFault(message, [(index, message)])
 
-def _runtime_failure(message: str, indices: range, error: str) -> RejectBatch:
-    exc = RejectBatch(message, error, [(indices.start, message)])
-    exc.runtime = True  # type: ignore[attr-defined]  # the instance is not reused
-    return exc
+    def close(self) -> None:
+        """Free the idle slots' instances and compiled copies."""
+        while True:
+            try:
+                slot = self._idle.get_nowait()
+            except queue.Empty:
+                return
+            slot.drop_instance()
+            slot.compiled = None
+
+
+def _deadline(where: str, batch: RecordBatch, indices: range) -> RejectBatch:
+    message = f"{where} was stopped at the batch deadline on {batch.topic}[{batch.partition}]"
+    return RejectBatch(message, "REQUEST_TIMED_OUT", [(indices.start, message)])

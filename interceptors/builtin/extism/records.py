@@ -20,8 +20,10 @@ Bytes that are not valid UTF-8 (the rule, chosen by ``binary``):
 What a plugin returns (:func:`decode_records`): one record object per record
 (for the batch export, an array of them). A call that returns an array gives as
 many records as the array holds, so the record-count rule (checked by the
-verdict) sees a plugin that returns two records for one. A missing ``key`` or
-``value`` is null and a missing ``headers`` is none; ``topic``, when present and
+verdict) sees a plugin that returns two records for one. ``value`` must be there:
+an answer without it is refused (INVALID_RECORD, naming the record), because storing
+a null value - on a compacted topic, a deletion - takes ``"value": null`` written on
+purpose. A missing ``key`` is null and a missing ``headers`` is none; ``topic``, when present and
 not null, must be the batch's topic - a plugin cannot move a record to another
 topic (the proxy rejects the batch saying so). Timestamps and offsets are the
 original records': the plugin does not see or set them.
@@ -109,6 +111,9 @@ def _bytes(value: Any, where: str, binary: Binary) -> bytes | None:
 def _record(obj: Any, original: Record, topic: str, binary: Binary, where: str) -> Record:
     if not isinstance(obj, dict):
         raise ContractError(f"{where} must be a JSON object, not {type(obj).__name__}")
+    if "value" not in obj:
+        raise ContractError(f'{where} has no "value" (write "value": null to store a '
+                            "null value on purpose)")
     out_topic = obj.get("topic")
     if out_topic is not None and out_topic != topic:
         raise ContractError(f"{where} names topic {out_topic!r}, but the batch is for "
@@ -130,10 +135,11 @@ def _record(obj: Any, original: Record, topic: str, binary: Binary, where: str) 
 
 
 def decode_records(output: bytes, originals: Sequence[Record], topic: str,
-                   binary: Binary, where: str) -> list[Record]:
+                   binary: Binary, where: str, first: int = 0) -> list[Record]:
     """The records a call returned for ``originals`` (one object, or an array of them).
 
-    Returned records past the originals take the last original's timestamp; the
+    ``first`` is the index of ``originals[0]`` in its batch (messages name records by
+    it). Returned records past the originals take the last original's timestamp; the
     verdict then rejects the batch for breaking the record-count rule.
     """
     try:
@@ -142,4 +148,5 @@ def decode_records(output: bytes, originals: Sequence[Record], topic: str,
         raise ContractError(f"{where} returned something that is not JSON ({exc})") from None
     items = doc if isinstance(doc, list) else [doc]
     return [_record(obj, originals[min(i, len(originals) - 1)], topic, binary,
-                    f"{where} record {i}") for i, obj in enumerate(items)]
+                    f"{where}: its answer for record {first + i}")
+            for i, obj in enumerate(items)]

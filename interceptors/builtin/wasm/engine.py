@@ -7,8 +7,11 @@ each, fuel and memory capped, WASI with no files, environment or network),
 and its reload state. :meth:`Program.run` runs one batch through the ABI of
 :mod:`kiproxy.interceptors.builtin.wasm.abi` and returns the batch or raises
 ``RejectBatch`` (a trap, running out of fuel or memory and a malformed result
-are INVALID_RECORD; the deadline, enforced by epoch interruption ticked by an
-:class:`EpochClock`, is REQUEST_TIMED_OUT); a failed instance is thrown away.
+are a :class:`~kiproxy.interceptors.verdict.PluginFault`, INVALID_RECORD, the
+runtime's own text logged at DEBUG; the deadline, enforced by epoch interruption
+ticked by an :class:`EpochClock`, is REQUEST_TIMED_OUT); a failed instance is
+thrown away, and a module that keeps crashing is backed off
+(:class:`~kiproxy.interceptors.builtin.sandbox.Backoff`).
 :func:`new_engine` makes the wasmtime engine every program of one
 interceptor shares. Importing this module needs ``wasmtime``.
 """
@@ -27,6 +30,7 @@ from pathlib import Path
 import wasmtime
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.builtin.sandbox import Backoff, mib
 from kiproxy.interceptors.builtin.wasm.abi import Malformed, decode_result, encode_input
 from kiproxy.interceptors.builtin.wasm.declaration import (
     SECTION,
@@ -35,6 +39,7 @@ from kiproxy.interceptors.builtin.wasm.declaration import (
     bind,
     read_declaration,
 )
+from kiproxy.interceptors.verdict import PluginFault
 
 __all__ = ["EpochClock", "Instance", "Program", "Target", "new_engine"]
 
@@ -114,12 +119,16 @@ class _Fault(Exception):
     """
 
     def __init__(self, reason: str, timed_out: bool = False, reset: bool = True,
-                 suspect: bool = False) -> None:
+                 suspect: bool = False, malformed: bool = False, raw: str = "") -> None:
         super().__init__(reason)
         self.reason = reason
         self.timed_out = timed_out
         self.reset = reset
         self.suspect = suspect
+        self.malformed = malformed
+        """The module answered, but not in the ABI's shape (not a crash)."""
+        self.raw = raw
+        """The runtime's own text (a trap's backtrace), for the DEBUG log."""
 
 
 def _trap_reason(exc: Exception) -> str:
@@ -181,12 +190,11 @@ class Instance:
         ptr = self.alloc(self.store, capacity)
         if not isinstance(ptr, int) or ptr <= 0:
             self.in_cap = 0
-            raise _Fault(f"ran out of memory: alloc({capacity}) returned {ptr} "
-                         f"(max_memory_bytes {self.program.target.max_memory})")
+            raise _Fault(f"{self.program.out_of_memory} (alloc({capacity}) returned {ptr})")
         if ptr + capacity > self.memory.data_len(self.store):
             self.in_cap = 0
             raise _Fault(f"returned a malformed result: alloc({capacity}) returned {ptr}, "
-                         "past the end of memory")
+                         "past the end of memory", malformed=True)
         self.in_ptr, self.in_cap = ptr, capacity
         return ptr
 
@@ -205,25 +213,26 @@ class Instance:
                 ret = self.func(self.store, ptr, len(payload))
         except wasmtime.Trap as exc:
             code = exc.trap_code
+            raw = str(exc)
             if code == wasmtime.TrapCode.OUT_OF_FUEL:
-                raise _Fault(f"ran out of fuel ({target.fuel} per batch)") from exc
+                raise _Fault(f"ran out of fuel ({target.fuel} per batch)", raw=raw) from exc
             if code == wasmtime.TrapCode.INTERRUPT:
-                raise _Fault("was interrupted at the batch deadline", timed_out=True) from exc
-            reason = _trap_reason(exc)
+                raise _Fault("was interrupted at the batch deadline", timed_out=True,
+                             raw=raw) from exc
             if self._memory_exhausted():
-                raise _Fault(f"ran out of memory (max_memory_bytes {target.max_memory}): "
-                             f"{reason}", suspect=True) from exc
-            raise _Fault(f"trapped: {reason}", suspect=True) from exc
+                raise _Fault(self.program.out_of_memory, raw=raw) from exc
+            raise _Fault(f"trapped: {_trap_reason(exc)}", suspect=True, raw=raw) from exc
         except wasmtime.WasmtimeError as exc:
-            raise _Fault(f"failed: {_trap_reason(exc)}") from exc
+            raise _Fault(f"failed: {_trap_reason(exc)}", raw=str(exc)) from exc
         if not isinstance(ret, int):
-            raise _Fault(f"returned a malformed result: {ret!r} is not an i64", suspect=True)
+            raise _Fault(f"returned a malformed result: {ret!r} is not an i64", suspect=True,
+                         malformed=True)
         ret &= 0xFFFF_FFFF_FFFF_FFFF
         out_ptr, out_len = ret >> 32, ret & 0xFFFF_FFFF
         size = self.memory.data_len(self.store)
         if out_len == 0 or out_ptr + out_len > size:
             raise _Fault(f"returned a malformed result: {out_len} bytes at {out_ptr} "
-                         f"is not inside its {size}-byte memory", suspect=True)
+                         f"is not inside its {size}-byte memory", suspect=True, malformed=True)
         return bytes(self.memory.read(self.store, out_ptr, out_ptr + out_len))
 
     def _memory_exhausted(self) -> bool:
@@ -290,6 +299,8 @@ class Program:
         self.generation = 0
         self.reloads = 0
         self.faults = 0
+        self.backoff = Backoff()
+        """Crashes in a row, and the period its batches are refused without a call."""
         self._idle: list[Instance] = []
         self._lock = threading.Lock()
         self._reload_lock = threading.Lock()
@@ -309,6 +320,12 @@ class Program:
     def name(self) -> str:
         return (f"wasm module {self.target.module} "
                 f"({self.binding.function}, abi v{self.binding.abi})")
+
+    @property
+    def out_of_memory(self) -> str:
+        """How a call stopped by the memory cap is described."""
+        return (f"ran out of memory (limit {mib(self.target.max_memory)}, setting "
+                "max_memory_bytes; raise it if the module needs more)")
 
     def _stat(self) -> tuple[int, int, int]:
         st = os.stat(self.path)
@@ -436,6 +453,9 @@ class Program:
         self.maybe_reload()
         target = self.target
         where = f"{batch.topic}[{batch.partition}]"
+        refusal = self.backoff.refusal()
+        if refusal is not None:
+            raise PluginFault(refusal)
         index = 0
         try:
             instance = self._acquire()
@@ -453,6 +473,7 @@ class Program:
                     result = self._decoded(instance, (record,), batch, deadline)
                     if isinstance(result, str):
                         healthy = True
+                        self.backoff.answered()
                         raise RejectBatch(f"{self.name} rejected record {index} of {where}: "
                                           f"{result}", target.error, [(index, result)])
                     if result is None or result[0] is record:
@@ -461,9 +482,11 @@ class Program:
                         out.append(result[0])
                         changed = True
                 healthy = True
+                self.backoff.answered()
                 return batch.with_records(out) if changed else batch
             result = self._decoded(instance, batch.records, batch, deadline)
             healthy = True
+            self.backoff.answered()
             if isinstance(result, str):
                 raise RejectBatch(f"{self.name} rejected {where}: {result}", target.error)
             if result is None or all(a is b for a, b in zip(result, batch.records,
@@ -488,7 +511,8 @@ class Program:
         try:
             return decode_result(binding.abi, binding.encoding, raw, records)
         except Malformed as exc:
-            raise _Fault(f"returned a malformed result: {exc}", suspect=True) from exc
+            raise _Fault(f"returned a malformed result: {exc}", suspect=True,
+                         malformed=True) from exc
 
     def _reject(self, fault: _Fault, where: str, index: int | None,
                 binding: Binding) -> RejectBatch:
@@ -497,7 +521,12 @@ class Program:
             ", instance reset" if fault.reset else "")
         if fault.suspect and binding.hint:
             message += f". {binding.hint}"
-        log.warning("%s", message)
+        # The proxy logs the rejection itself (rate-limited); the runtime's text is detail.
+        log.debug("%s%s", message, f"; the runtime said: {fault.raw}" if fault.raw else "")
         if fault.timed_out:
             return RejectBatch(message, "REQUEST_TIMED_OUT")
-        return RejectBatch(message, "INVALID_RECORD")
+        records = [] if index is None else [(index, message)]
+        if fault.malformed:
+            return PluginFault(message, records, fault="return_type")
+        self.backoff.crashed(message)
+        return PluginFault(message, records)

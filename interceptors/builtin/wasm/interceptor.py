@@ -21,7 +21,7 @@ Config::
           orders: orders.wasm                 #   a path, or a mapping that overrides any
           audit: {module: audit.wasm, abi: 2, function: check_batch}   # of the keys above
         fuel: 500000000                       # instruction budget per batch
-        max_memory_bytes: 67108864            # linear-memory cap per instance
+        max_memory_bytes: 268435456           # linear-memory cap per instance (256 MiB)
         error: INVALID_RECORD                 # error code of rejections the module asks for
         reload_interval_ms: 1000              # stat the file this often; 0: every batch; -1: never
         threaded: true                        # run Wasm on worker threads (see below)
@@ -51,11 +51,17 @@ rejection rejects the whole batch (as a broker-side plugin would); with ABI v2
 it is called once per batch. A module exporting ``_initialize`` (a WASI
 reactor) has it called once per instance.
 
-Failures: out of fuel, a trap, running out of memory (``max_memory_bytes``)
-and a malformed result reject the batch (INVALID_RECORD) with a message naming
-the module, the function and the reason; the instance is thrown away and a
-fresh one serves the next batch. The batch deadline (``interceptor.timeout_ms``)
-interrupts a call that is still running (REQUEST_TIMED_OUT, retriable).
+Failures: out of fuel, a trap, running out of memory (``max_memory_bytes``,
+256 MiB unless set: "... ran out of memory (limit 256 MiB, setting
+max_memory_bytes) on record 3 of orders[0]") and a malformed result reject the
+batch (INVALID_RECORD) with a message naming the module, the function and the
+reason, as a plugin fault (the runtime's own trace is logged at DEBUG); the
+instance is thrown away and a fresh one (a new store, nothing compiled) serves the
+next batch. After three crashes in a row the module is backed off: for 0.1 s,
+doubling with each further crash up to 5 s, its batches are refused at once with
+the last reason (:class:`~kiproxy.interceptors.builtin.sandbox.Backoff`). The
+batch deadline (``interceptor.timeout_ms``) interrupts a call that is still
+running (REQUEST_TIMED_OUT, retriable).
 
 Fuel and the deadline: fuel is deterministic - the same batch always burns the
 same fuel - so it is what bounds a runaway module. On a 2-core x86-64 VM a
@@ -94,6 +100,7 @@ from kiproxy.interceptors import (
     RecordBatch,
     error_code,
 )
+from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
 from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
     STATUS_REJECT,
@@ -116,7 +123,6 @@ __all__ = [
 ]
 
 DEFAULT_FUEL = 500_000_000
-DEFAULT_MAX_MEMORY = 64 * 2**20
 _ENCODINGS = ("json", "binary")
 _TARGET_KEYS = {"module", "function", "abi", "encoding", "fuel", "max_memory_bytes", "error"}
 _CONFIG_KEYS = _TARGET_KEYS | {"topics", "reload_interval_ms", "threaded", "workers"}
@@ -165,7 +171,7 @@ def _target(base: Mapping[str, Any], override: Mapping[str, Any], where: str) ->
         abi=None if merged.get("abi") is None else _parse_abi(merged["abi"], f"{where}.abi"),
         encoding=encoding,
         fuel=_positive_int(merged.get("fuel", DEFAULT_FUEL), f"{where}.fuel"),
-        max_memory=_positive_int(merged.get("max_memory_bytes", DEFAULT_MAX_MEMORY),
+        max_memory=_positive_int(merged.get("max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES),
                                  f"{where}.max_memory_bytes"),
         error=error,
     )
