@@ -224,7 +224,7 @@ class BrokerConnection:
             import scramp
         except ImportError:
             raise BrokerError(f"SASL {mechanism} needs the scramp package: pip install "
-                              "'kafka-interceptor-proxy[pipelines]'") from None
+                              "'.[pipelines]' (from a kiproxy checkout)") from None
         try:
             client = scramp.ScramClient([mechanism], username, password)
             server_first = self._round(client.get_client_first().encode())

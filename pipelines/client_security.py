@@ -219,7 +219,7 @@ def parse_properties(command_config: str | Path | None,
             import javaproperties
         except ImportError:
             raise PipelineError("--command-config needs the javaproperties package: pip "
-                                "install 'kafka-interceptor-proxy[pipelines]'") from None
+                                "install '.[pipelines]' (from a kiproxy checkout)") from None
         try:
             loaded = javaproperties.loads(text)
         except Exception as exc:

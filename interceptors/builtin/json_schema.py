@@ -48,7 +48,7 @@ except ModuleNotFoundError as exc:
     if exc.name not in ("jsonschema_rs", "msgspec"):
         raise
     raise ImportError(f"the json_schema interceptor needs {exc.name}: "
-                      "pip install 'kafka-interceptor-proxy[jsonschema]'") from None
+                      "pip install '.[jsonschema]' (from a kiproxy checkout)") from None
 
 from kiproxy.interceptors import (
     InterceptContext,

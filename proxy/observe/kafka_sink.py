@@ -142,7 +142,7 @@ class KafkaSink:
                  creates_topics: bool = False) -> None:
         if importlib.util.find_spec("aiokafka") is None:
             raise ImportError(f"{name}_sink needs aiokafka: "
-                              "pip install 'kafka-interceptor-proxy[kafka-audit]'")
+                              "pip install '.[kafka-audit]' (from a kiproxy checkout)")
         self.name = name
         self.settings = settings
         self.bootstrap = tuple(bootstrap)

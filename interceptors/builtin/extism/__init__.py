@@ -6,7 +6,7 @@ Wasm produce interceptor does: the export ``transform`` is called once per
 record with the record as JSON and returns the record as JSON (the contract:
 :mod:`~kiproxy.interceptors.builtin.extism.records`); a plugin error rejects the
 whole batch with the plugin's own message. Needs the ``extism`` host SDK
-(``pip install 'kafka-interceptor-proxy[extism]'``).
+(``pip install '.[extism]' (from a kiproxy checkout)``).
 
 Config::
 
@@ -102,7 +102,7 @@ def _plugin_module() -> Any:
         if exc.name not in ("extism", "javaproperties"):
             raise
         raise ImportError("the extism interceptor needs the extism host SDK: "
-                          "pip install 'kafka-interceptor-proxy[extism]'") from None
+                          "pip install '.[extism]' (from a kiproxy checkout)") from None
     return plugin
 
 

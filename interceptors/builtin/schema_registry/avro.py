@@ -33,7 +33,7 @@ try:
     from fastavro.schema import SchemaParseException, UnknownType
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("the schema_registry interceptor needs fastavro: pip install "
-                      "'kafka-interceptor-proxy[schema-registry]'") from exc
+                      "'.[schema-registry]' (from a kiproxy checkout)") from exc
 
 from kiproxy.interceptors.builtin.schema_registry._avro_check import (
     AvroCheckError,

@@ -17,7 +17,7 @@ try:
     import jsonschema_rs
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("the schema_registry interceptor needs jsonschema-rs: pip install "
-                      "'kafka-interceptor-proxy[schema-registry]'") from exc
+                      "'.[schema-registry]' (from a kiproxy checkout)") from exc
 
 from kiproxy.interceptors.builtin.json_schema import _parse
 from kiproxy.interceptors.builtin.schema_registry.formats import (

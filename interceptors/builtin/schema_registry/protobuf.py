@@ -37,7 +37,7 @@ try:
     from google.protobuf.unknown_fields import UnknownFieldSet
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("the schema_registry interceptor needs protobuf: pip install "
-                      "'kafka-interceptor-proxy[schema-registry]'") from exc
+                      "'.[schema-registry]' (from a kiproxy checkout)") from exc
 
 from kiproxy.interceptors.builtin.schema_registry.formats import (
     PayloadError,

@@ -32,7 +32,7 @@ try:
     from cel_expr_python import cel
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("schema_registry rules need cel-expr-python: pip install "
-                      "'kafka-interceptor-proxy[schema-registry]'") from exc
+                      "'.[schema-registry]' (from a kiproxy checkout)") from exc
 
 __all__ = ["Rule", "Rules", "compile_rules"]
 

@@ -10,7 +10,7 @@ module, in four parts, each importing only the ones above it:
 * :mod:`.engine` - wasmtime: compiling, instances, fuel, the memory cap, epoch
   interruption at the deadline, reloading a changed file. The only module that
   imports ``wasmtime`` (an optional dependency, ``pip install
-  'kafka-interceptor-proxy[wasm]'``), and only when a module is configured.
+  '.[wasm]'`` from a kiproxy checkout), and only when a module is configured.
 * :mod:`.interceptor` - :class:`WasmInterceptor`, the built-in users configure
   (by the short name ``wasm`` or as
   ``kiproxy.interceptors.builtin.wasm:WasmInterceptor``): config, per-topic

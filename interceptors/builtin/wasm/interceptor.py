@@ -136,7 +136,7 @@ def _engine() -> Any:
         if exc.name != "wasmtime":
             raise
         raise ImportError("the wasm interceptor needs wasmtime: "
-                          "pip install 'kafka-interceptor-proxy[wasm]'") from None
+                          "pip install '.[wasm]' (from a kiproxy checkout)") from None
     return engine
 
 
