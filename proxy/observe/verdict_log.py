@@ -3,7 +3,10 @@
 A policy rejection (the plugin raised ``RejectBatch``, or the proxy could not
 decode the partition) is one INFO line naming the client address, client id,
 topic-partition, the route (when routes are configured), error code and
-reason: it is what the producer was told.
+reason: it is what the producer was told. The same line again (same client
+host, topic-partition, route, code and reason: a producer retrying a batch that
+will never pass) is held back for :data:`WARNING_INTERVAL` seconds and counted
+in the next one, so a retry loop costs a line per interval, not one per attempt.
 
 A plugin bug (an exception, a wrong return type, a broken record-count rule,
 a missed deadline, records that cannot be encoded) is a WARNING, rate-limited
@@ -45,9 +48,16 @@ class VerdictLog:
     def policy(self, where: str, client_address: str, client_id: str | None, code: int,
                message: str, extra: Mapping[str, object] | None = None, *,
                route: str | None = None) -> None:
-        """One INFO line for a batch rejected by policy (or as undecodable)."""
-        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s", where,
-                      client_address, client_id, _on(route), code, message,
+        """One INFO line for a batch rejected by policy (or as undecodable), unless the same
+        line for the same client host was written lately (see the module docstring)."""
+        host = client_address.rpartition(":")[0] or client_address
+        held = self._faults.allow(("policy", host, where, route, code, message))
+        if held is None:
+            return
+        note = (f" ({held} more like it in the last {self.interval:.0f} s not logged)"
+                if held else "")
+        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s%s", where,
+                      client_address, client_id, _on(route), code, message, note,
                       extra=_with_route(extra, route))
 
     def fault(self, plugin: str, kind: str, where: str, client_address: str,

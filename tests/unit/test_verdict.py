@@ -123,7 +123,7 @@ def test_one_error_code_enum_and_its_old_spellings() -> None:
     assert Rejected(code=12345, message="").error == "ERROR_12345"
 
 
-def test_plugin_faults_are_rate_limited_per_plugin_and_kind(
+def test_plugin_faults_and_repeated_rejections_are_rate_limited(
         caplog: pytest.LogCaptureFixture) -> None:
     now = [0.0]
     log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"), clock=lambda: now[0])
@@ -135,8 +135,10 @@ def test_plugin_faults_are_rate_limited_per_plugin_and_kind(
             log.rejected(fault, "p", "t[0]", "127.0.0.1:1", "c")
             log.rejected(policy, "p", "t[0]", "127.0.0.1:1", "c")
         log.rejected(Rejected(code=7, message="slow", fault="timeout"), "p", "t[0]", "a", "c")
+        log.rejected(policy, "p", "t[1]", "127.0.0.1:2", "c")  # another partition: its own line
         now[0] = 11.0
         log.rejected(fault, "p", "t[0]", "127.0.0.1:1", "c")
+        log.rejected(policy, "p", "t[0]", "127.0.0.1:3", "c")  # same host, another connection
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
     assert warnings == [
@@ -146,4 +148,10 @@ def test_plugin_faults_are_rate_limited_per_plugin_and_kind(
         "rejected t[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned NoneType, "
         "not a RecordBatch (4 more like it in the last 10 s not logged)",
     ]
-    assert infos == ["rejected t[0] from 127.0.0.1:1 (client_id 'c'): error 44: closed"] * 5
+    # A producer retrying a batch that never passes costs a line per interval, not per try.
+    assert infos == [
+        "rejected t[0] from 127.0.0.1:1 (client_id 'c'): error 44: closed",
+        "rejected t[1] from 127.0.0.1:2 (client_id 'c'): error 44: closed",
+        "rejected t[0] from 127.0.0.1:3 (client_id 'c'): error 44: closed "
+        "(4 more like it in the last 10 s not logged)",
+    ]
