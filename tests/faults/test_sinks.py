@@ -37,8 +37,8 @@ import psutil
 import pytest
 import yaml
 from conftest import ROOT, launch_proxy
-from faults.kafka_standin import FaultyFront, Mode, TansuBehind, broker_behind, free_port
 
+from faults.kafka_standin import FaultyFront, Mode, TansuBehind, broker_behind, free_port
 from kiproxy.localbrokers.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(240)
