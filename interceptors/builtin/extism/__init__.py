@@ -86,7 +86,11 @@ from kiproxy.interceptors import (
     TopicSelector,
 )
 from kiproxy.interceptors.builtin.extism.records import Binary, non_utf8_fields
-from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
+from kiproxy.interceptors.builtin.sandbox import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    file_or_settings,
+    inherited,
+)
 from kiproxy.interceptors.settings import ErrorName, SettingsError, parse_settings
 from kiproxy.interceptors.topics import topic_regex
 
@@ -103,15 +107,6 @@ def _plugin_module() -> Any:
         raise ImportError("the extism interceptor needs the extism host SDK: "
                           "pip install '.[extism]' (from a kiproxy checkout)") from None
     return plugin
-
-
-def _entry(value: Any) -> Any:
-    """A topic's plugin file as ``{plugin: FILE}``."""
-    if isinstance(value, str):
-        return {"plugin": value}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"expected a plugin file or a mapping of settings, got {value!r}")
-    return value
 
 
 def _config_values(value: Any) -> Any:
@@ -172,7 +167,7 @@ class ExtismPattern(ExtismTarget):
     """The regular expression."""
 
 
-Entry = Annotated[ExtismTarget, BeforeValidator(_entry)]
+Entry = Annotated[ExtismTarget, BeforeValidator(file_or_settings("plugin", "a plugin file"))]
 
 
 class ExtismTopics(PluginSettings):
@@ -210,9 +205,7 @@ class ExtismSettings(ExtismTarget, ExtismTopics):
     def merged(self, entry: ExtismTarget) -> tuple[ExtismTarget, str]:
         """``entry`` with the keys it leaves out (but ``plugin``) taken from the top level,
         and what is wrong with it ("" if nothing)."""
-        merged = entry.model_copy(update={
-            name: getattr(self, name) for name in ExtismTarget.model_fields
-            if name != "plugin" and name not in entry.model_fields_set})
+        merged = inherited(entry, self, (k for k in ExtismTarget.model_fields if k != "plugin"))
         if not merged.plugin:
             return merged, "plugin (a .wasm file or an Extism manifest) is required"
         if merged.max_pages is not None and merged.max_memory_bytes is not None:

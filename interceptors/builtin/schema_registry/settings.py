@@ -146,7 +146,7 @@ class SchemaRegistrySettings(PluginSettings):
     registry: RegistrySettings | None = None
     """The registry connection (URL, credentials, TLS, cache sizes and lifetimes); needed
     when any topic checks above ``none``."""
-    topics: dict[str, TopicSettings] = Field(min_length=1)
+    topics: dict[str, TopicSettings]
     """Topic name, or a regular expression matching the whole name -> what to check. An
     exact name wins, then the first expression (in order); topics no entry matches pass
     unchecked."""
@@ -162,6 +162,9 @@ class SchemaRegistrySettings(PluginSettings):
     @field_validator("topics")
     @classmethod
     def _names_or_patterns(cls, topics: dict[str, TopicSettings]) -> dict[str, TopicSettings]:
+        if not topics:
+            raise ValueError("expected at least one topic name (or regular expression) and "
+                             "what to check, e.g. {orders: {value: payload}}")
         for name in topics:
             if not _TOPIC_NAME.fullmatch(name):
                 try:

@@ -91,7 +91,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -104,7 +104,11 @@ from kiproxy.interceptors import (
     TopicPattern,
     TopicSelector,
 )
-from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
+from kiproxy.interceptors.builtin.sandbox import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    file_or_settings,
+    inherited,
+)
 from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
     STATUS_REJECT,
@@ -155,15 +159,6 @@ def _lower(value: Any) -> Any:
     return value.lower() if isinstance(value, str) else value
 
 
-def _entry(value: Any) -> Any:
-    """A topic's module path as ``{module: PATH}``."""
-    if isinstance(value, str):
-        return {"module": value}
-    if not isinstance(value, Mapping):
-        raise ValueError(f"expected a module path or a mapping of settings, got {value!r}")
-    return value
-
-
 class WasmTarget(PluginSettings):
     """A module and how it is called; a topic's entry sets any of these keys (a key it
     leaves out is the top-level one), or is a module path alone."""
@@ -192,11 +187,13 @@ class WasmTarget(PluginSettings):
             fuel=self.fuel, max_memory=self.max_memory_bytes, error=self.error)
 
 
+Entry = Annotated[WasmTarget, BeforeValidator(file_or_settings("module", "a module path"))]
+
+
 class WasmSettings(WasmTarget):
     """Settings of ``wasm``."""
 
-    topics: dict[str, Annotated[WasmTarget, BeforeValidator(_entry)]] = Field(
-        default_factory=dict)
+    topics: dict[str, Entry] = Field(default_factory=dict)
     """Exact topic name -> its module: a path, or a mapping that overrides any of the
     top-level keys above."""
     reload_interval_ms: int = Field(default=1000, strict=True)
@@ -218,10 +215,7 @@ class WasmSettings(WasmTarget):
 
     def entry(self, topic: str) -> WasmTarget:
         """The topic's entry, with the keys it leaves out taken from the top level."""
-        entry = self.topics[topic]
-        return entry.model_copy(update={name: getattr(self, name) for name in
-                                        WasmTarget.model_fields
-                                        if name not in entry.model_fields_set})
+        return inherited(self.topics[topic], self, WasmTarget.model_fields)
 
 
 class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
