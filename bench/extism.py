@@ -35,7 +35,7 @@ from typing import Any
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.builtin.uppercase import Uppercase, UppercaseSettings
-from kiproxy.interceptors.builtin.wasm import WasmInterceptor
+from kiproxy.interceptors.builtin.wasm.interceptor import WasmInterceptor, WasmSettings
 
 __all__ = ["main"]
 
@@ -76,9 +76,9 @@ def _extism(wasm: Path, batch_function: str | None) -> Callable[[RecordBatch], A
 
 def _wasm(function: str, abi: int) -> Callable[[RecordBatch], Any]:
     plugin = WasmInterceptor()
-    plugin.configure({"module": str(ROOT / "examples" / "wasm" / "uppercase.wat"),
-                      "function": function, "abi": abi, "encoding": "binary",
-                      "threaded": False, "fuel": 10**12})
+    plugin.configure(WasmSettings.model_validate(
+        {"module": str(ROOT / "examples" / "wasm" / "uppercase.wat"), "function": function,
+         "abi": abi, "encoding": "binary", "threaded": False, "fuel": 10**12}))
     ctx = _ctx()
     return lambda batch: plugin.intercept(batch, ctx)
 

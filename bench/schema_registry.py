@@ -57,6 +57,7 @@ from typing import Any
 
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, Record, RecordBatch
 from kiproxy.interceptors.builtin.schema_registry import SchemaRegistryValidator
+from kiproxy.interceptors.builtin.schema_registry.settings import SchemaRegistrySettings
 from kiproxy.interceptors.verdict import Rejected, judge
 
 HEADING = "## schema_registry: CPU per record of each check (bench/schema_registry.py)"
@@ -141,7 +142,8 @@ def interceptors(url: str, run: str) -> dict[str, tuple[Any, str]]:
     """case -> (interceptor, topic)."""
     def configured(topics: dict[str, Any]) -> SchemaRegistryValidator:
         plugin = SchemaRegistryValidator()
-        plugin.configure({"registry": {"url": url}, "topics": topics})
+        plugin.configure(SchemaRegistrySettings.model_validate(
+            {"registry": {"url": url}, "topics": topics}))
         return plugin
 
     t = {k: f"bench{run}-{k}" for k in ("avro", "protobuf", "json")}

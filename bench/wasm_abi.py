@@ -30,7 +30,7 @@ from typing import Any
 
 from kiproxy.interceptors import InterceptContext, Record, RecordBatch
 from kiproxy.interceptors.builtin.uppercase import Uppercase, UppercaseSettings
-from kiproxy.interceptors.builtin.wasm import WasmInterceptor
+from kiproxy.interceptors.builtin.wasm.interceptor import WasmInterceptor, WasmSettings
 
 __all__ = ["main"]
 
@@ -52,8 +52,9 @@ def _ctx() -> InterceptContext:
 
 def _wasm(module: str, function: str, abi: int, encoding: str) -> WasmInterceptor:
     plugin = WasmInterceptor()
-    plugin.configure({"module": str(ROOT / module), "function": function, "abi": abi,
-                      "encoding": encoding, "threaded": False, "fuel": 10**12})
+    plugin.configure(WasmSettings.model_validate(
+        {"module": str(ROOT / module), "function": function, "abi": abi,
+         "encoding": encoding, "threaded": False, "fuel": 10**12}))
     return plugin
 
 

@@ -111,6 +111,16 @@ def _bare(annotation: Any) -> Any:
     return annotation
 
 
+def _optional_model(annotation: Any) -> type[BaseModel] | None:
+    """The model of a ``Model`` or ``Model | None`` annotation, else None."""
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        annotation = _bare(args[0]) if len(args) == 1 else None
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return None
+
+
 def _bounds(info: FieldInfo) -> str:
     parts = []
     for item in info.metadata:
@@ -167,8 +177,10 @@ def cli_flags() -> dict[str, str]:
     return flags
 
 
-def keys(model: type[BaseModel], prefix: str, flags: dict[str, str]) -> Iterator[Key]:
-    """Every key of ``model`` under ``prefix``, nested models after their parent."""
+def keys(model: type[BaseModel], prefix: str, flags: dict[str, str],
+         optional: bool = False) -> Iterator[Key]:
+    """Every key of ``model`` under ``prefix``, nested models after their parent (with
+    ``optional``, those of a ``Model | None`` key too)."""
     docs = attribute_docstrings(model)
     nested: list[tuple[str, type[BaseModel]]] = []
     for name, info in model.model_fields.items():
@@ -182,8 +194,11 @@ def keys(model: type[BaseModel], prefix: str, flags: dict[str, str]) -> Iterator
         args = [_bare(a) for a in typing.get_args(annotation)]
         item = args[0] if typing.get_origin(annotation) is list else None
         value = args[1] if typing.get_origin(annotation) is dict else None
+        inner = _optional_model(annotation) if optional else None
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             nested.append((f"{path}.", annotation))
+        elif inner is not None:
+            nested.append((f"{path}.", inner))
         elif isinstance(item, type) and issubclass(item, BaseModel):
             nested.append((f"{path}[].", item))
         elif isinstance(value, type) and issubclass(value, BaseModel):
@@ -192,7 +207,7 @@ def keys(model: type[BaseModel], prefix: str, flags: dict[str, str]) -> Iterator
                   default=_default(info), flag=flags.get(path, "—"),
                   description=_markdown(description))
     for sub_prefix, sub in nested:
-        yield from keys(sub, sub_prefix, flags)
+        yield from keys(sub, sub_prefix, flags, optional)
 
 
 def _sections() -> Iterator[tuple[str, str, list[Key]]]:
@@ -302,7 +317,7 @@ def render_builtins() -> str:
         out += [f"## `{name}`", "", f"`{spec}` — {_markdown(summary)}", "",
                 "| key | type | default | description |", "|---|---|---|---|"]
         out += [f"| `{k.path}` | {k.type} | {k.default} | {k.description} |"
-                for k in keys(model, "", {})]
+                for k in keys(model, "", {}, optional=True)]
         out.append("")
     return "\n".join(out)
 

@@ -14,6 +14,9 @@ Contract:
   batch is refused with at once (the last crash's reason), and no instance is built.
   A call that returns (whatever it answers) ends the backoff.
 * :func:`mib` writes a byte count the way the messages do.
+* Settings: a topic's entry is a file alone or a mapping of settings
+  (:func:`file_or_settings`), and the keys it leaves out are the top level's
+  (:func:`inherited`).
 
 Thread-safe; standard library only.
 """
@@ -22,10 +25,14 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 __all__ = ["BACKOFF_AFTER", "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "DEFAULT_MAX_MEMORY_BYTES",
-           "Backoff", "mib"]
+           "Backoff", "file_or_settings", "inherited", "mib"]
 
 DEFAULT_MAX_MEMORY_BYTES = 256 * 2**20
 """Linear memory of one Wasm instance, at most, unless its config says otherwise."""
@@ -45,6 +52,27 @@ def mib(size: int) -> str:
     if size >= 2**10 and size % 2**10 == 0:
         return f"{size // 2**10} KiB"
     return f"{size} bytes"
+
+
+def file_or_settings(key: str, what: str) -> Callable[[Any], Any]:
+    """A settings model's before-validator: a file path alone is ``{key: PATH}``, a mapping
+    is itself, anything else an error saying the entry is ``what`` or a mapping."""
+    def entry(value: Any) -> Any:
+        if isinstance(value, str):
+            return {key: value}
+        if not isinstance(value, Mapping):
+            raise ValueError(f"expected {what} or a mapping of settings, got {value!r}")
+        return value
+    return entry
+
+
+M = TypeVar("M", bound="BaseModel")
+
+
+def inherited(entry: M, top: BaseModel, keys: Iterable[str]) -> M:
+    """``entry`` with each of ``keys`` it does not set itself taken from ``top``."""
+    return entry.model_copy(update={name: getattr(top, name) for name in keys
+                                    if name not in entry.model_fields_set})
 
 
 class Backoff:

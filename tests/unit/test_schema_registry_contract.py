@@ -361,7 +361,8 @@ async def test_apicurio_global_ids_in_headers_are_translated() -> None:
     with pytest.raises(ValueError, match=r"registry.url: .* id: global_id"):
         parse_settings({"registry": {"url": "http://127.0.0.1:1"},
                         "topics": config["topics"]})
-    with pytest.raises(ValueError, match=r"topics.o.value.header.id: expected one of"):
+    with pytest.raises(ValueError,
+                       match=r"topics.o.value.header.id: expected 'registry' or 'global_id'"):
         parse_settings({**config, "topics": {"o": {"value": {"check": "id", "header": {
             "name": "h", "id": "content"}}}}})
 
@@ -371,7 +372,8 @@ def test_bad_configuration_names_the_key() -> None:
         "topics.orders.value.check": {"topics": {"orders": {"value": "paylod"}}},
         "topics.orders.rules[0].expr": {"topics": {"orders": {"value": "payload", "rules": [
             {"name": "r", "expr": "value.amount >"}]}}},
-        "topics.orders: unknown key(s) rule": {"topics": {"orders": {"rule": []}}},
+        "topics.orders.rule: unknown key; did you mean topics.orders.rules?": {
+            "topics": {"orders": {"rule": []}}},
         "on_registry_unavailable": {"topics": {"o": {}}, "on_registry_unavailable": "maybe"},
     }
     for where, config in cases.items():

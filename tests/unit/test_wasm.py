@@ -405,15 +405,16 @@ def test_a_default_module_serves_unlisted_topics() -> None:
 
 @pytest.mark.parametrize(("config", "message"), [
     ({}, "set module"),
-    ({"module": "x.wasm", "colour": 1}, "unknown key(s) colour"),
-    ({"module": str(UPPERCASE), "abi": 3}, "abi must be 1 (per record) or 2"),
-    ({"module": str(UPPERCASE), "encoding": "xml"}, "encoding must be json or binary"),
-    ({"module": str(UPPERCASE), "fuel": 0}, "fuel must be a positive integer"),
+    ({"module": "x.wasm", "colour": 1}, "colour: unknown key; valid keys here: module,"),
+    ({"module": str(UPPERCASE), "abi": 3}, "abi: must be 1 (per record) or 2 (per batch), not 3"),
+    ({"module": str(UPPERCASE), "encoding": "xml"},
+     "encoding: expected 'json' or 'binary', got 'xml'"),
+    ({"module": str(UPPERCASE), "fuel": 0}, "fuel: must be greater than 0, got 0"),
     ({"module": str(UPPERCASE), "error": "NOPE"}, "unknown Kafka error"),
     ({"module": "/nonexistent/m.wasm"}, "cannot read wasm module /nonexistent/m.wasm"),
     ({"module": str(UPPERCASE), "function": "nope"}, "exports no function 'nope'"),
-    ({"topics": {"t": {"module": str(UPPERCASE), "colour": 1}}}, "topics.t: unknown key"),
-    ({"topics": {"t": 5}}, "topics.t must be a module path"),
+    ({"topics": {"t": {"module": str(UPPERCASE), "colour": 1}}}, "topics.t.colour: unknown key"),
+    ({"topics": {"t": 5}}, "topics.t: expected a module path or a mapping of settings"),
 ])
 def test_config_errors_name_the_key(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):

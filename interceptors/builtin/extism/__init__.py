@@ -8,7 +8,7 @@ record with the record as JSON and returns the record as JSON (the contract:
 whole batch with the plugin's own message. Needs the ``extism`` host SDK
 (``pip install '.[extism]' (from a kiproxy checkout)``).
 
-Config::
+Config (every key: ``docs/builtin-settings.md``, from :class:`ExtismSettings`)::
 
     interceptor:
       class: extism
@@ -69,29 +69,32 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 
 from kiproxy.interceptors import (
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     RecordBatch,
     RejectBatch,
-    error_code,
+    TopicPattern,
+    TopicSelector,
 )
-from kiproxy.interceptors.builtin.extism.records import BINARY_RULES, non_utf8_fields
-from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.builtin.extism.records import Binary, non_utf8_fields
+from kiproxy.interceptors.builtin.sandbox import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    file_or_settings,
+    inherited,
+)
+from kiproxy.interceptors.settings import ErrorName, SettingsError, parse_settings
+from kiproxy.interceptors.topics import topic_regex
 
-__all__ = ["ExtismInterceptor"]
-
-_SPEC_KEYS = {"function", "batch_function", "config", "wasi", "timeout_ms", "max_pages",
-              "max_memory_bytes", "binary", "error"}
-_TOPIC_KEYS = _SPEC_KEYS | {"plugin"}
-_CONFIG_KEYS = _SPEC_KEYS | {"plugin", "topics", "patterns", "properties", "pool_size"}
+__all__ = ["ExtismInterceptor", "ExtismSettings"]
 
 
 def _plugin_module() -> Any:
@@ -106,102 +109,159 @@ def _plugin_module() -> Any:
     return plugin
 
 
-def _positive(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where} must be a positive integer, not {value!r}")
+def _config_values(value: Any) -> Any:
+    """Extism config values are strings: scalars given otherwise are written as text."""
+    if isinstance(value, Mapping):
+        return {str(k): v if isinstance(v, str) else str(v) for k, v in value.items()}
     return value
 
 
-def _spec(defaults: Mapping[str, Any], entry: Any, where: str) -> Any:
-    if isinstance(entry, str):
-        entry = {"plugin": entry}
-    if not isinstance(entry, Mapping):
-        raise ValueError(f"{where} must be a plugin file or a mapping of settings")
-    check_keys(entry, _TOPIC_KEYS, f"{where}: ")
-    merged = {**defaults, **entry}
-    if not merged.get("plugin"):
-        raise ValueError(f"{where}: plugin (a .wasm file or an Extism manifest) is required")
-    config = merged.get("config") or {}
-    if not isinstance(config, Mapping):
-        raise ValueError(f"{where}.config must map names to values")
-    binary = str(merged.get("binary", "refuse"))
-    if binary not in BINARY_RULES:
-        raise ValueError(f"{where}.binary must be refuse or base64, not {binary!r}")
-    error = str(merged.get("error", "POLICY_VIOLATION"))
-    error_code(error)  # an unknown error name fails at start
-    timeout = merged.get("timeout_ms")
-    pages = merged.get("max_pages")
-    memory = merged.get("max_memory_bytes")
-    if pages is not None and memory is not None:
-        raise ValueError(f"{where}: set max_memory_bytes or max_pages, not both (they are "
-                         "the same cap, in bytes or in 64 KiB pages)")
-    batch_function = merged.get("batch_function")
-    return _plugin_module().PluginSpec(
-        source=str(merged["plugin"]), function=str(merged.get("function", "transform")),
-        batch_function=None if batch_function is None else str(batch_function),
-        config=tuple(sorted((str(k), str(v)) for k, v in config.items())),
-        wasi=bool(merged.get("wasi", False)),
-        timeout_ms=None if timeout is None else _positive(timeout, f"{where}.timeout_ms"),
-        max_pages=None if pages is None else _positive(pages, f"{where}.max_pages"),
-        max_memory_bytes=(DEFAULT_MAX_MEMORY_BYTES if memory is None
-                          else _positive(memory, f"{where}.max_memory_bytes")),
-        binary=binary, error=error)
+_BOTH_CAPS = ("set max_memory_bytes or max_pages, not both (they are the same cap, in bytes "
+              "or in 64 KiB pages)")
 
 
-class ExtismInterceptor(ProduceRequestInterceptor):
+class ExtismTarget(PluginSettings):
+    """A plugin and how it is called; a topic's entry sets any of these keys (a key it
+    leaves out but ``plugin`` is the top-level one), or is a plugin file alone."""
+
+    plugin: str | None = None
+    """A ``.wasm`` file or an Extism manifest (``.json``); at the top level, the plugin of
+    every topic no entry names."""
+    function: str = "transform"
+    """The per-record export."""
+    batch_function: str | None = None
+    """An export taking and returning a JSON array of records (used instead, when set)."""
+    config: Annotated[dict[str, str], BeforeValidator(_config_values)] = Field(
+        default_factory=dict)
+    """Extism config values the plugin reads (``Config.get``)."""
+    wasi: bool = False
+    """Give the plugin WASI (no files, no environment, no network)."""
+    timeout_ms: int | None = Field(default=None, gt=0, strict=True)
+    """Per call (Extism's manifest ``timeout_ms``); unset: until the batch deadline."""
+    max_memory_bytes: int | None = Field(default=None, gt=0, strict=True)
+    """Linear-memory cap per instance; unset: 256 MiB, unless ``max_pages`` is set."""
+    max_pages: int | None = Field(default=None, gt=0, strict=True)
+    """The cap in 64 KiB pages (manifest ``memory.max_pages``) instead of
+    ``max_memory_bytes``: set one of them, not both."""
+    binary: Binary = "refuse"
+    """Bytes that are not UTF-8: refuse the batch, or hand them to the plugin as base64."""
+    error: ErrorName = "POLICY_VIOLATION"
+    """The error code of a batch the plugin refuses."""
+
+    def spec(self) -> Any:
+        """The plugin's ``PluginSpec`` (``plugin`` is set)."""
+        assert self.plugin is not None
+        return _plugin_module().PluginSpec(
+            source=self.plugin, function=self.function, batch_function=self.batch_function,
+            config=tuple(sorted(self.config.items())), wasi=self.wasi,
+            timeout_ms=self.timeout_ms, max_pages=self.max_pages,
+            max_memory_bytes=(DEFAULT_MAX_MEMORY_BYTES if self.max_memory_bytes is None
+                              else self.max_memory_bytes),
+            binary=self.binary, error=self.error)
+
+
+class ExtismPattern(ExtismTarget):
+    """A regular expression (matched against the whole topic name) and its plugin."""
+
+    pattern: Annotated[str, AfterValidator(topic_regex)]
+    """The regular expression."""
+
+
+Entry = Annotated[ExtismTarget, BeforeValidator(file_or_settings("plugin", "a plugin file"))]
+
+
+class ExtismTopics(PluginSettings):
+    """Just ``topics``: how a properties file's topics are validated."""
+
+    topics: dict[str, Entry] = Field(default_factory=dict)
+    """Exact topic name -> its plugin: a file, or a mapping of the keys below."""
+
+
+class ExtismSettings(ExtismTarget, ExtismTopics):
+    """Settings of ``extism``."""
+
+    patterns: list[ExtismPattern] = Field(default_factory=list)
+    """Regular expressions matched against the whole topic name, tried in order after
+    ``topics``: ``{pattern, plugin, ...}``."""
+    properties: str | None = None
+    """A broker-style ``.properties`` file of topics (``topics`` wins over it)."""
+    pool_size: int = Field(default=2, gt=0, strict=True)
+    """Worker threads, and instances per plugin."""
+
+    @model_validator(mode="after")
+    def _plugins(self) -> ExtismSettings:
+        if not (self.plugin or self.topics or self.patterns or self.properties):
+            raise ValueError("set plugin, topics, patterns or properties: no topic has a plugin")
+        if self.max_pages is not None and self.max_memory_bytes is not None:
+            raise ValueError(_BOTH_CAPS)
+        entries = [*((f"topics.{t}", e) for t, e in self.topics.items()),
+                   *((f"patterns[{i}]", e) for i, e in enumerate(self.patterns))]
+        for where, entry in entries:
+            problem = self.merged(entry)[1]
+            if problem:
+                raise ValueError(f"{where}: {problem}")
+        return self
+
+    def merged(self, entry: ExtismTarget) -> tuple[ExtismTarget, str]:
+        """``entry`` with the keys it leaves out (but ``plugin``) taken from the top level,
+        and what is wrong with it ("" if nothing)."""
+        merged = inherited(entry, self, (k for k in ExtismTarget.model_fields if k != "plugin"))
+        if not merged.plugin:
+            return merged, "plugin (a .wasm file or an Extism manifest) is required"
+        if merged.max_pages is not None and merged.max_memory_bytes is not None:
+            return merged, _BOTH_CAPS
+        return merged, ""
+
+
+def _read_properties(file: Path) -> dict[str, ExtismTarget]:
+    """The topics of a broker-style properties file, validated as ``topics`` entries."""
+    from kiproxy.interceptors.builtin.extism.properties import read_properties
+
+    try:
+        return parse_settings(ExtismTopics, {"topics": read_properties(file)}).topics
+    except SettingsError as exc:
+        raise ValueError(f"properties file {file}: {exc}") from None
+
+
+class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
     """Runs the topic's Extism plugin on every record of a batch (see the module docstring)."""
 
     def __init__(self) -> None:
         self.topics: dict[str, Any] = {}
-        self.patterns: list[tuple[re.Pattern[str], Any]] = []
+        """Exact topic name -> its plugin."""
+        self.plugins: TopicSelector[Any] = TopicSelector(())
+        """Every topic's plugin: the exact names, the patterns in order, the default."""
         self._plugins: dict[Any, Any] = {}
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
         self._properties: Path | None = None
 
-    def configure(self, config: Mapping[str, Any]) -> None:
+    def configure(self, config: ExtismSettings) -> None:
         """Compile every configured plugin (errors name the key and the file)."""
-        check_keys(config, _CONFIG_KEYS)
         module = _plugin_module()
-        defaults = {k: v for k, v in config.items() if k in _SPEC_KEYS}
-        topics: dict[str, Any] = {}
-        if config.get("properties"):
-            from kiproxy.interceptors.builtin.extism.properties import read_properties
+        topics: dict[str, ExtismTarget] = {}
+        if config.properties:
+            self._properties = Path(config.properties)
+            topics.update(_read_properties(self._properties))
+        topics.update(config.topics)
+        workers = config.pool_size
 
-            self._properties = Path(str(config["properties"]))
-            topics.update(read_properties(self._properties))
-        given = config.get("topics") or {}
-        if not isinstance(given, Mapping):
-            raise ValueError("topics must map topic names to a plugin file or settings")
-        topics.update(given)
-        patterns = config.get("patterns") or []
-        if not isinstance(patterns, list):
-            raise ValueError("patterns must be a list of {pattern: REGEX, plugin: FILE, ...}")
-        if config.get("plugin"):
-            patterns = [*patterns, {"pattern": ".*", "plugin": config["plugin"]}]
-        if not topics and not patterns:
-            raise ValueError("set plugin, topics, patterns or properties: no topic has a plugin")
-        workers = _positive(config.get("pool_size", 2), "pool_size")
-
-        def plugin(entry: Any, where: str) -> Any:
-            spec = _spec(defaults, entry, where)
+        def plugin(entry: ExtismTarget, where: str) -> Any:
+            merged, problem = config.merged(entry)
+            if problem:  # a properties file's entry: the settings' own are checked
+                raise ValueError(f"{where}: {problem}")
+            spec = merged.spec()
             found = self._plugins.get(spec)
             if found is None:
                 found = self._plugins[spec] = module.ExtismPlugin(
                     spec, f"extism plugin {spec.source}", workers)
             return found
 
-        for topic, entry in topics.items():
-            self.topics[str(topic)] = plugin(entry, f"topics.{topic}")
-        for i, entry in enumerate(patterns):
-            where = f"patterns[{i}]"
-            if not isinstance(entry, Mapping) or not isinstance(entry.get("pattern"), str):
-                raise ValueError(f"{where} must be a mapping with pattern (a regex) and plugin")
-            try:
-                regex = re.compile(entry["pattern"])
-            except re.error as exc:
-                raise ValueError(f"{where}.pattern {entry['pattern']!r}: {exc}") from None
-            rest = {k: v for k, v in entry.items() if k != "pattern"}
-            self.patterns.append((regex, plugin(rest, where)))
+        self.topics = {t: plugin(e, f"topics.{t}") for t, e in topics.items()}
+        self.plugins = TopicSelector(
+            [*((TopicPattern.name(t), p) for t, p in self.topics.items()),
+             *((TopicPattern(p.pattern), plugin(p, f"patterns[{i}]"))
+               for i, p in enumerate(config.patterns))],
+            plugin(config, "plugin") if config.plugin else None)
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=workers, thread_name_prefix="kiproxy-extism")
 
@@ -213,10 +273,7 @@ class ExtismInterceptor(ProduceRequestInterceptor):
 
     def plugin_for(self, topic: str) -> Any:
         """The topic's plugin (exact name first, then the patterns in order), or None."""
-        found = self.topics.get(topic)
-        if found is None:
-            found = next((p for regex, p in self.patterns if regex.fullmatch(topic)), None)
-        return found
+        return self.plugins.select(topic)
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> Any:
         """The batch as the topic's plugin returns it (on a worker thread), or RejectBatch."""

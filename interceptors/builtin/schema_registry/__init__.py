@@ -10,7 +10,8 @@ Apicurio's ``/apis/ccompat/v7``, Karapace, Redpanda), before they reach the log:
 * the payload decodes with that schema (Avro, Protobuf, JSON Schema);
 * named CEL rules over the decoded record hold.
 
-Config (``docs/schema-registry.md`` has every key and what a producer sees)::
+Config (``docs/builtin-settings.md`` has every key, ``docs/schema-registry.md`` what a
+producer sees)::
 
     interceptor:
       class: schema_registry
@@ -38,7 +39,7 @@ framing (``wire.py``; Apicurio globalIds carried in headers are translated by
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from kiproxy.interceptors.api import (
@@ -49,7 +50,10 @@ from kiproxy.interceptors.api import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.schema_registry.contract import CHECKS, ContractCheck
-from kiproxy.interceptors.builtin.schema_registry.settings import parse_settings
+from kiproxy.interceptors.builtin.schema_registry.settings import (
+    SchemaRegistrySettings,
+    Settings,
+)
 
 __all__ = ["SchemaRegistryValidator"]
 
@@ -58,7 +62,7 @@ class _NoRegistry(Exception):
     """Never raised: the exception types of a configuration without a registry."""
 
 
-class SchemaRegistryValidator(ProduceRequestInterceptor):
+class SchemaRegistryValidator(ProduceRequestInterceptor[SchemaRegistrySettings]):
     """Checks records against the schema registry and the topic's CEL rules."""
 
     def __init__(self) -> None:
@@ -66,27 +70,20 @@ class SchemaRegistryValidator(ProduceRequestInterceptor):
         self._client: Any = None
         self._global_ids: Any = None
 
-    def configure(self, config: Mapping[str, Any]) -> None:
-        """Read the config; every error names its key. The registry is not contacted yet."""
-        settings = parse_settings(config)
+    def configure(self, config: SchemaRegistrySettings) -> None:
+        """Take the validated settings. The registry is not contacted yet."""
+        settings = Settings.of(config)
         client: Any = None
         unknown: type[Exception] = _NoRegistry
         unavailable: type[Exception] = _NoRegistry
         global_ids: Any = None
-        registry: Any = None
-        raw_registry = config.get("registry")
-        if raw_registry is not None:
+        registry = config.registry
+        if registry is not None:
             from kiproxy.interceptors.builtin.schema_registry.registry import (
                 RegistryUnavailable,
                 SchemaRegistryClient,
                 UnknownSchemaId,
             )
-            from kiproxy.interceptors.builtin.schema_registry.registry_config import (
-                RegistrySettings,
-            )
-            if not isinstance(raw_registry, Mapping):
-                raise ValueError("registry: expected a mapping, e.g. {url: http://...}")
-            registry = RegistrySettings.from_config(raw_registry)
             client = SchemaRegistryClient(registry)
             unknown, unavailable = UnknownSchemaId, RegistryUnavailable
             if settings.global_ids:

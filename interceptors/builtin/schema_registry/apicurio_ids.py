@@ -24,7 +24,6 @@ connection, credentials and TLS.
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from typing import Any
 from urllib.parse import quote
@@ -50,7 +49,7 @@ class GlobalIds:
                              "Confluent-compatible API (http://HOST:PORT/apis/ccompat/v7)")
         self._ccompat = match["ccompat"]
         # A client rooted at /apis reaches both APIs with the same connection settings.
-        self._http = RegistryHttp(dataclasses.replace(settings, url=match["root"]))
+        self._http = RegistryHttp(settings.model_copy(update={"url": match["root"]}))
 
     async def registry_id(self, global_id: int) -> int:
         """The Confluent-compatible API's id of the version ``global_id`` names."""

@@ -1,8 +1,9 @@
 """Data-quality rules: named CEL expressions over a decoded record.
 
-Contract: :func:`compile_rules` checks and compiles every rule of a topic when
-the configuration is loaded (or reloaded) - a syntax error, an undeclared name
-or a type error is a ``ValueError`` naming the rule's key - and
+Contract: :class:`RuleSettings` checks every rule of a topic when the
+configuration is loaded (or reloaded) - a syntax error, an undeclared name or a
+type error is a settings problem naming the rule's key - :func:`compile_rules`
+compiles the checked rules, and
 :meth:`Rules.failures` evaluates them for one record, returning the messages of
 the rules that did not hold. A rule holds when its expression is ``true``; an
 expression that evaluates to anything else (``false``, a non-boolean) fails
@@ -28,13 +29,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, ValidationInfo, field_validator
+
+from kiproxy.interceptors.settings import PluginSettings
+
 try:
     from cel_expr_python import cel
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
     raise ImportError("schema_registry rules need cel-expr-python: pip install "
                       "'.[schema-registry]' (from a kiproxy checkout)") from exc
 
-__all__ = ["Rule", "Rules", "compile_rules"]
+__all__ = ["Rule", "RuleSettings", "Rules", "compile_rules", "unique_names"]
 
 _ENV = cel.NewEnv(variables={
     "value": cel.Type.DYN,
@@ -98,39 +103,51 @@ def _show(value: Any) -> str:
     return "false" if value is False else repr(value)
 
 
-def compile_rules(raw: Any, where: str) -> Rules:
-    """Compile ``raw`` (a list of ``{name, expr, message?}``); errors name ``where[i]``."""
-    if raw is None:
-        return Rules(())
-    if not isinstance(raw, Sequence) or isinstance(raw, (str, bytes)):
-        raise ValueError(f"{where}: expected a list of {{name, expr, message}} mappings")
-    rules: list[Rule] = []
-    names: set[str] = set()
-    for i, item in enumerate(raw):
-        at = f"{where}[{i}]"
-        if not isinstance(item, Mapping):
-            raise ValueError(f"{at}: expected a mapping with name and expr")
-        unknown = set(item) - {"name", "expr", "message"}
-        if unknown:
-            raise ValueError(f"{at}: unknown key(s) {', '.join(sorted(map(str, unknown)))}; "
-                             "a rule has name, expr and message")
-        name, expr, message = item.get("name"), item.get("expr"), item.get("message")
-        if not isinstance(name, str) or not name:
-            raise ValueError(f"{at}.name: a rule needs a name (a non-empty string)")
-        if name in names:
-            raise ValueError(f"{at}.name: rule {name!r} is named twice")
-        if not isinstance(expr, str) or not expr.strip():
-            raise ValueError(f"{at}.expr: rule {name!r} needs a CEL expression")
-        if message is not None and not isinstance(message, str):
-            raise ValueError(f"{at}.message: a string, or leave it out")
+def _compile(expr: str) -> Any:
+    """``expr`` compiled, or a ``ValueError`` saying why not."""
+    try:
+        program = _ENV.compile(expr)
+    except Exception as exc:
+        raise ValueError(f"does not compile: "
+                         f"{str(exc).replace('INVALID_ARGUMENT: ', '')}") from None
+    if program.return_type() not in (cel.Type.BOOL, cel.Type.DYN):
+        raise ValueError(f"gives {program.return_type().name()}, not a bool")
+    return program
+
+
+class RuleSettings(PluginSettings):
+    """A named CEL rule over the decoded record."""
+
+    name: str = Field(min_length=1)
+    """The rule's name, as record errors and metrics show it."""
+    expr: str
+    """The CEL expression; the rule holds when it is ``true``."""
+    message: str | None = None
+    """What the record error says when the rule fails (default: the expression)."""
+
+    @field_validator("expr")
+    @classmethod
+    def _compiles(cls, expr: str, info: ValidationInfo) -> str:
+        if not expr.strip():
+            raise ValueError(f"rule {info.data.get('name')!r} needs a CEL expression")
         try:
-            program = _ENV.compile(expr)
-        except Exception as exc:
-            raise ValueError(f"{at}.expr: rule {name!r} does not compile: "
-                             f"{str(exc).replace('INVALID_ARGUMENT: ', '')}") from None
-        if program.return_type() not in (cel.Type.BOOL, cel.Type.DYN):
-            raise ValueError(f"{at}.expr: rule {name!r} gives {program.return_type().name()}, "
-                             "not a bool")
-        names.add(name)
-        rules.append(Rule(name=name, expr=expr, message=message, program=program))
-    return Rules(rules)
+            _compile(expr)
+        except ValueError as exc:
+            raise ValueError(f"rule {info.data.get('name')!r} {exc}") from None
+        return expr
+
+
+def unique_names(rules: list[RuleSettings]) -> list[RuleSettings]:
+    """``rules``, or a ``ValueError`` naming a rule named twice."""
+    seen: dict[str, int] = {}
+    for i, rule in enumerate(rules):
+        if rule.name in seen:
+            raise ValueError(f"rule {rule.name!r} is named twice ([{seen[rule.name]}] and [{i}])")
+        seen[rule.name] = i
+    return rules
+
+
+def compile_rules(rules: Sequence[RuleSettings]) -> Rules:
+    """The validated rules, compiled."""
+    return Rules([Rule(name=r.name, expr=r.expr, message=r.message, program=_compile(r.expr))
+                  for r in rules])

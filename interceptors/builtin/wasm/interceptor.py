@@ -6,7 +6,7 @@ writes into its linear memory, may import nothing but WASI (given no files, no
 environment and no network), and is bounded by an instruction budget (fuel),
 a memory cap and the batch deadline.
 
-Config::
+Config (every key: ``docs/builtin-settings.md``, from :class:`WasmSettings`)::
 
     interceptor:
       class: kiproxy.interceptors.builtin.wasm:WasmInterceptor
@@ -91,16 +91,24 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-from collections.abc import Awaitable, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
 
 from kiproxy.interceptors import (
     InterceptContext,
+    PluginSettings,
     ProduceRequestInterceptor,
     RecordBatch,
-    error_code,
+    TopicPattern,
+    TopicSelector,
 )
-from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES
+from kiproxy.interceptors.builtin.sandbox import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    file_or_settings,
+    inherited,
+)
 from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
     STATUS_REJECT,
@@ -108,7 +116,7 @@ from kiproxy.interceptors.builtin.wasm.abi import (
     decode_result,
     encode_input,
 )
-from kiproxy.interceptors.config_keys import check_keys
+from kiproxy.interceptors.settings import ErrorName
 
 if TYPE_CHECKING:
     from kiproxy.interceptors.builtin.wasm.engine import EpochClock, Program, Target
@@ -118,14 +126,13 @@ __all__ = [
     "STATUS_REJECT",
     "STATUS_UNCHANGED",
     "WasmInterceptor",
+    "WasmSettings",
+    "WasmTarget",
     "decode_result",
     "encode_input",
 ]
 
 DEFAULT_FUEL = 500_000_000
-_ENCODINGS = ("json", "binary")
-_TARGET_KEYS = {"module", "function", "abi", "encoding", "fuel", "max_memory_bytes", "error"}
-_CONFIG_KEYS = _TARGET_KEYS | {"topics", "reload_interval_ms", "threaded", "workers"}
 
 
 def _engine() -> Any:
@@ -140,70 +147,93 @@ def _engine() -> Any:
     return engine
 
 
-def _parse_abi(value: Any, where: str) -> int:
+def _abi(value: Any) -> Any:
+    """``1``, ``"1"``, ``"v1"`` (any case) as 1; anything else is not an ABI."""
     text = str(value).lower().removeprefix("v")
-    if text not in ("1", "2"):
-        raise ValueError(f"{where}: abi must be 1 (per record) or 2 (per batch), not {value!r}")
+    if isinstance(value, bool) or text not in ("1", "2"):
+        raise ValueError(f"must be 1 (per record) or 2 (per batch), not {value!r}")
     return int(text)
 
 
-def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"{where} must be a positive integer, not {value!r}")
-    return value
+def _lower(value: Any) -> Any:
+    return value.lower() if isinstance(value, str) else value
 
 
-def _target(base: Mapping[str, Any], override: Mapping[str, Any], where: str) -> Target:
-    merged = {**base, **override}
-    if not merged.get("module"):
-        raise ValueError(f"{where}: module (path to a .wasm or .wat file) is required")
-    encoding = merged.get("encoding")
-    if encoding is not None:
-        encoding = str(encoding).lower()
-        if encoding not in _ENCODINGS:
-            raise ValueError(f"{where}: encoding must be json or binary, not {encoding!r}")
-    error = str(merged.get("error", "INVALID_RECORD"))
-    error_code(error)  # an unknown error name fails at start
-    # function, abi and encoding left unset (None) are taken from the module's declaration.
-    return _engine().Target(  # type: ignore[no-any-return]
-        module=str(merged["module"]),
-        function=None if merged.get("function") is None else str(merged["function"]),
-        abi=None if merged.get("abi") is None else _parse_abi(merged["abi"], f"{where}.abi"),
-        encoding=encoding,
-        fuel=_positive_int(merged.get("fuel", DEFAULT_FUEL), f"{where}.fuel"),
-        max_memory=_positive_int(merged.get("max_memory_bytes", DEFAULT_MAX_MEMORY_BYTES),
-                                 f"{where}.max_memory_bytes"),
-        error=error,
-    )
+class WasmTarget(PluginSettings):
+    """A module and how it is called; a topic's entry sets any of these keys (a key it
+    leaves out is the top-level one), or is a module path alone."""
+
+    module: str | None = None
+    """A ``.wasm`` or ``.wat`` file: the default module (optional when ``topics`` is set)."""
+    function: str | None = None
+    """The exported function; unset: the module's declaration, else ``transform``."""
+    abi: Annotated[Literal[1, 2] | None, BeforeValidator(_abi)] = None
+    """``1``: one record per call; ``2``: the whole batch. Unset: the module's declaration,
+    else 1."""
+    encoding: Annotated[Literal["json", "binary"] | None, BeforeValidator(_lower)] = None
+    """The bytes the host writes for a call. Unset: the module's declaration, else json."""
+    fuel: int = Field(default=DEFAULT_FUEL, gt=0, strict=True)
+    """Instruction budget per batch (deterministic: the same batch always burns the same)."""
+    max_memory_bytes: int = Field(default=DEFAULT_MAX_MEMORY_BYTES, gt=0, strict=True)
+    """Linear-memory cap per instance (256 MiB)."""
+    error: ErrorName = "INVALID_RECORD"
+    """The error code of rejections the module asks for."""
+
+    def target(self) -> Target:
+        """The engine's description of this module (a module is set)."""
+        assert self.module is not None
+        return _engine().Target(  # type: ignore[no-any-return]
+            module=self.module, function=self.function, abi=self.abi, encoding=self.encoding,
+            fuel=self.fuel, max_memory=self.max_memory_bytes, error=self.error)
 
 
-class WasmInterceptor(ProduceRequestInterceptor):
+Entry = Annotated[WasmTarget, BeforeValidator(file_or_settings("module", "a module path"))]
+
+
+class WasmSettings(WasmTarget):
+    """Settings of ``wasm``."""
+
+    topics: dict[str, Entry] = Field(default_factory=dict)
+    """Exact topic name -> its module: a path, or a mapping that overrides any of the
+    top-level keys above."""
+    reload_interval_ms: int = Field(default=1000, strict=True)
+    """Stat the module file this often (a change recompiles it); 0: every batch; -1: never."""
+    threaded: bool = True
+    """Run Wasm on worker threads (``false``: inline on the event loop)."""
+    workers: int = Field(default=1, gt=0, strict=True)
+    """Worker threads, and instances per module."""
+
+    @model_validator(mode="after")
+    def _modules(self) -> WasmSettings:
+        if not self.module and not self.topics:
+            raise ValueError("set module (a .wasm or .wat file) or topics")
+        for topic, entry in self.topics.items():
+            if not self.module and not entry.module:
+                raise ValueError(f"topics.{topic}: module (path to a .wasm or .wat file) is "
+                                 "required")
+        return self
+
+    def entry(self, topic: str) -> WasmTarget:
+        """The topic's entry, with the keys it leaves out taken from the top level."""
+        return inherited(self.topics[topic], self, WasmTarget.model_fields)
+
+
+class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
     """Runs a WebAssembly module (per topic, optionally) on every batch."""
 
     def __init__(self) -> None:
-        self.default: Program | None = None
-        self.topics: dict[str, Program] = {}
+        self.topics: TopicSelector[Program] = TopicSelector(())
         self.threaded = True
         self._programs: dict[Target, Program] = {}
         self._engine: Any = None
         self._clock: EpochClock | None = None
         self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
-    def configure(self, config: Mapping[str, Any]) -> None:
+    def configure(self, config: WasmSettings) -> None:
         """Compile every configured module (errors name the key and the file)."""
-        check_keys(config, _CONFIG_KEYS)
-        base = {k: v for k, v in config.items() if k in _TARGET_KEYS}
-        topics = config.get("topics") or {}
-        if not isinstance(topics, Mapping):
-            raise ValueError("topics must be a mapping of topic name to module path or settings")
-        if not config.get("module") and not topics:
-            raise ValueError("set module (a .wasm or .wat file) or topics")
-        interval = config.get("reload_interval_ms", 1000)
-        if isinstance(interval, bool) or not isinstance(interval, int):
-            raise ValueError(f"reload_interval_ms must be an integer, not {interval!r}")
+        interval = config.reload_interval_ms
         reload_interval = None if interval < 0 else interval / 1000
-        self.threaded = bool(config.get("threaded", True))
-        workers = _positive_int(config.get("workers", 1), "workers")
+        self.threaded = config.threaded
 
         engine = _engine()
         self._engine, self._clock = engine.new_engine()
@@ -216,29 +246,26 @@ class WasmInterceptor(ProduceRequestInterceptor):
                 self._programs[target] = found
             return found
 
-        if config.get("module"):
-            self.default = program(_target(base, {}, "config"))
-        for topic, entry in topics.items():
-            where = f"topics.{topic}"
-            if isinstance(entry, str):
-                override: Mapping[str, Any] = {"module": entry}
-            elif isinstance(entry, Mapping):
-                check_keys(entry, _TARGET_KEYS, f"{where}: ")
-                override = entry
-            else:
-                raise ValueError(f"{where} must be a module path or a mapping of settings")
-            self.topics[str(topic)] = program(_target(base, override, where))
+        default = program(config.target()) if config.module else None
+        self.topics = TopicSelector(
+            ((TopicPattern.name(topic), program(config.entry(topic).target()))
+             for topic in config.topics), default)
         if self.threaded:
             self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix="kiproxy-wasm")
+                max_workers=config.workers, thread_name_prefix="kiproxy-wasm")
 
     @property
     def programs(self) -> list[Program]:
         """Every loaded module (for stats and tests)."""
         return list(self._programs.values())
 
+    @property
+    def default(self) -> Program | None:
+        """The module of topics without one of their own."""
+        return self.topics.default
+
     def _program_for(self, topic: str) -> Program | None:
-        return self.topics.get(topic, self.default)
+        return self.topics.select(topic)
 
     def intercept(
         self, batch: RecordBatch, ctx: InterceptContext
