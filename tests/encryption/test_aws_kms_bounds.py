@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import StandIn, aws_provider
 from moto.moto_server.werkzeug_app import (
     DomainDispatcherApplication,
     MotoRequestHandler,
@@ -20,6 +19,7 @@ from moto.moto_server.werkzeug_app import (
 from support.registry import Pki, make_pki
 from werkzeug.serving import make_server
 
+from encryption.conftest import StandIn, aws_provider
 from kiproxy.interceptors.builtin.record_encryption import KmsError, KmsUnavailable
 
 pytestmark = pytest.mark.usefixtures("aws_env")

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from conftest import REGION, CountingKms, StandIn, aws_provider
 from moto.server import ThreadedMotoServer
 
+from encryption.conftest import REGION, CountingKms, StandIn, aws_provider
 from kiproxy.interceptors import Record
 from kiproxy.interceptors.builtin.record_encryption import (
     MARKER_HEADER,
