@@ -28,6 +28,7 @@ later page of the session reuses the result of that same build.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -63,6 +64,8 @@ def test_page_runs_as_written_in_a_fresh_checkout(page: Path, tmp_path: Path,
                 pytest.fail(str(failure), pytrace=False)
             finally:  # shown with -rP, or when the page fails
                 print(*(f"{seconds:6.1f} s  {where}" for where, seconds in workspace.timings[-1:]))
+    # Passed: its virtualenvs go (hundreds of MB with Spark); a failed page's stay to look into.
+    shutil.rmtree(tmp_path, ignore_errors=True)
 
 
 def test_the_workspace_is_a_clean_shell_that_carries_state(tmp_path: Path) -> None:
