@@ -63,7 +63,8 @@ def test_page_runs_as_written_in_a_fresh_checkout(page: Path, tmp_path: Path,
             except PageFailure as failure:
                 pytest.fail(str(failure), pytrace=False)
             finally:  # shown with -rP, or when the page fails
-                print(*(f"{seconds:6.1f} s  {where}" for where, seconds in workspace.timings[-1:]))
+                print(*(f"{seconds:6.1f} s, {cpu:5.1f} s CPU  {where}"
+                        for where, seconds, cpu in workspace.timings[-1:]))
     # Passed: its virtualenvs go (hundreds of MB with Spark); a failed page's stay to look into.
     shutil.rmtree(tmp_path, ignore_errors=True)
 
