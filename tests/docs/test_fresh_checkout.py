@@ -60,15 +60,19 @@ def test_page_runs_as_written_in_a_fresh_checkout(page: Path, tmp_path: Path,
                                                   page_environment: dict[str, str]) -> None:
     runnable = [b for b in blocks(page) if b.kind == "run"]
     assert runnable, f"{page.name} is marked fresh-checkout but has no run block"
+    failure: PageFailure | None = None
     with Workspace.create(tmp_path, dict(page_environment)) as workspace:
         for block in runnable:
             try:
                 workspace.run(block)
-            except PageFailure as failure:
-                pytest.fail(str(failure), pytrace=False)
+            except PageFailure as exc:
+                failure = exc
+                break
             finally:  # shown with -rP, or when the page fails
                 print(*(f"{seconds:6.1f} s, {cpu:5.1f} s CPU  {where}"
                         for where, seconds, cpu in workspace.timings[-1:]))
+    if failure is not None:  # outside the handler: the report once, without a traceback
+        pytest.fail(str(failure), pytrace=False)
     # Passed: its virtualenvs go (hundreds of MB with Spark); a failed page's stay to look into.
     shutil.rmtree(tmp_path, ignore_errors=True)
 
