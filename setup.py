@@ -5,6 +5,11 @@ The codec is required (the proxy has no pure-Python record path), so a build
 without a working C compiler stops with a message that says what to install
 instead of a compiler traceback.
 
+``KIPROXY_EXTENSIONS=codec`` builds the codec alone: ``make run`` sets it, since
+the demo never loads the Avro check (only the ``schema_registry`` built-in does,
+and its extra is not installed there; installing that extra with pip builds both
+again). Unset, both are built, as for a wheel and ``make test``.
+
 ``KIPROXY_EXT_CACHE=DIR`` keeps each compiled extension in DIR under a hash of
 everything its compilation reads (its ``.pyx``, this file, Cython's version,
 the Python ABI, the compiler and its flags), and a later build with the same
@@ -89,13 +94,24 @@ class BuildCodec(build_ext):
             partial.replace(cached)  # whole or absent, when two builds share the cache
 
 
-setup(
-    cmdclass={"build_ext": BuildCodec},
-    ext_modules=[
-        Extension("kiproxy.protocol._codec", ["kiproxy/protocol/_codec.pyx"],
-                  extra_compile_args=["-O3"]),
-        Extension("kiproxy.interceptors.builtin.schema_registry._avro_check",
-                  ["kiproxy/interceptors/builtin/schema_registry/_avro_check.pyx"],
-                  extra_compile_args=["-O3"]),
-    ],
-)
+EXTENSIONS = {
+    "codec": Extension("kiproxy.protocol._codec", ["kiproxy/protocol/_codec.pyx"],
+                       extra_compile_args=["-O3"]),
+    "avro_check": Extension("kiproxy.interceptors.builtin.schema_registry._avro_check",
+                            ["kiproxy/interceptors/builtin/schema_registry/_avro_check.pyx"],
+                            extra_compile_args=["-O3"]),
+}
+
+
+def _selected() -> list[Extension]:
+    """The extensions ``KIPROXY_EXTENSIONS`` names (comma-separated), all when it is unset."""
+    wanted = [n.strip() for n in os.environ.get("KIPROXY_EXTENSIONS", "").split(",") if n.strip()]
+    unknown = sorted(set(wanted) - set(EXTENSIONS))
+    if unknown or (wanted and "codec" not in wanted):
+        raise SystemExit(f"kafka-interceptor-proxy: KIPROXY_EXTENSIONS={','.join(wanted)}: name "
+                         f"extensions among {', '.join(EXTENSIONS)}, codec always (the proxy "
+                         "has no record path without it); unset it to build them all.")
+    return [EXTENSIONS[n] for n in wanted] if wanted else list(EXTENSIONS.values())
+
+
+setup(cmdclass={"build_ext": BuildCodec}, ext_modules=_selected())

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -102,8 +103,9 @@ class Workspace:
     env: dict[str, str]
     background: list[_Background] = field(default_factory=list)
     count: int = 0
-    #: ``(block id, seconds)`` of each block run (a background block: until it was ready).
-    timings: list[tuple[str, float]] = field(default_factory=list)
+    #: ``(block id, seconds, CPU seconds)`` of each block run (a background block: until it was
+    #: ready, and its CPU is not counted: it is still running).
+    timings: list[tuple[str, float, float]] = field(default_factory=list)
 
     @classmethod
     def create(cls, tmp: Path, env: dict[str, str] | None = None,
@@ -158,11 +160,11 @@ class Workspace:
 
     def run(self, block: Block) -> str:
         """Run ``block`` as its marker says; its output, or :class:`PageFailure`."""
-        started = time.monotonic()
+        started, cpu = time.monotonic(), _children_cpu()
         try:
             return self._run(block)
         finally:
-            self.timings.append((block.id, time.monotonic() - started))
+            self.timings.append((block.id, time.monotonic() - started, _children_cpu() - cpu))
 
     def _run(self, block: Block) -> str:
         if block.flag("background"):
@@ -238,6 +240,11 @@ class Workspace:
                       _tail(_text(running.log.read_bytes()))]
         parts.append(f"(workspace: {self.root})")
         return "\n".join(parts)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:

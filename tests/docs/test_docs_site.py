@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -115,3 +116,17 @@ def test_changelog_starts_at_this_release() -> None:
                 if r != "Unreleased"]  # Keep a Changelog: changes not yet released go first
     assert releases[0] == __version__, "add the release to CHANGELOG.md"
     assert "0.1.0" in releases
+
+
+def test_readme_lists_every_extra_and_what_all_holds() -> None:
+    """The README's extras are pyproject.toml's, and `[all]` is every extra listed before it."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    named = re.findall(r"`\[([\w-]+)\]`", readme)
+    assert set(extras) - {"test", "docs"} <= set(named), "the README's list of extras"
+    (inner,) = re.findall(r"\[([\w,-]+)\]", extras["all"][0])
+    before_all = named[:named.index("all")]
+    assert set(inner.split(",")) == set(before_all), (
+        "the README says `[all]` holds every extra listed before it; pyproject.toml's `all` "
+        f"holds {inner}, the README lists {before_all}")
