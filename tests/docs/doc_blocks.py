@@ -8,6 +8,16 @@ text holds the line ``<!-- test: fresh-checkout -->`` before its first block
 runs its ``run`` blocks in one fresh copy of the checkout
 (``tests/docs/fresh_checkout.py``); the other pages' ``run`` blocks run in the
 checkout itself (``tests/docs/test_examples.py``).
+
+A ``skip`` marker's reason is one of two kinds (:func:`skip_reason_problem`):
+
+- it names, as a pytest node id (``tests/x/test_y.py::test_z``), an existing
+  test that runs the same command line (a file name alone is not enough), or
+- it begins with ``cannot run here:`` (:data:`CANNOT_RUN`) and says precisely
+  what the block needs that a CI machine with only the package registries
+  (PyPI, Debian, npm, Maven Central, crates.io for the host target, the Go
+  proxy) cannot have: a cluster at an address of the reader's, a Docker engine,
+  a Kubernetes cluster, a toolchain target none of them serves.
 """
 
 from __future__ import annotations
@@ -27,6 +37,9 @@ SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$')
 FENCE = re.compile(r"^(`{3,})(\w*)")
 #: A pytest node id in a skip reason: ``tests/x/test_y.py::test_z`` (``::Class::test_z``).
 NODE_ID = re.compile(r"(?<![\w/.-])(?P<file>tests/[\w/.-]+\.py)(?:::(?P<names>[\w:]+))?")
+
+#: How a skip reason that names no test begins.
+CANNOT_RUN = "cannot run here:"
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,22 @@ def missing_node_ids(reason: str) -> list[str]:
                 missing.append(f"{found.group(0)} ({path.name} defines no {name})")
                 break
     return missing
+
+
+def skip_reason_problem(reason: str) -> str | None:
+    """What is wrong with a skip marker's ``reason``, or None if it is of a kind the module
+    docstring allows."""
+    reason = reason.strip()
+    if missing := missing_node_ids(reason):
+        return f"names tests that do not exist: {', '.join(missing)}"
+    if reason.startswith(CANNOT_RUN):
+        if len(reason) - len(CANNOT_RUN) < 20:
+            return f"say after {CANNOT_RUN!r} what the block needs that CI cannot have"
+        return None
+    if not any(found.group("names") for found in NODE_ID.finditer(reason)):
+        return ("name the test that runs the same command as tests/x/test_y.py::test_z "
+                f"(a file is not enough), or begin with {CANNOT_RUN!r} and say why not")
+    return None
 
 
 ALL_BLOCKS = [b for page in PAGES for b in blocks(page)]

@@ -8,16 +8,18 @@ The bad-input tests need no Kafka jars (they stop before any JVM starts).
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import socket
+import subprocess
 import uuid
 from pathlib import Path
 
 import psutil
 import pytest
-from conftest import consume
+from conftest import ROOT, consume
 from support.apache_kafka import kafka_home_or_skip
-from support.dev_mode import popen_dev, running_dev
+from support.dev_mode import DevMode, popen_dev, running_dev
 
 from kiproxy.localbrokers.tansu import free_port
 
@@ -69,6 +71,41 @@ def test_dev_with_apache_kafka_serves_transforms_and_stops_every_jvm_on_ctrl_c()
         assert not alive, f"JVMs still running: {alive}"
         assert not Path(workdir).exists()
         assert "Traceback" not in dev.output
+
+
+def test_make_run_broker_kafka_serves_the_example_plugin() -> None:
+    """docs/apache-kafka.md's ``make run BROKER=kafka`` as written: the checkout's .venv,
+    the example plugin, the default address 127.0.0.1:9192."""
+    kafka_home_or_skip()
+    if not (ROOT / ".venv" / "bin" / "kiproxy").exists():
+        pytest.skip("make run uses the checkout's .venv, which `make install` creates")
+    with socket.socket() as probe:
+        if probe.connect_ex(("127.0.0.1", 9192)) == 0:
+            pytest.fail("127.0.0.1:9192 is taken: `make run` listens there; stop what holds it")
+    dev = DevMode(subprocess.Popen(
+        ["make", "run", "BROKER=kafka"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, start_new_session=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}))
+    try:
+        assert dev.wait_bootstrap(150) == "127.0.0.1:9192"
+        jvms = _jvms_of(_workdir(dev.lines))
+        assert len(jvms) == 2, "expected one broker and one controller"
+        from confluent_kafka import Producer
+
+        topic = f"make-run-{uuid.uuid4().hex[:8]}"
+        producer = Producer({"bootstrap.servers": "127.0.0.1:9192"})
+        producer.produce(topic, value=b"card 4111 1111 1111 1111 paid", partition=0)
+        assert producer.flush(30) == 0
+        got = consume("127.0.0.1:9192", topic, 1)
+        assert [m.value() for m in got] == [b"card ****-****-****-1111 paid"]
+
+        dev.interrupt()  # Ctrl-C in a terminal: make and kiproxy get it
+        dev.process.wait(60)
+        _gone, alive = psutil.wait_procs(jvms, timeout=20)
+        assert not alive, f"JVMs still running: {alive}"
+        assert "Traceback" not in dev.output
+    finally:
+        dev.kill()
 
 
 def test_a_taken_listen_port_is_one_line_and_leaves_no_jvm() -> None:
