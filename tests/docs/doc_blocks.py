@@ -9,7 +9,8 @@ runs its ``run`` blocks in one fresh copy of the checkout
 (``tests/docs/fresh_checkout.py``); the other pages' ``run`` blocks run in the
 checkout itself (``tests/docs/test_examples.py``).
 
-A ``skip`` marker's reason is one of two kinds (:func:`skip_reason_problem`):
+A ``skip`` marker's reason, on a block of any language, is one of two kinds
+(:func:`skip_reason_problem`):
 
 - it names, as a pytest node id (``tests/x/test_y.py::test_z``), an existing
   test that runs the same command line (a file name alone is not enough), or
