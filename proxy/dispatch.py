@@ -87,9 +87,10 @@ class RequestDispatcher:
 
     # ------------------------------------------------------------------ handlers
 
-    async def _produce(self, client: RequestingClient, generation: Generation,
-                       header: RequestHeader, frame: bytes) -> Disposition:
-        return await generation.produce.handle(client, header, frame, self._nodes.seen)
+    def _produce(self, client: RequestingClient, generation: Generation,
+                 header: RequestHeader, frame: bytes) -> Awaitable[Disposition]:
+        # The pipeline's own coroutine, awaited by dispatch(): no frame of its own.
+        return generation.produce.handle(client, header, frame, self._nodes.seen)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
                             header: RequestHeader, frame: bytes) -> Disposition:
