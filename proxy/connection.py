@@ -238,7 +238,8 @@ class ClientConnection:
                 continue
             self._tried = f"{address[0]}:{address[1]}"
             try:
-                _, upstream = await upstreams.open(*address, partial(FrameStream, max_response))
+                _, upstream = await upstreams.open(
+                    *address, partial(FrameStream, max_response, take=self._take_responses))
                 self._upstream = upstream
                 self.upstream_address = address
                 return
@@ -501,6 +502,31 @@ class ClientConnection:
 
     # ------------------------------------------------------------------ upstream side
 
+    def _take_responses(self, frames: list[Frame]) -> bool:
+        """Pass responses on where they arrive (the upstream's transport callback), when
+        nothing has to be waited for: no listener being opened, the client's socket not
+        pushing back. ``False`` leaves them to :meth:`_read_upstream`, which waits.
+
+        The upstream reader is waiting with nothing queued (see FrameStream), so every
+        earlier response has been handled: the order is the same either way. An error is
+        handed to that reader, which closes the connection as it would have.
+        """
+        if self._closed or self._services.nodes.unsettled or not self._client.drained:
+            return False
+        upstream = self._upstream
+        assert upstream is not None
+        try:
+            ready = [self._match_response(frame) for frame in frames]
+            for slot, frame in ready:
+                slot.frame = frame
+                slot.done = True
+            self._send_ready()
+        except (ConnectionError, OSError) as exc:
+            upstream.fail(_ClientGone(str(exc) or type(exc).__name__))
+        except Exception as exc:  # raised in the reader, which judges it as its own
+            upstream.fail(exc)
+        return True
+
     async def _read_upstream(self) -> None:
         upstream = self._upstream
         assert upstream is not None
@@ -526,6 +552,8 @@ class ClientConnection:
                     break
         except ProtocolError as exc:
             reason = f"sent a response the proxy cannot carry: {exc}"
+        except _ClientGone:
+            reason = None  # handed over by _take_responses: the client went away
         except (ConnectionError, OSError) as exc:
             reason = f"connection failed: {exc}"
         except asyncio.CancelledError:
