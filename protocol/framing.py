@@ -224,8 +224,11 @@ class FrameAssembler:
         pos = self._start
         end = self._end = self._end + nbytes
         frames: list[bytes | bytearray] = []
+        max_frame_size = self.max_frame_size
         while end - pos >= 4:
-            size = _frame_length(chunk, pos, self.max_frame_size)
+            (size,) = _INT32.unpack_from(chunk, pos)
+            if size < 0 or size > max_frame_size:
+                _frame_length(chunk, pos, max_frame_size)  # raises, naming what was wrong
             if end - pos - 4 < size:
                 if size >= self.large_frame:
                     self._large = size

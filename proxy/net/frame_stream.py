@@ -178,10 +178,11 @@ class FrameStream(asyncio.BufferedProtocol):
         self._wake()
 
     def _received(self, frames: list[Frame], filled: bool = True) -> None:
-        held = self._assembler.buffered
-        if self._budget is not None and (held or self._budget_held):
-            self._budget_held = held
-            self._budget.update(self, held)
+        if self._budget is not None:
+            held = self._assembler.buffered
+            if held or self._budget_held:
+                self._budget_held = held
+                self._budget.update(self, held)
         if frames:
             waiter = self._waiter
             if (self._take is not None and waiter is not None and not waiter.done()
