@@ -19,8 +19,8 @@ read Kafka pays) once when it is installed (``make haproxy-deps``). Each run
 starts a fresh broker (Tansu, memory storage) and proxy, then measures, against
 that one proxy:
 
-* **CPU per GB**: the throughput phase of :mod:`bench.proxy` (``--records``
-  1 KiB JSON records, uncompressed, linger 5 ms): the proxy's CPU seconds per
+* **CPU per GB**: the throughput phase of :mod:`bench.proxy` (``--records``,
+  400,000, 1 KiB JSON records, uncompressed, linger 5 ms): the proxy's CPU seconds per
   GB of record values, which is also its millicores per MB/s.
 * **p99 at a paced rate**: the same producer's paced phase at ``--pace-rps``
   records/s (the same rate for both trees): librdkafka's produce-to-ack p99.
@@ -212,7 +212,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated kiproxy scenarios of bench.proxy "
                         "(default passthrough,uppercase,pii)")
     p.add_argument("--records", type=int,
-                   help="1 KiB records of the throughput phase (default 150000, quick 60000)")
+                   help="1 KiB records of the throughput phase (default 400000, quick "
+                        "100000); CPU is read in clock ticks (10 ms), so a phase needs a few "
+                        "tenths of a second of it")
     p.add_argument("--pace-rps", type=float, default=3000.0,
                    help="records/s of the paced phase, both trees (default 3000)")
     p.add_argument("--latency-seconds", type=float,
@@ -249,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     quick = args.quick
     rounds = args.rounds or (2 if quick else 3)
-    options = Options(records={1024: args.records or (60_000 if quick else 150_000)},
+    options = Options(records={1024: args.records or (100_000 if quick else 400_000)},
                       warmup=2000, latency_seconds=args.latency_seconds or (3.0 if quick else 5.0),
                       load_fraction=0.5, partitions=3, acks="1", linger_ms=5.0,
                       max_in_flight=5, proxy_flags=[], max_seconds=10.0)

@@ -39,7 +39,7 @@ anything decodes it (kio and the record codec read only ``bytes``; records are
 decoded where they lie in the frame), so the only
 ``bytearray`` a handler sees is a Produce request on a pipeline that neither
 intercepts nor tallies, which only scans it for acks and forwards it
-(:meth:`ClientConnection._kept_as_received`).
+(:func:`kiproxy.proxy.dispatch.kept_as_received`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import RequestHeader, parse_request_header
-from kiproxy.protocol.messages import ApiKey, api_name
+from kiproxy.protocol.messages import api_name
 from kiproxy.proxy.brokers.failures import connect_error
+from kiproxy.proxy.dispatch import kept_as_received
 from kiproxy.proxy.net.frame_stream import Frame, FrameStream
 from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.produce.disposition import Answer, Forward, PartitionTally
@@ -81,10 +82,8 @@ __all__ = ["ClientConnection", "ConnectionServices"]
 
 _INT32 = struct.Struct(">i")
 _JOIN_BELOW = 16 * 1024
-"""Frames written in one go below this many bytes are joined with their length prefixes
-into one ``bytes`` (a copy of a few KiB at most): uvloop writes a single buffer straight
-to the socket, where a list of buffers costs a write context per call. Larger ones are
-handed over as they lie, uncopied."""
+"""Writes below this many bytes are joined into one ``bytes``: uvloop sends a single buffer
+straight away, a list of them costs a write context per call. Larger ones are not copied."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -330,25 +329,13 @@ class ClientConnection:
         log.warning("closing client %s (client_id %r): %s",
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
-    @staticmethod
-    def _kept_as_received(generation: Generation, header: RequestHeader) -> bool:
-        """Whether a large request may reach the handler as the ``bytearray`` it arrived in
-        (it is not decoded).
-
-        Only Produce on a pipeline that neither intercepts nor tallies: it scans
-        the frame for acks and forwards it. Anything else may be decoded by kio.
-        """
-        produce = generation.produce
-        return (header.api_key == ApiKey.PRODUCE and not produce.intercepts
-                and not produce.tallies)
-
     async def _handle_request(self, frame: Frame) -> None:
         generations = self._services.generations
         generation = generations.acquire()
         self._slot_taken = False
         try:
             header = parse_request_header(frame)
-            if type(frame) is not bytes and not self._kept_as_received(generation, header):
+            if type(frame) is not bytes and not kept_as_received(generation, header):
                 frame = bytes(frame)
             if header.client_id is not None and header.client_id != self.identity.client_id:
                 self.identity = dataclasses.replace(self.identity, client_id=header.client_id)
@@ -374,7 +361,7 @@ class ClientConnection:
             while len(self._slots) >= generation.config.max_in_flight and not self._closed:
                 self._room.clear()
                 await self._room.wait()
-            # A bytearray here is forwarded untouched (see _kept_as_received).
+            # A bytearray here is forwarded untouched (see kept_as_received).
             self._handling = True  # a request in the interceptor is owed an answer too
             try:
                 disposition = await self._services.dispatcher.dispatch(
@@ -480,10 +467,9 @@ class ClientConnection:
             raise _ClientGone("the client closed the connection")
         out: list[Frame] = []
         total = 0
-        release = self._services.generations.release
         while slots and slots[0].done:
             done = slots.popleft()
-            release(done.generation)
+            self._services.generations.release(done.generation)
             frame = done.frame
             assert frame is not None
             size = len(frame)
@@ -503,18 +489,12 @@ class ClientConnection:
     # ------------------------------------------------------------------ upstream side
 
     def _take_responses(self, frames: list[Frame]) -> bool:
-        """Pass responses on where they arrive (the upstream's transport callback), when
-        nothing has to be waited for: no listener being opened, the client's socket not
-        pushing back. ``False`` leaves them to :meth:`_read_upstream`, which waits.
-
-        The upstream reader is waiting with nothing queued (see FrameStream), so every
-        earlier response has been handled: the order is the same either way. An error is
-        handed to that reader, which closes the connection as it would have.
-        """
+        """Pass responses on in the upstream's transport callback when nothing has to be
+        waited for (``False``: :meth:`_read_upstream` does, in the same order, as that
+        reader waits with nothing queued); it also gets any error, and closes as before."""
         if self._closed or self._services.nodes.unsettled or not self._client.drained:
             return False
-        upstream = self._upstream
-        assert upstream is not None
+        upstream = cast(FrameStream, self._upstream)  # it is the one calling
         try:
             ready = [self._match_response(frame) for frame in frames]
             for slot, frame in ready:
