@@ -238,7 +238,7 @@ class ClientConnection:
             self._tried = f"{address[0]}:{address[1]}"
             try:
                 _, upstream = await upstreams.open(
-                    *address, partial(FrameStream, max_response, take=self._take_responses))
+                    *address, partial(FrameStream, max_response))
                 self._upstream = upstream
                 self.upstream_address = address
                 return
@@ -488,25 +488,6 @@ class ClientConnection:
 
     # ------------------------------------------------------------------ upstream side
 
-    def _take_responses(self, frames: list[Frame]) -> bool:
-        """Pass responses on in the upstream's transport callback when nothing has to be
-        waited for (``False``: :meth:`_read_upstream` does, in the same order, as that
-        reader waits with nothing queued); it also gets any error, and closes as before."""
-        if self._closed or self._services.nodes.unsettled or not self._client.drained:
-            return False
-        upstream = cast(FrameStream, self._upstream)  # it is the one calling
-        try:
-            ready = [self._match_response(frame) for frame in frames]
-            for slot, frame in ready:
-                slot.frame = frame
-                slot.done = True
-            self._send_ready()
-        except (ConnectionError, OSError) as exc:
-            upstream.fail(_ClientGone(str(exc) or type(exc).__name__))
-        except Exception as exc:  # raised in the reader, which judges it as its own
-            upstream.fail(exc)
-        return True
-
     async def _read_upstream(self) -> None:
         upstream = self._upstream
         assert upstream is not None
@@ -532,8 +513,6 @@ class ClientConnection:
                     break
         except ProtocolError as exc:
             reason = f"sent a response the proxy cannot carry: {exc}"
-        except _ClientGone:
-            reason = None  # handed over by _take_responses: the client went away
         except (ConnectionError, OSError) as exc:
             reason = f"connection failed: {exc}"
         except asyncio.CancelledError:

@@ -22,13 +22,6 @@ owner still busy finds it paused before another byte is received. A receive
 that filled the whole buffer pauses at once (the transport would otherwise
 receive again before the owner runs).
 
-An owner may also take frames where they arrive: with a ``take`` callback, frames
-that reach an owner waiting with nothing queued go to ``take`` first, inside the
-transport's callback; ``True`` means handled (the owner goes on waiting, nothing
-is paused), ``False`` leaves them to :meth:`FrameStream.read` as above. An error
-``take`` cannot deal with there is handed to the owner with
-:meth:`FrameStream.fail`, and :meth:`FrameStream.read` raises it.
-
 PROXY protocol: a client stream may start with a pre-framing phase in which
 the first bytes go to :func:`kiproxy.protocol.proxy_header.parse_proxy_header`
 (from the start, each time more arrive) until it answers something other than
@@ -94,10 +87,8 @@ class FrameStream(asyncio.BufferedProtocol):
     def __init__(self, max_frame_size: int,
                  on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
                  budget: ReceiveBudget | None = None, *,
-                 proxy_header: ProxyHeaderMode | None = None,
-                 take: Callable[[list[Frame]], bool] | None = None) -> None:
+                 proxy_header: ProxyHeaderMode | None = None) -> None:
         self._assembler = FrameAssembler(max_frame_size)
-        self._take = take
         self._proxy_mode = proxy_header
         self._preface: bytearray | None = None if proxy_header is None else bytearray()
         self._preface_buffer: bytearray | None = None
@@ -167,13 +158,7 @@ class FrameStream(asyncio.BufferedProtocol):
     def _fail(self, exc: ProtocolError) -> None:
         if self._budget is not None and isinstance(exc, FrameTooLarge):
             self._budget.refused_frame()
-        self.fail(exc)
-
-    def fail(self, exc: BaseException) -> None:
-        """Stop reading; the owner's :meth:`read` raises ``exc`` (a ``take`` callback that
-        failed hands its error to the owner this way)."""
-        if self._error is None:
-            self._error = exc
+        self._error = exc
         self._pause()
         self._wake()
 
@@ -184,11 +169,8 @@ class FrameStream(asyncio.BufferedProtocol):
                 self._budget_held = held
                 self._budget.update(self, held)
         if frames:
-            waiter = self._waiter
-            if (self._take is not None and waiter is not None and not waiter.done()
-                    and not self._frames and self._take(frames)):
-                return  # handled where they arrived; the owner goes on waiting
             self._frames.extend(frames)
+            waiter = self._waiter
             if filled or waiter is None or waiter.done():
                 self._pause()
                 self._wake()
