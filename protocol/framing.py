@@ -224,8 +224,11 @@ class FrameAssembler:
         pos = self._start
         end = self._end = self._end + nbytes
         frames: list[bytes | bytearray] = []
+        max_frame_size = self.max_frame_size
         while end - pos >= 4:
-            size = _frame_length(chunk, pos, self.max_frame_size)
+            (size,) = _INT32.unpack_from(chunk, pos)
+            if size < 0 or size > max_frame_size:
+                _frame_length(chunk, pos, max_frame_size)  # raises, naming what was wrong
             if end - pos - 4 < size:
                 if size >= self.large_frame:
                     self._large = size
@@ -274,6 +277,7 @@ def _predates_schemas(api_key: int, api_version: int) -> bool:
     return api_version < oldest and is_flexible(api_key, oldest) is False
 
 
+@lru_cache(maxsize=4096)
 def request_header_version(api_key: int, api_version: int) -> int | None:
     """0, 1 or 2, or ``None`` for an API version the schemas do not know."""
     if api_key == _CONTROLLED_SHUTDOWN_KEY and api_version == 0:
@@ -314,6 +318,8 @@ class RequestHeader:
 
 def _skip_tagged_fields(frame: bytes | bytearray, pos: int) -> int:
     end = len(frame)
+    if pos < end and frame[pos] == 0:
+        return pos + 1  # no tagged fields: what clients send
     count, pos = read_uvarint(frame, pos, end, "tagged field count", MalformedFrame)
     for _ in range(count):
         _tag, pos = read_uvarint(frame, pos, end, "tag", MalformedFrame)

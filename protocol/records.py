@@ -150,6 +150,13 @@ class DecodedBatch:
     """Bytes of the records block once decompressed (its stored size when uncompressed)."""
 
 
+# Every header read builds a RecordBatchHeader; the frozen dataclass's __init__ takes
+# half again as long as setting its twelve slots directly (1.8 against 1.2 us), and every
+# field is set here, so the value is the same one __init__ would make.
+_new = object.__new__
+_set = object.__setattr__
+
+
 def _read_header(data: bytes | bytearray, start: int, end: int, origin: int = 0
                  ) -> RecordBatchHeader:
     # Messages count bytes from ``origin``, the start of the partition's records.
@@ -188,12 +195,20 @@ def _read_header(data: bytes | bytearray, start: int, end: int, origin: int = 0
     if count < 0:
         raise CorruptBatch(f"record batch at byte {at}: recordCount {count} is negative")
     compression_from_attributes(attributes, at)
-    return RecordBatchHeader(
-        base_offset=base_offset, batch_length=batch_length, partition_leader_epoch=leader_epoch,
-        crc=crc, attributes=attributes, last_offset_delta=last_offset_delta,
-        base_timestamp=base_ts, max_timestamp=max_ts, producer_id=producer_id,
-        producer_epoch=producer_epoch, base_sequence=base_sequence, record_count=count,
-    )
+    header: RecordBatchHeader = _new(RecordBatchHeader)
+    _set(header, "base_offset", base_offset)
+    _set(header, "batch_length", batch_length)
+    _set(header, "partition_leader_epoch", leader_epoch)
+    _set(header, "crc", crc)
+    _set(header, "attributes", attributes)
+    _set(header, "last_offset_delta", last_offset_delta)
+    _set(header, "base_timestamp", base_ts)
+    _set(header, "max_timestamp", max_ts)
+    _set(header, "producer_id", producer_id)
+    _set(header, "producer_epoch", producer_epoch)
+    _set(header, "base_sequence", base_sequence)
+    _set(header, "record_count", count)
+    return header
 
 
 def read_batch_headers(data: bytes | bytearray, start: int = 0, end: int | None = None

@@ -39,7 +39,7 @@ anything decodes it (kio and the record codec read only ``bytes``; records are
 decoded where they lie in the frame), so the only
 ``bytearray`` a handler sees is a Produce request on a pipeline that neither
 intercepts nor tallies, which only scans it for acks and forwards it
-(:meth:`ClientConnection._kept_as_received`).
+(:func:`kiproxy.proxy.dispatch.kept_as_received`).
 """
 
 from __future__ import annotations
@@ -61,8 +61,9 @@ from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import RequestHeader, parse_request_header
-from kiproxy.protocol.messages import ApiKey, api_name
+from kiproxy.protocol.messages import api_name
 from kiproxy.proxy.brokers.failures import connect_error
+from kiproxy.proxy.dispatch import kept_as_received
 from kiproxy.proxy.net.frame_stream import Frame, FrameStream
 from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.produce.disposition import Answer, Forward, PartitionTally
@@ -80,6 +81,9 @@ log = logging.getLogger("kiproxy.connection")
 __all__ = ["ClientConnection", "ConnectionServices"]
 
 _INT32 = struct.Struct(">i")
+_JOIN_BELOW = 16 * 1024
+"""Writes below this many bytes are joined into one ``bytes``: uvloop sends a single buffer
+straight away, a list of them costs a write context per call. Larger ones are not copied."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -233,7 +237,8 @@ class ClientConnection:
                 continue
             self._tried = f"{address[0]}:{address[1]}"
             try:
-                _, upstream = await upstreams.open(*address, partial(FrameStream, max_response))
+                _, upstream = await upstreams.open(
+                    *address, partial(FrameStream, max_response))
                 self._upstream = upstream
                 self.upstream_address = address
                 return
@@ -286,7 +291,8 @@ class ClientConnection:
             try:
                 # A client that does not read its responses stops being read from
                 # once max_buffered_bytes of them wait in the socket buffer.
-                await client.drain()
+                if not client.drained:
+                    await client.drain()
                 frames = await client.read()
             except (ConnectionError, OSError, TimeoutError):
                 return  # the client went away (reset, TLS error or TLS shutdown timeout)
@@ -323,83 +329,70 @@ class ClientConnection:
         log.warning("closing client %s (client_id %r): %s",
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
-    @staticmethod
-    def _kept_as_received(generation: Generation, header: RequestHeader) -> bool:
-        """Whether a large request may reach the handler as the ``bytearray`` it arrived in
-        (it is not decoded).
-
-        Only Produce on a pipeline that neither intercepts nor tallies: it scans
-        the frame for acks and forwards it. Anything else may be decoded by kio.
-        """
-        produce = generation.produce
-        return (header.api_key == ApiKey.PRODUCE and not produce.intercepts
-                and not produce.tallies)
-
     async def _handle_request(self, frame: Frame) -> None:
         generations = self._services.generations
         generation = generations.acquire()
         self._slot_taken = False
         try:
-            await self._handle_under(generation, frame)
+            header = parse_request_header(frame)
+            if type(frame) is not bytes and not kept_as_received(generation, header):
+                frame = bytes(frame)
+            if header.client_id is not None and header.client_id != self.identity.client_id:
+                self.identity = dataclasses.replace(self.identity, client_id=header.client_id)
+            metrics = self._services.metrics
+            hub = generation.observers
+            # Latency is measured only for the metrics and the observers: no clock read otherwise.
+            t0 = time.monotonic() if metrics is not None or hub.active else 0.0
+            api = ""
+            if metrics is not None:
+                api = api_name(header.api_key)
+                metrics.messages.labels("request", api).inc()
+                metrics.bytes.labels("request", api).inc(len(frame))
+            info: RequestInfo | None = None
+            if hub.active:
+                info = RequestInfo(
+                    api_key=header.api_key, api_name=api or api_name(header.api_key),
+                    api_version=header.api_version, correlation_id=header.correlation_id,
+                    client_id=header.client_id, client_address=self.client_address,
+                    principal=self.principal, size=len(frame),
+                    received_at_ms=int(time.time() * 1000), node_id=self.node_id,
+                )
+                hub.request(info)
+            while len(self._slots) >= generation.config.max_in_flight and not self._closed:
+                self._room.clear()
+                await self._room.wait()
+            # A bytearray here is forwarded untouched (see kept_as_received).
+            self._handling = True  # a request in the interceptor is owed an answer too
+            try:
+                disposition = await self._services.dispatcher.dispatch(
+                    self, generation, header, cast(bytes, frame))
+            finally:
+                self._handling = False
+            if self._closed:
+                return
+            if isinstance(disposition, Answer):
+                if disposition.frame is not None:
+                    slot = _Slot(generation, api, t0, info, disposition.produce, proxy_answer=True)
+                    self._slots.append(slot)
+                    self._slot_taken = True
+                    self._complete(slot, disposition.frame)
+                    await self._client.drain()
+                elif info is not None or metrics is not None:
+                    self._report(_Slot(generation, api, t0, info, disposition.produce,
+                                       proxy_answer=True), 0)
+                return
+            self._forward(generation, header, disposition, api, t0, info)
+            assert self._upstream is not None
+            try:
+                if not self._upstream.drained:
+                    await self._upstream.drain()
+            except ConnectionError as exc:
+                raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
         finally:
             # A slot taken for the answer holds the generation until the answer leaves
             # (or the connection closes); otherwise the request is done with it here.
             if not self._slot_taken:
                 generations.release(generation)
-
-    async def _handle_under(self, generation: Generation, frame: Frame) -> None:
-        t0 = time.monotonic()
-        header = parse_request_header(frame)
-        if type(frame) is not bytes and not self._kept_as_received(generation, header):
-            frame = bytes(frame)
-        if header.client_id is not None and header.client_id != self.identity.client_id:
-            self.identity = dataclasses.replace(self.identity, client_id=header.client_id)
-        metrics = self._services.metrics
-        api = ""
-        if metrics is not None:
-            api = api_name(header.api_key)
-            metrics.messages.labels("request", api).inc()
-            metrics.bytes.labels("request", api).inc(len(frame))
-        info: RequestInfo | None = None
-        hub = generation.observers
-        if hub.active:
-            info = RequestInfo(
-                api_key=header.api_key, api_name=api or api_name(header.api_key),
-                api_version=header.api_version, correlation_id=header.correlation_id,
-                client_id=header.client_id, client_address=self.client_address,
-                principal=self.principal, size=len(frame),
-                received_at_ms=int(time.time() * 1000), node_id=self.node_id,
-            )
-            hub.request(info)
-        while len(self._slots) >= generation.config.max_in_flight and not self._closed:
-            self._room.clear()
-            await self._room.wait()
-        # A bytearray here is forwarded untouched (see _kept_as_received).
-        self._handling = True  # a request in the interceptor is owed an answer too
-        try:
-            disposition = await self._services.dispatcher.dispatch(
-                self, generation, header, cast(bytes, frame))
-        finally:
-            self._handling = False
-        if self._closed:
-            return
-        if isinstance(disposition, Answer):
-            if disposition.frame is not None:
-                slot = _Slot(generation, api, t0, info, disposition.produce, proxy_answer=True)
-                self._slots.append(slot)
-                self._slot_taken = True
-                self._complete(slot, disposition.frame)
-                await self._client.drain()
-            elif info is not None or metrics is not None:
-                self._report(_Slot(generation, api, t0, info, disposition.produce,
-                                   proxy_answer=True), 0)
-            return
-        self._forward(generation, header, disposition, api, t0, info)
-        assert self._upstream is not None
-        try:
-            await self._upstream.drain()
-        except ConnectionError as exc:
-            raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
     def _forward(self, generation: Generation, header: RequestHeader, disposition: Forward,
                  api: str = "", t0: float = 0.0, info: RequestInfo | None = None) -> None:
@@ -413,7 +406,12 @@ class ClientConnection:
         if up.is_closing():
             # writelines() on a closed transport raises RuntimeError under uvloop.
             raise _UpstreamLost("the broker connection is closed")
-        up.writelines((_INT32.pack(len(disposition.frame)), disposition.frame))
+        frame = disposition.frame
+        size = len(frame)
+        if size < _JOIN_BELOW:
+            up.write(_INT32.pack(size) + frame)
+        else:
+            up.writelines((_INT32.pack(size), frame))
         if not disposition.expect_response and (info is not None
                                                 or self._services.metrics is not None):
             self._report(_Slot(generation, api, t0, info, disposition.produce), 0)
@@ -451,7 +449,7 @@ class ClientConnection:
         self._send_ready()
 
     def _send_ready(self) -> None:
-        """Write every response now at the head of the order, in one ``writelines``.
+        """Write every response now at the head of the order, in one write.
 
         Raises :class:`_ClientGone` (a ``ConnectionError``) when the client has
         closed its connection: its answers have nowhere to go, and the callers
@@ -468,17 +466,23 @@ class ClientConnection:
                       sum(1 for s in slots if s.done), extra=self.log_context)
             raise _ClientGone("the client closed the connection")
         out: list[Frame] = []
+        total = 0
         while slots and slots[0].done:
             done = slots.popleft()
             self._services.generations.release(done.generation)
             frame = done.frame
             assert frame is not None
-            out.append(_INT32.pack(len(frame)))
+            size = len(frame)
+            out.append(_INT32.pack(size))
             out.append(frame)
+            total += size
             done.frame = None
             if done.generation.tallies:
-                self._report(done, len(frame))
-        self._writer.writelines(out)
+                self._report(done, size)
+        if total < _JOIN_BELOW:
+            self._writer.write(b"".join(out))
+        else:
+            self._writer.writelines(out)
         if len(slots) < self._services.generations.current.config.max_in_flight:
             self._room.set()
 
@@ -502,7 +506,8 @@ class ClientConnection:
                     slot.done = True
                 try:
                     self._send_ready()
-                    await self._client.drain()
+                    if not self._client.drained:
+                        await self._client.drain()
                 except (ConnectionError, OSError, TimeoutError):
                     reason = None  # the client went away, not the broker: close quietly
                     break

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from kiproxy.proxy.brokers.nodes import NodeRegistry
     from kiproxy.proxy.generation import Generation
 
-__all__ = ["RequestDispatcher"]
+__all__ = ["RequestDispatcher", "kept_as_received"]
 
 _BEFORE_AUTHENTICATION = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -87,9 +87,10 @@ class RequestDispatcher:
 
     # ------------------------------------------------------------------ handlers
 
-    async def _produce(self, client: RequestingClient, generation: Generation,
-                       header: RequestHeader, frame: bytes) -> Disposition:
-        return await generation.produce.handle(client, header, frame, self._nodes.seen)
+    def _produce(self, client: RequestingClient, generation: Generation,
+                 header: RequestHeader, frame: bytes) -> Awaitable[Disposition]:
+        # The pipeline's own coroutine, awaited by dispatch(): no frame of its own.
+        return generation.produce.handle(client, header, frame, self._nodes.seen)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
                             header: RequestHeader, frame: bytes) -> Disposition:
@@ -135,6 +136,18 @@ _HANDLERS: dict[int, _Handler] = {
     ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,
 }
 """API key -> handler; every other key is :meth:`RequestDispatcher._other`."""
+
+
+def kept_as_received(generation: Generation, header: RequestHeader) -> bool:
+    """Whether a large request may reach its handler as the ``bytearray`` it arrived in
+    (it is not decoded).
+
+    Only Produce on a pipeline that neither intercepts nor tallies: it scans
+    the frame for acks and forwards it. Anything else may be decoded by kio.
+    """
+    produce = generation.produce
+    return (header.api_key == ApiKey.PRODUCE and not produce.intercepts
+            and not produce.tallies)
 
 
 def unrewritable_message(header: RequestHeader) -> str:

@@ -274,7 +274,8 @@ def niced(steps: int) -> Callable[[], None] | None:
 
 @contextlib.contextmanager
 def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
-            proxy_cpus: set[int] | None = None, others_nice: int = 0) -> Iterator[Setup]:
+            proxy_cpus: set[int] | None = None, others_nice: int = 0,
+            tree: Path = ROOT) -> Iterator[Setup]:
     """Start a fresh broker and the scenario's proxy; stop both afterwards.
 
     The broker listens on a free loopback port with memory storage; a kiproxy scenario
@@ -283,6 +284,8 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
     ``proxy_cpus`` the hop runs on those CPUs only (set before it starts, so that every
     thread and worker process it makes inherits them). With ``others_nice`` the broker
     runs that many nice steps below this process's priority (the hop does not).
+    ``tree`` is the source tree kiproxy is imported from (another commit's, for an
+    A/B run: ``bench.ab``).
     """
     from kiproxy.localbrokers.tansu import broker_binary
 
@@ -331,10 +334,12 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
                 if scenario.plugins_dir == README_PLUGINS:
                     readme_plugin()
                 cmd += ["--plugins-dir", str(scenario.plugins_dir)]
+            env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+            if tree != ROOT:  # `-m kiproxy` imports from the working directory first
+                env["PYTHONPATH"] = str(tree)
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=ROOT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                    preexec_fn=pin)
+                                    text=True, cwd=tree, stdin=subprocess.DEVNULL,
+                                    env=env, preexec_fn=pin)
             setup.processes.append(proc)
             tail = _Tail(proc, "bootstrap address")
             if not tail.ready.wait(60) or proc.poll() is not None:
@@ -402,30 +407,38 @@ def run_once(scenario: Scenario, case: Case, round_: int, options: Options,
             with started(scenario, Path(tmp), options.proxy_flags,
                          options.proxy_cpus, options.others_nice) as setup, \
                     (attach or _no_attach)(setup):
-                spec = {
-                    "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
-                    "partitions": options.partitions, "value_size": case.value_size,
-                    "codec": case.codec, "acks": options.acks, "linger_ms": options.linger_ms,
-                    "max_in_flight": options.max_in_flight,
-                    "records": options.records[case.value_size], "warmup": options.warmup,
-                    "max_seconds": options.max_seconds,
-                    "latency_seconds": options.latency_seconds,
-                    "load_fraction": options.load_fraction, "offered_rps": offered_rps,
-                    "pids": setup.pids, "check": check, "connections": options.connections,
-                    "latency_sample": options.latency_sample,
-                }
-                out = subprocess.run(
-                    [sys.executable, "-m", "bench.proxy", "--worker", json.dumps(spec)],
-                    cwd=ROOT, capture_output=True, text=True, timeout=options.timeout,
-                    check=False, preexec_fn=niced(options.others_nice))
-                if out.returncode != 0 or not out.stdout.strip():
-                    tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
-                    result.error = f"producer exited {out.returncode}: " + " | ".join(tail)
-                    return result
-                data = json.loads(out.stdout.strip().splitlines()[-1])
+                return measure(setup, scenario, case, round_, options, offered_rps, check)
         except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
             result.error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             return result
+
+
+def measure(setup: Setup, scenario: Scenario, case: Case, round_: int, options: Options,
+            offered_rps: float | None, check: bool) -> RunResult:
+    """Run the producer process against a started ``setup`` and collect its result."""
+    result = RunResult(scenario=scenario.name, case=case, round=round_,
+                       load=os.getloadavg()[0])
+    spec = {
+        "bootstrap": setup.bootstrap, "topic": f"bench-{uuid.uuid4().hex[:8]}",
+        "partitions": options.partitions, "value_size": case.value_size,
+        "codec": case.codec, "acks": options.acks, "linger_ms": options.linger_ms,
+        "max_in_flight": options.max_in_flight,
+        "records": options.records[case.value_size], "warmup": options.warmup,
+        "max_seconds": options.max_seconds,
+        "latency_seconds": options.latency_seconds,
+        "load_fraction": options.load_fraction, "offered_rps": offered_rps,
+        "pids": setup.pids, "check": check, "connections": options.connections,
+        "latency_sample": options.latency_sample,
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.proxy", "--worker", json.dumps(spec)],
+        cwd=ROOT, capture_output=True, text=True, timeout=options.timeout,
+        check=False, preexec_fn=niced(options.others_nice))
+    if out.returncode != 0 or not out.stdout.strip():
+        tail = (out.stderr or out.stdout).strip().splitlines()[-3:]
+        result.error = f"producer exited {out.returncode}: " + " | ".join(tail)
+        return result
+    data = json.loads(out.stdout.strip().splitlines()[-1])
     _fill(result, data, scenario)
     return result
 

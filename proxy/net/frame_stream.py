@@ -11,6 +11,17 @@ TCP pushes back. With a receive budget (client sockets), the bytes of a
 partial frame count against the process-wide
 :class:`~kiproxy.proxy.net.buffers.ReceiveBudget`, which may hold the socket back.
 
+Pausing is decided late, without giving that up: frames that reach an owner
+already waiting for them wake it, and whether to pause the socket is decided
+by a callback queued behind that wake-up, which the loop runs before it polls
+its sockets again. An owner that handled the frames and came back to
+:meth:`FrameStream.read` in the same step (a request only forwarded, a response
+only passed on) then finds the socket still being read: no pause and resume,
+two system calls and a trip through the event loop's watchers, per frame. An
+owner still busy finds it paused before another byte is received. A receive
+that filled the whole buffer pauses at once (the transport would otherwise
+receive again before the owner runs).
+
 PROXY protocol: a client stream may start with a pre-framing phase in which
 the first bytes go to :func:`kiproxy.protocol.proxy_header.parse_proxy_header`
 (from the start, each time more arrive) until it answers something other than
@@ -95,9 +106,13 @@ class FrameStream(asyncio.BufferedProtocol):
         self._lost = False
         self._reading = True
         self._write_paused = False
+        self._pause_check = False  # _pause_unless_waiting is queued
+        self._offered = 0  # length of the buffer the last get_buffer() handed out
         self._waiter: asyncio.Future[None] | None = None
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
-        self._closed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # Kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11.
+        self._loop = asyncio.get_running_loop()
+        self._closed: asyncio.Future[None] = self._loop.create_future()
 
     @property
     def transport(self) -> asyncio.Transport:
@@ -114,14 +129,16 @@ class FrameStream(asyncio.BufferedProtocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)
         if self._on_open is not None:
-            self._task = asyncio.get_running_loop().create_task(self._on_open(self))
+            self._task = self._loop.create_task(self._on_open(self))
 
     def get_buffer(self, sizehint: int) -> memoryview:
         if self._preface is not None:
             if self._preface_buffer is None:
                 self._preface_buffer = bytearray(_PREFACE_CHUNK)
             return memoryview(self._preface_buffer)
-        return self._assembler.get_buffer()
+        buffer = self._assembler.get_buffer()
+        self._offered = len(buffer)
+        return buffer
 
     def buffer_updated(self, nbytes: int) -> None:
         if self._error is not None:
@@ -136,7 +153,7 @@ class FrameStream(asyncio.BufferedProtocol):
         except ProtocolError as exc:
             self._fail(exc)
             return
-        self._received(frames)
+        self._received(frames, nbytes == self._offered)
 
     def _fail(self, exc: ProtocolError) -> None:
         if self._budget is not None and isinstance(exc, FrameTooLarge):
@@ -145,15 +162,32 @@ class FrameStream(asyncio.BufferedProtocol):
         self._pause()
         self._wake()
 
-    def _received(self, frames: list[Frame]) -> None:
-        held = self._assembler.buffered
-        if self._budget is not None and (held or self._budget_held):
-            self._budget_held = held
-            self._budget.update(self, held)
+    def _received(self, frames: list[Frame], filled: bool = True) -> None:
+        if self._budget is not None:
+            held = self._assembler.buffered
+            if held or self._budget_held:
+                self._budget_held = held
+                self._budget.update(self, held)
         if frames:
             self._frames.extend(frames)
-            self._pause()
+            waiter = self._waiter
+            if filled or waiter is None or waiter.done():
+                self._pause()
+                self._wake()
+                return
             self._wake()
+            if not self._pause_check:
+                # Queued behind the owner's wake-up: it runs after the owner's step and
+                # before the loop polls the socket again.
+                self._pause_check = True
+                self._loop.call_soon(self._pause_unless_waiting)
+
+    def _pause_unless_waiting(self) -> None:
+        """Pause the socket unless the owner, woken for frames, is waiting for more."""
+        self._pause_check = False
+        waiter = self._waiter
+        if waiter is None or waiter.done():
+            self._pause()
 
     def _look_for_proxy_header(self) -> None:
         """The pre-framing phase: judge the bytes so far; once decided, hand the rest on."""
@@ -197,14 +231,14 @@ class FrameStream(asyncio.BufferedProtocol):
     async def read_proxy_header(self, timeout: float) -> ParsedProxyHeader | ProxyHeaderError:
         """The PROXY header phase's answer (``proxy_header="read"``), waiting at most
         ``timeout`` seconds; ``Incomplete`` when it ran out or the client closed first."""
-        deadline = asyncio.get_running_loop().time() + timeout
+        deadline = self._loop.time() + timeout
         while self.proxy_header is None:
             if self._error is not None or self._eof:
                 return Incomplete(0)
             self._resume()
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self._loop.create_future()
             try:
-                await asyncio.wait_for(waiter, deadline - asyncio.get_running_loop().time())
+                await asyncio.wait_for(waiter, deadline - self._loop.time())
             except TimeoutError:
                 return Incomplete(0)
             finally:
@@ -266,11 +300,19 @@ class FrameStream(asyncio.BufferedProtocol):
             if self._eof:
                 return []
             self._resume()
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
+            waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter
             finally:
                 self._waiter = None
+
+    @property
+    def drained(self) -> bool:
+        """Whether :meth:`drain` would return at once (the usual case): a caller that
+        checks this first spares a coroutine per write."""
+        transport = self._transport
+        return (not self._write_paused and not self._lost and transport is not None
+                and not transport.is_closing() and not isinstance(self._error, OSError))
 
     async def drain(self) -> None:
         """Wait until the write buffer is below its low-water mark."""
@@ -283,7 +325,7 @@ class FrameStream(asyncio.BufferedProtocol):
             raise ConnectionResetError("Connection lost")
         if not self._write_paused:
             return
-        waiter = asyncio.get_running_loop().create_future()
+        waiter = self._loop.create_future()
         self._drain_waiters.append(waiter)
         await waiter
 
