@@ -317,9 +317,14 @@ def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
     """The rejection when ``result`` holds more bytes than ``limits`` allow, else None.
 
     The returned records are measured in compiled code (no Python loop per record);
-    the batch received only when the ratio is to be checked.
+    the batch received only when the ratio is to be checked. Records that cannot be
+    encoded at all (a header key that is not UTF-8) are not measured: encoding them
+    refuses the batch next, naming the record.
     """
-    size = records_size(result.records)
+    try:
+        size = records_size(result.records)
+    except UnicodeEncodeError:
+        return None
     if size > limits.max_bytes:
         given = records_size(batch.records)
         return fault_rejection("output_size", name, (
