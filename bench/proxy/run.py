@@ -284,7 +284,7 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
     thread and worker process it makes inherits them). With ``others_nice`` the broker
     runs that many nice steps below this process's priority (the hop does not).
     """
-    from kiproxy.localbrokers.tansu import broker_binary
+    from kiproxy_dev.tansu import broker_binary
 
     pin = pinned(proxy_cpus)
     broker_port = _free_port()

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.tansu import free_port
 
 __all__ = ["HaproxyFront", "StartHaproxy", "haproxy_binary", "haproxy_config",
            "running_haproxy"]
