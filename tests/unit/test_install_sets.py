@@ -19,10 +19,11 @@ HEAVY = {"pyspark", "pyarrow", "pytest", "hypothesis", "mypy", "ruff", "testcont
 
 
 def _installs(stamp: str) -> list[str]:
-    """The ``pip install`` arguments of a Makefile stamp's recipe."""
+    """The arguments of the ``pip install`` that installs the checkout in a Makefile
+    stamp's recipe (not the one that upgrades pip)."""
     makefile = (ROOT / "Makefile").read_text()
     block = makefile.split(f"$({stamp}):", 1)[1].split("\n\n", 1)[0]
-    match = re.search(r"pip install --quiet (.+)", block)
+    match = re.search(r"pip install --quiet (-e .+)", block)
     assert match is not None, block
     return match.group(1).replace("'", "").split()
 
