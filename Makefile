@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
 SOURCES := pyproject.toml setup.py protocol/_codec.pyx \
-	interceptors/builtin/schema_registry/_avro_check.pyx kiproxy/__init__.py
+	interceptors/builtin/schema_registry/_avro_check.pyx kiproxy/__init__.py dev/pyproject.toml
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 
 .PHONY: install run test lint typecheck unit dist wheel docs docs-config bench-codec bench-deps haproxy-deps bench-proxy bench-routes bench clean
@@ -15,17 +15,17 @@ RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbe
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-## What `make run` needs: the package, its runtime dependencies and the embedded broker (`dev`),
+## What `make run` needs: the package, its runtime dependencies and dev/ (`kiproxy dev`, Tansu),
 ## with the record codec alone compiled (the demo never loads the Avro check; setup.py).
 $(RUN_STAMP): $(SOURCES) | $(BIN)/python
-	KIPROXY_EXTENSIONS=codec $(BIN)/python -m pip install --quiet -e '.[dev]'
+	KIPROXY_EXTENSIONS=codec $(BIN)/python -m pip install --quiet -e . -e ./dev
 	touch $(RUN_STAMP)
 
 ## What `make test` needs on top: the test, Spark, docs and packaging tools.
 ## A current pip first: it installs this many packages with a quarter less CPU than 23.2 does.
 $(TEST_STAMP): $(SOURCES) | $(BIN)/python
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test]' -e ./dev
 	touch $(RUN_STAMP) $(TEST_STAMP)
 
 install: $(TEST_STAMP)

@@ -43,9 +43,9 @@ from hardening.bombs import (  # noqa: E402
 )
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame  # noqa: E402
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port  # noqa: E402
 from kiproxy.protocol.compression import Compression  # noqa: E402
 from kiproxy.protocol.records import Record, build_batch, decode_batches  # noqa: E402
+from kiproxy_dev.tansu import EmbeddedBroker, free_port  # noqa: E402
 
 CLIENTS = 16
 BURSTS = 3

@@ -45,8 +45,8 @@ from hardening.bombs import (  # noqa: E402
 )
 
 from bench.bombs import launch_uppercase  # noqa: E402
-from kiproxy.localbrokers.tansu import EmbeddedBroker  # noqa: E402
 from kiproxy.protocol.records import Record, build_batch  # noqa: E402
+from kiproxy_dev.tansu import EmbeddedBroker  # noqa: E402
 
 MiB = 2**20
 SETTLE = 2.5

@@ -5,7 +5,7 @@ Run from the repository root with the project's virtualenv, after ``make kafka``
     python -m bench.perf_test              # about two minutes; writes bench/RESULTS.md
     python -m bench.perf_test --no-write   # print the table only
 
-It starts a 1-node Apache Kafka cluster (the launcher of ``kiproxy.localbrokers.kafka_cluster``,
+It starts a 1-node Apache Kafka cluster (the launcher of ``kiproxy_dev.kafka_cluster``,
 JVMs on 127.0.0.1) and two proxies in front of it, ``kiproxy run`` with no
 interceptor (**passthrough**) and with ``--interceptor uppercase`` (**uppercase**:
 every batch decoded, every value upper-cased, re-encoded), and runs
@@ -35,9 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.results import RESULTS, write_results
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster, find_kafka_home
-from kiproxy.localbrokers.kafka_distribution import kafka_version_of
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.kafka_cluster import KafkaCluster, find_kafka_home
+from kiproxy_dev.kafka_distribution import kafka_version_of
+from kiproxy_dev.tansu import free_port
 
 SECTION = "## Apache Kafka: kafka-producer-perf-test, direct and through kiproxy"
 ROOT = Path(__file__).resolve().parents[1]

@@ -48,7 +48,7 @@ from faults.registry_standin import (  # type: ignore[import-not-found]  # noqa:
 )
 from hardening.bombs import RssSampler, rss_of  # noqa: E402
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port  # noqa: E402
+from kiproxy_dev.tansu import EmbeddedBroker, free_port  # noqa: E402
 
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
     {"name": "id", "type": "string"}, {"name": "amount", "type": "double"}]}

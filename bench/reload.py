@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import write_results
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 HEADING = "## Hot reload: produce latency during 20 reloads"
 PLUGIN = '''

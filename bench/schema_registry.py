@@ -202,7 +202,7 @@ def registry(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from kiproxy.localbrokers.apicurio import ApicurioRegistry, find_registry_jar
+    from kiproxy_dev.apicurio import ApicurioRegistry, find_registry_jar
 
     jar = find_registry_jar()
     if jar is None:
@@ -245,7 +245,7 @@ def burst(url: str, steady_records: int, rounds: int,
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+    from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
     run = str(int(time.time()))[-6:]
     steady_topic, burst_topic = f"steady{run}", f"burst{run}"

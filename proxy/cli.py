@@ -5,7 +5,7 @@
 (:func:`add_flags`: every setting with a :class:`~kiproxy.interceptors.flags.Flag`
 on its field, its help and default from the field), and a flag given overrides
 the config file's value (:func:`_overrides`). ``kiproxy dev``
-(:mod:`kiproxy.localbrokers.dev`) shares the flags, the start-up (:func:`run`
+(:mod:`kiproxy_dev.cli`) shares the flags, the start-up (:func:`run`
 with its own ``body``) and :func:`~kiproxy.proxy.serve.serve_until_stopped`.
 """
 

@@ -36,9 +36,10 @@ import pytest
 from support.apache_kafka import kafka_home_or_skip, session_cluster
 from support.registry import registry_jar_or_skip
 
-from kiproxy.localbrokers.apicurio import ApicurioRegistry
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.apicurio import ApicurioRegistry
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.processes import stop_process
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -163,14 +164,8 @@ class ProxyProcess:
             time.sleep(0.05)
 
     def stop(self, sig: int = 15, timeout: float = 15) -> int:
-        """Send ``sig`` and wait for the exit code."""
-        if self.process.poll() is None:
-            self.process.send_signal(sig)
-        try:
-            return self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            return self.process.wait(5)
+        """Send ``sig`` and wait for the exit code (SIGKILL after ``timeout`` s)."""
+        return stop_process(self.process, timeout, sig)
 
 
 def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,

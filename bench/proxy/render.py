@@ -141,7 +141,7 @@ def _haproxy_version(binary: str | None) -> str:
 
 def _tansu_version() -> str:
     try:
-        from kiproxy.localbrokers.tansu import broker_binary
+        from kiproxy_dev.tansu import broker_binary
 
         return Path(broker_binary()).name
     except Exception as exc:

@@ -287,7 +287,7 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
     ``tree`` is the source tree kiproxy is imported from (another commit's, for an
     A/B run: ``bench.ab``).
     """
-    from kiproxy.localbrokers.tansu import broker_binary
+    from kiproxy_dev.tansu import broker_binary
 
     pin = pinned(proxy_cpus)
     broker_port = _free_port()

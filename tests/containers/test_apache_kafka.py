@@ -50,7 +50,7 @@ from containers.engine import (
     build_image,
     engine_env,
 )
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.tansu import free_port
 
 try:
     from testcontainers.community.kafka import KafkaContainer

@@ -59,7 +59,7 @@ from integration.test_sasl import (
 from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from containers.test_apache_kafka import KAFKA_IMAGE, ApacheKafkaContainer, docker_engine
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.tansu import free_port
 
 try:
     from testcontainers.community.kafka import KafkaContainer

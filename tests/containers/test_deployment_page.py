@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import TANSU_NODE_ID
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 from .engine import ROOT, Image
 

@@ -14,7 +14,8 @@ mode says:
 :meth:`FaultyFront.set_mode` applies to new connections and closes the open ones, so a
 client reconnects into the new mode. For a client to use the front for every request,
 the broker must advertise the front's address: :func:`broker_behind` starts a Tansu
-listening on a port of its own and advertising the front's.
+listening on a port of its own and advertising the front's (the launcher of
+``kiproxy dev``, :class:`kiproxy_dev.tansu.EmbeddedBroker`).
 
 The server runs on an event loop of its own in a daemon thread; nothing here imports
 the proxy.
@@ -25,25 +26,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import socket
-import subprocess
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
+
 Mode = Literal["forward", "trickle", "hang", "close", "garble"]
 
 __all__ = ["FaultyFront", "Mode", "TansuBehind", "broker_behind", "free_port"]
-
-
-def free_port() -> int:
-    """A TCP port free on loopback now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class FaultyFront:
@@ -171,54 +163,18 @@ class FaultyFront:
             up_writer.transport.abort()
 
 
-class TansuBehind:
+class TansuBehind(EmbeddedBroker):
     """A Tansu broker (memory storage) listening on ``port`` and advertising ``advertised``
     (a front's address), so that every client request goes through the front."""
 
     def __init__(self, advertised: str, *, port: int | None = None,
                  log_path: Path | None = None) -> None:
-        self.advertised = advertised
-        self.port = port or free_port()
-        self.log_path = log_path
-        self._process: subprocess.Popen[bytes] | None = None
+        super().__init__(port, log_path=log_path, advertised=advertised)
 
     @property
     def address(self) -> str:
         """``127.0.0.1:PORT`` the broker listens on (reach it there, not through a front)."""
-        return f"127.0.0.1:{self.port}"
-
-    def start(self, timeout: float = 20.0) -> None:
-        """Start the broker and wait until it accepts connections."""
-        from kiproxy.localbrokers.tansu import broker_binary
-
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self._process = subprocess.Popen(
-            [broker_binary(), "broker", "--listener-url", f"tcp://{self.address}",
-             "--advertised-listener-url", f"tcp://{self.advertised}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self._process.poll() is None, "the broker exited while starting"
-            with contextlib.suppress(OSError), socket.create_connection(
-                    ("127.0.0.1", self.port), timeout=0.5):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"broker did not listen on {self.address} within {timeout}s")
-
-    def stop(self) -> None:
-        """Stop the broker (SIGTERM, then SIGKILL after 5 s)."""
-        proc, self._process = self._process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        return self.bootstrap
 
 
 @contextlib.contextmanager

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from conftest import TESTS, ProxyProcess, consume, launch_proxy
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -33,7 +33,7 @@ from kiproxy.interceptors.builtin.schema_registry.registry import (
     SchemaRegistryClient,
 )
 from kiproxy.interceptors.builtin.schema_registry.registry_config import RegistrySettings
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 from .pki import FaultPki, fault_pki
 from .registry_standin import StandInRegistry

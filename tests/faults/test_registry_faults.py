@@ -36,7 +36,7 @@ import pytest
 from conftest import ProxyProcess, launch_proxy
 from integration.test_interception import _create_topics
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 from .registry_standin import StandInRegistry
 

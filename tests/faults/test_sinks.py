@@ -39,7 +39,7 @@ import yaml
 from conftest import ROOT, launch_proxy
 
 from faults.kafka_standin import FaultyFront, Mode, TansuBehind, broker_behind, free_port
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(240)
 

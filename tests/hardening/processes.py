@@ -4,24 +4,20 @@ where its clients left it)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
 
-from kiproxy.localbrokers.tansu import broker_binary, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 __all__ = ["TansuBroker", "free_broker_port_start", "launch_proxy_at"]
 
 
-class TansuBroker:
+class TansuBroker(EmbeddedBroker):
     """A Tansu broker (memory storage) on ``port`` that advertises ``advertised_port``.
 
     Tansu names its advertised address in Metadata, so clients (and kiproxy) that
@@ -31,53 +27,18 @@ class TansuBroker:
 
     def __init__(self, advertised_port: int, port: int | None = None,
                  log_path: Path | None = None) -> None:
-        self.port = port or free_port()
+        super().__init__(port, log_path=log_path, advertised=f"127.0.0.1:{advertised_port}")
         self.advertised_port = advertised_port
-        self.log_path = log_path
-        self._process: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
         """The broker's real listener."""
-        return ("127.0.0.1", self.port)
+        return (self.host, self.port)
 
     def start(self, timeout: float = 20) -> TansuBroker:
         """Start and wait until the listener accepts connections."""
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
-        self._process = subprocess.Popen(
-            [broker_binary(), "broker",
-             "--listener-url", f"tcp://127.0.0.1:{self.port}",
-             "--advertised-listener-url", f"tcp://127.0.0.1:{self.advertised_port}",
-             "--storage-engine", "memory://tansu/"],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self._process.poll() is not None:
-                raise RuntimeError(f"Tansu exited with {self._process.returncode} on start")
-            with contextlib.suppress(OSError), socket.create_connection(self.address, 0.5):
-                return self
-            time.sleep(0.05)
-        self.stop()
-        raise RuntimeError(f"Tansu did not listen on port {self.port} within {timeout} s")
-
-    @property
-    def running(self) -> bool:
-        """Whether the broker process is alive."""
-        return self._process is not None and self._process.poll() is None
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s."""
-        proc, self._process = self._process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        super().start(timeout)
+        return self
 
 
 def free_broker_port_start(node_id: int = TANSU_NODE_ID) -> int:

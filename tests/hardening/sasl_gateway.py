@@ -872,7 +872,7 @@ class SaslGateway:
 @contextlib.contextmanager
 def sasl_broker(users: Mapping[str, str], **gateway_options: Any) -> Iterator[SaslGateway]:
     """A Tansu broker (advertising its own port) with a :class:`SaslGateway` in front."""
-    from kiproxy.localbrokers.tansu import EmbeddedBroker
+    from kiproxy_dev.tansu import EmbeddedBroker
 
     with EmbeddedBroker() as broker, SaslGateway(broker.bootstrap, users,
                                                  **gateway_options) as gateway:

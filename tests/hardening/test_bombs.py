@@ -43,8 +43,8 @@ from hardening.bombs import (
     send_at_once,
 )
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.protocol.records import Record, build_batch
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 MiB = 2**20
 DECODE_MEMORY = 64 * MiB

@@ -68,12 +68,12 @@ from support.apache_kafka import kafka_home_or_skip
 from hardening.fault_relay import FaultRelay, wait_until
 from hardening.processes import TansuBroker, free_broker_port_start, launch_proxy_at
 from hardening.raw_kafka import closed_by_peer, connect, local_address
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import free_port
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.messages import ApiKey, parse_request
 from kiproxy.protocol.records import read_batch_headers
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import free_port
 
 RECORDS = max(50_000, int(os.environ.get("KIPROXY_FAULT_RECORDS", "50000")))
 KAFKA_RECORDS = 20_000

@@ -74,7 +74,6 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.uppercase import Uppercase
-from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import (
     FrameDecoder,
@@ -96,6 +95,7 @@ from kiproxy.proxy.brokers.addresses import needs_rewrite, rewrite_response_fram
 from kiproxy.proxy.brokers.api_versions import cut_api_versions_frame
 from kiproxy.proxy.produce.disposition import Answer, Forward
 from kiproxy.proxy.produce.pipeline import ProducePipeline
+from kiproxy_dev.tansu import EmbeddedBroker
 
 _LONG_RUN = int(os.environ.get("KIPROXY_FUZZ_EXAMPLES", "0"))
 F = TypeVar("F", bound=Callable[..., None])

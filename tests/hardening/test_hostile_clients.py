@@ -50,7 +50,7 @@ from hardening.raw_kafka import (
     metadata_frame,
     recv_frame,
 )
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 MiB = 2**20
 RSS_BOUND = 200 * MiB

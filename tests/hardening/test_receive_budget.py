@@ -42,10 +42,10 @@ from conftest import ProxyProcess, consume
 
 from hardening.bombs import PRODUCE_VERSION, RssSampler, produce_answer, produce_request, rss_of
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame
-from kiproxy.localbrokers.tansu import free_port
 from kiproxy.protocol.framing import encode_request_header
 from kiproxy.protocol.messages import ApiKey
 from kiproxy.protocol.records import Record, build_batch
+from kiproxy_dev.tansu import free_port
 
 MiB = 2**20
 LIMIT = 8 * MiB

@@ -12,7 +12,7 @@ from support.confluent import close_producers
 from support.registry import registry_jar_or_skip
 
 from integration.haproxy import HaproxyFront, StartHaproxy, haproxy_binary, running_haproxy
-from kiproxy.localbrokers.apicurio import ApicurioRegistry
+from kiproxy_dev.apicurio import ApicurioRegistry
 
 
 @pytest.fixture(autouse=True)

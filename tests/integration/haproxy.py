@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.processes import stop_process
+from kiproxy_dev.tansu import free_port
 
 __all__ = ["HaproxyFront", "StartHaproxy", "haproxy_binary", "haproxy_config",
            "running_haproxy"]
@@ -86,12 +87,7 @@ def running_haproxy(workdir: Path, backend_port: int, *, send_proxy: Literal["v1
         _wait_listening(family, bind, port, process, workdir / f"haproxy-{port}.log")
         yield HaproxyFront(bind, port, send_proxy)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_process(process, grace=10)
         log.close()
 
 

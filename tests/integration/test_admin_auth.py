@@ -19,8 +19,8 @@ import pytest
 from conftest import launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.proxy.admin.guard import AdminGuard
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

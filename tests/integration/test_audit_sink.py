@@ -20,8 +20,8 @@ import yaml
 from conftest import consume, launch_proxy
 from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -19,12 +19,12 @@ from conftest import consume
 from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from kiproxy.interceptors import Record
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.proxy.config.model import DeadLetterSinkSettings, UpstreamTlsSettings
 from kiproxy.proxy.observe.dead_letter import HEADERS, DeadLetterCopy
 from kiproxy.proxy.observe.kafka_sink import KafkaSink
 from kiproxy.proxy.observe.metrics import Metrics
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -21,7 +21,7 @@ from conftest import ROOT, consume
 from support.apache_kafka import kafka_home_or_skip
 from support.dev_mode import DevMode, popen_dev, running_dev
 
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.tansu import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

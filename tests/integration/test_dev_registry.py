@@ -13,8 +13,8 @@ import pytest
 from support.dev_mode import popen_dev, running_dev
 from support.registry import registry_jar_or_skip
 
-from kiproxy.localbrokers.processes import port_free
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.processes import port_free
+from kiproxy_dev.tansu import free_port
 
 pytestmark = pytest.mark.timeout(180)
 

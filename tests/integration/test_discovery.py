@@ -12,9 +12,9 @@ from conftest import TANSU_NODE_ID, consume, launch_proxy
 from hardening.processes import TansuBroker, free_broker_port_start, launch_proxy_at
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 
 def _wait_for_line(lines: list[str], text: str, timeout: float) -> str | None:

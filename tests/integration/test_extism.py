@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from conftest import ProxyProcess, consume, launch_proxy
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(180)
 

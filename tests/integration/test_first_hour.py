@@ -27,8 +27,8 @@ import pytest
 from conftest import ROOT, TANSU_NODE_ID, launch_proxy
 from support.dev_mode import running_dev
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.proxy.brokers.failures import UpstreamFailureLog
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 _ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

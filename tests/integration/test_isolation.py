@@ -20,7 +20,7 @@ import psutil
 import pytest
 from conftest import consume, launch_proxy
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 PLUGINS = Path(__file__).resolve().parents[1] / "isolation_plugins"
 REQUEST_TIMED_OUT = 7

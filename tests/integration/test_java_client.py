@@ -25,7 +25,7 @@ from conftest import ProxyProcess, launch_proxy
 from support.apache_kafka import kafka_home_or_skip
 from support.java_client import JavaClient
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
+from kiproxy_dev.kafka_cluster import KafkaCluster
 
 pytestmark = pytest.mark.timeout(240)
 

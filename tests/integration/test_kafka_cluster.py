@@ -1,4 +1,4 @@
-"""The Apache Kafka launcher (kiproxy/localbrokers/kafka_cluster.py): real KRaft clusters
+"""The Apache Kafka launcher (dev/kiproxy_dev/kafka_cluster.py): real KRaft clusters
 of JVMs on loopback.
 
 The bad-input tests need neither Kafka's jars nor Java: they stop before any JVM
@@ -19,7 +19,7 @@ from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 from support.apache_kafka import PINNED_VERSION, kafka_home_or_skip
 
-from kiproxy.localbrokers.kafka_cluster import (
+from kiproxy_dev.kafka_cluster import (
     KafkaCluster,
     KafkaClusterError,
     find_kafka_home,

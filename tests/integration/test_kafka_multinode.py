@@ -44,8 +44,8 @@ import pytest
 from conftest import ProxyProcess, launch_proxy
 from support.apache_kafka import kafka_home_or_skip
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import free_port
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import free_port
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -8,7 +8,7 @@ import time
 
 from conftest import launch_proxy
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 
 def _api_versions(correlation_id: int) -> bytes:

@@ -14,7 +14,7 @@ import yaml
 from conftest import consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 PLUGINS = Path(__file__).parent / "observe_plugins"
 

@@ -34,8 +34,8 @@ import pytest
 import yaml
 from conftest import ROOT, ProxyProcess, launch_proxy
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -21,7 +21,7 @@ import pytest
 from conftest import ROOT, consume, launch_proxy
 from support.dev_mode import running_dev
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -28,7 +28,7 @@ from kiproxy.interceptors.builtin.schema_registry.registry import (
     UnknownSubject,
 )
 from kiproxy.interceptors.builtin.schema_registry.registry_config import RegistrySettings
-from kiproxy.localbrokers.apicurio import ApicurioRegistry
+from kiproxy_dev.apicurio import ApicurioRegistry
 
 RUN = uuid.uuid4().hex[:6]  # the shared registry outlives a test: subjects of this run only
 MONEY_PROTO = 'syntax = "proto3";\npackage common;\nmessage Money { double amount = 1; }\n'

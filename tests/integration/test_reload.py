@@ -25,8 +25,8 @@ import pytest
 from conftest import ProxyProcess, consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.kafka_cluster import KafkaCluster
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 PLUGIN = '''
 from kiproxy.interceptors import ProduceRequestInterceptor

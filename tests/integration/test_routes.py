@@ -28,7 +28,7 @@ import pytest
 import yaml
 from conftest import ROOT, ProxyProcess, launch_proxy
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -32,7 +32,7 @@ from hardening.sasl_gateway import SaslGateway
 from integration.haproxy import StartHaproxy
 from integration.test_routes import audit_events, produce, read
 from integration.test_tls import _cert, _key, _name, _write
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = [
     pytest.mark.timeout(120),

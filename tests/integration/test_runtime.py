@@ -44,13 +44,13 @@ from support.confluent import confluent_producer, poll_messages
 from support.dev_mode import running_dev
 from support.raw_client import RawClient
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.protocol.framing import (
     encode_frame,
     parse_response_header,
 )
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type, serialize
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION, known_version_range
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(120)
 

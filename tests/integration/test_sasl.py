@@ -49,10 +49,10 @@ from hardening.raw_kafka import (
 )
 from hardening.sasl_gateway import SaslGateway, kafka_failure_message
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.protocol.framing import encode_frame, encode_request_header, parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response, request_type
 from kiproxy.protocol.records import Record, build_batch
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = [
     pytest.mark.timeout(120),

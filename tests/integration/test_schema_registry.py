@@ -26,8 +26,8 @@ import pytest
 from conftest import ProxyProcess, consume, launch_proxy
 from support.raw_client import RawClient
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.protocol.records import Record, build_batch
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 from .test_interception import _create_topics
 

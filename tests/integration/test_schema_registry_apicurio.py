@@ -27,7 +27,7 @@ from conftest import ProxyProcess, consume, launch_proxy
 from support.apache_kafka import kafka_home_or_skip
 from support.apicurio_producer import ApicurioProducer, ProducerRun
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 from .test_interception import _create_topics
 

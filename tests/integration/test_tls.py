@@ -33,7 +33,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, broker_binary, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, broker_binary, free_port
 
 
 @dataclass

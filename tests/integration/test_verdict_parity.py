@@ -27,10 +27,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kiproxy.interceptors import RecordBatch
 from kiproxy.interceptors.testing import Plugin, load, run_interceptor
 from kiproxy.interceptors.verdict import Outcome
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
 from kiproxy.pipelines.sources import SourceBatch
 from kiproxy.protocol.records import Record, build_batch, decode_batches
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 from .test_interception import RawClient, _create_topics
 

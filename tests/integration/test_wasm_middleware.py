@@ -23,7 +23,7 @@ from conftest import ROOT, TESTS, ProxyProcess, consume, launch_proxy
 from kiproxy.interceptors import Header, Record
 from kiproxy.interceptors.builtin.signing import signature
 from kiproxy.interceptors.builtin.trace import traceparent_problem
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(120)
 

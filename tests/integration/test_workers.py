@@ -10,7 +10,7 @@ from pathlib import Path
 from conftest import consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 
 def _free_port_pair_below_ephemeral() -> int:

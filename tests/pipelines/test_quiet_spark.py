@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kiproxy.localbrokers.tansu import EmbeddedBroker
+from kiproxy_dev.tansu import EmbeddedBroker
 
 pytestmark = pytest.mark.timeout(300)
 

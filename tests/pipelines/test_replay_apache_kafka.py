@@ -23,9 +23,9 @@ import pytest
 from support.apache_kafka import kafka_home_or_skip
 
 from kiproxy.cli import main as kiproxy_main
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster
 from kiproxy.pipelines.fetch_client import FetchClient
 from kiproxy.pipelines.session import spark_session
+from kiproxy_dev.kafka_cluster import KafkaCluster
 
 pytestmark = [pytest.mark.timeout(300)]
 

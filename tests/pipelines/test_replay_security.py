@@ -38,11 +38,11 @@ from cryptography.x509.oid import NameOID
 from hardening.sasl_gateway import SaslGateway
 
 from kiproxy.cli import main as kiproxy_main
-from kiproxy.localbrokers.tansu import EmbeddedBroker, free_port
 from kiproxy.pipelines.client_security import load_client_security
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import FetchClient
 from kiproxy.pipelines.session import spark_session
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = [pytest.mark.timeout(300),
               pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster, find_kafka_home, pinned_kafka_version
+from kiproxy_dev.kafka_cluster import KafkaCluster, find_kafka_home, pinned_kafka_version
 
 ROOT = Path(__file__).resolve().parents[2]
 PINNED_VERSION = pinned_kafka_version(ROOT / "apache-kafka" / "pom.xml")

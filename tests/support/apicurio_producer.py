@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from kiproxy.localbrokers.kafka_distribution import default_cache_dir, kafka_version_of
+from kiproxy_dev.kafka_distribution import default_cache_dir, kafka_version_of
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "tests" / "java" / "ApicurioProducer.java"

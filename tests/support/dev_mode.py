@@ -19,6 +19,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+from kiproxy_dev.processes import end_process
+
 __all__ = ["DevMode", "popen_dev", "running_dev"]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,19 +61,13 @@ class DevMode:
 
     def stop(self, timeout: float = 20) -> None:
         """Ctrl-C, then SIGKILL to the group if it has not exited within ``timeout`` s."""
-        with contextlib.suppress(ProcessLookupError):
-            self.interrupt()
-        try:
-            self.process.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        if self.process.poll() is None:
+            end_process(self.process, timeout, signal.SIGINT)
 
     def kill(self) -> None:
         """SIGKILL to the group, if the process still runs."""
         if self.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(5)
+            end_process(self.process, grace=0)
 
     def _pump(self) -> None:
         assert self.process.stdout is not None

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kiproxy.localbrokers.kafka_cluster import KafkaClusterError
-from kiproxy.localbrokers.kafka_distribution import default_cache_dir, find_java, kafka_version_of
+from kiproxy_dev.kafka_cluster import KafkaClusterError
+from kiproxy_dev.kafka_distribution import default_cache_dir, find_java, kafka_version_of
 
 SOURCE = Path(__file__).resolve().parents[1] / "java" / "KiproxyClient.java"
 MAIN_CLASS = "KiproxyClient"

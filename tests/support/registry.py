@@ -1,5 +1,5 @@
 """The Apicurio Registry the tests run (built by ``make registry``, started by
-:class:`kiproxy.localbrokers.apicurio.ApicurioRegistry`), and an HTTPS front for it.
+:class:`kiproxy_dev.apicurio.ApicurioRegistry`), and an HTTPS front for it.
 
 ``registry_jar_or_skip`` returns the jar, building it first when the cache lacks it
 (apicurio-registry/build.sh, about a minute cold); the tests skip only when Java or
@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from kiproxy.localbrokers.apicurio import find_registry_jar
+from kiproxy_dev.apicurio import find_registry_jar
 
 ROOT = Path(__file__).resolve().parents[2]
 BUILD = ROOT / "apicurio-registry" / "build.sh"

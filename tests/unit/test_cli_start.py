@@ -68,6 +68,20 @@ def test_a_config_that_needs_a_missing_extra_stops_with_one_line(tmp_path: Path,
     assert "bootstrap address" not in result.stdout
 
 
+def test_kiproxy_dev_without_the_dev_distribution_stops_with_one_line(tmp_path: Path) -> None:
+    shim = tmp_path / "shim"
+    (shim / "kiproxy_dev").mkdir(parents=True)
+    (shim / "kiproxy_dev" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'kiproxy_dev'\", name='kiproxy_dev')\n")
+    result = _kiproxy("dev", "--broker", "kafka", "--listen", "127.0.0.1:0", cwd=tmp_path,
+                      pythonpath=shim)
+    assert (result.returncode, result.stdout, result.stderr) == (1, "", (
+        "kiproxy: kiproxy dev needs the kafka-interceptor-proxy-dev distribution (kiproxy_dev "
+        "is not installed): pip install ./dev from a kiproxy checkout\n"))
+    # The other commands are untouched by it.
+    assert _kiproxy("run", "--help", cwd=tmp_path, pythonpath=shim).returncode == 0
+
+
 def test_the_same_config_passes_the_check_where_the_extra_is_installed(tmp_path: Path) -> None:
     # The shim is what fails above: without it, start-up gets as far as the upstream.
     (tmp_path / "config.yaml").write_text(ROLLOUT)

@@ -482,7 +482,7 @@ def test_the_wheel_lists_every_package_folder_of_the_namespace() -> None:
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
                  ["packages"])
     on_disk = {"kiproxy"}
-    for top in ("protocol", "interceptors", "proxy", "pipelines", "kiproxy/localbrokers"):
+    for top in ("protocol", "interceptors", "proxy", "pipelines"):
         for init in (ROOT / top).rglob("__init__.py"):
             folder = init.parent.relative_to(ROOT).as_posix()
             name = folder if folder.startswith("kiproxy/") else f"kiproxy/{folder}"
@@ -490,3 +490,21 @@ def test_the_wheel_lists_every_package_folder_of_the_namespace() -> None:
     assert on_disk == listed, (
         f"missing from [tool.setuptools] packages: {sorted(on_disk - listed)}; "
         f"listed but not a package: {sorted(listed - on_disk)}")
+
+
+def test_the_dev_distribution_lists_its_package_and_the_image_leaves_it_out() -> None:
+    # `kiproxy dev` and the local brokers are dev/'s distribution alone: the runtime's
+    # package list names none of them, the image's build context holds no dev/ and its
+    # pip lines install the runtime's wheel only.
+    dev = tomllib.loads((ROOT / "dev" / "pyproject.toml").read_text())
+    on_disk = {init.parent.relative_to(ROOT / "dev").as_posix().replace("/", ".")
+               for init in (ROOT / "dev").rglob("__init__.py")
+               if "build" not in init.relative_to(ROOT / "dev").parts}  # a wheel's build
+    assert set(dev["tool"]["setuptools"]["packages"]) == on_disk == {"kiproxy_dev"}
+    assert dev["project"]["entry-points"]["kiproxy.commands"] == {"dev": "kiproxy_dev.cli"}
+    runtime = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert not any("dev" in p for p in runtime["tool"]["setuptools"]["packages"])
+    assert "dev" in (ROOT / ".dockerignore").read_text().splitlines()
+    pip_lines = [line for line in (ROOT / "Dockerfile").read_text().splitlines()
+                 if "pip " in line]
+    assert pip_lines and not any("dev" in line for line in pip_lines), pip_lines

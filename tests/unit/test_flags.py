@@ -19,10 +19,10 @@ import pytest
 
 from kiproxy.cli import build_parser, main
 from kiproxy.interceptors.flags import PLUGINS_DIR, FlagError, model_flags, model_from_flags
-from kiproxy.localbrokers.dev import DevSettings
 from kiproxy.pipelines.settings import ReplaySettings, ReportSettings
 from kiproxy.proxy.cli import _overrides
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
+from kiproxy_dev.cli import DevSettings
 
 
 def _command(name: str) -> argparse.ArgumentParser:

@@ -5,7 +5,8 @@ ARCHITECTURE.md: ``proxy -> interceptors -> protocol`` and
 ``interceptors`` never imports ``proxy``, ``proxy`` never imports ``pipelines``.
 Inside ``proxy`` the sub-packages keep the order :data:`PROXY_LAYERS` declares
 (each package's ``__init__`` docstring says the same), and the local brokers of
-``kiproxy dev`` (``kiproxy.localbrokers``) are never imported by the runtime.
+``kiproxy dev`` (``kiproxy_dev``, the distribution in ``dev/``) are imported by no module
+of ``kiproxy``: the command finds them through an entry point.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("protocol", "interceptors", "proxy", "pipelines")
-REAL_PACKAGES = ("localbrokers",)  # real folders inside kiproxy/, not links
+DEV = "kiproxy_dev"  # dev/kiproxy_dev: the second distribution, on top of the runtime
 
 PROXY_LAYERS: dict[str, frozenset[str]] = {
     "config": frozenset(),
@@ -49,8 +50,9 @@ def _modules() -> dict[str, Path]:
     found.update({_module_name(p): p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.pyx")})
     found.update({f"kiproxy.{p.stem}": p for p in (ROOT / "kiproxy").glob("*.py")
                   if p.stem != "__init__"})
-    found.update({_module_name(p): p for pkg in REAL_PACKAGES
-                  for p in (ROOT / "kiproxy" / pkg).rglob("*.py")})
+    for p in (ROOT / "dev" / DEV).rglob("*.py"):
+        parts = list(p.relative_to(ROOT / "dev").with_suffix("").parts)
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
     return found
 
 
@@ -76,7 +78,7 @@ def _imports(name: str, path: Path, known: set[str]) -> set[str]:
         for target in targets:
             while target and target not in known:
                 target = target.rpartition(".")[0]
-            if target and target != name and target != "kiproxy":
+            if target and target != name and target not in ("kiproxy", DEV):
                 out.add(target)
     return out
 
@@ -134,12 +136,12 @@ def test_the_graph_sees_type_checking_imports() -> None:
 
 def test_imports_go_one_way() -> None:
     def layer(module: str) -> str:
-        return module.split(".")[1]
+        return DEV if module.startswith(DEV) else module.split(".")[1]
 
     allowed = {"protocol": {"protocol"}, "interceptors": {"interceptors", "protocol"},
                "proxy": {"proxy", "interceptors", "protocol"},
                "pipelines": {"pipelines", "interceptors", "protocol"},
-               "localbrokers": {"localbrokers", "proxy", "interceptors", "protocol"}}
+               DEV: {DEV, "proxy", "interceptors", "protocol"}}
     wrong = sorted(f"{src} -> {dst}" for src, dsts in _graph().items() for dst in dsts
                    if layer(src) in allowed and layer(dst) not in allowed[layer(src)])
     assert wrong == []
@@ -181,10 +183,10 @@ def test_proxy_sub_packages_import_only_the_layers_below_them() -> None:
 
 def test_the_runtime_never_imports_the_local_brokers() -> None:
     graph = _graph()
-    assert any(name.startswith("kiproxy.localbrokers.") for name in graph)  # the walk found them
+    assert any(name.startswith(f"{DEV}.") for name in graph)  # the walk found them
+    assert f"{DEV}.tansu" in graph["kiproxy_dev.cli"]  # and sees their imports
     wrong = sorted(f"{src} -> {dst}" for src, dsts in graph.items() for dst in dsts
-                   if dst.startswith("kiproxy.localbrokers")
-                   and not (src.startswith("kiproxy.localbrokers") or src == "kiproxy.cli"))
+                   if dst.startswith(DEV) and not src.startswith(DEV))
     assert wrong == []
 
 

@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 BARE = ("proxy", "protocol", "interceptors", "pipelines")
 OLD_MODULE_RUNS = tuple(f"-m {name}" for name in ("proxy", "pipelines")) + tuple(
     f'"-m", "{name}' for name in ("proxy", "pipelines"))
-SOURCE_DIRS = ("kiproxy", "protocol", "interceptors", "proxy", "pipelines", "tests", "bench",
-               "plugins", "examples", "deploy")
+SOURCE_DIRS = ("kiproxy", "protocol", "interceptors", "proxy", "pipelines", "dev", "tests",
+               "bench", "plugins", "examples", "deploy")
 
 
 def _python_files() -> list[Path]:
@@ -31,7 +31,6 @@ def _python_files() -> list[Path]:
         base = ROOT / name
         if name == "kiproxy":
             files += sorted(p for p in base.glob("*.py"))  # the rest are links to the folders
-            files += sorted((base / "localbrokers").rglob("*.py"))  # except this real one
             continue
         files += sorted(base.rglob("*.py"))
     return [f for f in files if ".venv" not in f.parts]

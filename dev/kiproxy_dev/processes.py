@@ -1,9 +1,13 @@
-"""The JVM processes of a local Kafka cluster: started in their own process group,
-always ended (a registry and an ``atexit`` hook), and the port checks done before.
+"""The processes of the local brokers (and of the tests' proxies): how one is stopped,
+the registry that always ends the JVMs (an ``atexit`` hook), and the port checks done
+before starting one.
 
-Contract: every process the cluster starts is ``register``-ed; ``end_process``
-ends its whole group (SIGTERM, a grace period, then SIGKILL) and forgets it; a
-process still registered when Python exits is killed. Standard library only.
+Contract: every process a cluster starts is ``register``-ed; ``end_process``
+ends its whole group (a signal, SIGTERM unless told, a grace period, then SIGKILL)
+and forgets it; a process still registered when Python exits is killed.
+``stop_process`` is the same for one process that shares its parent's group (a
+Tansu broker, a ``kiproxy run`` under test), returning its exit code. Standard
+library only.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ import socket
 import subprocess
 import threading
 from pathlib import Path
+from typing import Any
 
-__all__ = ["HOST", "end_process", "free_ports", "port_free", "register", "signal_group", "tail"]
+__all__ = ["HOST", "end_process", "free_ports", "port_free", "register", "signal_group",
+           "stop_process", "tail"]
 
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -39,16 +45,18 @@ def _kill_leftovers() -> None:
 atexit.register(_kill_leftovers)
 
 
-def signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+def signal_group(proc: subprocess.Popen[Any], sig: signal.Signals) -> None:
     """Send ``sig`` to the process group of ``proc`` (gone already: nothing)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-def end_process(proc: subprocess.Popen[bytes], grace: float) -> None:
-    """SIGTERM the process group, wait up to ``grace`` seconds, then SIGKILL it."""
+def end_process(proc: subprocess.Popen[Any], grace: float,
+                sig: signal.Signals = signal.SIGTERM) -> None:
+    """Send ``sig`` to the process group, wait up to ``grace`` seconds, then SIGKILL it
+    (whatever is left in it too, even when the leader has exited)."""
     if proc.poll() is None and grace > 0:
-        signal_group(proc, signal.SIGTERM)
+        signal_group(proc, sig)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace)
     signal_group(proc, signal.SIGKILL)  # also reaps anything the JVM left in its group
@@ -56,6 +64,20 @@ def end_process(proc: subprocess.Popen[bytes], grace: float) -> None:
         proc.wait(timeout=30)
     with _RUNNING_LOCK:
         _RUNNING.discard(proc)
+
+
+def stop_process(proc: subprocess.Popen[Any], grace: float = 5.0,
+                 sig: int = signal.SIGTERM) -> int:
+    """Send ``sig`` to ``proc`` alone (not its group: it may share ours), wait up to
+    ``grace`` seconds, then SIGKILL it; its exit code."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(sig)
+    try:
+        return proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait(5)
 
 
 def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from kiproxy.localbrokers.kafka_distribution import (
+from kiproxy_dev.kafka_distribution import (
     KafkaClusterError,
     find_java,
     find_kafka_home,
@@ -65,8 +65,8 @@ from kiproxy.localbrokers.kafka_distribution import (
     pinned_kafka_version,
     storage_tool_class,
 )
-from kiproxy.localbrokers.metadata_probe import MetadataView, probe_metadata
-from kiproxy.localbrokers.processes import (
+from kiproxy_dev.metadata_probe import MetadataView, probe_metadata
+from kiproxy_dev.processes import (
     HOST,
     end_process,
     free_ports,

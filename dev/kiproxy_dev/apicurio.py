@@ -24,7 +24,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kiproxy.localbrokers.processes import HOST, end_process, free_ports, port_free, register, tail
+from kiproxy_dev.processes import HOST, end_process, free_ports, port_free, register, tail
 
 __all__ = ["ApicurioRegistry", "RegistryLaunchError", "find_registry_jar"]
 

