@@ -30,19 +30,11 @@ from kiproxy.protocol.fetch_response import (
     FetchLayout,
     read_fetch_response,
 )
+from kiproxy.protocol.wire import uvarint
 
 __all__ = ["splice_fetch_response"]
 
 _INT32 = struct.Struct(">i")
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def splice_fetch_response(
@@ -84,7 +76,7 @@ def splice_fetch_response(
     grown = 0
     for part, new in edits:
         pieces.append(view[copied:part.records_at])
-        prefix = _uvarint(len(new) + 1) if flexible else _INT32.pack(len(new))
+        prefix = uvarint(len(new) + 1) if flexible else _INT32.pack(len(new))
         pieces.append(prefix)
         pieces.append(new)
         copied = part.data_end

@@ -25,23 +25,15 @@ from kiproxy.protocol.produce_request import (
     ProduceLayout,
     read_produce_request,
 )
+from kiproxy.protocol.wire import uvarint
 
 __all__ = ["splice_produce_request"]
 
 _INT32 = struct.Struct(">i")
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _array_length(n: int, flexible: bool) -> bytes:
-    return _uvarint(n + 1) if flexible else _INT32.pack(n)
+    return uvarint(n + 1) if flexible else _INT32.pack(n)
 
 
 def splice_produce_request(
@@ -89,7 +81,7 @@ def splice_produce_request(
             if new is None:
                 copied = part.end
                 continue
-            pieces.append(_uvarint(len(new) + 1) if flexible else _INT32.pack(len(new)))
+            pieces.append(uvarint(len(new) + 1) if flexible else _INT32.pack(len(new)))
             pieces.append(new)
             copied = part.data_end
     pieces.append(view[copied:])

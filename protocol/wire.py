@@ -1,4 +1,5 @@
-"""Kafka's wire primitives, read with bounds checks: the unsigned varint and a byte reader.
+"""Kafka's wire primitives, read with bounds checks: the unsigned varint and a byte reader
+(and the unsigned varint written, for the splices that rewrite a length).
 
 Every decoder in :mod:`protocol` reads varints and small big-endian integers
 through this module, so that a truncated or oversized field fails the same way
@@ -18,7 +19,7 @@ from collections.abc import Callable
 
 from kiproxy.protocol.errors import MalformedMessage
 
-__all__ = ["ByteReader", "ErrorFactory", "read_uvarint"]
+__all__ = ["ByteReader", "ErrorFactory", "read_uvarint", "uvarint"]
 
 ErrorFactory = Callable[[str], Exception]
 """What a read raises for bad input: called with the message (an exception class fits)."""
@@ -111,3 +112,13 @@ class ByteReader:
     def _error_for(self, what: str) -> ErrorFactory:
         context, error = self._context, self._error
         return lambda message: error(context + message)
+
+
+def uvarint(value: int) -> bytes:
+    """``value`` (>= 0) as Kafka's unsigned varint: 7 bits a byte, low bits first."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
