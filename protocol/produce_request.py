@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from kiproxy.protocol.errors import MalformedMessage
+from kiproxy.protocol.errors import MalformedFrame, MalformedMessage, ProtocolError
 from kiproxy.protocol.wire import read_uvarint
 
-__all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_produce_request"]
+__all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_acks", "read_produce_request",
+           "topic_key", "topic_key_field"]
 
 FIRST_FLEXIBLE_VERSION = 9
 """Produce v9 is the first version with compact lengths and tagged fields."""
@@ -88,6 +89,37 @@ class ProduceLayout(NamedTuple):
     """Each topic entry, in request order."""
     end: int
     """One past the request body's last byte (after its tagged fields on v9+)."""
+
+
+def topic_key_field(version: int) -> str:
+    """The field a Produce request or response ``version`` names its topics by: ``topic_id``
+    from v13 (:data:`FIRST_TOPIC_ID_VERSION`), ``name`` before."""
+    return "topic_id" if version >= FIRST_TOPIC_ID_VERSION else "name"
+
+
+def topic_key(topic: Any, version: int) -> Any:
+    """How a Produce ``version`` request or response topic entry (a :class:`TopicSpan` or a
+    decoded response topic) names its topic: its id from v13, its name before."""
+    return getattr(topic, topic_key_field(version))
+
+
+def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
+    """acks of a Produce v3+ request without parsing the rest of it.
+
+    Only the transactional_id before acks is skipped; a body cut short raises
+    :class:`ProtocolError` (the client is closed with one log line).
+    """
+    pos = body_offset
+    if flexible:
+        n, pos = read_uvarint(frame, pos, len(frame),
+                              "Produce request transactional_id length", MalformedFrame)
+        pos += max(n - 1, 0)
+    else:
+        size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+        pos += 2 + max(size, 0)
+    if pos + 2 > len(frame):
+        raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
+    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
 
 
 def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
