@@ -162,7 +162,7 @@ class PartitionHandler:
         if job.batches.start == job.batches.end:  # null or empty: nothing to look at
             return FORWARDED
         try:
-            decoded = await lease.decode(job.facts.frame, job.batches)
+            decoded = await lease.decode_partition(job.facts.frame, job.batches)
         except UnsupportedMagic as exc:
             return _refused(job, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc), "old_format")
         except UnsupportedCompression as exc:

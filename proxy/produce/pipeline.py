@@ -62,8 +62,13 @@ from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward
 from kiproxy.proxy.produce.job import FORWARDED, UNREAD, Decision, PartitionJob, RequestFacts
 from kiproxy.proxy.produce.offload import BatchOffload
 from kiproxy.proxy.produce.partition import PartitionHandler
-from kiproxy.proxy.produce.response import Rejection, ResponseMerger, rejection_only_response
-from kiproxy.proxy.produce.settle import Settled, Settler, summarize
+from kiproxy.proxy.produce.response import (
+    Rejection,
+    ResponseMerger,
+    Settled,
+    rejection_only_response,
+)
+from kiproxy.proxy.produce.settle import Settler, summarize
 from kiproxy.proxy.routes.runtime import one_interceptor
 
 if TYPE_CHECKING:
@@ -294,9 +299,7 @@ class ProducePipeline:
         if not settled.rejections and not settled.acked and summaries is None:
             return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
         return Forward(frame, produce=summaries, on_response=ResponseMerger(
-            version=version, flexible=header.header_version == 2,
-            rejections=settled.rejections, acked=settled.acked, summaries=summaries,
-            topic_names=self.topic_names, nodes_seen=nodes_seen))
+            version, settled, self.topic_names, nodes_seen))
 
     def _pass_through(self, client: RequestingClient, header: RequestHeader, frame: bytes,
                       nodes_seen: NodeSeen | None) -> Disposition:

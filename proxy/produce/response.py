@@ -26,14 +26,14 @@ from kiproxy.interceptors.api import AcknowledgedBatch, Record
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.observer import PartitionSummary
 from kiproxy.interceptors.verdict import AcknowledgementHook
-from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.framing import parse_response_header, response_header_version
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
 from kiproxy.protocol.produce_request import topic_key, topic_key_field
 from kiproxy.proxy.brokers.addresses import rewrite_message
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["Acked", "Observation", "Rejection", "ResponseMerger", "merge_rejections",
+__all__ = ["Acked", "Observation", "Rejection", "ResponseMerger", "Settled", "merge_rejections",
            "rejection_only_response"]
 
 
@@ -98,6 +98,25 @@ class Acked:
     """The ``on_acknowledgement`` hooks of the route's chain."""
     hook_names: tuple[str, ...] = ()
     """How a failing hook is named in the log (its link's ``class``), hook by hook."""
+
+
+@dataclass(slots=True)
+class Settled:
+    """What the settled partitions of one request add up to."""
+
+    frame: bytes
+    """The request frame (where :attr:`edits` are spliced)."""
+    forwarded: int
+    """Partitions forwarded, and topics that came without any (forwarded as they came):
+    none of either and the proxy answers the request itself."""
+    summaries: list[PartitionSummary] | None
+    """Each partition's summary, in request order (None: nobody observes them)."""
+    rejections: list[Rejection] = field(default_factory=list)
+    acked: list[Acked] = field(default_factory=list)
+    """The forwarded partitions whose chain has acknowledgement hooks."""
+    edits: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
+    """(topic position, partition position) -> new records; None: not forwarded."""
+
 
 
 @cache
@@ -168,21 +187,19 @@ def rejection_only_response(version: int, rejections: list[Rejection]) -> bytes:
 class ResponseMerger:
     """Turns the broker's answer to a forwarded ProduceRequest into the client's."""
 
-    def __init__(self, *, version: int, flexible: bool, rejections: list[Rejection],
-                 acked: list[Acked], summaries: list[PartitionSummary] | None,
-                 topic_names: dict[uuid.UUID, str],
+    def __init__(self, version: int, settled: Settled, topic_names: dict[uuid.UUID, str],
                  nodes_seen: Callable[[int, str, int], tuple[str, int]] | None) -> None:
         self._version = version
-        self._flexible = flexible
-        self._rejections = rejections
-        self._acked = acked
-        self._summaries = summaries
+        self._header_version = response_header_version(ApiKey.PRODUCE, version) or 0
+        self._rejections = settled.rejections
+        self._acked = settled.acked
+        self._summaries = settled.summaries
         self._topic_names = topic_names
         self._nodes_seen = nodes_seen
 
     def __call__(self, frame: bytes) -> bytes:
         version = self._version
-        _, body_offset = parse_response_header(frame, 1 if self._flexible else 0)
+        _, body_offset = parse_response_header(frame, self._header_version)
         response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
         if any(entry.hooks for entry in self._acked):
             self._acknowledge(response)

@@ -8,8 +8,8 @@ observers and metrics get (:func:`summarize`), what observe mode saw (the
 ``kiproxy_would_*`` counters, a rate-limited log line, the ``dead_letter_observed``
 copy), a refusal's ``kiproxy_rejected_batches_total`` and dead-letter copy, the
 acknowledgement hooks' entries, and the new records a splice puts in the frame. It
-gathers them in one :class:`Settled` per request; :meth:`Settler.log_rejections`
-then writes every rejection's one log line
+gathers them in one :class:`~kiproxy.proxy.produce.response.Settled` per request;
+:meth:`Settler.log_rejections` then writes every rejection's one log line
 (:class:`~kiproxy.proxy.observe.verdict_log.VerdictLog`: policy at INFO, plugin faults
 at a rate-limited WARNING). Nothing here blocks: dead-letter copies are offered to
 the process's sink.
@@ -18,14 +18,13 @@ the process's sink.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.observer import PartitionSummary
 from kiproxy.proxy.observe.dead_letter import DeadLetterCopy
-from kiproxy.proxy.observe.verdict_log import VerdictLog
-from kiproxy.proxy.produce.response import Acked, Observation, Rejection
+from kiproxy.proxy.observe.verdict_log import Subject, VerdictLog
+from kiproxy.proxy.produce.response import Acked, Observation, Rejection, Settled
 
 if TYPE_CHECKING:
     import logging
@@ -35,7 +34,7 @@ if TYPE_CHECKING:
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.produce.job import Decision, PartitionJob
 
-__all__ = ["Settled", "Settler", "summarize"]
+__all__ = ["Settler", "summarize"]
 
 
 def summarize(job: PartitionJob, decision: Decision) -> PartitionSummary:
@@ -57,24 +56,6 @@ def summarize(job: PartitionJob, decision: Decision) -> PartitionSummary:
         error_message=rejection.message if rejection is not None else None,
         route=job.chain.name if job.chain is not None else None,
         link=rejection.link if rejection is not None else None, **observed)
-
-
-@dataclass(slots=True)
-class Settled:
-    """What the settled partitions of one request add up to."""
-
-    frame: bytes
-    """The request frame (where :attr:`edits` are spliced)."""
-    forwarded: int
-    """Partitions forwarded, and topics that came without any (forwarded as they came):
-    none of either and the proxy answers the request itself."""
-    summaries: list[PartitionSummary] | None
-    """Each partition's summary, in request order (None: nobody observes them)."""
-    rejections: list[Rejection] = field(default_factory=list)
-    acked: list[Acked] = field(default_factory=list)
-    """The forwarded partitions whose chain has acknowledgement hooks."""
-    edits: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
-    """(topic position, partition position) -> new records; None: not forwarded."""
 
 
 class Settler:
@@ -120,14 +101,14 @@ class Settler:
             topic = self.topic_names.get(r.topic, r.topic)
             where = f"{topic}[{r.partition}]"
             if r.fault is None:
-                self.verdict_log.policy(where, who.client_address, who.client_id,
-                                        r.error_code, r.message, client.log_context,
-                                        route=r.route)
+                self.verdict_log.policy(Subject(where, who.client_address, who.client_id,
+                                                client.log_context, r.route),
+                                        r.error_code, r.message)
             else:
-                self.verdict_log.fault(
-                    r.link or "", r.fault, where, who.client_address, who.client_id,
-                    r.message, exception=r.exception, route=r.route,
-                    extra={**client.log_context, "topic": topic, "partition": r.partition})
+                extra = {**client.log_context, "topic": topic, "partition": r.partition}
+                self.verdict_log.fault(Subject(where, who.client_address, who.client_id, extra,
+                                               r.route, r.link), r.fault, r.message,
+                                       r.exception)
 
     def _observed(self, job: PartitionJob, seen: Observation) -> None:
         """What observe mode saw of one batch: the ``kiproxy_would_*`` counters, a
@@ -147,10 +128,10 @@ class Settler:
                     seen.record_count)
         who = job.client.identity
         detail = f": error {seen.error_code}: {seen.message}" if rejected else ""
-        self.verdict_log.observed("rejected" if rejected else "transformed",
-                                  f"{job.topic}[{job.partition}]", who.client_address,
-                                  who.client_id, route, seen.link, detail,
-                                  job.client.log_context)
+        self.verdict_log.observed(
+            Subject(f"{job.topic}[{job.partition}]", who.client_address, who.client_id,
+                    job.client.log_context, route, seen.link),
+            "rejected" if rejected else "transformed", detail)
         self._copy(job, seen)
 
     def _copy(self, job: PartitionJob, refused: Rejection | Observation) -> None:
