@@ -142,9 +142,10 @@ def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
     return pos
 
 
-def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
+def _string(data: bytes, pos: int, end: int, version: int,
             what: str) -> tuple[str | None, int]:
-    """A (compact) nullable string: its text, or None for null."""
+    """A (compact, from v9) nullable string: its text, or None for null."""
+    flexible = version >= FIRST_FLEXIBLE_VERSION
     if flexible:
         size, pos = read_uvarint(data, pos, end, f"{what} length", _BadVarint)
         size -= 1
@@ -167,8 +168,10 @@ def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
                                f"{pos} is not UTF-8") from None
 
 
-def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
+def _array_length(data: bytes, pos: int, end: int, version: int,
                   what: str) -> tuple[int, int]:
+    """An array's (compact, from v9) length; a null or negative one does not parse."""
+    flexible = version >= FIRST_FLEXIBLE_VERSION
     at = pos
     if flexible:
         n, pos = read_uvarint(data, pos, end, what, _BadVarint)
@@ -201,14 +204,14 @@ def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
     by_id = version >= FIRST_TOPIC_ID_VERSION
     data = frame
     end = len(data)
-    transactional_id, pos = _string(data, body_offset, end, version, flexible,
+    transactional_id, pos = _string(data, body_offset, end, version,
                                     "transactional_id")
     if pos + 6 > end:
         raise _short(version, "acks and timeout", pos, end)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(data, pos)
     pos += 6
     count_at = pos
-    n_topics, pos = _array_length(data, pos, end, version, flexible, "topic count")
+    n_topics, pos = _array_length(data, pos, end, version, "topic count")
     topics = []
     for _ in range(n_topics):
         start = pos
@@ -222,12 +225,12 @@ def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
             # The all-zero id is Kafka's "no id"; kio reads it as None, and so do answers.
             topic_id = uuid.UUID(bytes=raw_id) if raw_id != _ZERO_ID else None
         else:
-            name, pos = _string(data, pos, end, version, flexible, "topic name")
+            name, pos = _string(data, pos, end, version, "topic name")
             if name is None:
                 raise MalformedMessage(f"Produce request v{version} does not parse: a null "
                                        f"topic name at byte {start}")
         part_count_at = pos
-        n_parts, pos = _array_length(data, pos, end, version, flexible, "partition count")
+        n_parts, pos = _array_length(data, pos, end, version, "partition count")
         partitions = []
         for _ in range(n_parts):
             part_start = pos

@@ -23,6 +23,14 @@ transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
 alone (the same function replay and the isolation workers call); rejections are
 logged by :class:`kiproxy.proxy.observe.verdict_log.VerdictLog` (policy at INFO, plugin
 faults at WARNING, rate-limited).
+
+How: :meth:`ProducePipeline.handle` reads the request once
+(:func:`~kiproxy.protocol.produce_request.read_produce_request`), builds one
+:class:`~kiproxy.proxy.produce.job.PartitionJob` per topic-partition, decides each
+(:meth:`~kiproxy.proxy.produce.partition.PartitionHandler.decide`: one
+:class:`~kiproxy.proxy.produce.job.Decision`), settles the decisions in request order
+(:class:`~kiproxy.proxy.produce.settle.Settler`) and turns what they add up to into
+the request's :data:`~kiproxy.proxy.produce.disposition.Disposition`.
 """
 
 from __future__ import annotations
