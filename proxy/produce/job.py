@@ -16,7 +16,7 @@ request's answer and every side effect.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from kiproxy.interceptors.api import AcknowledgedBatch
 from kiproxy.protocol.partition_batches import PartitionBatches
@@ -29,9 +29,8 @@ if TYPE_CHECKING:
 __all__ = ["FORWARDED", "UNREAD", "Decision", "PartitionJob", "RequestFacts"]
 
 
-@dataclass(frozen=True, slots=True)
-class RequestFacts:
-    """What every partition of one ProduceRequest shares."""
+class RequestFacts(NamedTuple):
+    """What every partition of one ProduceRequest shares (a tuple: built per request)."""
 
     frame: bytes
     """The request frame; each partition's records lie in it."""
@@ -43,9 +42,9 @@ class RequestFacts:
     dead-letter copies' ``received_at_ms``."""
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionJob:
-    """One topic-partition of a request, as the pipeline decides and settles it."""
+class PartitionJob(NamedTuple):
+    """One topic-partition of a request, as the pipeline decides and settles it (a tuple:
+    built per partition, so cheap to make and immutable)."""
 
     client: RequestingClient
     """Who sent it (its identity, its log fields)."""

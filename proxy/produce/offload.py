@@ -205,8 +205,11 @@ class BatchOffload:
         inline = size <= self.inline_bytes or (
             size <= self.inline_plain_bytes and batches.error is None  # unreadable: as ever
             and batches.records <= self.inline_records and not batches.compressed)
+        blocks = batches.compressed_blocks
+        if not blocks:
+            return inline, size
         bound = self.limits.bound
-        return inline, size + sum(bound(block)[0] for block in batches.compressed_blocks)
+        return inline, size + sum(bound(block)[0] for block in blocks)
 
     async def decode(self, data: bytes, batches: PartitionBatches,
                      inline: bool) -> list[DecodedBatch]:
