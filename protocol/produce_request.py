@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import struct
 import uuid
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from kiproxy.protocol.errors import MalformedMessage
+from kiproxy.protocol.errors import MalformedFrame, MalformedMessage, ProtocolError
 from kiproxy.protocol.wire import read_uvarint
 
-__all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_produce_request"]
+__all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_acks", "read_produce_request",
+           "topic_key", "topic_key_field"]
 
 FIRST_FLEXIBLE_VERSION = 9
 """Produce v9 is the first version with compact lengths and tagged fields."""
@@ -90,6 +91,37 @@ class ProduceLayout(NamedTuple):
     """One past the request body's last byte (after its tagged fields on v9+)."""
 
 
+def topic_key_field(version: int) -> str:
+    """The field a Produce request or response ``version`` names its topics by: ``topic_id``
+    from v13 (:data:`FIRST_TOPIC_ID_VERSION`), ``name`` before."""
+    return "topic_id" if version >= FIRST_TOPIC_ID_VERSION else "name"
+
+
+def topic_key(topic: Any, version: int) -> Any:
+    """How a Produce ``version`` request or response topic entry (a :class:`TopicSpan` or a
+    decoded response topic) names its topic: its id from v13, its name before."""
+    return getattr(topic, topic_key_field(version))
+
+
+def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
+    """acks of a Produce v3+ request without parsing the rest of it.
+
+    Only the transactional_id before acks is skipped; a body cut short raises
+    :class:`ProtocolError` (the client is closed with one log line).
+    """
+    pos = body_offset
+    if flexible:
+        n, pos = read_uvarint(frame, pos, len(frame),
+                              "Produce request transactional_id length", MalformedFrame)
+        pos += max(n - 1, 0)
+    else:
+        size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+        pos += 2 + max(size, 0)
+    if pos + 2 > len(frame):
+        raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
+    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
+
+
 def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
     return MalformedMessage(f"Produce request v{version} does not parse: {what} at byte "
                             f"{pos} runs past the {end}-byte frame")
@@ -110,9 +142,10 @@ def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
     return pos
 
 
-def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
+def _string(data: bytes, pos: int, end: int, version: int,
             what: str) -> tuple[str | None, int]:
-    """A (compact) nullable string: its text, or None for null."""
+    """A (compact, from v9) nullable string: its text, or None for null."""
+    flexible = version >= FIRST_FLEXIBLE_VERSION
     if flexible:
         size, pos = read_uvarint(data, pos, end, f"{what} length", _BadVarint)
         size -= 1
@@ -135,8 +168,10 @@ def _string(data: bytes, pos: int, end: int, version: int, flexible: bool,
                                f"{pos} is not UTF-8") from None
 
 
-def _array_length(data: bytes, pos: int, end: int, version: int, flexible: bool,
+def _array_length(data: bytes, pos: int, end: int, version: int,
                   what: str) -> tuple[int, int]:
+    """An array's (compact, from v9) length; a null or negative one does not parse."""
+    flexible = version >= FIRST_FLEXIBLE_VERSION
     at = pos
     if flexible:
         n, pos = read_uvarint(data, pos, end, what, _BadVarint)
@@ -169,14 +204,14 @@ def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
     by_id = version >= FIRST_TOPIC_ID_VERSION
     data = frame
     end = len(data)
-    transactional_id, pos = _string(data, body_offset, end, version, flexible,
+    transactional_id, pos = _string(data, body_offset, end, version,
                                     "transactional_id")
     if pos + 6 > end:
         raise _short(version, "acks and timeout", pos, end)
     acks, timeout_ms = _ACKS_TIMEOUT.unpack_from(data, pos)
     pos += 6
     count_at = pos
-    n_topics, pos = _array_length(data, pos, end, version, flexible, "topic count")
+    n_topics, pos = _array_length(data, pos, end, version, "topic count")
     topics = []
     for _ in range(n_topics):
         start = pos
@@ -190,12 +225,12 @@ def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
             # The all-zero id is Kafka's "no id"; kio reads it as None, and so do answers.
             topic_id = uuid.UUID(bytes=raw_id) if raw_id != _ZERO_ID else None
         else:
-            name, pos = _string(data, pos, end, version, flexible, "topic name")
+            name, pos = _string(data, pos, end, version, "topic name")
             if name is None:
                 raise MalformedMessage(f"Produce request v{version} does not parse: a null "
                                        f"topic name at byte {start}")
         part_count_at = pos
-        n_parts, pos = _array_length(data, pos, end, version, flexible, "partition count")
+        n_parts, pos = _array_length(data, pos, end, version, "partition count")
         partitions = []
         for _ in range(n_parts):
             part_start = pos

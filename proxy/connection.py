@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, cast
 
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
-from kiproxy.interceptors.observer import RequestInfo, ResponseInfo
+from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import RequestHeader, parse_request_header
 from kiproxy.protocol.messages import api_name
@@ -66,7 +66,7 @@ from kiproxy.proxy.brokers.failures import connect_error
 from kiproxy.proxy.dispatch import kept_as_received
 from kiproxy.proxy.net.frame_stream import Frame, FrameStream
 from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
-from kiproxy.proxy.produce.disposition import Answer, Forward, PartitionTally
+from kiproxy.proxy.produce.disposition import Answer, Forward
 
 if TYPE_CHECKING:
     from kiproxy.proxy.brokers.nodes import NodeRegistry
@@ -115,7 +115,7 @@ class _Slot:
     __slots__ = ("api", "done", "frame", "generation", "info", "produce", "proxy_answer", "t0")
 
     def __init__(self, generation: Generation, api: str = "", t0: float = 0.0,
-                 info: RequestInfo | None = None, produce: list[PartitionTally] | None = None,
+                 info: RequestInfo | None = None, produce: list[PartitionSummary] | None = None,
                  proxy_answer: bool = False) -> None:
         self.frame: Frame | None = None
         self.done = False
@@ -440,7 +440,7 @@ class ClientConnection:
                 request=slot.info, size=size,
                 latency_ms=(time.monotonic() - slot.t0) * 1000,
                 answered_by_proxy=slot.proxy_answer,
-                produce=tuple(d.freeze() for d in slot.produce or ()),
+                produce=tuple(slot.produce or ()),
             ))
 
     def _complete(self, slot: _Slot, frame: Frame) -> None:

@@ -26,14 +26,32 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from kiproxy.interceptors.verdict import Rejected
 from kiproxy.protocol.log_limit import RateLimitedLog
 
-__all__ = ["WARNING_INTERVAL", "VerdictLog"]
+__all__ = ["WARNING_INTERVAL", "Subject", "VerdictLog"]
 
 WARNING_INTERVAL = 10.0
 """Seconds between two WARNING lines for the same plugin and fault."""
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What one verdict line is about: the topic-partition, the client, the route and
+    the link."""
+
+    where: str
+    """``topic[partition]``."""
+    client_address: str
+    client_id: str | None
+    extra: Mapping[str, object] | None = None
+    """The ``extra=`` fields of the line (the client's log context)."""
+    route: str | None = None
+    """The route (None for the ``interceptor:`` shorthand, whose lines name none)."""
+    link: str | None = None
+    """The link whose verdict it is (a fault's plugin, an observed verdict's link)."""
 
 
 class VerdictLog:
@@ -45,56 +63,55 @@ class VerdictLog:
         self.interval = interval
         self._faults = RateLimitedLog(log, interval, clock=clock)
 
-    def policy(self, where: str, client_address: str, client_id: str | None, code: int,
-               message: str, extra: Mapping[str, object] | None = None, *,
-               route: str | None = None) -> None:
+    def policy(self, subject: Subject, code: int, message: str) -> None:
         """One INFO line for a batch rejected by policy (or as undecodable), unless the same
         line for the same client host was written lately (see the module docstring)."""
-        host = client_address.rpartition(":")[0] or client_address
-        held = self._faults.allow(("policy", host, where, route, code, message))
+        address, route = subject.client_address, subject.route
+        host = address.rpartition(":")[0] or address
+        held = self._faults.allow(("policy", host, subject.where, route, code, message))
         if held is None:
             return
         note = (f" ({held} more like it in the last {self.interval:.0f} s not logged)"
                 if held else "")
-        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s%s", where,
-                      client_address, client_id, _on(route), code, message, note,
-                      extra=_with_route(extra, route))
+        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s%s", subject.where,
+                      address, subject.client_id, _on(route), code, message, note,
+                      extra=_with_route(subject.extra, route))
 
-    def fault(self, plugin: str, kind: str, where: str, client_address: str,
-              client_id: str | None, message: str, *, exception: BaseException | None = None,
-              extra: Mapping[str, object] | None = None, route: str | None = None) -> None:
-        """A WARNING for a plugin bug, unless one for ``(plugin, kind)`` was written lately."""
-        self._faults.warning((plugin, kind), "rejected %s from %s (client_id %r)%s: %s", where,
-                             client_address, client_id, _on(route), message,
+    def fault(self, subject: Subject, kind: str, message: str,
+              exception: BaseException | None = None) -> None:
+        """A WARNING for a plugin bug, unless one for ``(subject.link, kind)`` was written
+        lately."""
+        route = subject.route
+        self._faults.warning((subject.link or "", kind),
+                             "rejected %s from %s (client_id %r)%s: %s", subject.where,
+                             subject.client_address, subject.client_id, _on(route), message,
                              more=" ({count} more like it in the last {interval:.0f} s not logged)",
-                             exc_info=exception, extra=_with_route(extra, route))
+                             exc_info=exception, extra=_with_route(subject.extra, route))
 
-    def observed(self, outcome: str, where: str, client_address: str, client_id: str | None,
-                 route: str, link: str, detail: str,
-                 extra: Mapping[str, object] | None = None) -> None:
+    def observed(self, subject: Subject, outcome: str, detail: str) -> None:
         """An INFO line for a batch a route or link in observe mode would have rejected or
         transformed (it was forwarded), rate-limited per route, link and outcome like a
         fault."""
+        route, link = subject.route, subject.link
         suppressed = self._faults.allow(("observe", route, link, outcome))
         if suppressed is None:
             return
         note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
                 if suppressed else "")
         self.log.info("would have %s %s from %s (client_id %r) on route %s, link %s "
-                      "(observe mode: forwarded as received)%s%s", outcome, where,
-                      client_address, client_id, route, link, detail, note,
-                      extra=_with_route(extra, route))
+                      "(observe mode: forwarded as received)%s%s", outcome, subject.where,
+                      subject.client_address, subject.client_id, route, link, detail, note,
+                      extra=_with_route(subject.extra, route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
                  client_id: str | None, extra: Mapping[str, object] | None = None, *,
                  route: str | None = None) -> None:
         """Log ``verdict`` as a policy rejection or a plugin fault."""
+        subject = Subject(where, client_address, client_id, extra, route, plugin)
         if verdict.fault is None:
-            self.policy(where, client_address, client_id, verdict.code, verdict.message, extra,
-                        route=route)
+            self.policy(subject, verdict.code, verdict.message)
         else:
-            self.fault(plugin, verdict.fault, where, client_address, client_id,
-                       verdict.message, exception=verdict.exception, extra=extra, route=route)
+            self.fault(subject, verdict.fault, verdict.message, verdict.exception)
 
 
 def _on(route: str | None) -> str:

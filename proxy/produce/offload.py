@@ -196,17 +196,32 @@ class BatchOffload:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
-    def plain_inline(self, batches: PartitionBatches) -> bool:
-        """Whether a partition is uncompressed and small enough to decode on the loop."""
-        if batches.size > self.inline_plain_bytes or batches.error is not None:
-            return False  # an unreadable one is decoded (and refused) the way it always was
-        return batches.records <= self.inline_records and not batches.compressed
+    def placement(self, batches: PartitionBatches) -> tuple[bool, int]:
+        """Where a partition is decoded, from its headers alone: on the loop (True) or
+        on a worker thread, and the bytes a thread's decode reserves from the budget
+        (its size plus each compressed block's bound; also what an inline attempt
+        that outgrows the inline cap reserves before it moves to a thread)."""
+        size = batches.size
+        inline = size <= self.inline_bytes or (
+            size <= self.inline_plain_bytes and batches.error is None  # unreadable: as ever
+            and batches.records <= self.inline_records and not batches.compressed)
+        blocks = batches.compressed_blocks
+        if not blocks:
+            return inline, size
+        bound = self.limits.bound
+        return inline, size + sum(bound(block)[0] for block in blocks)
 
-    def worst_case(self, batches: PartitionBatches) -> int:
-        """Bytes decoding a partition may hold at most: its size plus each compressed
-        block's bound (an unreadable one is refused before anything is decompressed)."""
-        return batches.size + sum(self.limits.bound(block)[0]
-                                  for block in batches.compressed_blocks)
+    async def decode(self, data: bytes, batches: PartitionBatches,
+                     inline: bool) -> list[DecodedBatch]:
+        """:func:`~kiproxy.protocol.records.decode_batches` of ``batches`` in ``data``: on
+        the loop within the inline bounds, or on a worker thread within the real ones."""
+        if inline:
+            return decode_batches(data, batches.start, batches.end, limits=self.inline_limits,
+                                  headers=batches.headers)
+        decoded: list[DecodedBatch] = await self.run(
+            decode_batches, data, batches.start, batches.end, limits=self.limits,
+            headers=batches.headers)
+        return decoded
 
     def close(self) -> None:
         """Stop the worker threads (after the work they hold)."""
@@ -285,35 +300,45 @@ class DecodeLease:
     async def decode(self, data: bytes, batches: PartitionBatches | None = None
                      ) -> list[DecodedBatch]:
         """Decode every batch of a partition's ``records`` in ``data``: where ``batches``
-        (its headers, read once) says they lie, or all of ``data`` (see the module
-        contract).
+        (its headers, read once) says they lie, or all of ``data``
+        (:meth:`decode_partition`).
+        """
+        return await self.decode_partition(
+            data, PartitionBatches.read(data) if batches is None else batches)
+
+    async def decode_partition(self, data: bytes, batches: PartitionBatches
+                               ) -> list[DecodedBatch]:
+        """Decode the batches ``batches`` (a partition's headers, read once) says lie in
+        ``data``, where :meth:`BatchOffload.placement` puts them (see the module
+        contract): one call into :func:`~kiproxy.protocol.records.decode_batches`, on
+        the loop or on a worker thread once the worst case is reserved; a small block
+        that decompresses past the inline cap is decoded again on a thread.
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
         offload = self._offload
-        if batches is None:
-            batches = PartitionBatches.read(data)
-        start, end, size = batches.start, batches.end, batches.size
-        headers = batches.headers
-        if size <= offload.inline_bytes or offload.plain_inline(batches):
+        inline, reserve = offload.placement(batches)
+        while True:
+            if not inline:
+                self._held += await offload.budget.acquire(reserve)
             try:
-                return decode_batches(data, start, end, limits=offload.inline_limits,
-                                      headers=headers)
+                decoded = await offload.decode(data, batches, inline)
             except DecompressionLimitExceeded as exc:
-                if not (exc.setting == "max_decompressed_batch_bytes"
+                if not (inline and exc.setting == "max_decompressed_batch_bytes"
                         and exc.limit < offload.limits.max_bytes):
                     raise  # the real bound, not the inline one
-        budget = offload.budget
-        self._held += await budget.acquire(offload.worst_case(batches))
-        decoded: list[DecodedBatch] = await offload.run(decode_batches, data, start, end,
-                                                        limits=offload.limits,
-                                                        headers=headers)
-        used = size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
-                          for b in decoded)
+                inline = False
+                continue
+            if not inline:
+                self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+                                                for b in decoded))
+            return decoded
+
+    def _shrink(self, used: int) -> None:
+        """Cut the reservation down to ``used``, what the decoded batches hold."""
         if used < self._held:
-            budget.release(self._held - used)
+            self._offload.budget.release(self._held - used)
             self._held = used
-        return decoded
 
     def start_encode(self, header: RecordBatchHeader, records: tuple[Record, ...],
                      levels: CompressionLevels, size_hint: int) -> bytes | asyncio.Future[bytes]:

@@ -1,26 +1,27 @@
 """One topic-partition of a ProduceRequest: decode, intercept, re-encode.
 
-Contract: :meth:`PartitionHandler.handle` decodes a partition's record batches
-where its :class:`~kiproxy.protocol.partition_batches.PartitionBatches` (its
+Contract: :meth:`PartitionHandler.decide` takes one
+:class:`~kiproxy.proxy.produce.job.PartitionJob` and decodes the partition's record
+batches where its :class:`~kiproxy.protocol.partition_batches.PartitionBatches` (its
 headers, read once by the pipeline) says they lie (off the loop for large ones,
 within the decode budget), hands each data batch to its route's chain
 (:func:`~kiproxy.proxy.routes.chain.run_chain`; the ``interceptor:`` shorthand
 is a chain of one link) and answers with one immutable
-:class:`PartitionResult`: no records when nothing changed (the partition stays
-as it lies in the request frame, decoded there without a copy), the re-encoded
-batches (original codec, every producer field kept) when some interceptor
+:class:`~kiproxy.proxy.produce.job.Decision`: no records when nothing changed (the
+partition stays as it lies in the request frame, decoded there without a copy), the
+re-encoded batches (original codec, every producer field kept) when some interceptor
 transformed one, or a :class:`Rejection` for the whole partition.
 Control batches pass untouched. Fail closed: a batch that cannot be decoded
 (old format, unknown codec, corrupt, over the decompression limits) rejects
 the partition. What counts as unchanged, transformed or rejected is decided by
 :func:`kiproxy.interceptors.verdict.judge` alone; plugin faults are metered
-here, and every rejection (policy or fault) is logged by the pipeline, in one
+here, and every rejection (policy or fault) is logged by the settle step, in one
 place, from the :class:`~kiproxy.proxy.produce.response.Rejection` it carries.
 
 The handler owns the partition's :class:`~kiproxy.proxy.produce.offload.DecodeLease` and
 releases it when the partition is done. A transformed batch large enough to be
 re-encoded on a decode thread is not waited for: once the interceptor has seen
-every batch of the partition, :meth:`PartitionHandler.handle` answers with a task
+every batch of the partition, :meth:`PartitionHandler.decide` answers with a task
 that finishes the re-encoding (the pipeline awaits these in partition order), so a
 request's next partition is decoded and intercepted while this one compresses.
 """
@@ -28,11 +29,11 @@ request's next partition is decoded and intercepted while this one compresses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import socket
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
@@ -45,22 +46,20 @@ from kiproxy.protocol.errors import (
     UnsupportedMagic,
 )
 from kiproxy.protocol.log_limit import RateLimitedLog
-from kiproxy.protocol.partition_batches import PartitionBatches
-from kiproxy.protocol.produce_request import ProduceLayout
 from kiproxy.protocol.records import CompressionLevels, DecodedBatch
+from kiproxy.proxy.produce.job import FORWARDED, Decision, PartitionJob
 from kiproxy.proxy.produce.response import Observation, Rejection
 from kiproxy.proxy.routes.chain import ChainResult, run_chain
-from kiproxy.proxy.routes.runtime import LoadedChain
 
 if TYPE_CHECKING:
     import logging
 
     from kiproxy.interceptors.identity import ClientIdentity
-    from kiproxy.proxy.net.client import RequestingClient
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.produce.offload import DecodeLease
+    from kiproxy.proxy.routes.runtime import LoadedChain
 
-__all__ = ["PartitionHandler", "PartitionResult"]
+__all__ = ["DECODE_LINK", "PartitionHandler"]
 
 CORRUPT_MESSAGE = ErrorCode.CORRUPT_MESSAGE
 UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
@@ -75,36 +74,10 @@ _FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "rec
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 
-@dataclass(frozen=True, slots=True)
-class PartitionResult:
-    """What the proxy decided for one topic-partition of a ProduceRequest."""
-
-    records: bytes | None
-    """The re-encoded records when ``changed``; None otherwise (refused, or forwarded as
-    they lie in the request frame)."""
-    changed: bool = False
-    """The interceptor transformed at least one batch: ``records`` were re-encoded."""
-    acknowledged: tuple[AcknowledgedBatch, ...] = ()
-    """The batches the acknowledgement hook hears about once the broker answered."""
-    rejection: Rejection | None = None
-    """Why the partition is not forwarded, when it is not."""
-    observed: tuple[Observation, ...] = ()
-    """What routes or links in observe mode would have done to its batches."""
-    watched: bool = False
-    """Some batch was judged by a route or link in observe mode (``observed`` may still
-    be empty: nothing would have changed)."""
-
-
-_FORWARDED = PartitionResult(None)
-"""The result of a partition forwarded as it lies in the request frame with nothing to
-acknowledge or record (immutable, so one value serves every such partition)."""
-
-
-def _refused(topic_key: Any, partition: int, code: int, message: str,
-             reason: str, route: str | None) -> PartitionResult:
-    return PartitionResult(None, rejection=Rejection(
-        topic=topic_key, partition=partition, error_code=code, message=message,
-        reason=reason, route=route))
+def _refused(job: PartitionJob, code: int, message: str, reason: str) -> Decision:
+    return Decision(rejection=Rejection(
+        topic=job.topic_key, partition=job.partition, error_code=code, message=message,
+        reason=reason, route=job.route))
 
 
 Piece = bytes | memoryview | asyncio.Future[bytes]
@@ -123,19 +96,12 @@ def _discard(pieces: list[Piece]) -> None:
             piece.exception()
 
 
-@dataclass(frozen=True, slots=True)
-class _Encoding:
-    """A partition the interceptor is done with whose re-encoding is still running."""
+class _Encoding(NamedTuple):
+    """A partition the interceptor is done with whose re-encoding is still running: its
+    pieces, and its decision but for the records."""
 
     pieces: list[Piece]
-    acknowledged: tuple[AcknowledgedBatch, ...]
-    chain: LoadedChain
-    topic: str
-    topic_key: Any
-    partition: int
-    route: str | None
-    observed: tuple[Observation, ...]
-    watched: bool
+    decision: Decision
 
 
 class PartitionHandler:
@@ -151,48 +117,30 @@ class PartitionHandler:
         self.log = log
         self._limit_warnings = RateLimitedLog(log)
 
-    async def handle(
-        self,
-        client: RequestingClient,
-        request: ProduceLayout,
-        version: int,
-        topic: str,
-        topic_key: Any,
-        partition: int,
-        frame: bytes,
-        batches: PartitionBatches,
-        received_at_ms: int,
-        lease: DecodeLease,
-        chain: LoadedChain,
-        route: str | None,
-    ) -> PartitionResult | asyncio.Task[PartitionResult]:
-        """Decode ``batches`` (the partition's headers, read once), run each through
-        ``chain`` and re-encode what it changed; release ``lease`` when done. ``route``
-        names the route in rejections' log lines (None for the shorthand).
+    async def decide(self, job: PartitionJob,
+                     lease: DecodeLease) -> Decision | asyncio.Task[Decision]:
+        """Decode ``job``'s batches, run each through its chain and re-encode what it
+        changed; ``lease`` is released once the partition is done.
 
         The answer is a task when re-encoding still runs on a decode thread (the
-        interceptor has seen every batch): await it for the partition's result.
+        interceptor has seen every batch): await it for the partition's decision.
         """
-        finishing = False
         try:
-            if batches.start == batches.end:  # null or empty: nothing to look at
-                return _FORWARDED
-            result = await self._decode_and_intercept(client, request, version, topic,
-                                                      topic_key, partition, frame, batches,
-                                                      received_at_ms, lease, chain, route)
-            if isinstance(result, _Encoding):
-                task = asyncio.ensure_future(self._finish(result, lease))
-                finishing = True
-                return task
-            if chain.route.observe and result.rejection is not None:
-                return _observed_refusal(result.rejection, batches.records)
-            return result
-        finally:
-            if not finishing:
-                lease.release()
+            decided = await self._decode_and_intercept(job, lease)
+        except BaseException:
+            lease.release()
+            raise
+        if isinstance(decided, _Encoding):
+            return asyncio.ensure_future(self._finish(job, decided, lease))
+        lease.release()
+        assert job.chain is not None
+        if job.chain.route.observe and decided.rejection is not None:
+            return _observed_refusal(decided.rejection, job.batches.records)
+        return decided
 
-    async def _finish(self, encoding: _Encoding, lease: DecodeLease) -> PartitionResult:
-        """The partition's result once every re-encoding has finished."""
+    async def _finish(self, job: PartitionJob, encoding: _Encoding,
+                      lease: DecodeLease) -> Decision:
+        """The partition's decision once every re-encoding has finished."""
         pieces = encoding.pieces
         try:
             out = []
@@ -203,51 +151,44 @@ class PartitionHandler:
                 try:
                     out.append(await piece)
                 except Exception as exc:
-                    return _unencodable(encoding.chain, encoding.topic_key, encoding.partition,
-                                        encoding.route, exc)
-            return PartitionResult(b"".join(out), changed=True,
-                                   acknowledged=encoding.acknowledged,
-                                   observed=encoding.observed, watched=encoding.watched)
+                    return _unencodable(job, exc)
+            return dataclasses.replace(encoding.decision, records=b"".join(out))
         finally:
             _discard(pieces)
             lease.release()
 
-    async def _decode_and_intercept(
-        self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
-        topic_key: Any, partition: int, frame: bytes, batches: PartitionBatches,
-        received_at_ms: int, lease: DecodeLease, chain: LoadedChain, route: str | None,
-    ) -> PartitionResult | _Encoding:
+    async def _decode_and_intercept(self, job: PartitionJob,
+                                    lease: DecodeLease) -> Decision | _Encoding:
+        if job.batches.start == job.batches.end:  # null or empty: nothing to look at
+            return FORWARDED
         try:
-            decoded = await lease.decode(frame, batches)
+            decoded = await lease.decode_partition(job.facts.frame, job.batches)
         except UnsupportedMagic as exc:
-            return _refused(topic_key, partition, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc),
-                            "old_format", route)
+            return _refused(job, UNSUPPORTED_FOR_MESSAGE_FORMAT, str(exc), "old_format")
         except UnsupportedCompression as exc:
-            return _refused(topic_key, partition, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
-                            "unsupported_compression", route)
+            return _refused(job, UNSUPPORTED_COMPRESSION_TYPE, str(exc),
+                            "unsupported_compression")
         except DecompressionLimitExceeded as exc:
-            self._warn_limit(client, topic, partition, exc)
-            return _refused(topic_key, partition, INVALID_RECORD, str(exc),
-                            "decompression_limit", route)
+            self._warn_limit(job, exc)
+            return _refused(job, INVALID_RECORD, str(exc), "decompression_limit")
         except CorruptBatch as exc:
-            return _refused(topic_key, partition, CORRUPT_MESSAGE, f"corrupt batch: {exc}",
-                            "corrupt", route)
+            return _refused(job, CORRUPT_MESSAGE, f"corrupt batch: {exc}", "corrupt")
 
         out: list[Piece] = []
         try:
-            return await self._intercept_batches(client, request, version, topic, topic_key,
-                                                 partition, received_at_ms, lease, chain,
-                                                 route, decoded, out)
+            return await self._intercept_batches(job, lease, decoded, out)
         except BaseException:
             _discard(out)
             raise
 
-    async def _intercept_batches(
-        self, client: RequestingClient, request: ProduceLayout, version: int, topic: str,
-        topic_key: Any, partition: int, received_at_ms: int, lease: DecodeLease,
-        chain: LoadedChain, route: str | None, batches: list[DecodedBatch], out: list[Piece],
-    ) -> PartitionResult | _Encoding:
-        who = client.identity
+    async def _intercept_batches(self, job: PartitionJob, lease: DecodeLease,
+                                 batches: list[DecodedBatch],
+                                 out: list[Piece]) -> Decision | _Encoding:
+        chain = job.chain
+        assert chain is not None
+        facts = job.facts
+        topic, partition = job.topic, job.partition
+        who = job.client.identity
         timeout = chain.links[0].timeout
         hooked = bool(chain.hooks)
         observing = chain.route.observe
@@ -279,9 +220,9 @@ class PartitionHandler:
             )
             ctx = InterceptContext(
                 client_id=who.client_id, client_address=who.client_address,
-                principal=who.principal, api_version=version, acks=request.acks,
-                transactional_id=request.transactional_id,
-                deadline=time.monotonic() + timeout, received_at_ms=received_at_ms,
+                principal=who.principal, api_version=facts.version, acks=facts.acks,
+                transactional_id=facts.transactional_id,
+                deadline=time.monotonic() + timeout, received_at_ms=facts.received_at_ms,
                 proxy_host=self.proxy_host, identity=who,
             )
             decided = await self._run(chain, view, ctx)
@@ -299,12 +240,12 @@ class PartitionHandler:
                 _discard(out)
                 records = (tuple(r for b in batches if not b.header.is_control
                                  for r in b.records) if keep else ())
-                return PartitionResult(None, rejection=Rejection(
-                    topic=topic_key, partition=partition, error_code=verdict.code,
+                return Decision(rejection=Rejection(
+                    topic=job.topic_key, partition=partition, error_code=verdict.code,
                     message=verdict.message,
                     record_errors=tuple((record_offset + i, m)
                                         for i, m in verdict.record_errors),
-                    route=route, link=links[decided.rejected_by or 0].name,
+                    route=job.route, link=links[decided.rejected_by or 0].name,
                     fault=verdict.fault, exception=verdict.exception, records=records),
                     observed=tuple(observed), watched=watched)
             if isinstance(verdict, Unchanged):
@@ -316,7 +257,7 @@ class PartitionHandler:
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return _unencodable(chain, topic_key, partition, route, exc)
+                    return _unencodable(job, exc)
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
@@ -327,25 +268,25 @@ class PartitionHandler:
             record_offset += len(decoded.records)
         if not changed:
             if not (acked or observed or watched):
-                return _FORWARDED
-            return PartitionResult(None, acknowledged=tuple(acked), observed=tuple(observed),
-                                   watched=watched)
+                return FORWARDED
+            return Decision(acknowledged=tuple(acked), observed=tuple(observed),
+                            watched=watched)
+        decision = Decision(changed=True, acknowledged=tuple(acked), observed=tuple(observed),
+                            watched=watched)
         if threaded:
-            return _Encoding(out, tuple(acked), chain, topic, topic_key, partition, route,
-                             tuple(observed), watched)
-        return PartitionResult(b"".join(cast("list[bytes | memoryview]", out)), changed=True,
-                               acknowledged=tuple(acked), observed=tuple(observed),
-                               watched=watched)
+            return _Encoding(out, decision)
+        return dataclasses.replace(
+            decision, records=b"".join(cast("list[bytes | memoryview]", out)))
 
-    def _warn_limit(self, client: RequestingClient, topic: str, partition: int,
-                    exc: DecompressionLimitExceeded) -> None:
+    def _warn_limit(self, job: PartitionJob, exc: DecompressionLimitExceeded) -> None:
         """One WARNING per client host per interval: a bomb, or a limit set too low."""
+        client = job.client
         who: ClientIdentity = client.identity
         suppressed = self._limit_warnings.allow(who.client_host)
         if suppressed is None:
             return
         more = f" ({suppressed} more from this host since the last warning)" if suppressed else ""
-        self.log.warning("refused %s[%d] from %s (client_id %r): %s%s", topic, partition,
+        self.log.warning("refused %s[%d] from %s (client_id %r): %s%s", job.topic, job.partition,
                     who.client_address, who.client_id, exc, more, extra=client.log_context)
 
     async def _run(self, chain: LoadedChain, view: RecordBatch,
@@ -369,11 +310,11 @@ DECODE_LINK = "(decode)"
 """The ``link`` label of what the proxy's own decoding would have refused."""
 
 
-def _observed_refusal(rejection: Rejection, records: int) -> PartitionResult:
+def _observed_refusal(rejection: Rejection, records: int) -> Decision:
     """A partition an observing route's decoding refused (old format, corrupt, over the
     limits): forwarded as received, like a partition no route matches, and recorded as
     what enforcing would have done."""
-    return PartitionResult(None, watched=True, observed=(Observation(
+    return Decision(watched=True, observed=(Observation(
         link=rejection.link or DECODE_LINK, outcome="rejected", error_code=rejection.error_code,
         message=rejection.message, reason=rejection.reason, record_count=records),))
 
@@ -389,14 +330,14 @@ def _observation(link: str, verdict: Transformed | Rejected, batch: RecordBatch,
                        records=tuple(batch.records) if copy else ())
 
 
-def _unencodable(chain: LoadedChain, topic_key: Any, partition: int, route: str | None,
-                 exc: Exception) -> PartitionResult:
+def _unencodable(job: PartitionJob, exc: Exception) -> Decision:
     """Records the plugin returned that cannot be encoded (not Records, a header key
     that is not UTF-8, a timestamp out of range): the plugin's fault, so the
     partition is rejected like a raise."""
-    name = chain.links[0].name if route is None else f"of route {chain.name}"
+    assert job.chain is not None
+    name = job.chain.links[0].name if job.route is None else f"of route {job.chain.name}"
     message = (f"interceptor {name} returned records that cannot "
                f"be encoded: {type(exc).__name__}: {exc}")
-    return PartitionResult(None, rejection=Rejection(
-        topic=topic_key, partition=partition, error_code=INVALID_RECORD, message=message,
-        route=route, link=name, fault="encode"))
+    return Decision(rejection=Rejection(
+        topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
+        message=message, route=job.route, link=name, fault="encode"))

@@ -23,6 +23,14 @@ transformed or rejected is decided by :func:`kiproxy.interceptors.verdict.judge`
 alone (the same function replay and the isolation workers call); rejections are
 logged by :class:`kiproxy.proxy.observe.verdict_log.VerdictLog` (policy at INFO, plugin
 faults at WARNING, rate-limited).
+
+How: :meth:`ProducePipeline.handle` reads the request once
+(:func:`~kiproxy.protocol.produce_request.read_produce_request`), builds one
+:class:`~kiproxy.proxy.produce.job.PartitionJob` per topic-partition, decides each
+(:meth:`~kiproxy.proxy.produce.partition.PartitionHandler.decide`: one
+:class:`~kiproxy.proxy.produce.job.Decision`), settles the decisions in request order
+(:class:`~kiproxy.proxy.produce.settle.Settler`) and turns what they add up to into
+the request's :data:`~kiproxy.proxy.produce.disposition.Disposition`.
 """
 
 from __future__ import annotations
@@ -36,8 +44,8 @@ from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.errors import ErrorCode, error_name
-from kiproxy.protocol.errors import MalformedFrame, ProtocolError, UnsupportedVersion
+from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.protocol.errors import UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader, encode_response_header
 from kiproxy.protocol.legacy_produce import (
     legacy_produce_acks_and_partitions,
@@ -45,27 +53,31 @@ from kiproxy.protocol.legacy_produce import (
 )
 from kiproxy.protocol.messages import ApiKey
 from kiproxy.protocol.partition_batches import PartitionBatches
-from kiproxy.protocol.produce_request import PartitionSpan, read_produce_request
+from kiproxy.protocol.produce_request import (
+    ProduceLayout,
+    read_acks,
+    read_produce_request,
+    topic_key,
+)
 from kiproxy.protocol.produce_splice import splice_produce_request
 from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     CompressionLevels,
 )
-from kiproxy.protocol.wire import read_uvarint
 from kiproxy.proxy.brokers.addresses import NodeSeen, needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
-from kiproxy.proxy.observe.dead_letter import DeadLetterCopy
-from kiproxy.proxy.observe.verdict_log import VerdictLog
-from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward, PartitionTally
+from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward
+from kiproxy.proxy.produce.job import FORWARDED, UNREAD, Decision, PartitionJob, RequestFacts
 from kiproxy.proxy.produce.offload import BatchOffload
-from kiproxy.proxy.produce.partition import PartitionHandler, PartitionResult
+from kiproxy.proxy.produce.partition import PartitionHandler
 from kiproxy.proxy.produce.response import (
-    Acked,
     Rejection,
     ResponseMerger,
+    Settled,
     rejection_only_response,
 )
-from kiproxy.proxy.routes.runtime import LoadedChain, one_interceptor
+from kiproxy.proxy.produce.settle import Settler, summarize
+from kiproxy.proxy.routes.runtime import one_interceptor
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
@@ -75,13 +87,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["PartitionResult", "ProducePipeline", "learn_topic_ids", "read_acks"]
+__all__ = ["ProducePipeline", "learn_topic_ids"]
 
-CORRUPT_MESSAGE = ErrorCode.CORRUPT_MESSAGE
 REQUEST_TIMED_OUT = ErrorCode.REQUEST_TIMED_OUT
-UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
-UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 INVALID_RECORD = ErrorCode.INVALID_RECORD
+UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
 UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
 
 
@@ -102,56 +112,13 @@ def learn_topic_ids(topic_names: dict[uuid.UUID, str], metadata: Any) -> None:
             topic_names[topic_id] = topic.name
 
 
-def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
-    """acks of a Produce v3+ request without parsing the rest of it.
-
-    Only the transactional_id before acks is skipped; a body cut short raises
-    :class:`ProtocolError` (the client is closed with one log line).
-    """
-    pos = body_offset
-    if flexible:
-        n, pos = read_uvarint(frame, pos, len(frame),
-                              "Produce request transactional_id length", MalformedFrame)
-        pos += max(n - 1, 0)
-    else:
-        size = int.from_bytes(frame[pos : pos + 2], "big", signed=True)
-        pos += 2 + max(size, 0)
-    if pos + 2 > len(frame):
-        raise ProtocolError(f"Produce request truncated before acks (byte {pos})")
-    return int.from_bytes(frame[pos : pos + 2], "big", signed=True)
-
-
-_Slot = tuple[int, PartitionSpan, PartitionBatches, LoadedChain | None,
-              PartitionResult | asyncio.Task[PartitionResult] | None]
-"""A partition of a request: its position, data, batch headers (read once), chain and
-what was decided (None: forwarded untouched; a task: re-encoding still running)."""
-
-
-_UNREAD = PartitionBatches(start=0, end=0, headers=(), records=0, compressed_blocks=())
-"""The headers of a partition forwarded untouched and not tallied: never read."""
-
-
-def _tally(topic: str, partition: int, batches: PartitionBatches, chain: LoadedChain | None,
-           done: PartitionResult | None) -> PartitionTally:
-    """The tally of one decided partition (the broker's answer is added by the merger)."""
-    outcome, code, message, link = "forwarded", 0, None, None
-    if done is not None and done.rejection is not None:
-        rejection = done.rejection
-        outcome, code, message = "rejected", rejection.error_code, rejection.message
-        link = rejection.link
-    elif done is not None and done.changed:
-        outcome = "transformed"
-    observed: dict[str, Any] = {}
-    if done is not None and done.watched:
-        seen = next((o for o in done.observed if o.outcome == "rejected"),
-                    done.observed[0] if done.observed else None)
-        observed = {"observed_outcome": "unchanged"} if seen is None else {
-            "observed_outcome": seen.outcome, "observed_error_code": seen.error_code,
-            "observed_error_message": seen.message, "observed_link": seen.link}
-    return PartitionTally(topic, partition, batches.batches, batches.records, batches.size,
-                          outcome=outcome, error_code=code, error_message=message,
-                          route=chain.name if chain is not None else None, link=link,
-                          **observed)
+def _unknown_topic(job: PartitionJob) -> Decision:
+    """A Produce v13 topic id the proxy has not learned: refused, the client told to
+    refresh its metadata."""
+    return Decision(rejection=Rejection(
+        topic=job.topic_key, partition=job.partition, error_code=UNKNOWN_TOPIC_ID,
+        message=f"topic id {job.topic_key} is unknown to the proxy; refresh metadata",
+        reason="unknown_topic_id"))
 
 
 class ProducePipeline:
@@ -199,12 +166,11 @@ class ProducePipeline:
         """Topic id -> name, learned from Metadata responses (for Produce v13); shared by
         the generations of one process."""
         self.tallies = tallies
-        """Responses are observed or metered, so each request is tallied per partition."""
-        self.metrics = metrics
-        self.verdict_log = VerdictLog(log)
-        """Where every rejection is logged, once (see :meth:`_log_rejections`)."""
-        self.dead_letter = dead_letter
-        """Where routes with ``dead_letter`` copy refused records (the process's sink)."""
+        """Responses are observed or metered, so each request is summarized per partition."""
+        self.settler = Settler(log=log, metrics=metrics, dead_letter=dead_letter,
+                               topic_names=self.topic_names)
+        """Where every decided partition's consequences go (verdict log, metrics, observe
+        mode, dead-letter copies, acknowledgement hooks, summaries)."""
 
     @property
     def compression_levels(self) -> CompressionLevels:
@@ -257,221 +223,106 @@ class ProducePipeline:
         if version < 3:
             return self._refuse_legacy(client, header, frame)
         if self.routes is None:
-            if self.tallies:
-                return self._tallied_passthrough(header, frame, nodes_seen)
+            return self._pass_through(client, header, frame, nodes_seen)
+        request = read_produce_request(frame, header.body_offset, version)
+        jobs = self._jobs(client, request, frame, version)
+        empty_topics = sum(1 for topic in request.topics if not topic.partitions)
+        settled = Settled(frame, empty_topics, [] if self.tallies else None)
+        decisions: list[Decision | asyncio.Task[Decision]] = []
+        try:
+            for job in jobs:  # a task while its re-encoding runs on a decode thread
+                decisions.append(await self._decide(job))
+            for job, decided in zip(jobs, decisions, strict=True):
+                self.settler.settle(job, await decided if isinstance(decided, asyncio.Task)
+                                    else decided, settled)
+        finally:
+            for decided in decisions:
+                if isinstance(decided, asyncio.Task) and not decided.done():
+                    decided.cancel()
+        if settled.rejections:
+            self.settler.log_rejections(client, settled.rejections)
+        return self._dispose(header, request, settled, nodes_seen)
+
+    def _jobs(self, client: RequestingClient, request: ProduceLayout, frame: bytes,
+              version: int) -> list[PartitionJob]:
+        """Every topic-partition of ``request`` as the pipeline decides it: its topic,
+        its route's chain (None: forwarded untouched) and its batch headers (read when
+        something will look at them)."""
+        routes = self.routes
+        choose = (client.routes(routes.table)
+                  if routes is not None and self._single is None else None)
+        facts = RequestFacts(frame, version, request.acks, request.transactional_id,
+                             int(time.time() * 1000))
+        jobs = []
+        for ti, topic in enumerate(request.topics):
+            key = topic_key(topic, version)
+            name = topic.name if topic.name is not None else self.topic_names.get(key)
+            chain = self._single
+            if choose is not None and name is not None:
+                assert routes is not None
+                route = choose.select(name, request.acks, request.transactional_id is not None)
+                chain = routes.chain(route) if route is not None else None
+            read = chain is not None or name is None or self.tallies
+            for pj, part in enumerate(topic.partitions):
+                batches = (PartitionBatches.read(frame, part.data_start, part.data_end)
+                           if read else UNREAD)
+                jobs.append(PartitionJob(
+                    client, facts, name if name is not None else str(key), key,
+                    part.partition, (ti, pj), batches, chain,
+                    None if chain is None or chain is self._unnamed else chain.name,
+                    known=name is not None))
+        return jobs
+
+    async def _decide(self, job: PartitionJob) -> Decision | asyncio.Task[Decision]:
+        """One partition's decision: refused when its topic id is unknown, forwarded
+        untouched when no route holds, else its chain's."""
+        if not job.known:
+            return _unknown_topic(job)
+        if job.chain is None:
+            return FORWARDED
+        return await self.partitions.decide(job, self.offload.lease())
+
+    def _dispose(self, header: RequestHeader, request: ProduceLayout, settled: Settled,
+                 nodes_seen: NodeSeen | None) -> Disposition:
+        """The request's answer once every partition is settled: the proxy's own when
+        nothing is forwarded, else the frame (spliced when some partition changed or
+        was refused) with what the broker's answer needs merged into it."""
+        summaries = settled.summaries
+        version = header.api_version
+        if not settled.forwarded:
+            if request.acks == 0:
+                return Answer(None, produce=summaries)
+            response_header = encode_response_header(header.correlation_id,
+                                                      1 if header.header_version == 2 else 0)
+            return Answer(response_header + rejection_only_response(version, settled.rejections),
+                          produce=summaries)
+        frame = settled.frame
+        if settled.edits:
+            # The new records spliced into the frame: no kio re-serialization.
+            assert header.body_offset is not None
+            frame = splice_produce_request(frame, header.body_offset, version, settled.edits,
+                                           request)
+        if request.acks == 0:
+            return Forward(frame, expect_response=False, produce=summaries)
+        if not settled.rejections and not settled.acked and summaries is None:
+            return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
+        return Forward(frame, produce=summaries, on_response=ResponseMerger(
+            version, settled, self.topic_names, nodes_seen))
+
+    def _pass_through(self, client: RequestingClient, header: RequestHeader, frame: bytes,
+                      nodes_seen: NodeSeen | None) -> Disposition:
+        """No interceptor: forwarded as it came, summarized per partition when observers
+        or metrics want it."""
+        assert header.body_offset is not None
+        version = header.api_version
+        if not self.tallies:
             acks = read_acks(frame, header.body_offset, header.header_version == 2)
             return Forward(frame, expect_response=acks != 0,
                            on_response=_node_rewriter(version, nodes_seen))
-
-        routes = self.routes
         request = read_produce_request(frame, header.body_offset, version)
-        received_at_ms = int(time.time() * 1000)
-        client_routes = client.routes(routes.table) if self._single is None else None
-        transactional = request.transactional_id is not None
-        hooked = False
-        rejections: list[Rejection] = []
-        acked: list[Acked] = []
-        tallies: list[PartitionTally] | None = [] if self.tallies else None
-        # Partitions forwarded, and topics that came without any (forwarded as they came):
-        # none of either and the proxy answers the request itself.
-        forwarded = sum(1 for topic in request.topics if not topic.partitions)
-        # (topic position, partition position) -> new records; None: not forwarded.
-        edits: dict[tuple[int, int], bytes | None] = {}
-        # Per topic, in order: a partition forwarded untouched, or the handler's answer
-        # (a task while its re-encoding runs on a decode thread; awaited in order below).
-        slots: list[list[_Slot]] = []
-        names: list[str] = []
-        tasks: list[asyncio.Task[PartitionResult]] = []
-        try:
-            for topic in request.topics:
-                topic_key: uuid.UUID | str | None = topic.name
-                topic_name = topic.name
-                if version >= 13:
-                    topic_key = topic.topic_id
-                    topic_name = (self.topic_names.get(topic.topic_id)
-                                  if topic.topic_id is not None else None)
-                names.append(topic_name or str(topic_key))
-                topic_slots: list[_Slot] = []
-                slots.append(topic_slots)
-                for pj, part in enumerate(topic.partitions):
-                    chain: LoadedChain | None = self._single
-                    if client_routes is not None and topic_name is not None:
-                        route = client_routes.select(topic_name, request.acks, transactional)
-                        chain = routes.chain(route) if route is not None else None
-                    if chain is None and topic_name is not None:
-                        # No route and no default: forwarded untouched, its headers read
-                        # only when it is tallied.
-                        batches = (PartitionBatches.read(frame, part.data_start, part.data_end)
-                                   if tallies is not None else _UNREAD)
-                        topic_slots.append((pj, part, batches, None, None))
-                        continue
-                    batches = PartitionBatches.read(frame, part.data_start, part.data_end)
-                    result: PartitionResult | asyncio.Task[PartitionResult]
-                    if topic_name is None or chain is None:
-                        result = PartitionResult(None, rejection=Rejection(
-                            topic=topic_key, partition=part.partition,
-                            error_code=UNKNOWN_TOPIC_ID,
-                            message=f"topic id {topic_key} is unknown to the proxy; "
-                                    "refresh metadata", reason="unknown_topic_id"))
-                    else:
-                        hooked = hooked or bool(chain.hooks)
-                        result = await self.partitions.handle(
-                            client, request, version, topic_name, topic_key, part.partition,
-                            frame, batches, received_at_ms, self.offload.lease(), chain,
-                            None if chain is self._unnamed else chain.name)
-                        if isinstance(result, asyncio.Task):
-                            tasks.append(result)
-                    topic_slots.append((pj, part, batches, chain, result))
-
-            for ti, topic in enumerate(request.topics):
-                for pj, part, batches, chain, answer in slots[ti]:
-                    done = None
-                    if answer is not None:
-                        done = await answer if isinstance(answer, asyncio.Task) else answer
-                    if tallies is not None:
-                        tallies.append(_tally(names[ti], part.partition, batches, chain, done))
-                    if done is not None and done.observed and chain is not None:
-                        self._observed(client, names[ti], part.partition, chain, done,
-                                       received_at_ms)
-                    if done is None:
-                        forwarded += 1
-                        continue
-                    if done.rejection is not None:
-                        rejection = done.rejection
-                        rejections.append(rejection)
-                        edits[ti, pj] = None
-                        if chain is not None and chain.route.dead_letter is not None:
-                            self._copy(client, chain, names[ti], part.partition, rejection,
-                                       received_at_ms)
-                        if self.metrics is not None:
-                            self.metrics.rejected_batches.labels(rejection.reason).inc(
-                                max(batches.batches, 1))
-                        continue
-                    if chain is not None and chain.hooks:
-                        acked.append(Acked(topic.topic_id if version >= 13 else topic.name,
-                                           part.partition, done.acknowledged, chain.hooks,
-                                           chain.hook_names))
-                    if done.changed:
-                        edits[ti, pj] = done.records
-                    forwarded += 1
-        finally:
-            for task in tasks:
-                if not task.done():
-                    task.cancel()
-
-        acks = request.acks
-        if rejections:
-            self._log_rejections(client, rejections)
-        if not forwarded:
-            if acks == 0:
-                return Answer(None, produce=tallies)
-            response_header = encode_response_header(header.correlation_id,
-                                                      1 if header.header_version == 2 else 0)
-            return Answer(response_header + rejection_only_response(version, rejections),
-                          produce=tallies)
-
-        if edits:
-            # The new records spliced into the frame: no kio re-serialization.
-            frame = splice_produce_request(frame, header.body_offset, version, edits, request)
-        if acks == 0:
-            return Forward(frame, expect_response=False, produce=tallies)
-        if not rejections and not hooked and tallies is None:
-            return Forward(frame, on_response=_node_rewriter(version, nodes_seen))
-        return Forward(frame, on_response=self._merger(
-            version, header.header_version == 2, rejections, acked, tallies, nodes_seen),
-            produce=tallies)
-
-    def _log_rejections(self, client: RequestingClient, rejections: list[Rejection]) -> None:
-        """The one place a rejection is logged: policy at INFO, a plugin fault as a
-        rate-limited WARNING (see :mod:`kiproxy.proxy.observe.verdict_log`)."""
-        who = client.identity
-        for r in rejections:
-            where = f"{self.topic_names.get(r.topic, r.topic)}[{r.partition}]"
-            if r.fault is None:
-                self.verdict_log.policy(where, who.client_address, who.client_id,
-                                        r.error_code, r.message, client.log_context,
-                                        route=r.route)
-            else:
-                self.verdict_log.fault(
-                    r.link or "", r.fault, where, who.client_address, who.client_id,
-                    r.message, exception=r.exception, route=r.route,
-                    extra={**client.log_context, "topic": self.topic_names.get(r.topic, r.topic),
-                           "partition": r.partition})
-
-    def _observed(self, client: RequestingClient, topic: str, partition: int,
-                  chain: LoadedChain, done: PartitionResult, received_at_ms: int) -> None:
-        """The one place what observe mode saw is recorded: the ``kiproxy_would_*``
-        counters, a rate-limited log line, and (``dead_letter_observed``) the copy of
-        what would have been refused."""
-        who = client.identity
-        route = chain.name
-        for seen in done.observed:
-            if self.metrics is not None:
-                if seen.outcome == "rejected":
-                    self.metrics.would_reject_batches.labels(route, seen.link, seen.reason).inc()
-                    self.metrics.would_reject_records.labels(
-                        route, seen.link, seen.reason).inc(seen.record_count)
-                else:
-                    self.metrics.would_transform_batches.labels(route, seen.link).inc()
-                    self.metrics.would_transform_records.labels(route, seen.link).inc(
-                        seen.record_count)
-            detail = (f": error {seen.error_code}: {seen.message}"
-                      if seen.outcome == "rejected" else "")
-            self.verdict_log.observed("rejected" if seen.outcome == "rejected"
-                                      else "transformed", f"{topic}[{partition}]",
-                                      who.client_address, who.client_id, route, seen.link,
-                                      detail, client.log_context)
-            if seen.records and self.dead_letter is not None \
-                    and chain.route.dead_letter is not None:
-                self.dead_letter.offer(DeadLetterCopy(
-                    topic=chain.route.dead_letter, source_topic=topic, partition=partition,
-                    route=route, link=seen.link, error_code=seen.error_code,
-                    error_name=error_name(seen.error_code), reason=seen.message or "",
-                    client_id=who.client_id, principal=who.principal, time_ms=received_at_ms,
-                    observed=True, records=seen.records,
-                    record_reasons={i: m for i, m in seen.record_errors if m is not None}))
-
-    def _copy(self, client: RequestingClient, chain: LoadedChain, topic: str,
-              partition: int, rejection: Rejection, received_at_ms: int) -> None:
-        """A refused partition's records to its route's dead-letter topic (never blocks)."""
-        if self.dead_letter is None or not rejection.records:
-            return
-        who = client.identity
-        assert chain.route.dead_letter is not None
-        self.dead_letter.offer(DeadLetterCopy(
-            topic=chain.route.dead_letter, source_topic=topic, partition=partition,
-            route=chain.name, link=rejection.link, error_code=rejection.error_code,
-            error_name=error_name(rejection.error_code), reason=rejection.message,
-            client_id=who.client_id, principal=who.principal, time_ms=received_at_ms,
-            observed=False, records=rejection.records,
-            record_reasons={i: m for i, m in rejection.record_errors if m is not None}))
-
-    def _merger(self, version: int, flexible: bool, rejections: list[Rejection],
-                acked: list[Acked], tallies: list[PartitionTally] | None,
-                nodes_seen: NodeSeen | None) -> ResponseMerger:
-        return ResponseMerger(version=version, flexible=flexible, rejections=rejections,
-                              acked=acked, tallies=tallies, topic_names=self.topic_names,
-                              nodes_seen=nodes_seen)
-
-    def _tallied_passthrough(self, header: RequestHeader, frame: bytes,
-                             nodes_seen: NodeSeen | None) -> Disposition:
-        """No interceptor, but observers or metrics want per-partition tallies."""
-        assert header.body_offset is not None
-        version = header.api_version
-        request = read_produce_request(frame, header.body_offset, version)
-        tallies = []
-        for topic in request.topics:
-            name = topic.name
-            if version >= 13 and topic.topic_id is not None:
-                name = self.topic_names.get(topic.topic_id)
-            for part in topic.partitions:
-                batches = PartitionBatches.read(frame, part.data_start, part.data_end)
-                tallies.append(_tally(name or str(topic.topic_id), part.partition, batches,
-                                      None, None))
-        if request.acks == 0:
-            return Forward(frame, expect_response=False, produce=tallies)
-        return Forward(frame, on_response=self._merger(
-            version, header.header_version == 2, [], [], tallies, nodes_seen), produce=tallies)
+        settled = Settled(frame, forwarded=1, summaries=[
+            summarize(job, FORWARDED) for job in self._jobs(client, request, frame, version)])
+        return self._dispose(header, request, settled, nodes_seen)
 
     def _refuse_legacy(
         self, client: RequestingClient, header: RequestHeader, frame: bytes

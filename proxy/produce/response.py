@@ -6,7 +6,7 @@ partition response added for each refusal (``error_code``, and on v8+
 ``error_message`` and ``record_errors``). A request refused whole is answered
 with a response the proxy makes (:func:`rejection_only_response`). On the way,
 :class:`ResponseMerger` calls the interceptor's ``on_acknowledgement`` hook
-with each forwarded batch's base offset, fills in the per-partition tallies
+with each forwarded batch's base offset, fills in the per-partition summaries
 (base offset, broker errors) for observers and metrics, and rewrites the
 KIP-951 ``node_endpoints`` of v10+ answers to the proxy's listeners.
 """
@@ -24,15 +24,16 @@ from typing import Any, Literal
 
 from kiproxy.interceptors.api import AcknowledgedBatch, Record
 from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.observer import PartitionSummary
 from kiproxy.interceptors.verdict import AcknowledgementHook
-from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.framing import parse_response_header, response_header_version
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.protocol.produce_request import topic_key, topic_key_field
 from kiproxy.proxy.brokers.addresses import rewrite_message
-from kiproxy.proxy.produce.disposition import PartitionTally
 
 log = logging.getLogger("kiproxy.produce")
 
-__all__ = ["Acked", "Observation", "Rejection", "ResponseMerger", "merge_rejections",
+__all__ = ["Acked", "Observation", "Rejection", "ResponseMerger", "Settled", "merge_rejections",
            "rejection_only_response"]
 
 
@@ -99,6 +100,25 @@ class Acked:
     """How a failing hook is named in the log (its link's ``class``), hook by hook."""
 
 
+@dataclass(slots=True)
+class Settled:
+    """What the settled partitions of one request add up to."""
+
+    frame: bytes
+    """The request frame (where :attr:`edits` are spliced)."""
+    forwarded: int
+    """Partitions forwarded, and topics that came without any (forwarded as they came):
+    none of either and the proxy answers the request itself."""
+    summaries: list[PartitionSummary] | None
+    """Each partition's summary, in request order (None: nobody observes them)."""
+    rejections: list[Rejection] = field(default_factory=list)
+    acked: list[Acked] = field(default_factory=list)
+    """The forwarded partitions whose chain has acknowledgement hooks."""
+    edits: dict[tuple[int, int], bytes | None] = field(default_factory=dict)
+    """(topic position, partition position) -> new records; None: not forwarded."""
+
+
+
 @cache
 def _response_classes(version: int) -> tuple[Any, Any, Any, Any]:
     response_cls = response_type(ApiKey.PRODUCE, version)
@@ -142,7 +162,7 @@ def _partition_response(version: int, rejection: Rejection) -> Any:
 
 def merge_rejections(version: int, response: Any, rejections: list[Rejection]) -> Any:
     _, topic_cls, _, _ = _response_classes(version)
-    key_field = "topic_id" if version >= 13 else "name"
+    key_field = topic_key_field(version)
     topics = list(response.responses)
     index = {getattr(t, key_field): i for i, t in enumerate(topics)}
     for rejection in rejections:
@@ -167,26 +187,24 @@ def rejection_only_response(version: int, rejections: list[Rejection]) -> bytes:
 class ResponseMerger:
     """Turns the broker's answer to a forwarded ProduceRequest into the client's."""
 
-    def __init__(self, *, version: int, flexible: bool, rejections: list[Rejection],
-                 acked: list[Acked], tallies: list[PartitionTally] | None,
-                 topic_names: dict[uuid.UUID, str],
+    def __init__(self, version: int, settled: Settled, topic_names: dict[uuid.UUID, str],
                  nodes_seen: Callable[[int, str, int], tuple[str, int]] | None) -> None:
         self._version = version
-        self._flexible = flexible
-        self._rejections = rejections
-        self._acked = acked
-        self._tallies = tallies
+        self._header_version = response_header_version(ApiKey.PRODUCE, version) or 0
+        self._rejections = settled.rejections
+        self._acked = settled.acked
+        self._summaries = settled.summaries
         self._topic_names = topic_names
         self._nodes_seen = nodes_seen
 
     def __call__(self, frame: bytes) -> bytes:
         version = self._version
-        _, body_offset = parse_response_header(frame, 1 if self._flexible else 0)
+        _, body_offset = parse_response_header(frame, self._header_version)
         response = parse_response(ApiKey.PRODUCE, version, frame, body_offset)
         if any(entry.hooks for entry in self._acked):
             self._acknowledge(response)
-        if self._tallies:
-            self._fill_tallies(response)
+        if self._summaries:
+            self._fill_summaries(response)
         rewrite_nodes = version >= 10 and self._nodes_seen is not None
         if not self._rejections and not rewrite_nodes:
             return frame
@@ -197,30 +215,28 @@ class ResponseMerger:
             response = rewrite_message(ApiKey.PRODUCE, response, self._nodes_seen)
         return frame[:body_offset] + serialize(response)
 
-    def _fill_tallies(self, response: Any) -> None:
+    def _fill_summaries(self, response: Any) -> None:
         version = self._version
-        key_field = "topic_id" if version >= 13 else "name"
         results = {}
         for topic in response.responses:
-            key = getattr(topic, key_field)
-            name = self._topic_names.get(key, str(key)) if version >= 13 else key
+            key = topic_key(topic, version)
+            name = key if isinstance(key, str) else self._topic_names.get(key, str(key))
             for p in topic.partition_responses:
                 results[(name, p.index)] = p
-        tallies = self._tallies or []
-        for i, tally in enumerate(tallies):
-            if tally.outcome == "rejected":
+        summaries = self._summaries or []
+        for i, summary in enumerate(summaries):
+            if summary.outcome == "rejected":
                 continue
-            p = results.get((tally.topic, tally.partition))
+            p = results.get((summary.topic, summary.partition))
             if p is not None:
-                tallies[i] = tally.answered(int(p.base_offset), int(p.error_code),
-                                            getattr(p, "error_message", None))
+                summaries[i] = _answered(summary, int(p.base_offset), int(p.error_code),
+                                         getattr(p, "error_message", None))
 
     def _acknowledge(self, response: Any) -> None:
-        key_field = "topic_id" if self._version >= 13 else "name"
         results = {}
         for topic in response.responses:
             for p in topic.partition_responses:
-                results[(getattr(topic, key_field), p.index)] = (int(p.base_offset),
+                results[(topic_key(topic, self._version), p.index)] = (int(p.base_offset),
                                                                  int(p.error_code))
         for entry in self._acked:
             if not entry.hooks:
@@ -234,3 +250,12 @@ class ResponseMerger:
                         log.exception("interceptor %s: on_acknowledgement failed", name)
                 if base_offset >= 0:
                     base_offset += batch.record_count
+
+
+def _answered(summary: PartitionSummary, base_offset: int, error_code: int,
+              error_message: str | None) -> PartitionSummary:
+    """``summary`` once the broker answered the partition (an error: ``broker_error``)."""
+    if not error_code:
+        return dataclasses.replace(summary, base_offset=base_offset)
+    return dataclasses.replace(summary, base_offset=base_offset, outcome="broker_error",
+                               error_code=error_code, error_message=error_message)

@@ -93,9 +93,9 @@ from kiproxy.protocol.framing import (
 )
 from kiproxy.protocol.messages import ApiKey, api_name, parse_request, parse_response, response_type
 from kiproxy.protocol.messages import serialize as serialize_message
+from kiproxy.protocol.produce_request import read_acks
 from kiproxy.proxy.brokers.addresses import needs_rewrite, rewrite_response_frame
 from kiproxy.proxy.brokers.api_versions import known_version_range
-from kiproxy.proxy.produce.pipeline import read_acks
 
 __all__ = [
     "MECHANISMS",

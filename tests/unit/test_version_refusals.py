@@ -26,11 +26,12 @@ from kiproxy.protocol.framing import (
     request_header_version,
 )
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.protocol.produce_request import read_acks
 from kiproxy.proxy.brokers.addresses import rewritable, rewrite_response_frame
 from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION, cut_api_versions_frame
 from kiproxy.proxy.config.model import ProxyConfig
 from kiproxy.proxy.produce.disposition import Forward
-from kiproxy.proxy.produce.pipeline import ProducePipeline, read_acks
+from kiproxy.proxy.produce.pipeline import ProducePipeline
 from kiproxy.proxy.server import ProxyServer
 
 _Client = Client
