@@ -312,6 +312,17 @@ def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
     return None
 
 
+def _encoded_size(records: Sequence[Record]) -> int | None:
+    """Bytes ``records`` take encoded; None when a record cannot be encoded at all (a header
+    key that is not UTF-8): encoding refuses the batch next, naming the record."""
+    if type(records) is not tuple:  # a plugin may build its batch with a list of records
+        records = tuple(records)
+    try:
+        return records_size(records)
+    except UnicodeEncodeError:
+        return None
+
+
 def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
                  limits: OutputLimits) -> Rejected | None:
     """The rejection when ``result`` holds more bytes than ``limits`` allow, else None.
@@ -321,17 +332,16 @@ def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
     encoded at all (a header key that is not UTF-8) are not measured: encoding them
     refuses the batch next, naming the record.
     """
-    try:
-        size = records_size(result.records)
-    except UnicodeEncodeError:
+    size = _encoded_size(result.records)
+    if size is None:
         return None
     if size > limits.max_bytes:
-        given = records_size(batch.records)
+        given = _encoded_size(batch.records) or 0
         return fault_rejection("output_size", name, (
             f"returned {size} bytes of records for {given} bytes received; the limit is "
             f"max_plugin_output_bytes ({limits.max_bytes})"))
     if limits.max_ratio and size > RATIO_CHECKED_FROM:
-        given = records_size(batch.records)
+        given = _encoded_size(batch.records) or 0
         if size > given * limits.max_ratio:
             return fault_rejection("output_size", name, (
                 f"returned {size} bytes of records for {given} bytes received, more than "

@@ -32,6 +32,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kiproxy.interceptors import Record
+from kiproxy.protocol.records import records_size
 from kiproxy.proxy.observe.kafka_sink import SinkRecord
 
 __all__ = ["HEADERS", "DeadLetterCopy", "copy_headers"]
@@ -78,13 +79,13 @@ class DeadLetterCopy:
         return len(self.records)
 
     def size(self) -> int:
-        """Bytes of keys, values and header keys and values (what the queue bound counts)."""
-        total = 0
-        for r in self.records:
-            total += len(r.key or b"") + len(r.value or b"")
-            for h in r.headers:
-                total += len(h.key) + len(h.value or b"")
-        return total
+        """Bytes the records take encoded (what the queue bound counts), measured by the
+        compiled codec without building the fields; a record that cannot be encoded counts
+        its values (the sink refuses it when it writes)."""
+        try:
+            return records_size(tuple(self.records))
+        except UnicodeEncodeError:
+            return sum(len(r.value or b"") for r in self.records)
 
     def sink_records(self) -> Iterator[SinkRecord]:
         """The records as written: the original key, value and timestamp, the original

@@ -131,7 +131,17 @@ class PartitionHandler:
             lease.release()
             raise
         if isinstance(decided, _Encoding):
-            return asyncio.ensure_future(self._finish(job, decided, lease))
+            task = asyncio.ensure_future(self._finish(job, decided, lease))
+            # A task cancelled before its first step never runs _finish's ``finally``:
+            # give the reservation back when it ends, however it ends (both idempotent).
+            pieces = decided.pieces
+
+            def settled(_: object) -> None:
+                _discard(pieces)
+                lease.release()
+
+            task.add_done_callback(settled)
+            return task
         lease.release()
         assert job.chain is not None
         if job.chain.route.observe and decided.rejection is not None:

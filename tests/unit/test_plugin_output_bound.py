@@ -139,3 +139,33 @@ async def test_an_isolated_plugin_is_refused_in_its_worker() -> None:
     assert isinstance(verdict, Rejected) and verdict.fault == "output_size"
     assert "interceptor tp_balloon:Balloon returned" in verdict.message
     assert "max_plugin_output_bytes" in verdict.message
+
+
+class ListOfRecords:
+    """Builds its answer with a list of records, not a tuple (``dataclasses.replace``)."""
+
+    def __init__(self, size: int) -> None:
+        self.value = b"x" * size
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        import dataclasses
+        return dataclasses.replace(
+            batch, records=[r.with_value(self.value) for r in batch.records])  # type: ignore[arg-type]
+
+
+def test_an_answer_holding_a_list_of_records_is_measured_like_a_tuple() -> None:
+    small = asyncio.run(judge(ListOfRecords(3), _batch(b"a", b"b"), _ctx(), name="p",
+                             timeout=5))
+    assert isinstance(small, Transformed)
+    big = asyncio.run(judge(ListOfRecords(40 * MiB), _batch(b"a"), _ctx(), name="p",
+                           timeout=5))
+    assert isinstance(big, Rejected) and big.fault == "output_size"
+
+
+def test_a_header_key_that_cannot_be_encoded_is_left_to_the_encoder() -> None:
+    class BadKey:
+        def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            return batch.with_records(r.with_headers([("\udc80", b"v")]) for r in batch.records)
+
+    verdict = asyncio.run(judge(BadKey(), _batch(b"a"), _ctx(), name="p", timeout=5))
+    assert isinstance(verdict, Transformed)  # not a crash: encoding refuses it, naming it
