@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import json
 import logging
 import os
@@ -353,9 +354,10 @@ def _classify(exc: BaseException, *, tls: bool) -> tuple[str, str]:
     """The kind of a transport failure (one warning per kind per interval) and the
     setting to check."""
     text = f"{type(exc).__name__} {exc}".upper()
-    if tls and isinstance(exc, aiohttp.ServerDisconnectedError):
+    if tls and (isinstance(exc, aiohttp.ServerDisconnectedError)
+                or (isinstance(exc, OSError) and exc.errno == errno.ECONNRESET)):
         # TLS 1.3: a server that refuses the client's certificate says so after the
-        # handshake, by closing the connection before it answers.
+        # handshake, by closing (or resetting) the connection before it answers.
         return "tls closed", ("registry.cert_file / registry.key_file (the registry closed "
                               "the connection unanswered: it may refuse the client "
                               "certificate - missing, expired or not signed by a CA it "
