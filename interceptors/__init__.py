@@ -29,13 +29,22 @@ from kiproxy.interceptors.api import (
     RejectBatch,
     error_code,
 )
+from kiproxy.interceptors.consume import (
+    ConsumeContext,
+    ConsumedBatch,
+    FetchResponseInterceptor,
+    RefuseFetch,
+)
 from kiproxy.interceptors.topics import TopicPattern, TopicSelector
 
 __all__ = [
     "ERROR_CODES",
     "AcknowledgedBatch",
     "ClientIdentity",
+    "ConsumeContext",
+    "ConsumedBatch",
     "ErrorCode",
+    "FetchResponseInterceptor",
     "Header",
     "InterceptContext",
     "MetricSample",
@@ -44,6 +53,7 @@ __all__ = [
     "ProduceRequestInterceptor",
     "Record",
     "RecordBatch",
+    "RefuseFetch",
     "RejectBatch",
     "TopicPattern",
     "TopicSelector",

@@ -25,6 +25,7 @@ from types import ModuleType
 from typing import Any
 
 from kiproxy.interceptors.api import PluginFactory, ProduceRequestInterceptor
+from kiproxy.interceptors.consume import FetchResponseInterceptor
 from kiproxy.interceptors.extras import ENTRY_POINT_GROUP, interceptor_feature, missing_extras
 from kiproxy.interceptors.observer import Observer
 from kiproxy.interceptors.settings import SettingsError, parse_settings, settings_model
@@ -225,17 +226,19 @@ def _refuse_old_name(spec: str) -> None:
 def _check_interceptor_class(spec: str, obj: Any) -> type[Any]:
     if not inspect.isclass(obj):
         raise PluginLoadError(f"{spec} is a {type(obj).__name__}, not a class")
-    if issubclass(obj, ProduceRequestInterceptor):
+    if issubclass(obj, (ProduceRequestInterceptor, FetchResponseInterceptor)):
         abstract: frozenset[str] = getattr(obj, "__abstractmethods__", frozenset())
         if abstract:
             raise PluginLoadError(
                 f"{spec} does not implement the interceptor API: missing {', '.join(abstract)}"
             )
         return obj
-    if not callable(getattr(obj, "intercept", None)):
+    if not callable(getattr(obj, "intercept", None)) and \
+            not callable(getattr(obj, "on_consume", None)):
         raise PluginLoadError(
             f"{spec} does not implement the interceptor API: it is not a "
-            "ProduceRequestInterceptor subclass and has no intercept(batch, ctx) method"
+            "ProduceRequestInterceptor or FetchResponseInterceptor subclass and has "
+            "neither intercept(batch, ctx) nor on_consume(batch, ctx)"
         )
     return obj
 

@@ -1,0 +1,163 @@
+"""The consume-side plugin API: what a fetch-side hook receives, returns and raises.
+
+Contract. A :class:`FetchResponseInterceptor` sees each record batch of a Fetch
+response on a topic its route selects, one :class:`ConsumedBatch` at a time (a
+fetched partition holds one or more batches, as the broker stored them), with a
+:class:`ConsumeContext` saying who is fetching (the same
+:class:`~kiproxy.interceptors.identity.ClientIdentity` the produce side has). It
+returns the batch, unchanged or with the same number of records whose keys, values
+and headers may differ; offsets (``offset_delta``) and timestamps are the log's and
+must stay as they are. It may raise :class:`RefuseFetch` (or anything else, or miss
+its deadline): that partition of the response is answered with an error a consumer
+retries (``UNKNOWN_SERVER_ERROR`` by default) and no records; other partitions and
+the connection are unaffected.
+
+What never reaches the hook: control batches (transaction markers), legacy (magic 0
+and 1) message sets, and the partial last batch a broker may send at ``max_bytes``;
+they reach the consumer as the broker sent them.
+
+One class may implement both hooks: subclass :class:`ProduceRequestInterceptor
+<kiproxy.interceptors.api.ProduceRequestInterceptor>` and
+:class:`FetchResponseInterceptor`, and one configured instance serves both (the
+``record_encryption`` built-in encrypts in ``intercept`` and decrypts in
+``on_consume``). In a chain of several links, produce runs the links in order and
+consume in reverse order, so the last transformation applied is undone first.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Awaitable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Generic
+
+from kiproxy.interceptors.api import MetricSample, SettingsT, _validating
+from kiproxy.interceptors.errors import error_code
+from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
+from kiproxy.interceptors.settings import settings_model
+from kiproxy.protocol.records import Record
+
+__all__ = ["ConsumeContext", "ConsumedBatch", "FetchResponseInterceptor", "RefuseFetch"]
+
+
+class RefuseFetch(Exception):
+    """Raise from ``on_consume`` to answer the whole partition with ``error`` and no
+    records (the consumer fetches the same offset again after its backoff).
+
+    The default, UNKNOWN_SERVER_ERROR (-1), is retried by the Java client,
+    librdkafka, kafka-python and aiokafka with a warning. A Fetch response has no
+    error message field: ``message`` goes to the proxy's log.
+    """
+
+    def __init__(self, message: str, error: str | int = "UNKNOWN_SERVER_ERROR") -> None:
+        super().__init__(message)
+        self.message = message
+        self.error_code = error_code(error)
+        if self.error_code == 0:
+            raise ValueError("RefuseFetch needs an error code; 0 (NONE) means success")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumedBatch:
+    """One record batch of a Fetch response, as a fetch-side hook sees it.
+
+    ``records`` is what the hook may change (same count, same offset deltas and
+    timestamps); the rest says where the batch lies in the log and is kept on the
+    wire whatever the hook returns.
+    """
+
+    topic: str
+    """The topic the batch was fetched from."""
+    partition: int
+    """The partition index."""
+    base_offset: int
+    """The offset of the batch's first record (a record's offset is
+    ``base_offset + record.offset_delta``)."""
+    records: tuple[Record, ...]
+    """The records, in offset order."""
+    producer_id: int = -1
+    """The producer id that wrote the batch, or -1."""
+    producer_epoch: int = -1
+    """Its epoch, or -1."""
+    transactional: bool = False
+    """Whether the batch was written in a transaction."""
+    compression: str = "none"
+    """The batch's codec (a changed batch is re-encoded with it)."""
+
+    def with_records(self, records: Iterable[Record]) -> ConsumedBatch:
+        """A copy of this batch holding ``records`` instead."""
+        return ConsumedBatch(
+            topic=self.topic, partition=self.partition, base_offset=self.base_offset,
+            records=tuple(records), producer_id=self.producer_id,
+            producer_epoch=self.producer_epoch, transactional=self.transactional,
+            compression=self.compression)
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumeContext:
+    """Who is fetching and how; the same for every batch of one Fetch response."""
+
+    client_id: str | None
+    """The consumer's ``client.id``."""
+    client_address: str
+    """``host:port`` the consumer connects from."""
+    principal: str | None
+    """The authenticated principal, when the proxy knows it."""
+    api_version: int
+    """The Fetch version."""
+    deadline: float
+    """``time.monotonic()`` by which ``on_consume`` must have returned."""
+    proxy_host: str = ""
+    """The host name of the proxy handling the response."""
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    """Anything else the runtime knows (kept for forward compatibility)."""
+    identity: ClientIdentity = UNKNOWN_CLIENT
+    """What the proxy knows of the consumer's connection (see :class:`ClientIdentity`)."""
+
+
+class FetchResponseInterceptor(abc.ABC, Generic[SettingsT]):
+    """Base class of fetch-side hooks (see the module docstring).
+
+    ``on_consume`` may be a plain method or ``async def``; it runs on the proxy's event
+    loop, so a plain one must not block. Typed settings work as for
+    :class:`~kiproxy.interceptors.api.ProduceRequestInterceptor`.
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        model = settings_model(cls)
+        own = cls.__dict__.get("configure")
+        if model is not None and own is not None \
+                and getattr(own, "__kiproxy_settings__", None) is None:
+            cls.configure = _validating(own, model)  # type: ignore[method-assign]
+
+    def configure(self, config: SettingsT) -> None:
+        """Receive the configuration once, before any batch."""
+
+    @abc.abstractmethod
+    def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext
+                   ) -> ConsumedBatch | Awaitable[ConsumedBatch]:
+        """Return ``batch`` (unchanged or with changed records, same count) or raise
+        :class:`RefuseFetch`."""
+
+    def metrics(self) -> Iterable[MetricSample]:
+        """The plugin's own metrics (none by default); see the produce API."""
+        return ()
+
+    def close(self) -> Awaitable[None] | None:
+        """Release resources on shutdown (may be ``async def``)."""
+
+
+def consume_hook(interceptor: Any) -> Any | None:
+    """The bound ``on_consume`` of ``interceptor``, or None when it has no fetch-side hook."""
+    hook = getattr(interceptor, "on_consume", None)
+    return hook if callable(hook) else None
+
+
+def produce_hook(interceptor: Any) -> Any | None:
+    """The bound ``intercept`` of ``interceptor``, or None for a fetch-side-only hook."""
+    hook = getattr(interceptor, "intercept", None)
+    return hook if callable(hook) else None
