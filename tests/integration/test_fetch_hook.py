@@ -30,6 +30,8 @@ from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
 from hardening.fault_relay import wait_until
 from support.confluent import confluent_producer
 
+from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.fetch_response import read_fetch_response
 from kiproxy.protocol.messages import ApiKey
 
 pytestmark = pytest.mark.timeout(240)
@@ -234,3 +236,41 @@ def test_kafka_python_consumes_through_the_hook(upstream: Upstream,
     finally:
         consumer.close()
     assert got == values
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
+        upstream: Upstream, proxy: ProxyProcess, max_bytes: int) -> None:
+    """On a hooked topic whose hook changes nothing, the answer is byte for byte the
+    broker's: control batches (both transaction markers), every codec and, at a byte
+    limit below the partition's size, the cut last batch (Kafka cuts; Tansu sends whole
+    batches only)."""
+    from support.raw_client import RawClient
+
+    from integration.test_fetch_layout import Written, _fetch, _metadata_topic_id
+
+    topic = f"bad-fine-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for codec in CODECS:
+        _produce(upstream.bootstrap, topic, [f"{codec} {i} ".encode() * 30 for i in range(4)],
+                 **{"compression.type": codec})
+    for outcome in ("abort", "commit"):
+        producer = confluent_producer({"bootstrap.servers": upstream.bootstrap,
+                                       "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+        producer.init_transactions(20)
+        producer.begin_transaction()
+        producer.produce(topic, value=outcome.encode(), partition=0)
+        producer.flush(20)
+        getattr(producer, f"{outcome}_transaction")(20)
+    with RawClient(proxy.bootstrap) as client:
+        topic_id = _metadata_topic_id(client, topic)
+    written = Written(topic, topic_id, 0, 0)
+    for version in (4, 12, 13):
+        for isolation in (0, 1):
+            direct, body = _fetch(upstream.bootstrap, version, written, max_bytes, isolation)
+            through, _ = _fetch(proxy.bootstrap, version, written, max_bytes, isolation)
+            assert through == direct, f"Fetch v{version}, isolation {isolation}"
+            if upstream.name == "kafka" and max_bytes < 1 << 20:
+                layout = read_fetch_response(direct, body, version)
+                (part,) = layout.topics[0].partitions
+                assert split_fetched_records(direct, part.data_start, part.data_end).partial
