@@ -274,3 +274,27 @@ def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
                 layout = read_fetch_response(direct, body, version)
                 (part,) = layout.topics[0].partitions
                 assert split_fetched_records(direct, part.data_start, part.data_end).partial
+
+
+def test_the_java_client_round_trips_through_both_hooks(upstream: Upstream,
+                                                        proxy: ProxyProcess) -> None:
+    from support.apache_kafka import kafka_home_or_skip
+    from support.java_client import JavaClient
+
+    client = JavaClient.build(kafka_home_or_skip())
+    topic = f"rev-java-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    produced = client.produce(proxy.bootstrap, topic, 20, compression="zstd",
+                              idempotent=True, headers=[("t", "1"), ("t", "2")],
+                              value_prefix="java-")
+    assert produced.returncode == 0, produced.stderr
+    protocol = "classic" if upstream.name == "tansu" else "consumer"  # Tansu: no KIP-848
+    consumed = client.consume(proxy.bootstrap, topic, 20, group=f"g-{topic}",
+                              isolation="read_committed", group_protocol=protocol)
+    assert consumed.returncode == 0, consumed.stderr
+    records = consumed.of("record")
+    assert [(r["key"], r["value"], r["offset"]) for r in records] == [
+        (f"key-{i}", f"java-{i}", i) for i in range(20)]
+    assert all(r["headers"] == [["t", "1"], ["t", "2"]] for r in records)
+    stored = _read(upstream.bootstrap, [topic], 20)
+    assert [m.value() for m in stored] == [f"java-{i}"[::-1].encode() for i in range(20)]
