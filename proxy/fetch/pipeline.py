@@ -11,7 +11,9 @@ Contract:
   decoded) and selects each topic's route as the produce side does, by the consumer's
   identity and the topic (:meth:`~kiproxy.proxy.routes.table.ClientRoutes.select_fetch`).
   A response with no hooked partition holding records is returned as the same bytes.
-- On a hooked partition, every whole magic-2 data batch is decoded and handed to the
+- On a hooked partition, every whole magic-2 data batch is decoded (on the loop, or on
+  a decode thread within ``max_decode_memory`` when large, by the produce side's
+  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) and handed to the
   route's fetch-side hooks, last link first; control batches, legacy (magic 0/1)
   entries (counted) and the partial last batch the broker may send at ``max_bytes``
   stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
@@ -46,7 +48,7 @@ from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.errors import CorruptBatch
-from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.fetch_batches import LOG_OVERHEAD, FetchedRecords, split_fetched_records
 from kiproxy.protocol.fetch_response import (
     FIRST_FLEXIBLE_VERSION,
     LATEST_VERSION,
@@ -57,7 +59,9 @@ from kiproxy.protocol.fetch_response import (
 from kiproxy.protocol.fetch_splice import splice_fetch_response
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
-from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS, DecompressionLimits, decode_batch
+from kiproxy.protocol.partition_batches import PartitionBatches
+from kiproxy.protocol.records import BATCH_HEADER_SIZE, DEFAULT_DECOMPRESSION_LIMITS
+from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
@@ -92,8 +96,8 @@ class FetchPipeline:
 
     def __init__(self, routes: LoadedRoutes | None, *, topic_names: dict[uuid.UUID, str],
                  proxy_host: str = "", compression_levels: CompressionLevels | None = None,
-                 limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
-                 metrics: Metrics | None = None, max_version: int = LATEST_VERSION) -> None:
+                 offload: BatchOffload | None = None, metrics: Metrics | None = None,
+                 max_version: int = LATEST_VERSION) -> None:
         self.routes = routes if routes is not None and routes.consumes else None
         """The routes, when some route has a fetch-side hook; else None."""
         self.hooks = self.routes is not None
@@ -104,7 +108,9 @@ class FetchPipeline:
         self.topic_names = topic_names
         self.proxy_host = proxy_host
         self.levels = compression_levels or DEFAULT_LEVELS
-        self.limits = limits
+        self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
+        """Decompression limits, the decode memory budget and the decode threads (the
+        produce pipeline's: one budget for the process)."""
         self.metrics = metrics
         self._refusals = RateLimitedLog(log)
 
@@ -177,6 +183,15 @@ class FetchPipeline:
         except CorruptBatch as exc:
             return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
                             f"the broker's records cannot be read: {exc}", "undecodable")
+        lease = self.offload.lease()
+        try:
+            return await self._batches(frame, topic, part, fetched, consumers, ctx, lease)
+        finally:
+            lease.release()
+
+    async def _batches(self, frame: bytes, topic: str, part: FetchPartition,
+                       fetched: FetchedRecords, consumers: Sequence[LoadedLink],
+                       ctx: ConsumeContext, lease: DecodeLease) -> bytes | _Refused | None:
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
         view = memoryview(frame)
@@ -187,10 +202,12 @@ class FetchPipeline:
                 continue
             if header.is_control:
                 continue
+            blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
+                if header.attributes & 0x07 else ()
             try:
-                decoded = decode_batch(frame, batch.start, stop=batch.end,
-                                       origin=part.data_start, limits=self.limits,
-                                       header=header)
+                (decoded,) = await lease.decode_partition(frame, PartitionBatches(
+                    start=batch.start, end=batch.end, headers=(header,),
+                    records=header.record_count, compressed_blocks=blocks))
             except CorruptBatch as exc:
                 return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
                                 f"batch at offset {header.base_offset} cannot be decoded: "
@@ -211,7 +228,11 @@ class FetchPipeline:
                 self._count(topic, "unchanged", len(given.records))
                 continue
             try:
-                new = reencode_batch(decoded, current.records, levels=self.levels)
+                if decoded.block_size <= self.offload.inline_plain_bytes:
+                    new = reencode_batch(decoded, current.records, levels=self.levels)
+                else:  # a large batch is compressed on a worker thread, as on produce
+                    new = await self.offload.run(reencode_batch, decoded, current.records,
+                                                 levels=self.levels)
             except BatchShapeChanged as exc:
                 self._count(topic, "refused", len(given.records))
                 return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")

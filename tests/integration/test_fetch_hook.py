@@ -298,3 +298,17 @@ def test_the_java_client_round_trips_through_both_hooks(upstream: Upstream,
     assert all(r["headers"] == [["t", "1"], ["t", "2"]] for r in records)
     stored = _read(upstream.bootstrap, [topic], 20)
     assert [m.value() for m in stored] == [f"java-{i}"[::-1].encode() for i in range(20)]
+
+
+def test_a_large_batch_is_decoded_and_re_encoded_off_the_loop_and_round_trips(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    """A 2 MB batch (past the inline decode and encode bounds) round-trips exactly."""
+    topic = f"rev-big-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    values = [f"{i:06d}".encode() * 170 for i in range(2000)]  # 1020 B each
+    _produce(proxy.bootstrap, topic, values, **{
+        "compression.type": "zstd", "batch.size": 4_000_000, "linger.ms": 500,
+        "message.max.bytes": 4_000_000})
+    through = _read(proxy.bootstrap, [topic], len(values), **{
+        "fetch.max.bytes": 8_000_000, "max.partition.fetch.bytes": 8_000_000})
+    assert [m.value() for m in through] == values
