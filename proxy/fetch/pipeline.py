@@ -40,7 +40,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
@@ -53,6 +53,7 @@ from kiproxy.protocol.fetch_response import (
     FIRST_FLEXIBLE_VERSION,
     LATEST_VERSION,
     OLDEST_VERSION,
+    FetchLayout,
     FetchPartition,
     read_fetch_response,
 )
@@ -78,6 +79,10 @@ FETCH_VERSIONS = (OLDEST_VERSION, LATEST_VERSION)
 fetch-side hook is configured)."""
 
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
+
+
+_Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]"]
+"""A hooked partition: its position in the answer, topic, layout and hooks."""
 
 
 class _Refused(Exception):
@@ -114,17 +119,18 @@ class FetchPipeline:
         self.metrics = metrics
         self._refusals = RateLimitedLog(log)
 
-    async def rewrite(self, client: RequestingClient, version: int, frame: bytes) -> bytes:
-        """The Fetch response ``frame`` (no size prefix) as the consumer gets it."""
+    def rewrite(self, client: RequestingClient, version: int, frame: bytes
+                ) -> bytes | Coroutine[Any, Any, bytes]:
+        """The Fetch response ``frame`` (no size prefix) as the consumer gets it: the frame
+        itself when no partition is hooked (decided here, without waiting), else a
+        coroutine that runs the hooks and returns the new frame."""
         routes = self.routes
         if routes is None:
             return frame
         _, body = parse_response_header(frame, 1 if version >= FIRST_FLEXIBLE_VERSION else 0)
         layout = read_fetch_response(frame, body, version)
         choose = client.routes(routes.table)
-        who = client.identity
-        ctx: ConsumeContext | None = None
-        work: list[tuple[tuple[int, int], str, FetchPartition, Sequence[LoadedLink]]] = []
+        work: list[_Work] = []
         errors: dict[tuple[int, int], int] = {}
         for ti, topic in enumerate(layout.topics):
             name = topic.name
@@ -152,8 +158,14 @@ class FetchPipeline:
                     work.append(((ti, pj), name, part, consumers))
         if not work and not errors:
             return frame
+        return self._run_hooks(client, version, frame, body, layout, work, errors)
+
+    async def _run_hooks(self, client: RequestingClient, version: int, frame: bytes,
+                         body: int, layout: FetchLayout, work: list[_Work],
+                         errors: dict[tuple[int, int], int]) -> bytes:
         replacements: dict[tuple[int, int], bytes] = {}
         if work:
+            who = client.identity
             ctx = ConsumeContext(
                 client_id=who.client_id, client_address=who.client_address,
                 principal=who.principal, api_version=version, deadline=0.0,
