@@ -43,7 +43,8 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
+from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
+from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
@@ -83,16 +84,6 @@ _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 _Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]"]
 """A hooked partition: its position in the answer, topic, layout and hooks."""
-
-
-class _Refused(Exception):
-    """A partition answered with ``code`` and no records; ``reason`` labels the log line."""
-
-    def __init__(self, code: int, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
 
 
 class FetchPipeline:
@@ -174,7 +165,7 @@ class FetchPipeline:
                 self._partition(frame, name, part, consumers, ctx)
                 for _, name, part, consumers in work))
             for (key, name, part, _), outcome in zip(work, outcomes, strict=True):
-                if isinstance(outcome, _Refused):
+                if isinstance(outcome, ConsumeRefusal):
                     errors[key] = outcome.code
                     self._log_refusal(client, name, part.partition, outcome.reason,
                                       outcome.message)
@@ -187,13 +178,13 @@ class FetchPipeline:
 
     async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
                          consumers: Sequence[LoadedLink], ctx: ConsumeContext
-                         ) -> bytes | _Refused | None:
+                         ) -> bytes | ConsumeRefusal | None:
         """The partition's new ``records`` bytes, None when no hook changed a batch, or
         why the partition is refused."""
         try:
             fetched = split_fetched_records(frame, part.data_start, part.data_end)
         except CorruptBatch as exc:
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+            return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                             f"the broker's records cannot be read: {exc}", "undecodable")
         lease = self.offload.lease()
         try:
@@ -203,7 +194,7 @@ class FetchPipeline:
 
     async def _batches(self, frame: bytes, topic: str, part: FetchPartition,
                        fetched: FetchedRecords, consumers: Sequence[LoadedLink],
-                       ctx: ConsumeContext, lease: DecodeLease) -> bytes | _Refused | None:
+                       ctx: ConsumeContext, lease: DecodeLease) -> bytes | ConsumeRefusal | None:
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
         view = memoryview(frame)
@@ -221,7 +212,7 @@ class FetchPipeline:
                     start=batch.start, end=batch.end, headers=(header,),
                     records=header.record_count, compressed_blocks=blocks))
             except CorruptBatch as exc:
-                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                 f"batch at offset {header.base_offset} cannot be decoded: "
                                 f"{exc}", "undecodable")
             given = ConsumedBatch(
@@ -232,7 +223,7 @@ class FetchPipeline:
             current = given
             for link in consumers:
                 refused = await self._run(link, current, ctx)
-                if isinstance(refused, _Refused):
+                if isinstance(refused, ConsumeRefusal):
                     self._count(topic, "refused", len(given.records))
                     return refused
                 current = refused
@@ -247,7 +238,7 @@ class FetchPipeline:
                                                  levels=self.levels)
             except BatchShapeChanged as exc:
                 self._count(topic, "refused", len(given.records))
-                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
+                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
             self._count(topic, "transformed", len(given.records))
             pieces.append(view[copied:batch.start])
             pieces.append(new)
@@ -258,36 +249,12 @@ class FetchPipeline:
         return b"".join(pieces)
 
     async def _run(self, link: LoadedLink, batch: ConsumedBatch, ctx: ConsumeContext
-                   ) -> ConsumedBatch | _Refused:
-        """One link's fetch-side hook on ``batch``, judged: a batch of the same count back,
-        else why the partition is refused."""
+                   ) -> ConsumedBatch | ConsumeRefusal:
+        """One link's fetch-side hook on ``batch``, judged by
+        :func:`~kiproxy.interceptors.consume_verdict.judge_consume`."""
         deadline = time.monotonic() + link.timeout
-        hook: Any = link.interceptor.on_consume
-        try:
-            result = hook(batch, _with_deadline(ctx, deadline))
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await asyncio.wait_for(result, max(0.0, deadline - time.monotonic()))
-        except RefuseFetch as exc:
-            return _Refused(exc.error_code, f"{link.name} refused it: {exc.message}",
-                            "refused")
-        except TimeoutError:
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} did not answer within {link.timeout * 1000:.0f} ms "
-                            "(timeout_ms)", "timeout")
-        except Exception as exc:
-            log.debug("fetch-side hook %s raised", link.name, exc_info=True)
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} raised {type(exc).__name__}: {exc}", "plugin_error")
-        if not isinstance(result, ConsumedBatch):
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} returned {type(result).__name__}, not a "
-                            "ConsumedBatch", "bad_return")
-        if len(result.records) != len(batch.records):
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} returned {len(result.records)} records for "
-                            f"{len(batch.records)}: records can be changed, not added or "
-                            "removed", "record_count")
-        return result
+        return await judge_consume(link.interceptor, batch, _with_deadline(ctx, deadline),
+                                   name=link.name, timeout=link.timeout)
 
     def _count(self, topic: str, outcome: str, records: int) -> None:
         metrics = self.metrics
