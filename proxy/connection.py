@@ -516,11 +516,7 @@ class ClientConnection:
                 for slot, frame in ready:
                     slot.frame = frame
                     slot.done = True
-                try:
-                    self._send_ready()
-                    if not self._client.drained:
-                        await self._client.drain()
-                except (ConnectionError, OSError, TimeoutError):
+                if not await self._deliver():
                     reason = None  # the client went away, not the broker: close quietly
                     break
         except ProtocolError as exc:
@@ -615,12 +611,19 @@ class ClientConnection:
             return
         slot.frame = out
         slot.done = True
+        if not await self._deliver():
+            await self.close()  # the client went away
+
+    async def _deliver(self) -> bool:
+        """Send the answers now ready and wait until the client's socket drains; False
+        when the client has gone away."""
         try:
             self._send_ready()
             if not self._client.drained:
                 await self._client.drain()
         except (ConnectionError, OSError, TimeoutError):
-            await self.close()  # the client went away
+            return False
+        return True
 
     # ------------------------------------------------------------------ SASL
 
