@@ -13,6 +13,7 @@ the frame object itself.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import struct
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from kio.schema.errors import ErrorCode
 from kio.static.primitive import i32Timedelta
 
@@ -35,7 +37,7 @@ from kiproxy.proxy.routes.runtime import load_routes
 from kiproxy.proxy.routes.table import ClientRoutes, RouteTable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protocol"))
-from fetch_responses import field_names, head
+from fetch_responses import fetch_responses, field_names, head
 
 PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 TOPIC_ID = uuid.UUID("12345678-1234-5678-1234-567812345678")
@@ -188,3 +190,43 @@ def test_an_undecodable_batch_refuses_its_partition(tmp_path: Path) -> None:
     (p0, p1), _ = (t.partitions for t in out.responses)
     assert p0.error_code == ErrorCode.unknown_server_error and p0.records == b""
     assert p1.error_code == ErrorCode.none
+
+
+class _Every:
+    """Names every topic id ``rev-<id>`` so that every topic of a drawn answer is hooked."""
+
+    def get(self, topic_id: uuid.UUID, default: Any = None) -> str:
+        return f"rev-{topic_id}"
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(case=fetch_responses())
+def test_any_answer_keeps_every_field_but_the_records_of_partitions_it_refuses_or_changes(
+        tmp_path_factory: pytest.TempPathFactory, case: tuple[int, Any]) -> None:
+    """Random answers (random bytes, real batches, cut tails, control batches, every
+    codec): every non-record field is the broker's, a partition is either answered with
+    an error and no records or keeps its error code, and every batch that reads back
+    holds the reversed values at the same offsets."""
+    version, response = case
+    if version < 13:  # every name hooked
+        response = dataclasses.replace(response, responses=tuple(
+            dataclasses.replace(t, topic=f"rev-{t.topic}") for t in response.responses))
+    pipeline = _pipeline(tmp_path_factory.mktemp("p"), "tp_fetch:Reverse")
+    pipeline.topic_names = _Every()  # type: ignore[assignment]
+    frame = head(version) + serialize(response)
+    out = parse_response(1, version, _rewrite(pipeline, version, frame), len(head(version)))
+    assert dataclasses.replace(out, responses=()) == dataclasses.replace(response, responses=())
+    for old_topic, new_topic in zip(response.responses, out.responses, strict=True):
+        for old, new in zip(old_topic.partitions, new_topic.partitions, strict=True):
+            refused = new.error_code != old.error_code
+            assert dataclasses.replace(new, records=None, error_code=ErrorCode.none) == \
+                dataclasses.replace(old, records=None, error_code=ErrorCode.none)
+            if refused:
+                assert new.error_code == ErrorCode.unknown_server_error
+                assert new.records == b""
+            elif old.records and new.records != old.records:
+                before = split_fetched_records(old.records)
+                after = split_fetched_records(new.records)
+                assert [(b.magic, b.is_control) for b in after.batches] == \
+                    [(b.magic, b.is_control) for b in before.batches]
+                assert new.records[after.tail:] == old.records[before.tail:]
