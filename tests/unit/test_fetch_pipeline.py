@@ -230,3 +230,41 @@ def test_any_answer_keeps_every_field_but_the_records_of_partitions_it_refuses_o
                 assert [(b.magic, b.is_control) for b in after.batches] == \
                     [(b.magic, b.is_control) for b in before.batches]
                 assert new.records[after.tail:] == old.records[before.tail:]
+
+
+def _share_fetch(version: int, *topic_ids: uuid.UUID) -> bytes:
+    from kiproxy.protocol.framing import encode_request_header
+    from kiproxy.protocol.messages import request_type
+
+    cls = request_type(ApiKey.SHARE_FETCH, version)
+    types = __import__(cls.__module__, fromlist=["x"])
+    kw: dict[str, Any] = {"max_records": 500, "batch_size": 500}
+    request = cls(
+        group_id="g", member_id="m", share_session_epoch=0,
+        max_wait=i32Timedelta.parse(datetime.timedelta(milliseconds=500)), min_bytes=1,
+        max_bytes=1 << 20, forgotten_topics_data=(),
+        topics=tuple(types.FetchTopic(topic_id=t, partitions=(types.FetchPartition(
+            partition_index=0, acknowledgement_batches=()),)) for t in topic_ids),
+        **{k: v for k, v in kw.items() if k in field_names(cls)})
+    return encode_request_header(ApiKey.SHARE_FETCH, version, 9, "share", 2) + serialize(
+        request)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_share_fetch_on_a_hooked_topic_is_refused_and_the_others_pass(
+        tmp_path: Path, version: int) -> None:
+    from kiproxy.protocol.framing import parse_request_header
+    from kiproxy.proxy.fetch.share import share_fetch_refusal
+
+    pipeline = _pipeline(tmp_path, "tp_fetch:Reverse", {TOPIC_ID: "rev-t", PLAIN_ID: "plain"})
+    plain = _share_fetch(version, PLAIN_ID)
+    assert share_fetch_refusal(pipeline, _Client(), parse_request_header(plain),  # type: ignore[arg-type]
+                               plain) is None
+    for ids, named in (((PLAIN_ID, TOPIC_ID), "'rev-t'"), ((uuid.uuid4(),), "topic id")):
+        frame = _share_fetch(version, *ids)
+        answer = share_fetch_refusal(pipeline, _Client(), parse_request_header(frame),  # type: ignore[arg-type]
+                                     frame)
+        assert answer is not None
+        parsed = parse_response(ApiKey.SHARE_FETCH, version, answer, 5)
+        assert parsed.error_code == ErrorCode.invalid_request and parsed.responses == ()
+        assert named in parsed.error_message and "consumer group" in parsed.error_message
