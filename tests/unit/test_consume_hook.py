@@ -184,3 +184,21 @@ def test_the_api_versions_cut_with_a_hook_bounds_fetch_only() -> None:
         k: v for k, v in offered.items() if k != ApiKey.FETCH}
     plain = parse_response(ApiKey.API_VERSIONS, 0, cut_api_versions_frame(0, frame), 4)
     assert {e.api_key for e in plain.api_keys} == set(offered)
+
+
+@pytest.mark.parametrize(("workers", "highest"), [(1, 18), (2, 12)])
+def test_fetch_versions_offered_with_a_hook_follow_the_worker_count(
+        tmp_path: Path, workers: int, highest: int) -> None:
+    """Fetch v13+ names topics by id, which a worker process learns only from the
+    Metadata answers it carries itself: several workers offer names (v12) only."""
+    from kiproxy.proxy.generation import build_generation, close_generation
+
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f"plugins_dir: {PLUGINS}\nworkers: {workers}\nroutes:\n"
+                    "  - interceptors: [{class: \"tp_fetch:UpperOnConsume\"}]\n")
+    generation = build_generation(load_config(path, {}), 1, metrics=None)
+    try:
+        assert generation.fetch.hooks and generation.fetch.max_version == highest
+        assert not generation.produce.intercepts  # a fetch-side-only hook decodes no produce
+    finally:
+        asyncio.run(close_generation(generation))
