@@ -29,6 +29,7 @@ from kiproxy.proxy.serve import serve_until_stopped
 from kiproxy_dev.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy_dev.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 from kiproxy_dev.kms import KmsLaunchError, LocalKms, export_credentials
+from kiproxy_dev.processes import port_free
 from kiproxy_dev.tansu import BrokerBinaryMissing, EmbeddedBroker
 
 log = logging.getLogger("kiproxy")
@@ -48,6 +49,10 @@ class DevSettings(BaseModel):
     broker: Annotated[Literal["tansu", "kafka"], Flag()] = "tansu"
     """tansu (starts in a second, no JVM) or kafka (Apache Kafka in KRaft mode, JVMs on
     127.0.0.1, from --kafka-home)."""
+    broker_port: Annotated[int | None, Flag(metavar="PORT")] = Field(default=None, ge=1,
+                                                                     le=65535)
+    """With --broker tansu: the broker's own port on 127.0.0.1, for clients that bypass
+    the proxy (default: a free one)."""
     kafka_home: Annotated[Path | None, Flag(metavar="DIR")] = None
     """With --broker kafka: an unpacked Apache Kafka 4 distribution, or the folder `make
     kafka` prints (when not given: $KIPROXY_KAFKA_HOME, then the newest `make kafka`
@@ -81,6 +86,9 @@ class DevSettings(BaseModel):
             raise ValueError("--registry-jar and --registry-port need --registry")
         if self.broker != "kafka" and given & {"kafka_home", "kafka_nodes"}:
             raise ValueError("--kafka-home and --kafka-nodes need --broker kafka")
+        if self.broker == "kafka" and self.broker_port is not None:
+            raise ValueError("--broker-port is for --broker tansu (Apache Kafka's ports are "
+                             "chosen by the launcher)")
         return self
 
 
@@ -178,7 +186,11 @@ def _dev_broker(config: ProxyConfig, config_file: str | None, overrides: dict[st
                 settings: DevSettings) -> int:
     if settings.broker == "kafka":
         return _dev_kafka(config, config_file, overrides, settings)
-    broker = EmbeddedBroker()
+    if settings.broker_port is not None and not port_free(settings.broker_port):
+        print(f"kiproxy: port {settings.broker_port} on 127.0.0.1 is taken: choose another "
+              "--broker-port", file=sys.stderr)
+        return 1
+    broker = EmbeddedBroker(settings.broker_port)
     try:
         broker.start()
     except BrokerBinaryMissing as exc:

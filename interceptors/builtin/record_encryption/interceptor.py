@@ -36,7 +36,6 @@ topic and cause.
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -52,6 +51,7 @@ from kiproxy.interceptors import (
     RefuseFetch,
     RejectBatch,
 )
+from kiproxy.interceptors.log_limit import RateLimitedLog
 
 from .data_keys import DataKeyCache
 from .envelope import MARKER_HEADER, EnvelopeError
@@ -65,25 +65,6 @@ __all__ = ["RecordEncryption"]
 log = logging.getLogger(__name__)
 
 _LOG_EVERY_S = 60.0
-_LOGGED_KEYS = 10_000
-
-
-class _Throttled:
-    """Warnings logged at most once per ``every_s`` for each ``(cause, topic)``."""
-
-    def __init__(self, every_s: float = _LOG_EVERY_S) -> None:
-        self.every_s = every_s
-        self._last: dict[tuple[str, str], float] = {}
-
-    def warning(self, cause: str, topic: str, message: str, *args: object) -> None:
-        now = time.monotonic()
-        last = self._last.get((cause, topic))
-        if last is not None and now - last < self.every_s:
-            return
-        if len(self._last) >= _LOGGED_KEYS:
-            self._last.clear()
-        self._last[cause, topic] = now
-        log.warning(message, *args)
 
 
 def _kms(settings: RecordEncryptionSettings) -> KmsProvider:
@@ -120,7 +101,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         self._state: _Configured | None = None
         self.counts: Counter[str] = Counter()
         """Records and KMS calls by outcome (what :meth:`metrics` reports)."""
-        self._log = _Throttled()
+        self._log = RateLimitedLog(log, _LOG_EVERY_S)
 
     def configure(self, config: RecordEncryptionSettings) -> None:
         """Take the validated settings; a key file is read now, the KMS is not called yet."""
@@ -149,11 +130,11 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             self.counts["kms_errors_encrypt"] += 1
             if exc.retriable and state.settings.on_kms_unavailable == "pass":
                 self.counts["kms_unavailable_passed"] += len(batch.records)
-                self._log.warning("kms", topic, "record_encryption: %s stored UNENCRYPTED "
+                self._log.warning(("kms", topic), "record_encryption: %s stored UNENCRYPTED "
                                   "(on_kms_unavailable: pass; %d records so far): %s",
                                   where, self.counts["kms_unavailable_passed"], exc)
                 return batch
-            self._log.warning("kms", topic, "record_encryption: %s refused, the KMS could "
+            self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
                               "not be used: %s", where, exc)
             raise RejectBatch(f"{where} could not be encrypted, the KMS could not be used "
                               f"({exc}); nothing was stored, retry", "REQUEST_TIMED_OUT"
@@ -173,7 +154,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                               "create the key, or change `key:` or `topics:` of "
                               "record_encryption", "POLICY_VIOLATION") from None
         self.counts["unresolved_passed"] += len(batch.records)
-        self._log.warning("unresolved", batch.topic, "record_encryption: topic %r stored "
+        self._log.warning(("unresolved", batch.topic), "record_encryption: topic %r stored "
                           "UNENCRYPTED, its key %r is not usable (unresolved_key: pass; %d "
                           "records so far): %s", batch.topic, reference,
                           self.counts["unresolved_passed"], exc)
@@ -195,14 +176,14 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             except (Undecryptable, EnvelopeError) as exc:
                 if state.plans.plan(topic).on_undecryptable == "error":
                     self.counts["undecryptable_refused"] += 1
-                    self._log.warning("undecryptable", topic, "record_encryption: %s "
+                    self._log.warning(("undecryptable", topic), "record_encryption: %s "
                                       "refused to the consumer, a record does not decrypt "
                                       "(on_undecryptable: error): %s", where, exc)
                     raise RefuseFetch(f"{where}: a record does not decrypt: {exc}") from None
                 records = await self._each(state.cipher, topic, where, batch.records)
         except KmsError as exc:
             self.counts["kms_errors_decrypt"] += 1
-            self._log.warning("kms", topic, "record_encryption: %s refused to the consumer, "
+            self._log.warning(("kms", topic), "record_encryption: %s refused to the consumer, "
                               "the KMS could not be used: %s", where, exc)
             raise RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
                               f"{exc}") from None
@@ -218,7 +199,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                 out += await cipher.decrypt(topic, (record,))
             except (Undecryptable, EnvelopeError) as exc:
                 self.counts["undecryptable_passed"] += 1
-                self._log.warning("undecryptable", topic, "record_encryption: %s: a record "
+                self._log.warning(("undecryptable", topic), "record_encryption: %s: a record "
                                   "passed to the consumer as ciphertext (on_undecryptable: "
                                   "pass; %d so far): %s", where,
                                   self.counts["undecryptable_passed"], exc)
