@@ -70,3 +70,12 @@ def test_kms_flags_without_kms_are_one_line() -> None:
     assert proc.returncode == 2
     assert out.strip().splitlines()[-1] == (
         "kiproxy: config error: --kms-port and --kms-key need --kms")
+
+
+def test_broker_port_with_apache_kafka_is_one_line() -> None:
+    proc = popen_dev("--broker", "kafka", "--broker-port", "19092")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 2
+    assert out.strip().splitlines()[-1] == (
+        "kiproxy: config error: --broker-port is for --broker tansu (Apache Kafka's ports "
+        "are chosen by the launcher)")
