@@ -35,6 +35,7 @@ from kiproxy.protocol.wire import uvarint
 __all__ = ["splice_fetch_response"]
 
 _INT32 = struct.Struct(">i")
+_INT16 = struct.Struct(">h")
 
 
 def splice_fetch_response(
@@ -45,6 +46,7 @@ def splice_fetch_response(
     layout: FetchLayout | None = None,
     *,
     size_prefix: bool = False,
+    error_codes: Mapping[tuple[int, int], int] | None = None,
 ) -> bytes | bytearray:
     """``frame`` with the records of the partitions in ``replacements`` replaced.
 
@@ -55,6 +57,9 @@ def splice_fetch_response(
     ``body_offset`` included, then count from the size's first byte); the size is
     rewritten. A key naming no partition raises :class:`KeyError`.
     """
+    errors = error_codes or {}
+    if errors:
+        replacements = {**{key: b"" for key in errors}, **replacements}
     if not replacements:
         return frame
     if size_prefix and (len(frame) < 4 or _INT32.unpack_from(frame, 0)[0] != len(frame) - 4):
@@ -68,13 +73,17 @@ def splice_fetch_response(
         if not (0 <= ti < len(layout.topics) and 0 <= pj < len(layout.topics[ti].partitions)):
             raise KeyError(f"no partition at position {(ti, pj)} in this Fetch response "
                            f"({len(layout.topics)} topics)")
-        edits.append((layout.topics[ti].partitions[pj], new))
+        edits.append((layout.topics[ti].partitions[pj], new, errors.get((ti, pj))))
     edits.sort(key=lambda edit: edit[0].start)
     view = memoryview(frame)
     pieces: list[bytes | memoryview] = [b""]
     copied = 4 if size_prefix else 0  # frame[copied:] is neither emitted nor skipped yet
     grown = 0
-    for part, new in edits:
+    for part, new, code in edits:
+        if code is not None:  # after the partition index: the int16 error code
+            pieces.append(view[copied:part.start + 4])
+            pieces.append(_INT16.pack(code))
+            copied = part.start + 6
         pieces.append(view[copied:part.records_at])
         prefix = uvarint(len(new) + 1) if flexible else _INT32.pack(len(new))
         pieces.append(prefix)

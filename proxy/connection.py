@@ -10,6 +10,10 @@ Contracts, in the order a newcomer needs them:
   slot in a FIFO; answers leave strictly in slot order, whether the broker sent
   them or the proxy made them itself (a produce request rejected whole waits
   behind earlier in-flight responses). acks=0 produce requests take no slot.
+* An answer with an asynchronous transform (a Fetch answer through the fetch-side
+  hooks, :mod:`kiproxy.proxy.fetch.pipeline`) fills its slot when the transform is
+  done; the answers behind it wait, so the order holds. A transform that fails
+  (not a hook: the hooks' faults become partition errors) closes the connection.
 * At most ``max_in_flight`` slots per connection: reads pause when it is
   reached, bounding the memory a connection can hold.
 * Bytes buffered from clients are bounded per connection (a frame above
@@ -51,7 +55,7 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, cast
@@ -144,7 +148,9 @@ class ClientConnection:
         self._routes: tuple[ClientIdentity, RouteTable, ClientRoutes] | None = None
         self._upstream: FrameStream | None = None
         self._slots: deque[_Slot] = deque()
-        self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None]] = deque()
+        self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None,
+                                   Callable[[bytes], Awaitable[bytes]] | None]] = deque()
+        self._transforms: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
@@ -272,6 +278,9 @@ class ClientConnection:
             self._services.generations.release(self._slots.popleft().generation)
         if self._up_task is not None and self._up_task is not asyncio.current_task():
             self._up_task.cancel()
+        for task in tuple(self._transforms):
+            if task is not asyncio.current_task():
+                task.cancel()
         if self._upstream is not None:
             with contextlib.suppress(Exception):
                 await self._upstream.close()
@@ -400,7 +409,8 @@ class ClientConnection:
             slot = _Slot(generation, api, t0, info, disposition.produce)
             self._slots.append(slot)
             self._slot_taken = True
-            self._pending.append((header.correlation_id, slot, disposition.on_response))
+            self._pending.append((header.correlation_id, slot, disposition.on_response,
+                                  disposition.transform))
         assert self._upstream is not None
         up = self._upstream.transport
         if up.is_closing():
@@ -497,7 +507,8 @@ class ClientConnection:
                 frames = await upstream.read()
                 if not frames:
                     break
-                ready = [self._match_response(frame) for frame in frames]
+                ready = [matched for frame in frames
+                         if (matched := self._match_response(frame)) is not None]
                 nodes = self._services.nodes
                 if nodes.unsettled:
                     await nodes.settle()
@@ -546,21 +557,66 @@ class ClientConnection:
             return "broker"
         return f"broker {self.upstream_address[0]}:{self.upstream_address[1]}"
 
-    def _match_response(self, frame: Frame) -> tuple[_Slot, Frame]:
+    def _match_response(self, frame: Frame) -> tuple[_Slot, Frame] | None:
         if len(frame) < 4:
             raise ProtocolError(f"response of {len(frame)} bytes has no correlation id")
         (correlation_id,) = _INT32.unpack_from(frame, 0)
         if not self._pending:
             raise ProtocolError(f"response with correlation id {correlation_id} "
                                 "answers no request")
-        expected, slot, on_response = self._pending.popleft()
+        expected, slot, on_response, transform = self._pending.popleft()
         if correlation_id != expected:
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
+        if transform is not None:  # its slot is filled when the transform is done
+            task = asyncio.get_running_loop().create_task(self._transform(
+                slot, frame if type(frame) is bytes else bytes(frame), transform, on_response))
+            self._transforms.add(task)
+            task.add_done_callback(self._transforms.discard)
+            return None
         if on_response is not None:
             # Rewriters decode with kio, which reads only immutable buffers.
             return slot, on_response(frame if type(frame) is bytes else bytes(frame))
         return slot, frame
+
+    async def _transform(self, slot: _Slot, frame: bytes,
+                         transform: Callable[[bytes], Awaitable[bytes]],
+                         then: Callable[[bytes], bytes] | None) -> None:
+        """Fill ``slot`` with ``frame`` as ``transform`` (then ``then``) makes it, and send
+        what is ready; a transform that fails closes the connection as an answer the
+        proxy cannot carry does."""
+        try:
+            out = await transform(frame)
+            if then is not None:
+                out = then(out)
+            nodes = self._services.nodes
+            if nodes.unsettled:
+                await nodes.settle()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            if self._closed:
+                return
+            if isinstance(exc, ProtocolError):
+                reason = f"sent a response the proxy cannot carry: {exc}"
+            else:
+                log.exception("answer from %s to client %s could not be handled; closing it",
+                              self._upstream_name(), self.client_address,
+                              extra=self.log_context)
+                reason = f"sent a response the proxy failed on: {exc!r}"
+            self._upstream_failed(reason)
+            await self.close()
+            return
+        if self._closed:
+            return
+        slot.frame = out
+        slot.done = True
+        try:
+            self._send_ready()
+            if not self._client.drained:
+                await self._client.drain()
+        except (ConnectionError, OSError, TimeoutError):
+            await self.close()  # the client went away
 
     # ------------------------------------------------------------------ SASL
 

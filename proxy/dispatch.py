@@ -3,8 +3,12 @@
 Contract:
 
 - Produce goes through the configuration generation's produce pipeline
-  (:mod:`kiproxy.proxy.produce.pipeline`); ApiVersions answers are cut to what the proxy
-  can carry; responses that name broker addresses are rewritten; SASL requests
+  (:mod:`kiproxy.proxy.produce.pipeline`). When some route has a fetch-side hook, a
+  Fetch answer goes through the fetch pipeline (:mod:`kiproxy.proxy.fetch.pipeline`)
+  before it reaches the client, Fetch is accepted only at the versions whose answers
+  the proxy decodes, and the share-consumer APIs (whose ShareFetch answers the hook
+  does not see) are neither offered nor accepted. ApiVersions answers are cut to what
+  the proxy can carry; responses that name broker addresses are rewritten; SASL requests
   are read as they pass so the connection learns its principal; everything
   else is forwarded as opaque bytes without being decoded.
 - A request whose answer would have to be rewritten at a version the proxy has
@@ -35,6 +39,7 @@ from kiproxy.proxy.brokers.api_versions import (
     known_version_range,
     unsupported_api_versions_response,
 )
+from kiproxy.proxy.fetch.pipeline import FETCH_VERSIONS
 from kiproxy.proxy.net.client import RequestingClient
 from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward
 
@@ -76,8 +81,11 @@ class RequestDispatcher:
                  header: RequestHeader) -> Callable[[bytes], bytes] | None:
         """What the answer to ``header`` needs before it reaches the client, if anything."""
         if header.api_key == ApiKey.API_VERSIONS:
+            fetch = generation.fetch
             return partial(cut_api_versions_frame, header.api_version,
-                           produce_max=generation.produce.max_version)
+                           produce_max=generation.produce.max_version,
+                           fetch_range=(FETCH_VERSIONS[0], fetch.max_version)
+                           if fetch.hooks else None)
         if needs_rewrite(header.api_key, header.api_version):
             observe = (generation.produce.learn_topic_ids
                        if header.api_key == ApiKey.METADATA else None)
@@ -91,6 +99,29 @@ class RequestDispatcher:
                  header: RequestHeader, frame: bytes) -> Awaitable[Disposition]:
         # The pipeline's own coroutine, awaited by dispatch(): no frame of its own.
         return generation.produce.handle(client, header, frame, self._nodes.seen)
+
+    async def _fetch(self, client: RequestingClient, generation: Generation,
+                     header: RequestHeader, frame: bytes) -> Disposition:
+        fetch = generation.fetch
+        if not fetch.hooks:
+            return await self._other(client, generation, header, frame)
+        low, high = FETCH_VERSIONS[0], fetch.max_version
+        if not low <= header.api_version <= high:
+            raise UnsupportedVersion(
+                f"Fetch request v{header.api_version} refused: a fetch-side hook is "
+                f"configured and the proxy decodes Fetch v{low}-v{high} answers (use a "
+                "version offered in ApiVersions)")
+        return Forward(frame, on_response=self.rewriter(generation, header),
+                       transform=partial(fetch.rewrite, client, header.api_version))
+
+    async def _share_consumer(self, client: RequestingClient, generation: Generation,
+                              header: RequestHeader, frame: bytes) -> Disposition:
+        if generation.fetch.hooks:
+            raise UnsupportedVersion(
+                f"{api_name(header.api_key)} refused: a fetch-side hook is configured, and "
+                "share-group fetches (KIP-932) do not run through it, so the proxy does "
+                "not offer them (use a consumer group, or a proxy without fetch-side hooks)")
+        return await self._other(client, generation, header, frame)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
                             header: RequestHeader, frame: bytes) -> Disposition:
@@ -131,6 +162,10 @@ class RequestDispatcher:
 
 _HANDLERS: dict[int, _Handler] = {
     ApiKey.PRODUCE: RequestDispatcher._produce,
+    ApiKey.FETCH: RequestDispatcher._fetch,
+    ApiKey.SHARE_GROUP_HEARTBEAT: RequestDispatcher._share_consumer,
+    ApiKey.SHARE_FETCH: RequestDispatcher._share_consumer,
+    ApiKey.SHARE_ACKNOWLEDGE: RequestDispatcher._share_consumer,
     ApiKey.API_VERSIONS: RequestDispatcher._api_versions,
     ApiKey.SASL_HANDSHAKE: RequestDispatcher._sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,

@@ -5,7 +5,8 @@ Contract:
 - :func:`build_generation` turns a validated :class:`ProxyConfig` into a
   :class:`Generation`: the produce pipeline with every route's chain of
   interceptors loaded and configured (or their isolation workers started;
-  :mod:`kiproxy.proxy.routes.runtime`), the observers (audit log,
+  :mod:`kiproxy.proxy.routes.runtime`), the fetch pipeline running the same
+  routes' fetch-side hooks (:mod:`kiproxy.proxy.fetch.pipeline`), the observers (audit log,
   observer plugins) opened, and the per-client limits. It either returns a
   complete generation or raises (``PluginLoadError``, ``ConfigError``,
   ``OSError``) having closed whatever it had already opened; nothing is ever
@@ -26,7 +27,7 @@ import asyncio
 import logging
 import ssl
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiproxy.interceptors.loader import load_observer
@@ -34,6 +35,7 @@ from kiproxy.proxy.brokers.api_versions import PRODUCE_MAX_VERSION
 from kiproxy.proxy.config.clients import KafkaSinkSettings
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig
 from kiproxy.proxy.config.networks import Network
+from kiproxy.proxy.fetch.pipeline import FETCH_VERSIONS, FetchPipeline
 from kiproxy.proxy.net.proxy_protocol import trusted_networks
 from kiproxy.proxy.net.tls import client_context, upstream_context
 from kiproxy.proxy.observe.audit import AuditLog, AuditTopic
@@ -59,6 +61,9 @@ class Generation:
     """The settings this generation was built from."""
     produce: ProducePipeline
     """The produce pipeline with this generation's interceptor."""
+    fetch: FetchPipeline = field(default_factory=lambda: FetchPipeline(None, topic_names={}))
+    """The fetch-side hooks of this generation's routes (sharing the produce pipeline's
+    loaded routes and topic ids)."""
     observers: ObserverHub
     """This generation's observers (audit log, observer plugins)."""
     client_tls: ssl.SSLContext | None
@@ -221,8 +226,12 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
         metrics=metrics, tallies=observers.active or metrics is not None,
         offload=offload, topic_names=topic_names, dead_letter=dead_letter,
     )
-    return Generation(number=number, config=config, produce=produce, observers=observers,
-                      client_tls=client_tls,
+    fetch = FetchPipeline(
+        routes, topic_names=produce.topic_names, proxy_host=produce.partitions.proxy_host,
+        compression_levels=produce.compression_levels, limits=produce.offload.limits,
+        metrics=metrics, max_version=12 if config.workers > 1 else FETCH_VERSIONS[1])
+    return Generation(number=number, config=config, produce=produce, fetch=fetch,
+                      observers=observers, client_tls=client_tls,
                       proxy_trusted=trusted_networks(config.listener.proxy_protocol_trusted))
 
 

@@ -35,6 +35,7 @@ from kiproxy.proxy.brokers.addresses import needs_rewrite
 
 __all__ = [
     "PRODUCE_MAX_VERSION",
+    "SHARE_CONSUMER_APIS",
     "cut_api_versions_frame",
     "known_version_range",
     "unsupported_api_versions_response",
@@ -58,16 +59,28 @@ def known_version_range(api_key: int) -> tuple[int, int] | None:
     return versions[0], versions[-1]
 
 
-def _cut(entries: tuple[Any, ...], produce_max: int) -> tuple[Any, ...]:
+SHARE_CONSUMER_APIS = frozenset({ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH,
+                                 ApiKey.SHARE_ACKNOWLEDGE})
+"""What a share consumer (KIP-932) needs to join a group and read: not offered while a
+fetch-side hook is configured, which ShareFetch answers do not run through."""
+
+
+def _cut(entries: tuple[Any, ...], produce_max: int,
+         fetch_range: tuple[int, int] | None = None) -> tuple[Any, ...]:
     out = []
     for entry in entries:
         known = known_version_range(entry.api_key)
         if known is None:
             continue
+        if fetch_range is not None and entry.api_key in SHARE_CONSUMER_APIS:
+            continue
         min_version = entry.min_version
         max_version = min(entry.max_version, known[1])
         if entry.api_key == ApiKey.PRODUCE:
             max_version = min(max_version, produce_max)
+        elif entry.api_key == ApiKey.FETCH and fetch_range is not None:
+            min_version = max(min_version, fetch_range[0])
+            max_version = min(max_version, fetch_range[1])
         elif min_version < known[0] and needs_rewrite(entry.api_key, known[0] - 1):
             # Older than every schema, yet its answer names brokers: unreadable, so
             # unrewritable (Produce v0-v2 are older too but name no brokers).
@@ -80,12 +93,16 @@ def _cut(entries: tuple[Any, ...], produce_max: int) -> tuple[Any, ...]:
 
 
 def cut_api_versions_frame(api_version: int, frame: bytes,
-                           produce_max: int = PRODUCE_MAX_VERSION) -> bytes:
+                           produce_max: int = PRODUCE_MAX_VERSION,
+                           fetch_range: tuple[int, int] | None = None) -> bytes:
     """Rewrite an ApiVersions response frame (header v0) to what the proxy can carry.
 
     ``produce_max`` caps the Produce version offered (v12 when several worker
     processes share the listeners: v13 names topics by id, and a worker can only
-    resolve ids it saw in a Metadata response of its own).
+    resolve ids it saw in a Metadata response of its own). ``fetch_range``, given
+    when a fetch-side hook is configured, bounds the Fetch versions offered to those
+    whose responses the proxy decodes, and removes the share-consumer APIs
+    (:data:`SHARE_CONSUMER_APIS`).
 
     A broker that did not know the requested version answers in v0 format; that
     answer is recognised and cut the same way.
@@ -100,7 +117,8 @@ def cut_api_versions_frame(api_version: int, frame: bytes,
             raise
         version = 0
         message = parse_response(ApiKey.API_VERSIONS, 0, frame, body_offset)
-    cut = dataclasses.replace(message, api_keys=_cut(message.api_keys, produce_max))
+    cut = dataclasses.replace(message, api_keys=_cut(message.api_keys, produce_max,
+                                                     fetch_range))
     body = serialize(cut)
     if cut == message and body == frame[body_offset:]:
         return frame

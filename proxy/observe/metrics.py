@@ -47,6 +47,13 @@ class Metrics:
         self.produce_bytes = Counter(
             "kiproxy_produce_bytes", "Produced record-batch bytes (as sent by the producer) "
             "by topic and outcome", ["topic", "outcome"], registry=r)
+        self.fetch_batches = Counter(
+            "kiproxy_fetch_batches", "Fetched record batches on topics with a fetch-side hook, "
+            "by topic and outcome (unchanged, transformed, refused, legacy: old format, "
+            "passed undecoded)", ["topic", "outcome"], registry=r)
+        self.fetch_records = Counter(
+            "kiproxy_fetch_records", "Fetched records on topics with a fetch-side hook, by "
+            "topic and outcome", ["topic", "outcome"], registry=r)
         self.interceptor_seconds = Histogram(
             "kiproxy_interceptor_duration_seconds", "Time the interceptor took per batch",
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,

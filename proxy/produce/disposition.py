@@ -4,7 +4,7 @@ summaries of a produce request that observers get."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from kiproxy.interceptors.observer import PartitionSummary
@@ -23,6 +23,10 @@ class Forward:
     """Rewrites the broker's response frame before it goes to the client."""
     produce: list[PartitionSummary] | None = None
     """Per-partition summaries of a produce request, when observed."""
+    transform: Callable[[bytes], Awaitable[bytes]] | None = None
+    """Turns the broker's response frame into the client's, asynchronously (a Fetch
+    answer through the fetch-side hooks); runs before ``on_response``. Answers still
+    leave in request order."""
 
 
 @dataclass(slots=True)

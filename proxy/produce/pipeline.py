@@ -145,7 +145,7 @@ class ProducePipeline:
                                      timeout_ms / 1000)
         self.routes = routes
         """Every route's loaded chain (None: no interceptor, every batch passes through)."""
-        self.intercepts = routes is not None
+        self.intercepts = routes is not None and routes.intercepts
         """Some batch may go through an interceptor (so Produce requests are decoded)."""
         single = routes.single if routes is not None else None
         self._single = single
@@ -250,7 +250,7 @@ class ProducePipeline:
         something will look at them)."""
         routes = self.routes
         choose = (client.routes(routes.table)
-                  if routes is not None and self._single is None else None)
+                  if routes is not None and self.intercepts and self._single is None else None)
         facts = RequestFacts(frame, version, request.acks, request.transactional_id,
                              int(time.time() * 1000))
         jobs = []
@@ -262,6 +262,8 @@ class ProducePipeline:
                 assert routes is not None
                 route = choose.select(name, request.acks, request.transactional_id is not None)
                 chain = routes.chain(route) if route is not None else None
+                if chain is not None and not chain.links:
+                    chain = None  # the route's hooks are all fetch-side
             read = chain is not None or name is None or self.tallies
             for pj, part in enumerate(topic.partitions):
                 batches = (PartitionBatches.read(frame, part.data_start, part.data_end)

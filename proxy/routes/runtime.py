@@ -26,7 +26,8 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.loader import load_interceptor
+from kiproxy.interceptors.consume import consume_hook, produce_hook
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor, resolve_class
 from kiproxy.interceptors.verdict import AcknowledgementHook, acknowledgement_hook
 from kiproxy.proxy.config.routes import MatchSettings
 from kiproxy.proxy.isolation.pool import IsolatedInterceptor
@@ -55,6 +56,11 @@ class LoadedChain:
     """The name of each hook's link, in the same order (for the log)."""
     observe_links: bool = False
     """Some link of the chain is in observe mode."""
+    consumers: tuple[LoadedLink, ...] = ()
+    """The links with a fetch-side hook (``on_consume``), in reverse chain order: what
+    the produce side applied last is undone first. Observe-mode links take no part."""
+    every: tuple[LoadedLink, ...] = ()
+    """Every link as configured (``links`` holds those with a produce hook)."""
 
     @property
     def name(self) -> str:
@@ -65,7 +71,7 @@ class LoadedChain:
 class LoadedRoutes:
     """Every route of a generation with its chain loaded; see the module docstring."""
 
-    __slots__ = ("_chains", "single", "table")
+    __slots__ = ("_chains", "consumes", "intercepts", "single", "table")
 
     def __init__(self, table: RouteTable, chains: dict[int, LoadedChain]) -> None:
         self.table = table
@@ -74,8 +80,13 @@ class LoadedRoutes:
         self.single: LoadedChain | None = None
         """The only chain, when it is on a catch-all route and there is no default."""
         only = table.routes[0] if len(table.routes) == 1 else None
-        if only is not None and table.default is None and _matches_everything(only.match):
+        if only is not None and table.default is None and _matches_everything(only.match) \
+                and chains[only.index].links:
             self.single = chains[only.index]
+        self.intercepts = any(chain.links for chain in chains.values())
+        """Some route has a produce hook (so Produce requests are decoded)."""
+        self.consumes = any(chain.consumers for chain in chains.values())
+        """Some route has a fetch-side hook (so Fetch responses are looked at)."""
 
     def chain(self, route: Route) -> LoadedChain:
         """The loaded chain of ``route`` (a route of :attr:`table`)."""
@@ -89,12 +100,12 @@ class LoadedRoutes:
     def interceptors(self) -> tuple[tuple[str, Any], ...]:
         """``(link name, interceptor)`` of every link of every route, for their metrics."""
         return tuple((link.name, link.interceptor) for chain in self._chains.values()
-                     for link in chain.links)
+                     for link in chain.every)
 
     async def close(self) -> None:
         """Run every link's ``close()`` (isolation pools stop their workers)."""
         for chain in self._chains.values():
-            for link in chain.links:
+            for link in chain.every:
                 await close_interceptor(link.interceptor, link.name)
 
 
@@ -118,6 +129,11 @@ def _matches_everything(match: CompiledMatch) -> bool:
 def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> LoadedLink:
     spec = link.class_name
     if link.isolation == "process":
+        if consume_hook(resolve_class(spec, config.plugins_dir)) is not None:
+            raise PluginLoadError(
+                f"{where}interceptor {spec} has a fetch-side hook (on_consume), which runs "
+                "in the proxy's process: isolation: process is not supported for it "
+                "(remove isolation, or split the hooks into two classes)")
         pool = IsolatedInterceptor(spec, config.plugins_dir, link.config,
                                    workers=config.interceptor.workers,
                                    log_setup=(config.log_level, config.log_format),
@@ -186,9 +202,14 @@ def one_interceptor(interceptor: Any, name: str, timeout: float) -> LoadedRoutes
                         {0: _chain(route, (LoadedLink(name, interceptor, timeout),))})
 
 
-def _chain(route: Route, links: tuple[LoadedLink, ...]) -> LoadedChain:
+def _chain(route: Route, every: tuple[LoadedLink, ...]) -> LoadedChain:
+    links = tuple(link for link in every if isinstance(link.interceptor, IsolatedInterceptor)
+                  or produce_hook(link.interceptor) is not None)
     hooked = [(link.name, hook) for link in links
               if (hook := acknowledgement_hook(link.interceptor)) is not None]
+    consumers = tuple(link for link in reversed(every) if not link.observe
+                      and not isinstance(link.interceptor, IsolatedInterceptor)
+                      and consume_hook(link.interceptor) is not None)
     return LoadedChain(route, links, tuple(hook for _, hook in hooked),
                        tuple(name for name, _ in hooked),
-                       any(link.observe for link in links))
+                       any(link.observe for link in links), consumers, every)

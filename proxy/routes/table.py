@@ -141,7 +141,7 @@ class ClientRoutes:
     def __init__(self, routes: tuple[Route, ...], default: Route | None) -> None:
         self._routes = routes
         self._default = default
-        self._chosen: dict[tuple[str, int, bool], Route | None] = {}
+        self._chosen: dict[tuple[str, int, bool] | str, Route | None] = {}
 
     def select(self, topic: str, acks: int, transactional: bool) -> Route | None:
         """The first route that holds for a batch of ``topic``, else the default, else None."""
@@ -155,6 +155,21 @@ class ClientRoutes:
         if len(self._chosen) >= _CACHE_LIMIT:
             self._chosen.clear()
         self._chosen[key] = chosen
+        return chosen
+
+    def select_fetch(self, topic: str) -> Route | None:
+        """The route whose fetch-side hooks run on a Fetch response's ``topic``: the first
+        whose connection and ``topic`` keys hold (``acks`` and ``transactional`` describe
+        a produce request and take no part), else the default, else None."""
+        try:
+            return self._chosen[topic]
+        except KeyError:
+            pass
+        chosen = next((r for r in self._routes if r.match.holds_for_topic(topic)),
+                      self._default)
+        if len(self._chosen) >= _CACHE_LIMIT:
+            self._chosen.clear()
+        self._chosen[topic] = chosen
         return chosen
 
 

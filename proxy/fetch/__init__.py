@@ -1,0 +1,2 @@
+"""The fetch path: a Fetch answer's hooked partitions run through their routes' fetch-side
+hooks (:mod:`.pipeline`); may import observe, routes and net."""

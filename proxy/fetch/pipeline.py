@@ -1,0 +1,281 @@
+"""The fetch-side hook: a Fetch response's hooked partitions decoded, handed to their
+route's fetch-side hooks, re-encoded and spliced back.
+
+Contract:
+
+- Only a generation with a fetch-side hook on some route
+  (:attr:`~kiproxy.proxy.routes.runtime.LoadedRoutes.consumes`) looks at Fetch
+  responses at all; without one a Fetch answer is forwarded as its bytes.
+- :meth:`FetchPipeline.rewrite` reads the response's layout
+  (:func:`~kiproxy.protocol.fetch_response.read_fetch_response`: positions, no record
+  decoded) and selects each topic's route as the produce side does, by the consumer's
+  identity and the topic (:meth:`~kiproxy.proxy.routes.table.ClientRoutes.select_fetch`).
+  A response with no hooked partition holding records is returned as the same bytes.
+- On a hooked partition, every whole magic-2 data batch is decoded and handed to the
+  route's fetch-side hooks, last link first; control batches, legacy (magic 0/1)
+  entries (counted) and the partial last batch the broker may send at ``max_bytes``
+  stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
+  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch` (codec,
+  base offset, offset deltas, timestamps and producer fields kept), and the
+  partition's ``records`` field is spliced
+  (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
+  the response - error codes, high watermark, last stable offset, log start offset,
+  aborted transactions, preferred read replica, session id, tagged fields - is copied.
+- A hook that raises (:class:`~kiproxy.interceptors.consume.RefuseFetch` or anything
+  else), returns something else than a batch of the same shape, or misses its
+  deadline (``timeout_ms``, as on the produce side), and a batch that cannot be
+  decoded, answer that partition with an error code and no records
+  (``UNKNOWN_SERVER_ERROR`` unless the hook named one): consumers retry it; the other
+  partitions and the connection go on. A topic id (Fetch v13+) the proxy has not
+  learned from a Metadata response is answered ``UNKNOWN_TOPIC_ID`` on its
+  partitions with records, so the consumer refreshes its metadata through the proxy.
+  Each such refusal is logged at WARNING, rate-limited per topic and reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
+from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch
+from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
+from kiproxy.protocol.errors import CorruptBatch
+from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.fetch_response import (
+    FIRST_FLEXIBLE_VERSION,
+    LATEST_VERSION,
+    OLDEST_VERSION,
+    FetchPartition,
+    read_fetch_response,
+)
+from kiproxy.protocol.fetch_splice import splice_fetch_response
+from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS, DecompressionLimits, decode_batch
+
+if TYPE_CHECKING:
+    from kiproxy.proxy.net.client import RequestingClient
+    from kiproxy.proxy.observe.metrics import Metrics
+    from kiproxy.proxy.routes.chain import LoadedLink
+    from kiproxy.proxy.routes.runtime import LoadedRoutes
+
+log = logging.getLogger("kiproxy.fetch")
+
+__all__ = ["FETCH_VERSIONS", "FetchPipeline"]
+
+FETCH_VERSIONS = (OLDEST_VERSION, LATEST_VERSION)
+"""The Fetch versions whose responses the proxy decodes (what ApiVersions offers when a
+fetch-side hook is configured)."""
+
+_CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
+
+
+class _Refused(Exception):
+    """A partition answered with ``code`` and no records; ``reason`` labels the log line."""
+
+    def __init__(self, code: int, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.reason = reason
+
+
+class FetchPipeline:
+    """Runs the hooked partitions of Fetch responses through their routes' fetch-side
+    hooks (see the module docstring)."""
+
+    def __init__(self, routes: LoadedRoutes | None, *, topic_names: dict[uuid.UUID, str],
+                 proxy_host: str = "", compression_levels: CompressionLevels | None = None,
+                 limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
+                 metrics: Metrics | None = None, max_version: int = LATEST_VERSION) -> None:
+        self.routes = routes if routes is not None and routes.consumes else None
+        """The routes, when some route has a fetch-side hook; else None."""
+        self.hooks = self.routes is not None
+        """Fetch responses are looked at (some route has a fetch-side hook)."""
+        self.max_version = max_version
+        """Highest Fetch version offered when :attr:`hooks` (12 with ``workers`` > 1:
+        v13 names topics by id, learned per process)."""
+        self.topic_names = topic_names
+        self.proxy_host = proxy_host
+        self.levels = compression_levels or DEFAULT_LEVELS
+        self.limits = limits
+        self.metrics = metrics
+        self._refusals = RateLimitedLog(log)
+
+    async def rewrite(self, client: RequestingClient, version: int, frame: bytes) -> bytes:
+        """The Fetch response ``frame`` (no size prefix) as the consumer gets it."""
+        routes = self.routes
+        if routes is None:
+            return frame
+        _, body = parse_response_header(frame, 1 if version >= FIRST_FLEXIBLE_VERSION else 0)
+        layout = read_fetch_response(frame, body, version)
+        choose = client.routes(routes.table)
+        who = client.identity
+        ctx: ConsumeContext | None = None
+        work: list[tuple[tuple[int, int], str, FetchPartition, Sequence[LoadedLink]]] = []
+        errors: dict[tuple[int, int], int] = {}
+        for ti, topic in enumerate(layout.topics):
+            name = topic.name
+            if name is None and topic.topic_id is not None:
+                name = self.topic_names.get(topic.topic_id)
+                if name is None:
+                    for pj, part in enumerate(topic.partitions):
+                        if part.data_end > part.data_start:
+                            errors[ti, pj] = ErrorCode.UNKNOWN_TOPIC_ID
+                            self._log_refusal(client, str(topic.topic_id), part.partition,
+                                              "unknown_topic_id", "topic id unknown to the "
+                                              "proxy; the consumer is told to refresh "
+                                              "metadata")
+                    continue
+            if name is None:
+                continue
+            route = choose.select_fetch(name)
+            if route is None:
+                continue
+            consumers = routes.chain(route).consumers
+            if not consumers:
+                continue
+            for pj, part in enumerate(topic.partitions):
+                if part.error_code == 0 and part.data_end > part.data_start:
+                    work.append(((ti, pj), name, part, consumers))
+        if not work and not errors:
+            return frame
+        replacements: dict[tuple[int, int], bytes] = {}
+        if work:
+            ctx = ConsumeContext(
+                client_id=who.client_id, client_address=who.client_address,
+                principal=who.principal, api_version=version, deadline=0.0,
+                proxy_host=self.proxy_host, identity=who)
+            outcomes = await asyncio.gather(*(
+                self._partition(frame, name, part, consumers, ctx)
+                for _, name, part, consumers in work))
+            for (key, name, part, _), outcome in zip(work, outcomes, strict=True):
+                if isinstance(outcome, _Refused):
+                    errors[key] = outcome.code
+                    self._log_refusal(client, name, part.partition, outcome.reason,
+                                      outcome.message)
+                elif outcome is not None:
+                    replacements[key] = outcome
+        if not replacements and not errors:
+            return frame
+        return bytes(splice_fetch_response(frame, body, version, replacements, layout,
+                                           error_codes=errors))
+
+    async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
+                         consumers: Sequence[LoadedLink], ctx: ConsumeContext
+                         ) -> bytes | _Refused | None:
+        """The partition's new ``records`` bytes, None when no hook changed a batch, or
+        why the partition is refused."""
+        try:
+            fetched = split_fetched_records(frame, part.data_start, part.data_end)
+        except CorruptBatch as exc:
+            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                            f"the broker's records cannot be read: {exc}", "undecodable")
+        pieces: list[bytes | memoryview] = []
+        copied = fetched.start
+        view = memoryview(frame)
+        for batch in fetched.batches:
+            header = batch.header
+            if header is None:
+                self._count(topic, "legacy", 0)
+                continue
+            if header.is_control:
+                continue
+            try:
+                decoded = decode_batch(frame, batch.start, stop=batch.end,
+                                       origin=part.data_start, limits=self.limits,
+                                       header=header)
+            except CorruptBatch as exc:
+                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                f"batch at offset {header.base_offset} cannot be decoded: "
+                                f"{exc}", "undecodable")
+            given = ConsumedBatch(
+                topic=topic, partition=part.partition, base_offset=header.base_offset,
+                records=decoded.records, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, transactional=header.is_transactional,
+                compression=_CODEC_NAMES[header.compression])
+            current = given
+            for link in consumers:
+                refused = await self._run(link, current, ctx)
+                if isinstance(refused, _Refused):
+                    self._count(topic, "refused", len(given.records))
+                    return refused
+                current = refused
+            if current.records is given.records:
+                self._count(topic, "unchanged", len(given.records))
+                continue
+            try:
+                new = reencode_batch(decoded, current.records, levels=self.levels)
+            except BatchShapeChanged as exc:
+                self._count(topic, "refused", len(given.records))
+                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
+            self._count(topic, "transformed", len(given.records))
+            pieces.append(view[copied:batch.start])
+            pieces.append(new)
+            copied = batch.end
+        if not pieces:
+            return None
+        pieces.append(view[copied:fetched.end])  # later batches and the partial tail
+        return b"".join(pieces)
+
+    async def _run(self, link: LoadedLink, batch: ConsumedBatch, ctx: ConsumeContext
+                   ) -> ConsumedBatch | _Refused:
+        """One link's fetch-side hook on ``batch``, judged: a batch of the same count back,
+        else why the partition is refused."""
+        deadline = time.monotonic() + link.timeout
+        hook: Any = link.interceptor.on_consume
+        try:
+            result = hook(batch, _with_deadline(ctx, deadline))
+            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
+                result = await asyncio.wait_for(result, max(0.0, deadline - time.monotonic()))
+        except RefuseFetch as exc:
+            return _Refused(exc.error_code, f"{link.name} refused it: {exc.message}",
+                            "refused")
+        except TimeoutError:
+            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                            f"{link.name} did not answer within {link.timeout * 1000:.0f} ms "
+                            "(timeout_ms)", "timeout")
+        except Exception as exc:
+            log.debug("fetch-side hook %s raised", link.name, exc_info=True)
+            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                            f"{link.name} raised {type(exc).__name__}: {exc}", "plugin_error")
+        if not isinstance(result, ConsumedBatch):
+            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                            f"{link.name} returned {type(result).__name__}, not a "
+                            "ConsumedBatch", "bad_return")
+        if len(result.records) != len(batch.records):
+            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                            f"{link.name} returned {len(result.records)} records for "
+                            f"{len(batch.records)}: records can be changed, not added or "
+                            "removed", "record_count")
+        return result
+
+    def _count(self, topic: str, outcome: str, records: int) -> None:
+        metrics = self.metrics
+        if metrics is not None:
+            metrics.fetch_batches.labels(topic, outcome).inc()
+            if records:
+                metrics.fetch_records.labels(topic, outcome).inc(records)
+
+    def _log_refusal(self, client: RequestingClient, topic: str, partition: int,
+                     reason: str, message: str) -> None:
+        held = self._refusals.allow((topic, reason))
+        if held is None:
+            return
+        more = f" ({held} more since the last line)" if held else ""
+        log.warning("fetch from %s (client_id %r): %s-%d answered with an error: %s%s",
+                    client.identity.client_address, client.identity.client_id, topic,
+                    partition, message, more, extra=client.log_context)
+
+
+def _with_deadline(ctx: ConsumeContext, deadline: float) -> ConsumeContext:
+    return ConsumeContext(
+        client_id=ctx.client_id, client_address=ctx.client_address, principal=ctx.principal,
+        api_version=ctx.api_version, deadline=deadline, proxy_host=ctx.proxy_host,
+        extra=ctx.extra, identity=ctx.identity)

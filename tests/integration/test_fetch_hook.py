@@ -1,0 +1,276 @@
+"""The fetch-side hook end to end: real clients, a real broker, kiproxy as a subprocess.
+
+On Tansu and on Apache Kafka (the ``upstream`` fixture). One proxy serves the module
+with routes: ``rev-`` topics run ``tp_fetch:Reverse`` (values reversed on produce,
+reversed back on consume), ``up-`` topics the fetch-side-only ``UpperOnConsume``,
+``bad-`` topics ``RefuseOnConsume`` (refuse, raise, grow, slow), anything else no hook.
+
+What is checked: every codec round-trips exactly (values, keys, headers and their
+order) through the proxy while the broker stores the produced transformation; a
+consumer straight to the broker sees what is stored; transactional producers and a
+read_committed consumer through the proxy see exactly the committed records; a hook
+that refuses, raises, breaks the record count or misses its deadline costs the
+consumer that partition only (another topic in the same consumer is served, the
+proxy logs the refusal, the connection stays open); a Fetch answer on a topic with no
+hook is the broker's bytes; the ApiVersions answer offers only the Fetch versions the
+proxy decodes and no share-consumer API; the Java client and kafka-python consume
+through the proxy too.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
+from hardening.fault_relay import wait_until
+from support.confluent import confluent_producer
+
+from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.fetch_response import read_fetch_response
+from kiproxy.protocol.messages import ApiKey
+
+pytestmark = pytest.mark.timeout(240)
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+ROUTES = {
+    "routes": [
+        {"name": "reverse", "match": {"topic": "rev-.*"},
+         "interceptors": [{"class": "tp_fetch:Reverse"}]},
+        {"name": "upper", "match": {"topic": "up-.*"},
+         "interceptors": [{"class": "tp_fetch:UpperOnConsume"}]},
+        {"name": "bad", "match": {"topic": "bad-.*"},
+         "interceptors": [{"class": "tp_fetch:RefuseOnConsume", "timeout_ms": 300}]},
+    ]
+}
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[ProxyProcess]:
+    config = tmp_path_factory.mktemp("fetch") / "kiproxy.json"
+    config.write_text(json.dumps(ROUTES))
+    p = launch_proxy(upstream.bootstrap, plugins_dir=PLUGINS, config_file=config,
+                     node_ids=upstream.node_ids)
+    yield p
+    p.stop()
+
+
+def _create(bootstrap: str, *topics: str) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    futures = admin.create_topics([NewTopic(t, num_partitions=1, replication_factor=1)
+                                   for t in topics], operation_timeout=10)
+    for future in futures.values():
+        future.result(timeout=15)
+
+
+def _produce(bootstrap: str, topic: str, values: list[bytes], **conf: Any) -> None:
+    producer = confluent_producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                                   "message.timeout.ms": 20000, **conf})
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=f"k{i}".encode(), partition=0,
+                         headers=[("h", b"2"), ("a", b"1"), ("h", None)])
+    assert producer.flush(20) == 0
+
+
+def _read(bootstrap: str, topics: list[str], count: int, timeout: float = 20,
+          **conf: Any) -> list[Any]:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False, "auto.offset.reset": "earliest",
+                         **conf})
+    try:
+        consumer.assign([TopicPartition(t, 0, 0) for t in topics])
+        out: list[Any] = []
+        errors: list[Any] = []
+        import time
+        deadline = time.monotonic() + timeout
+        while len(out) < count and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                errors.append(msg.error())
+                continue
+            out.append(msg)
+        return out
+    finally:
+        consumer.close()
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_round_trips_through_both_hooks(upstream: Upstream, proxy: ProxyProcess,
+                                                    codec: str) -> None:
+    topic = f"rev-{codec}-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    values = [f"value {i} of {codec} ".encode() * (1 + i % 7) for i in range(200)]
+    values[7] = b""
+    _produce(proxy.bootstrap, topic, values, **{"compression.type": codec})
+    through = _read(proxy.bootstrap, [topic], len(values))
+    assert [m.value() for m in through] == values
+    assert [m.key() for m in through] == [f"k{i}".encode() for i in range(len(values))]
+    assert all(m.headers() == [("h", b"2"), ("a", b"1"), ("h", None)] for m in through)
+    assert [m.offset() for m in through] == list(range(len(values)))
+    direct = _read(upstream.bootstrap, [topic], len(values))
+    assert [m.value() for m in direct] == [v[::-1] for v in values]  # what is stored
+    assert [m.timestamp() for m in direct] == [m.timestamp() for m in through]
+
+
+def test_a_fetch_side_only_hook_changes_what_consumers_read(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    topic = f"up-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    _produce(proxy.bootstrap, topic, [b"quiet", b"words"], **{"compression.type": "lz4"})
+    assert [m.value() for m in _read(upstream.bootstrap, [topic], 2)] == [b"quiet", b"words"]
+    assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [b"QUIET", b"WORDS"]
+
+
+def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
+        upstream: Upstream, proxy: ProxyProcess, request: pytest.FixtureRequest) -> None:
+    tansu_gap(upstream, request, "a Fetch answer names no aborted transaction, so a "
+              "read_committed consumer reads aborted records (direct too)")
+    topic = f"rev-tx-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for outcome in ("abort", "commit"):
+        producer = confluent_producer({
+            "bootstrap.servers": proxy.bootstrap, "compression.type": "zstd",
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "message.timeout.ms": 20000})
+        producer.init_transactions(20)
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, value=f"{outcome} {i}".encode(), partition=0)
+        producer.flush(20)
+        if outcome == "abort":
+            producer.abort_transaction(20)
+        else:
+            producer.commit_transaction(20)
+    _produce(proxy.bootstrap, topic, [b"after"])
+    committed = _read(proxy.bootstrap, [topic], 6, timeout=15,
+                      **{"isolation.level": "read_committed"})
+    assert [m.value() for m in committed] == [f"commit {i}".encode() for i in range(5)] + [
+        b"after"]
+    everything = _read(proxy.bootstrap, [topic], 11, timeout=15,
+                       **{"isolation.level": "read_uncommitted"})
+    assert [m.value() for m in everything] == [
+        *(f"abort {i}".encode() for i in range(5)), *(f"commit {i}".encode() for i in range(5)),
+        b"after"]
+
+
+@pytest.mark.parametrize("fault", ["refuse", "raise", "grow", "slow"])
+def test_a_failing_hook_costs_only_its_partition(upstream: Upstream, proxy: ProxyProcess,
+                                                 fault: str) -> None:
+    bad = f"bad-{fault}-{uuid.uuid4().hex[:6]}"
+    good = f"bad-fine-{uuid.uuid4().hex[:6]}"
+    plain = f"plain-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, bad, good, plain)
+    for topic in (bad, good, plain):
+        _produce(proxy.bootstrap, topic, [b"one", b"two"])
+    seen = len(proxy.lines)
+    got = _read(proxy.bootstrap, [bad, good, plain], 6, timeout=8)
+    assert sorted((m.topic(), m.value()) for m in got) == sorted(
+        [(good, b"one"), (good, b"two"), (plain, b"one"), (plain, b"two")])
+    assert wait_until(lambda: any(bad in line and "answered with an error" in line
+                                  for line in proxy.lines[seen:]), 5), proxy.log
+    assert proxy.alive()
+    # Straight to the broker the records are there: the hook refused only the reading.
+    assert len(_read(upstream.bootstrap, [bad], 2)) == 2
+
+
+def test_an_answer_on_a_topic_without_a_hook_is_the_brokers_bytes(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    from support.raw_client import RawClient
+
+    from integration.test_fetch_layout import Written, _fetch, _metadata_topic_id
+
+    topic = f"plain-bytes-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    _produce(upstream.bootstrap, topic, [b"a" * 100, b"b" * 100], **{"compression.type": "gzip"})
+    with RawClient(upstream.bootstrap) as client:
+        topic_id = _metadata_topic_id(client, topic)
+    with RawClient(proxy.bootstrap) as client:  # the proxy learns the id, as a consumer's
+        assert _metadata_topic_id(client, topic) == topic_id
+    written = Written(topic, topic_id, 2, 0)
+    for version in (4, 12, 13):
+        direct, _ = _fetch(upstream.bootstrap, version, written)
+        through, _ = _fetch(proxy.bootstrap, version, written)
+        assert through == direct, f"Fetch v{version}"
+
+
+def test_api_versions_offers_only_what_the_proxy_decodes(proxy: ProxyProcess) -> None:
+    from support.raw_client import RawClient
+
+    from kiproxy.protocol.messages import request_type
+
+    cls = request_type(ApiKey.API_VERSIONS, 3)
+    with RawClient(proxy.bootstrap) as client:
+        answer = client.request(ApiKey.API_VERSIONS, 3, cls(
+            client_software_name="t", client_software_version="1"))
+    offered = {k.api_key: (k.min_version, k.max_version) for k in answer.api_keys}
+    low, high = offered[ApiKey.FETCH]
+    assert low >= 4 and high <= 18
+    assert not {76, 78, 79} & set(offered)
+
+
+def test_kafka_python_consumes_through_the_hook(upstream: Upstream,
+                                                proxy: ProxyProcess) -> None:
+    from kafka import KafkaConsumer, TopicPartition
+
+    topic = f"rev-kp-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    values = [f"kafka-python {i}".encode() for i in range(50)]
+    _produce(proxy.bootstrap, topic, values, **{"compression.type": "snappy"})
+    consumer = KafkaConsumer(bootstrap_servers=proxy.bootstrap, enable_auto_commit=False,
+                             auto_offset_reset="earliest", consumer_timeout_ms=10000)
+    try:
+        consumer.assign([TopicPartition(topic, 0)])
+        consumer.seek_to_beginning()
+        got = [m.value for _, m in zip(range(len(values)), consumer, strict=False)]
+    finally:
+        consumer.close()
+    assert got == values
+
+
+@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
+        upstream: Upstream, proxy: ProxyProcess, max_bytes: int) -> None:
+    """On a hooked topic whose hook changes nothing, the answer is byte for byte the
+    broker's: control batches (both transaction markers), every codec and, at a byte
+    limit below the partition's size, the cut last batch (Kafka cuts; Tansu sends whole
+    batches only)."""
+    from support.raw_client import RawClient
+
+    from integration.test_fetch_layout import Written, _fetch, _metadata_topic_id
+
+    topic = f"bad-fine-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for codec in CODECS:
+        _produce(upstream.bootstrap, topic, [f"{codec} {i} ".encode() * 30 for i in range(4)],
+                 **{"compression.type": codec})
+    for outcome in ("abort", "commit"):
+        producer = confluent_producer({"bootstrap.servers": upstream.bootstrap,
+                                       "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
+        producer.init_transactions(20)
+        producer.begin_transaction()
+        producer.produce(topic, value=outcome.encode(), partition=0)
+        producer.flush(20)
+        getattr(producer, f"{outcome}_transaction")(20)
+    with RawClient(proxy.bootstrap) as client:
+        topic_id = _metadata_topic_id(client, topic)
+    written = Written(topic, topic_id, 0, 0)
+    for version in (4, 12, 13):
+        for isolation in (0, 1):
+            direct, body = _fetch(upstream.bootstrap, version, written, max_bytes, isolation)
+            through, _ = _fetch(proxy.bootstrap, version, written, max_bytes, isolation)
+            assert through == direct, f"Fetch v{version}, isolation {isolation}"
+            if upstream.name == "kafka" and max_bytes < 1 << 20:
+                layout = read_fetch_response(direct, body, version)
+                (part,) = layout.topics[0].partitions
+                assert split_fetched_records(direct, part.data_start, part.data_end).partial
