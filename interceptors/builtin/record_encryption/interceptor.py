@@ -165,8 +165,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
     async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
         """``batch`` with every sealed record opened (plaintext records as they are)."""
         state = self._configured()
-        sealed = sum(1 for r in batch.records if _sealed(r))
-        if not sealed:
+        if not any(_sealed(r) for r in batch.records):
             return batch
         topic = batch.topic
         where = f"{topic}[{batch.partition}] batch at offset {batch.base_offset}"
@@ -187,7 +186,9 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                               "the KMS could not be used: %s", where, exc)
             raise RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
                               f"{exc}") from None
-        self.counts["decrypted"] += sealed - sum(1 for r in records if _sealed(r))
+        # an opened record is a new value; one passed as stored is the same object
+        self.counts["decrypted"] += sum(1 for new, old in zip(records, batch.records,
+                                                              strict=True) if new is not old)
         return batch.with_records(records)
 
     async def _each(self, cipher: RecordCipher, topic: str, where: str,
