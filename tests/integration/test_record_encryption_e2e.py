@@ -15,6 +15,7 @@ see exactly the committed records.
 from __future__ import annotations
 
 import os
+import urllib.request
 import uuid
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from hardening.fault_relay import wait_until
 from support.confluent import confluent_producer
 
 from integration.test_fetch_hook import _create, _produce, _read
+from kiproxy_dev.tansu import free_port
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
 
@@ -40,10 +42,21 @@ def proxy(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
     write_key_file(keys, {"KEK": (1, {1: os.urandom(32)})})
     config = {"kms": {"type": "key_file", "path": str(keys)}, "key": "KEK",
               "topics": {"enc-.*": {}, "pass-.*": {"on_undecryptable": "pass"}}}
-    p = launch_proxy(upstream.bootstrap, interceptor="record_encryption",
-                     interceptor_config=config, node_ids=upstream.node_ids)
+    metrics = f"127.0.0.1:{free_port()}"
+    p = launch_proxy(upstream.bootstrap, "--metrics-listen", metrics,
+                     interceptor="record_encryption", interceptor_config=config,
+                     node_ids=upstream.node_ids)
+    p.metrics = metrics  # type: ignore[attr-defined]
     yield p
     p.stop()
+
+
+def _metric(proxy: ProxyProcess, name: str) -> float:
+    with urllib.request.urlopen(f"http://{proxy.metrics}/metrics",  # type: ignore[attr-defined]
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"kiproxy_interceptor_{name}_total{{"))
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -51,6 +64,8 @@ def test_every_codec_round_trips_and_the_broker_holds_no_plaintext(
         upstream: Upstream, proxy: ProxyProcess, codec: str) -> None:
     topic = f"enc-{codec}-{uuid.uuid4().hex[:6]}"
     _create(upstream.bootstrap, topic)
+    encrypted = _metric(proxy, "record_encryption_records_encrypted")
+    decrypted = _metric(proxy, "record_encryption_records_decrypted")
     values = [f"secret {i} of {codec} ".encode() * (1 + i % 7) for i in range(200)]
     values[7] = b""
     _produce(proxy.bootstrap, topic, values, **{"compression.type": codec})
@@ -72,6 +87,8 @@ def test_every_codec_round_trips_and_the_broker_holds_no_plaintext(
         assert b"secret" not in stored.value() and stored.value() != value
         assert [k for k, _ in stored.headers()] == ["h", "a", "h", MARKER_HEADER]
     assert direct[-1].value() is None  # a tombstone stays a tombstone
+    assert _metric(proxy, "record_encryption_records_encrypted") == encrypted + 200
+    assert _metric(proxy, "record_encryption_records_decrypted") >= decrypted + 200
 
 
 def test_other_topics_and_plaintext_records_pass_as_they_are(
