@@ -25,9 +25,9 @@ from hardening.fault_relay import wait_until
 from support.confluent import confluent_producer
 
 from integration.test_fetch_hook import _create, _produce, _read
-from kiproxy_dev.tansu import free_port
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
+from kiproxy_dev.tansu import free_port
 
 pytestmark = pytest.mark.timeout(240)
 
