@@ -19,6 +19,13 @@ in rejection messages are the proxy's too. :func:`make_batch`,
 :func:`make_record` and :func:`make_context` build inputs with defaults a
 producer would send; text is encoded as UTF-8.
 
+Fetch-side hooks: :func:`run_consume` hands a
+:class:`~kiproxy.interceptors.consume.ConsumedBatch` (:func:`make_consumed_batch`) to
+``on_consume`` through :func:`~kiproxy.interceptors.consume_verdict.judge_consume`, the
+function the proxy's fetch path calls, and returns the batch a consumer would get or the
+:class:`~kiproxy.interceptors.consume_verdict.ConsumeRefusal` its partition would be
+answered with.
+
 The pytest fixtures over these (``make_batch``, ``make_record``,
 ``kiproxy_run``, ``kiproxy_load``) are in :mod:`kiproxy.interceptors.pytest_plugin`,
 registered for pytest when kiproxy is installed.
@@ -40,19 +47,25 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
+from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
+from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.interceptors.verdict import Mode, Outcome, judge
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
+    "ConsumeRefusal",
     "Mode",
     "Outcome",
     "Plugin",
     "load",
     "make_batch",
+    "make_consume_context",
+    "make_consumed_batch",
     "make_context",
     "make_record",
+    "run_consume",
     "run_interceptor",
     "run_interceptor_async",
 ]
@@ -139,6 +152,43 @@ def make_context(**fields: Any) -> InterceptContext:
     return InterceptContext(**{**defaults, **fields})
 
 
+def make_consumed_batch(batch: RecordBatch | None = None, *, base_offset: int = 0,
+                        **fields: Any) -> ConsumedBatch:
+    """A fetched batch as the proxy hands it to ``on_consume``: ``batch`` (default
+    :func:`make_batch` of ``fields``) as the broker would return it at ``base_offset``."""
+    source = batch if batch is not None else make_batch(**fields)
+    return ConsumedBatch(topic=source.topic, partition=source.partition,
+                         base_offset=base_offset, records=source.records,
+                         producer_id=source.producer_id, producer_epoch=source.producer_epoch,
+                         transactional=source.transactional, compression=source.compression)
+
+
+def make_consume_context(**fields: Any) -> ConsumeContext:
+    """A :class:`ConsumeContext` as the proxy fills it for a Fetch v17 consumer."""
+    defaults: dict[str, Any] = {
+        "client_id": "kiproxy-test", "client_address": "127.0.0.1:50000", "principal": None,
+        "api_version": 17, "deadline": time.monotonic() + DEFAULT_TIMEOUT_MS / 1000,
+        "proxy_host": socket.gethostname(),
+    }
+    return ConsumeContext(**{**defaults, **fields})
+
+
+def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | None = None, *,
+                timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None
+                ) -> ConsumedBatch | ConsumeRefusal:
+    """Hand ``batch`` to ``interceptor.on_consume`` by the proxy's rules: the batch the
+    consumer would get, or why its partition would be refused. Never raises for anything
+    the plugin does."""
+    if isinstance(interceptor, Plugin):
+        name = name or interceptor.name
+        interceptor = interceptor.interceptor
+    timeout = timeout_ms / 1000
+    context = dataclasses.replace(ctx or make_consume_context(),
+                                  deadline=time.monotonic() + timeout)
+    return _run_to_end(judge_consume(interceptor, batch, context,
+                                     name=name or type(interceptor).__name__, timeout=timeout))
+
+
 @dataclass(frozen=True, slots=True)
 class Plugin:
     """An interceptor loaded as the proxy loads it, and the name the proxy's messages use."""
@@ -152,6 +202,11 @@ class Plugin:
             timeout_ms: int = DEFAULT_TIMEOUT_MS, mode: Mode = "enforce") -> Outcome:
         """:func:`run_interceptor` on this plugin."""
         return run_interceptor(self, batch, ctx, timeout_ms=timeout_ms, mode=mode)
+
+    def consume(self, batch: ConsumedBatch, ctx: ConsumeContext | None = None, *,
+                timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ConsumedBatch | ConsumeRefusal:
+        """:func:`run_consume` on this plugin."""
+        return run_consume(self, batch, ctx, timeout_ms=timeout_ms)
 
     def close(self) -> None:
         """Run the interceptor's ``close()`` as the proxy does at shutdown: an ``async def

@@ -18,6 +18,13 @@ A replayed batch comes with an :class:`InterceptContext` whose ``client_id`` is
 produce request), ``received_at_ms`` is the batch's newest record timestamp,
 and ``extra`` holds ``{"replay": True, "offsets": (first, last)}``, so a plugin
 can tell a replay from live traffic.
+
+With ``--fetch-hook`` the stored records are first read through that fetch-side hook
+(its ``on_consume``, judged by
+:func:`~kiproxy.interceptors.consume_verdict.judge_consume` as the proxy's fetch path
+judges it, with a :class:`ConsumeContext` whose ``client_id`` is ``kiproxy-replay``):
+the interceptor then sees what a consumer through the proxy would read. A refused
+batch is reported as rejected with the hook's error code and message.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import dataclasses
 import inspect
 import socket
 import time
@@ -34,9 +42,11 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
+from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, consume_hook
+from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import error_name
-from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import Outcome, judge_sync
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.interceptors.verdict import Fault, Outcome, Rejected, judge_sync
 from kiproxy.pipelines.sources import SourceBatch
 
 __all__ = ["InterceptorRunner", "InterceptorSpec", "error_name", "runner_for"]
@@ -53,6 +63,9 @@ class InterceptorSpec:
     plugins_archive: str | None = None
     """Name of the plugins archive shipped with ``SparkContext.addArchive`` (cluster mode)."""
     timeout_ms: int = 5000
+    fetch_hook: str | None = None
+    """A fetch-side hook the stored records are read through first (``--fetch-hook``)."""
+    fetch_hook_config: Mapping[str, Any] = field(default_factory=dict)
 
     def resolved_plugins_dir(self) -> str | None:
         """The plugins directory on this machine (the unpacked archive on an executor)."""
@@ -72,16 +85,22 @@ class InterceptorRunner:
         self.timeout = spec.timeout_ms / 1000
         self.interceptor = load_interceptor(spec.spec, spec.resolved_plugins_dir(),
                                             dict(spec.config))
+        self.reader = None if spec.fetch_hook is None else load_interceptor(
+            spec.fetch_hook, spec.resolved_plugins_dir(), dict(spec.fetch_hook_config))
+        if self.reader is not None and consume_hook(self.reader) is None:
+            raise PluginLoadError(f"--fetch-hook {spec.fetch_hook} has no fetch-side hook "
+                                  "(on_consume)")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._host = socket.gethostname()
 
     def close(self) -> None:
         """Run the interceptor's ``close()`` and drop the event loop."""
-        close = getattr(self.interceptor, "close", None)
-        if close is not None:
-            result = close()
-            if inspect.isawaitable(result):
-                self._run(result, None)
+        for plugin in (self.interceptor, self.reader):
+            close = getattr(plugin, "close", None)
+            if close is not None:
+                result = close()
+                if inspect.isawaitable(result):
+                    self._run(result, None)
         if self._loop is not None:
             self._loop.close()
             self._loop = None
@@ -93,6 +112,12 @@ class InterceptorRunner:
 
     def apply(self, batch: SourceBatch) -> Outcome:
         """The verdict on ``batch``; never raises for anything the plugin does."""
+        if self.reader is not None:
+            read = self._read_through(batch)
+            if isinstance(read, ConsumeRefusal):
+                return Outcome.of(Rejected(code=read.code, message=read.message,
+                                           fault=_FAULTS.get(read.reason, "raised")))
+            batch = dataclasses.replace(batch, records=read.records)
         view = RecordBatch(
             topic=batch.topic, partition=batch.partition, records=batch.records,
             producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
@@ -111,7 +136,30 @@ class InterceptorRunner:
                                      timeout=self.timeout, run=self._run))
 
 
-_runners: dict[tuple[str, str, str | None, str | None, int], InterceptorRunner] = {}
+    def _read_through(self, batch: SourceBatch) -> ConsumedBatch | ConsumeRefusal:
+        """``batch`` as the fetch-side hook hands it to a consumer, or its refusal."""
+        fetched = ConsumedBatch(
+            topic=batch.topic, partition=batch.partition, base_offset=batch.offsets[0],
+            records=batch.records, producer_id=batch.producer_id,
+            producer_epoch=batch.producer_epoch, transactional=batch.transactional,
+            compression=batch.compression)
+        ctx = ConsumeContext(client_id="kiproxy-replay", client_address="replay",
+                             principal=None, api_version=-1,
+                             deadline=time.monotonic() + self.timeout, proxy_host=self._host,
+                             extra={"replay": True})
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(judge_consume(
+            self.reader, fetched, ctx, name=self.spec.fetch_hook or "", timeout=self.timeout))
+
+
+_FAULTS: dict[str, Fault | None] = {"refused": None, "timeout": "timeout",
+                                    "record_count": "record_count",
+                                    "bad_return": "return_type"}
+"""A fetch-side refusal's reason as the report's fault (None: refused by policy)."""
+
+_runners: dict[tuple[str, str, str | None, str | None, int, str | None, str],
+               InterceptorRunner] = {}
 
 
 def runner_for(spec: InterceptorSpec) -> InterceptorRunner:
@@ -119,7 +167,8 @@ def runner_for(spec: InterceptorSpec) -> InterceptorRunner:
     import json
 
     key = (spec.spec, json.dumps(dict(spec.config), sort_keys=True, default=str),
-           spec.plugins_dir, spec.plugins_archive, spec.timeout_ms)
+           spec.plugins_dir, spec.plugins_archive, spec.timeout_ms, spec.fetch_hook,
+           json.dumps(dict(spec.fetch_hook_config), sort_keys=True, default=str))
     runner = _runners.get(key)
     if runner is None:
         runner = _runners[key] = InterceptorRunner(spec)

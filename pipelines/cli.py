@@ -69,7 +69,8 @@ def _replay(args: argparse.Namespace) -> int:
         raise PipelineError(f"--plugins-dir {plugins} is not a directory")
     spec = InterceptorSpec(settings.interceptor, settings.interceptor_config,
                            str(plugins.resolve()) if plugins else None,
-                           None, settings.interceptor_timeout_ms)
+                           None, settings.interceptor_timeout_ms, settings.fetch_hook,
+                           settings.fetch_hook_config)
     security = _security(settings)
     from kiproxy.pipelines.replay import ReplayOptions, run_replay
 

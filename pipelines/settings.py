@@ -27,6 +27,7 @@ from kiproxy.interceptors.flags import (
     PLUGINS_DIR,
     Flag,
     FlagError,
+    json_object,
 )
 
 __all__ = ["ReplaySettings", "ReportSettings", "SparkJobSettings"]
@@ -90,6 +91,16 @@ class ReplaySettings(SparkJobSettings):
         default_factory=dict)
     interceptor_timeout_ms: Annotated[int, INTERCEPTOR_TIMEOUT] = Field(
         default=DEFAULT_TIMEOUT_MS, gt=0)
+    fetch_hook: Annotated[str | None, Flag(metavar="MODULE:CLASS")] = None
+    """Read the stored records as a consumer through the proxy would, through this
+    fetch-side hook's ``on_consume`` (``record_encryption`` decrypts), before the
+    interceptor runs: a backfill of an encrypted topic into another with other keys. A
+    batch the hook refuses is reported as rejected with the hook's error."""
+    fetch_hook_config: Annotated[dict[str, Any], Flag(
+        metavar="JSON/FILE", parse=json_object("--fetch-hook-config"))] = Field(
+        default_factory=dict)
+    """The fetch-side hook's configure() argument: a JSON object inline, or the path of a
+    JSON or YAML file holding it."""
     from_offsets: Annotated[str, Flag(metavar="earliest|latest-N|TIMESTAMP")] = "earliest"
     """Where each partition starts: earliest, the last N records, or the first record
     at/after a timestamp (ms or ISO-8601)."""

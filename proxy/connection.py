@@ -149,7 +149,8 @@ class ClientConnection:
         self._upstream: FrameStream | None = None
         self._slots: deque[_Slot] = deque()
         self._pending: deque[tuple[int, _Slot, Callable[[bytes], bytes] | None,
-                                   Callable[[bytes], Awaitable[bytes]] | None]] = deque()
+                                   Callable[[bytes], bytes | Awaitable[bytes]] | None]
+                             ] = deque()
         self._transforms: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._room.set()
@@ -515,11 +516,7 @@ class ClientConnection:
                 for slot, frame in ready:
                     slot.frame = frame
                     slot.done = True
-                try:
-                    self._send_ready()
-                    if not self._client.drained:
-                        await self._client.drain()
-                except (ConnectionError, OSError, TimeoutError):
+                if not await self._deliver():
                     reason = None  # the client went away, not the broker: close quietly
                     break
         except ProtocolError as exc:
@@ -568,25 +565,28 @@ class ClientConnection:
         if correlation_id != expected:
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
-        if transform is not None:  # its slot is filled when the transform is done
-            task = asyncio.get_running_loop().create_task(self._transform(
-                slot, frame if type(frame) is bytes else bytes(frame), transform, on_response))
-            self._transforms.add(task)
-            task.add_done_callback(self._transforms.discard)
-            return None
+        if transform is not None:
+            changed = transform(frame if type(frame) is bytes else bytes(frame))
+            if not isinstance(changed, (bytes, bytearray)):
+                # Awaited: the slot is filled when it is done.
+                task = asyncio.get_running_loop().create_task(
+                    self._transform(slot, changed, on_response))
+                self._transforms.add(task)
+                task.add_done_callback(self._transforms.discard)
+                return None
+            frame = changed
         if on_response is not None:
             # Rewriters decode with kio, which reads only immutable buffers.
             return slot, on_response(frame if type(frame) is bytes else bytes(frame))
         return slot, frame
 
-    async def _transform(self, slot: _Slot, frame: bytes,
-                         transform: Callable[[bytes], Awaitable[bytes]],
+    async def _transform(self, slot: _Slot, transformed: Awaitable[bytes],
                          then: Callable[[bytes], bytes] | None) -> None:
-        """Fill ``slot`` with ``frame`` as ``transform`` (then ``then``) makes it, and send
-        what is ready; a transform that fails closes the connection as an answer the
-        proxy cannot carry does."""
+        """Fill ``slot`` with what ``transformed`` gives (then ``then`` makes of it), and
+        send what is ready; a transform that fails closes the connection as an answer
+        the proxy cannot carry does."""
         try:
-            out = await transform(frame)
+            out = await transformed
             if then is not None:
                 out = then(out)
             nodes = self._services.nodes
@@ -611,12 +611,19 @@ class ClientConnection:
             return
         slot.frame = out
         slot.done = True
+        if not await self._deliver():
+            await self.close()  # the client went away
+
+    async def _deliver(self) -> bool:
+        """Send the answers now ready and wait until the client's socket drains; False
+        when the client has gone away."""
         try:
             self._send_ready()
             if not self._client.drained:
                 await self._client.drain()
         except (ConnectionError, OSError, TimeoutError):
-            await self.close()  # the client went away
+            return False
+        return True
 
     # ------------------------------------------------------------------ SASL
 

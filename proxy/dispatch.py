@@ -6,8 +6,8 @@ Contract:
   (:mod:`kiproxy.proxy.produce.pipeline`). When some route has a fetch-side hook, a
   Fetch answer goes through the fetch pipeline (:mod:`kiproxy.proxy.fetch.pipeline`)
   before it reaches the client, Fetch is accepted only at the versions whose answers
-  the proxy decodes, and the share-consumer APIs (whose ShareFetch answers the hook
-  does not see) are neither offered nor accepted. ApiVersions answers are cut to what
+  the proxy decodes, and a ShareFetch naming a hooked topic is answered by the proxy
+  with an error (:mod:`kiproxy.proxy.fetch.share`). ApiVersions answers are cut to what
   the proxy can carry; responses that name broker addresses are rewritten; SASL requests
   are read as they pass so the connection learns its principal; everything
   else is forwarded as opaque bytes without being decoded.
@@ -40,6 +40,7 @@ from kiproxy.proxy.brokers.api_versions import (
     unsupported_api_versions_response,
 )
 from kiproxy.proxy.fetch.pipeline import FETCH_VERSIONS
+from kiproxy.proxy.fetch.share import share_fetch_refusal
 from kiproxy.proxy.net.client import RequestingClient
 from kiproxy.proxy.produce.disposition import Answer, Disposition, Forward
 
@@ -114,13 +115,12 @@ class RequestDispatcher:
         return Forward(frame, on_response=self.rewriter(generation, header),
                        transform=partial(fetch.rewrite, client, header.api_version))
 
-    async def _share_consumer(self, client: RequestingClient, generation: Generation,
-                              header: RequestHeader, frame: bytes) -> Disposition:
+    async def _share_fetch(self, client: RequestingClient, generation: Generation,
+                           header: RequestHeader, frame: bytes) -> Disposition:
         if generation.fetch.hooks:
-            raise UnsupportedVersion(
-                f"{api_name(header.api_key)} refused: a fetch-side hook is configured, and "
-                "share-group fetches (KIP-932) do not run through it, so the proxy does "
-                "not offer them (use a consumer group, or a proxy without fetch-side hooks)")
+            refusal = share_fetch_refusal(generation.fetch, client, header, frame)
+            if refusal is not None:
+                return Answer(refusal)
         return await self._other(client, generation, header, frame)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
@@ -163,9 +163,7 @@ class RequestDispatcher:
 _HANDLERS: dict[int, _Handler] = {
     ApiKey.PRODUCE: RequestDispatcher._produce,
     ApiKey.FETCH: RequestDispatcher._fetch,
-    ApiKey.SHARE_GROUP_HEARTBEAT: RequestDispatcher._share_consumer,
-    ApiKey.SHARE_FETCH: RequestDispatcher._share_consumer,
-    ApiKey.SHARE_ACKNOWLEDGE: RequestDispatcher._share_consumer,
+    ApiKey.SHARE_FETCH: RequestDispatcher._share_fetch,
     ApiKey.API_VERSIONS: RequestDispatcher._api_versions,
     ApiKey.SASL_HANDSHAKE: RequestDispatcher._sasl_handshake,
     ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,

@@ -228,7 +228,7 @@ def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | Non
     )
     fetch = FetchPipeline(
         routes, topic_names=produce.topic_names, proxy_host=produce.partitions.proxy_host,
-        compression_levels=produce.compression_levels, limits=produce.offload.limits,
+        compression_levels=produce.compression_levels, offload=produce.offload,
         metrics=metrics, max_version=12 if config.workers > 1 else FETCH_VERSIONS[1])
     return Generation(number=number, config=config, produce=produce, fetch=fetch,
                       observers=observers, client_tls=client_tls,

@@ -35,7 +35,6 @@ from kiproxy.proxy.brokers.addresses import needs_rewrite
 
 __all__ = [
     "PRODUCE_MAX_VERSION",
-    "SHARE_CONSUMER_APIS",
     "cut_api_versions_frame",
     "known_version_range",
     "unsupported_api_versions_response",
@@ -59,20 +58,12 @@ def known_version_range(api_key: int) -> tuple[int, int] | None:
     return versions[0], versions[-1]
 
 
-SHARE_CONSUMER_APIS = frozenset({ApiKey.SHARE_GROUP_HEARTBEAT, ApiKey.SHARE_FETCH,
-                                 ApiKey.SHARE_ACKNOWLEDGE})
-"""What a share consumer (KIP-932) needs to join a group and read: not offered while a
-fetch-side hook is configured, which ShareFetch answers do not run through."""
-
-
 def _cut(entries: tuple[Any, ...], produce_max: int,
          fetch_range: tuple[int, int] | None = None) -> tuple[Any, ...]:
     out = []
     for entry in entries:
         known = known_version_range(entry.api_key)
         if known is None:
-            continue
-        if fetch_range is not None and entry.api_key in SHARE_CONSUMER_APIS:
             continue
         min_version = entry.min_version
         max_version = min(entry.max_version, known[1])
@@ -101,8 +92,7 @@ def cut_api_versions_frame(api_version: int, frame: bytes,
     processes share the listeners: v13 names topics by id, and a worker can only
     resolve ids it saw in a Metadata response of its own). ``fetch_range``, given
     when a fetch-side hook is configured, bounds the Fetch versions offered to those
-    whose responses the proxy decodes, and removes the share-consumer APIs
-    (:data:`SHARE_CONSUMER_APIS`).
+    whose responses the proxy decodes.
 
     A broker that did not know the requested version answers in v0 format; that
     answer is recognised and cut the same way.

@@ -1,2 +1,3 @@
 """The fetch path: a Fetch answer's hooked partitions run through their routes' fetch-side
-hooks (:mod:`.pipeline`); may import observe, routes and net."""
+hooks (:mod:`.pipeline`); may import observe, routes, net and produce (its decode
+offload)."""

@@ -11,7 +11,9 @@ Contract:
   decoded) and selects each topic's route as the produce side does, by the consumer's
   identity and the topic (:meth:`~kiproxy.proxy.routes.table.ClientRoutes.select_fetch`).
   A response with no hooked partition holding records is returned as the same bytes.
-- On a hooked partition, every whole magic-2 data batch is decoded and handed to the
+- On a hooked partition, every whole magic-2 data batch is decoded (on the loop, or on
+  a decode thread within ``max_decode_memory`` when large, by the produce side's
+  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) and handed to the
   route's fetch-side hooks, last link first; control batches, legacy (magic 0/1)
   entries (counted) and the partial last batch the broker may send at ``max_bytes``
   stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
@@ -38,26 +40,30 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
+from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
+from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.errors import CorruptBatch
-from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.fetch_batches import LOG_OVERHEAD, FetchedRecords, split_fetched_records
 from kiproxy.protocol.fetch_response import (
     FIRST_FLEXIBLE_VERSION,
     LATEST_VERSION,
     OLDEST_VERSION,
+    FetchLayout,
     FetchPartition,
     read_fetch_response,
 )
 from kiproxy.protocol.fetch_splice import splice_fetch_response
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
-from kiproxy.protocol.records import DEFAULT_DECOMPRESSION_LIMITS, DecompressionLimits, decode_batch
+from kiproxy.protocol.partition_batches import PartitionBatches
+from kiproxy.protocol.records import BATCH_HEADER_SIZE, DEFAULT_DECOMPRESSION_LIMITS
+from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
@@ -76,14 +82,8 @@ fetch-side hook is configured)."""
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 
-class _Refused(Exception):
-    """A partition answered with ``code`` and no records; ``reason`` labels the log line."""
-
-    def __init__(self, code: int, message: str, reason: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.reason = reason
+_Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]"]
+"""A hooked partition: its position in the answer, topic, layout and hooks."""
 
 
 class FetchPipeline:
@@ -92,8 +92,8 @@ class FetchPipeline:
 
     def __init__(self, routes: LoadedRoutes | None, *, topic_names: dict[uuid.UUID, str],
                  proxy_host: str = "", compression_levels: CompressionLevels | None = None,
-                 limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS,
-                 metrics: Metrics | None = None, max_version: int = LATEST_VERSION) -> None:
+                 offload: BatchOffload | None = None, metrics: Metrics | None = None,
+                 max_version: int = LATEST_VERSION) -> None:
         self.routes = routes if routes is not None and routes.consumes else None
         """The routes, when some route has a fetch-side hook; else None."""
         self.hooks = self.routes is not None
@@ -104,21 +104,24 @@ class FetchPipeline:
         self.topic_names = topic_names
         self.proxy_host = proxy_host
         self.levels = compression_levels or DEFAULT_LEVELS
-        self.limits = limits
+        self.offload = offload or BatchOffload(DEFAULT_DECOMPRESSION_LIMITS)
+        """Decompression limits, the decode memory budget and the decode threads (the
+        produce pipeline's: one budget for the process)."""
         self.metrics = metrics
         self._refusals = RateLimitedLog(log)
 
-    async def rewrite(self, client: RequestingClient, version: int, frame: bytes) -> bytes:
-        """The Fetch response ``frame`` (no size prefix) as the consumer gets it."""
+    def rewrite(self, client: RequestingClient, version: int, frame: bytes
+                ) -> bytes | Coroutine[Any, Any, bytes]:
+        """The Fetch response ``frame`` (no size prefix) as the consumer gets it: the frame
+        itself when no partition is hooked (decided here, without waiting), else a
+        coroutine that runs the hooks and returns the new frame."""
         routes = self.routes
         if routes is None:
             return frame
         _, body = parse_response_header(frame, 1 if version >= FIRST_FLEXIBLE_VERSION else 0)
         layout = read_fetch_response(frame, body, version)
         choose = client.routes(routes.table)
-        who = client.identity
-        ctx: ConsumeContext | None = None
-        work: list[tuple[tuple[int, int], str, FetchPartition, Sequence[LoadedLink]]] = []
+        work: list[_Work] = []
         errors: dict[tuple[int, int], int] = {}
         for ti, topic in enumerate(layout.topics):
             name = topic.name
@@ -146,8 +149,14 @@ class FetchPipeline:
                     work.append(((ti, pj), name, part, consumers))
         if not work and not errors:
             return frame
+        return self._run_hooks(client, version, frame, body, layout, work, errors)
+
+    async def _run_hooks(self, client: RequestingClient, version: int, frame: bytes,
+                         body: int, layout: FetchLayout, work: list[_Work],
+                         errors: dict[tuple[int, int], int]) -> bytes:
         replacements: dict[tuple[int, int], bytes] = {}
         if work:
+            who = client.identity
             ctx = ConsumeContext(
                 client_id=who.client_id, client_address=who.client_address,
                 principal=who.principal, api_version=version, deadline=0.0,
@@ -156,7 +165,7 @@ class FetchPipeline:
                 self._partition(frame, name, part, consumers, ctx)
                 for _, name, part, consumers in work))
             for (key, name, part, _), outcome in zip(work, outcomes, strict=True):
-                if isinstance(outcome, _Refused):
+                if isinstance(outcome, ConsumeRefusal):
                     errors[key] = outcome.code
                     self._log_refusal(client, name, part.partition, outcome.reason,
                                       outcome.message)
@@ -169,14 +178,23 @@ class FetchPipeline:
 
     async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
                          consumers: Sequence[LoadedLink], ctx: ConsumeContext
-                         ) -> bytes | _Refused | None:
+                         ) -> bytes | ConsumeRefusal | None:
         """The partition's new ``records`` bytes, None when no hook changed a batch, or
         why the partition is refused."""
         try:
             fetched = split_fetched_records(frame, part.data_start, part.data_end)
         except CorruptBatch as exc:
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+            return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                             f"the broker's records cannot be read: {exc}", "undecodable")
+        lease = self.offload.lease()
+        try:
+            return await self._batches(frame, topic, part, fetched, consumers, ctx, lease)
+        finally:
+            lease.release()
+
+    async def _batches(self, frame: bytes, topic: str, part: FetchPartition,
+                       fetched: FetchedRecords, consumers: Sequence[LoadedLink],
+                       ctx: ConsumeContext, lease: DecodeLease) -> bytes | ConsumeRefusal | None:
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
         view = memoryview(frame)
@@ -187,12 +205,14 @@ class FetchPipeline:
                 continue
             if header.is_control:
                 continue
+            blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
+                if header.attributes & 0x07 else ()
             try:
-                decoded = decode_batch(frame, batch.start, stop=batch.end,
-                                       origin=part.data_start, limits=self.limits,
-                                       header=header)
+                (decoded,) = await lease.decode_partition(frame, PartitionBatches(
+                    start=batch.start, end=batch.end, headers=(header,),
+                    records=header.record_count, compressed_blocks=blocks))
             except CorruptBatch as exc:
-                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
+                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                 f"batch at offset {header.base_offset} cannot be decoded: "
                                 f"{exc}", "undecodable")
             given = ConsumedBatch(
@@ -203,7 +223,7 @@ class FetchPipeline:
             current = given
             for link in consumers:
                 refused = await self._run(link, current, ctx)
-                if isinstance(refused, _Refused):
+                if isinstance(refused, ConsumeRefusal):
                     self._count(topic, "refused", len(given.records))
                     return refused
                 current = refused
@@ -211,10 +231,14 @@ class FetchPipeline:
                 self._count(topic, "unchanged", len(given.records))
                 continue
             try:
-                new = reencode_batch(decoded, current.records, levels=self.levels)
+                if decoded.block_size <= self.offload.inline_plain_bytes:
+                    new = reencode_batch(decoded, current.records, levels=self.levels)
+                else:  # a large batch is compressed on a worker thread, as on produce
+                    new = await self.offload.run(reencode_batch, decoded, current.records,
+                                                 levels=self.levels)
             except BatchShapeChanged as exc:
                 self._count(topic, "refused", len(given.records))
-                return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
+                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
             self._count(topic, "transformed", len(given.records))
             pieces.append(view[copied:batch.start])
             pieces.append(new)
@@ -225,36 +249,12 @@ class FetchPipeline:
         return b"".join(pieces)
 
     async def _run(self, link: LoadedLink, batch: ConsumedBatch, ctx: ConsumeContext
-                   ) -> ConsumedBatch | _Refused:
-        """One link's fetch-side hook on ``batch``, judged: a batch of the same count back,
-        else why the partition is refused."""
+                   ) -> ConsumedBatch | ConsumeRefusal:
+        """One link's fetch-side hook on ``batch``, judged by
+        :func:`~kiproxy.interceptors.consume_verdict.judge_consume`."""
         deadline = time.monotonic() + link.timeout
-        hook: Any = link.interceptor.on_consume
-        try:
-            result = hook(batch, _with_deadline(ctx, deadline))
-            if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-                result = await asyncio.wait_for(result, max(0.0, deadline - time.monotonic()))
-        except RefuseFetch as exc:
-            return _Refused(exc.error_code, f"{link.name} refused it: {exc.message}",
-                            "refused")
-        except TimeoutError:
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} did not answer within {link.timeout * 1000:.0f} ms "
-                            "(timeout_ms)", "timeout")
-        except Exception as exc:
-            log.debug("fetch-side hook %s raised", link.name, exc_info=True)
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} raised {type(exc).__name__}: {exc}", "plugin_error")
-        if not isinstance(result, ConsumedBatch):
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} returned {type(result).__name__}, not a "
-                            "ConsumedBatch", "bad_return")
-        if len(result.records) != len(batch.records):
-            return _Refused(ErrorCode.UNKNOWN_SERVER_ERROR,
-                            f"{link.name} returned {len(result.records)} records for "
-                            f"{len(batch.records)}: records can be changed, not added or "
-                            "removed", "record_count")
-        return result
+        return await judge_consume(link.interceptor, batch, _with_deadline(ctx, deadline),
+                                   name=link.name, timeout=link.timeout)
 
     def _count(self, topic: str, outcome: str, records: int) -> None:
         metrics = self.metrics

@@ -23,10 +23,10 @@ class Forward:
     """Rewrites the broker's response frame before it goes to the client."""
     produce: list[PartitionSummary] | None = None
     """Per-partition summaries of a produce request, when observed."""
-    transform: Callable[[bytes], Awaitable[bytes]] | None = None
-    """Turns the broker's response frame into the client's, asynchronously (a Fetch
-    answer through the fetch-side hooks); runs before ``on_response``. Answers still
-    leave in request order."""
+    transform: Callable[[bytes], bytes | Awaitable[bytes]] | None = None
+    """Turns the broker's response frame into the client's (a Fetch answer through the
+    fetch-side hooks): the new frame at once, or an awaitable of it; runs before
+    ``on_response``. Answers still leave in request order."""
 
 
 @dataclass(slots=True)

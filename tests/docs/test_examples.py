@@ -46,6 +46,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from doc_blocks import (
@@ -61,7 +62,15 @@ from doc_blocks import (
 )
 
 from kiproxy.cli import build_parser
-from kiproxy.interceptors import Header, InterceptContext, Record, RecordBatch, RejectBatch
+from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    Header,
+    InterceptContext,
+    Record,
+    RecordBatch,
+    RejectBatch,
+)
 from kiproxy.interceptors.loader import load_interceptor, load_observer
 from kiproxy.proxy.config.model import load_config
 
@@ -206,9 +215,10 @@ def _plugin_classes(code: str) -> list[tuple[str, str]]:
             plain = [b.value if isinstance(b, ast.Subscript) else b for b in node.bases]
             bases = {b.id if isinstance(b, ast.Name) else getattr(b, "attr", "")
                      for b in plain}
-            for base in ("ProduceRequestInterceptor", "Observer"):
+            for base in ("ProduceRequestInterceptor", "FetchResponseInterceptor", "Observer"):
                 if base in bases:
                     found.append((node.name, base))
+                    break
     return found
 
 
@@ -219,7 +229,7 @@ async def test_plugin_examples_load_and_run_over_a_batch(block: Block, tmp_path:
     (tmp_path / f"{module}.py").write_text(block.code)
     config = json.loads(block.arg("config") or "{}")
     classes = _plugin_classes(block.code)
-    assert classes, f"{block.id}: defines no ProduceRequestInterceptor or Observer subclass"
+    assert classes, f"{block.id}: defines no interceptor or observer subclass"
     for name, base in classes:
         spec = f"{module}:{name}"
         if base == "Observer":
@@ -227,6 +237,10 @@ async def test_plugin_examples_load_and_run_over_a_batch(block: Block, tmp_path:
             observer.close()
             continue
         plugin = load_interceptor(spec, str(tmp_path), config)
+        if callable(getattr(plugin, "on_consume", None)):
+            await _consume_over_a_batch(block, spec, plugin)
+        if not callable(getattr(plugin, "intercept", None)):
+            continue
         outcomes = []
         for batch in _sample_batches():
             try:
@@ -243,6 +257,22 @@ async def test_plugin_examples_load_and_run_over_a_batch(block: Block, tmp_path:
         close = getattr(plugin, "close", None)
         if close is not None:
             close()
+
+
+async def _consume_over_a_batch(block: Block, spec: str, plugin: Any) -> None:
+    """A fetch-side hook runs over each sample batch as fetched, for two consumers."""
+    for principal in (None, "auditor"):
+        ctx = ConsumeContext(client_id="docs", client_address="127.0.0.1:50000",
+                             principal=principal, api_version=17,
+                             deadline=time.monotonic() + 5)
+        for batch in _sample_batches():
+            fetched = ConsumedBatch(topic=batch.topic, partition=0, base_offset=40,
+                                    records=batch.records)
+            result = plugin.on_consume(fetched, ctx)
+            if inspect.isawaitable(result):
+                result = await result
+            assert isinstance(result, ConsumedBatch), f"{block.id}: {spec} returned {result!r}"
+            assert len(result.records) == len(fetched.records), f"{block.id}: record count"
 
 
 # ------------------------------------------------------------------------- configs

@@ -37,6 +37,7 @@ import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -50,6 +51,7 @@ from kiproxy_dev.tansu import free_port
 pytestmark = pytest.mark.timeout(300)
 
 NODES = (1, 2, 3)
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
 JOINER = 4
 PARTITIONS = 3
 RSS_BOUND = 64 << 20
@@ -194,6 +196,60 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
     while not predicate():
         assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"
         time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------- fetch side
+
+
+def test_fetch_side_hooks_serve_partitions_led_by_every_node(
+        cluster: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Six partitions over three leaders, through a proxy whose route reverses values on
+    produce and back on consume (``tests/plugins/tp_fetch.py``): a consumer through the
+    proxy reads exactly what was produced, from every node's proxy port; straight from
+    the brokers the values are reversed."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    config = tmp_path_factory.mktemp("fetch-multinode") / "routes.json"
+    config.write_text(json.dumps({"routes": [
+        {"match": {"topic": "rev-.*"}, "interceptors": [{"class": "tp_fetch:Reverse"}]}]}))
+    proxy = launch_proxy(cluster.bootstrap, plugins_dir=PLUGINS, config_file=config,
+                         node_ids=(*NODES, JOINER))
+    try:
+        topic = f"rev-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=3)],
+                            operation_timeout=20)[topic].result(timeout=30)
+        _wait(lambda: len(set(_leaders(admin, topic).values())) == 3, 30, "three leaders")
+        producer = Producer({"bootstrap.servers": proxy.bootstrap, "enable.idempotence": True,
+                             "compression.type": "lz4", "linger.ms": 20})
+        values = {p: [f"p{p} value {i}".encode() for i in range(40)] for p in range(6)}
+        for p, vals in values.items():
+            for v in vals:
+                producer.produce(topic, value=v, partition=p)
+        assert producer.flush(30) == 0
+
+        def read(bootstrap: str) -> dict[int, list[bytes]]:
+            consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{topic}",
+                                 "enable.auto.commit": False})
+            got: dict[int, list[bytes]] = defaultdict(list)
+            try:
+                consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
+                deadline = time.monotonic() + 60
+                while sum(map(len, got.values())) < 240 and time.monotonic() < deadline:
+                    for m in consumer.consume(100, 0.5):
+                        if m.error() is None:
+                            got[m.partition()].append(m.value())
+            finally:
+                consumer.close()
+            return dict(got)
+
+        assert read(proxy.bootstrap) == values
+        assert read(cluster.bootstrap) == {p: [v[::-1] for v in vals]
+                                           for p, vals in values.items()}
+        assert proxy.alive()
+    finally:
+        proxy.stop()
 
 
 # ---------------------------------------------------------------------------- addresses

@@ -4,6 +4,7 @@ framing, Java detection, tallies and the interceptor rules - no Spark, no broker
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import stat
@@ -19,6 +20,7 @@ from kiproxy.interceptors import (
     RecordBatch,
     RejectBatch,
 )
+from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
 from kiproxy.pipelines.errors import JavaMissing, PipelineError
 from kiproxy.pipelines.fetch_client import complete_prefix
@@ -274,3 +276,24 @@ def test_an_unknown_isolation_level_is_refused_before_anything_runs(tmp_path: Pa
             bootstrap="127.0.0.1:1", topic="t", interceptor=InterceptorSpec("no:Such", {}),
             from_offsets=OffsetBound("earliest"), to_offsets=OffsetBound("latest"),
             report_dir=tmp_path, isolation_level="read_all"))
+
+
+def test_a_fetch_hook_reads_the_stored_records_before_the_interceptor_runs() -> None:
+    """``--fetch-hook``: what the interceptor sees is what a consumer through the proxy
+    reads (here the stored values reversed back); a hook that refuses rejects the batch
+    with its own error."""
+    plugins = str(Path(__file__).resolve().parents[1] / "plugins")
+    runner = InterceptorRunner(InterceptorSpec(
+        f"{__name__}:_Plugins", {"mode": "async-upper"}, plugins,
+        fetch_hook="tp_fetch:Reverse"))
+    outcome = runner.apply(_batch([b"cba", b"fed"]))
+    assert outcome.kind == "transformed"
+    assert [r.value for r in outcome.records] == [b"ABC", b"DEF"]
+    refusing = InterceptorRunner(InterceptorSpec(
+        f"{__name__}:_Plugins", {"mode": "pass"}, plugins, fetch_hook="tp_fetch:RefuseOnConsume"))
+    refused = refusing.apply(dataclasses.replace(_batch([b"a"]), topic="refuse-me"))
+    assert (refused.kind, refused.code) == ("rejected", -1)
+    assert "no reading refuse-me" in (refused.message or "")
+    with pytest.raises(PluginLoadError, match="no fetch-side hook"):
+        InterceptorRunner(InterceptorSpec(f"{__name__}:_Plugins", {"mode": "pass"}, plugins,
+                                          fetch_hook="my_policy:MyPolicy"))

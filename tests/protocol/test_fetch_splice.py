@@ -153,3 +153,24 @@ def test_unknown_tagged_fields_are_read_as_spans_and_kept(
     spliced = splice_fetch_response(frame, len(head(version)), version, replacements, layout)
     edited = head(version) + serialize(_edited(response, replacements))
     assert spliced == _with_unknown_tags(edited, version, tag)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data(), case=fetch_responses())
+def test_error_codes_set_the_partition_error_and_empty_its_records(
+        data: st.DataObject, case: tuple[int, Any]) -> None:
+    version, response = case
+    frame = head(version) + serialize(response)
+    positions = [(ti, pj) for ti, t in enumerate(response.responses)
+                 for pj in range(len(t.partitions))]
+    errors = {p: data.draw(st.sampled_from([-1, 100, 56])) for p in positions
+              if data.draw(st.booleans())}
+    spliced = splice_fetch_response(frame, len(head(version)), version, {}, error_codes=errors)
+    topics = []
+    for ti, topic in enumerate(response.responses):
+        parts = tuple(dataclasses.replace(part, records=b"", error_code=ErrorCode(errors[ti, pj]))
+                      if (ti, pj) in errors else part
+                      for pj, part in enumerate(topic.partitions))
+        topics.append(dataclasses.replace(topic, partitions=parts))
+    assert spliced == head(version) + serialize(dataclasses.replace(response,
+                                                                    responses=tuple(topics)))

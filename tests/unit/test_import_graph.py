@@ -29,7 +29,7 @@ PROXY_LAYERS: dict[str, frozenset[str]] = {
     "net": frozenset({"config", "observe", "routes"}),
     "brokers": frozenset({"config", "observe", "net"}),
     "produce": frozenset({"config", "observe", "isolation", "routes", "net", "brokers"}),
-    "fetch": frozenset({"observe", "routes", "net"}),
+    "fetch": frozenset({"observe", "routes", "net", "produce"}),
 }
 """Each sub-package of ``kiproxy.proxy`` and the others it may import. The modules
 directly in ``proxy/`` (server, connection, dispatch, generation, cli) may import

@@ -1,0 +1,204 @@
+"""The fetch-side hook's rules, without a broker: the judge, the test kit, loading,
+route selection and the ApiVersions cut while a hook is configured.
+
+End to end (real brokers and clients) it is tests/integration/test_fetch_hook.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import typing
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    FetchResponseInterceptor,
+    ProduceRequestInterceptor,
+    RefuseFetch,
+)
+from kiproxy.interceptors.consume_verdict import ConsumeRefusal
+from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
+from kiproxy.interceptors.testing import (
+    load,
+    make_batch,
+    make_consumed_batch,
+    run_consume,
+)
+from kiproxy.protocol.framing import encode_response_header
+from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
+from kiproxy.proxy.brokers.api_versions import cut_api_versions_frame
+from kiproxy.proxy.config.model import load_config
+from kiproxy.proxy.routes.runtime import load_routes
+
+PLUGINS = Path(__file__).resolve().parents[1] / "plugins"
+
+
+class Hooks(FetchResponseInterceptor):
+    """Does what the batch's topic names."""
+
+    async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> Any:
+        kind = batch.topic
+        if kind == "refuse":
+            raise RefuseFetch("not for you", error="TOPIC_AUTHORIZATION_FAILED")
+        if kind == "raise":
+            raise ValueError("broken")
+        if kind == "type":
+            return batch.records
+        if kind == "grow":
+            return batch.with_records((*batch.records, batch.records[0]))
+        if kind == "move":
+            return batch.with_records(r.with_timestamp(r.timestamp + 1) for r in batch.records)
+        if kind == "slow":
+            await asyncio.sleep(2)
+        if kind == "upper":
+            return batch.with_records(r.with_value((r.value or b"").upper())
+                                      for r in batch.records)
+        return batch
+
+
+@pytest.mark.parametrize(("topic", "code", "reason"), [
+    ("refuse", 29, "refused"),
+    ("raise", -1, "plugin_error"),
+    ("type", -1, "bad_return"),
+    ("grow", -1, "record_count"),
+    ("move", -1, "shape_changed"),
+    ("slow", -1, "timeout"),
+])
+def test_what_the_judge_refuses(topic: str, code: int, reason: str) -> None:
+    batch = make_consumed_batch(make_batch(b"a", b"b", topic=topic), base_offset=10)
+    verdict = run_consume(Hooks(), batch, timeout_ms=200)
+    assert isinstance(verdict, ConsumeRefusal)
+    assert (verdict.code, verdict.reason) == (code, reason)
+    assert "Hooks" in verdict.message
+
+
+def test_what_the_judge_lets_through() -> None:
+    batch = make_consumed_batch(make_batch(b"a", b"b", topic="same"))
+    assert run_consume(Hooks(), batch) is batch
+    upper = run_consume(Hooks(), make_consumed_batch(make_batch(b"a", b"b", topic="upper")))
+    assert isinstance(upper, ConsumedBatch)
+    assert [r.value for r in upper.records] == [b"A", b"B"]
+
+
+def test_the_kit_loads_a_plugin_with_both_hooks_and_runs_each() -> None:
+    with load("tp_fetch:Reverse", plugins_dir=PLUGINS) as plugin:
+        produced = plugin.run(make_batch(b"abc"))
+        assert produced.kind == "transformed" and produced.records[0].value == b"cba"
+        consumed = plugin.consume(make_consumed_batch(make_batch(b"cba")))
+        assert isinstance(consumed, ConsumedBatch) and consumed.records[0].value == b"abc"
+
+
+def test_the_loader_takes_a_fetch_side_only_class_and_names_both_apis_otherwise(
+        tmp_path: Path) -> None:
+    assert isinstance(load_interceptor("tp_fetch:UpperOnConsume", PLUGINS, {}),
+                      FetchResponseInterceptor)
+    (tmp_path / "neither.py").write_text("class Neither:\n    pass\n")
+    with pytest.raises(PluginLoadError, match=r"neither intercept.*nor on_consume"):
+        load_interceptor("neither:Neither", tmp_path, {})
+
+
+def test_one_class_with_both_hooks_gets_its_settings_once() -> None:
+    from kiproxy.interceptors import PluginSettings
+
+    class Settings(PluginSettings):
+        word: str = "x"
+
+    class Both(ProduceRequestInterceptor[Settings], FetchResponseInterceptor[Settings]):
+        def configure(self, config: Settings) -> None:
+            self.word = config.word
+
+        def intercept(self, batch: Any, ctx: Any) -> Any:
+            return batch
+
+        def on_consume(self, batch: Any, ctx: Any) -> Any:
+            return batch
+
+    both = Both()
+    both.configure({"word": "y"})  # type: ignore[arg-type]
+    assert both.word == "y"
+    with pytest.raises(Exception, match="nope"):
+        both.configure({"nope": 1})  # type: ignore[arg-type]
+
+
+def _routes(tmp_path: Path, text: str) -> Any:
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f"plugins_dir: {PLUGINS}\n" + text)
+    return load_routes(load_config(path, {}))
+
+
+def test_routes_split_each_chain_into_produce_links_and_reversed_fetch_side_links(
+        tmp_path: Path) -> None:
+    from kiproxy.interceptors import ClientIdentity
+
+    routes = _routes(tmp_path, """
+routes:
+  - match: {topic: "rev-.*", acks: [0]}
+    interceptors: [{class: "tp_fetch:Reverse"}, {class: "tp_fetch:UpperOnConsume"},
+                   {class: uppercase}]
+  - match: {topic: "up-.*"}
+    interceptors: [{class: "tp_fetch:UpperOnConsume"}]
+""")
+    assert routes.intercepts and routes.consumes
+    who = ClientIdentity(client_host="127.0.0.1", client_port=1)
+    choose = routes.table.for_client(who)
+    rev = choose.select_fetch("rev-a")  # acks takes no part in fetch selection
+    assert rev is not None and choose.select("rev-a", -1, False) is None
+    chain = routes.chain(rev)
+    assert [link.name for link in chain.links] == ["tp_fetch:Reverse", "uppercase"]
+    assert [link.name for link in chain.consumers] == ["tp_fetch:UpperOnConsume",
+                                                       "tp_fetch:Reverse"]
+    up = choose.select_fetch("up-b")
+    assert up is not None and routes.chain(up).links == ()
+    assert choose.select_fetch("other") is None
+    asyncio.run(routes.close())
+
+
+def test_a_fetch_side_hook_under_process_isolation_is_refused_at_load(tmp_path: Path) -> None:
+    with pytest.raises(PluginLoadError, match=r"on_consume.*isolation: process"):
+        _routes(tmp_path, """
+routes:
+  - match: {topic: "rev-.*"}
+    interceptors: [{class: "tp_fetch:Reverse", isolation: process}]
+""")
+
+
+def test_the_api_versions_cut_with_a_hook_bounds_fetch_only() -> None:
+    response_cls = response_type(ApiKey.API_VERSIONS, 0)
+    entry_cls = typing.get_args(typing.get_type_hints(response_cls)["api_keys"])[0]
+    offered = {ApiKey.PRODUCE: (0, 13), ApiKey.FETCH: (0, 18), ApiKey.METADATA: (0, 12),
+               76: (1, 1), 77: (1, 1), ApiKey.SHARE_FETCH: (1, 1),
+               ApiKey.SHARE_ACKNOWLEDGE: (1, 1)}
+    message = response_cls(error_code=ErrorCode.none, api_keys=tuple(
+        entry_cls(api_key=k, min_version=lo, max_version=hi) for k, (lo, hi) in offered.items()))
+    frame = encode_response_header(5, 0) + serialize(message)
+    cut = parse_response(ApiKey.API_VERSIONS, 0,
+                         cut_api_versions_frame(0, frame, fetch_range=(4, 12)), 4)
+    got = {e.api_key: (e.min_version, e.max_version) for e in cut.api_keys}
+    assert got[ApiKey.FETCH] == (4, 12)
+    assert {k: v for k, v in got.items() if k != ApiKey.FETCH} == {
+        k: v for k, v in offered.items() if k != ApiKey.FETCH}
+    plain = parse_response(ApiKey.API_VERSIONS, 0, cut_api_versions_frame(0, frame), 4)
+    assert {e.api_key for e in plain.api_keys} == set(offered)
+
+
+@pytest.mark.parametrize(("workers", "highest"), [(1, 18), (2, 12)])
+def test_fetch_versions_offered_with_a_hook_follow_the_worker_count(
+        tmp_path: Path, workers: int, highest: int) -> None:
+    """Fetch v13+ names topics by id, which a worker process learns only from the
+    Metadata answers it carries itself: several workers offer names (v12) only."""
+    from kiproxy.proxy.generation import build_generation, close_generation
+
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f"plugins_dir: {PLUGINS}\nworkers: {workers}\nroutes:\n"
+                    "  - interceptors: [{class: \"tp_fetch:UpperOnConsume\"}]\n")
+    generation = build_generation(load_config(path, {}), 1, metrics=None)
+    try:
+        assert generation.fetch.hooks and generation.fetch.max_version == highest
+        assert not generation.produce.intercepts  # a fetch-side-only hook decodes no produce
+    finally:
+        asyncio.run(close_generation(generation))
