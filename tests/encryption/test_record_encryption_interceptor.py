@@ -308,3 +308,54 @@ def test_kiproxy_check_runs_the_produce_hook_over_samples(
     assert "batch 1: orders[0], 2 records: transformed (1 changed)" in out
     assert "card 4111" not in out
     assert MARKER_HEADER in out  # the changed record is printed, sealed
+
+
+# -- the proxy's rules for a fetch-side hook, and replay's backfill --------------------
+
+
+def test_decryption_keeps_what_the_consume_verdict_requires(plugin: Plugin) -> None:
+    from kiproxy.interceptors.consume_verdict import ConsumeRefusal
+    from kiproxy.interceptors.testing import make_consumed_batch
+
+    stored = plugin.run(make_batch(records=_records(), topic="orders")).records
+    sealed = make_consumed_batch(make_batch(records=stored, topic="orders"), base_offset=500)
+    opened = plugin.consume(sealed)  # judged as the proxy's fetch path judges it
+    assert isinstance(opened, ConsumedBatch)
+    assert opened.records == tuple(_records()) and opened.base_offset == 500
+    damaged = make_consumed_batch(make_batch(records=[_damaged(stored[0])], topic="orders"))
+    refused = plugin.consume(damaged)
+    assert isinstance(refused, ConsumeRefusal)
+    assert (refused.code, refused.reason) == (-1, "refused")
+    assert "does not decrypt" in refused.message
+
+
+def test_replay_reads_through_the_fetch_hook_and_re_encrypts_under_other_keys(
+        tmp_path: Path) -> None:
+    from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
+    from kiproxy.pipelines.sources import SourceBatch
+
+    old_keys, new_keys = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    write_key_file(old_keys, {"KEK_orders": (1, {1: os.urandom(32)})})
+    write_key_file(new_keys, {"KEK2_orders": (1, {1: os.urandom(32)})})
+    old = {"kms": {"type": "key_file", "path": str(old_keys)}, "key": "KEK_${topic}"}
+    new = {"kms": {"type": "key_file", "path": str(new_keys)}, "key": "KEK2_${topic}"}
+    for writer in _plugin(old_keys):
+        stored = writer.run(make_batch(records=_records(), topic="orders")).records
+    runner = InterceptorRunner(InterceptorSpec("record_encryption", new,
+                                               fetch_hook="record_encryption",
+                                               fetch_hook_config=old))
+    moved = runner.apply(SourceBatch(topic="orders", partition=0, offsets=(40, 41, 42),
+                                     records=stored, stored=True))
+    assert moved.kind == "transformed"
+    assert all(b"KEK2_orders" in dict(r.headers)[MARKER_HEADER]
+               for r in moved.records if r.value is not None)
+    with load("record_encryption", config=new) as reader:
+        assert reader.consume(make_consumed_batch_of(moved.records)).records == tuple(
+            _records())
+    with load("record_encryption", config=old) as old_reader:  # the old keys no longer open
+        assert not isinstance(old_reader.consume(make_consumed_batch_of(moved.records)),
+                              ConsumedBatch)
+
+
+def make_consumed_batch_of(records: tuple[Record, ...]) -> ConsumedBatch:
+    return ConsumedBatch(topic="orders", partition=0, base_offset=0, records=records)
