@@ -79,3 +79,14 @@ def test_broker_port_with_apache_kafka_is_one_line() -> None:
     assert out.strip().splitlines()[-1] == (
         "kiproxy: config error: --broker-port is for --broker tansu (Apache Kafka's ports "
         "are chosen by the launcher)")
+
+
+def test_kms_without_moto_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from kiproxy_dev.kms import KmsLaunchError, LocalKms
+
+    monkeypatch.setitem(sys.modules, "moto.server", None)  # as if moto were not installed
+    with pytest.raises(KmsLaunchError, match=r"pip install './dev\[kms\]' from a kiproxy "
+                                             "checkout"):
+        LocalKms(0).start()
