@@ -1,5 +1,6 @@
 """``kiproxy dev``: a local broker (Tansu, or Apache Kafka in KRaft mode) with the proxy
-in front of it, and with ``--registry`` a local Apicurio Registry beside them.
+in front of it, with ``--registry`` a local Apicurio Registry beside them, and with
+``--kms`` a local stand-in for AWS KMS (:mod:`kiproxy_dev.kms`).
 
 ``add_parsers`` adds the subcommand to the ``kiproxy`` parser (:mod:`kiproxy.cli`)
 with the proxy's own flags (:func:`kiproxy.proxy.cli.add_flags`: the config model's,
@@ -27,6 +28,8 @@ from kiproxy.proxy.config.model import ProxyConfig
 from kiproxy.proxy.serve import serve_until_stopped
 from kiproxy_dev.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy_dev.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
+from kiproxy_dev.kms import KmsLaunchError, LocalKms, export_credentials
+from kiproxy_dev.processes import port_free
 from kiproxy_dev.tansu import BrokerBinaryMissing, EmbeddedBroker
 
 log = logging.getLogger("kiproxy")
@@ -46,6 +49,10 @@ class DevSettings(BaseModel):
     broker: Annotated[Literal["tansu", "kafka"], Flag()] = "tansu"
     """tansu (starts in a second, no JVM) or kafka (Apache Kafka in KRaft mode, JVMs on
     127.0.0.1, from --kafka-home)."""
+    broker_port: Annotated[int | None, Flag(metavar="PORT")] = Field(default=None, ge=1,
+                                                                     le=65535)
+    """With --broker tansu: the broker's own port on 127.0.0.1, for clients that bypass
+    the proxy (default: a free one)."""
     kafka_home: Annotated[Path | None, Flag(metavar="DIR")] = None
     """With --broker kafka: an unpacked Apache Kafka 4 distribution, or the folder `make
     kafka` prints (when not given: $KIPROXY_KAFKA_HOME, then the newest `make kafka`
@@ -61,13 +68,27 @@ class DevSettings(BaseModel):
     """With --registry: the quarkus-run.jar `make registry` prints (when not given:
     $KIPROXY_REGISTRY_JAR, then the `make registry` cache)."""
 
+    kms: Annotated[bool, Flag(set_to=True)] = False
+    """Also start a stand-in for AWS KMS (moto's server, in memory) at
+    http://127.0.0.1:PORT, region us-east-1, for record_encryption; needs `pip install
+    './dev[kms]'`."""
+    kms_port: Annotated[int, Flag(metavar="PORT")] = Field(default=4566, ge=0, le=65535)
+    """With --kms: its port on 127.0.0.1."""
+    kms_key: Annotated[list[str], Flag(metavar="ALIAS", repeat=True)] = []
+    """With --kms: create a key under this alias (alias/KEK_orders); repeatable."""
+
     @model_validator(mode="after")
     def _paired(self) -> DevSettings:
         given = self.model_fields_set
+        if not self.kms and given & {"kms_port", "kms_key"}:
+            raise ValueError("--kms-port and --kms-key need --kms")
         if not self.registry and given & {"registry_jar", "registry_port"}:
             raise ValueError("--registry-jar and --registry-port need --registry")
         if self.broker != "kafka" and given & {"kafka_home", "kafka_nodes"}:
             raise ValueError("--kafka-home and --kafka-nodes need --broker kafka")
+        if self.broker == "kafka" and self.broker_port is not None:
+            raise ValueError("--broker-port is for --broker tansu (Apache Kafka's ports are "
+                             "chosen by the launcher)")
         return self
 
 
@@ -98,6 +119,38 @@ def run(args: argparse.Namespace) -> int:
 
 def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
          settings: DevSettings) -> int:
+    if not settings.kms:
+        return _dev_registry(config, config_file, overrides, settings)
+    try:
+        with _kms(settings.kms_port, settings.kms_key):
+            return _dev_registry(config, config_file, overrides, settings)
+    except KmsLaunchError as exc:
+        print(f"kiproxy: {exc}", file=sys.stderr)
+        return 1
+
+
+@contextlib.contextmanager
+def _kms(port: int, aliases: list[str]) -> Iterator[LocalKms]:
+    kms = LocalKms(port)
+    kms.start()
+    try:
+        keys = [(alias, kms.create_key(alias)) for alias in aliases]
+        added = export_credentials()
+        print(f"kiproxy: KMS stand-in (AWS KMS API, moto, in memory) at {kms.url}, region "
+              f"{kms.region}", flush=True)
+        for alias, arn in keys:
+            print(f"kiproxy: KMS key {alias} ({arn})", flush=True)
+        if added:
+            print("kiproxy: the proxy uses these credentials; a client of the stand-in "
+                  "needs them too: export " + " ".join(f"{k}={v}" for k, v in added.items()),
+                  flush=True)
+        yield kms
+    finally:
+        kms.stop()
+
+
+def _dev_registry(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
+                  settings: DevSettings) -> int:
     if not settings.registry:
         return _dev_broker(config, config_file, overrides, settings)
     jar = settings.registry_jar if settings.registry_jar is not None else find_registry_jar()
@@ -133,7 +186,11 @@ def _dev_broker(config: ProxyConfig, config_file: str | None, overrides: dict[st
                 settings: DevSettings) -> int:
     if settings.broker == "kafka":
         return _dev_kafka(config, config_file, overrides, settings)
-    broker = EmbeddedBroker()
+    if settings.broker_port is not None and not port_free(settings.broker_port):
+        print(f"kiproxy: port {settings.broker_port} on 127.0.0.1 is taken: choose another "
+              "--broker-port", file=sys.stderr)
+        return 1
+    broker = EmbeddedBroker(settings.broker_port)
     try:
         broker.start()
     except BrokerBinaryMissing as exc:

@@ -76,7 +76,7 @@ def aws_provider(endpoint: str, **settings: Any) -> AwsKmsProvider:
     """A provider of ``endpoint`` with short, explicit bounds."""
     settings = {"connect_timeout_ms": 500, "read_timeout_ms": 1000, "max_attempts": 1,
                 **settings}
-    return AwsKmsProvider(AwsKmsSettings.from_config({"endpoint_url": endpoint, **settings}))
+    return AwsKmsProvider(AwsKmsSettings.from_config({"endpoint": endpoint, **settings}))
 
 
 @pytest.fixture

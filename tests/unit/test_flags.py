@@ -95,8 +95,9 @@ def test_dev_offers_the_run_flags_but_the_upstream_ones() -> None:
                         "upstream_tls.cert", "upstream_tls.key",
                         "upstream_tls.verify_hostname"}
     assert run - dev == run_only
-    assert dev - run == {"broker", "kafka_home", "kafka_nodes",
-                         "registry", "registry_port", "registry_jar"}
+    assert dev - run == {"broker", "broker_port", "kafka_home", "kafka_nodes",
+                         "registry", "registry_port", "registry_jar",
+                         "kms", "kms_port", "kms_key"}
 
 
 def test_replay_and_check_share_the_plugin_flags_with_run() -> None:

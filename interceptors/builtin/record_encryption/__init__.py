@@ -1,8 +1,11 @@
-"""Envelope encryption of record values: the library under the ``record_encryption``
-built-in (groundwork: not yet a built-in name, not yet wired to the produce hook or
-the fetch-side hook).
+"""Envelope encryption of record values: the ``record_encryption`` built-in
+(:class:`RecordEncryption`, on both the produce and the fetch-side hook) and the library
+under it.
 
 What it owns, in the order data flows:
+
+* :mod:`.settings` - the built-in's settings model and each topic's plan (its KEK
+  reference, its policies); :mod:`.interceptor` - the two hooks and their policies.
 
 * :mod:`.kms` - the :class:`KmsProvider` interface (resolve a KEK reference, generate a
   data key, unwrap one) and its typed errors; :mod:`.aws_kms` (the AWS KMS API through
@@ -14,7 +17,7 @@ What it owns, in the order data flows:
 * :mod:`.envelope` - the versioned, self-describing layout of a sealed record and the
   pure functions that seal and open one (AES-256-GCM from ``cryptography``).
 * :mod:`.records` - :class:`RecordCipher`: a batch's records sealed or opened with the
-  cache's keys; what the hooks will call.
+  cache's keys; what the hooks call.
 
 It may import the public plugin API (``kiproxy.interceptors``), ``kiproxy.protocol``,
 ``cryptography``, ``boto3``/``botocore`` and ``pydantic``; never ``kiproxy.proxy``.
@@ -23,6 +26,7 @@ Everything it needs is in the ``encryption`` extra.
 
 from .data_keys import DataKeyCache, DataKeyPolicy, EncryptionKey
 from .envelope import FORMAT_VERSION, MARKER_HEADER, Descriptor, EnvelopeError
+from .interceptor import RecordEncryption
 from .key_file import KeyFileKms
 from .kms import (
     DataKey,
@@ -33,6 +37,7 @@ from .kms import (
     UnresolvedKey,
 )
 from .records import RecordCipher
+from .settings import RecordEncryptionSettings
 
 __all__ = [
     "FORMAT_VERSION",
@@ -48,6 +53,8 @@ __all__ = [
     "KmsProvider",
     "KmsUnavailable",
     "RecordCipher",
+    "RecordEncryption",
+    "RecordEncryptionSettings",
     "Undecryptable",
     "UnresolvedKey",
 ]

@@ -5,7 +5,7 @@ is the id, and a key that is not an enabled symmetric encryption key is
 :class:`~.kms.UnresolvedKey`), ``generate_data_key`` is ``GenerateDataKey``
 (``AES_256``) and ``decrypt_data_key`` is ``Decrypt`` naming the KEK (so a wrapped key
 is only unwrapped by the key the envelope names). Anything that speaks the API
-answers: AWS itself, LocalStack, moto's server (``endpoint_url``).
+answers: AWS itself, LocalStack, moto's server (``endpoint``).
 
 Credentials, region and CA bundle are found as every AWS SDK finds them
 (``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``/``AWS_SESSION_TOKEN``, ``AWS_PROFILE``
@@ -22,7 +22,7 @@ loop. What is sent is bounded (a wrapped key over 6 KiB, KMS's own limit, is ref
 before any call) and what is accepted is checked (a data key is 32 bytes, a wrapped
 key at most 6 KiB); an answer of any other shape is :class:`~.kms.KmsUnavailable`.
 botocore reads an answer whole before kiproxy sees it, so the size of an answer is
-bounded only by the read timeout: point ``endpoint_url`` only at a KMS you trust.
+bounded only by the read timeout: point ``endpoint`` only at a KMS you trust.
 
 Errors: ``NotFoundException``, ``DisabledException``, ``KMSInvalidStateException``
 and ``InvalidKeyUsageException`` are :class:`~.kms.UnresolvedKey` when encrypting
@@ -45,15 +45,16 @@ import functools
 import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any
 
 import boto3
 import botocore.config
 import botocore.exceptions
 import pydantic
-from pydantic import ConfigDict, Field
+from pydantic import Field, field_validator
+
+from kiproxy.interceptors.settings import PluginSettings
 
 from .kms import (
     DATA_KEY_BYTES,
@@ -84,16 +85,14 @@ _REFUSED_CREDENTIALS = frozenset({"AccessDeniedException", "UnrecognizedClientEx
                                   "IncompleteSignature", "InvalidClientTokenId"})
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class AwsKmsSettings:
-    """Where the KMS is and how long a call may take."""
-
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class AwsKmsSettings(PluginSettings):
+    """Where the AWS KMS API is and how long a call may take (unset: as the SDK finds it)."""
 
     region: str | None = None
     """The region (default: as the SDK finds it, ``AWS_DEFAULT_REGION`` or the profile's)."""
-    endpoint_url: str | None = None
-    """Another endpoint than the region's (LocalStack, a VPC endpoint, moto)."""
+    endpoint: str | None = None
+    """Another endpoint than the region's: LocalStack, a VPC endpoint, moto
+    (``http://127.0.0.1:4566``)."""
     profile: str | None = None
     """A profile of ``~/.aws/config`` (default: ``AWS_PROFILE`` or ``default``)."""
     ca_bundle: str | None = None
@@ -101,11 +100,20 @@ class AwsKmsSettings:
     verify_tls: bool = True
     """False turns certificate checks off (never in production)."""
     connect_timeout_ms: Annotated[int, Field(gt=0)] = 2000
+    """Connect timeout of one attempt."""
     read_timeout_ms: Annotated[int, Field(gt=0)] = 5000
+    """Read timeout of one attempt."""
     max_attempts: Annotated[int, Field(ge=1, le=5)] = 2
     """Attempts per call, the first included (botocore's ``standard`` retries)."""
     max_calls_in_flight: Annotated[int, Field(ge=1, le=64)] = 4
     """Threads (and HTTP connections) for KMS calls; more calls wait for one."""
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_bundle_exists(cls, value: str | None) -> str | None:
+        if value is not None and not Path(value).is_file():
+            raise ValueError(f"no file at {value!r}")
+        return value
 
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> AwsKmsSettings:
@@ -113,14 +121,12 @@ class AwsKmsSettings:
         if not isinstance(raw, Mapping):
             raise ValueError(f"aws_kms: expected a mapping, got {type(raw).__name__}")
         try:
-            settings = _ADAPTER.validate_python(dict(raw))
+            return cls.model_validate(dict(raw))
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
+            message = str(err["msg"]).removeprefix("Value error, ")
             raise ValueError(f"aws_kms.{'.'.join(str(p) for p in err['loc'])}: "
-                             f"{err['msg']}") from None
-        if settings.ca_bundle is not None and not Path(settings.ca_bundle).is_file():
-            raise ValueError(f"aws_kms.ca_bundle: no file at {settings.ca_bundle!r}")
-        return settings
+                             f"{message}") from None
 
     @property
     def call_timeout_s(self) -> float:
@@ -128,9 +134,6 @@ class AwsKmsSettings:
         second per attempt for queueing and retry back-off."""
         return self.max_attempts * ((self.connect_timeout_ms + self.read_timeout_ms) / 1000
                                     + 1.0)
-
-
-_ADAPTER = pydantic.TypeAdapter(AwsKmsSettings)
 
 
 class AwsKmsProvider(KmsProvider):
@@ -142,7 +145,7 @@ class AwsKmsProvider(KmsProvider):
                                         thread_name_prefix=f"kiproxy-kms-{id(self):x}")
         self._client: Any = None
         self._client_lock = threading.Lock()
-        self._where = settings.endpoint_url or f"AWS KMS ({settings.region or 'SDK region'})"
+        self._where = settings.endpoint or f"AWS KMS ({settings.region or 'SDK region'})"
 
     async def resolve_key(self, reference: str) -> str:
         answer = await self._call("DescribeKey", reference, UnresolvedKey, KeyId=reference)
@@ -208,7 +211,7 @@ class AwsKmsProvider(KmsProvider):
                 session = boto3.session.Session(profile_name=s.profile, region_name=s.region)
                 verify: bool | str | None = s.ca_bundle or (None if s.verify_tls else False)
                 self._client = session.client(
-                    "kms", endpoint_url=s.endpoint_url, verify=verify,
+                    "kms", endpoint_url=s.endpoint, verify=verify,
                     config=botocore.config.Config(
                         connect_timeout=s.connect_timeout_ms / 1000,
                         read_timeout=s.read_timeout_ms / 1000,

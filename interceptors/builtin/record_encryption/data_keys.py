@@ -30,12 +30,13 @@ import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from dataclasses import dataclass
-from typing import Annotated, ClassVar, Generic, TypeVar
+from typing import Annotated, Generic, TypeVar
 
 import pydantic
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from pydantic import ConfigDict, Field
+from pydantic import Field
+
+from kiproxy.interceptors.settings import PluginSettings
 
 from .kms import KmsError, KmsProvider
 
@@ -44,11 +45,8 @@ __all__ = ["DataKeyCache", "DataKeyPolicy", "EncryptionKey"]
 _T = TypeVar("_T")
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class DataKeyPolicy:
-    """How long data keys are used and kept."""
-
-    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(extra="forbid")
+class DataKeyPolicy(PluginSettings):
+    """How long data keys are used to encrypt, and how unwrapped ones are kept."""
 
     max_encryptions_per_key: Annotated[int, Field(ge=1, le=2**32)] = 5_000_000
     """Sealed fields per data key before a new one is generated."""
@@ -67,14 +65,11 @@ class DataKeyPolicy:
         if not isinstance(raw, Mapping):
             raise ValueError(f"data_keys: expected a mapping, got {type(raw).__name__}")
         try:
-            return _ADAPTER.validate_python(dict(raw))
+            return cls.model_validate(dict(raw))
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
             raise ValueError(f"data_keys.{'.'.join(str(p) for p in err['loc'])}: "
                              f"{err['msg']}") from None
-
-
-_ADAPTER = pydantic.TypeAdapter(DataKeyPolicy)
 
 
 class EncryptionKey:
@@ -141,6 +136,10 @@ class DataKeyCache:
         self.kms = kms
         self.policy = policy or DataKeyPolicy()
         self._clock = clock
+        self.generated = 0
+        """Data keys generated (``GenerateDataKey`` calls that answered)."""
+        self.unwrapped = 0
+        """Wrapped data keys unwrapped (``Decrypt`` calls that answered)."""
         self._current: dict[tuple[str, str], EncryptionKey] = {}
         self._decrypted: OrderedDict[tuple[str, bytes], tuple[AESGCM, float]] = OrderedDict()
         self._generating: _SingleFlight[EncryptionKey] = _SingleFlight(
@@ -174,6 +173,7 @@ class DataKeyCache:
             return current
         key_id = await self.kms.resolve_key(slot[1])
         generated = await self.kms.generate_data_key(key_id)
+        self.generated += 1
         aead = AESGCM(generated.plaintext)
         key = EncryptionKey(generated.key_id, generated.wrapped, aead, self._clock())
         self._current[slot] = key
@@ -194,6 +194,7 @@ class DataKeyCache:
 
     async def _unwrap(self, key_id: str, wrapped: bytes) -> AESGCM:
         aead = AESGCM(await self.kms.decrypt_data_key(key_id, wrapped))
+        self.unwrapped += 1
         self._remember((key_id, wrapped), aead)
         return aead
 

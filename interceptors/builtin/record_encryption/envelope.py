@@ -60,7 +60,7 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
@@ -74,9 +74,13 @@ __all__ = [
     "Descriptor",
     "EnvelopeError",
     "open_record",
+    "open_value",
+    "opens_by_value",
     "read_descriptor",
     "seal_record",
     "sealed_fields",
+    "value_aad",
+    "value_sealer",
 ]
 
 MARKER_HEADER = "kiproxy.encryption"
@@ -177,6 +181,29 @@ def seal_record(record: Record, *, topic: str, aead: AESGCM, key_id: str, wrappe
                   offset_delta=record.offset_delta)
 
 
+def value_sealer(*, topic: str, aead: AESGCM, key_id: str, wrapped_key: bytes
+                 ) -> Callable[[Record], Record]:
+    """:func:`seal_record` with no header to seal, for records with a value not yet
+    sealed (the caller checked: no marker header), the descriptor and its associated
+    data built once for all of them."""
+    descriptor = _pack_descriptor(key_id, wrapped_key, True, ())
+    if len(descriptor) > MAX_DESCRIPTOR_BYTES:
+        raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header would be "
+                            f"{len(descriptor)} bytes, over {MAX_DESCRIPTOR_BYTES}")
+    marker = Header(MARKER_HEADER, descriptor)
+    aad = _aad(topic.encode(), _KIND_VALUE, b"", 0, descriptor)
+    encrypt, urandom = aead.encrypt, os.urandom
+
+    def seal(record: Record) -> Record:
+        nonce = urandom(NONCE_BYTES)
+        assert record.value is not None
+        return Record(key=record.key, value=nonce + encrypt(nonce, record.value, aad),
+                      headers=(*record.headers, marker), timestamp=record.timestamp,
+                      offset_delta=record.offset_delta)
+
+    return seal
+
+
 def read_descriptor(record: Record, *, topic: str) -> tuple[Descriptor, bytes] | None:
     """The descriptor of a sealed record and its bytes, or None for a plaintext record
     (no marker header). Raises :class:`EnvelopeError` for a marker that does not parse."""
@@ -254,6 +281,30 @@ def open_record(record: Record, *, topic: str, descriptor: Descriptor, raw_descr
         missing = sorted(set(descriptor.headers) - set(seen))
         raise EnvelopeError(f"topic {topic!r}: sealed header(s) {missing} are missing")
     return Record(key=record.key, value=value, headers=headers, timestamp=record.timestamp,
+                  offset_delta=record.offset_delta)
+
+
+def opens_by_value(record: Record, descriptor: Descriptor) -> bool:
+    """Whether ``record`` has the common shape :func:`open_value` opens: its value sealed,
+    no header sealed, and the marker header last (as :func:`seal_record` leaves it)."""
+    headers = record.headers
+    return (descriptor.value_sealed and not descriptor.headers and record.value is not None
+            and bool(headers) and headers[-1].key == MARKER_HEADER)
+
+
+def value_aad(topic: str, raw_descriptor: bytes) -> bytes:
+    """The associated data of the value of a record of ``topic`` with this descriptor."""
+    return _aad(topic.encode(), _KIND_VALUE, b"", 0, raw_descriptor)
+
+
+def open_value(record: Record, *, topic: str, aad: bytes, aead: AESGCM) -> Record:
+    """:func:`open_record` of a record of the shape :func:`opens_by_value` accepts, given
+    its value's associated data (:func:`value_aad`, the same for every record sealed
+    with one descriptor): what a batch of one data key costs per record, once the
+    descriptor and its associated data are found. Raises :class:`EnvelopeError`."""
+    assert record.value is not None
+    return Record(key=record.key, value=_open(aead, record.value, aad, topic, "value"),
+                  headers=record.headers[:-1], timestamp=record.timestamp,
                   offset_delta=record.offset_delta)
 
 

@@ -34,9 +34,13 @@ from .envelope import (
     Descriptor,
     EnvelopeError,
     open_record,
+    open_value,
+    opens_by_value,
     read_descriptor,
     seal_record,
     sealed_fields,
+    value_aad,
+    value_sealer,
 )
 
 __all__ = ["RecordCipher"]
@@ -78,10 +82,16 @@ class RecordCipher:
                 out += records[start:end]
             else:
                 key = await self.keys.encryption_key(topic, key_reference, total)
-                out += (seal_record(r, topic=topic, aead=key.aead, key_id=key.key_id,
-                                    wrapped_key=key.wrapped, header_names=header_names)
-                        if n else r for r, n in zip(records[start:end], uses[start:end],
-                                                    strict=True))
+                if header_names:
+                    out += (seal_record(r, topic=topic, aead=key.aead, key_id=key.key_id,
+                                        wrapped_key=key.wrapped, header_names=header_names)
+                            if n else r for r, n in zip(records[start:end], uses[start:end],
+                                                        strict=True))
+                else:  # values only: one descriptor for the chunk
+                    seal = value_sealer(topic=topic, aead=key.aead, key_id=key.key_id,
+                                        wrapped_key=key.wrapped)
+                    out += (seal(r) if n else r for r, n in zip(records[start:end],
+                                                                uses[start:end], strict=True))
             start = end
         return tuple(out)
 
@@ -93,19 +103,26 @@ class RecordCipher:
                 found.append(read_descriptor(record, topic=topic))
             except EnvelopeError as exc:
                 raise _at(record, exc) from None
-        slots = list(dict.fromkeys((p[0].key_id, p[0].wrapped_key) for p in found if p))
+        # A descriptor is parsed once per distinct marker (cached), so records sealed
+        # under one data key share one Descriptor object: key the per-batch work by it.
+        distinct = {id(p[0]): p for p in found if p}
+        slots = list(dict.fromkeys((d.key_id, d.wrapped_key) for d, _ in distinct.values()))
         unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s) for s in slots))
         aeads: dict[tuple[str, bytes], AESGCM] = dict(zip(slots, unwrapped, strict=True))
+        openers = {i: (aeads[d.key_id, d.wrapped_key], value_aad(topic, raw))
+                   for i, (d, raw) in distinct.items()}
         out = []
         for record, parsed in zip(records, found, strict=True):
             if parsed is None:
                 out.append(record)
                 continue
             descriptor, raw = parsed
+            aead, aad = openers[id(descriptor)]
             try:
-                out.append(open_record(
-                    record, topic=topic, descriptor=descriptor, raw_descriptor=raw,
-                    aead=aeads[descriptor.key_id, descriptor.wrapped_key]))
+                out.append(open_value(record, topic=topic, aad=aad, aead=aead)
+                           if opens_by_value(record, descriptor) else
+                           open_record(record, topic=topic, descriptor=descriptor,
+                                       raw_descriptor=raw, aead=aead))
             except EnvelopeError as exc:
                 raise _at(record, exc) from None
         return tuple(out)

@@ -1,0 +1,194 @@
+"""A consumer through the proxy with and without ``record_encryption``: throughput and the
+proxy's CPU per GB of values fetched.
+
+Run from the repository root with the project's virtualenv::
+
+    python -m bench.record_encryption_fetch            # writes bench/RESULTS.md
+    python -m bench.record_encryption_fetch --no-write --records 20000
+
+One embedded broker (Tansu, memory storage) holds two copies of the same records (1 KiB
+JSON-like values, 16-byte keys, uncompressed, batches of about 64 KiB): ``plain``
+written straight to it, ``sealed`` written through a proxy with ``record_encryption``
+(key file). A confluent-kafka consumer (``fetch.max.bytes`` 50 MB, one partition) then
+reads a topic from offset 0 to the end, timed, in four ways, interleaved over
+``--rounds`` rounds:
+
+* **direct**: ``plain`` from the broker (no hop);
+* **passthrough**: ``plain`` through a proxy with no interceptor (Fetch answers
+  forwarded as bytes);
+* **hook, nothing sealed**: ``plain`` through the ``record_encryption`` proxy (each
+  batch decoded and looked at, forwarded as its bytes);
+* **decrypt**: ``sealed`` through the ``record_encryption`` proxy.
+
+Figures: the consumer's MB/s of values (wall clock: the machine is shared, so these
+move with its load) and the proxy process's CPU seconds per GB of values
+(``/proc``, the figure that does not), medians over the rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bench.proxy.cpu import process_cpu
+from bench.proxy.scenarios import ROOT, TANSU_NODE_ID
+from bench.record_encryption import _value
+from bench.results import write_results
+from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
+
+__all__ = ["main"]
+
+VALUE_BYTES = 1024
+
+
+@contextmanager
+def _proxy(upstream: str, *flags: str) -> Iterator[tuple[str, int]]:
+    listen = free_port()
+    start = next(p - TANSU_NODE_ID for p in iter(free_port, 0) if p - TANSU_NODE_ID > 1024)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
+         "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
+         "--log-level", "WARNING", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    ready, lines = threading.Event(), []
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if "bootstrap address" in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    try:
+        if not ready.wait(60) or proc.poll() is not None:
+            raise RuntimeError("kiproxy did not start:\n" + "".join(lines))
+        yield f"127.0.0.1:{listen}", proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(20)
+
+
+def _produce(bootstrap: str, topic: str, records: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
+                         "batch.size": 64 * 1024, "compression.type": "none"})
+    for i in range(records):
+        producer.produce(topic, value=_value(i, VALUE_BYTES), key=b"customer-%07d" % i,
+                         partition=0)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    assert producer.flush(60) == 0
+
+
+def _consume(bootstrap: str, topic: str, records: int) -> tuple[float, bytes]:
+    """Seconds to read ``records`` records of ``topic`` from offset 0; the first value."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-enc",
+                         "enable.auto.commit": False, "fetch.max.bytes": 50 * 1024 * 1024,
+                         "max.partition.fetch.bytes": 10 * 1024 * 1024})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        start, seen, first = time.monotonic(), 0, b""
+        while seen < records:
+            for msg in consumer.consume(min(1000, records - seen), 5.0):
+                if msg.error():
+                    raise RuntimeError(f"consumer error: {msg.error()}")
+                if not seen:
+                    first = msg.value() or b""
+                seen += 1
+            if time.monotonic() - start > 300:
+                raise RuntimeError(f"read {seen} of {records} records in 300 s")
+        return time.monotonic() - start, first
+    finally:
+        consumer.close()
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=100_000,
+                        help="records of 1 KiB per topic (default 100000)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+    gb = args.records * VALUE_BYTES / 1e9
+    results: dict[str, list[tuple[float, float]]] = {}
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+        keys = Path(tmp) / "keys.yaml"
+        write_key_file(keys, {"KEK": (1, {1: os.urandom(32)})})
+        config = json.dumps({"kms": {"type": "key_file", "path": str(keys)}, "key": "KEK",
+                             "topics": ["sealed"]})
+        with _proxy(broker.bootstrap, "--interceptor", "record_encryption",
+                    "--interceptor-config", config) as (hooked, hooked_pid), \
+                _proxy(broker.bootstrap) as (plain_proxy, plain_pid):
+            _produce(broker.bootstrap, "plain", args.records)
+            _produce(hooked, "sealed", args.records)
+            cases: dict[str, tuple[str, str, int | None]] = {
+                "direct": (broker.bootstrap, "plain", None),
+                "passthrough": (plain_proxy, "plain", plain_pid),
+                "hook, nothing sealed": (hooked, "plain", hooked_pid),
+                "decrypt": (hooked, "sealed", hooked_pid),
+            }
+            for _ in range(args.rounds):
+                for name, (bootstrap, topic, pid) in cases.items():
+                    before = process_cpu(pid) if pid else None
+                    seconds, first = _consume(bootstrap, topic, args.records)
+                    assert first == _value(0, VALUE_BYTES), f"{name}: not the plaintext"
+                    after = process_cpu(pid) if pid else None
+                    cpu = (after - before) if before is not None and after is not None \
+                        else float("nan")
+                    results.setdefault(name, []).append((seconds, cpu))
+    rows = []
+    direct = statistics.median(s for s, _ in results["direct"])
+    for name, runs in results.items():
+        seconds = statistics.median(s for s, _ in runs)
+        cpu = statistics.median(c for _, c in runs)
+        cpu_text = "—" if cpu != cpu else f"{cpu / gb:.1f}"
+        rows.append(f"| {name} | {gb * 1000 / seconds:.0f} | {direct / seconds:.2f} | "
+                    f"{cpu_text} |")
+    load = os.getloadavg()
+    text = "\n".join([
+        "## record_encryption: a consumer's throughput through the proxy, with and without "
+        "decryption",
+        "",
+        "Command: `python -m bench.record_encryption_fetch` (from the repository root, "
+        "project virtualenv)",
+        "",
+        f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: "
+        f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
+        f"shared with other work (load average {load[0]:.2f} / {load[1]:.2f} / "
+        f"{load[2]:.2f}); broker, proxy and consumer on the same cores.",
+        f"- {args.records:,} records of 1 KiB values (uncompressed, batches of about 64 "
+        "KiB) read from offset 0 by a confluent-kafka consumer; medians of "
+        f"{args.rounds} interleaved rounds; MB/s of values (wall clock), proxy CPU s per "
+        "GB of values (`/proc`).",
+        "",
+        "| case | MB/s | x direct | proxy CPU s/GB |",
+        "|---|---:|---:|---:|",
+        *rows,
+    ])
+    print(text)
+    if not args.no_write:
+        write_results(text, "record-encryption-fetch")
+    return text
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,249 @@
+"""``RecordEncryption`` (``record_encryption``): record values encrypted on produce, decrypted
+on fetch, with data keys from a KMS (envelope encryption).
+
+Contract. One configured instance serves both hooks:
+
+* **Produce** (``intercept``): the records of a topic its :class:`~.settings.TopicPlan`
+  encrypts are sealed by :class:`~.records.RecordCipher` under the topic's current data
+  key (value, and the chosen headers; keys, timestamps and other headers stay as they
+  are; a tombstone stays a tombstone). What cannot be encrypted is never stored in
+  clear unless a policy says so:
+
+  - the KEK is unknown or unusable (:class:`~.kms.UnresolvedKey`): ``unresolved_key``,
+    ``pass`` (stored as it came, counted, logged once a minute per topic) or ``reject``
+    (POLICY_VIOLATION);
+  - the KMS cannot be used (unreachable, throttled, timed out, refused credentials:
+    any other :class:`~.kms.KmsError`): REQUEST_TIMED_OUT, the code producers retry
+    (the one ``schema_registry`` answers when its registry is down); with
+    ``on_kms_unavailable: pass`` a retriable failure stores the batch as it came,
+    counted and logged;
+  - a record that already carries the marker header: INVALID_RECORD.
+
+* **Fetch** (``on_consume``): every record carrying the marker header is opened, on any
+  topic; records without it are returned as they are, and a batch with none is returned
+  unchanged. A record that does not open (:class:`~.kms.Undecryptable`,
+  :class:`~.envelope.EnvelopeError`) follows its topic's ``on_undecryptable``:
+  ``error`` refuses the partition (:class:`~kiproxy.interceptors.RefuseFetch`, a code
+  consumers retry; the reason in the proxy's log), ``pass`` hands the consumer the
+  ciphertext record as stored. A KMS that cannot be used refuses the partition too.
+
+Counters (:meth:`RecordEncryption.metrics`) say how many records were encrypted,
+decrypted, passed unencrypted and why, how many KMS calls failed and how many data
+keys were generated and unwrapped. Warnings are logged at most once a minute per
+topic and cause.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Sequence
+
+from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    FetchResponseInterceptor,
+    InterceptContext,
+    MetricSample,
+    ProduceRequestInterceptor,
+    Record,
+    RecordBatch,
+    RefuseFetch,
+    RejectBatch,
+)
+from kiproxy.interceptors.log_limit import RateLimitedLog
+
+from .data_keys import DataKeyCache
+from .envelope import MARKER_HEADER, EnvelopeError
+from .key_file import KeyFileKms
+from .kms import KmsError, KmsProvider, Undecryptable, UnresolvedKey
+from .records import RecordCipher
+from .settings import RecordEncryptionSettings, TopicPlans
+
+__all__ = ["RecordEncryption"]
+
+log = logging.getLogger(__name__)
+
+_LOG_EVERY_S = 60.0
+
+
+def _kms(settings: RecordEncryptionSettings) -> KmsProvider:
+    kms = settings.kms
+    if kms.type == "key_file":
+        assert kms.path is not None  # the settings model requires it
+        return KeyFileKms(kms.path)
+    from .aws_kms import AwsKmsProvider  # boto3 loads only for an AWS KMS
+    return AwsKmsProvider(kms)
+
+
+def _sealed(record: Record) -> bool:
+    return any(h.key == MARKER_HEADER for h in record.headers)
+
+
+class _Configured:
+    """What ``configure`` builds: the plans, the cipher and its KMS."""
+
+    __slots__ = ("cipher", "headers", "kms", "plans", "settings")
+
+    def __init__(self, settings: RecordEncryptionSettings) -> None:
+        self.settings = settings
+        self.plans = TopicPlans.of(settings)
+        self.headers = frozenset(settings.headers)
+        self.kms = _kms(settings)
+        self.cipher = RecordCipher(DataKeyCache(self.kms, settings.data_keys))
+
+
+class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
+                       FetchResponseInterceptor[RecordEncryptionSettings]):
+    """Encrypts record values with data keys from a KMS on produce, decrypts them on fetch."""
+
+    def __init__(self) -> None:
+        self._state: _Configured | None = None
+        self.counts: Counter[str] = Counter()
+        """Records and KMS calls by outcome (what :meth:`metrics` reports)."""
+        self._log = RateLimitedLog(log, _LOG_EVERY_S)
+
+    def configure(self, config: RecordEncryptionSettings) -> None:
+        """Take the validated settings; a key file is read now, the KMS is not called yet."""
+        self._state = _Configured(config)
+
+    def _configured(self) -> _Configured:
+        if self._state is None:
+            raise RuntimeError("record_encryption: configure() was not called")
+        return self._state
+
+    # -- produce ----------------------------------------------------------------------
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """``batch`` with its records encrypted (see the module docstring for the policies)."""
+        state = self._configured()
+        topic, where = batch.topic, f"{batch.topic}[{batch.partition}]"
+        reference = state.plans.plan(topic).reference
+        if reference is None:
+            return batch
+        try:
+            records = await state.cipher.encrypt(topic, batch.records, key_reference=reference,
+                                                 header_names=state.headers)
+        except UnresolvedKey as exc:
+            return self._unresolved(batch, reference, exc)
+        except KmsError as exc:
+            self.counts["kms_errors_encrypt"] += 1
+            if exc.retriable and state.settings.on_kms_unavailable == "pass":
+                self.counts["kms_unavailable_passed"] += len(batch.records)
+                self._log.warning(("kms", topic), "record_encryption: %s stored UNENCRYPTED "
+                                  "(on_kms_unavailable: pass; %d records so far): %s",
+                                  where, self.counts["kms_unavailable_passed"], exc)
+                return batch
+            self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
+                              "not be used: %s", where, exc)
+            raise RejectBatch(f"{where} could not be encrypted, the KMS could not be used "
+                              f"({exc}); nothing was stored, retry", "REQUEST_TIMED_OUT"
+                              ) from None
+        except EnvelopeError as exc:
+            raise RejectBatch(f"{where}: {exc}", "INVALID_RECORD") from None
+        self.counts["encrypted"] += sum(1 for new, old in zip(records, batch.records,
+                                                              strict=True) if new is not old)
+        return batch.with_records(records)
+
+    def _unresolved(self, batch: RecordBatch, reference: str, exc: UnresolvedKey
+                    ) -> RecordBatch:
+        where = f"{batch.topic}[{batch.partition}]"
+        if self._configured().settings.unresolved_key == "reject":
+            self.counts["unresolved_rejected"] += len(batch.records)
+            raise RejectBatch(f"{where} has no usable encryption key {reference!r} ({exc}); "
+                              "create the key, or change `key:` or `topics:` of "
+                              "record_encryption", "POLICY_VIOLATION") from None
+        self.counts["unresolved_passed"] += len(batch.records)
+        self._log.warning(("unresolved", batch.topic), "record_encryption: topic %r stored "
+                          "UNENCRYPTED, its key %r is not usable (unresolved_key: pass; %d "
+                          "records so far): %s", batch.topic, reference,
+                          self.counts["unresolved_passed"], exc)
+        return batch
+
+    # -- fetch ------------------------------------------------------------------------
+
+    async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+        """``batch`` with every sealed record opened (plaintext records as they are)."""
+        state = self._configured()
+        if not any(_sealed(r) for r in batch.records):
+            return batch
+        topic = batch.topic
+        where = f"{topic}[{batch.partition}] batch at offset {batch.base_offset}"
+        try:
+            try:
+                records = await state.cipher.decrypt(topic, batch.records)
+            except (Undecryptable, EnvelopeError) as exc:
+                if state.plans.plan(topic).on_undecryptable == "error":
+                    self.counts["undecryptable_refused"] += 1
+                    self._log.warning(("undecryptable", topic), "record_encryption: %s "
+                                      "refused to the consumer, a record does not decrypt "
+                                      "(on_undecryptable: error): %s", where, exc)
+                    raise RefuseFetch(f"{where}: a record does not decrypt: {exc}") from None
+                records = await self._each(state.cipher, topic, where, batch.records)
+        except KmsError as exc:
+            self.counts["kms_errors_decrypt"] += 1
+            self._log.warning(("kms", topic), "record_encryption: %s refused to the consumer, "
+                              "the KMS could not be used: %s", where, exc)
+            raise RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
+                              f"{exc}") from None
+        # an opened record is a new value; one passed as stored is the same object
+        self.counts["decrypted"] += sum(1 for new, old in zip(records, batch.records,
+                                                              strict=True) if new is not old)
+        return batch.with_records(records)
+
+    async def _each(self, cipher: RecordCipher, topic: str, where: str,
+                    records: Sequence[Record]) -> tuple[Record, ...]:
+        """``records`` opened one by one, those that do not open kept as stored."""
+        out: list[Record] = []
+        for record in records:
+            try:
+                out += await cipher.decrypt(topic, (record,))
+            except (Undecryptable, EnvelopeError) as exc:
+                self.counts["undecryptable_passed"] += 1
+                self._log.warning(("undecryptable", topic), "record_encryption: %s: a record "
+                                  "passed to the consumer as ciphertext (on_undecryptable: "
+                                  "pass; %d so far): %s", where,
+                                  self.counts["undecryptable_passed"], exc)
+                out.append(record)
+        return tuple(out)
+
+    # -- both -------------------------------------------------------------------------
+
+    def metrics(self) -> Iterable[MetricSample]:
+        """Records by outcome, KMS errors, data keys generated and unwrapped."""
+        counts = self.counts
+        yield _counter("record_encryption_records_encrypted",
+                       "Records encrypted on produce", counts["encrypted"])
+        yield _counter("record_encryption_records_decrypted",
+                       "Records decrypted on fetch", counts["decrypted"])
+        for policy, key in (("pass", "unresolved_passed"), ("reject", "unresolved_rejected")):
+            yield _counter("record_encryption_unresolved_key_records",
+                           "Records of a topic whose key the KMS does not know, by the "
+                           "unresolved_key policy applied", counts[key], policy=policy)
+        yield _counter("record_encryption_kms_unavailable_passed",
+                       "Records stored unencrypted because the KMS could not be used "
+                       "(on_kms_unavailable: pass)", counts["kms_unavailable_passed"])
+        for policy, key in (("pass", "undecryptable_passed"), ("error", "undecryptable_refused")):
+            yield _counter("record_encryption_undecryptable",
+                           "Fetched records (pass) or batches (error) that did not decrypt, "
+                           "by the on_undecryptable policy applied", counts[key], policy=policy)
+        for hook in ("encrypt", "decrypt"):
+            yield _counter("record_encryption_kms_errors",
+                           "Batches refused or passed because a KMS call failed",
+                           counts[f"kms_errors_{hook}"], hook=hook)
+        if self._state is not None:
+            keys = self._state.cipher.keys
+            yield _counter("record_encryption_data_keys_generated",
+                           "Data keys generated by the KMS", keys.generated)
+            yield _counter("record_encryption_data_keys_unwrapped",
+                           "Data keys unwrapped by the KMS (cache misses)", keys.unwrapped)
+
+    async def close(self) -> None:
+        """Release the KMS client's threads and connections."""
+        if self._state is not None:
+            await self._state.kms.close()
+
+
+def _counter(name: str, help_text: str, value: float, **labels: str) -> MetricSample:
+    return MetricSample(name=name, kind="counter", help=help_text, labels=labels,
+                        value=float(value))

@@ -1,0 +1,160 @@
+"""``record_encryption`` end to end: ``kiproxy run`` as a subprocess in front of a real
+broker (Tansu, then Apache Kafka: the ``upstream`` fixture), real clients.
+
+The proxy encrypts ``enc-`` topics (``pass-`` topics too, with ``on_undecryptable:
+pass``) under a key file's KEK. What is checked: every codec round-trips through the
+proxy exactly (values, keys, headers and their order, offsets, tombstones) while a
+consumer straight to the broker reads no plaintext value; a topic outside ``topics:``
+is stored as it comes; plaintext records written straight to an encrypted topic reach
+consumers through the proxy unchanged; a record that does not decrypt costs the
+consumer that partition (another topic of the same consumer is served) or, with
+``pass``, reaches it as stored; transactional producers and a read_committed consumer
+see exactly the committed records.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.request
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
+from hardening.fault_relay import wait_until
+from support.confluent import confluent_producer
+
+from integration.test_fetch_hook import _create, _produce, _read
+from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
+from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
+from kiproxy_dev.tansu import free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+CODECS = ("none", "gzip", "snappy", "lz4", "zstd")
+HEADERS = [("h", b"2"), ("a", b"1"), ("h", None)]  # what _produce sends
+
+
+@pytest.fixture(scope="module")
+def proxy(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory
+          ) -> Iterator[ProxyProcess]:
+    keys = tmp_path_factory.mktemp("keys") / "keys.yaml"
+    write_key_file(keys, {"KEK": (1, {1: os.urandom(32)})})
+    config = {"kms": {"type": "key_file", "path": str(keys)}, "key": "KEK",
+              "topics": {"enc-.*": {}, "pass-.*": {"on_undecryptable": "pass"}}}
+    metrics = f"127.0.0.1:{free_port()}"
+    p = launch_proxy(upstream.bootstrap, "--metrics-listen", metrics,
+                     interceptor="record_encryption", interceptor_config=config,
+                     node_ids=upstream.node_ids)
+    p.metrics = metrics  # type: ignore[attr-defined]
+    yield p
+    p.stop()
+
+
+def _metric(proxy: ProxyProcess, name: str) -> float:
+    with urllib.request.urlopen(f"http://{proxy.metrics}/metrics",  # type: ignore[attr-defined]
+                                timeout=10) as answer:
+        text = answer.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(f"kiproxy_interceptor_{name}_total{{"))
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_codec_round_trips_and_the_broker_holds_no_plaintext(
+        upstream: Upstream, proxy: ProxyProcess, codec: str) -> None:
+    topic = f"enc-{codec}-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    encrypted = _metric(proxy, "record_encryption_records_encrypted")
+    decrypted = _metric(proxy, "record_encryption_records_decrypted")
+    values = [f"secret {i} of {codec} ".encode() * (1 + i % 7) for i in range(200)]
+    values[7] = b""
+    _produce(proxy.bootstrap, topic, values, **{"compression.type": codec})
+    producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                   "compression.type": codec})
+    producer.produce(topic, value=None, key=b"gone", partition=0)  # a tombstone
+    assert producer.flush(20) == 0
+
+    through = _read(proxy.bootstrap, [topic], len(values) + 1)
+    assert [m.value() for m in through] == [*values, None]
+    assert [m.key() for m in through] == [f"k{i}".encode() for i in range(200)] + [b"gone"]
+    assert all(m.headers() == HEADERS for m in through[:-1])
+    assert [m.offset() for m in through] == list(range(len(values) + 1))
+
+    direct = _read(upstream.bootstrap, [topic], len(values) + 1)
+    assert [m.key() for m in direct] == [m.key() for m in through]
+    assert [m.timestamp() for m in direct] == [m.timestamp() for m in through]
+    for stored, value in zip(direct[:-1], values, strict=True):
+        assert b"secret" not in stored.value() and stored.value() != value
+        assert [k for k, _ in stored.headers()] == ["h", "a", "h", MARKER_HEADER]
+    assert direct[-1].value() is None  # a tombstone stays a tombstone
+    assert _metric(proxy, "record_encryption_records_encrypted") == encrypted + 200
+    assert _metric(proxy, "record_encryption_records_decrypted") >= decrypted + 200
+
+
+def test_other_topics_and_plaintext_records_pass_as_they_are(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    plain, mixed = f"plain-{uuid.uuid4().hex[:6]}", f"enc-mixed-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, plain, mixed)
+    _produce(proxy.bootstrap, plain, [b"not a secret"])
+    assert [m.value() for m in _read(upstream.bootstrap, [plain], 1)] == [b"not a secret"]
+    _produce(upstream.bootstrap, mixed, [b"written before encryption"])
+    _produce(proxy.bootstrap, mixed, [b"written through the proxy"])
+    through = _read(proxy.bootstrap, [mixed], 2)
+    assert [m.value() for m in through] == [b"written before encryption",
+                                            b"written through the proxy"]
+    assert all(m.headers() == HEADERS for m in through)
+
+
+def _forged(bootstrap: str, topic: str) -> None:
+    """A record that claims to be sealed and is not, written straight to the broker."""
+    producer = confluent_producer({"bootstrap.servers": bootstrap})
+    producer.produce(topic, value=b"not really sealed", partition=0,
+                     headers=[(MARKER_HEADER, b"\x01\x01\x00\x03KEK\x00\x01x\x00")])
+    assert producer.flush(20) == 0
+
+
+def test_a_record_that_does_not_decrypt_costs_its_partition_or_passes_as_stored(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    bad, good = f"enc-bad-{uuid.uuid4().hex[:6]}", f"enc-good-{uuid.uuid4().hex[:6]}"
+    passing = f"pass-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, bad, good, passing)
+    for topic in (bad, good, passing):
+        _produce(proxy.bootstrap, topic, [b"sealed"])
+    _forged(upstream.bootstrap, bad)
+    _forged(upstream.bootstrap, passing)
+    seen = len(proxy.lines)
+    got = _read(proxy.bootstrap, [bad, good, passing], 4, timeout=8)
+    assert sorted((m.topic(), m.value()) for m in got) == sorted(
+        [(good, b"sealed"), (passing, b"sealed"), (passing, b"not really sealed")])
+    assert wait_until(lambda: any(bad in line and "does not decrypt" in line
+                                  for line in proxy.lines[seen:]), 5), proxy.log
+    assert proxy.alive()
+
+
+def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
+        upstream: Upstream, proxy: ProxyProcess, request: pytest.FixtureRequest) -> None:
+    tansu_gap(upstream, request, "a Fetch answer names no aborted transaction, so a "
+              "read_committed consumer reads aborted records (direct too)")
+    topic = f"enc-tx-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for outcome in ("abort", "commit"):
+        producer = confluent_producer({
+            "bootstrap.servers": proxy.bootstrap, "compression.type": "zstd",
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "message.timeout.ms": 20000})
+        producer.init_transactions(20)
+        producer.begin_transaction()
+        for i in range(5):
+            producer.produce(topic, value=f"{outcome} {i}".encode(), partition=0)
+        producer.flush(20)
+        if outcome == "abort":
+            producer.abort_transaction(20)
+        else:
+            producer.commit_transaction(20)
+    _produce(proxy.bootstrap, topic, [b"after"], **{"enable.idempotence": True})
+    committed = _read(proxy.bootstrap, [topic], 6, timeout=15,
+                      **{"isolation.level": "read_committed"})
+    assert [m.value() for m in committed] == [f"commit {i}".encode() for i in range(5)] + [
+        b"after"]
+    direct = _read(upstream.bootstrap, [topic], 6, timeout=15,
+                   **{"isolation.level": "read_committed"})
+    assert all(b"commit" not in m.value() for m in direct)
