@@ -1,0 +1,134 @@
+"""``record_encryption`` against the AWS KMS API (moto's server on loopback), through
+``kiproxy run`` in front of Tansu, with confluent-kafka clients.
+
+* The issue's first try, exactly: ``--interceptor record_encryption`` with
+  ``{"kms": {"type": "aws", "endpoint": ..., "region": "us-east-1"}, "key":
+  "alias/KEK_${topic}"}`` and the credentials in the environment, as AWS SDKs read
+  them. A topic whose alias exists is stored sealed (a consumer straight to the broker
+  sees the marker header and no plaintext) and read back as produced through the proxy;
+  a topic without a key is stored as it came (``unresolved_key: pass``).
+* The KMS going away (a relay in front of moto, closed and opened again on the same
+  port): a producer to an encrypted topic that needs a new data key gets a retriable
+  error and nothing reaches the broker, a topic outside ``topics:`` is served all the
+  while, a topic whose data key is cached keeps working, and once the KMS answers
+  again the waiting records are sealed and delivered.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from conftest import launch_proxy
+from hardening.fault_relay import FaultRelay
+from moto.server import ThreadedMotoServer
+from support.confluent import confluent_producer
+
+from integration.test_fetch_hook import _create, _produce, _read
+from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
+
+pytestmark = pytest.mark.timeout(240)
+
+REGION = "us-east-1"
+
+
+@pytest.fixture(scope="module")
+def kms() -> Iterator[tuple[str, Any]]:
+    """moto's KMS on loopback and a boto3 client of it; the proxy's environment holds
+    the credentials a user exports."""
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                                            "AWS_EC2_METADATA_DISABLED")}
+    os.environ.update(AWS_ACCESS_KEY_ID="AKIAKIPROXYTEST",
+                      AWS_SECRET_ACCESS_KEY="kiproxy-test-secret",
+                      AWS_EC2_METADATA_DISABLED="true")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    yield endpoint, boto3.client("kms", endpoint_url=endpoint, region_name=REGION)
+    server.stop()
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+def _kek(admin: Any, alias: str) -> None:
+    key = admin.create_key(Description="kiproxy test KEK")["KeyMetadata"]["KeyId"]
+    admin.create_alias(AliasName=alias, TargetKeyId=key)
+
+
+def test_the_first_try_interface(broker: EmbeddedBroker, kms: tuple[str, Any]) -> None:
+    endpoint, admin = kms
+    orders = f"orders-{uuid.uuid4().hex[:6]}"
+    other = f"other-{uuid.uuid4().hex[:6]}"
+    _kek(admin, f"alias/KEK_{orders}")
+    _create(broker.bootstrap, orders, other)
+    proxy = launch_proxy(broker.bootstrap, interceptor="record_encryption",
+                         interceptor_config={"kms": {"type": "aws", "endpoint": endpoint,
+                                                     "region": REGION},
+                                             "key": "alias/KEK_${topic}"})
+    try:
+        values = [f"card 4111-{i:04d}".encode() for i in range(30)]
+        _produce(proxy.bootstrap, orders, values, **{"compression.type": "zstd"})
+        _produce(proxy.bootstrap, other, values[:3])
+        assert [m.value() for m in _read(proxy.bootstrap, [orders], 30)] == values
+        stored = _read(broker.bootstrap, [orders], 30)
+        assert len(stored) == 30
+        assert all(m.value() not in values and (m.headers() or [])[-1][0] == MARKER_HEADER
+                   for m in stored)
+        assert [m.value() for m in _read(broker.bootstrap, [other], 3)] == values[:3]
+    finally:
+        proxy.stop()
+
+
+def test_a_kms_that_goes_away_stores_nothing_in_clear_and_recovers(
+        broker: EmbeddedBroker, kms: tuple[str, Any]) -> None:
+    endpoint, admin = kms
+    _kek(admin, "alias/KEK_faults")
+    target = tuple(endpoint.removeprefix("http://").split(":"))
+    port = free_port()
+    relay = FaultRelay((target[0], int(target[1])), port).start()
+    config = {"kms": {"type": "aws", "endpoint": f"http://127.0.0.1:{port}",
+                      "region": REGION},
+              "key": "alias/KEK_faults", "topics": ["enc-.*"]}
+    cached, fresh, plain = (f"{p}-{uuid.uuid4().hex[:6]}" for p in ("enc-a", "enc-b", "plain"))
+    _create(broker.bootstrap, cached, fresh, plain)
+    proxy = launch_proxy(broker.bootstrap, "--interceptor-timeout-ms", "3000",
+                         interceptor="record_encryption", interceptor_config=config)
+    try:
+        _produce(proxy.bootstrap, cached, [b"before"])
+        assert [m.value() for m in _read(proxy.bootstrap, [cached], 1)] == [b"before"]
+        relay.close()  # the KMS is unreachable from here on
+
+        failed: list[str] = []
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                       "message.timeout.ms": 6000})
+        producer.produce(fresh, value=b"secret while down", partition=0,
+                         on_delivery=lambda err, msg: failed.append(str(err)) if err else None)
+        producer.flush(20)
+        assert failed, "a record was delivered to an encrypted topic while the KMS was down"
+        assert _read(broker.bootstrap, [fresh], 1, timeout=3) == []  # nothing stored
+
+        _produce(proxy.bootstrap, plain, [b"plain while down"])  # not encrypted: served
+        _produce(proxy.bootstrap, cached, [b"cached key"])  # its data key is in memory
+        assert [m.value() for m in _read(proxy.bootstrap, [cached], 2)] == [b"before",
+                                                                            b"cached key"]
+
+        relay = FaultRelay((target[0], int(target[1])), port).start()  # the KMS is back
+        _produce(proxy.bootstrap, fresh, [b"secret after"])
+        assert [m.value() for m in _read(proxy.bootstrap, [fresh], 1)] == [b"secret after"]
+        assert _read(broker.bootstrap, [fresh], 1)[0].value() != b"secret after"
+        assert proxy.alive()
+        log = proxy.log
+        assert "Traceback" not in log, log
+        assert any("KMS" in line or "kms" in line for line in proxy.lines), log
+    finally:
+        proxy.stop()
+        relay.close()
