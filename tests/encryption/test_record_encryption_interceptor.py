@@ -359,3 +359,28 @@ def test_replay_reads_through_the_fetch_hook_and_re_encrypts_under_other_keys(
 
 def make_consumed_batch_of(records: tuple[Record, ...]) -> ConsumedBatch:
     return ConsumedBatch(topic="orders", partition=0, base_offset=0, records=records)
+
+
+def test_a_compacted_batch_keeps_the_latest_value_of_each_key_decryptable(
+        plugin: Plugin) -> None:
+    """The log cleaner keeps the latest record of each key and rewrites the batch with
+    the survivors at their offsets: each sealed record carries its own envelope, so
+    what survives opens alone, and a compaction tombstone stays a tombstone."""
+    from kiproxy.interceptors.testing import make_consumed_batch, run_interceptor
+    from kiproxy.protocol.records import build_batch, decode_batch, encode_batch
+
+    written = [Record(key=b"k%d" % (i % 3), value=b"version %d" % i, timestamp=1000 + i,
+                      offset_delta=i) for i in range(9)]
+    written.append(Record(key=b"k2", value=None, timestamp=1009, offset_delta=9))
+    sealed = run_interceptor(plugin, make_batch(records=written, topic="orders"))
+    assert sealed.kind == "transformed"
+    stored = decode_batch(build_batch(sealed.records, base_offset=100))
+    latest = {r.key: r for r in stored.records}  # what the cleaner keeps: last per key
+    survivors = tuple(r for r in stored.records if latest[r.key] is r)
+    compacted = decode_batch(encode_batch(stored.header, survivors, renumber=False,
+                                          keep_extent=True))
+    opened = plugin.consume(make_consumed_batch(base_offset=100, records=compacted.records,
+                                                topic="orders"))
+    assert isinstance(opened, ConsumedBatch)
+    assert [(r.key, r.value, r.offset_delta) for r in opened.records] == [
+        (b"k0", b"version 6", 6), (b"k1", b"version 7", 7), (b"k2", None, 9)]
