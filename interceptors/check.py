@@ -11,6 +11,16 @@ in observe mode would: each batch is reported as forwarded as it came, followed
 by what it would have been, in the same words (and counted, and failed on, as
 it would have been). A plugin repository's CI job can run it as is.
 
+A plugin with a fetch-side hook (``on_consume``) is run on the fetch side too: each
+batch as the broker would store it (what the produce side forwarded; the sample itself
+for a fetch-side-only plugin) is handed to ``on_consume`` by the proxy's rules
+(:func:`kiproxy.interceptors.testing.run_consume`), and what a consumer through the
+proxy would read is reported - with "the consumer reads what was produced" when a
+plugin on both hooks gives back the records as produced (a round trip, as encryption
+does). A hook that fails (raises, changes the record count or an offset, misses the
+deadline) exits 2; a ``RefuseFetch`` is an answer, counted as refused (and a failure
+with ``--fail-on-reject``).
+
 Loading is the proxy's (:func:`kiproxy.interceptors.testing.load`, the
 loader of ``kiproxy run``) and so is every verdict
 (:func:`kiproxy.interceptors.testing.run_interceptor`). A ``.wasm`` or
@@ -44,6 +54,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kiproxy.interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.consume import ConsumedBatch
+from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.flags import (
     INTERCEPTOR_CONFIG,
     INTERCEPTOR_TIMEOUT,
@@ -55,10 +67,12 @@ from kiproxy.interceptors.flags import (
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
     DEFAULT_TIMEOUT_MS,
+    ConsumeRefusal,
     Outcome,
     Plugin,
     load,
     make_batch,
+    make_consumed_batch,
     make_record,
     run_interceptor,
 )
@@ -222,6 +236,28 @@ def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> N
         print(f"  record {index}: {_record_line(outcome.records[index])}", file=out)
 
 
+def _report_fetch(number: int, batch: RecordBatch, stored: tuple[Record, ...],
+                  fetched: ConsumedBatch | ConsumeRefusal, produced: bool, out: TextIO) -> str:
+    """Print what a consumer through the proxy would read of ``stored``; return the kind."""
+    where = f"batch {number}: fetched"
+    if isinstance(fetched, ConsumeRefusal):
+        print(f"{where}: refused with {error_name(fetched.code)} ({fetched.code}): "
+              f"{fetched.message}", file=out)
+        return "refused"
+    if fetched.records is stored:
+        print(f"{where}: unchanged", file=out)
+        return "unchanged"
+    changed = [i for i, (a, b) in enumerate(zip(stored, fetched.records, strict=True))
+               if a != b]
+    round_trip = produced and fetched.records == batch.records
+    print(f"{where}: transformed ({len(changed)} changed)"
+          + ("; the consumer reads what was produced" if round_trip else ""), file=out)
+    if not round_trip:
+        for index in changed:
+            print(f"  record {index}: {_record_line(fetched.records[index])}", file=out)
+    return "transformed"
+
+
 def _batches(n: int) -> str:
     return f"{n} batch" if n == 1 else f"{n} batches"
 
@@ -248,21 +284,42 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
     batches = (read_samples(args.sample, args.topic) if args.sample
                else builtin_samples(args.topic))
     with _plugin(args) as plugin:
+        produces = callable(getattr(plugin.interceptor, "intercept", None))
+        consumes = callable(getattr(plugin.interceptor, "on_consume", None))
         faults: list[str] = []
         counts = {"unchanged": 0, "transformed": 0, "rejected": 0}
+        fetch_counts = {"unchanged": 0, "transformed": 0, "refused": 0}
         for number, batch in enumerate(batches, 1):
-            outcome = run_interceptor(plugin, batch, timeout_ms=args.timeout_ms,
-                                      mode=args.mode)
-            _report(number, batch, outcome, out)
-            verdict = outcome.would or outcome  # observe mode: counted as it would have been
-            counts[verdict.kind] += 1
-            if verdict.fault is not None or (args.fail_on_reject and not verdict.forwarded):
-                faults.append(f"batch {number}: {(outcome.message or '').rstrip('.')}")
+            stored = batch.records
+            if produces:
+                outcome = run_interceptor(plugin, batch, timeout_ms=args.timeout_ms,
+                                          mode=args.mode)
+                _report(number, batch, outcome, out)
+                verdict = outcome.would or outcome  # observe mode: counted as it would be
+                counts[verdict.kind] += 1
+                if verdict.fault is not None or (args.fail_on_reject
+                                                 and not verdict.forwarded):
+                    faults.append(f"batch {number}: {(outcome.message or '').rstrip('.')}")
+                if outcome.kind == "rejected":
+                    continue  # nothing stored: nothing to fetch
+                stored = outcome.records
+            if consumes:
+                fetched = plugin.consume(make_consumed_batch(batch.with_records(stored)),
+                                         timeout_ms=args.timeout_ms)
+                kind = _report_fetch(number, batch, stored, fetched, produces, out)
+                fetch_counts[kind] += 1
+                if isinstance(fetched, ConsumeRefusal) and (
+                        fetched.reason != "refused" or args.fail_on_reject):
+                    faults.append(f"batch {number} fetched: {fetched.message.rstrip('.')}")
     would = "would be " if args.mode == "observe" else ""
-    summary = ", ".join(f"{n} {would}{kind}" for kind, n in counts.items())
-    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {summary}"
+    parts = []
+    if produces:
+        parts.append(", ".join(f"{n} {would}{kind}" for kind, n in counts.items()))
+    if consumes:
+        parts.append("fetched: " + ", ".join(f"{n} {kind}" for kind, n in fetch_counts.items()))
+    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {'; '.join(parts)}"
           + (" (observe mode: every batch forwarded as it came)"
-             if args.mode == "observe" else ""), file=out)
+             if args.mode == "observe" and produces else ""), file=out)
     if faults:
         raise CheckFailed(f"{plugin.name} failed on {len(faults)} of {_batches(len(batches))}"
                           + (" (--fail-on-reject)" if args.fail_on_reject else "") + ": "

@@ -224,3 +224,47 @@ def test_each_record_error_is_printed_once(capsys: pytest.CaptureFixture[str],
     assert code == 0
     assert out.splitlines()[1:4] == ["  record 0: not JSON", "  record 1: not JSON either",
                                      "  record 2"]
+
+
+TEST_PLUGINS = ROOT / "tests" / "plugins"
+
+
+def test_a_plugin_on_both_hooks_is_checked_on_the_fetch_side_too(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = check(capsys, "tp_fetch:Reverse", "--plugins-dir", str(TEST_PLUGINS))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert "batch 1: fetched: transformed (4 changed); the consumer reads what was produced" \
+        in lines
+    assert lines[-1] == ("tp_fetch:Reverse: loaded; 2 batches: 0 unchanged, 2 transformed, "
+                         "0 rejected; fetched: 0 unchanged, 2 transformed, 0 refused")
+
+
+def test_a_fetch_side_only_plugin_reports_the_fetch_side_alone(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = check(capsys, "tp_fetch:UpperOnConsume", "--plugins-dir",
+                           str(TEST_PLUGINS))
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "batch 1: fetched: transformed (3 changed)"  # binary bytes: no case
+    assert lines[-1] == ("tp_fetch:UpperOnConsume: loaded; 2 batches: fetched: 0 unchanged, "
+                         "2 transformed, 0 refused")
+
+
+@pytest.mark.parametrize(("topic", "code", "said"), [
+    ("refuse-x", 0, "refused with UNKNOWN_SERVER_ERROR (-1): tp_fetch:RefuseOnConsume "
+                    "refused it: no reading refuse-x at offset 0"),
+    ("raise-x", 2, "refused with UNKNOWN_SERVER_ERROR (-1): tp_fetch:RefuseOnConsume raised "
+                   "RuntimeError: the hook broke"),
+    ("grow-x", 2, "returned 6 records for 5"),
+])
+def test_a_failing_fetch_side_hook_fails_the_check_and_a_refusal_is_an_answer(
+        capsys: pytest.CaptureFixture[str], topic: str, code: int, said: str) -> None:
+    got, out, err = check(capsys, "tp_fetch:RefuseOnConsume", "--plugins-dir",
+                          str(TEST_PLUGINS), "--topic", topic)
+    assert got == code, (out, err)
+    assert said in out
+    assert ("failed on 2 of 2 batches" in err) == (code == 2)
+    if code == 0:
+        assert main(["check", "tp_fetch:RefuseOnConsume", "--plugins-dir", str(TEST_PLUGINS),
+                     "--topic", topic, "--fail-on-reject"]) == 2
