@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import os
 import re
 import socket
 import struct
@@ -201,22 +202,34 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
 # ---------------------------------------------------------------------------- fetch side
 
 
+@pytest.mark.parametrize("hook", ["reverse", "record_encryption"])
 def test_fetch_side_hooks_serve_partitions_led_by_every_node(
-        cluster: KafkaCluster, tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Six partitions over three leaders, through a proxy whose route reverses values on
-    produce and back on consume (``tests/plugins/tp_fetch.py``): a consumer through the
-    proxy reads exactly what was produced, from every node's proxy port; straight from
-    the brokers the values are reversed."""
+        cluster: KafkaCluster, tmp_path_factory: pytest.TempPathFactory, hook: str) -> None:
+    """Six partitions over three leaders, through a proxy whose route transforms values
+    on produce and undoes it on consume - ``tp_fetch:Reverse`` (values reversed), and the
+    ``record_encryption`` built-in with a key file: a consumer through the proxy reads
+    exactly what was produced, from every node's proxy port; straight from the brokers
+    the values are reversed, or sealed (no plaintext, the marker header last)."""
     from confluent_kafka import Consumer, Producer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    config = tmp_path_factory.mktemp("fetch-multinode") / "routes.json"
+    from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
+    from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
+
+    here = tmp_path_factory.mktemp("fetch-multinode")
+    link: dict[str, Any] = {"class": "tp_fetch:Reverse"}
+    if hook == "record_encryption":
+        write_key_file(here / "keys.yaml", {"KEK": (1, {1: os.urandom(32)})})
+        link = {"class": "record_encryption",
+                "config": {"kms": {"type": "key_file", "path": str(here / "keys.yaml")},
+                           "key": "KEK"}}
+    config = here / "routes.json"
     config.write_text(json.dumps({"routes": [
-        {"match": {"topic": "rev-.*"}, "interceptors": [{"class": "tp_fetch:Reverse"}]}]}))
+        {"match": {"topic": "hooked-.*"}, "interceptors": [link]}]}))
     proxy = launch_proxy(cluster.bootstrap, plugins_dir=PLUGINS, config_file=config,
                          node_ids=(*NODES, JOINER))
     try:
-        topic = f"rev-{uuid.uuid4().hex[:8]}"
+        topic = f"hooked-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
         admin.create_topics([NewTopic(topic, num_partitions=6, replication_factor=3)],
                             operation_timeout=20)[topic].result(timeout=30)
@@ -229,24 +242,31 @@ def test_fetch_side_hooks_serve_partitions_led_by_every_node(
                 producer.produce(topic, value=v, partition=p)
         assert producer.flush(30) == 0
 
-        def read(bootstrap: str) -> dict[int, list[bytes]]:
+        def read(bootstrap: str) -> dict[int, list[Any]]:
             consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"r-{topic}",
                                  "enable.auto.commit": False})
-            got: dict[int, list[bytes]] = defaultdict(list)
+            got: dict[int, list[Any]] = defaultdict(list)
             try:
                 consumer.assign([TopicPartition(topic, p, 0) for p in range(6)])
                 deadline = time.monotonic() + 60
                 while sum(map(len, got.values())) < 240 and time.monotonic() < deadline:
                     for m in consumer.consume(100, 0.5):
                         if m.error() is None:
-                            got[m.partition()].append(m.value())
+                            got[m.partition()].append(m)
             finally:
                 consumer.close()
             return dict(got)
 
-        assert read(proxy.bootstrap) == values
-        assert read(cluster.bootstrap) == {p: [v[::-1] for v in vals]
-                                           for p, vals in values.items()}
+        assert {p: [m.value() for m in ms] for p, ms in read(proxy.bootstrap).items()} == values
+        stored = read(cluster.bootstrap)
+        if hook == "reverse":
+            assert {p: [m.value() for m in ms] for p, ms in stored.items()} == {
+                p: [v[::-1] for v in vals] for p, vals in values.items()}
+        else:
+            assert sum(map(len, stored.values())) == 240
+            assert not any(m.value() in values[p] for p, ms in stored.items() for m in ms)
+            assert all((m.headers() or [])[-1][0] == MARKER_HEADER
+                       for ms in stored.values() for m in ms)
         assert proxy.alive()
     finally:
         proxy.stop()

@@ -132,3 +132,38 @@ def test_a_kms_that_goes_away_stores_nothing_in_clear_and_recovers(
     finally:
         proxy.stop()
         relay.close()
+
+
+def test_a_kms_that_hangs_costs_only_the_topics_that_need_it(
+        broker: EmbeddedBroker, kms: tuple[str, Any]) -> None:
+    """A KMS that accepts and never answers (a relay holding its answers): a producer to
+    an encrypted topic that needs a data key gets a retriable error within the
+    interceptor's deadline and nothing is stored; a topic outside ``topics:`` is served
+    meanwhile, and the proxy stays up."""
+    endpoint, admin = kms
+    _kek(admin, "alias/KEK_hangs")
+    target = tuple(endpoint.removeprefix("http://").split(":"))
+    relay = FaultRelay((target[0], int(target[1])), response_delay=60).start()
+    fresh, plain = (f"{p}-{uuid.uuid4().hex[:6]}" for p in ("enc-h", "plain-h"))
+    _create(broker.bootstrap, fresh, plain)
+    proxy = launch_proxy(broker.bootstrap, "--interceptor-timeout-ms", "1500",
+                         interceptor="record_encryption", interceptor_config={
+                             "kms": {"type": "aws", "endpoint": f"http://{relay.address}",
+                                     "region": REGION},
+                             "key": "alias/KEK_hangs", "topics": ["enc-.*"]})
+    try:
+        failed: list[str] = []
+        producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
+                                       "message.timeout.ms": 5000})
+        producer.produce(fresh, value=b"secret while hanging", partition=0,
+                         on_delivery=lambda err, msg: failed.append(str(err)) if err else None)
+        _produce(proxy.bootstrap, plain, [b"plain while hanging"])
+        producer.flush(20)
+        assert failed, "a record was delivered to an encrypted topic while the KMS hung"
+        assert _read(broker.bootstrap, [fresh], 1, timeout=3) == []
+        assert [m.value() for m in _read(proxy.bootstrap, [plain], 1)] == [
+            b"plain while hanging"]
+        assert proxy.alive() and "Traceback" not in proxy.log, proxy.log
+    finally:
+        proxy.stop()
+        relay.close()
