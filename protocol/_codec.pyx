@@ -736,3 +736,90 @@ def receive_buffer(Py_ssize_t size):
     if size < 0:
         raise ValueError(f"negative size {size}")
     return PyByteArray_FromStringAndSize(NULL, size)
+
+
+def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes nonces,
+                Py_ssize_t nonce_bytes):
+    """``records`` with every non-null value replaced by ``nonce + encrypt(nonce, value,
+    aad)`` and ``marker`` appended to its headers; a record with a null value is kept as
+    it is (a tombstone stays one).
+
+    ``nonces`` holds ``nonce_bytes`` fresh random bytes per record, in order; the caller
+    checked that no record carries ``marker``'s key yet. The cipher is the caller's
+    (``encrypt``, e.g. ``AESGCM.encrypt``): this loop only spares each record the
+    interpreter's per-record work.
+    """
+    cdef Py_ssize_t i, n = len(records)
+    if PyBytes_GET_SIZE(nonces) < n * nonce_bytes:
+        raise ValueError(f"{PyBytes_GET_SIZE(nonces)} nonce bytes for {n} records")
+    cdef list out = []
+    cdef Record r, c
+    cdef tuple suffix = (marker,)
+    for i in range(n):
+        item = records[i]
+        if type(item) is not Record:
+            raise TypeError(f"record {i} is a {type(item).__name__}, not a Record")
+        r = <Record>item
+        value = r.value
+        if value is None:
+            out.append(r)
+            continue
+        nonce = PyBytes_FromStringAndSize(PyBytes_AS_STRING(nonces) + i * nonce_bytes,
+                                          nonce_bytes)
+        c = r._copy()
+        c._value = nonce + encrypt(nonce, value, aad)
+        c._built(_LAZY_VALUE)
+        c._headers = r.headers + suffix
+        c._built(_LAZY_HEADERS)
+        out.append(c)
+    return tuple(out)
+
+
+def open_values(tuple records, str marker_key, bytes descriptor, object decrypt, bytes aad,
+                Py_ssize_t nonce_bytes, Py_ssize_t tag_bytes):
+    """``records`` sealed by :func:`seal_values` under one ``descriptor``, opened: each
+    value replaced by ``decrypt(nonce, rest, aad)`` (its first ``nonce_bytes`` are the
+    nonce) and its last header, the marker, removed.
+
+    ``None`` as soon as a record has another shape - no value, a value shorter than a
+    nonce and a tag, a last header that is not the marker with ``descriptor``, another
+    header named ``marker_key`` - or does not open (``decrypt`` raised): the caller then
+    takes its general path, which says which record and why.
+    """
+    cdef Py_ssize_t i, j, m, size, n = len(records)
+    cdef list out = []
+    cdef Record r, c
+    cdef tuple headers
+    cdef Header last
+    for i in range(n):
+        item = records[i]
+        if type(item) is not Record:
+            return None
+        r = <Record>item
+        headers = r.headers
+        m = len(headers)
+        if m == 0:
+            return None
+        last = <Header>headers[m - 1]
+        if last.key != marker_key or last.value != descriptor:
+            return None
+        for j in range(m - 1):
+            if (<Header>headers[j]).key == marker_key:
+                return None
+        value = r.value
+        if value is None:
+            return None
+        size = PyBytes_GET_SIZE(value)
+        if size < nonce_bytes + tag_bytes:
+            return None
+        try:
+            plain = decrypt(value[:nonce_bytes], value[nonce_bytes:], aad)
+        except Exception:
+            return None
+        c = r._copy()
+        c._value = plain
+        c._built(_LAZY_VALUE)
+        c._headers = headers[:m - 1]
+        c._built(_LAZY_HEADERS)
+        out.append(c)
+    return tuple(out)

@@ -26,7 +26,9 @@ from kiproxy.protocol._codec import (
     Record,
     decode_records,
     encode_records,
+    open_values,
     records_size,
+    seal_values,
     upper_values,
 )
 from kiproxy.protocol.compression import (
@@ -56,8 +58,10 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "encode_batch",
+    "open_values",
     "read_batch_headers",
     "records_size",
+    "seal_values",
     "upper_values",
 ]
 

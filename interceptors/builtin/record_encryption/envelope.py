@@ -60,13 +60,14 @@ from __future__ import annotations
 import functools
 import os
 import struct
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kiproxy.interceptors import Header, Record
+from kiproxy.protocol.records import open_values, seal_values
 
 __all__ = [
     "FORMAT_VERSION",
@@ -182,24 +183,23 @@ def seal_record(record: Record, *, topic: str, aead: AESGCM, key_id: str, wrappe
 
 
 def value_sealer(*, topic: str, aead: AESGCM, key_id: str, wrapped_key: bytes
-                 ) -> Callable[[Record], Record]:
-    """:func:`seal_record` with no header to seal, for records with a value not yet
-    sealed (the caller checked: no marker header), the descriptor and its associated
-    data built once for all of them."""
+                 ) -> Callable[[Sequence[Record]], tuple[Record, ...]]:
+    """:func:`seal_record` with no header to seal, over a run of records (the caller
+    checked: no marker header): the descriptor and its associated data built once, and
+    the per-record loop compiled (:func:`~kiproxy.protocol.records.seal_values`, with
+    ``cryptography``'s AES-GCM as the cipher). A record with a null value is kept."""
     descriptor = _pack_descriptor(key_id, wrapped_key, True, ())
     if len(descriptor) > MAX_DESCRIPTOR_BYTES:
         raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header would be "
                             f"{len(descriptor)} bytes, over {MAX_DESCRIPTOR_BYTES}")
     marker = Header(MARKER_HEADER, descriptor)
     aad = _aad(topic.encode(), _KIND_VALUE, b"", 0, descriptor)
-    encrypt, urandom = aead.encrypt, os.urandom
+    encrypt = aead.encrypt
 
-    def seal(record: Record) -> Record:
-        nonce = urandom(NONCE_BYTES)
-        assert record.value is not None
-        return Record(key=record.key, value=nonce + encrypt(nonce, record.value, aad),
-                      headers=(*record.headers, marker), timestamp=record.timestamp,
-                      offset_delta=record.offset_delta)
+    def seal(records: Sequence[Record]) -> tuple[Record, ...]:
+        run = tuple(records)
+        return seal_values(run, encrypt, aad, marker, os.urandom(NONCE_BYTES * len(run)),
+                           NONCE_BYTES)
 
     return seal
 
@@ -295,6 +295,16 @@ def opens_by_value(record: Record, descriptor: Descriptor) -> bool:
 def value_aad(topic: str, raw_descriptor: bytes) -> bytes:
     """The associated data of the value of a record of ``topic`` with this descriptor."""
     return _aad(topic.encode(), _KIND_VALUE, b"", 0, raw_descriptor)
+
+
+def open_values_fast(records: Sequence[Record], *, raw_descriptor: bytes, aad: bytes,
+                     aead: AESGCM) -> tuple[Record, ...] | None:
+    """Every record of ``records`` opened in one compiled loop
+    (:func:`~kiproxy.protocol.records.open_values`) when each has the shape
+    :func:`opens_by_value` accepts under this one descriptor and opens; else None (the
+    caller's general path then names the record that does not)."""
+    return open_values(tuple(records), MARKER_HEADER, raw_descriptor, aead.decrypt, aad,
+                       NONCE_BYTES, TAG_BYTES)
 
 
 def open_value(record: Record, *, topic: str, aad: bytes, aead: AESGCM) -> Record:

@@ -35,6 +35,7 @@ from .envelope import (
     EnvelopeError,
     open_record,
     open_value,
+    open_values_fast,
     opens_by_value,
     read_descriptor,
     seal_record,
@@ -87,16 +88,17 @@ class RecordCipher:
                                         wrapped_key=key.wrapped, header_names=header_names)
                             if n else r for r, n in zip(records[start:end], uses[start:end],
                                                         strict=True))
-                else:  # values only: one descriptor for the chunk
-                    seal = value_sealer(topic=topic, aead=key.aead, key_id=key.key_id,
-                                        wrapped_key=key.wrapped)
-                    out += (seal(r) if n else r for r, n in zip(records[start:end],
-                                                                uses[start:end], strict=True))
+                else:  # values only: one descriptor and one compiled loop for the chunk
+                    out += value_sealer(topic=topic, aead=key.aead, key_id=key.key_id,
+                                        wrapped_key=key.wrapped)(records[start:end])
             start = end
         return tuple(out)
 
     async def decrypt(self, topic: str, records: Sequence[Record]) -> tuple[Record, ...]:
         """``records`` with every sealed one opened; plaintext ones as they are."""
+        opened = await self._decrypt_one_key(topic, records)
+        if opened is not None:
+            return opened
         found: list[tuple[Descriptor, bytes] | None] = []
         for record in records:
             try:
@@ -126,6 +128,29 @@ class RecordCipher:
             except EnvelopeError as exc:
                 raise _at(record, exc) from None
         return tuple(out)
+
+
+    async def _decrypt_one_key(self, topic: str, records: Sequence[Record]
+                               ) -> tuple[Record, ...] | None:
+        """The common batch - every record's value sealed under one data key, no header
+        sealed - opened in one compiled loop; None for any other batch (or a record that
+        does not open), which :meth:`decrypt` then reads record by record."""
+        if not records:
+            return None
+        headers = records[0].headers
+        if not headers or headers[-1].key != MARKER_HEADER or headers[-1].value is None:
+            return None
+        raw = headers[-1].value
+        try:
+            parsed = read_descriptor(records[0], topic=topic)
+        except EnvelopeError:
+            return None
+        if parsed is None or not opens_by_value(records[0], parsed[0]):
+            return None
+        descriptor = parsed[0]
+        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key)
+        return open_values_fast(records, raw_descriptor=raw, aad=value_aad(topic, raw),
+                                aead=aead)
 
 
 def _at(record: Record, exc: EnvelopeError) -> EnvelopeError:
