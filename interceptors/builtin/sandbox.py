@@ -36,7 +36,9 @@ Contract:
   ``base64`` (a base64 string; ``binary: base64``) or ``tagged`` (text when it is
   UTF-8, else ``{"b64": "..."}``; kiproxy's JSON encoding). :func:`read_bytes` reads
   them back, raising the adapter's error class with a message naming ``where``.
-* :func:`mib` writes a byte count the way the messages do.
+* :func:`mib` writes a byte count the way the messages do, :func:`out_of_memory` a call
+  the memory cap stopped; :func:`runtime_module` imports an adapter's runtime or says
+  which extra to install.
 * Settings: a topic's entry is a file alone or a mapping of settings
   (:func:`file_or_settings`), and the keys it leaves out are the top level's
   (:func:`inherited`).
@@ -50,6 +52,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import importlib
 import json
 import os
 import threading
@@ -66,7 +69,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BACKOFF_AFTER", "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "DEFAULT_MAX_MEMORY_BYTES",
            "SPELLINGS", "Backoff", "FileWatch", "InstancePool", "SandboxHost", "Spelling",
-           "file_or_settings", "inherited", "json_bytes", "mib", "read_bytes", "spell_bytes"]
+           "file_or_settings", "inherited", "json_bytes", "mib", "out_of_memory", "read_bytes",
+           "runtime_module", "spell_bytes"]
 
 DEFAULT_MAX_MEMORY_BYTES = 256 * 2**20
 """Linear memory of one Wasm instance, at most, unless its config says otherwise."""
@@ -77,6 +81,23 @@ BACKOFF_FIRST_S = 0.1
 """The first backoff period; each further crash doubles it."""
 BACKOFF_MAX_S = 5.0
 """The longest backoff period."""
+
+
+def runtime_module(module: str, runtimes: tuple[str, ...], install: str) -> Any:
+    """The adapter module that imports a Wasm runtime, imported now; when the runtime (one
+    of ``runtimes``) is not installed, ImportError(``install``): what to install."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name not in runtimes:
+            raise
+        raise ImportError(install) from None
+
+
+def out_of_memory(cap: int, setting: str, what: str) -> str:
+    """How a call stopped by the memory cap is described (``what``: plugin, module)."""
+    return (f"ran out of memory (limit {mib(cap)}, setting {setting}; raise it if the "
+            f"{what} needs more)")
 
 
 def mib(size: int) -> str:

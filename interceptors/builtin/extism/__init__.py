@@ -89,6 +89,7 @@ from kiproxy.interceptors.builtin.sandbox import (
     SandboxHost,
     file_or_settings,
     inherited,
+    runtime_module,
 )
 from kiproxy.interceptors.settings import ErrorName, SettingsError, parse_settings
 from kiproxy.interceptors.topics import topic_regex
@@ -98,14 +99,10 @@ __all__ = ["ExtismInterceptor", "ExtismSettings"]
 
 def _plugin_module() -> Any:
     """The module that needs the ``extism`` SDK, or an error naming the extra to install."""
-    try:
-        from kiproxy.interceptors.builtin.extism import plugin
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("extism", "javaproperties"):
-            raise
-        raise ImportError("the extism interceptor needs the extism host SDK: "
-                          "pip install '.[extism]' (from a kiproxy checkout)") from None
-    return plugin
+    return runtime_module("kiproxy.interceptors.builtin.extism.plugin",
+                          ("extism", "javaproperties"),
+                          "the extism interceptor needs the extism host SDK: "
+                          "pip install '.[extism]' (from a kiproxy checkout)")
 
 
 def _config_values(value: Any) -> Any:

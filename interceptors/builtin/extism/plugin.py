@@ -54,7 +54,7 @@ from kiproxy.interceptors.builtin.sandbox import (
     DEFAULT_MAX_MEMORY_BYTES,
     Backoff,
     InstancePool,
-    mib,
+    out_of_memory,
 )
 from kiproxy.interceptors.verdict import PluginFault
 
@@ -289,9 +289,8 @@ class ExtismPlugin:
                                       text, batch, indices.start, function))
         if _OUT_OF_MEMORY.search(text):
             setting, cap = self.spec.memory_setting
-            return _Crash(self._crash(
-                f"ran out of memory (limit {mib(cap)}, setting {setting}; raise it if the "
-                "plugin needs more)", text, batch, indices.start, function))
+            return _Crash(self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
+                                      indices.start, function))
         if _TRAP.search(text):
             return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
                                       indices.start, function))

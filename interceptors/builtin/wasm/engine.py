@@ -29,7 +29,12 @@ from pathlib import Path
 import wasmtime
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
-from kiproxy.interceptors.builtin.sandbox import Backoff, FileWatch, InstancePool, mib
+from kiproxy.interceptors.builtin.sandbox import (
+    Backoff,
+    FileWatch,
+    InstancePool,
+    out_of_memory,
+)
 from kiproxy.interceptors.builtin.wasm.abi import Malformed, decode_result, encode_input
 from kiproxy.interceptors.builtin.wasm.declaration import (
     SECTION,
@@ -319,8 +324,7 @@ class Program:
     @property
     def out_of_memory(self) -> str:
         """How a call stopped by the memory cap is described."""
-        return (f"ran out of memory (limit {mib(self.target.max_memory)}, setting "
-                "max_memory_bytes; raise it if the module needs more)")
+        return out_of_memory(self.target.max_memory, "max_memory_bytes", "module")
 
     @property
     def generation(self) -> int:

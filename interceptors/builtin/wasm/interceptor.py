@@ -108,6 +108,7 @@ from kiproxy.interceptors.builtin.sandbox import (
     SandboxHost,
     file_or_settings,
     inherited,
+    runtime_module,
 )
 from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
@@ -137,14 +138,9 @@ DEFAULT_FUEL = 500_000_000
 
 def _engine() -> Any:
     """The wasmtime-backed engine module, or an error saying how to install wasmtime."""
-    try:
-        import kiproxy.interceptors.builtin.wasm.engine as engine
-    except ModuleNotFoundError as exc:
-        if exc.name != "wasmtime":
-            raise
-        raise ImportError("the wasm interceptor needs wasmtime: "
-                          "pip install '.[wasm]' (from a kiproxy checkout)") from None
-    return engine
+    return runtime_module("kiproxy.interceptors.builtin.wasm.engine", ("wasmtime",),
+                          "the wasm interceptor needs wasmtime: "
+                          "pip install '.[wasm]' (from a kiproxy checkout)")
 
 
 def _abi(value: Any) -> Any:
