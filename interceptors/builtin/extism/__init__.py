@@ -53,7 +53,9 @@ Extism's cancel handle (REQUEST_TIMED_OUT). Returning another number of records,
 or more bytes than the proxy's ``max_plugin_output_*`` allow, is the verdict's
 rejection, as for every interceptor.
 
-Threads: calls run on ``pool_size`` worker threads (the Extism runtime releases
+Threads: calls run on ``pool_size`` worker threads of the Wasm host that the
+``wasm`` built-in runs on too
+(:class:`~kiproxy.interceptors.builtin.sandbox.SandboxHost`; the Extism runtime releases
 the GIL), so a slow plugin never holds the event loop and other connections
 keep being served. Each plugin keeps at most ``pool_size`` instances, reused
 across batches, each compiled once (:mod:`.plugin`); an instance serves one batch
