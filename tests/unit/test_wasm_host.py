@@ -87,10 +87,10 @@ def test_a_changed_file_is_loaded_once_and_a_failed_one_waits_for_the_next_chang
     watch.poll(load, never)
     assert loads == [b"broken"], "a file that failed is not tried again until it changes"
     answer[0] = True
-    file.write_bytes(b"fixed!")
+    file.write_bytes(b"fixed, and longer")  # a new size: mtime may not tick
     watch.poll(load, never)
     watch.poll(load, never)
-    assert loads == [b"broken", b"fixed!"]
+    assert loads == [b"broken", b"fixed, and longer"]
 
 
 def test_a_file_watch_with_no_interval_never_looks(tmp_path: Path) -> None:
