@@ -43,7 +43,8 @@ Contract:
   (:func:`file_or_settings`), and the keys it leaves out are the top level's
   (:func:`inherited`).
 
-Thread-safe; standard library only (the runtimes are imported by the adapters).
+Thread-safe; the standard library and the public API only (the runtimes are imported
+by the adapters).
 """
 
 from __future__ import annotations
