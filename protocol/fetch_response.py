@@ -36,7 +36,7 @@ import uuid
 from typing import NamedTuple
 
 from kiproxy.protocol.errors import MalformedMessage
-from kiproxy.protocol.wire import read_uvarint
+from kiproxy.protocol.wire import BadVarint, read_records_field, read_uvarint, short_read
 
 __all__ = [
     "FIRST_FLEXIBLE_VERSION",
@@ -163,23 +163,18 @@ class FetchLayout(NamedTuple):
 
 
 def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
-    return MalformedMessage(f"Fetch response v{version} does not parse: {what} at byte "
-                            f"{pos} runs past the {end}-byte frame")
-
-
-class _BadVarint(MalformedMessage):
-    """A varint that runs past the frame or overflows; re-raised naming the response."""
+    return short_read(f"Fetch response v{version}", what, pos, end)
 
 
 def _tagged_fields(data: bytes | bytearray, pos: int, end: int, version: int
                    ) -> tuple[tuple[TaggedField, ...], int]:
     if pos < end and data[pos] == 0:  # no tagged fields: the common case
         return _NO_TAGS, pos + 1
-    count, pos = read_uvarint(data, pos, end, "tagged field count", _BadVarint)
+    count, pos = read_uvarint(data, pos, end, "tagged field count", BadVarint)
     fields = []
     for _ in range(count):  # each field takes 2+ bytes: a lying count runs out of frame
-        tag, pos = read_uvarint(data, pos, end, "tagged field tag", _BadVarint)
-        size, pos = read_uvarint(data, pos, end, "tagged field size", _BadVarint)
+        tag, pos = read_uvarint(data, pos, end, "tagged field tag", BadVarint)
+        size, pos = read_uvarint(data, pos, end, "tagged field size", BadVarint)
         if pos + size > end:
             raise _short(version, f"tagged field {tag}", pos, end)
         fields.append(TaggedField(tag, pos, pos + size))
@@ -191,7 +186,7 @@ def _array_length(data: bytes | bytearray, pos: int, end: int, version: int, fle
                   what: str) -> tuple[int, int]:
     """An array's length (-1 for null) and the position after it."""
     if flexible:
-        n, pos = read_uvarint(data, pos, end, what, _BadVarint)
+        n, pos = read_uvarint(data, pos, end, what, BadVarint)
         return n - 1, pos
     if pos + 4 > end:
         raise _short(version, what, pos, end)
@@ -206,7 +201,7 @@ def _topic_name(data: bytes | bytearray, pos: int, end: int, version: int, flexi
                 ) -> tuple[str, int]:
     start = pos
     if flexible:
-        size, pos = read_uvarint(data, pos, end, "topic name length", _BadVarint)
+        size, pos = read_uvarint(data, pos, end, "topic name length", BadVarint)
         size -= 1
     else:
         if pos + 2 > end:
@@ -240,11 +235,12 @@ def read_fetch_response(frame: bytes | bytearray, body_offset: int, version: int
                                f"v{LATEST_VERSION} are read")
     try:
         return _read(frame, body_offset, version)
-    except _BadVarint as exc:
+    except BadVarint as exc:
         raise MalformedMessage(f"Fetch response v{version} does not parse: {exc}") from None
 
 
 def _read(data: bytes | bytearray, pos: int, version: int) -> FetchLayout:
+    context = f"Fetch response v{version}"
     flexible = version >= FIRST_FLEXIBLE_VERSION
     by_id = version >= FIRST_TOPIC_ID_VERSION
     end = len(data)
@@ -319,22 +315,8 @@ def _read(data: bytes | bytearray, pos: int, version: int) -> FetchLayout:
                 (replica,) = _INT32.unpack_from(data, pos)
                 pos += 4
             records_at = pos
-            if flexible:
-                size, pos = read_uvarint(data, pos, end, "records length", _BadVarint)
-                size -= 1
-            else:
-                if pos + 4 > end:
-                    raise _short(version, "records length", pos, end)
-                (size,) = _INT32.unpack_from(data, pos)
-                pos += 4
-            data_start = pos
-            if size > 0:
-                if pos + size > end:
-                    raise _short(version, f"records ({size} bytes)", pos, end)
-                pos += size
-            elif size < -1:
-                raise MalformedMessage(f"Fetch response v{version} does not parse: records "
-                                       f"length {size} at byte {records_at}")
+            size, data_start, pos = read_records_field(data, pos, end, flexible, context,
+                                                       "records ({size} bytes)")
             data_end = pos
             tagged = _NO_TAGS
             if flexible:

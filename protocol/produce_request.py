@@ -24,7 +24,7 @@ import uuid
 from typing import Any, NamedTuple
 
 from kiproxy.protocol.errors import MalformedFrame, MalformedMessage, ProtocolError
-from kiproxy.protocol.wire import read_uvarint
+from kiproxy.protocol.wire import BadVarint, read_records_field, read_uvarint, short_read
 
 __all__ = ["PartitionSpan", "ProduceLayout", "TopicSpan", "read_acks", "read_produce_request",
            "topic_key", "topic_key_field"]
@@ -123,19 +123,14 @@ def read_acks(frame: bytes, body_offset: int, flexible: bool) -> int:
 
 
 def _short(version: int, what: str, pos: int, end: int) -> MalformedMessage:
-    return MalformedMessage(f"Produce request v{version} does not parse: {what} at byte "
-                            f"{pos} runs past the {end}-byte frame")
-
-
-class _BadVarint(MalformedMessage):
-    """A varint that runs past the frame or overflows; re-raised naming the request."""
+    return short_read(f"Produce request v{version}", what, pos, end)
 
 
 def _tagged_fields(data: bytes, pos: int, end: int, version: int) -> int:
-    count, pos = read_uvarint(data, pos, end, "tagged field count", _BadVarint)
+    count, pos = read_uvarint(data, pos, end, "tagged field count", BadVarint)
     for _ in range(count):
-        _, pos = read_uvarint(data, pos, end, "tagged field tag", _BadVarint)
-        size, pos = read_uvarint(data, pos, end, "tagged field size", _BadVarint)
+        _, pos = read_uvarint(data, pos, end, "tagged field tag", BadVarint)
+        size, pos = read_uvarint(data, pos, end, "tagged field size", BadVarint)
         if pos + size > end:
             raise _short(version, "tagged field", pos, end)
         pos += size
@@ -147,7 +142,7 @@ def _string(data: bytes, pos: int, end: int, version: int,
     """A (compact, from v9) nullable string: its text, or None for null."""
     flexible = version >= FIRST_FLEXIBLE_VERSION
     if flexible:
-        size, pos = read_uvarint(data, pos, end, f"{what} length", _BadVarint)
+        size, pos = read_uvarint(data, pos, end, f"{what} length", BadVarint)
         size -= 1
     else:
         if pos + 2 > end:
@@ -174,7 +169,7 @@ def _array_length(data: bytes, pos: int, end: int, version: int,
     flexible = version >= FIRST_FLEXIBLE_VERSION
     at = pos
     if flexible:
-        n, pos = read_uvarint(data, pos, end, what, _BadVarint)
+        n, pos = read_uvarint(data, pos, end, what, BadVarint)
         n -= 1
     else:
         if pos + 4 > end:
@@ -195,11 +190,12 @@ def read_produce_request(frame: bytes, body_offset: int, version: int) -> Produc
     """
     try:
         return _read(frame, body_offset, version)
-    except _BadVarint as exc:
+    except BadVarint as exc:
         raise MalformedMessage(f"Produce request v{version} does not parse: {exc}") from None
 
 
 def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
+    context = f"Produce request v{version}"
     flexible = version >= FIRST_FLEXIBLE_VERSION
     by_id = version >= FIRST_TOPIC_ID_VERSION
     data = frame
@@ -238,22 +234,7 @@ def _read(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
                 raise _short(version, "partition index", pos, end)
             (index,) = _INT32.unpack_from(data, pos)
             records_at = pos = pos + 4
-            if flexible:
-                size, pos = read_uvarint(data, pos, end, "records length", _BadVarint)
-                size -= 1
-            else:
-                if pos + 4 > end:
-                    raise _short(version, "records length", pos, end)
-                (size,) = _INT32.unpack_from(data, pos)
-                pos += 4
-            data_start = pos
-            if size > 0:
-                if pos + size > end:
-                    raise _short(version, "records", pos, end)
-                pos += size
-            elif size < -1:
-                raise MalformedMessage(f"Produce request v{version} does not parse: records "
-                                       f"length {size} at byte {records_at}")
+            _, data_start, pos = read_records_field(data, pos, end, flexible, context)
             data_end = pos
             if flexible:
                 pos = _tagged_fields(data, pos, end, version)

@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from kiproxy.protocol.errors import MalformedMessage
 
-__all__ = ["ByteReader", "ErrorFactory", "read_uvarint", "uvarint"]
+__all__ = ["BadVarint", "ByteReader", "ErrorFactory", "read_records_field", "read_uvarint",
+           "short_read", "uvarint"]
 
 ErrorFactory = Callable[[str], Exception]
 """What a read raises for bad input: called with the message (an exception class fits)."""
@@ -54,6 +55,47 @@ def read_uvarint(data: bytes | bytearray, pos: int, end: int, what: str,
         if not b & 0x80:
             return result, pos
         shift += 7
+
+
+class BadVarint(MalformedMessage):
+    """A varint that runs past the frame or overflows, raised deep inside a one-pass
+    message reader; the reader's entry point re-raises it naming the message."""
+
+
+def short_read(context: str, what: str, pos: int, end: int) -> MalformedMessage:
+    """The error of a field that runs past the frame (``context``: ``Produce request v9``)."""
+    return MalformedMessage(f"{context} does not parse: {what} at byte {pos} runs past "
+                            f"the {end}-byte frame")
+
+
+def read_records_field(data: bytes | bytearray, pos: int, end: int, flexible: bool,
+                       context: str, what: str = "records") -> tuple[int, int, int]:
+    """The nullable ``records`` field at ``pos`` (a compact one when ``flexible``): its
+    size (-1 for null), where its bytes start and one past where they end.
+
+    Raises :class:`BadVarint` for a bad compact length, and :func:`short_read` or a
+    ``does not parse`` :class:`MalformedMessage` naming ``context`` for a length that
+    runs past ``end`` or is below -1. ``what`` names the bytes in the short-read error
+    (``{size}`` is replaced by the size).
+    """
+    records_at = pos
+    if flexible:
+        size, pos = read_uvarint(data, pos, end, "records length", BadVarint)
+        size -= 1
+    else:
+        if pos + 4 > end:
+            raise short_read(context, "records length", pos, end)
+        (size,) = _I32.unpack_from(data, pos)
+        pos += 4
+    start = pos
+    if size > 0:
+        if pos + size > end:
+            raise short_read(context, what.format(size=size), pos, end)
+        pos += size
+    elif size < -1:
+        raise MalformedMessage(f"{context} does not parse: records length {size} at byte "
+                               f"{records_at}")
+    return size, start, pos
 
 
 class ByteReader:

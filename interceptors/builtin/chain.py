@@ -8,7 +8,8 @@ new shape); this class is what ``kiproxy check``, replay and code that load
 one interceptor get. Links are loaded like the top-level interceptor (plugins dir, then
 installed modules, then entry points), so a chain mixes built-ins and your own
 plugins. Links may be plain or ``async``; the chain stays synchronous until a
-link returns an awaitable. All links share the batch's deadline.
+link returns an awaitable. All links share the batch's deadline. The links run on the
+chain runner the routes use (:func:`~kiproxy.interceptors.chain.run_links`).
 
 A link that rejects stops the chain: the producer sees the link's error code
 and its message prefixed with ``chain link N (MODULE:CLASS)``. A link that
@@ -37,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import math
 from collections.abc import Awaitable
 from typing import Any
 
@@ -52,7 +54,14 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin._composite import Link, link_loader
-from kiproxy.interceptors.verdict import acknowledgement_hook, result_fault
+from kiproxy.interceptors.chain import ChainResult, LoadedLink, run_links
+from kiproxy.interceptors.verdict import (
+    Rejected,
+    Transformed,
+    Verdict,
+    acknowledgement_hook,
+    result_fault,
+)
 
 
 class ChainSettings(PluginSettings):
@@ -71,6 +80,7 @@ class Chain(ProduceRequestInterceptor[ChainSettings]):
 
     def __init__(self) -> None:
         self.links: list[tuple[str, Any]] = []
+        self._loaded: tuple[LoadedLink, ...] = ()
 
     def configure(self, config: ChainSettings, *,
                   plugins: PluginFactory | None = None) -> None:
@@ -82,53 +92,22 @@ class Chain(ProduceRequestInterceptor[ChainSettings]):
             except Exception as exc:
                 raise ValueError(f"links[{i}] ({link.interceptor}): {exc}") from exc
             self.links.append((link.interceptor, plugin))
+        # Every link runs within the batch's deadline (the caller's): none of its own.
+        self._loaded = tuple(LoadedLink(f"chain link {i + 1} ({spec})", plugin, math.inf)
+                             for i, (spec, plugin) in enumerate(self.links))
         if any(_has_ack_hook(p) for _, p in self.links):
             # The proxy parses every produce response for an interceptor whose class has
             # the hook, so only a chain with a link that wants it gets it.
             self.__class__ = _AcknowledgingChain
 
-    def _checked(self, index: int, before: RecordBatch, after: Any) -> RecordBatch:
-        fault = result_fault(before, after, f"chain link {index + 1} ({self.links[index][0]})")
-        if fault is not None:
-            raise RejectBatch(fault.message, fault.code)
-        checked: RecordBatch = after
-        return checked
-
-    def _rejected(self, index: int, exc: RejectBatch) -> RejectBatch:
-        spec = self.links[index][0]
-        return RejectBatch(f"chain link {index + 1} ({spec}): {exc.message}",
-                           exc.error_code, exc.record_errors)
-
     def intercept(
         self, batch: RecordBatch, ctx: InterceptContext
     ) -> RecordBatch | Awaitable[RecordBatch]:
         """Run the links in order (synchronously until a link returns an awaitable)."""
-        for i, (_, plugin) in enumerate(self.links):
-            try:
-                result = plugin.intercept(batch, ctx)
-            except RejectBatch as exc:
-                raise self._rejected(i, exc) from exc
-            if inspect.isawaitable(result):
-                return self._continue(i, batch, result, ctx)
-            batch = self._checked(i, batch, result)
-        return batch
-
-    async def _continue(self, index: int, batch: RecordBatch, pending: Awaitable[Any],
-                        ctx: InterceptContext) -> RecordBatch:
-        try:
-            result = await pending
-        except RejectBatch as exc:
-            raise self._rejected(index, exc) from exc
-        batch = self._checked(index, batch, result)
-        for i in range(index + 1, len(self.links)):
-            try:
-                result = self.links[i][1].intercept(batch, ctx)
-                if inspect.isawaitable(result):
-                    result = await result
-            except RejectBatch as exc:
-                raise self._rejected(i, exc) from exc
-            batch = self._checked(i, batch, result)
-        return batch
+        outcome = run_links("chain", self._loaded, batch, ctx, _step)
+        if isinstance(outcome, ChainResult):
+            return _forwarded(outcome)
+        return _awaited(outcome)
 
     def close(self) -> Any:
         """Close the links in reverse order; an awaitable when some link closes async."""
@@ -144,6 +123,49 @@ class Chain(ProduceRequestInterceptor[ChainSettings]):
                 await asyncio.gather(*pending)
             return wait()
         return None
+
+
+def _step(index: int, link: LoadedLink, batch: RecordBatch,
+          ctx: InterceptContext) -> Verdict | Awaitable[Verdict]:
+    """A link's verdict: its rejection named, a broken rule named, else its batch.
+    Exceptions other than RejectBatch propagate (the verdict judges the chain)."""
+    try:
+        result = link.interceptor.intercept(batch, ctx)
+    except RejectBatch as exc:
+        return _rejected(link, exc)
+    if inspect.isawaitable(result):
+        return _step_awaited(link, batch, result)
+    return _checked(link, batch, result)
+
+
+async def _step_awaited(link: LoadedLink, batch: RecordBatch,
+                        pending: Awaitable[Any]) -> Verdict:
+    try:
+        result = await pending
+    except RejectBatch as exc:
+        return _rejected(link, exc)
+    return _checked(link, batch, result)
+
+
+def _checked(link: LoadedLink, before: RecordBatch, after: Any) -> Verdict:
+    return result_fault(before, after, link.name) or Transformed(after)
+
+
+def _rejected(link: LoadedLink, exc: RejectBatch) -> Rejected:
+    return Rejected(code=exc.error_code, message=f"{link.name}: {exc.message}",
+                    record_errors=exc.record_errors)
+
+
+def _forwarded(outcome: ChainResult) -> RecordBatch:
+    """The chain's last batch, or the rejecting link's refusal raised."""
+    rejection = outcome.rejection
+    if rejection is not None:
+        raise RejectBatch(rejection.message, rejection.code, rejection.record_errors)
+    return outcome.batch
+
+
+async def _awaited(outcome: Awaitable[ChainResult]) -> RecordBatch:
+    return _forwarded(await outcome)
 
 
 def _has_ack_hook(plugin: Any) -> bool:

@@ -53,7 +53,9 @@ Extism's cancel handle (REQUEST_TIMED_OUT). Returning another number of records,
 or more bytes than the proxy's ``max_plugin_output_*`` allow, is the verdict's
 rejection, as for every interceptor.
 
-Threads: calls run on ``pool_size`` worker threads (the Extism runtime releases
+Threads: calls run on ``pool_size`` worker threads of the Wasm host that the
+``wasm`` built-in runs on too
+(:class:`~kiproxy.interceptors.builtin.sandbox.SandboxHost`; the Extism runtime releases
 the GIL), so a slow plugin never holds the event loop and other connections
 keep being served. Each plugin keeps at most ``pool_size`` instances, reused
 across batches, each compiled once (:mod:`.plugin`); an instance serves one batch
@@ -67,10 +69,8 @@ running plugins keep serving.
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import time
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -88,8 +88,10 @@ from kiproxy.interceptors import (
 from kiproxy.interceptors.builtin.extism.records import Binary, non_utf8_fields
 from kiproxy.interceptors.builtin.sandbox import (
     DEFAULT_MAX_MEMORY_BYTES,
+    SandboxHost,
     file_or_settings,
     inherited,
+    runtime_module,
 )
 from kiproxy.interceptors.settings import ErrorName, SettingsError, parse_settings
 from kiproxy.interceptors.topics import topic_regex
@@ -99,14 +101,10 @@ __all__ = ["ExtismInterceptor", "ExtismSettings"]
 
 def _plugin_module() -> Any:
     """The module that needs the ``extism`` SDK, or an error naming the extra to install."""
-    try:
-        from kiproxy.interceptors.builtin.extism import plugin
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("extism", "javaproperties"):
-            raise
-        raise ImportError("the extism interceptor needs the extism host SDK: "
-                          "pip install '.[extism]' (from a kiproxy checkout)") from None
-    return plugin
+    return runtime_module("kiproxy.interceptors.builtin.extism.plugin",
+                          ("extism", "javaproperties"),
+                          "the extism interceptor needs the extism host SDK: "
+                          "pip install '.[extism]' (from a kiproxy checkout)")
 
 
 def _config_values(value: Any) -> Any:
@@ -229,10 +227,7 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
     def __init__(self) -> None:
         self.topics: dict[str, Any] = {}
         """Exact topic name -> its plugin."""
-        self.plugins: TopicSelector[Any] = TopicSelector(())
-        """Every topic's plugin: the exact names, the patterns in order, the default."""
-        self._plugins: dict[Any, Any] = {}
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
+        self._host: SandboxHost[Any, Any] | None = None
         self._properties: Path | None = None
 
     def configure(self, config: ExtismSettings) -> None:
@@ -244,32 +239,33 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
             topics.update(_read_properties(self._properties))
         topics.update(config.topics)
         workers = config.pool_size
+        host: SandboxHost[Any, Any] = SandboxHost(
+            lambda spec: module.ExtismPlugin(spec, f"extism plugin {spec.source}", workers),
+            workers, thread_name="kiproxy-extism")
+        self._host = host
 
         def plugin(entry: ExtismTarget, where: str) -> Any:
             merged, problem = config.merged(entry)
             if problem:  # a properties file's entry: the settings' own are checked
                 raise ValueError(f"{where}: {problem}")
-            spec = merged.spec()
-            found = self._plugins.get(spec)
-            if found is None:
-                found = self._plugins[spec] = module.ExtismPlugin(
-                    spec, f"extism plugin {spec.source}", workers)
-            return found
+            return host.load(merged.spec())
 
         self.topics = {t: plugin(e, f"topics.{t}") for t, e in topics.items()}
-        self.plugins = TopicSelector(
-            [*((TopicPattern.name(t), p) for t, p in self.topics.items()),
-             *((TopicPattern(p.pattern), plugin(p, f"patterns[{i}]"))
-               for i, p in enumerate(config.patterns))],
-            plugin(config, "plugin") if config.plugin else None)
-        self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix="kiproxy-extism")
+        host.route([*((TopicPattern.name(t), p) for t, p in self.topics.items()),
+                    *((TopicPattern(p.pattern), plugin(p, f"patterns[{i}]"))
+                      for i, p in enumerate(config.patterns))],
+                   plugin(config, "plugin") if config.plugin else None)
+
+    @property
+    def plugins(self) -> TopicSelector[Any]:
+        """Every topic's plugin: the exact names, the patterns in order, the default."""
+        return self._host.topics if self._host is not None else TopicSelector(())
 
     @property
     def watched_files(self) -> tuple[Path, ...]:
         """The plugin files and the properties file: a change reloads the proxy."""
-        files = [f for p in self._plugins.values() for f in p.files]
-        return tuple(files + ([self._properties] if self._properties else []))
+        files = self._host.files if self._host is not None else ()
+        return files + ((self._properties,) if self._properties else ())
 
     def plugin_for(self, topic: str) -> Any:
         """The topic's plugin (exact name first, then the patterns in order), or None."""
@@ -282,30 +278,14 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
             return batch
         if plugin.spec.binary == "refuse":
             _refuse_non_utf8(batch)
-        return self._run(plugin, batch, ctx.deadline)
-
-    async def _run(self, plugin: Any, batch: RecordBatch, deadline: float) -> RecordBatch:
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
+        assert self._host is not None
         cancel = _plugin_module().Cancel()
-        timer = loop.call_later(max(deadline - time.monotonic(), 0), cancel.fire)
-        future = loop.run_in_executor(self._executor, plugin.run, batch, cancel)
-        # Given up on at the deadline, the call still ends (stopped): its outcome is dropped.
-        future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        try:
-            return await asyncio.shield(future)
-        except asyncio.CancelledError:
-            cancel.fire()  # the caller gave up (its deadline): stop the call
-            raise
-        finally:
-            timer.cancel()
+        return self._host.call(partial(plugin.run, batch, cancel), ctx.deadline, cancel.fire)
 
     def close(self) -> None:
         """Stop the worker threads (a running call is stopped by its deadline)."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
-        for plugin in self._plugins.values():
-            plugin.close()
+        if self._host is not None:
+            self._host.close()
 
 
 def _refuse_non_utf8(batch: RecordBatch) -> None:

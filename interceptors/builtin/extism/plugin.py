@@ -5,8 +5,9 @@ runs it. The manifest (the file's bytes) is read once, at configure, and compile
 there once as a check, so a file that does not load fails there and a reload keeps
 the old plugin.
 
-Pool: at most ``pool_size`` slots (the interceptor's worker threads, so never more
-than the calls that can run at once). A slot is one compiled copy of the plugin
+Pool: the host's :class:`~kiproxy.interceptors.builtin.sandbox.InstancePool` of at
+most ``pool_size`` slots (the interceptor's worker threads, so never more than the
+calls that can run at once). A slot is one compiled copy of the plugin
 (``extism``'s ``CompiledPlugin``: its own Wasm engine) and its current instance; a
 batch takes a slot and gives it back, so no instance is used by two threads at once
 (the Extism runtime does not allow it). Each slot compiles once: Extism stops a call
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import json
 import logging
-import queue
 import re
 import threading
 from dataclasses import dataclass, field
@@ -50,7 +50,12 @@ from kiproxy.interceptors.builtin.extism.records import (
     encode_record,
     encode_records,
 )
-from kiproxy.interceptors.builtin.sandbox import DEFAULT_MAX_MEMORY_BYTES, Backoff, mib
+from kiproxy.interceptors.builtin.sandbox import (
+    DEFAULT_MAX_MEMORY_BYTES,
+    Backoff,
+    InstancePool,
+    out_of_memory,
+)
 from kiproxy.interceptors.verdict import PluginFault
 
 __all__ = ["Cancel", "ExtismPlugin", "PluginSpec"]
@@ -148,11 +153,12 @@ class Cancel:
 class _Slot:
     """One compiled copy of the plugin (its own engine) and its current instance."""
 
-    __slots__ = ("compiled", "instance")
+    __slots__ = ("compiled", "generation", "instance")
 
     def __init__(self, compiled: Any) -> None:
         self.compiled = compiled
         self.instance: Any = None
+        self.generation = 0  # a slot outlives its instances: it is never renewed
 
     def ready(self) -> Any:
         """The instance, instantiated from the compiled copy if there is none."""
@@ -194,10 +200,7 @@ class ExtismPlugin:
             if not instance.function_exists(export):
                 raise ValueError(f"{name} does not export {export!r} (set function or "
                                  "batch_function to one it exports)")
-        self._idle: queue.SimpleQueue[_Slot] = queue.SimpleQueue()
-        self._idle.put(probe)
-        self._slots = 1
-        self._lock = threading.Lock()
+        self._pool = InstancePool(lambda: _Slot(self._compile()), pool_size, first=probe)
 
     @property
     def files(self) -> tuple[Path, ...]:
@@ -207,28 +210,10 @@ class ExtismPlugin:
     @property
     def slots(self) -> int:
         """Slots compiled so far (at most ``pool_size``)."""
-        return self._slots
+        return self._pool.size
 
     def _compile(self) -> Any:
         return CompiledPlugin(self._manifest, self.spec.wasi, [])
-
-    def _take(self) -> _Slot:
-        try:
-            return self._idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self._lock:
-            grow = self._slots < self.pool_size
-            if grow:
-                self._slots += 1
-        if not grow:  # every slot is busy: wait for one (bounded by the worker threads)
-            return self._idle.get()
-        try:
-            return _Slot(self._compile())
-        except BaseException:
-            with self._lock:
-                self._slots -= 1
-            raise
 
     def run(self, batch: RecordBatch, cancel: Cancel) -> RecordBatch:
         """Call the plugin for ``batch`` (on a worker thread); RejectBatch or PluginFault
@@ -236,7 +221,7 @@ class ExtismPlugin:
         refusal = self.backoff.refusal()
         if refusal is not None:
             raise PluginFault(refusal, [(0, refusal)])
-        slot = self._take()
+        slot = self._pool.take()
         try:
             records = self._run(slot, batch, cancel)
         except _Crash as crash:
@@ -255,7 +240,7 @@ class ExtismPlugin:
         finally:
             if cancel.fired:  # a cancel fired as the call returned may still reach it
                 slot.drop_instance()
-            self._idle.put(slot)
+            self._pool.give(slot)
         return batch.with_records(records)
 
     def _run(self, slot: _Slot, batch: RecordBatch, cancel: Cancel) -> list[Any]:
@@ -304,9 +289,8 @@ class ExtismPlugin:
                                       text, batch, indices.start, function))
         if _OUT_OF_MEMORY.search(text):
             setting, cap = self.spec.memory_setting
-            return _Crash(self._crash(
-                f"ran out of memory (limit {mib(cap)}, setting {setting}; raise it if the "
-                "plugin needs more)", text, batch, indices.start, function))
+            return _Crash(self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
+                                      indices.start, function))
         if _TRAP.search(text):
             return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
                                       indices.start, function))
@@ -325,11 +309,7 @@ class ExtismPlugin:
 
     def close(self) -> None:
         """Free the idle slots' instances and compiled copies."""
-        while True:
-            try:
-                slot = self._idle.get_nowait()
-            except queue.Empty:
-                return
+        for slot in self._pool.drain():
             slot.drop_instance()
             slot.compiled = None
 

@@ -31,20 +31,20 @@ original records': the plugin does not see or set them.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from kiproxy.interceptors.api import Header, Record
+from kiproxy.interceptors.builtin.sandbox import Spelling, json_bytes, read_bytes, spell_bytes
 
 __all__ = ["BINARY_RULES", "Binary", "ContractError", "decode_records", "encode_record",
            "non_utf8_fields"]
 
 Binary = Literal["refuse", "base64"]
 BINARY_RULES: tuple[Binary, ...] = ("refuse", "base64")
-_DUMPS = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_SPELLING: dict[Binary, Spelling] = {"refuse": "text", "base64": "base64"}
+"""How each rule spells bytes (the host's spellings): UTF-8 text, or base64."""
 
 
 class ContractError(ValueError):
@@ -69,43 +69,29 @@ def non_utf8_fields(record: Record) -> list[str]:
     return bad
 
 
-def _text(data: bytes | None, binary: Binary) -> str | None:
-    if data is None:
-        return None
-    if binary == "base64":
-        return base64.b64encode(data).decode("ascii")
-    return data.decode()
+def _object(record: Record, topic: str, text: Callable[[bytes | None], Any]) -> dict[str, Any]:
+    return {"key": text(record.key), "topic": topic, "value": text(record.value),
+            "headers": [{"key": h.key, "value": text(h.value)} for h in record.headers]}
 
 
 def record_object(record: Record, topic: str, binary: Binary) -> dict[str, Any]:
     """``record`` as the contract's JSON object (a Python dict)."""
-    return {"key": _text(record.key, binary), "topic": topic,
-            "value": _text(record.value, binary),
-            "headers": [{"key": h.key, "value": _text(h.value, binary)}
-                        for h in record.headers]}
+    return _object(record, topic, spell_bytes(_SPELLING[binary]))
 
 
 def encode_record(record: Record, topic: str, binary: Binary) -> bytes:
     """One record as the contract's UTF-8 JSON (``refuse`` needs valid UTF-8: checked first)."""
-    return _DUMPS(record_object(record, topic, binary)).encode()
+    return json_bytes(record_object(record, topic, binary)).encode()
 
 
 def encode_records(records: Sequence[Record], topic: str, binary: Binary) -> bytes:
     """A JSON array of records (the batch export's input)."""
-    return _DUMPS([record_object(r, topic, binary) for r in records]).encode()
+    text = spell_bytes(_SPELLING[binary])
+    return json_bytes([_object(r, topic, text) for r in records]).encode()
 
 
 def _bytes(value: Any, where: str, binary: Binary) -> bytes | None:
-    if value is None:
-        return None
-    if not isinstance(value, str):
-        raise ContractError(f"{where} must be a string or null, not {type(value).__name__}")
-    if binary == "base64":
-        try:
-            return base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
-            raise ContractError(f"{where} is not base64 ({exc})") from None
-    return value.encode()
+    return read_bytes(value, _SPELLING[binary], where, ContractError)
 
 
 def _record(obj: Any, original: Record, topic: str, binary: Binary, where: str) -> Record:

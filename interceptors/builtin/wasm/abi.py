@@ -12,13 +12,13 @@ wrong. The README has the full description of both encodings.
 
 from __future__ import annotations
 
-import base64
 import json
 import struct
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kiproxy.interceptors import Header, Record
+from kiproxy.interceptors.builtin.sandbox import json_bytes, read_bytes, spell_bytes
 
 __all__ = [
     "STATUS_OK",
@@ -73,13 +73,8 @@ def _record_parts(parts: list[bytes], record: Record) -> None:
             parts.append(data)
 
 
-def _json_bytes(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return {"b64": base64.b64encode(data).decode()}
+_json_bytes = spell_bytes("tagged")
+"""Bytes in the JSON encoding: text when UTF-8, else ``{"b64": "..."}`` (the host's)."""
 
 
 def _json_record(record: Record) -> dict[str, Any]:
@@ -104,7 +99,7 @@ def encode_input(
             doc.update(_json_record(records[0]))
         else:
             doc["records"] = [_json_record(r) for r in records]
-        return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        return json_bytes(doc).encode()
     name = topic.encode()
     parts = [_U32.pack(len(name)), name, _I32.pack(partition)]
     if abi == 1:
@@ -242,17 +237,7 @@ def _rebuilt(
 
 
 def _from_json_bytes(value: Any, what: str) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode()
-    if isinstance(value, Mapping) and set(value) == {"b64"} and isinstance(value["b64"], str):
-        try:
-            return base64.b64decode(value["b64"], validate=True)
-        except ValueError as exc:
-            raise Malformed(f"{what} is not valid base64: {exc}") from None
-    raise Malformed(f"{what} must be null, a string or {{\"b64\": \"...\"}}, "
-                     f"not {type(value).__name__}")
+    return read_bytes(value, "tagged", what, Malformed)
 
 
 _JSON_RECORD_KEYS = {"key", "value", "headers", "timestamp", "topic", "partition"}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +29,12 @@ from pathlib import Path
 import wasmtime
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
-from kiproxy.interceptors.builtin.sandbox import Backoff, mib
+from kiproxy.interceptors.builtin.sandbox import (
+    Backoff,
+    FileWatch,
+    InstancePool,
+    out_of_memory,
+)
 from kiproxy.interceptors.builtin.wasm.abi import Malformed, decode_result, encode_input
 from kiproxy.interceptors.builtin.wasm.declaration import (
     SECTION,
@@ -296,20 +300,16 @@ class Program:
         self.target = target
         self.path = Path(target.module)
         self.reload_interval = reload_interval
-        self.generation = 0
         self.reloads = 0
         self.faults = 0
         self.backoff = Backoff()
         """Crashes in a row, and the period its batches are refused without a call."""
-        self._idle: list[Instance] = []
+        self._pool: InstancePool[Instance] = InstancePool(lambda: Instance(self))
         self._lock = threading.Lock()
-        self._reload_lock = threading.Lock()
-        self._checked_at = time.monotonic()
-        try:
-            self._stamp = self._stat()  # before reading, so a change while compiling is seen
+        try:  # stat'ed before reading, so a change while compiling is seen
+            self._watch = FileWatch(self.path, reload_interval)
         except OSError as exc:
             raise ValueError(f"cannot read wasm module {target.module}: {exc}") from None
-        self._failed_stamp: tuple[int, int, int] | None = None
         self.module, self.wasi, self.binding = self._compile()
         self.linker = self._linker()
         for override in self.binding.overrides:
@@ -324,12 +324,29 @@ class Program:
     @property
     def out_of_memory(self) -> str:
         """How a call stopped by the memory cap is described."""
-        return (f"ran out of memory (limit {mib(self.target.max_memory)}, setting "
-                "max_memory_bytes; raise it if the module needs more)")
+        return out_of_memory(self.target.max_memory, "max_memory_bytes", "module")
 
-    def _stat(self) -> tuple[int, int, int]:
-        st = os.stat(self.path)
-        return st.st_mtime_ns, st.st_size, st.st_ino
+    @property
+    def generation(self) -> int:
+        """Bumped by each reload; instances of an older one are not reused."""
+        return self._pool.generation
+
+    @property
+    def files(self) -> tuple[Path, ...]:
+        """The module file."""
+        return (self.path,)
+
+    @property
+    def _idle(self) -> list[Instance]:
+        return self._pool.idle
+
+    @property
+    def _checked_at(self) -> float:
+        return self._watch.checked_at
+
+    @_checked_at.setter
+    def _checked_at(self, at: float) -> None:
+        self._watch.checked_at = at
 
     def _binary(self) -> bytes:
         """The module file as binary Wasm (``.wat`` text is assembled)."""
@@ -396,57 +413,30 @@ class Program:
 
     def maybe_reload(self) -> None:
         """Recompile the module when its file changed (checked at most every interval)."""
-        if self.reload_interval is None:
-            return
-        now = time.monotonic()
-        if now - self._checked_at < self.reload_interval:
-            return
-        if not self._reload_lock.acquire(blocking=False):
-            return  # another worker is checking right now
-        try:
-            self._checked_at = now
-            self._reload()
-        finally:
-            self._reload_lock.release()
+        self._watch.poll(self._reload, self._unreadable)
 
-    def _reload(self) -> None:
-        try:
-            stamp = self._stat()
-        except OSError as exc:
-            if self._failed_stamp != (0, 0, 0):
-                log.error("%s: cannot stat the module file (%s); keeping the loaded module",
-                          self.name, exc)
-                self._failed_stamp = (0, 0, 0)
-            return
-        if stamp == self._stamp or stamp == self._failed_stamp:
-            return
+    def _unreadable(self, exc: OSError) -> None:
+        log.error("%s: cannot stat the module file (%s); keeping the loaded module",
+                  self.name, exc)
+
+    def _reload(self) -> bool:
         try:
             module, wasi, binding = self._compile()
         except ValueError as exc:
             log.error("%s changed but cannot be loaded; keeping the previous module: %s",
                       self.name, exc)
-            self._failed_stamp = stamp
-            return
+            return False
         with self._lock:
             self.module, self.wasi, self.binding = module, wasi, binding
             self.linker = self._linker()
-            self.generation += 1
-            self._idle.clear()
-            self._stamp = stamp
-            self._failed_stamp = None
+            self._pool.renew()
             self.reloads += 1
         log.info("%s reloaded (file changed)", self.name)
+        return True
 
-    def _acquire(self) -> Instance:
-        with self._lock:
-            if self._idle:
-                return self._idle.pop()
-        return Instance(self)
-
-    def _release(self, instance: Instance) -> None:
-        with self._lock:
-            if instance.generation == self.generation:
-                self._idle.append(instance)
+    def close(self) -> None:
+        """Drop the idle instances (their stores go with them)."""
+        self._pool.drain()
 
     def run(self, batch: RecordBatch, deadline: float) -> RecordBatch:
         """Call the module for ``batch``; raise RejectBatch when it or the call fails."""
@@ -458,7 +448,7 @@ class Program:
             raise PluginFault(refusal)
         index = 0
         try:
-            instance = self._acquire()
+            instance = self._pool.take()
         except _Fault as exc:
             self.faults += 1
             raise self._reject(exc, where, None, self.binding) from exc
@@ -500,7 +490,9 @@ class Program:
                                binding) from exc
         finally:
             if healthy:
-                self._release(instance)
+                self._pool.give(instance)
+            else:
+                self._pool.discard()
 
     def _decoded(self, instance: Instance, records: Sequence[Record], batch: RecordBatch,
                  deadline: float) -> tuple[Record, ...] | str | None:

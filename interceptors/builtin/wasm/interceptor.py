@@ -89,9 +89,8 @@ atomically (write a temporary file, then rename it).
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 from collections.abc import Awaitable
+from functools import partial
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
@@ -106,8 +105,10 @@ from kiproxy.interceptors import (
 )
 from kiproxy.interceptors.builtin.sandbox import (
     DEFAULT_MAX_MEMORY_BYTES,
+    SandboxHost,
     file_or_settings,
     inherited,
+    runtime_module,
 )
 from kiproxy.interceptors.builtin.wasm.abi import (
     STATUS_OK,
@@ -137,14 +138,9 @@ DEFAULT_FUEL = 500_000_000
 
 def _engine() -> Any:
     """The wasmtime-backed engine module, or an error saying how to install wasmtime."""
-    try:
-        import kiproxy.interceptors.builtin.wasm.engine as engine
-    except ModuleNotFoundError as exc:
-        if exc.name != "wasmtime":
-            raise
-        raise ImportError("the wasm interceptor needs wasmtime: "
-                          "pip install '.[wasm]' (from a kiproxy checkout)") from None
-    return engine
+    return runtime_module("kiproxy.interceptors.builtin.wasm.engine", ("wasmtime",),
+                          "the wasm interceptor needs wasmtime: "
+                          "pip install '.[wasm]' (from a kiproxy checkout)")
 
 
 def _abi(value: Any) -> Any:
@@ -222,42 +218,38 @@ class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
     """Runs a WebAssembly module (per topic, optionally) on every batch."""
 
     def __init__(self) -> None:
-        self.topics: TopicSelector[Program] = TopicSelector(())
-        self.threaded = True
-        self._programs: dict[Target, Program] = {}
-        self._engine: Any = None
+        self._host: SandboxHost[Target, Program] | None = None
         self._clock: EpochClock | None = None
-        self._executor: concurrent.futures.ThreadPoolExecutor | None = None
 
     def configure(self, config: WasmSettings) -> None:
         """Compile every configured module (errors name the key and the file)."""
         interval = config.reload_interval_ms
         reload_interval = None if interval < 0 else interval / 1000
-        self.threaded = config.threaded
-
         engine = _engine()
-        self._engine, self._clock = engine.new_engine()
+        wasm_engine, self._clock = engine.new_engine()
+        clock = self._clock
+        host: SandboxHost[Target, Program] = SandboxHost(
+            lambda target: engine.Program(wasm_engine, clock, target, reload_interval),
+            config.workers, thread_name="kiproxy-wasm", threaded=config.threaded)
+        self._host = host
+        default = host.load(config.target()) if config.module else None
+        host.route(((TopicPattern.name(topic), host.load(config.entry(topic).target()))
+                    for topic in config.topics), default)
 
-        def program(target: Target) -> Program:
-            found = self._programs.get(target)
-            if found is None:
-                assert self._engine is not None and self._clock is not None
-                found = engine.Program(self._engine, self._clock, target, reload_interval)
-                self._programs[target] = found
-            return found
+    @property
+    def threaded(self) -> bool:
+        """Whether modules run on worker threads (``threaded``), else inline."""
+        return self._host is None or self._host.threaded
 
-        default = program(config.target()) if config.module else None
-        self.topics = TopicSelector(
-            ((TopicPattern.name(topic), program(config.entry(topic).target()))
-             for topic in config.topics), default)
-        if self.threaded:
-            self._executor = concurrent.futures.ThreadPoolExecutor(
-                max_workers=config.workers, thread_name_prefix="kiproxy-wasm")
+    @property
+    def topics(self) -> TopicSelector[Program]:
+        """Each topic's module."""
+        return self._host.topics if self._host is not None else TopicSelector(())
 
     @property
     def programs(self) -> list[Program]:
         """Every loaded module (for stats and tests)."""
-        return list(self._programs.values())
+        return list(self._host.loaded.values()) if self._host is not None else []
 
     @property
     def default(self) -> Program | None:
@@ -274,19 +266,13 @@ class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
         program = self._program_for(batch.topic)
         if program is None or not batch.records:
             return batch
-        if self._executor is None:
-            return program.run(batch, ctx.deadline)
-        return self._run_threaded(program, batch, ctx.deadline)
-
-    async def _run_threaded(self, program: Program, batch: RecordBatch,
-                            deadline: float) -> RecordBatch:
-        assert self._executor is not None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, program.run, batch, deadline)
+        assert self._host is not None
+        # No stop: epoch interruption ends a call at the deadline inside the engine.
+        return self._host.call(partial(program.run, batch, ctx.deadline), ctx.deadline)
 
     def close(self) -> None:
         """Stop the worker threads and the epoch clock."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._host is not None:
+            self._host.close()
         if self._clock is not None:
             self._clock.close()
