@@ -19,7 +19,7 @@ What it owns, in the order data flows:
 * :mod:`.records` - :class:`RecordCipher`: a batch's records sealed or opened with the
   cache's keys; what the hooks call.
 
-It may import the public plugin API (``kiproxy.interceptors``), ``kiproxy.protocol``,
+It may import the public plugin API (``kiproxy.interceptors``),
 ``cryptography``, ``boto3``/``botocore`` and ``pydantic``; never ``kiproxy.proxy``.
 Everything it needs is in the ``encryption`` extra.
 """

@@ -67,7 +67,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kiproxy.interceptors import Header, Record
-from kiproxy.protocol.records import open_values, seal_values
+from kiproxy.interceptors.sealing import open_values, seal_values
 
 __all__ = [
     "FORMAT_VERSION",
