@@ -220,3 +220,16 @@ def test_a_trap_rejects_the_batch_as_a_runtime_failure(tmp_path: Path) -> None:
     assert (out.kind, out.error, out.fault) == ("rejected", "INVALID_RECORD", "crashed")
     assert out.message == (f"extism plugin {trap} crashed (a WebAssembly trap) in transform "
                            f"on record 0 of {TOPIC}[0]")
+
+
+def test_an_instance_that_grew_over_earlier_batches_is_replaced_not_the_batch_refused(
+        extism_plugins: dict[str, Path]) -> None:
+    """AssemblyScript's ``--runtime stub`` (the test plugins' build) frees nothing, so an
+    instance grows with every call; once it outgrows the cap, the batch runs again on a
+    fresh instance instead of being refused. A batch too big on its own still is."""
+    with plugin(extism_plugins, "uppercase", max_pages=64) as p:  # 4 MiB
+        for i in range(60):  # tens of MiB allocated over the run
+            out = p.run(make_batch(b"x" * 100_000, topic=TOPIC))
+            assert out.kind == "transformed", (i, out.message)
+        too_big = p.run(make_batch(b"y" * 8_000_000, topic=TOPIC))
+        assert too_big.kind == "rejected" and "ran out of memory" in (too_big.message or "")

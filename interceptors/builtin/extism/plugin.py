@@ -16,7 +16,11 @@ running on that engine, so slots do not share one - and each engine has a cache
 thread of wasmtime's, so compiling per failed instance, as an unbounded pool would,
 grows the proxy's threads. An instance whose call failed in the runtime (trap,
 timeout, out of memory) or was cancelled is freed at once, and the next batch on the
-slot instantiates a fresh one from the slot's compiled copy (no compiling).
+slot instantiates a fresh one from the slot's compiled copy (no compiling). An instance
+that runs out of memory after serving earlier batches has grown over them (a module
+without a garbage collector, such as AssemblyScript's ``--runtime stub``, only grows):
+it is replaced and the batch run again, once, on the fresh instance, so only a batch
+that alone needs more than the cap is refused.
 
 Limits: ``timeout_ms`` (per call; Extism stops the guest) and the memory cap
 (``max_memory_bytes``, default
@@ -176,9 +180,10 @@ class _Slot:
 class _Crash(Exception):
     """A call the runtime stopped: the instance is not reused."""
 
-    def __init__(self, fault: PluginFault | RejectBatch) -> None:
+    def __init__(self, fault: PluginFault | RejectBatch, out_of_memory: bool = False) -> None:
         super().__init__(str(fault))
         self.fault = fault
+        self.out_of_memory = out_of_memory
 
 
 class ExtismPlugin:
@@ -223,7 +228,7 @@ class ExtismPlugin:
             raise PluginFault(refusal, [(0, refusal)])
         slot = self._pool.take()
         try:
-            records = self._run(slot, batch, cancel)
+            records = self._run_once_more_if_grown(slot, batch, cancel)
         except _Crash as crash:
             slot.drop_instance()
             if isinstance(crash.fault, PluginFault):
@@ -242,6 +247,22 @@ class ExtismPlugin:
                 slot.drop_instance()
             self._pool.give(slot)
         return batch.with_records(records)
+
+    def _run_once_more_if_grown(self, slot: _Slot, batch: RecordBatch, cancel: Cancel
+                                ) -> list[Any]:
+        """:meth:`_run`; an instance that had served earlier batches and runs out of
+        memory is replaced, and the batch run again on the fresh one (see the module)."""
+        grown = slot.instance is not None
+        try:
+            return self._run(slot, batch, cancel)
+        except _Crash as crash:
+            if not (crash.out_of_memory and grown) or cancel.fired:
+                raise
+            slot.drop_instance()
+            log.debug("%s: an instance that grew over earlier batches ran out of memory on "
+                      "%s[%d]; the batch runs again on a fresh one", self.name, batch.topic,
+                      batch.partition)
+            return self._run(slot, batch, cancel)
 
     def _run(self, slot: _Slot, batch: RecordBatch, cancel: Cancel) -> list[Any]:
         try:
@@ -290,7 +311,7 @@ class ExtismPlugin:
         if _OUT_OF_MEMORY.search(text):
             setting, cap = self.spec.memory_setting
             return _Crash(self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
-                                      indices.start, function))
+                                      indices.start, function), out_of_memory=True)
         if _TRAP.search(text):
             return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
                                       indices.start, function))
