@@ -231,7 +231,12 @@ class ProducePipeline:
         decisions: list[Decision | asyncio.Task[Decision]] = []
         try:
             for job in jobs:  # a task while its re-encoding runs on a decode thread
-                decisions.append(await self._decide(job))
+                if not job.known:  # a v13 topic id the proxy has not learned
+                    decisions.append(_unknown_topic(job))
+                elif job.chain is None:  # no route holds: forwarded untouched
+                    decisions.append(FORWARDED)
+                else:
+                    decisions.append(await self.partitions.decide(job, self.offload.lease()))
             for job, decided in zip(jobs, decisions, strict=True):
                 self.settler.settle(job, await decided if isinstance(decided, asyncio.Task)
                                     else decided, settled)
@@ -272,15 +277,6 @@ class ProducePipeline:
                     None if chain is None or chain is self._unnamed else chain.name,
                     known=name is not None))
         return jobs
-
-    async def _decide(self, job: PartitionJob) -> Decision | asyncio.Task[Decision]:
-        """One partition's decision: refused when its topic id is unknown, forwarded
-        untouched when no route holds, else its chain's."""
-        if not job.known:
-            return _unknown_topic(job)
-        if job.chain is None:
-            return FORWARDED
-        return await self.partitions.decide(job, self.offload.lease())
 
     def _dispose(self, header: RequestHeader, request: ProduceLayout, settled: Settled,
                  nodes_seen: NodeSeen | None) -> Disposition:
