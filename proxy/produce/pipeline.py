@@ -223,7 +223,11 @@ class ProducePipeline:
         if version < 3:
             return self._refuse_legacy(client, header, frame)
         if self.routes is None:
-            return self._pass_through(client, header, frame, nodes_seen)
+            if not self.tallies:  # forwarded as it came: only its acks are read
+                acks = read_acks(frame, header.body_offset, header.header_version == 2)
+                return Forward(frame, expect_response=acks != 0,
+                               on_response=_node_rewriter(version, nodes_seen))
+            return self._tallied_pass_through(client, header, frame, nodes_seen)
         request = read_produce_request(frame, header.body_offset, version)
         jobs = self._jobs(client, request, frame, version)
         empty_topics = sum(1 for topic in request.topics if not topic.partitions)
@@ -305,16 +309,12 @@ class ProducePipeline:
         return Forward(frame, produce=summaries, on_response=ResponseMerger(
             version, settled, self.topic_names, nodes_seen))
 
-    def _pass_through(self, client: RequestingClient, header: RequestHeader, frame: bytes,
-                      nodes_seen: NodeSeen | None) -> Disposition:
-        """No interceptor: forwarded as it came, summarized per partition when observers
-        or metrics want it."""
+    def _tallied_pass_through(self, client: RequestingClient, header: RequestHeader,
+                              frame: bytes, nodes_seen: NodeSeen | None) -> Disposition:
+        """No interceptor, but observers or metrics: forwarded as it came, summarized per
+        partition."""
         assert header.body_offset is not None
         version = header.api_version
-        if not self.tallies:
-            acks = read_acks(frame, header.body_offset, header.header_version == 2)
-            return Forward(frame, expect_response=acks != 0,
-                           on_response=_node_rewriter(version, nodes_seen))
         request = read_produce_request(frame, header.body_offset, version)
         settled = Settled(frame, forwarded=1, summaries=[
             summarize(job, FORWARDED) for job in self._jobs(client, request, frame, version)])
