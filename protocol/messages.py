@@ -174,6 +174,21 @@ def _not_null(n: int, start: int, name: str | None) -> None:
 
 def _sized(flexible: bool, wide: bool, non_nullable: str | None) -> _Skip:
     """Skip a string, bytes or records field; ``non_nullable`` names it unless nullable."""
+    if flexible:
+        def skip_compact(data: bytes, pos: int, end: int) -> int:
+            if pos < end and data[pos] < 0x80:  # _length's common case, without the call
+                n, after = data[pos] - 1, pos + 1
+                if n > end - after:
+                    raise _TooLong(f"length {n} at byte {after} runs past the "
+                                   f"{end - after} bytes left")
+            else:
+                n, after = _length(data, pos, end, True, wide)
+            if n < 0:
+                _not_null(n, pos, non_nullable)
+                return after
+            return after + n
+        return skip_compact
+
     def skip(data: bytes, pos: int, end: int) -> int:
         start = pos
         n, pos = _length(data, pos, end, flexible, wide)
@@ -200,10 +215,18 @@ def _array(element: _Skip | int, flexible: bool, non_nullable: str | None) -> _S
         return skip_fixed
 
     def skip(data: bytes, pos: int, end: int) -> int:
-        n, pos = count(data, pos, end)
+        if flexible and pos < end and data[pos] < 0x80:  # count's common case, inline
+            n, after = data[pos] - 1, pos + 1
+            if n > end - after:
+                raise _TooLong(f"length {n} at byte {after} runs past the "
+                               f"{end - after} bytes left")
+            if n < 0:
+                _not_null(n, pos, non_nullable)
+        else:
+            n, after = count(data, pos, end)
         for _ in range(n):
-            pos = element(data, pos, end)
-        return pos
+            after = element(data, after, end)
+        return after
     return skip
 
 
@@ -251,11 +274,12 @@ def _field_skipper(f: dataclasses.Field[Any], flexible: bool, tagged: bool,
 
 
 @cache
-def _entity_plan(entity_type: Any) -> tuple[bool, tuple[_Skip, ...], dict[int, _Skip]]:
-    """``(flexible, skips of the plain fields in order, skips of the tagged fields by tag)``."""
+def _entity_plan(entity_type: Any) -> tuple[bool, tuple[_Skip | int, ...], dict[int, _Skip]]:
+    """``(flexible, skips of the plain fields in order, skips of the tagged fields by tag)``;
+    a run of fixed-size plain fields is its size in bytes (:func:`_skip_plain`)."""
     flexible = bool(entity_type.__flexible__)
     owner = entity_type.__name__
-    plain: list[_Skip] = []
+    plain: list[_Skip | int] = []
     tagged: dict[int, _Skip] = {}
     fixed_run = 0  # consecutive fixed-size fields are skipped in one step
     for f in dataclasses.fields(entity_type):
@@ -269,12 +293,24 @@ def _entity_plan(entity_type: Any) -> tuple[bool, tuple[_Skip, ...], dict[int, _
             fixed_run += field_skip
             continue
         if fixed_run:
-            plain.append(_fixed(fixed_run))
+            plain.append(fixed_run)
             fixed_run = 0
         plain.append(field_skip)
     if fixed_run:
-        plain.append(_fixed(fixed_run))
+        plain.append(fixed_run)
     return flexible, tuple(plain), tagged
+
+
+def _skip_plain(data: bytes, pos: int, end: int, plain: tuple[_Skip | int, ...]) -> int:
+    """Skip an entity's plain fields (a fixed-size run is stepped over without a call)."""
+    for step in plain:
+        if isinstance(step, int):
+            if pos + step > end:
+                raise _TooLong(f"field truncated at byte {pos}")
+            pos += step
+        else:
+            pos = step(data, pos, end)
+    return pos
 
 
 def _skip_tagged(data: bytes, pos: int, end: int, tagged: dict[int, _Skip],
@@ -301,11 +337,18 @@ def _entity_skipper(entity_type: Any) -> _Skip:
     flexible, plain, tagged = _entity_plan(entity_type)
 
     def skip(data: bytes, pos: int, end: int) -> int:
-        for field_skip in plain:
-            pos = field_skip(data, pos, end)
-        if flexible:
-            return _skip_tagged(data, pos, end, tagged)
-        return pos
+        for step in plain:  # _skip_plain, inline: this runs for every element of an array
+            if isinstance(step, int):
+                if pos + step > end:
+                    raise _TooLong(f"field truncated at byte {pos}")
+                pos += step
+            else:
+                pos = step(data, pos, end)
+        if not flexible:
+            return pos
+        if pos < end and data[pos] == 0:  # no tagged fields: the common case, inline
+            return pos + 1
+        return _skip_tagged(data, pos, end, tagged)
 
     return skip
 
@@ -323,9 +366,7 @@ def response_tags(api_key: int, api_version: int, data: bytes, offset: int = 0) 
     end = len(data)
     seen: list[int] = []
     try:
-        pos = offset
-        for field_skip in plain:
-            pos = field_skip(data, pos, end)
+        pos = _skip_plain(data, offset, end, plain)
         if flexible:
             pos = _skip_tagged(data, pos, end, tagged, seen)
     except (_TooLong, _NullInNonNullable) as exc:

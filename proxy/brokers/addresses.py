@@ -114,6 +114,16 @@ def _endpoints_tag(api_key: int, api_version: int) -> int | None:
     return None
 
 
+@lru_cache(maxsize=256)
+def _response_plan(api_key: int, api_version: int) -> tuple[int | None, int | None]:
+    """The response's header version (None: no schema) and :func:`_endpoints_tag`, in one
+    lookup (every Produce v10+ answer asks for both)."""
+    header_version = response_header_version(api_key, api_version)
+    if header_version is None:
+        return None, None
+    return header_version, _endpoints_tag(api_key, api_version)
+
+
 @lru_cache(maxsize=1024)
 def rewritable(api_key: int, api_version: int) -> bool:
     """Whether the proxy can read, and so rewrite, the answer to this request version.
@@ -156,14 +166,14 @@ def rewrite_response_frame(
     forwarding it unrewritten would let the client escape the proxy. ``observe``
     sees the parsed message first (the server learns topic ids from Metadata).
     """
-    header_version = response_header_version(api_key, api_version)
+    header_version, endpoints_tag = _response_plan(api_key, api_version)
     if header_version is None:
         raise UnsupportedVersion(
             f"{api_name(api_key)} response v{api_version} has no schema in the proxy: "
             "the broker addresses in it cannot be rewritten"
         )
     _, body_offset = parse_response_header(frame, header_version)
-    tag = _endpoints_tag(api_key, api_version) if observe is None else None
+    tag = endpoints_tag if observe is None else None
     if tag is not None and tag not in response_tags(api_key, api_version, frame, body_offset):
         # No node_endpoints (a broker sends them only with NOT_LEADER errors): the body is
         # checked, not built. Produce and Fetch answers are most of a client's traffic.

@@ -211,18 +211,6 @@ class BatchOffload:
         bound = self.limits.bound
         return inline, size + sum(bound(block)[0] for block in blocks)
 
-    async def decode(self, data: bytes, batches: PartitionBatches,
-                     inline: bool) -> list[DecodedBatch]:
-        """:func:`~kiproxy.protocol.records.decode_batches` of ``batches`` in ``data``: on
-        the loop within the inline bounds, or on a worker thread within the real ones."""
-        if inline:
-            return decode_batches(data, batches.start, batches.end, limits=self.inline_limits,
-                                  headers=batches.headers)
-        decoded: list[DecodedBatch] = await self.run(
-            decode_batches, data, batches.start, batches.end, limits=self.limits,
-            headers=batches.headers)
-        return decoded
-
     def close(self) -> None:
         """Stop the worker threads (after the work they hold)."""
         if self._pool is not None:
@@ -318,21 +306,21 @@ class DecodeLease:
         """
         offload = self._offload
         inline, reserve = offload.placement(batches)
-        while True:
-            if not inline:
-                self._held += await offload.budget.acquire(reserve)
+        if inline:  # no await on the loop's path: most partitions end here
             try:
-                decoded = await offload.decode(data, batches, inline)
+                return decode_batches(data, batches.start, batches.end,
+                                      limits=offload.inline_limits, headers=batches.headers)
             except DecompressionLimitExceeded as exc:
-                if not (inline and exc.setting == "max_decompressed_batch_bytes"
+                if not (exc.setting == "max_decompressed_batch_bytes"
                         and exc.limit < offload.limits.max_bytes):
                     raise  # the real bound, not the inline one
-                inline = False
-                continue
-            if not inline:
-                self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
-                                                for b in decoded))
-            return decoded
+        self._held += await offload.budget.acquire(reserve)
+        decoded: list[DecodedBatch] = await offload.run(
+            decode_batches, data, batches.start, batches.end, limits=offload.limits,
+            headers=batches.headers)
+        self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+                                        for b in decoded))
+        return decoded
 
     def _shrink(self, used: int) -> None:
         """Cut the reservation down to ``used``, what the decoded batches hold."""

@@ -29,7 +29,6 @@ request's next partition is decoded and intercepted while this one compresses.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import random
 import socket
 import time
@@ -162,7 +161,10 @@ class PartitionHandler:
                     out.append(await piece)
                 except Exception as exc:
                     return _unencodable(job, exc)
-            return dataclasses.replace(encoding.decision, records=b"".join(out))
+            decision = encoding.decision
+            return Decision(records=b"".join(out), changed=True,
+                            acknowledged=decision.acknowledged, observed=decision.observed,
+                            watched=decision.watched)
         finally:
             _discard(pieces)
             lease.release()
@@ -281,12 +283,10 @@ class PartitionHandler:
                 return FORWARDED
             return Decision(acknowledged=tuple(acked), observed=tuple(observed),
                             watched=watched)
-        decision = Decision(changed=True, acknowledged=tuple(acked), observed=tuple(observed),
-                            watched=watched)
-        if threaded:
-            return _Encoding(out, decision)
-        return dataclasses.replace(
-            decision, records=b"".join(cast("list[bytes | memoryview]", out)))
+        joined = None if threaded else b"".join(cast("list[bytes | memoryview]", out))
+        decision = Decision(records=joined, changed=True, acknowledged=tuple(acked),
+                            observed=tuple(observed), watched=watched)
+        return _Encoding(out, decision) if threaded else decision
 
     def _warn_limit(self, job: PartitionJob, exc: DecompressionLimitExceeded) -> None:
         """One WARNING per client host per interval: a bomb, or a limit set too low."""

@@ -223,7 +223,11 @@ class ProducePipeline:
         if version < 3:
             return self._refuse_legacy(client, header, frame)
         if self.routes is None:
-            return self._pass_through(client, header, frame, nodes_seen)
+            if not self.tallies:  # forwarded as it came: only its acks are read
+                acks = read_acks(frame, header.body_offset, header.header_version == 2)
+                return Forward(frame, expect_response=acks != 0,
+                               on_response=_node_rewriter(version, nodes_seen))
+            return self._tallied_pass_through(client, header, frame, nodes_seen)
         request = read_produce_request(frame, header.body_offset, version)
         jobs = self._jobs(client, request, frame, version)
         empty_topics = sum(1 for topic in request.topics if not topic.partitions)
@@ -231,7 +235,12 @@ class ProducePipeline:
         decisions: list[Decision | asyncio.Task[Decision]] = []
         try:
             for job in jobs:  # a task while its re-encoding runs on a decode thread
-                decisions.append(await self._decide(job))
+                if not job.known:  # a v13 topic id the proxy has not learned
+                    decisions.append(_unknown_topic(job))
+                elif job.chain is None:  # no route holds: forwarded untouched
+                    decisions.append(FORWARDED)
+                else:
+                    decisions.append(await self.partitions.decide(job, self.offload.lease()))
             for job, decided in zip(jobs, decisions, strict=True):
                 self.settler.settle(job, await decided if isinstance(decided, asyncio.Task)
                                     else decided, settled)
@@ -275,15 +284,6 @@ class ProducePipeline:
                     known=name is not None))
         return jobs
 
-    async def _decide(self, job: PartitionJob) -> Decision | asyncio.Task[Decision]:
-        """One partition's decision: refused when its topic id is unknown, forwarded
-        untouched when no route holds, else its chain's."""
-        if not job.known:
-            return _unknown_topic(job)
-        if job.chain is None:
-            return FORWARDED
-        return await self.partitions.decide(job, self.offload.lease())
-
     def _dispose(self, header: RequestHeader, request: ProduceLayout, settled: Settled,
                  nodes_seen: NodeSeen | None) -> Disposition:
         """The request's answer once every partition is settled: the proxy's own when
@@ -311,16 +311,12 @@ class ProducePipeline:
         return Forward(frame, produce=summaries, on_response=ResponseMerger(
             version, settled, self.topic_names, nodes_seen))
 
-    def _pass_through(self, client: RequestingClient, header: RequestHeader, frame: bytes,
-                      nodes_seen: NodeSeen | None) -> Disposition:
-        """No interceptor: forwarded as it came, summarized per partition when observers
-        or metrics want it."""
+    def _tallied_pass_through(self, client: RequestingClient, header: RequestHeader,
+                              frame: bytes, nodes_seen: NodeSeen | None) -> Disposition:
+        """No interceptor, but observers or metrics: forwarded as it came, summarized per
+        partition."""
         assert header.body_offset is not None
         version = header.api_version
-        if not self.tallies:
-            acks = read_acks(frame, header.body_offset, header.header_version == 2)
-            return Forward(frame, expect_response=acks != 0,
-                           on_response=_node_rewriter(version, nodes_seen))
         request = read_produce_request(frame, header.body_offset, version)
         settled = Settled(frame, forwarded=1, summaries=[
             summarize(job, FORWARDED) for job in self._jobs(client, request, frame, version)])
