@@ -174,7 +174,7 @@ def test_a_failing_hook_costs_only_its_partition(upstream: Upstream, proxy: Prox
     for topic in (bad, good, plain):
         _produce(proxy.bootstrap, topic, [b"one", b"two"])
     seen = len(proxy.lines)
-    got = _read(proxy.bootstrap, [bad, good, plain], 6, timeout=8)
+    got = _read(proxy.bootstrap, [bad, good, plain], 4, timeout=8)
     assert sorted((m.topic(), m.value()) for m in got) == sorted(
         [(good, b"one"), (good, b"two"), (plain, b"one"), (plain, b"two")])
     assert wait_until(lambda: any(bad in line and "answered with an error" in line
@@ -237,7 +237,7 @@ def test_kafka_python_consumes_through_the_hook(upstream: Upstream,
     assert got == values
 
 
-@pytest.mark.parametrize("max_bytes", [1 << 20, 700])
+@pytest.mark.parametrize("max_bytes", [1 << 20, 1500])
 def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
         upstream: Upstream, proxy: ProxyProcess, max_bytes: int) -> None:
     """On a hooked topic whose hook changes nothing, the answer is byte for byte the
@@ -264,15 +264,17 @@ def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
     with RawClient(proxy.bootstrap) as client:
         topic_id = _metadata_topic_id(client, topic)
     written = Written(topic, topic_id, 0, 0)
+    cut = []
     for version in (4, 12, 13):
         for isolation in (0, 1):
             direct, body = _fetch(upstream.bootstrap, version, written, max_bytes, isolation)
             through, _ = _fetch(proxy.bootstrap, version, written, max_bytes, isolation)
             assert through == direct, f"Fetch v{version}, isolation {isolation}"
-            if upstream.name == "kafka" and max_bytes < 1 << 20:
-                layout = read_fetch_response(direct, body, version)
-                (part,) = layout.topics[0].partitions
-                assert split_fetched_records(direct, part.data_start, part.data_end).partial
+            layout = read_fetch_response(direct, body, version)
+            (part,) = layout.topics[0].partitions
+            cut.append(split_fetched_records(direct, part.data_start, part.data_end).partial)
+    # Kafka cuts the last batch at the byte limit (past a first batch it always sends whole).
+    assert any(cut) == (upstream.name == "kafka" and max_bytes < 1 << 20), cut
 
 
 def test_the_java_client_round_trips_through_both_hooks(upstream: Upstream,
@@ -280,6 +282,9 @@ def test_the_java_client_round_trips_through_both_hooks(upstream: Upstream,
     from support.apache_kafka import kafka_home_or_skip
     from support.java_client import JavaClient
 
+    if upstream.name == "tansu":
+        pytest.skip("the Java client is checked against Apache Kafka here (on Tansu, "
+                    "librdkafka and kafka-python cover the fetch path)")
     client = JavaClient.build(kafka_home_or_skip())
     topic = f"rev-java-{uuid.uuid4().hex[:6]}"
     _create(upstream.bootstrap, topic)

@@ -124,7 +124,7 @@ def test_a_record_that_does_not_decrypt_costs_its_partition_or_passes_as_stored(
     _forged(upstream.bootstrap, bad)
     _forged(upstream.bootstrap, passing)
     seen = len(proxy.lines)
-    got = _read(proxy.bootstrap, [bad, good, passing], 4, timeout=8)
+    got = _read(proxy.bootstrap, [bad, good, passing], 3, timeout=8)
     assert sorted((m.topic(), m.value()) for m in got) == sorted(
         [(good, b"sealed"), (passing, b"sealed"), (passing, b"not really sealed")])
     assert wait_until(lambda: any(bad in line and "does not decrypt" in line
@@ -199,6 +199,9 @@ def test_kafka_python_produces_and_consumes_through_the_proxy(
 
 def test_the_java_client_produces_idempotently_and_reads_committed_through_the_proxy(
         upstream: Upstream, proxy: ProxyProcess) -> None:
+    if upstream.name == "tansu":
+        pytest.skip("the Java client is checked against Apache Kafka (on Tansu, librdkafka "
+                    "and kafka-python cover the same path)")
     from support.apache_kafka import kafka_home_or_skip
     from support.java_client import JavaClient
 

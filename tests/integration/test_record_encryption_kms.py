@@ -109,12 +109,12 @@ def test_a_kms_that_goes_away_stores_nothing_in_clear_and_recovers(
 
         failed: list[str] = []
         producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
-                                       "message.timeout.ms": 6000})
+                                       "message.timeout.ms": 3000})
         producer.produce(fresh, value=b"secret while down", partition=0,
                          on_delivery=lambda err, msg: failed.append(str(err)) if err else None)
         producer.flush(20)
         assert failed, "a record was delivered to an encrypted topic while the KMS was down"
-        assert _read(broker.bootstrap, [fresh], 1, timeout=3) == []  # nothing stored
+        assert _read(broker.bootstrap, [fresh], 1, timeout=2) == []  # nothing stored
 
         _produce(proxy.bootstrap, plain, [b"plain while down"])  # not encrypted: served
         _produce(proxy.bootstrap, cached, [b"cached key"])  # its data key is in memory
@@ -154,13 +154,13 @@ def test_a_kms_that_hangs_costs_only_the_topics_that_need_it(
     try:
         failed: list[str] = []
         producer = confluent_producer({"bootstrap.servers": proxy.bootstrap,
-                                       "message.timeout.ms": 5000})
+                                       "message.timeout.ms": 3500})
         producer.produce(fresh, value=b"secret while hanging", partition=0,
                          on_delivery=lambda err, msg: failed.append(str(err)) if err else None)
         _produce(proxy.bootstrap, plain, [b"plain while hanging"])
         producer.flush(20)
         assert failed, "a record was delivered to an encrypted topic while the KMS hung"
-        assert _read(broker.bootstrap, [fresh], 1, timeout=3) == []
+        assert _read(broker.bootstrap, [fresh], 1, timeout=2) == []
         assert [m.value() for m in _read(proxy.bootstrap, [plain], 1)] == [
             b"plain while hanging"]
         assert proxy.alive() and "Traceback" not in proxy.log, proxy.log
