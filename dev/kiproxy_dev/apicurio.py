@@ -24,7 +24,15 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from kiproxy_dev.processes import HOST, end_process, free_ports, port_free, register, tail
+from kiproxy_dev.processes import (
+    HOST,
+    end_process,
+    ended_with_parent,
+    free_ports,
+    port_free,
+    register,
+    tail,
+)
 
 __all__ = ["ApicurioRegistry", "RegistryLaunchError", "find_registry_jar"]
 
@@ -99,7 +107,8 @@ class ApicurioRegistry:
             try:
                 proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
                                         stdin=subprocess.DEVNULL, cwd=self.workdir,
-                                        start_new_session=True)
+                                        start_new_session=True,
+                                        preexec_fn=ended_with_parent)
             except FileNotFoundError as exc:
                 raise RegistryLaunchError(
                     f"cannot run {self.java!r}: the registry needs a Java 17+ runtime") from exc

@@ -47,3 +47,37 @@ def test_registry_flags_without_registry_are_one_line() -> None:
     assert proc.returncode == 2
     assert out.strip().splitlines()[-1] == (
         "kiproxy: config error: --registry-jar and --registry-port need --registry")
+
+
+def test_the_registry_jvm_ends_when_its_launcher_is_killed() -> None:
+    """The JVM runs in a session of its own (a Ctrl-C reaches only the launcher, which
+    stops it in order); a launcher killed with SIGKILL runs no cleanup, so the JVM is
+    told by the kernel instead (PR_SET_PDEATHSIG) and no registry is left on its port."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    jar = registry_jar_or_skip()
+    port = free_port()
+    launcher = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from pathlib import Path\n"
+         "from kiproxy_dev.apicurio import ApicurioRegistry\n"
+         f"ApicurioRegistry(Path({str(jar)!r}), port={port}).start()\n"
+         "print('up', flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert launcher.stdout is not None and launcher.stdout.readline().strip() == "up"
+        assert not port_free(port)
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 30
+        while not port_free(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert port_free(port), "the registry JVM outlived its killed launcher"
+    finally:
+        launcher.kill()
