@@ -64,6 +64,7 @@ from kiproxy.interceptors.flags import (
     add_flag,
     json_object,
 )
+from kiproxy.interceptors.json_spelling import spell_bytes
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
     DEFAULT_TIMEOUT_MS,
@@ -190,13 +191,8 @@ def builtin_samples(topic: str) -> list[RecordBatch]:
         topic=topic), make_batch("PLEASE READ THIS", topic=topic)]
 
 
-def _json_bytes(data: bytes | None) -> Any:
-    if data is None:
-        return None
-    try:
-        return data.decode()
-    except UnicodeDecodeError:
-        return {"b64": base64.b64encode(data).decode()}
+_json_bytes = spell_bytes("tagged")
+"""Bytes as the Wasm JSON encoding spells them (text, else ``{"b64": ...}``)."""
 
 
 def _record_line(record: Record) -> str:
