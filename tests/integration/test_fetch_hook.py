@@ -106,6 +106,21 @@ def _read(bootstrap: str, topics: list[str], count: int, timeout: float = 20,
         consumer.close()
 
 
+def _transactions(bootstrap: str, topic: str, count: int) -> None:
+    """An aborted, then a committed transaction of ``count`` records each (values
+    ``abort 0``..., ``commit 0``...) to partition 0, zstd."""
+    for outcome in ("abort", "commit"):
+        producer = confluent_producer({
+            "bootstrap.servers": bootstrap, "compression.type": "zstd",
+            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "message.timeout.ms": 20000})
+        producer.init_transactions(20)
+        producer.begin_transaction()
+        for i in range(count):
+            producer.produce(topic, value=f"{outcome} {i}".encode(), partition=0)
+        producer.flush(20)
+        getattr(producer, f"{outcome}_transaction")(20)
+
+
 @pytest.mark.parametrize("codec", CODECS)
 def test_every_codec_round_trips_through_both_hooks(upstream: Upstream, proxy: ProxyProcess,
                                                     codec: str) -> None:
@@ -139,19 +154,7 @@ def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
               "read_committed consumer reads aborted records (direct too)")
     topic = f"rev-tx-{uuid.uuid4().hex[:6]}"
     _create(upstream.bootstrap, topic)
-    for outcome in ("abort", "commit"):
-        producer = confluent_producer({
-            "bootstrap.servers": proxy.bootstrap, "compression.type": "zstd",
-            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "message.timeout.ms": 20000})
-        producer.init_transactions(20)
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"{outcome} {i}".encode(), partition=0)
-        producer.flush(20)
-        if outcome == "abort":
-            producer.abort_transaction(20)
-        else:
-            producer.commit_transaction(20)
+    _transactions(proxy.bootstrap, topic, 5)
     _produce(proxy.bootstrap, topic, [b"after"])
     committed = _read(proxy.bootstrap, [topic], 6, timeout=15,
                       **{"isolation.level": "read_committed"})
@@ -253,14 +256,7 @@ def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
     for codec in CODECS:
         _produce(upstream.bootstrap, topic, [f"{codec} {i} ".encode() * 30 for i in range(4)],
                  **{"compression.type": codec})
-    for outcome in ("abort", "commit"):
-        producer = confluent_producer({"bootstrap.servers": upstream.bootstrap,
-                                       "transactional.id": f"tx-{uuid.uuid4().hex[:8]}"})
-        producer.init_transactions(20)
-        producer.begin_transaction()
-        producer.produce(topic, value=outcome.encode(), partition=0)
-        producer.flush(20)
-        getattr(producer, f"{outcome}_transaction")(20)
+    _transactions(upstream.bootstrap, topic, 1)
     with RawClient(proxy.bootstrap) as client:
         topic_id = _metadata_topic_id(client, topic)
     written = Written(topic, topic_id, 0, 0)

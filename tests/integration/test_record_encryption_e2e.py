@@ -25,7 +25,7 @@ from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
 from hardening.fault_relay import wait_until
 from support.confluent import confluent_producer
 
-from integration.test_fetch_hook import _create, _produce, _read
+from integration.test_fetch_hook import _create, _produce, _read, _transactions
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
 from kiproxy_dev.tansu import free_port
@@ -138,19 +138,7 @@ def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
               "read_committed consumer reads aborted records (direct too)")
     topic = f"enc-tx-{uuid.uuid4().hex[:6]}"
     _create(upstream.bootstrap, topic)
-    for outcome in ("abort", "commit"):
-        producer = confluent_producer({
-            "bootstrap.servers": proxy.bootstrap, "compression.type": "zstd",
-            "transactional.id": f"tx-{uuid.uuid4().hex[:8]}", "message.timeout.ms": 20000})
-        producer.init_transactions(20)
-        producer.begin_transaction()
-        for i in range(5):
-            producer.produce(topic, value=f"{outcome} {i}".encode(), partition=0)
-        producer.flush(20)
-        if outcome == "abort":
-            producer.abort_transaction(20)
-        else:
-            producer.commit_transaction(20)
+    _transactions(proxy.bootstrap, topic, 5)
     _produce(proxy.bootstrap, topic, [b"after"], **{"enable.idempotence": True})
     committed = _read(proxy.bootstrap, [topic], 6, timeout=15,
                       **{"isolation.level": "read_committed"})
