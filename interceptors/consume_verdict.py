@@ -18,8 +18,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
 from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.protocol.records import first_moved
 
 __all__ = ["ConsumeRefusal", "judge_consume"]
 
@@ -47,7 +49,7 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     try:
         result = interceptor.on_consume(batch, ctx)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            result = await asyncio.wait_for(result, timeout)
+            result = await within(result, timeout)
     except RefuseFetch as exc:
         return ConsumeRefusal(exc.error_code, f"{name} refused it: {exc.message}", "refused")
     except TimeoutError:
@@ -66,10 +68,10 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result.records)} records for "
                               f"{len(batch.records)}: records can be changed, not added or "
                               "removed", "record_count")
-    for old, new in zip(batch.records, result.records, strict=True):
-        if new.offset_delta != old.offset_delta or new.timestamp != old.timestamp:
-            offset = batch.base_offset + old.offset_delta
-            return ConsumeRefusal(_RETRIED, f"{name} moved the record at offset {offset} "
-                                  "(its offset delta or timestamp changed; they are the "
-                                  "log's)", "shape_changed")
+    moved = first_moved(batch.records, result.records)
+    if moved >= 0:
+        offset = batch.base_offset + batch.records[moved].offset_delta
+        return ConsumeRefusal(_RETRIED, f"{name} moved the record at offset {offset} "
+                              "(its offset delta or timestamp changed; they are the "
+                              "log's)", "shape_changed")
     return result

@@ -3,16 +3,84 @@
 Contract: :func:`seal_values` replaces every non-null value of a run of records by
 ``nonce + encrypt(nonce, value, aad)`` and appends one marker header; :func:`open_values`
 undoes it for records that all carry the same marker, or answers None so that the
-plugin's own general path can say which record is not of that shape or does not open.
-The cipher (``encrypt``/``decrypt``, e.g. ``cryptography``'s ``AESGCM``) and the nonces
-are the caller's: these loops only spare each record the interpreter's per-record work
-(the ``record_encryption`` built-in opens a 1 KiB record in about half the CPU with
-them). Both are the record codec's (:mod:`kiproxy.protocol.records`), offered here so
-that plugins, built-in ones included, need only the plugin API.
+plugin's own general path can say which record is not of that shape or does not open;
+:func:`carries_header` tells a batch with a marked record from one without, building
+no header it does not need. The nonces are the caller's, and so is the cipher: a
+callable (``encrypt``/``decrypt``, e.g. ``cryptography``'s ``AESGCM``), called once per
+value, or what :func:`aes_gcm` returns. These loops are the record codec's
+(:mod:`kiproxy.protocol.records`), offered here so that plugins, built-in ones
+included, need only the plugin API.
+
+:func:`aes_gcm` gives AES-GCM bound to the OpenSSL library the Python interpreter itself
+loads for :mod:`hashlib` and :mod:`ssl` (an ``AesGcm``, whose ``encrypt``/``decrypt``
+give the bytes ``AESGCM``'s do). Handed to the loops, it seals or opens a whole batch
+without a Python call per record and without holding the GIL: a 1 KiB value costs
+little more than the cipher. Where that library cannot be bound (an interpreter built
+without OpenSSL, a platform whose loader this module does not know), :func:`aes_gcm`
+returns ``cryptography``'s ``AESGCM`` instead - the same bytes, one call per value - and
+:func:`compiled_gcm` says which one is in use.
 """
 
 from __future__ import annotations
 
-from kiproxy.protocol.records import open_values, seal_values
+import ctypes.util
+import functools
+import sys
+from typing import Protocol, cast
 
-__all__ = ["open_values", "seal_values"]
+from kiproxy.protocol._codec import AesGcm, load_gcm
+from kiproxy.protocol.records import carries_header, open_values, seal_values
+
+__all__ = ["Aead", "AesGcm", "aes_gcm", "carries_header", "compiled_gcm", "open_values",
+           "seal_values"]
+
+
+class Aead(Protocol):
+    """What :func:`aes_gcm` returns. ``decrypt`` raises ``ValueError`` (``AesGcm``) or
+    ``cryptography.exceptions.InvalidTag`` (``AESGCM``) for a field that does not open."""
+
+    def encrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes: ...
+
+    def decrypt(self, nonce: bytes, data: bytes, associated_data: bytes | None) -> bytes: ...
+
+
+def aes_gcm(key: bytes) -> Aead:
+    """AES-GCM under ``key`` (16, 24 or 32 bytes) for :func:`seal_values` and
+    :func:`open_values`: an ``AesGcm`` where OpenSSL could be bound, else ``AESGCM``."""
+    if compiled_gcm() is not None:
+        return cast(Aead, AesGcm(key))
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    return AESGCM(key)
+
+
+@functools.cache
+def compiled_gcm() -> str | None:
+    """The libcrypto :class:`AesGcm` is bound to, or None when it could not be bound."""
+    path = _libcrypto()
+    if path is None:
+        return None
+    try:
+        load_gcm(path)
+    except OSError:
+        return None
+    return path
+
+
+def _libcrypto() -> str | None:
+    """The libcrypto that Python's own ``_hashlib`` loaded (so no second OpenSSL is read
+    from disk), or the one the platform's loader finds."""
+    try:
+        import _hashlib  # noqa: F401  (loads libcrypto into this process)
+    except ImportError:
+        return None
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+                for line in maps:
+                    fields = line.split()
+                    if len(fields) >= 6 and "/libcrypto" in fields[5]:
+                        return fields[5]
+        except OSError:
+            pass
+    return ctypes.util.find_library("crypto")

@@ -53,7 +53,6 @@ if any, to call once the broker answered.
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
@@ -68,6 +67,7 @@ from kiproxy.interceptors.api import (
     RecordBatch,
     RejectBatch,
 )
+from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
 from kiproxy.protocol.records import records_size
@@ -413,8 +413,7 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
         verdict: Verdict = done.value
         return verdict
     try:
-        result = await (awaitable if remaining is None
-                        else asyncio.wait_for(awaitable, remaining))
+        result = await within(awaitable, remaining)
     except Exception as exc:
         return _resumed(judging, None, exc)
     return _resumed(judging, result, None)

@@ -24,7 +24,7 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 from cpython.ref cimport Py_INCREF
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport int32_t, int64_t, uint32_t, uint64_t
-from libc.string cimport memcpy
+from libc.string cimport memcmp, memcpy
 
 from kiproxy.protocol.errors import CorruptBatch
 
@@ -738,6 +738,28 @@ def receive_buffer(Py_ssize_t size):
     return PyByteArray_FromStringAndSize(NULL, size)
 
 
+include "_gcm.pxi"
+
+
+cdef struct _Field:
+    const unsigned char* src   # the field's bytes as stored (plaintext or nonce + sealed)
+    Py_ssize_t n               # bytes to encrypt or decrypt
+    unsigned char* dst         # where the result goes (inside a new bytes object)
+
+
+cdef inline const char* _value_span(Record r, Py_ssize_t* size):
+    """Where ``r``'s value lies (built or still in its block) and its size; NULL for null."""
+    if r._lazy & _LAZY_VALUE:
+        if r._value_len < 0:
+            return NULL
+        size[0] = r._value_len
+        return PyBytes_AS_STRING(r._block) + r._value_at
+    if r._value is None:
+        return NULL
+    size[0] = PyBytes_GET_SIZE(r._value)
+    return PyBytes_AS_STRING(r._value)
+
+
 def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes nonces,
                 Py_ssize_t nonce_bytes):
     """``records`` with every non-null value replaced by ``nonce + encrypt(nonce, value,
@@ -745,33 +767,79 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
     it is (a tombstone stays one).
 
     ``nonces`` holds ``nonce_bytes`` fresh random bytes per record, in order; the caller
-    checked that no record carries ``marker``'s key yet. The cipher is the caller's
-    (``encrypt``, e.g. ``AESGCM.encrypt``): this loop only spares each record the
-    interpreter's per-record work.
+    checked that no record carries ``marker``'s key yet. The cipher is the caller's:
+    ``encrypt`` is a callable (e.g. ``cryptography``'s ``AESGCM.encrypt``), called once
+    per value, or an :class:`AesGcm` (or its bound ``encrypt``), which seals the whole run without a Python call
+    per record and without holding the GIL.
     """
-    cdef Py_ssize_t i, n = len(records)
+    cdef Py_ssize_t i, k = 0, size, n = len(records)
     if PyBytes_GET_SIZE(nonces) < n * nonce_bytes:
         raise ValueError(f"{PyBytes_GET_SIZE(nonces)} nonce bytes for {n} records")
+    for i in range(n):
+        if type(records[i]) is not Record:
+            raise TypeError(f"record {i} is a {type(records[i]).__name__}, not a Record")
     cdef list out = []
     cdef Record r, c
     cdef tuple suffix = (marker,)
-    for i in range(n):
-        item = records[i]
-        if type(item) is not Record:
-            raise TypeError(f"record {i} is a {type(item).__name__}, not a Record")
-        r = <Record>item
-        value = r.value
-        if value is None:
-            out.append(r)
-            continue
-        nonce = PyBytes_FromStringAndSize(PyBytes_AS_STRING(nonces) + i * nonce_bytes,
-                                          nonce_bytes)
-        c = r._copy()
-        c._value = nonce + encrypt(nonce, value, aad)
-        c._built(_LAZY_VALUE)
-        c._headers = r.headers + suffix
-        c._built(_LAZY_HEADERS)
-        out.append(c)
+    cdef const char* nonce_at
+    cdef const char* at
+    cdef AesGcm gcm = _gcm_of(encrypt, "encrypt")
+    cdef list sealed = []
+    cdef _Field* fields = NULL
+    cdef void* ctx = NULL
+    cdef bint ok = True
+    if aad is None:
+        aad = b""
+    cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
+    cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
+    if gcm is not None:
+        fields = <_Field*>PyMem_Malloc(max(n, 1) * sizeof(_Field))
+        if fields == NULL:
+            raise MemoryError()
+    try:
+        for i in range(n):
+            r = <Record>records[i]
+            nonce_at = PyBytes_AS_STRING(nonces) + i * nonce_bytes
+            if gcm is None:
+                value = r.value
+                if value is None:
+                    out.append(r)
+                    continue
+                nonce = PyBytes_FromStringAndSize(nonce_at, nonce_bytes)
+                value = nonce + encrypt(nonce, value, aad)
+            else:
+                at = _value_span(r, &size)
+                if at == NULL:
+                    out.append(r)
+                    continue
+                value = PyBytes_FromStringAndSize(NULL, nonce_bytes + size + GCM_TAG_BYTES)
+                memcpy(PyBytes_AS_STRING(value), nonce_at, nonce_bytes)
+                fields[k].src = <const unsigned char*>at
+                fields[k].n = size
+                fields[k].dst = <unsigned char*>PyBytes_AS_STRING(value) + nonce_bytes
+                k += 1
+                sealed.append(r._block)  # the block the span lies in, kept alive
+            c = r._copy()
+            c._value = value
+            c._built(_LAZY_VALUE)
+            c._headers = r.headers + suffix
+            c._built(_LAZY_HEADERS)
+            out.append(c)
+        if k:
+            ctx = gcm._context(True, nonce_bytes)
+            with nogil:
+                for i in range(k):
+                    if not _gcm_seal(ctx, fields[i].dst - nonce_bytes, fields[i].src,
+                                     fields[i].n, aad_at, aad_len, fields[i].dst,
+                                     fields[i].dst + fields[i].n):
+                        ok = False
+                        break
+    finally:
+        if ctx != NULL:
+            _evp.ctx_free(ctx)
+        PyMem_Free(fields)
+    if not ok:
+        raise RuntimeError("OpenSSL failed to encrypt")
     return tuple(out)
 
 
@@ -779,7 +847,9 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
                 Py_ssize_t nonce_bytes, Py_ssize_t tag_bytes):
     """``records`` sealed by :func:`seal_values` under one ``descriptor``, opened: each
     value replaced by ``decrypt(nonce, rest, aad)`` (its first ``nonce_bytes`` are the
-    nonce) and its last header, the marker, removed.
+    nonce) and its last header, the marker, removed. ``decrypt`` is a callable or an
+    :class:`AesGcm` or its bound ``decrypt`` (then ``tag_bytes`` is 16), which opens the whole run without a
+    Python call per record and without holding the GIL.
 
     ``None`` as soon as a record has another shape - no value, a value shorter than a
     nonce and a tag, a last header that is not the marker with ``descriptor``, another
@@ -791,35 +861,130 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
     cdef Record r, c
     cdef tuple headers
     cdef Header last
-    for i in range(n):
-        item = records[i]
-        if type(item) is not Record:
-            return None
-        r = <Record>item
-        headers = r.headers
-        m = len(headers)
-        if m == 0:
-            return None
-        last = <Header>headers[m - 1]
-        if last.key != marker_key or last.value != descriptor:
-            return None
-        for j in range(m - 1):
-            if (<Header>headers[j]).key == marker_key:
+    cdef const char* at
+    cdef AesGcm gcm = _gcm_of(decrypt, "decrypt")
+    if gcm is not None and tag_bytes != GCM_TAG_BYTES:
+        raise ValueError(f"AES-GCM tags are {GCM_TAG_BYTES} bytes, not {tag_bytes}")
+    cdef list kept = []
+    cdef _Field* fields = NULL
+    cdef void* ctx = NULL
+    cdef bint ok = True
+    if aad is None:
+        aad = b""
+    cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
+    cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
+    if gcm is not None:
+        fields = <_Field*>PyMem_Malloc(max(n, 1) * sizeof(_Field))
+        if fields == NULL:
+            raise MemoryError()
+    try:
+        for i in range(n):
+            item = records[i]
+            if type(item) is not Record:
                 return None
-        value = r.value
-        if value is None:
-            return None
-        size = PyBytes_GET_SIZE(value)
-        if size < nonce_bytes + tag_bytes:
-            return None
-        try:
-            plain = decrypt(value[:nonce_bytes], value[nonce_bytes:], aad)
-        except Exception:
-            return None
-        c = r._copy()
-        c._value = plain
-        c._built(_LAZY_VALUE)
-        c._headers = headers[:m - 1]
-        c._built(_LAZY_HEADERS)
-        out.append(c)
-    return tuple(out)
+            r = <Record>item
+            headers = r.headers
+            m = len(headers)
+            if m == 0:
+                return None
+            last = <Header>headers[m - 1]
+            if last.key != marker_key or last.value != descriptor:
+                return None
+            for j in range(m - 1):
+                if (<Header>headers[j]).key == marker_key:
+                    return None
+            if gcm is None:
+                value = r.value
+                if value is None or PyBytes_GET_SIZE(value) < nonce_bytes + tag_bytes:
+                    return None
+                try:
+                    plain = decrypt(value[:nonce_bytes], value[nonce_bytes:], aad)
+                except Exception:
+                    return None
+            else:
+                at = _value_span(r, &size)
+                if at == NULL or size < nonce_bytes + tag_bytes:
+                    return None
+                size -= nonce_bytes + tag_bytes
+                plain = PyBytes_FromStringAndSize(NULL, size)
+                fields[i].src = <const unsigned char*>at
+                fields[i].n = size
+                fields[i].dst = <unsigned char*>PyBytes_AS_STRING(plain)
+                kept.append(r._block)  # the block the span lies in, kept alive
+            c = r._copy()
+            c._value = plain
+            c._built(_LAZY_VALUE)
+            c._headers = headers[:m - 1]
+            c._built(_LAZY_HEADERS)
+            out.append(c)
+        if gcm is not None and n:
+            ctx = gcm._context(False, nonce_bytes)
+            with nogil:
+                for i in range(n):
+                    if not _gcm_open(ctx, fields[i].src, fields[i].src + nonce_bytes,
+                                     fields[i].n, fields[i].src + nonce_bytes + fields[i].n,
+                                     aad_at, aad_len, fields[i].dst):
+                        ok = False
+                        break
+    finally:
+        if ctx != NULL:
+            _evp.ctx_free(ctx)
+        PyMem_Free(fields)
+    return tuple(out) if ok else None
+
+
+def first_moved(given_records, returned_records):
+    """The index of the first record of ``returned_records`` whose offset delta or
+    timestamp differs from the record at the same index of ``given_records`` (two
+    sequences of the same length), or -1."""
+    cdef tuple given = given_records if type(given_records) is tuple else tuple(given_records)
+    cdef tuple returned = (returned_records if type(returned_records) is tuple
+                           else tuple(returned_records))
+    cdef Py_ssize_t i, n = len(given)
+    if len(returned) != n:
+        raise ValueError(f"{len(returned)} records returned for {n}")
+    cdef object a, b
+    for i in range(n):
+        a = given[i]
+        b = returned[i]
+        if type(a) is Record and type(b) is Record:
+            if ((<Record>a).offset_delta != (<Record>b).offset_delta
+                    or (<Record>a).timestamp != (<Record>b).timestamp):
+                return i
+        elif a.offset_delta != b.offset_delta or a.timestamp != b.timestamp:
+            return i
+    return -1
+
+
+def carries_header(records, str key not None):
+    """Whether any record of ``records`` has a header named ``key``: the headers of a
+    decoded record not read yet are scanned where they lie, without building them."""
+    cdef bytes wanted = key.encode()
+    cdef const char* w = PyBytes_AS_STRING(wanted)
+    cdef Py_ssize_t wn = PyBytes_GET_SIZE(wanted), j, nh, vat
+    cdef int32_t klen
+    cdef Cursor c
+    cdef Record r
+    for item in records:
+        if type(item) is not Record:
+            if any(h.key == key for h in item.headers):
+                return True
+            continue
+        r = <Record>item
+        if not (r._lazy & _LAZY_HEADERS):
+            for h in r._headers:
+                if (<Header>h).key == key:
+                    return True
+            continue
+        c.data = <const unsigned char*>PyBytes_AS_STRING(r._block)
+        c.pos = r._headers_at
+        c.end = r._headers_end
+        c.origin = 0
+        nh = _read_varint(&c, b"header count", 0)
+        for j in range(nh):
+            klen = _read_varint(&c, b"header key length", 0)
+            if klen == wn and memcmp(c.data + c.pos, w, wn) == 0:
+                return True
+            c.pos += klen
+            _skip_bytes(&c, b"header value", 0, &vat)
+    return False

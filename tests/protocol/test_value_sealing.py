@@ -1,5 +1,7 @@
 """The compiled per-record loops under record encryption: ``seal_values`` and
-``open_values`` (the cipher is the caller's; here AES-GCM from ``cryptography``).
+``open_values``, with the cipher given as ``cryptography``'s AES-GCM (a Python call per
+value) and as the codec's own ``AesGcm`` bound to OpenSSL (the whole run without the
+GIL), the object itself or its bound methods: the same records come out either way.
 
 Sealed records open back to exactly what went in (keys, headers, timestamps, offset
 deltas; a null value kept); records decoded lazily from a batch work the same; and
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from kiproxy.interceptors.sealing import AesGcm, aes_gcm, compiled_gcm
 from kiproxy.protocol.records import (
     Header,
     Record,
@@ -27,7 +30,14 @@ from kiproxy.protocol.records import (
 MARKER = "kiproxy.encryption"
 DESCRIPTOR = b"\x01\x01descriptor"
 AAD = b"associated"
-AEAD = AESGCM(AESGCM.generate_key(bit_length=256))
+KEY = AESGCM.generate_key(bit_length=256)
+AEAD = AESGCM(KEY)
+GCM = aes_gcm(KEY)
+CIPHERS = {  # (encrypt, decrypt) as handed to the loops
+    "cryptography": (AEAD.encrypt, AEAD.decrypt),
+    "openssl": (GCM, GCM),
+    "openssl methods": (GCM.encrypt, GCM.decrypt),
+}
 
 
 def _records() -> tuple[Record, ...]:
@@ -37,18 +47,26 @@ def _records() -> tuple[Record, ...]:
                    timestamp=7, offset_delta=2))
 
 
-def _seal(records: tuple[Record, ...]) -> tuple[Record, ...]:
-    return seal_values(records, AEAD.encrypt, AAD, Header(MARKER, DESCRIPTOR),
+def _seal(records: tuple[Record, ...], cipher: str = "cryptography") -> tuple[Record, ...]:
+    return seal_values(records, CIPHERS[cipher][0], AAD, Header(MARKER, DESCRIPTOR),
                        os.urandom(12 * len(records)), 12)
 
 
-def _open(records: tuple[Record, ...], descriptor: bytes = DESCRIPTOR) -> Any:
-    return open_values(records, MARKER, descriptor, AEAD.decrypt, AAD, 12, 16)
+def _open(records: tuple[Record, ...], descriptor: bytes = DESCRIPTOR,
+          cipher: str = "cryptography") -> Any:
+    return open_values(records, MARKER, descriptor, CIPHERS[cipher][1], AAD, 12, 16)
 
 
-def test_sealed_values_open_to_what_went_in_and_a_null_value_is_kept() -> None:
+def test_the_codec_binds_openssl_here() -> None:
+    # Linux with CPython's own OpenSSL: the compiled cipher is what the built-in uses
+    assert compiled_gcm() is not None and "libcrypto" in str(compiled_gcm())
+    assert type(GCM) is AesGcm
+
+
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_sealed_values_open_to_what_went_in_and_a_null_value_is_kept(cipher: str) -> None:
     records = _records()
-    sealed = _seal(records)
+    sealed = _seal(records, cipher)
     assert sealed[1] is records[1]
     for before, after in ((records[0], sealed[0]), (records[2], sealed[2])):
         assert after.value != before.value and len(after.value or b"") == \
@@ -57,21 +75,26 @@ def test_sealed_values_open_to_what_went_in_and_a_null_value_is_kept() -> None:
         assert (after.key, after.timestamp, after.offset_delta) == (
             before.key, before.timestamp, before.offset_delta)
     values = (sealed[0], sealed[2])
-    assert _open(values) == (records[0], records[2])
+    for opener in CIPHERS:  # what one sealed, every other opens
+        assert _open(values, cipher=opener) == (records[0], records[2])
 
 
-def test_records_decoded_lazily_from_a_batch_seal_and_open() -> None:
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_records_decoded_lazily_from_a_batch_seal_and_open(cipher: str) -> None:
     records = tuple(Record(key=b"k%d" % i, value=b"v" * i, headers=[Header("x", b"y")],
                            timestamp=100 + i, offset_delta=i) for i in range(19))
     decoded = decode_batch(build_batch(records)).records
-    stored = decode_batch(build_batch(_seal(decoded))).records
-    assert _open(stored) == records
+    stored = decode_batch(build_batch(_seal(decoded, cipher))).records
+    assert _open(stored, cipher=cipher) == records
+    assert _open(stored, cipher="cryptography") == records
 
 
 @pytest.mark.parametrize("case", ["no marker", "other descriptor", "marker twice",
                                   "marker not last", "null value", "short value",
                                   "tampered", "not a record"])
-def test_anything_but_the_one_shape_is_left_to_the_general_path(case: str) -> None:
+@pytest.mark.parametrize("cipher", CIPHERS)
+def test_anything_but_the_one_shape_is_left_to_the_general_path(case: str,
+                                                                cipher: str) -> None:
     sealed = _seal((_records()[0],))[0]
     marker = Header(MARKER, DESCRIPTOR)
     bad: object = {
@@ -85,10 +108,85 @@ def test_anything_but_the_one_shape_is_left_to_the_general_path(case: str) -> No
         "tampered": sealed.with_value((sealed.value or b"")[:-1] + b"\x00"),
         "not a record": "a string",
     }[case]
-    assert _open((sealed, bad)) is None  # type: ignore[arg-type]
-    assert _open((sealed,)) is not None
+    assert _open((sealed, bad), cipher=cipher) is None  # type: ignore[arg-type]
+    assert _open((bad, sealed), cipher=cipher) is None  # type: ignore[arg-type]
+    assert _open((sealed,), cipher=cipher) is not None
 
 
 def test_seal_values_wants_a_nonce_per_record() -> None:
     with pytest.raises(ValueError, match="nonce bytes for 3 records"):
         seal_values(_records(), AEAD.encrypt, AAD, Header(MARKER, DESCRIPTOR), b"x" * 12, 12)
+
+
+@pytest.mark.parametrize("key_bits", [128, 192, 256])
+@pytest.mark.parametrize("nonce_bytes", [12, 8, 16])
+def test_aes_gcm_gives_the_bytes_cryptography_gives(key_bits: int, nonce_bytes: int) -> None:
+    key = AESGCM.generate_key(bit_length=key_bits)
+    ours, theirs = aes_gcm(key), AESGCM(key)
+    for size in (0, 1, 15, 16, 17, 1024, 70_001):
+        nonce, data, aad = os.urandom(nonce_bytes), os.urandom(size), os.urandom(size % 40)
+        sealed = theirs.encrypt(nonce, data, aad)
+        assert ours.encrypt(nonce, data, aad) == sealed
+        assert ours.decrypt(nonce, sealed, aad) == data
+        assert ours.decrypt(nonce, bytearray(sealed), memoryview(aad)) == data
+        for bad_nonce, bad_sealed, bad_aad in ((nonce, sealed, aad + b"x"),
+                                               (nonce, sealed[:-1] + b"\x00", aad),
+                                               (os.urandom(nonce_bytes), sealed, aad)):
+            with pytest.raises(ValueError, match="does not open"):
+                ours.decrypt(bad_nonce, bad_sealed, bad_aad)
+
+
+def test_aes_gcm_refuses_a_bad_key_a_bad_nonce_and_a_cut_tag() -> None:
+    with pytest.raises(ValueError, match="16, 24 or 32 bytes, not 31"):
+        aes_gcm(b"k" * 31)
+    with pytest.raises(ValueError, match="nonce of 0 bytes"):
+        GCM.encrypt(b"", b"data", None)
+    with pytest.raises(ValueError, match="shorter than a tag"):
+        GCM.decrypt(b"n" * 12, b"x" * 15, None)
+    assert "256-bit" in repr(GCM) and KEY.hex() not in repr(GCM)
+
+
+def test_without_openssl_aes_gcm_is_cryptographys(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiproxy.interceptors.sealing as sealing
+
+    monkeypatch.setattr(sealing, "compiled_gcm", lambda: None)
+    assert type(sealing.aes_gcm(KEY)) is AESGCM
+
+
+def test_one_key_opens_batches_on_several_threads_at_once() -> None:
+    # the loops run without the GIL, each with a cipher context of its own
+    from concurrent.futures import ThreadPoolExecutor
+
+    batches = [tuple(Record(key=b"%d" % t, value=os.urandom(100 + i), offset_delta=i)
+                     for i in range(200)) for t in range(8)]
+    sealed = [_seal(b, "openssl") for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(5):
+            opened = list(pool.map(lambda s: _open(s, cipher="openssl"), sealed))
+            assert opened == batches
+
+
+def test_carries_header_reads_lazy_and_built_headers() -> None:
+    from kiproxy.interceptors.sealing import carries_header
+
+    plain = tuple(Record(value=b"v", headers=[Header("a", b"1"), Header("kiproxy.e", None)],
+                         offset_delta=i) for i in range(3))
+    marked = _seal(plain[:1])
+    for records, expected in ((plain, False), ((*plain, *marked), True), ((), False)):
+        lazy = decode_batch(build_batch(records)).records if records else ()
+        assert carries_header(records, MARKER) is expected
+        assert carries_header(lazy, MARKER) is expected
+        assert all(r.headers for r in lazy)  # and, built now, read the same way
+        assert carries_header(lazy, MARKER) is expected
+    assert carries_header(plain, "kiproxy.e") and not carries_header(plain, "kiproxy")
+
+
+def test_first_moved_names_the_first_record_whose_offset_or_timestamp_changed() -> None:
+    from kiproxy.protocol.records import first_moved
+
+    records = tuple(Record(value=b"v", timestamp=10 + i, offset_delta=i) for i in range(4))
+    assert first_moved(records, tuple(r.with_value(b"w") for r in records)) == -1
+    assert first_moved(records, [*records[:2], records[3], records[2]]) == 2
+    assert first_moved(records, (*records[:3], records[3].with_timestamp(0))) == 3
+    with pytest.raises(ValueError, match="3 records returned for 4"):
+        first_moved(records, records[:3])

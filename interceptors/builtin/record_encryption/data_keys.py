@@ -33,9 +33,9 @@ from collections.abc import Awaitable, Callable, Hashable, Mapping
 from typing import Annotated, Generic, TypeVar
 
 import pydantic
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import Field
 
+from kiproxy.interceptors.sealing import Aead, aes_gcm
 from kiproxy.interceptors.settings import PluginSettings
 
 from .kms import KmsError, KmsProvider
@@ -77,7 +77,7 @@ class EncryptionKey:
 
     __slots__ = ("aead", "created", "key_id", "uses", "wrapped")
 
-    def __init__(self, key_id: str, wrapped: bytes, aead: AESGCM, created: float) -> None:
+    def __init__(self, key_id: str, wrapped: bytes, aead: Aead, created: float) -> None:
         self.key_id = key_id
         self.wrapped = wrapped
         self.aead = aead
@@ -141,10 +141,10 @@ class DataKeyCache:
         self.unwrapped = 0
         """Wrapped data keys unwrapped (``Decrypt`` calls that answered)."""
         self._current: dict[tuple[str, str], EncryptionKey] = {}
-        self._decrypted: OrderedDict[tuple[str, bytes], tuple[AESGCM, float]] = OrderedDict()
+        self._decrypted: OrderedDict[tuple[str, bytes], tuple[Aead, float]] = OrderedDict()
         self._generating: _SingleFlight[EncryptionKey] = _SingleFlight(
             clock, self.policy.negative_ttl_s)
-        self._unwrapping: _SingleFlight[AESGCM] = _SingleFlight(
+        self._unwrapping: _SingleFlight[Aead] = _SingleFlight(
             clock, self.policy.negative_ttl_s)
 
     async def encryption_key(self, topic: str, reference: str, uses: int) -> EncryptionKey:
@@ -174,13 +174,13 @@ class DataKeyCache:
         key_id = await self.kms.resolve_key(slot[1])
         generated = await self.kms.generate_data_key(key_id)
         self.generated += 1
-        aead = AESGCM(generated.plaintext)
+        aead = aes_gcm(generated.plaintext)
         key = EncryptionKey(generated.key_id, generated.wrapped, aead, self._clock())
         self._current[slot] = key
         self._remember((generated.key_id, generated.wrapped), aead)
         return key
 
-    async def decryption_key(self, key_id: str, wrapped: bytes) -> AESGCM:
+    async def decryption_key(self, key_id: str, wrapped: bytes) -> Aead:
         """The data key ``wrapped`` under KEK ``key_id``, unwrapped (cached). Raises
         :class:`~.kms.KmsError`."""
         slot = (key_id, wrapped)
@@ -192,13 +192,13 @@ class DataKeyCache:
             del self._decrypted[slot]
         return await self._unwrapping.run(slot, functools.partial(self._unwrap, key_id, wrapped))
 
-    async def _unwrap(self, key_id: str, wrapped: bytes) -> AESGCM:
-        aead = AESGCM(await self.kms.decrypt_data_key(key_id, wrapped))
+    async def _unwrap(self, key_id: str, wrapped: bytes) -> Aead:
+        aead = aes_gcm(await self.kms.decrypt_data_key(key_id, wrapped))
         self.unwrapped += 1
         self._remember((key_id, wrapped), aead)
         return aead
 
-    def _remember(self, slot: tuple[str, bytes], aead: AESGCM) -> None:
+    def _remember(self, slot: tuple[str, bytes], aead: Aead) -> None:
         self._decrypted[slot] = (aead, self._clock() + self.policy.decrypted_ttl_s)
         self._decrypted.move_to_end(slot)
         while len(self._decrypted) > self.policy.decrypted_cache_size:

@@ -64,10 +64,9 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from kiproxy.interceptors import Header, Record
-from kiproxy.interceptors.sealing import open_values, seal_values
+from kiproxy.interceptors.sealing import Aead, open_values, seal_values
 
 __all__ = [
     "FORMAT_VERSION",
@@ -144,7 +143,7 @@ def _aad(topic: bytes, kind: bytes, name: bytes, occurrence: int, descriptor: by
                      name, _U16.pack(occurrence), descriptor))
 
 
-def seal_record(record: Record, *, topic: str, aead: AESGCM, key_id: str, wrapped_key: bytes,
+def seal_record(record: Record, *, topic: str, aead: Aead, key_id: str, wrapped_key: bytes,
                 header_names: Collection[str] = ()) -> Record:
     """``record`` with its value and the non-null values of the headers named in
     ``header_names`` sealed under ``aead`` (the data key whose wrapped form is
@@ -182,7 +181,7 @@ def seal_record(record: Record, *, topic: str, aead: AESGCM, key_id: str, wrappe
                   offset_delta=record.offset_delta)
 
 
-def value_sealer(*, topic: str, aead: AESGCM, key_id: str, wrapped_key: bytes
+def value_sealer(*, topic: str, aead: Aead, key_id: str, wrapped_key: bytes
                  ) -> Callable[[Sequence[Record]], tuple[Record, ...]]:
     """:func:`seal_record` with no header to seal, over a run of records (the caller
     checked: no marker header): the descriptor and its associated data built once, and
@@ -255,7 +254,7 @@ def _parse_descriptor(raw: bytes, topic: str) -> Descriptor:
 
 
 def open_record(record: Record, *, topic: str, descriptor: Descriptor, raw_descriptor: bytes,
-                aead: AESGCM) -> Record:
+                aead: Aead) -> Record:
     """The original of a sealed ``record``: fields opened with ``aead`` (the data key
     ``descriptor`` names), the marker header removed. Raises :class:`EnvelopeError`."""
     tb = topic.encode()
@@ -298,7 +297,7 @@ def value_aad(topic: str, raw_descriptor: bytes) -> bytes:
 
 
 def open_values_fast(records: Sequence[Record], *, raw_descriptor: bytes, aad: bytes,
-                     aead: AESGCM) -> tuple[Record, ...] | None:
+                     aead: Aead) -> tuple[Record, ...] | None:
     """Every record of ``records`` opened in one compiled loop
     (:func:`~kiproxy.protocol.records.open_values`) when each has the shape
     :func:`opens_by_value` accepts under this one descriptor and opens; else None (the
@@ -307,7 +306,7 @@ def open_values_fast(records: Sequence[Record], *, raw_descriptor: bytes, aad: b
                        NONCE_BYTES, TAG_BYTES)
 
 
-def open_value(record: Record, *, topic: str, aad: bytes, aead: AESGCM) -> Record:
+def open_value(record: Record, *, topic: str, aad: bytes, aead: Aead) -> Record:
     """:func:`open_record` of a record of the shape :func:`opens_by_value` accepts, given
     its value's associated data (:func:`value_aad`, the same for every record sealed
     with one descriptor): what a batch of one data key costs per record, once the
@@ -318,12 +317,12 @@ def open_value(record: Record, *, topic: str, aad: bytes, aead: AESGCM) -> Recor
                   offset_delta=record.offset_delta)
 
 
-def _open(aead: AESGCM, sealed: bytes, aad: bytes, topic: str, field: str) -> bytes:
+def _open(aead: Aead, sealed: bytes, aad: bytes, topic: str, field: str) -> bytes:
     if len(sealed) < NONCE_BYTES + TAG_BYTES:
         raise EnvelopeError(f"topic {topic!r}: the sealed {field} is {len(sealed)} bytes, "
                             f"shorter than a nonce and a tag")
     try:
         return aead.decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], aad)
-    except InvalidTag:
+    except (InvalidTag, ValueError):  # AESGCM's, AesGcm's
         raise EnvelopeError(f"topic {topic!r}: the sealed {field} does not open: it was "
                             "changed, cut, or encrypted for another topic") from None

@@ -36,6 +36,7 @@ topic and cause.
 from __future__ import annotations
 
 import logging
+import operator
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
@@ -52,6 +53,7 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.log_limit import RateLimitedLog
+from kiproxy.interceptors.sealing import carries_header
 
 from .data_keys import DataKeyCache
 from .envelope import MARKER_HEADER, EnvelopeError
@@ -74,10 +76,6 @@ def _kms(settings: RecordEncryptionSettings) -> KmsProvider:
         return KeyFileKms(kms.path)
     from .aws_kms import AwsKmsProvider  # boto3 loads only for an AWS KMS
     return AwsKmsProvider(kms)
-
-
-def _sealed(record: Record) -> bool:
-    return any(h.key == MARKER_HEADER for h in record.headers)
 
 
 class _Configured:
@@ -165,7 +163,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
     async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
         """``batch`` with every sealed record opened (plaintext records as they are)."""
         state = self._configured()
-        if not any(_sealed(r) for r in batch.records):
+        if not carries_header(batch.records, MARKER_HEADER):
             return batch
         topic = batch.topic
         where = f"{topic}[{batch.partition}] batch at offset {batch.base_offset}"
@@ -187,8 +185,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             raise RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
                               f"{exc}") from None
         # an opened record is a new value; one passed as stored is the same object
-        self.counts["decrypted"] += sum(1 for new, old in zip(records, batch.records,
-                                                              strict=True) if new is not old)
+        self.counts["decrypted"] += sum(map(operator.is_not, records, batch.records))
         return batch.with_records(records)
 
     async def _each(self, cipher: RecordCipher, topic: str, where: str,

@@ -24,9 +24,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Collection, Sequence
 
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
 from kiproxy.interceptors import Record
+from kiproxy.interceptors.sealing import Aead
 
 from .data_keys import DataKeyCache
 from .envelope import (
@@ -110,7 +109,7 @@ class RecordCipher:
         distinct = {id(p[0]): p for p in found if p}
         slots = list(dict.fromkeys((d.key_id, d.wrapped_key) for d, _ in distinct.values()))
         unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s) for s in slots))
-        aeads: dict[tuple[str, bytes], AESGCM] = dict(zip(slots, unwrapped, strict=True))
+        aeads: dict[tuple[str, bytes], Aead] = dict(zip(slots, unwrapped, strict=True))
         openers = {i: (aeads[d.key_id, d.wrapped_key], value_aad(topic, raw))
                    for i, (d, raw) in distinct.items()}
         out = []

@@ -1,0 +1,226 @@
+# AES-GCM through OpenSSL's EVP interface, for the sealing loops of _codec.pyx (included
+# there, so that they reach Record's fields).
+#
+# Contract. ``load_gcm(path)`` binds the libcrypto at ``path`` (OpenSSL 1.1 or 3; the one
+# Python's own hashlib and ssl modules load) and raises OSError naming what is missing;
+# until it succeeded, ``AesGcm(key)`` raises RuntimeError. ``AesGcm`` is AES-GCM with a
+# 128-, 192- or 256-bit key whose ``encrypt(nonce, data, aad)`` and ``decrypt(nonce,
+# data, aad)`` give the same bytes as ``cryptography``'s ``AESGCM`` (ciphertext then
+# a 16-byte tag); ``decrypt`` raises ValueError when the tag does not match. Given as
+# the cipher of ``seal_values``/``open_values`` (the object or its bound ``encrypt`` /
+# ``decrypt``), it runs a whole batch's records without a Python call per record and
+# without the GIL.
+#
+# Why bind OpenSSL here rather than call ``cryptography``: its AEAD objects take one
+# Python call per field and hold the GIL, and the call, the argument slices and the
+# result's copy cost a 1 KiB record more than the cipher itself. The symbols are looked
+# up at run time (dlopen), so building kiproxy needs no OpenSSL headers; every cipher
+# context is made per call and freed before it returns, so one key is safe to use from
+# several threads at once - except the two that ``encrypt`` and ``decrypt`` keep for
+# 12-byte nonces, which only calls holding the GIL use.
+
+from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
+
+ctypedef void* (*_ctx_new_t)() noexcept nogil
+ctypedef void (*_ctx_free_t)(void*) noexcept nogil
+ctypedef const void* (*_cipher_t)() noexcept nogil
+ctypedef int (*_init_t)(void*, const void*, void*, const unsigned char*,
+                        const unsigned char*) noexcept nogil
+ctypedef int (*_ctrl_t)(void*, int, int, void*) noexcept nogil
+ctypedef int (*_update_t)(void*, unsigned char*, int*, const unsigned char*, int) noexcept nogil
+ctypedef int (*_final_t)(void*, unsigned char*, int*) noexcept nogil
+
+cdef enum:
+    _GCM_SET_IVLEN = 0x9   # EVP_CTRL_AEAD_SET_IVLEN
+    _GCM_GET_TAG = 0x10    # EVP_CTRL_AEAD_GET_TAG
+    _GCM_SET_TAG = 0x11    # EVP_CTRL_AEAD_SET_TAG
+    GCM_TAG_BYTES = 16
+
+cdef struct _Evp:
+    _ctx_new_t ctx_new
+    _ctx_free_t ctx_free
+    _cipher_t gcm128
+    _cipher_t gcm192
+    _cipher_t gcm256
+    _ctrl_t ctrl
+    _init_t encrypt_init
+    _update_t encrypt_update
+    _final_t encrypt_final
+    _init_t decrypt_init
+    _update_t decrypt_update
+    _final_t decrypt_final
+
+cdef _Evp _evp
+cdef bint _evp_loaded = False
+
+
+cdef void* _symbol(void* lib, bytes name) except NULL:
+    cdef void* found = dlsym(lib, name)
+    if found == NULL:
+        raise OSError(f"libcrypto has no {name.decode()}")
+    return found
+
+
+def load_gcm(str path):
+    """Bind AES-GCM from the libcrypto at ``path``; OSError when it cannot be."""
+    global _evp, _evp_loaded
+    if _evp_loaded:
+        return
+    cdef void* lib = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
+    if lib == NULL:
+        raise OSError(f"cannot load {path}: {(<bytes>dlerror()).decode(errors='replace')}")
+    cdef _Evp e
+    e.ctx_new = <_ctx_new_t>_symbol(lib, b"EVP_CIPHER_CTX_new")
+    e.ctx_free = <_ctx_free_t>_symbol(lib, b"EVP_CIPHER_CTX_free")
+    e.gcm128 = <_cipher_t>_symbol(lib, b"EVP_aes_128_gcm")
+    e.gcm192 = <_cipher_t>_symbol(lib, b"EVP_aes_192_gcm")
+    e.gcm256 = <_cipher_t>_symbol(lib, b"EVP_aes_256_gcm")
+    e.ctrl = <_ctrl_t>_symbol(lib, b"EVP_CIPHER_CTX_ctrl")
+    e.encrypt_init = <_init_t>_symbol(lib, b"EVP_EncryptInit_ex")
+    e.encrypt_update = <_update_t>_symbol(lib, b"EVP_EncryptUpdate")
+    e.encrypt_final = <_final_t>_symbol(lib, b"EVP_EncryptFinal_ex")
+    e.decrypt_init = <_init_t>_symbol(lib, b"EVP_DecryptInit_ex")
+    e.decrypt_update = <_update_t>_symbol(lib, b"EVP_DecryptUpdate")
+    e.decrypt_final = <_final_t>_symbol(lib, b"EVP_DecryptFinal_ex")
+    _evp = e
+    _evp_loaded = True
+
+
+cdef class AesGcm:
+    """AesGcm(key): AES-GCM under ``key`` (16, 24 or 32 bytes) through OpenSSL, with the
+    ``encrypt``/``decrypt`` of ``cryptography``'s ``AESGCM`` (see ``load_gcm``)."""
+
+    cdef bytes _key
+    cdef void* _sealing    # kept for encrypt() with 12-byte nonces (GIL held)
+    cdef void* _opening    # kept for decrypt() with 12-byte nonces (GIL held)
+
+    def __init__(self, bytes key not None):
+        if not _evp_loaded:
+            raise RuntimeError("AES-GCM is not bound to a libcrypto (load_gcm)")
+        if PyBytes_GET_SIZE(key) not in (16, 24, 32):
+            raise ValueError(f"an AES key is 16, 24 or 32 bytes, not {PyBytes_GET_SIZE(key)}")
+        self._key = key
+
+    def __dealloc__(self):
+        if self._sealing != NULL:
+            _evp.ctx_free(self._sealing)
+        if self._opening != NULL:
+            _evp.ctx_free(self._opening)
+
+    def __repr__(self):
+        return f"AesGcm(<{PyBytes_GET_SIZE(self._key) * 8}-bit key>)"
+
+    cdef void* _context(self, bint encrypting, Py_ssize_t nonce_bytes) except NULL:
+        """A cipher context with this key and ``nonce_bytes`` nonces; the caller frees it."""
+        cdef Py_ssize_t n = PyBytes_GET_SIZE(self._key)
+        cdef const void* cipher = (_evp.gcm128() if n == 16 else
+                                   _evp.gcm192() if n == 24 else _evp.gcm256())
+        cdef const unsigned char* key = <const unsigned char*>PyBytes_AS_STRING(self._key)
+        if nonce_bytes < 1 or nonce_bytes > 128:
+            raise ValueError(f"a nonce of {nonce_bytes} bytes (1 to 128)")
+        cdef void* ctx = _evp.ctx_new()
+        if ctx == NULL:
+            raise MemoryError("EVP_CIPHER_CTX_new")
+        cdef _init_t init = _evp.encrypt_init if encrypting else _evp.decrypt_init
+        if (init(ctx, cipher, NULL, NULL, NULL) != 1
+                or _evp.ctrl(ctx, _GCM_SET_IVLEN, <int>nonce_bytes, NULL) != 1
+                or init(ctx, NULL, NULL, key, NULL) != 1):
+            _evp.ctx_free(ctx)
+            raise RuntimeError("OpenSSL refused the AES-GCM key or nonce length")
+        return ctx
+
+    cdef void* _single(self, bint encrypting, Py_ssize_t nonce_bytes) except NULL:
+        """The context of one ``encrypt``/``decrypt`` call: the kept one for 12-byte
+        nonces, else a new one the caller frees."""
+        if nonce_bytes != 12:
+            return self._context(encrypting, nonce_bytes)
+        if encrypting:
+            if self._sealing == NULL:
+                self._sealing = self._context(True, 12)
+            return self._sealing
+        if self._opening == NULL:
+            self._opening = self._context(False, 12)
+        return self._opening
+
+    def encrypt(self, bytes nonce not None, data, aad):
+        """``data`` encrypted, followed by its 16-byte tag."""
+        cdef const unsigned char[:] plain = data
+        cdef bytes a = bytes(aad) if aad is not None else b""
+        cdef Py_ssize_t n = plain.shape[0]
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, n + GCM_TAG_BYTES)
+        cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
+        cdef void* ctx = self._single(True, PyBytes_GET_SIZE(nonce))
+        cdef int ok = _gcm_seal(ctx, <const unsigned char*>PyBytes_AS_STRING(nonce),
+                                &plain[0] if n else <const unsigned char*>o, n,
+                                <const unsigned char*>PyBytes_AS_STRING(a),
+                                PyBytes_GET_SIZE(a), o, o + n)
+        if ctx != self._sealing:
+            _evp.ctx_free(ctx)
+        if not ok:
+            raise RuntimeError("OpenSSL failed to encrypt")
+        return out
+
+    def decrypt(self, bytes nonce not None, data, aad):
+        """The plaintext of ``data`` (ciphertext and tag); ValueError if it does not open."""
+        cdef const unsigned char[:] sealed = data
+        cdef bytes a = bytes(aad) if aad is not None else b""
+        cdef Py_ssize_t n = sealed.shape[0] - GCM_TAG_BYTES
+        if n < 0:
+            raise ValueError("the ciphertext is shorter than a tag")
+        cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
+        cdef void* ctx = self._single(False, PyBytes_GET_SIZE(nonce))
+        cdef int ok = _gcm_open(ctx, <const unsigned char*>PyBytes_AS_STRING(nonce),
+                                &sealed[0], n, &sealed[0] + n,
+                                <const unsigned char*>PyBytes_AS_STRING(a),
+                                PyBytes_GET_SIZE(a), <unsigned char*>PyBytes_AS_STRING(out))
+        if ctx != self._opening:
+            _evp.ctx_free(ctx)
+        if not ok:
+            raise ValueError("the ciphertext does not open under this key, nonce and aad")
+        return out
+
+
+cdef int _gcm_seal(void* ctx, const unsigned char* nonce, const unsigned char* plain,
+                   Py_ssize_t n, const unsigned char* aad, Py_ssize_t aad_len,
+                   unsigned char* out, unsigned char* tag) noexcept nogil:
+    """Encrypt ``n`` bytes of ``plain`` into ``out`` and the tag into ``tag``: 1, or 0."""
+    cdef int written = 0
+    if n > 0x7FFFFFFF or aad_len > 0x7FFFFFFF:
+        return 0
+    if _evp.encrypt_init(ctx, NULL, NULL, NULL, nonce) != 1:
+        return 0
+    if aad_len and _evp.encrypt_update(ctx, NULL, &written, aad, <int>aad_len) != 1:
+        return 0
+    if n and _evp.encrypt_update(ctx, out, &written, plain, <int>n) != 1:
+        return 0
+    if _evp.encrypt_final(ctx, out + written, &written) != 1:
+        return 0
+    return _evp.ctrl(ctx, _GCM_GET_TAG, GCM_TAG_BYTES, tag) == 1
+
+
+cdef int _gcm_open(void* ctx, const unsigned char* nonce, const unsigned char* sealed,
+                   Py_ssize_t n, const unsigned char* tag, const unsigned char* aad,
+                   Py_ssize_t aad_len, unsigned char* out) noexcept nogil:
+    """Decrypt ``n`` bytes of ``sealed`` into ``out``, checking ``tag``: 1, or 0."""
+    cdef int written = 0
+    if n > 0x7FFFFFFF or aad_len > 0x7FFFFFFF:
+        return 0
+    if _evp.decrypt_init(ctx, NULL, NULL, NULL, nonce) != 1:
+        return 0
+    if aad_len and _evp.decrypt_update(ctx, NULL, &written, aad, <int>aad_len) != 1:
+        return 0
+    if n and _evp.decrypt_update(ctx, out, &written, sealed, <int>n) != 1:
+        return 0
+    if _evp.ctrl(ctx, _GCM_SET_TAG, GCM_TAG_BYTES, <void*>tag) != 1:
+        return 0
+    return _evp.decrypt_final(ctx, out + written, &written) == 1
+
+
+cdef AesGcm _gcm_of(object cipher, str method):
+    """The ``AesGcm`` whose bound ``method`` ``cipher`` is, or that ``cipher`` is; else None."""
+    if type(cipher) is AesGcm:
+        return <AesGcm>cipher
+    owner = getattr(cipher, "__self__", None)
+    if type(owner) is AesGcm and getattr(cipher, "__name__", None) == method:
+        return <AesGcm>owner
+    return None
