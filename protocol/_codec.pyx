@@ -826,7 +826,7 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
             c._built(_LAZY_HEADERS)
             out.append(c)
         if k:
-            ctx = gcm._context(True, nonce_bytes)
+            ctx = gcm._borrow(True, nonce_bytes)
             with nogil:
                 for i in range(k):
                     if not _gcm_seal(ctx, fields[i].dst - nonce_bytes, fields[i].src,
@@ -836,7 +836,7 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
                         break
     finally:
         if ctx != NULL:
-            _evp.ctx_free(ctx)
+            gcm._give_back(ctx, True, nonce_bytes)
         PyMem_Free(fields)
     if not ok:
         raise RuntimeError("OpenSSL failed to encrypt")
@@ -918,7 +918,7 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
             c._built(_LAZY_HEADERS)
             out.append(c)
         if gcm is not None and n:
-            ctx = gcm._context(False, nonce_bytes)
+            ctx = gcm._borrow(False, nonce_bytes)
             with nogil:
                 for i in range(n):
                     if not _gcm_open(ctx, fields[i].src, fields[i].src + nonce_bytes,
@@ -928,7 +928,7 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
                         break
     finally:
         if ctx != NULL:
-            _evp.ctx_free(ctx)
+            gcm._give_back(ctx, False, nonce_bytes)
         PyMem_Free(fields)
     return tuple(out) if ok else None
 

@@ -15,9 +15,9 @@
 # Python call per field and hold the GIL, and the call, the argument slices and the
 # result's copy cost a 1 KiB record more than the cipher itself. The symbols are looked
 # up at run time (dlopen), so building kiproxy needs no OpenSSL headers; every cipher
-# context is made per call and freed before it returns, so one key is safe to use from
-# several threads at once - except the two that ``encrypt`` and ``decrypt`` keep for
-# 12-byte nonces, which only calls holding the GIL use.
+# context is owned by one call at a time (a key keeps one spare per direction for
+# 12-byte nonces, lent and taken back with the GIL held), so one key is safe to use
+# from several threads at once.
 
 from posix.dlfcn cimport RTLD_LOCAL, RTLD_NOW, dlerror, dlopen, dlsym
 
@@ -129,18 +129,28 @@ cdef class AesGcm:
             raise RuntimeError("OpenSSL refused the AES-GCM key or nonce length")
         return ctx
 
-    cdef void* _single(self, bint encrypting, Py_ssize_t nonce_bytes) except NULL:
-        """The context of one ``encrypt``/``decrypt`` call: the kept one for 12-byte
-        nonces, else a new one the caller frees."""
-        if nonce_bytes != 12:
-            return self._context(encrypting, nonce_bytes)
-        if encrypting:
-            if self._sealing == NULL:
-                self._sealing = self._context(True, 12)
-            return self._sealing
-        if self._opening == NULL:
-            self._opening = self._context(False, 12)
-        return self._opening
+    cdef void* _borrow(self, bint encrypting, Py_ssize_t nonce_bytes) except NULL:
+        """A context for this key and nonce length, the caller's alone until it hands it
+        to :meth:`_give_back` (with the GIL held, as here): the one kept for 12-byte
+        nonces when it is free, else a new one."""
+        cdef void* ctx
+        if nonce_bytes == 12:
+            if encrypting and self._sealing != NULL:
+                ctx, self._sealing = self._sealing, NULL
+                return ctx
+            if not encrypting and self._opening != NULL:
+                ctx, self._opening = self._opening, NULL
+                return ctx
+        return self._context(encrypting, nonce_bytes)
+
+    cdef void _give_back(self, void* ctx, bint encrypting, Py_ssize_t nonce_bytes):
+        """Keep ``ctx`` for the next 12-byte-nonce call when none is kept, else free it."""
+        if nonce_bytes == 12 and encrypting and self._sealing == NULL:
+            self._sealing = ctx
+        elif nonce_bytes == 12 and not encrypting and self._opening == NULL:
+            self._opening = ctx
+        else:
+            _evp.ctx_free(ctx)
 
     def encrypt(self, bytes nonce not None, data, aad):
         """``data`` encrypted, followed by its 16-byte tag."""
@@ -149,13 +159,12 @@ cdef class AesGcm:
         cdef Py_ssize_t n = plain.shape[0]
         cdef bytes out = PyBytes_FromStringAndSize(NULL, n + GCM_TAG_BYTES)
         cdef unsigned char* o = <unsigned char*>PyBytes_AS_STRING(out)
-        cdef void* ctx = self._single(True, PyBytes_GET_SIZE(nonce))
+        cdef void* ctx = self._borrow(True, PyBytes_GET_SIZE(nonce))
         cdef int ok = _gcm_seal(ctx, <const unsigned char*>PyBytes_AS_STRING(nonce),
                                 &plain[0] if n else <const unsigned char*>o, n,
                                 <const unsigned char*>PyBytes_AS_STRING(a),
                                 PyBytes_GET_SIZE(a), o, o + n)
-        if ctx != self._sealing:
-            _evp.ctx_free(ctx)
+        self._give_back(ctx, True, PyBytes_GET_SIZE(nonce))
         if not ok:
             raise RuntimeError("OpenSSL failed to encrypt")
         return out
@@ -168,13 +177,12 @@ cdef class AesGcm:
         if n < 0:
             raise ValueError("the ciphertext is shorter than a tag")
         cdef bytes out = PyBytes_FromStringAndSize(NULL, n)
-        cdef void* ctx = self._single(False, PyBytes_GET_SIZE(nonce))
+        cdef void* ctx = self._borrow(False, PyBytes_GET_SIZE(nonce))
         cdef int ok = _gcm_open(ctx, <const unsigned char*>PyBytes_AS_STRING(nonce),
                                 &sealed[0], n, &sealed[0] + n,
                                 <const unsigned char*>PyBytes_AS_STRING(a),
                                 PyBytes_GET_SIZE(a), <unsigned char*>PyBytes_AS_STRING(out))
-        if ctx != self._opening:
-            _evp.ctx_free(ctx)
+        self._give_back(ctx, False, PyBytes_GET_SIZE(nonce))
         if not ok:
             raise ValueError("the ciphertext does not open under this key, nonce and aad")
         return out

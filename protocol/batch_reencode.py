@@ -18,12 +18,19 @@ the very objects decoded (no record replaced) give back the original bytes.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 
 from kiproxy.protocol.compression import DEFAULT_LEVELS, CompressionLevels
-from kiproxy.protocol.records import DecodedBatch, Record, decode_batch, encode_batch
+from kiproxy.protocol.records import (
+    DecodedBatch,
+    Record,
+    decode_batch,
+    encode_batch_parts,
+    first_moved,
+)
 
-__all__ = ["BatchShapeChanged", "reencode_batch"]
+__all__ = ["BatchShapeChanged", "reencode_batch", "reencode_batch_parts"]
 
 
 class BatchShapeChanged(ValueError):
@@ -39,13 +46,25 @@ def reencode_batch(
 ) -> bytes:
     """``original`` (a decoded batch, or one batch's bytes, decoded here with its CRC
     checked) encoded again with ``records``; see the module contract."""
+    parts = reencode_batch_parts(original, records, levels=levels)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def reencode_batch_parts(
+    original: DecodedBatch | bytes,
+    records: Sequence[Record],
+    *,
+    levels: CompressionLevels = DEFAULT_LEVELS,
+) -> tuple[bytes, ...]:
+    """:func:`reencode_batch` as pieces whose concatenation is the batch (written on
+    with other pieces, the records block is copied once)."""
     batch = decode_batch(original) if isinstance(original, bytes) else original
     header = batch.header
     old = batch.records
     new = tuple(records)
     where = f"batch at offset {header.base_offset}"
-    if len(new) == len(old) and all(a is b for a, b in zip(new, old, strict=True)):
-        return bytes(batch.raw) if batch.raw else encode_batch(
+    if len(new) == len(old) and all(map(operator.is_, new, old)):
+        return (bytes(batch.raw),) if batch.raw else encode_batch_parts(
             header, new, renumber=False, levels=levels, keep_extent=True)
     if header.is_control:
         raise BatchShapeChanged(f"{where} is a control batch (a transaction marker); "
@@ -53,13 +72,14 @@ def reencode_batch(
     if len(new) != len(old):
         raise BatchShapeChanged(f"{where} holds {len(old)} records, {len(new)} were given: "
                                 "records can be changed, not added or removed")
-    for i, (a, b) in enumerate(zip(old, new, strict=True)):
+    i = first_moved(old, new)
+    if i >= 0:
+        a, b = old[i], new[i]
         if a.offset_delta != b.offset_delta:
             raise BatchShapeChanged(
                 f"{where}, record {i}: offset delta {b.offset_delta} given for "
                 f"{a.offset_delta} (offset {header.base_offset + a.offset_delta})")
-        if a.timestamp != b.timestamp:
-            raise BatchShapeChanged(
-                f"{where}, record {i} (offset {header.base_offset + a.offset_delta}): "
-                f"timestamp {b.timestamp} given for {a.timestamp}")
-    return encode_batch(header, new, renumber=False, levels=levels, keep_extent=True)
+        raise BatchShapeChanged(
+            f"{where}, record {i} (offset {header.base_offset + a.offset_delta}): "
+            f"timestamp {b.timestamp} given for {a.timestamp}")
+    return encode_batch_parts(header, new, renumber=False, levels=levels, keep_extent=True)

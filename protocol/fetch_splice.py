@@ -22,7 +22,7 @@ batch) is the caller's part.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from kiproxy.protocol.errors import MalformedMessage
 from kiproxy.protocol.fetch_response import (
@@ -42,7 +42,7 @@ def splice_fetch_response(
     frame: bytes | bytearray,
     body_offset: int,
     version: int,
-    replacements: Mapping[tuple[int, int], bytes],
+    replacements: Mapping[tuple[int, int], bytes | Sequence[bytes | memoryview]],
     layout: FetchLayout | None = None,
     *,
     size_prefix: bool = False,
@@ -51,7 +51,9 @@ def splice_fetch_response(
     """``frame`` with the records of the partitions in ``replacements`` replaced.
 
     ``replacements`` maps ``(topic position, partition position)`` to the partition's
-    new ``records`` bytes (see the module contract). ``layout`` is the frame's
+    new ``records`` bytes (see the module contract), or to a list of pieces whose
+    concatenation they are (joined once, into the answer, rather than twice).
+    ``layout`` is the frame's
     :func:`~kiproxy.protocol.fetch_response.read_fetch_response`, read here when not
     given. ``size_prefix`` says that ``frame`` starts with its int32 size (positions,
     ``body_offset`` included, then count from the size's first byte); the size is
@@ -59,7 +61,7 @@ def splice_fetch_response(
     """
     errors = error_codes or {}
     if errors:
-        replacements = {**{key: b"" for key in errors}, **replacements}
+        replacements = {**dict.fromkeys(errors, b""), **replacements}
     if not replacements:
         return frame
     if size_prefix and (len(frame) < 4 or _INT32.unpack_from(frame, 0)[0] != len(frame) - 4):
@@ -85,11 +87,15 @@ def splice_fetch_response(
             pieces.append(_INT16.pack(code))
             copied = part.start + 6
         pieces.append(view[copied:part.records_at])
-        prefix = uvarint(len(new) + 1) if flexible else _INT32.pack(len(new))
+        if isinstance(new, (bytes, bytearray, memoryview)):
+            size, new = len(new), (new,)
+        else:
+            size = sum(len(piece) for piece in new)
+        prefix = uvarint(size + 1) if flexible else _INT32.pack(size)
         pieces.append(prefix)
-        pieces.append(new)
+        pieces.extend(new)
         copied = part.data_end
-        grown += len(prefix) + len(new) - (part.data_end - part.records_at)
+        grown += len(prefix) + size - (part.data_end - part.records_at)
     pieces.append(view[copied:])
     if size_prefix:
         pieces[0] = _INT32.pack(len(frame) - 4 + grown)

@@ -61,6 +61,7 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "encode_batch",
+    "encode_batch_parts",
     "first_moved",
     "open_values",
     "read_batch_headers",
@@ -339,6 +340,23 @@ def encode_batch(
     ``keep_extent`` keeps the header's last offset delta and max timestamp too (a batch
     read from the log, whose compacted-away records still count in both).
     """
+    return b"".join(encode_batch_parts(header, records, renumber=renumber,
+                                       compression=compression, levels=levels,
+                                       keep_extent=keep_extent))
+
+
+def encode_batch_parts(
+    header: RecordBatchHeader,
+    records: tuple[Record, ...],
+    *,
+    renumber: bool = True,
+    compression: Compression | None = None,
+    levels: CompressionLevels = DEFAULT_LEVELS,
+    keep_extent: bool = False,
+) -> tuple[bytes, bytes, bytes]:
+    """:func:`encode_batch` as the three pieces it joins (the header to the CRC, the rest
+    of the header, the records block): for a caller that writes them on with other
+    pieces, so that the block is copied once, not twice."""
     block, max_ts = encode_records(records, header.base_timestamp, renumber)
     attributes = header.attributes
     if compression is not None:
@@ -363,7 +381,7 @@ def encode_batch(
         ">qiibI", header.base_offset, BATCH_HEADER_SIZE - _LOG_OVERHEAD + len(block),
         header.partition_leader_epoch, 2, crc,
     )
-    return b"".join((prefix, after_crc, block))
+    return prefix, after_crc, block
 
 
 def build_batch(

@@ -17,7 +17,7 @@ Contract:
   route's fetch-side hooks, last link first; control batches, legacy (magic 0/1)
   entries (counted) and the partial last batch the broker may send at ``max_bytes``
   stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
-  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch` (codec,
+  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts` (codec,
   base offset, offset deltas, timestamps and producer fields kept), and the
   partition's ``records`` field is spliced
   (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
 from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch
+from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_parts
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.fetch_batches import LOG_OVERHEAD, FetchedRecords, split_fetched_records
@@ -154,7 +154,7 @@ class FetchPipeline:
     async def _run_hooks(self, client: RequestingClient, version: int, frame: bytes,
                          body: int, layout: FetchLayout, work: list[_Work],
                          errors: dict[tuple[int, int], int]) -> bytes:
-        replacements: dict[tuple[int, int], bytes] = {}
+        replacements: dict[tuple[int, int], list[bytes | memoryview]] = {}
         if work:
             who = client.identity
             ctx = ConsumeContext(
@@ -178,9 +178,9 @@ class FetchPipeline:
 
     async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
                          consumers: Sequence[LoadedLink], ctx: ConsumeContext
-                         ) -> bytes | ConsumeRefusal | None:
-        """The partition's new ``records`` bytes, None when no hook changed a batch, or
-        why the partition is refused."""
+                         ) -> list[bytes | memoryview] | ConsumeRefusal | None:
+        """The partition's new ``records`` bytes (as pieces to join), None when no hook
+        changed a batch, or why the partition is refused."""
         try:
             fetched = split_fetched_records(frame, part.data_start, part.data_end)
         except CorruptBatch as exc:
@@ -194,7 +194,8 @@ class FetchPipeline:
 
     async def _batches(self, frame: bytes, topic: str, part: FetchPartition,
                        fetched: FetchedRecords, consumers: Sequence[LoadedLink],
-                       ctx: ConsumeContext, lease: DecodeLease) -> bytes | ConsumeRefusal | None:
+                       ctx: ConsumeContext, lease: DecodeLease
+                       ) -> list[bytes | memoryview] | ConsumeRefusal | None:
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
         view = memoryview(frame)
@@ -232,21 +233,22 @@ class FetchPipeline:
                 continue
             try:
                 if decoded.block_size <= self.offload.inline_plain_bytes:
-                    new = reencode_batch(decoded, current.records, levels=self.levels)
+                    new = reencode_batch_parts(decoded, current.records,
+                                               levels=self.levels)
                 else:  # a large batch is compressed on a worker thread, as on produce
-                    new = await self.offload.run(reencode_batch, decoded, current.records,
-                                                 levels=self.levels)
+                    new = await self.offload.run(reencode_batch_parts, decoded,
+                                                 current.records, levels=self.levels)
             except BatchShapeChanged as exc:
                 self._count(topic, "refused", len(given.records))
                 return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
             self._count(topic, "transformed", len(given.records))
             pieces.append(view[copied:batch.start])
-            pieces.append(new)
+            pieces.extend(new)
             copied = batch.end
         if not pieces:
             return None
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
-        return b"".join(pieces)
+        return pieces  # joined once, by the splice into the answer
 
     async def _run(self, link: LoadedLink, batch: ConsumedBatch, ctx: ConsumeContext
                    ) -> ConsumedBatch | ConsumeRefusal:

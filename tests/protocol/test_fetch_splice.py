@@ -62,6 +62,11 @@ def test_splice_is_what_kio_writes_for_the_edited_response(data: st.DataObject,
     assert spliced == head(version) + serialize(edited)
     parsed = parse_response(1, version, spliced, len(head(version)))
     assert parsed == edited  # every non-record field equal to the original's
+    # the same bytes given as pieces (as the fetch pipeline hands them) splice the same
+    cut = {key: [new[:i], memoryview(new)[i:j], new[j:]]
+           for key, new in replacements.items()
+           for i, j in [(len(new) // 3, 2 * len(new) // 3)]}
+    assert splice_fetch_response(frame, len(head(version)), version, cut) == spliced
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
