@@ -5,11 +5,11 @@ Contract: :func:`seal_values` replaces every non-null value of a run of records 
 undoes it for records that all carry the same marker, or answers None so that the
 plugin's own general path can say which record is not of that shape or does not open;
 :func:`carries_header` tells a batch with a marked record from one without, building
-no header it does not need. The nonces are the caller's, and so is the cipher: a
-callable (``encrypt``/``decrypt``, e.g. ``cryptography``'s ``AESGCM``), called once per
-value, or what :func:`aes_gcm` returns. These loops are the record codec's
-(:mod:`kiproxy.protocol.records`), offered here so that plugins, built-in ones
-included, need only the plugin API.
+no header it does not need, and :func:`values_present` counts the values to seal. The
+nonces are the caller's, and so is the cipher: a callable (``encrypt``/``decrypt``,
+e.g. ``cryptography``'s ``AESGCM``), called once per value, or what :func:`aes_gcm`
+returns. These loops are the record codec's (:mod:`kiproxy.protocol.records`), offered
+here so that plugins, built-in ones included, need only the plugin API.
 
 :func:`aes_gcm` gives AES-GCM bound to the OpenSSL library the Python interpreter itself
 loads for :mod:`hashlib` and :mod:`ssl` (an ``AesGcm``, whose ``encrypt``/``decrypt``
@@ -29,10 +29,15 @@ import sys
 from typing import Protocol, cast
 
 from kiproxy.protocol._codec import AesGcm, load_gcm
-from kiproxy.protocol.records import carries_header, open_values, seal_values
+from kiproxy.protocol.records import (
+    carries_header,
+    open_values,
+    seal_values,
+    values_present,
+)
 
 __all__ = ["Aead", "AesGcm", "aes_gcm", "carries_header", "compiled_gcm", "open_values",
-           "seal_values"]
+           "seal_values", "values_present"]
 
 
 class Aead(Protocol):

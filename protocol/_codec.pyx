@@ -988,3 +988,18 @@ def carries_header(records, str key not None):
             c.pos += klen
             _skip_bytes(&c, b"header value", 0, &vat)
     return False
+
+
+def values_present(records):
+    """How many records of ``records`` have a non-null value (a decoded record's value
+    is looked at where it lies, not built)."""
+    cdef Py_ssize_t count = 0
+    cdef Record r
+    for item in records:
+        if type(item) is Record:
+            r = <Record>item
+            if (r._value_len >= 0) if (r._lazy & _LAZY_VALUE) else (r._value is not None):
+                count += 1
+        elif item.value is not None:
+            count += 1
+    return count

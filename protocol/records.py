@@ -32,6 +32,7 @@ from kiproxy.protocol._codec import (
     records_size,
     seal_values,
     upper_values,
+    values_present,
 )
 from kiproxy.protocol.compression import (
     DEFAULT_DECOMPRESSION_LIMITS,
@@ -68,6 +69,7 @@ __all__ = [
     "records_size",
     "seal_values",
     "upper_values",
+    "values_present",
 ]
 
 BATCH_HEADER_SIZE = 61

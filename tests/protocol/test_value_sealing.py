@@ -190,3 +190,14 @@ def test_first_moved_names_the_first_record_whose_offset_or_timestamp_changed() 
     assert first_moved(records, (*records[:3], records[3].with_timestamp(0))) == 3
     with pytest.raises(ValueError, match="3 records returned for 4"):
         first_moved(records, records[:3])
+
+
+def test_values_present_counts_non_null_values_lazy_or_built() -> None:
+    from kiproxy.interceptors.sealing import values_present
+
+    records = (Record(value=b"a"), Record(value=None, offset_delta=1),
+               Record(value=b"", offset_delta=2), Record(key=b"k", offset_delta=3))
+    lazy = decode_batch(build_batch(records)).records
+    assert values_present(records) == values_present(lazy) == 2
+    assert [r.value for r in lazy] == [b"a", None, b"", None]  # built now: the same count
+    assert values_present(lazy) == 2 and values_present(()) == 0

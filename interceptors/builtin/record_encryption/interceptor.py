@@ -139,8 +139,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                               ) from None
         except EnvelopeError as exc:
             raise RejectBatch(f"{where}: {exc}", "INVALID_RECORD") from None
-        self.counts["encrypted"] += sum(1 for new, old in zip(records, batch.records,
-                                                              strict=True) if new is not old)
+        self.counts["encrypted"] += sum(map(operator.is_not, records, batch.records))
         return batch.with_records(records)
 
     def _unresolved(self, batch: RecordBatch, reference: str, exc: UnresolvedKey

@@ -25,7 +25,7 @@ import asyncio
 from collections.abc import Collection, Sequence
 
 from kiproxy.interceptors import Record
-from kiproxy.interceptors.sealing import Aead
+from kiproxy.interceptors.sealing import Aead, carries_header, values_present
 
 from .data_keys import DataKeyCache
 from .envelope import (
@@ -57,6 +57,15 @@ class RecordCipher:
         """``records`` sealed under the current data key of ``topic`` and KEK
         ``key_reference``, the values and the headers named in ``header_names``."""
         limit = self.keys.policy.max_encryptions_per_key
+        if not header_names and not carries_header(records, MARKER_HEADER):
+            # values only (the common case): no per-record loop here
+            needed = values_present(records)
+            if needed <= limit:
+                if not needed:
+                    return tuple(records)
+                key = await self.keys.encryption_key(topic, key_reference, needed)
+                return value_sealer(topic=topic, aead=key.aead, key_id=key.key_id,
+                                    wrapped_key=key.wrapped)(records)
         uses = []
         for record in records:
             if any(h.key == MARKER_HEADER for h in record.headers):
