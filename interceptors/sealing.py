@@ -59,15 +59,32 @@ def aes_gcm(key: bytes) -> Aead:
     return AESGCM(key)
 
 
+# AES-256-GCM test case 16 of McGrew and Viega's GCM specification (also in NIST's
+# GCM validation vectors): a library that does not give these bytes is not used.
+_KAT = tuple(bytes.fromhex(h) for h in (
+    "feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308",
+    "cafebabefacedbaddecaf888",
+    "d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532f"
+    "cf0e2449a6b525b16aedf5aa0de657ba637b39",
+    "feedfacedeadbeeffeedfacedeadbeefabaddad2",
+    "522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3d"
+    "a7b08b1056828838c5f61e6393ba7a0abcc9f662" "76fc6ece0f4e1768cddf8853bb2d551b"))
+
+
 @functools.cache
 def compiled_gcm() -> str | None:
-    """The libcrypto :class:`AesGcm` is bound to, or None when it could not be bound."""
+    """The libcrypto :class:`AesGcm` is bound to, or None when it could not be bound or
+    did not give a known answer's bytes."""
     path = _libcrypto()
     if path is None:
         return None
     try:
         load_gcm(path)
-    except OSError:
+        key, nonce, plain, aad, sealed = _KAT
+        gcm = AesGcm(key)
+        if gcm.encrypt(nonce, plain, aad) != sealed or gcm.decrypt(nonce, sealed, aad) != plain:
+            return None
+    except (OSError, RuntimeError, ValueError):
         return None
     return path
 

@@ -201,3 +201,20 @@ def test_values_present_counts_non_null_values_lazy_or_built() -> None:
     assert values_present(records) == values_present(lazy) == 2
     assert [r.value for r in lazy] == [b"a", None, b"", None]  # built now: the same count
     assert values_present(lazy) == 2 and values_present(()) == 0
+
+
+def test_a_library_that_fails_the_known_answer_is_not_used(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiproxy.interceptors.sealing as sealing
+
+    key, nonce, plain, aad, sealed = sealing._KAT
+    assert AESGCM(key).encrypt(nonce, plain, aad) == sealed  # the vector is right
+    monkeypatch.setattr(sealing, "_KAT", (key, nonce, plain, aad, sealed[:-1] + b"\x00"))
+    sealing.compiled_gcm.cache_clear()
+    try:
+        assert sealing.compiled_gcm() is None
+        assert type(sealing.aes_gcm(KEY)) is AESGCM
+    finally:
+        monkeypatch.undo()
+        sealing.compiled_gcm.cache_clear()
+    assert sealing.compiled_gcm() is not None
