@@ -27,6 +27,7 @@ __all__ = [
     "parse_request",
     "parse_response",
     "request_type",
+    "response_tagged_section",
     "response_tags",
     "response_type",
     "serialize",
@@ -361,12 +362,19 @@ def response_tags(api_key: int, api_version: int, data: bytes, offset: int = 0) 
     so a caller that needs only to know whether a tagged field is present (KIP-951's
     ``node_endpoints``) can skip parsing the rest. Raises :class:`MalformedMessage`.
     """
+    return response_tagged_section(api_key, api_version, data, offset)[0]
+
+
+def response_tagged_section(api_key: int, api_version: int, data: bytes,
+                            offset: int = 0) -> tuple[list[int], int]:
+    """:func:`response_tags`, and where the top-level tagged-field section starts (its
+    count; ``len(data)`` for a version without tagged fields)."""
     entity_type = response_type(api_key, api_version)
     flexible, plain, tagged = _entity_plan(entity_type)
     end = len(data)
     seen: list[int] = []
     try:
-        pos = _skip_plain(data, offset, end, plain)
+        pos = start = _skip_plain(data, offset, end, plain)
         if flexible:
             pos = _skip_tagged(data, pos, end, tagged, seen)
     except (_TooLong, _NullInNonNullable) as exc:
@@ -377,7 +385,7 @@ def response_tags(api_key: int, api_version: int, data: bytes, offset: int = 0) 
         raise MalformedMessage(
             f"{api_name(api_key)} response v{api_version}: {end - pos} unread bytes after "
             f"the body (byte {pos})")
-    return seen
+    return seen, start
 
 
 def _parse(kind: str, entity_type: Any, api_key: int, api_version: int,

@@ -21,7 +21,7 @@ from kiproxy.protocol.messages import (
     ApiKey,
     api_name,
     parse_response,
-    response_tags,
+    response_tagged_section,
     response_type,
     serialize,
 )
@@ -174,10 +174,15 @@ def rewrite_response_frame(
         )
     _, body_offset = parse_response_header(frame, header_version)
     tag = endpoints_tag if observe is None else None
-    if tag is not None and tag not in response_tags(api_key, api_version, frame, body_offset):
-        # No node_endpoints (a broker sends them only with NOT_LEADER errors): the body is
-        # checked, not built. Produce and Fetch answers are most of a client's traffic.
-        return frame
+    if tag is not None:
+        tags, tagged_at = response_tagged_section(api_key, api_version, frame, body_offset)
+        if tag not in tags:
+            # No node_endpoints (Apache Kafka sends them only with NOT_LEADER errors): the
+            # body is checked, not built. Produce and Fetch answers are most of a client's
+            # traffic.
+            return frame
+        if api_key == ApiKey.FETCH:
+            return _fetch_endpoints(api_version, frame, body_offset, tagged_at, seen)
     message = parse_response(api_key, api_version, frame, body_offset)
     if observe is not None:
         observe(message)
@@ -185,3 +190,28 @@ def rewrite_response_frame(
     if rewritten is message or rewritten == message:
         return frame
     return frame[:body_offset] + serialize(rewritten)
+
+
+_FETCH_TOP = 10
+"""A Fetch v16+ body's fields before its topics: throttle_time_ms, error_code,
+session_id."""
+
+
+def _fetch_endpoints(api_version: int, frame: bytes, body_offset: int, tagged_at: int,
+                     seen: NodeSeen) -> bytes:
+    """A Fetch answer (checked, with tagged fields from ``tagged_at``) with its
+    ``node_endpoints`` rewritten, its topics and records neither built nor copied:
+    some brokers (Tansu) send the field in every answer, and a full parse would copy
+    every fetched record. The tagged fields are read as those of the same answer with
+    no topics, rewritten, and written back after the topics as they came."""
+    head = frame[body_offset:body_offset + _FETCH_TOP]
+    empty = head + b"\x01" + frame[tagged_at:]  # no topics: a compact array of 0
+    message = parse_response(ApiKey.FETCH, api_version, empty)
+    rewritten = rewrite_message(ApiKey.FETCH, message, seen)
+    if rewritten is message or rewritten == message:
+        return frame
+    written = serialize(rewritten)
+    if written[:_FETCH_TOP + 1] != empty[:_FETCH_TOP + 1]:  # not the layout read above
+        whole = parse_response(ApiKey.FETCH, api_version, frame, body_offset)
+        return frame[:body_offset] + serialize(rewrite_message(ApiKey.FETCH, whole, seen))
+    return frame[:tagged_at] + written[_FETCH_TOP + 1:]

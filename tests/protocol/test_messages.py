@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import pytest
+from fetch_responses import fetch_responses
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.schema.errors import ErrorCode
@@ -220,6 +221,29 @@ def test_an_answer_without_node_endpoints_is_forwarded_as_it_came(
             .node_endpoints] == [("proxy", 30111), ("proxy", 30002)]
     with pytest.raises(MalformedMessage):
         rewrite_response_frame(api_key, api_version, plain[:-2], advertise)
+
+
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(case=fetch_responses(versions=(16, 17, 18)))
+def test_fetch_endpoints_are_rewritten_without_building_the_topics(
+        case: tuple[int, Any]) -> None:
+    # the bytes a full parse, rewrite and write give, with endpoints, without, or empty
+    from kiproxy.proxy.brokers.addresses import rewrite_message, rewrite_response_frame
+
+    api_version, message = case
+    header = struct.pack(">i", 7) + b"\x00"  # correlation id, no tagged fields
+    frame = header + serialize(message)
+
+    def advertise(node_id: int, host: str, port: int) -> tuple[str, int]:
+        return "proxy", 30000 + node_id % 1000
+
+    whole = parse_response(ApiKey.FETCH, api_version, frame, len(header))
+    expected = header + serialize(rewrite_message(ApiKey.FETCH, whole, advertise))
+    out = rewrite_response_frame(ApiKey.FETCH, api_version, frame, advertise)
+    assert out == expected
+    empty = header + serialize(dataclasses.replace(message, node_endpoints=()))
+    assert rewrite_response_frame(ApiKey.FETCH, api_version, empty, advertise) is empty
 
 
 @pytest.mark.parametrize("api_version", versions("metadata"))
