@@ -108,6 +108,7 @@ class FetchPipeline:
         """Decompression limits, the decode memory budget and the decode threads (the
         produce pipeline's: one budget for the process)."""
         self.metrics = metrics
+        self._counters: dict[tuple[str, str], tuple[Any, Any]] = {}
         self._refusals = RateLimitedLog(log)
 
     def rewrite(self, client: RequestingClient, version: int, frame: bytes
@@ -260,10 +261,16 @@ class FetchPipeline:
 
     def _count(self, topic: str, outcome: str, records: int) -> None:
         metrics = self.metrics
-        if metrics is not None:
-            metrics.fetch_batches.labels(topic, outcome).inc()
-            if records:
-                metrics.fetch_records.labels(topic, outcome).inc(records)
+        if metrics is None:
+            return
+        counters = self._counters.get((topic, outcome))
+        if counters is None:  # the labelled children, looked up once per topic and outcome
+            counters = self._counters[topic, outcome] = (
+                metrics.fetch_batches.labels(topic, outcome),
+                metrics.fetch_records.labels(topic, outcome))
+        counters[0].inc()
+        if records:
+            counters[1].inc(records)
 
     def _log_refusal(self, client: RequestingClient, topic: str, partition: int,
                      reason: str, message: str) -> None:
