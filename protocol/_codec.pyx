@@ -489,6 +489,118 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     return out
 
 
+# ---------------------------------------------------------------- Produce answers
+#
+# Every answer to a Produce v10+ request is checked for KIP-951's node_endpoints (broker
+# addresses the client must not see) before it is passed on. The general check walks
+# the schema with Python closures (kiproxy.protocol.messages.response_tags): a fifth
+# of the proxy's own work per small request. This is the same walk for the one shape
+# brokers send almost always, compiled: it answers True only for a body it has read
+# whole, every length in bounds and every tagged-field section empty; anything else
+# (a tagged field, a null where a value must be, a long varint, a short read) answers
+# False and the caller takes the general path, which names what is wrong.
+
+cdef inline Py_ssize_t _answer_uvarint(const unsigned char* p, Py_ssize_t pos, Py_ssize_t end,
+                                      Py_ssize_t* out) noexcept:
+    """An unsigned varint of at most 4 bytes at ``pos``: the position after it, -1 if not."""
+    cdef Py_ssize_t value = 0
+    cdef int shift = 0
+    cdef unsigned char b
+    while pos < end and shift < 28:
+        b = p[pos]
+        pos += 1
+        value |= <Py_ssize_t>(b & 0x7F) << shift
+        if not (b & 0x80):
+            out[0] = value
+            return pos
+        shift += 7
+    return -1
+
+
+cdef inline Py_ssize_t _answer_string(const unsigned char* p, Py_ssize_t pos, Py_ssize_t end,
+                                      bint nullable) noexcept:
+    """Past a compact (nullable) string at ``pos``, or -1."""
+    cdef Py_ssize_t n
+    pos = _answer_uvarint(p, pos, end, &n)
+    if pos < 0 or (n == 0 and not nullable) or (n > 0 and n - 1 > end - pos):
+        return -1
+    return pos + n - 1 if n > 0 else pos
+
+
+cdef inline Py_ssize_t _answer_count(const unsigned char* p, Py_ssize_t pos, Py_ssize_t end,
+                                     Py_ssize_t* count) noexcept:
+    """Past a compact, non-null array count at ``pos`` (the count in ``count``), or -1."""
+    cdef Py_ssize_t n
+    pos = _answer_uvarint(p, pos, end, &n)
+    if pos < 0 or n == 0 or n - 1 > end - pos:
+        return -1
+    count[0] = n - 1
+    return pos
+
+
+cdef inline Py_ssize_t _answer_untagged(const unsigned char* p, Py_ssize_t pos,
+                                        Py_ssize_t end) noexcept:
+    """Past an empty tagged-field section at ``pos``, or -1."""
+    return pos + 1 if pos < end and p[pos] == 0 else -1
+
+
+def produce_answer_untagged(bytes frame, int version):
+    """Whether ``frame`` (a Produce v10-v13 response without its length prefix, header v1)
+    reads whole with every tagged-field section empty, so that it names no broker.
+
+    False says only that this fast check cannot tell: the caller then reads the answer
+    with the general code, which rewrites what it must or names what is wrong.
+    """
+    cdef const unsigned char* p = <const unsigned char*>PyBytes_AS_STRING(frame)
+    cdef Py_ssize_t end = PyBytes_GET_SIZE(frame)
+    cdef Py_ssize_t pos, topics, partitions, errors, t, i, e
+    if version < 10 or version > 13 or end < 5:
+        return False
+    pos = _answer_untagged(p, 4, end)  # the header's tags, after the correlation id
+    if pos < 0:
+        return False
+    pos = _answer_count(p, pos, end, &topics)
+    if pos < 0:
+        return False
+    for t in range(topics):
+        if version >= 13:
+            pos = pos + 16 if end - pos >= 16 else -1  # topic_id
+        else:
+            pos = _answer_string(p, pos, end, False)  # name
+        if pos < 0:
+            return False
+        pos = _answer_count(p, pos, end, &partitions)
+        if pos < 0:
+            return False
+        for i in range(partitions):
+            if end - pos < 30:
+                return False
+            pos += 30  # index, error_code, base_offset, log_append_time, log_start_offset
+            pos = _answer_count(p, pos, end, &errors)
+            if pos < 0:
+                return False
+            for e in range(errors):
+                if end - pos < 4:
+                    return False
+                pos = _answer_string(p, pos + 4, end, True)  # batch_index_error_message
+                if pos >= 0:
+                    pos = _answer_untagged(p, pos, end)
+                if pos < 0:
+                    return False
+            pos = _answer_string(p, pos, end, True)  # error_message
+            if pos >= 0:
+                pos = _answer_untagged(p, pos, end)  # current_leader would be tag 0
+            if pos < 0:
+                return False
+        pos = _answer_untagged(p, pos, end)
+        if pos < 0:
+            return False
+    if end - pos < 4:
+        return False
+    pos = _answer_untagged(p, pos + 4, end)  # throttle_time_ms; node_endpoints is tag 0
+    return pos == end
+
+
 # ---------------------------------------------------------------- encoding
 
 cdef struct Buffer:
