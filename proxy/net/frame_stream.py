@@ -299,7 +299,8 @@ class FrameStream(asyncio.BufferedProtocol):
                 raise self._error
             if self._eof:
                 return []
-            self._resume()
+            if not self._reading:  # usually still reading (see the module docstring)
+                self._resume()
             waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter

@@ -40,6 +40,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -116,10 +117,12 @@ class _AnswerRewriter:
         return rewrite_response_frame(ApiKey.PRODUCE, self.version, frame, seen=self.seen)
 
 
+@lru_cache(maxsize=64)
 def _node_rewriter(version: int, nodes_seen: NodeSeen | None
                    ) -> Callable[[bytes], bytes] | None:
     """What a forwarded answer needs when nothing is merged into it: its KIP-951
-    node_endpoints (v10+) named as the proxy's listeners."""
+    node_endpoints (v10+) named as the proxy's listeners. One per version and registry
+    (``nodes_seen`` is a bound method: equal for the same registry), not one a request."""
     if nodes_seen is None or not needs_rewrite(ApiKey.PRODUCE, version):
         return None
     return _AnswerRewriter(version, nodes_seen)
