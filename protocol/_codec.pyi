@@ -1,4 +1,7 @@
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TypeVar
+
+_H = TypeVar("_H")
 
 class Header:
     """One record header (KIP-82): a UTF-8 key and a nullable byte value."""
@@ -48,6 +51,11 @@ def decode_records(
     data: bytes, start: int, end: int, count: int, base_timestamp: int, origin: int = 0
 ) -> tuple[Record, ...]: ...
 def produce_answer_untagged(frame: bytes, version: int) -> bool: ...
+def read_request_header(
+    frame: bytes | bytearray,
+    header_type: type[_H],
+    header_version_of: Callable[[int, int], int | None],
+) -> _H | None: ...
 def encode_records(
     records: tuple[Record, ...], base_timestamp: int, renumber: bool
 ) -> tuple[bytes, int | None]: ...

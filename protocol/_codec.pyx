@@ -17,7 +17,11 @@ copies a field nobody read straight from the block it came from.
 
 cimport cython
 
-from cpython.bytearray cimport PyByteArray_FromStringAndSize
+from cpython.bytearray cimport (
+    PyByteArray_AS_STRING,
+    PyByteArray_FromStringAndSize,
+    PyByteArray_GET_SIZE,
+)
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.mem cimport PyMem_Free, PyMem_Malloc
 from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
@@ -599,6 +603,79 @@ def produce_answer_untagged(bytes frame, int version):
         return False
     pos = _answer_untagged(p, pos + 4, end)  # throttle_time_ms; node_endpoints is tag 0
     return pos == end
+
+
+# ---------------------------------------------------------------- request headers
+#
+# Every request's header is read before anything else is decided; in Python the read
+# and the frozen dataclass's __init__ (one object.__setattr__ a field) cost more than
+# forwarding a small request does. This reads the header brokers get from every
+# client (header v1 or v2, no tagged field) into the same RequestHeader value, its
+# fields set as its own __init__ would set them; anything else answers None and
+# kiproxy.protocol.framing reads it in Python, naming what is wrong.
+
+cdef extern from "Python.h":
+    int PyObject_GenericSetAttr(object o, object name, object value) except -1
+
+cdef dict _header_versions = {}
+
+
+def read_request_header(object frame, type header_type, object header_version_of):
+    """A ``header_type`` (RequestHeader) read from the start of ``frame`` (bytes or
+    bytearray), or None when this compiled reader leaves it to the general one.
+
+    ``header_version_of(api_key, api_version)`` is asked once per pair and kept.
+    """
+    cdef const unsigned char* p
+    cdef Py_ssize_t end, pos
+    cdef int api_key, api_version, size
+    cdef int32_t correlation_id
+    if type(frame) is bytes:
+        p = <const unsigned char*>PyBytes_AS_STRING(frame)
+        end = PyBytes_GET_SIZE(frame)
+    elif type(frame) is bytearray:
+        p = <const unsigned char*>PyByteArray_AS_STRING(frame)
+        end = PyByteArray_GET_SIZE(frame)
+    else:
+        return None
+    if end < 10:
+        return None
+    api_key = <short>((p[0] << 8) | p[1])
+    api_version = <short>((p[2] << 8) | p[3])
+    correlation_id = <int32_t>((<uint32_t>p[4] << 24) | (<uint32_t>p[5] << 16)
+                               | (<uint32_t>p[6] << 8) | <uint32_t>p[7])
+    key = (api_key << 16) | (api_version & 0xFFFF)
+    version = _header_versions.get(key)
+    if version is None:
+        version = header_version_of(api_key, api_version)
+        if version is None:
+            return None
+        _header_versions[key] = version
+    if version != 1 and version != 2:
+        return None
+    size = <short>((p[8] << 8) | p[9])
+    pos = 10
+    if size >= 0:
+        if pos + size > end:
+            return None
+        client_id = PyUnicode_DecodeUTF8(<const char*>p + pos, size, "replace")
+        pos += size
+    elif size == -1:
+        client_id = None
+    else:
+        return None
+    if version == 2:
+        if pos >= end or p[pos] != 0:
+            return None
+        pos += 1
+    header = header_type.__new__(header_type)
+    PyObject_GenericSetAttr(header, "api_key", api_key)
+    PyObject_GenericSetAttr(header, "api_version", api_version)
+    PyObject_GenericSetAttr(header, "correlation_id", correlation_id)
+    PyObject_GenericSetAttr(header, "client_id", client_id)
+    PyObject_GenericSetAttr(header, "header_version", version)
+    PyObject_GenericSetAttr(header, "body_offset", pos)
+    return header
 
 
 # ---------------------------------------------------------------- encoding

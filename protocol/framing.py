@@ -19,7 +19,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kiproxy.protocol._codec import receive_buffer
+from kiproxy.protocol._codec import read_request_header, receive_buffer
 from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
 from kiproxy.protocol.wire import read_uvarint
 
@@ -332,6 +332,13 @@ def _skip_tagged_fields(frame: bytes | bytearray, pos: int) -> int:
 
 def parse_request_header(frame: bytes | bytearray) -> RequestHeader:
     """Parse the header at the start of a request frame (without its length prefix)."""
+    # The compiled reader takes what clients send; it leaves the rest to the Python one.
+    header = read_request_header(frame, RequestHeader, request_header_version)
+    return header if header is not None else _parse_request_header(frame)
+
+
+def _parse_request_header(frame: bytes | bytearray) -> RequestHeader:
+    """:func:`parse_request_header` in Python: every header version, and the errors."""
     if len(frame) < 8:
         raise MalformedFrame(f"request of {len(frame)} bytes is shorter than a request header")
     api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)
