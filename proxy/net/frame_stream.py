@@ -175,7 +175,7 @@ class FrameStream(asyncio.BufferedProtocol):
                 self._pause()
                 self._wake()
                 return
-            self._wake()
+            waiter.set_result(None)  # _wake(), the waiter known to be waiting
             if not self._pause_check:
                 # Queued behind the owner's wake-up: it runs after the owner's step and
                 # before the loop polls the socket again.
