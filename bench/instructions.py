@@ -26,9 +26,14 @@ system's temporary directory, keyed by the commit). Cases:
   decode and re-encode on the calling thread), per request. ``x250`` is the
   per-GB shape, ``x1`` the per-request one.
 * ``passthrough``: the same request with no interceptor (read the acks, forward).
-* ``produce answer``: :func:`~kiproxy.proxy.brokers.addresses.rewrite_response_frame`
-  on a Produce v11 answer of 3 partitions without ``node_endpoints`` (what every
-  answer to a v10+ request goes through).
+* ``round trip``: one Produce v11 request of one 100-byte record through a whole
+  proxy connection on uvloop and its answer back (:mod:`bench.round_trip`: the
+  client socket's framing, dispatch, the upstream write, matching, rewriting and
+  the write back), the stand-in client and broker included; the user-space part of
+  the per-request cost.
+* ``produce answer``: what every answer to a Produce v10+ request the pipeline only
+  forwards goes through (``kiproxy.proxy.produce.pipeline._node_rewriter``), on a
+  Produce v11 answer of 3 partitions without ``node_endpoints``.
 """
 
 from __future__ import annotations
@@ -46,9 +51,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("identity/100/none x250", "uppercase/1024/none x250", "identity/100/none x1",
-         "uppercase/100/none x1", "passthrough", "produce answer")
+         "uppercase/100/none x1", "passthrough", "produce answer", "round trip")
 """The default cases (see the module docstring)."""
-CALLS = {"produce answer": 2000}
+CALLS = {"produce answer": 2000, "round trip": 500}
 """Calls measured per case (default ``--calls``)."""
 
 
@@ -65,16 +70,30 @@ def _prepare(case: str) -> Any:
     """A callable making ``n`` measured calls of ``case`` (one coroutine for all of them,
     so the event loop's own round trips are not counted)."""
     import asyncio
+    import importlib.util
+    if case == "round trip":
+        import uvloop
+        spec = importlib.util.spec_from_file_location("bench_round_trip",
+                                                      ROOT / "bench/round_trip.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        uv = uvloop.new_event_loop()
+        send = uv.run_until_complete(module.round_trips())
 
+        def trips(n: int) -> None:
+            uv.run_until_complete(send(n))
+        return trips
     if case == "produce answer":
-        from kiproxy.proxy.brokers.addresses import rewrite_response_frame
+        from kiproxy.proxy.produce.pipeline import _node_rewriter
         frame = _produce_answer(3)
+        rewrite = _node_rewriter(11, lambda i, h, p: ("proxy", p))
+        assert rewrite is not None
 
         def answers(n: int) -> None:
             for _ in range(n):
-                rewrite_response_frame(0, 11, frame, lambda i, h, p: ("proxy", p))
+                rewrite(frame)
         return answers
-    import importlib.util
     spec = importlib.util.spec_from_file_location("bench_intercept", ROOT / "bench/intercept.py")
     assert spec is not None and spec.loader is not None
     intercept = importlib.util.module_from_spec(spec)

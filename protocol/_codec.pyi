@@ -1,4 +1,7 @@
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
+
+_H = TypeVar("_H")
 
 class Header:
     """One record header (KIP-82): a UTF-8 key and a nullable byte value."""
@@ -47,6 +50,39 @@ class Record:
 def decode_records(
     data: bytes, start: int, end: int, count: int, base_timestamp: int, origin: int = 0
 ) -> tuple[Record, ...]: ...
+def produce_answer_untagged(frame: bytes, version: int) -> bool: ...
+def read_request_header(
+    frame: bytes | bytearray,
+    header_type: type[_H],
+    header_version_of: Callable[[int, int], int | None],
+) -> _H | None: ...
+class FrameAssembler:
+    """Frames assembled in the buffers their bytes are received into (see the codec)."""
+
+    max_frame_size: int
+    large_frame: int
+    """Frames of this many bytes or more get a buffer of their own."""
+    part_size: int
+    """Frames up to this size get one exact buffer; it is also the most a length
+    prefix alone makes the assembler allocate."""
+    def __init__(
+        self,
+        max_frame_size: int = ...,
+        *,
+        chunk_size: int = ...,
+        large_frame: int = ...,
+        part_size: int = ...,
+    ) -> None: ...
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame (length prefixes included)."""
+    def discard(self) -> None:
+        """Drop every buffer held, at once: the stream is gone."""
+    def get_buffer(self) -> memoryview:
+        """Where the next bytes must be received; never empty."""
+    def buffer_updated(self, nbytes: int) -> list[bytes | bytearray]:
+        """Count ``nbytes`` received into the last get_buffer(); return whole frames."""
+
 def encode_records(
     records: tuple[Record, ...], base_timestamp: int, renumber: bool
 ) -> tuple[bytes, int | None]: ...

@@ -489,6 +489,11 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     return out
 
 
+# ---------------------------------------------------------------- frames and headers
+
+include "_frames.pxi"
+
+
 # ---------------------------------------------------------------- encoding
 
 cdef struct Buffer:

@@ -2,7 +2,8 @@
 
 Every request and response is ``int32 length`` + payload. A :class:`FrameDecoder`
 is fed whatever bytes arrived and hands back whole frames; a :class:`FrameAssembler`
-does the same for a reader that receives straight into buffers it is given
+(compiled, in the record codec: every receive of the proxy goes through it) does the
+same for a reader that receives straight into buffers it is given
 (``asyncio.BufferedProtocol``), so that a large frame is never copied. Neither
 allocates for a length above its ``max_frame_size``.
 
@@ -19,7 +20,7 @@ import struct
 from dataclasses import dataclass
 from functools import lru_cache
 
-from kiproxy.protocol._codec import receive_buffer
+from kiproxy.protocol._codec import FrameAssembler, read_request_header
 from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
 from kiproxy.protocol.wire import read_uvarint
 
@@ -91,154 +92,6 @@ class FrameDecoder:
             pos += 4 + size
         if pos:
             del buf[:pos]
-        return frames
-
-
-class FrameAssembler:
-    """Frames assembled in the buffers their bytes are received into.
-
-    For a reader with ``recv_into`` (``asyncio.BufferedProtocol``): it asks
-    :meth:`get_buffer` where the next bytes go, receives into that buffer, and
-    reports how many arrived to :meth:`buffer_updated`, which returns the frames
-    they complete, in order, without their length prefixes.
-
-    Frames under ``large_frame`` bytes share one chunk buffer, many per receive,
-    and are handed out as ``bytes`` (one small copy each). A larger frame of up to
-    ``part_size`` bytes gets a ``bytearray`` of exactly its size once its length
-    prefix has arrived; the rest of it is received straight into that buffer,
-    which is handed out as is and never touched again. A frame above
-    ``part_size`` is received into buffers made one at a time as its bytes arrive,
-    each at most as large as what has arrived so far, then joined once into
-    ``bytes``: a length prefix alone makes the assembler allocate ``part_size``
-    bytes at most, and a frame's buffers never exceed twice what the client has
-    sent (Kafka's broker allocates the whole frame on the prefix; a proxy in front
-    of it should not). A negative length, or one above ``max_frame_size``, raises
-    in :meth:`buffer_updated` as soon as the prefix is seen, before any
-    allocation; the assembler is then unusable, like the stream it came from.
-    """
-
-    __slots__ = ("_chunk", "_chunk_size", "_end", "_got", "_large", "_need", "_part",
-                 "_part_filled", "_part_view", "_parts", "_start", "_view", "large_frame",
-                 "max_frame_size", "part_size")
-
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *,
-                 chunk_size: int = 64 * 1024, large_frame: int = 16 * 1024,
-                 part_size: int = 64 * 1024) -> None:
-        if not 0 < large_frame <= chunk_size - 4:
-            raise ValueError(f"large_frame {large_frame} must be in 1..chunk_size - 4 "
-                             f"({chunk_size - 4})")
-        if part_size < chunk_size:
-            raise ValueError(f"part_size {part_size} must be at least chunk_size {chunk_size}")
-        self.max_frame_size = max_frame_size
-        self.large_frame = large_frame
-        """Frames of this many bytes or more get a buffer of their own."""
-        self.part_size = part_size
-        """Frames up to this size get one exact buffer; it is also the most a length
-        prefix alone makes the assembler allocate."""
-        self._chunk_size = chunk_size
-        # Made when bytes arrive and dropped once every byte in it is handed out: an
-        # idle connection holds no chunk.
-        self._chunk: bytearray | None = None
-        self._view = memoryview(b"")
-        self._start = 0  # unconsumed bytes are _chunk[_start:_end]
-        self._end = 0
-        self._large = 0  # length of a large frame whose prefix sits at _chunk[_start:]
-        self._parts: list[bytearray] | None = None  # the large frame being received
-        self._part = bytearray()
-        self._part_view = memoryview(self._part)
-        self._part_filled = 0
-        self._need = 0
-        self._got = 0
-
-    @property
-    def buffered(self) -> int:
-        """Bytes received but not yet returned as a frame (length prefixes included)."""
-        if self._parts is not None:
-            return 4 + self._got
-        return self._end - self._start
-
-    def discard(self) -> None:
-        """Drop every buffer held, at once: the stream is gone. (A closed connection's
-        objects form reference cycles that only the cyclic collector frees, maybe much
-        later; the partial frame it held must not wait for that.)"""
-        self._chunk, self._view = None, memoryview(b"")
-        self._parts, self._part, self._part_view = None, bytearray(), memoryview(b"")
-        self._start = self._end = self._large = self._need = self._got = 0
-        self._part_filled = 0
-
-    def _next_part(self) -> memoryview:
-        # Double what has arrived, at most: a client must send bytes to make the
-        # assembler hold more of them.
-        part = receive_buffer(min(self._need - self._got, max(self.part_size, self._got)))
-        assert self._parts is not None
-        self._parts.append(part)
-        self._part, self._part_view, self._part_filled = part, memoryview(part), 0
-        return self._part_view
-
-    def get_buffer(self) -> memoryview:
-        """Where the next bytes must be received; never empty."""
-        if self._parts is not None:
-            if self._part_filled == len(self._part):
-                return self._next_part()
-            return self._part_view[self._part_filled:]
-        start, end = self._start, self._end
-        if self._large:
-            # The buffer is made only now, when the reader is about to fill it: a
-            # reader paused with a prefix received holds no more than the chunk.
-            self._need, self._large = self._large, 0
-            have = end - start - 4
-            self._parts, self._got = [], have
-            part = receive_buffer(self._need if self._need <= self.part_size else self.part_size)
-            part[:have] = self._view[start + 4 : end]
-            self._parts.append(part)
-            self._part, self._part_view, self._part_filled = part, memoryview(part), have
-            self._start = self._end = 0
-            self._chunk, self._view = None, memoryview(b"")
-            return self._part_view[have:]
-        chunk = self._chunk
-        if chunk is None:
-            chunk = self._chunk = receive_buffer(self._chunk_size)
-            self._view = memoryview(chunk)
-            self._start = self._end = start = end = 0
-        elif len(chunk) - end < len(chunk) // 4:
-            # Little room left: move the start of the next frame (smaller than
-            # large_frame) to the front.
-            chunk[: end - start] = self._view[start:end]
-            self._start, self._end = 0, end - start
-            end -= start
-        return self._view[end:]
-
-    def buffer_updated(self, nbytes: int) -> list[bytes | bytearray]:
-        """Count ``nbytes`` received into the last :meth:`get_buffer`; return whole frames."""
-        parts = self._parts
-        if parts is not None:
-            self._part_filled += nbytes
-            self._got += nbytes
-            if self._got < self._need:
-                return []
-            frame: bytes | bytearray = parts[0] if len(parts) == 1 else b"".join(parts)
-            self._parts, self._part, self._part_view = None, bytearray(), memoryview(b"")
-            return [frame]
-        chunk, view = self._chunk, self._view
-        assert chunk is not None, "buffer_updated() without get_buffer()"
-        pos = self._start
-        end = self._end = self._end + nbytes
-        frames: list[bytes | bytearray] = []
-        max_frame_size = self.max_frame_size
-        while end - pos >= 4:
-            (size,) = _INT32.unpack_from(chunk, pos)
-            if size < 0 or size > max_frame_size:
-                _frame_length(chunk, pos, max_frame_size)  # raises, naming what was wrong
-            if end - pos - 4 < size:
-                if size >= self.large_frame:
-                    self._large = size
-                break
-            frames.append(bytes(view[pos + 4 : pos + 4 + size]))
-            pos += 4 + size
-        self._start = pos
-        if pos == end:
-            self._chunk, self._view = None, memoryview(b"")
-            self._start = self._end = 0
         return frames
 
 
@@ -332,6 +185,13 @@ def _skip_tagged_fields(frame: bytes | bytearray, pos: int) -> int:
 
 def parse_request_header(frame: bytes | bytearray) -> RequestHeader:
     """Parse the header at the start of a request frame (without its length prefix)."""
+    # The compiled reader takes what clients send; it leaves the rest to the Python one.
+    header = read_request_header(frame, RequestHeader, request_header_version)
+    return header if header is not None else _parse_request_header(frame)
+
+
+def _parse_request_header(frame: bytes | bytearray) -> RequestHeader:
+    """:func:`parse_request_header` in Python: every header version, and the errors."""
     if len(frame) < 8:
         raise MalformedFrame(f"request of {len(frame)} bytes is shorter than a request header")
     api_key, api_version, correlation_id = _REQUEST_FIXED.unpack_from(frame, 0)

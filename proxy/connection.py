@@ -488,7 +488,7 @@ class ClientConnection:
             out.append(frame)
             total += size
             done.frame = None
-            if done.generation.tallies:
+            if done.generation.produce.tallies:
                 self._report(done, size)
         if total < _JOIN_BELOW:
             self._writer.write(b"".join(out))
@@ -508,15 +508,24 @@ class ClientConnection:
                 frames = await upstream.read()
                 if not frames:
                     break
-                ready = [matched for frame in frames
-                         if (matched := self._match_response(frame)) is not None]
+                ready = []
+                for frame in frames:
+                    matched = self._match_response(frame)
+                    if matched is not None:
+                        ready.append(matched)
                 nodes = self._services.nodes
                 if nodes.unsettled:
                     await nodes.settle()
                 for slot, frame in ready:
                     slot.frame = frame
                     slot.done = True
-                if not await self._deliver():
+                # _deliver() without its coroutine when the client's socket takes it all.
+                try:
+                    self._send_ready()
+                    gone = not self._client.drained and not await self._deliver()
+                except (ConnectionError, OSError, TimeoutError):
+                    gone = True
+                if gone:
                     reason = None  # the client went away, not the broker: close quietly
                     break
         except ProtocolError as exc:

@@ -26,9 +26,9 @@ The dispatcher holds no connection: it is handed the requesting client (a
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kiproxy.protocol.errors import SaslStateError, UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader
@@ -56,7 +56,7 @@ _BEFORE_AUTHENTICATION = frozenset(
 
 
 _Handler = Callable[["RequestDispatcher", RequestingClient, "Generation", RequestHeader, bytes],
-                    Awaitable[Disposition]]
+                    Coroutine[Any, Any, Disposition]]
 
 
 class RequestDispatcher:
@@ -65,9 +65,12 @@ class RequestDispatcher:
     def __init__(self, nodes: NodeRegistry) -> None:
         self._nodes = nodes
 
-    async def dispatch(self, client: RequestingClient, generation: Generation,
-                    header: RequestHeader, frame: bytes) -> Disposition:
-        """What to do with ``frame``: forward it (with a response rewriter) or answer it."""
+    def dispatch(self, client: RequestingClient, generation: Generation,
+                 header: RequestHeader, frame: bytes) -> Coroutine[Any, Any, Disposition]:
+        """What to do with ``frame``: forward it (with a response rewriter) or answer it.
+
+        Returns the handler's own coroutine (no frame of the dispatcher's per request);
+        a request refused before any handler runs raises here, when it is called."""
         if client.sasl.awaiting_verdict and header.api_key not in _BEFORE_AUTHENTICATION:
             # The broker refuses this (ILLEGAL_SASL_STATE) and closes the connection; the
             # proxy must not run the interceptor or answer for it on the broker's behalf.
@@ -76,7 +79,7 @@ class RequestDispatcher:
                 f"{client.sasl.mechanism} authentication succeeded (the broker would refuse "
                 "it: ILLEGAL_SASL_STATE)")
         handler: _Handler = _HANDLERS.get(header.api_key, RequestDispatcher._other)
-        return await handler(self, client, generation, header, frame)
+        return handler(self, client, generation, header, frame)
 
     def rewriter(self, generation: Generation,
                  header: RequestHeader) -> Callable[[bytes], bytes] | None:
@@ -97,7 +100,7 @@ class RequestDispatcher:
     # ------------------------------------------------------------------ handlers
 
     def _produce(self, client: RequestingClient, generation: Generation,
-                 header: RequestHeader, frame: bytes) -> Awaitable[Disposition]:
+                 header: RequestHeader, frame: bytes) -> Coroutine[Any, Any, Disposition]:
         # The pipeline's own coroutine, awaited by dispatch(): no frame of its own.
         return generation.produce.handle(client, header, frame, self._nodes.seen)
 

@@ -175,7 +175,7 @@ class FrameStream(asyncio.BufferedProtocol):
                 self._pause()
                 self._wake()
                 return
-            self._wake()
+            waiter.set_result(None)  # _wake(), the waiter known to be waiting
             if not self._pause_check:
                 # Queued behind the owner's wake-up: it runs after the owner's step and
                 # before the loop polls the socket again.
@@ -299,7 +299,8 @@ class FrameStream(asyncio.BufferedProtocol):
                 raise self._error
             if self._eof:
                 return []
-            self._resume()
+            if not self._reading:  # usually still reading (see the module docstring)
+                self._resume()
             waiter = self._waiter = self._loop.create_future()
             try:
                 await waiter

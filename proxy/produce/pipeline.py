@@ -40,11 +40,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from functools import partial
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.protocol._codec import produce_answer_untagged
 from kiproxy.protocol.errors import UnsupportedVersion
 from kiproxy.protocol.framing import RequestHeader, encode_response_header
 from kiproxy.protocol.legacy_produce import (
@@ -95,13 +96,36 @@ UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
 UNKNOWN_TOPIC_ID = ErrorCode.UNKNOWN_TOPIC_ID
 
 
+class _AnswerRewriter:
+    """A forwarded answer's KIP-951 node_endpoints (v10+) named as the proxy's listeners.
+
+    An answer that reads whole with no tagged field (what brokers send unless a leader
+    moved) is passed on as it is after the compiled check; any other goes through
+    :func:`~kiproxy.proxy.brokers.addresses.rewrite_response_frame`, which rewrites it
+    or names what is wrong with it.
+    """
+
+    __slots__ = ("seen", "version")
+
+    def __init__(self, version: int, seen: NodeSeen) -> None:
+        self.version = version
+        self.seen = seen
+
+    def __call__(self, frame: bytes) -> bytes:
+        if produce_answer_untagged(frame, self.version):
+            return frame
+        return rewrite_response_frame(ApiKey.PRODUCE, self.version, frame, seen=self.seen)
+
+
+@lru_cache(maxsize=64)
 def _node_rewriter(version: int, nodes_seen: NodeSeen | None
                    ) -> Callable[[bytes], bytes] | None:
     """What a forwarded answer needs when nothing is merged into it: its KIP-951
-    node_endpoints (v10+) named as the proxy's listeners."""
+    node_endpoints (v10+) named as the proxy's listeners. One per version and registry
+    (``nodes_seen`` is a bound method: equal for the same registry), not one a request."""
     if nodes_seen is None or not needs_rewrite(ApiKey.PRODUCE, version):
         return None
-    return partial(rewrite_response_frame, ApiKey.PRODUCE, version, seen=nodes_seen)
+    return _AnswerRewriter(version, nodes_seen)
 
 
 def learn_topic_ids(topic_names: dict[uuid.UUID, str], metadata: Any) -> None:

@@ -7,6 +7,8 @@ refuse an oversized or negative length as soon as the prefix arrives.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import struct
 
 import pytest
@@ -341,3 +343,60 @@ def test_receive_buffers_have_the_size_asked_and_refuse_a_negative_one() -> None
     assert isinstance(receive_buffer(8), bytearray)
     with pytest.raises(ValueError, match="negative size"):
         receive_buffer(-1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    api=st.sampled_from([(ApiKey.PRODUCE, 7), (ApiKey.METADATA, 4), (ApiKey.PRODUCE, 11),
+                         (ApiKey.METADATA, 12), (ApiKey.API_VERSIONS, 3), (7, 0),
+                         (ApiKey.PRODUCE, 99), (-3, 1)]),
+    correlation_id=st.integers(-(2**31), 2**31 - 1),
+    client_id=CLIENT_IDS | st.binary(max_size=12).map(lambda b: b.decode("latin-1")),
+    body=st.binary(max_size=20),
+    mutation=st.none() | st.tuples(st.integers(0, 60), st.integers(0, 255)),
+    cut=st.none() | st.integers(0, 60),
+    as_bytearray=st.booleans(),
+)
+def test_the_compiled_header_reader_agrees_with_the_python_one(
+        api: tuple[int, int], correlation_id: int, client_id: str | None, body: bytes,
+        mutation: tuple[int, int] | None, cut: int | None, as_bytearray: bool) -> None:
+    """What the compiled reader reads (None: it leaves the frame to Python) is what the
+    Python reader reads; with bytes cut, changed or invalid UTF-8 in the client id."""
+    from kiproxy.protocol._codec import read_request_header
+    from kiproxy.protocol.framing import _parse_request_header
+
+    api_key, api_version = api
+    version = request_header_version(api_key, api_version) or 1
+    frame = encode_request_header(api_key, api_version, correlation_id, client_id,
+                                  version) + body
+    if mutation is not None and mutation[0] < len(frame):
+        frame = frame[:mutation[0]] + bytes([mutation[1]]) + frame[mutation[0] + 1:]
+    if cut is not None:
+        frame = frame[:cut]
+    data: bytes | bytearray = bytearray(frame) if as_bytearray else frame
+    compiled = read_request_header(data, RequestHeader, request_header_version)
+    try:
+        expected: RequestHeader | Exception = _parse_request_header(data)
+    except MalformedFrame as exc:
+        expected = exc
+    if compiled is not None:
+        assert compiled == expected
+        assert type(compiled) is RequestHeader
+    else:  # what parse_request_header gives or raises is the Python reader's
+        if isinstance(expected, Exception):
+            with pytest.raises(MalformedFrame, match=re.escape(str(expected))):
+                parse_request_header(data)
+        else:
+            assert parse_request_header(data) == expected
+
+
+def test_the_compiled_header_reader_takes_what_clients_send() -> None:
+    from kiproxy.protocol._codec import read_request_header
+
+    for api_key, api_version, header_version in ((ApiKey.PRODUCE, 9, 2), (ApiKey.METADATA, 4, 1)):
+        for client_id in ("rdkafka", None, "é"):
+            frame = encode_request_header(api_key, api_version, 42, client_id, header_version)
+            header = read_request_header(frame + b"body", RequestHeader, request_header_version)
+            assert header is not None and header.client_id == client_id
+            with pytest.raises(dataclasses.FrozenInstanceError):
+                header.correlation_id = 1  # type: ignore[misc]
