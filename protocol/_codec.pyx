@@ -752,6 +752,14 @@ cdef struct _Field:
     unsigned char* dst         # where the result goes (inside a new bytes object)
 
 
+cdef _Field* _new_fields(Py_ssize_t n) except NULL:
+    """Room for ``n`` fields (PyMem_Free it)."""
+    cdef _Field* fields = <_Field*>PyMem_Malloc(max(n, 1) * sizeof(_Field))
+    if fields == NULL:
+        raise MemoryError()
+    return fields
+
+
 cdef inline const char* _value_span(Record r, Py_ssize_t* size):
     """Where ``r``'s value lies (built or still in its block) and its size; NULL for null."""
     if r._lazy & _LAZY_VALUE:
@@ -798,9 +806,7 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
     cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
     cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
     if gcm is not None:
-        fields = <_Field*>PyMem_Malloc(max(n, 1) * sizeof(_Field))
-        if fields == NULL:
-            raise MemoryError()
+        fields = _new_fields(n)
     try:
         for i in range(n):
             r = <Record>records[i]
@@ -879,9 +885,7 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
     cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
     cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
     if gcm is not None:
-        fields = <_Field*>PyMem_Malloc(max(n, 1) * sizeof(_Field))
-        if fields == NULL:
-            raise MemoryError()
+        fields = _new_fields(n)
     try:
         for i in range(n):
             item = records[i]
