@@ -240,6 +240,28 @@ def wait_for_port(host: str, port: int, timeout: float = 10) -> None:
     raise TimeoutError(f"nothing listens on {host}:{port}")
 
 
+def high_watermark(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The partition's high watermark, asked of the broker at once (ListOffsets); 0 when the
+    partition does not exist. A check that nothing was stored compares it with 0, instead of
+    waiting out a consumer that reads nothing: the broker's log end holds whatever any
+    request appended, read or not. (Only compared with 0: Tansu answers ListOffsets(latest)
+    with its last batch's base offset + 1.)"""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex[:6]}"})
+    try:
+        _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10,
+                                             cached=False)
+        return int(high)
+    except KafkaException as exc:
+        if exc.args[0].code() in (KafkaError._UNKNOWN_PARTITION,
+                                  KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return 0
+        raise
+    finally:
+        c.close()
+
+
 def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
             timeout: float = 30) -> list[Any]:
     """Read ``count`` records from ``topic`` (partitions 0..n-1, from the start) with
