@@ -285,6 +285,15 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
 
 
 @pytest.fixture(scope="session")
+def extension_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``KIPROXY_EXT_CACHE`` of every build of the checkout in the session (the
+    fresh-checkout pages' installs, the wheel the packaging tests build): ``setup.py``
+    compiles each Cython extension once, for real, and later builds copy that result
+    (keyed by a hash of what the compiler reads). The environment's own, when it names one."""
+    return os.environ.get("KIPROXY_EXT_CACHE") or str(tmp_path_factory.mktemp("extensions"))
+
+
+@pytest.fixture(scope="session")
 def extism_plugins() -> dict[str, Path]:
     """The Extism test plugins (AssemblyScript, compiled once and cached; see
     ``support.extism_plugins``); skipped when Node.js or npm is missing."""
