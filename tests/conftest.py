@@ -240,15 +240,17 @@ def wait_for_port(host: str, port: int, timeout: float = 10) -> None:
     raise TimeoutError(f"nothing listens on {host}:{port}")
 
 
-def high_watermark(bootstrap: str, topic: str, partition: int = 0) -> int:
+def high_watermark(bootstrap: str, topic: str, partition: int = 0, **conf: Any) -> int:
     """The partition's high watermark, asked of the broker at once (ListOffsets); 0 when the
-    partition does not exist. A check that nothing was stored compares it with 0, instead of
-    waiting out a consumer that reads nothing: the broker's log end holds whatever any
-    request appended, read or not. (Only compared with 0: Tansu answers ListOffsets(latest)
-    with its last batch's base offset + 1.)"""
+    partition does not exist; ``conf``: more client settings (SASL). A check that nothing
+    (more) was stored compares it with what was, instead of waiting out a consumer that
+    reads nothing: the broker's log end counts whatever any request appended, read or not.
+    (On Tansu only compared with 0: it answers ListOffsets(latest) with its last batch's
+    base offset + 1; Apache Kafka's is the offset after the last record.)"""
     from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex[:6]}"})
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex[:6]}",
+                  **conf})
     try:
         _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10,
                                              cached=False)
