@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,32 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
             if msg is None or msg.error():
                 continue
             out.append(msg)
+        return out
+    finally:
+        c.close()
+
+
+def consume_until(bootstrap: str, topic: str, done: Callable[[list[Any]], bool],
+                  partitions: int = 1, timeout: float = 30, extra_look: float = 0.5
+                  ) -> list[Any]:
+    """Read ``topic`` (partitions 0..n-1, from the start) until ``done(records)`` holds, then
+    ``extra_look`` seconds more for any records that follow it (a duplicate, one too many);
+    what was read by ``timeout`` otherwise. For a topic whose writer has finished (an audit
+    topic after the proxy stopped): the read stops at what is expected instead of waiting
+    out a fixed time for records that are not coming."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while not done(out) and time.monotonic() < deadline:
+            out.extend(m for m in c.consume(10_000, 0.2) if not m.error())
+        until = time.monotonic() + extra_look
+        while (left := until - time.monotonic()) > 0:
+            out.extend(m for m in c.consume(10_000, left) if not m.error())
         return out
     finally:
         c.close()
