@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -240,6 +240,30 @@ def wait_for_port(host: str, port: int, timeout: float = 10) -> None:
     raise TimeoutError(f"nothing listens on {host}:{port}")
 
 
+def high_watermark(bootstrap: str, topic: str, partition: int = 0, **conf: Any) -> int:
+    """The partition's high watermark, asked of the broker at once (ListOffsets); 0 when the
+    partition does not exist; ``conf``: more client settings (SASL). A check that nothing
+    (more) was stored compares it with what was, instead of waiting out a consumer that
+    reads nothing: the broker's log end counts whatever any request appended, read or not.
+    (On Tansu only compared with 0: it answers ListOffsets(latest) with its last batch's
+    base offset + 1; Apache Kafka's is the offset after the last record.)"""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"wm-{uuid.uuid4().hex[:6]}",
+                  **conf})
+    try:
+        _low, high = c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10,
+                                             cached=False)
+        return int(high)
+    except KafkaException as exc:
+        if exc.args[0].code() in (KafkaError._UNKNOWN_PARTITION,
+                                  KafkaError.UNKNOWN_TOPIC_OR_PART):
+            return 0
+        raise
+    finally:
+        c.close()
+
+
 def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
             timeout: float = 30) -> list[Any]:
     """Read ``count`` records from ``topic`` (partitions 0..n-1, from the start) with
@@ -260,6 +284,41 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
         return out
     finally:
         c.close()
+
+
+def consume_until(bootstrap: str, topic: str, done: Callable[[list[Any]], bool],
+                  partitions: int = 1, timeout: float = 30, extra_look: float = 0.5
+                  ) -> list[Any]:
+    """Read ``topic`` (partitions 0..n-1, from the start) until ``done(records)`` holds, then
+    ``extra_look`` seconds more for any records that follow it (a duplicate, one too many);
+    what was read by ``timeout`` otherwise. For a topic whose writer has finished (an audit
+    topic after the proxy stopped): the read stops at what is expected instead of waiting
+    out a fixed time for records that are not coming."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        out: list[Any] = []
+        deadline = time.monotonic() + timeout
+        while not done(out) and time.monotonic() < deadline:
+            out.extend(m for m in c.consume(10_000, 0.2) if not m.error())
+        until = time.monotonic() + extra_look
+        while (left := until - time.monotonic()) > 0:
+            out.extend(m for m in c.consume(10_000, left) if not m.error())
+        return out
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def extension_cache(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The ``KIPROXY_EXT_CACHE`` of every build of the checkout in the session (the
+    fresh-checkout pages' installs, the wheel the packaging tests build): ``setup.py``
+    compiles each Cython extension once, for real, and later builds copy that result
+    (keyed by a hash of what the compiler reads). The environment's own, when it names one."""
+    return os.environ.get("KIPROXY_EXT_CACHE") or str(tmp_path_factory.mktemp("extensions"))
 
 
 @pytest.fixture(scope="session")

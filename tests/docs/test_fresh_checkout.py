@@ -20,9 +20,10 @@ extensions (most of the build's CPU). ``setup.py`` keeps compiled extensions in
 the folder ``KIPROXY_EXT_CACHE`` names, keyed by a hash of everything the
 compiler reads (the ``.pyx`` and ``setup.py``'s text, Cython's version, the
 Python ABI), and copies a cached one instead of compiling it again. This test
-points it at one folder per pytest session unless the environment already
-names one, so each session compiles each extension once, for real, and every
-later page of the session reuses the result of that same build. Measured on a
+points it at one folder per pytest session (tests/conftest.py's
+``extension_cache``, which the wheel the packaging tests build shares) unless
+the environment already names one, so each session compiles each extension
+once, for real, and every later build of the session reuses that result. Measured on a
 2-core Xeon VM (CPU seconds, the wall time varies with the machine's load): a
 build of the checkout then costs about 10 s of CPU, most of it pip's isolated
 build environment; the README's page about 20 s of CPU (40 to 130 s of wall
@@ -46,10 +47,10 @@ PAGE_TIMEOUT = 3600
 
 
 @pytest.fixture(scope="session")
-def page_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def page_environment(extension_cache: str) -> Iterator[dict[str, str]]:
     """The clean environment of every page, with one extension cache for the session."""
     env = clean_environment()
-    env.setdefault("KIPROXY_EXT_CACHE", str(tmp_path_factory.mktemp("extensions")))
+    env["KIPROXY_EXT_CACHE"] = extension_cache
     yield env
 
 

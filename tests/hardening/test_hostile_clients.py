@@ -35,6 +35,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -401,13 +402,16 @@ def test_a_client_that_never_reads_stops_being_read(hostile_broker: EmbeddedBrok
 
 
 def test_a_client_that_never_reads_is_closed_without_holding_up_others(
-        hostile_broker: EmbeddedBroker) -> None:
+        hostile_broker: EmbeddedBroker, tmp_path: Path) -> None:
     """A client that reads nothing is owed answers, so it is not idle; other idle
-    clients are closed meanwhile. At shutdown, after the grace period (10 s), what is
-    buffered for it cannot be flushed: the proxy aborts it after a short wait instead
-    of hanging, and exits 0."""
+    clients are closed meanwhile. At shutdown, after the grace period (``shutdown_grace_ms``,
+    2 s here instead of the default 10 s: the same path, sooner), what is buffered for it
+    cannot be flushed: the proxy aborts it after a short wait instead of hanging, and
+    exits 0."""
+    config = tmp_path / "kiproxy.yaml"
+    config.write_text("shutdown_grace_ms: 2000\n")
     proxy = launch_proxy(hostile_broker.bootstrap, "--idle-timeout-ms", "1500",
-                         "--max-buffered-bytes", str(MiB))
+                         "--max-buffered-bytes", str(MiB), config_file=config)
     reader = NonReader(proxy.bootstrap).start()
     silent: socket.socket | None = None
     try:

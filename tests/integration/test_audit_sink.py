@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from conftest import consume, launch_proxy
+from conftest import consume_until, launch_proxy
 from support.apache_kafka import SASL_LISTENER, SASL_USERS
 
 from kiproxy_dev.kafka_cluster import KafkaCluster
@@ -46,6 +46,12 @@ def partitions(bootstrap: str, topic: str) -> int:
     metadata = AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10)
     assert topic in metadata.topics
     return len(metadata.topics[topic].partitions)
+
+
+def records_of(events: list[Any], topic: str) -> int:
+    """The records the audit events (messages of the audit topic) count for ``topic``."""
+    return sum(e["records"] for e in (json.loads(m.value()) for m in events)
+               if e.get("topic") == topic)
 
 
 def dropped(metrics: str) -> float:
@@ -77,8 +83,8 @@ def test_audit_events_go_to_a_cluster_of_their_own_with_their_own_credentials(
         assert produce(proxy.bootstrap, topic, 30) == [None] * 30
     finally:
         assert proxy.stop() == 0  # shutdown writes what is queued
-    got = consume(apache_kafka.bootstrap, audit, 1000,
-                  partitions=partitions(apache_kafka.bootstrap, audit), timeout=10)
+    got = consume_until(apache_kafka.bootstrap, audit, lambda got: records_of(got, topic) >= 30,
+                        partitions=partitions(apache_kafka.bootstrap, audit), timeout=10)
     mine = [e for e in (json.loads(m.value()) for m in got) if e.get("topic") == topic]
     assert sum(e["records"] for e in mine) == 30, proxy.log
     assert all(e["client_id"] == "audited" for e in mine)
@@ -114,7 +120,7 @@ def test_a_reload_that_first_sets_audit_topic_starts_the_audit_sink(
         assert produce(proxy.bootstrap, topic, 7) == [None] * 7
     finally:
         assert proxy.stop() == 0
-    got = consume(broker.bootstrap, audit, 1000, partitions=partitions(broker.bootstrap, audit),
-                  timeout=10)
+    got = consume_until(broker.bootstrap, audit, lambda got: records_of(got, topic) >= 7,
+                        partitions=partitions(broker.bootstrap, audit), timeout=10)
     mine = [e for e in (json.loads(m.value()) for m in got) if e.get("topic") == topic]
     assert sum(e["records"] for e in mine) == 7, proxy.log

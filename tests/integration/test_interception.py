@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ProxyProcess, Upstream, launch_proxy, tansu_gap
+from conftest import ProxyProcess, Upstream, high_watermark, launch_proxy, tansu_gap
 from crc32c import crc32c
 from support.confluent import confluent_producer, group_consumer_conf, poll_messages
 from support.raw_client import RawClient
@@ -193,14 +193,7 @@ def _stored(bootstrap: str, topic: str) -> int:
     Only compared with 0: Tansu answers ListOffsets(latest) with the last batch's base
     offset + 1, not the offset after the last record (the same without the proxy).
     """
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": _name("wm")})
-    try:
-        _low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=10, cached=False)
-        return int(high)
-    finally:
-        c.close()
+    return high_watermark(bootstrap, topic)
 
 
 # ---------------------------------------------------------------------------- records

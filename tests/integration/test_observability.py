@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from conftest import consume, launch_proxy
+from conftest import consume, consume_until, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
@@ -272,7 +272,9 @@ def test_audit_events_also_go_to_a_kafka_topic(tmp_path: Path, broker: EmbeddedB
 
     metadata = AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=10)
     partitions = len(metadata.topics[audit_topic].partitions)  # auto-created by the sink
-    got = consume(broker.bootstrap, audit_topic, 1000, partitions=partitions, timeout=10)
+    got = consume_until(broker.bootstrap, audit_topic, lambda got: sum(
+        e["records"] for e in map(json.loads, (m.value() for m in got))
+        if e["topic"] == topic) >= 40, partitions=partitions, timeout=10)
     events = [json.loads(m.value()) for m in got]
     mine = [e for e in events if e["topic"] == topic]
     assert sum(e["records"] for e in mine) == 40

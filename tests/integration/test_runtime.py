@@ -329,7 +329,8 @@ def test_consumer_group_commits_and_resumes(proxy: ProxyProcess) -> None:
     group = f"grp-{uuid.uuid4().hex[:8]}"
     conf = {"bootstrap.servers": proxy.bootstrap, "group.id": group,
             "enable.auto.commit": False, "auto.offset.reset": "earliest",
-            "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000}
+            # The lowest a Kafka broker accepts: Tansu holds each first JoinGroup for half.
+            "session.timeout.ms": 6000, "heartbeat.interval.ms": 1000}
 
     first = Consumer(conf)
     try:
@@ -380,7 +381,7 @@ async def test_no_client_connects_to_the_broker_directly(proxy: ProxyProcess,
     cf_producer.produce(topic, value=b"confluent", partition=0)
     assert cf_producer.flush(15) == 0
     cf_consumer = Consumer({"bootstrap.servers": proxy.bootstrap, "group.id": group,
-                            "auto.offset.reset": "earliest", "session.timeout.ms": 10000})
+                            "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
     cf_consumer.subscribe([topic])
     admin = AdminClient({"bootstrap.servers": proxy.bootstrap})
     kp_producer = KafkaProducer(bootstrap_servers=proxy.bootstrap)

@@ -42,9 +42,9 @@ class Exclaim(ProduceRequestInterceptor):
 '''
 
 
-def _run(*cmd: str | Path, cwd: Path, timeout: float = 600) -> str:
+def _run(*cmd: str | Path, cwd: Path, timeout: float = 600, **env: str) -> str:
     done = subprocess.run([str(c) for c in cmd], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONPATH": ""})
+                          timeout=timeout, env={**os.environ, "PYTHONPATH": "", **env})
     assert done.returncode == 0, f"{cmd} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -55,10 +55,13 @@ def _site_packages(python: Path, cwd: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def wheels(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """The runtime wheel and the wheel of dev/, built as `make dist` builds them."""
+def wheels(tmp_path_factory: pytest.TempPathFactory, extension_cache: str
+           ) -> tuple[Path, Path]:
+    """The runtime wheel and the wheel of dev/, built as `make dist` builds them (the
+    compiled extensions taken from the session's cache when a build compiled them)."""
     dist = tmp_path_factory.mktemp("dist")
-    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=ROOT)
+    _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT, cwd=ROOT,
+         KIPROXY_EXT_CACHE=extension_cache)
     _run(sys.executable, "-m", "build", "--wheel", "--outdir", dist, ROOT / "dev", cwd=ROOT)
     (runtime,) = dist.glob("kafka_interceptor_proxy-*.whl")
     (dev,) = dist.glob("kafka_interceptor_proxy_dev-*.whl")

@@ -1,6 +1,6 @@
 """Replay and report on local Spark (local[2]) against the session's real broker.
 
-One SparkSession serves the module; the CLI runs in-process and reuses it. Bad
+One SparkSession serves the package (conftest.py); the CLI runs in-process and reuses it. Bad
 input runs the real ``kiproxy`` console script: it fails before Spark starts.
 """
 
@@ -13,7 +13,6 @@ import subprocess
 import sys
 import typing
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,6 @@ from kiproxy.pipelines.apply import InterceptorSpec
 from kiproxy.pipelines.fetch_client import FetchClient
 from kiproxy.pipelines.offsets import OffsetBound
 from kiproxy.pipelines.replay import ReplayOptions, run_replay
-from kiproxy.pipelines.session import spark_session
 from kiproxy.pipelines.sources import spark_kafka_available
 from kiproxy.protocol.messages import ApiKey, request_type
 from kiproxy.protocol.records import Compression, Header, Record, build_batch
@@ -38,16 +36,8 @@ PLUGINS = Path(__file__).parent / "plugins"
 BASE_TS = 1_763_800_000_000
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with spark_session("kiproxy-tests", "local[2]", {
-        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-    }) as session:
-        yield session
-
-
 def kiproxy(*args: str) -> int:
-    """Run ``kiproxy ARGS`` in this process (reusing the module's SparkSession)."""
+    """Run ``kiproxy ARGS`` in this process (reusing the package's SparkSession)."""
     return kiproxy_main([*args, "--no-progress"])
 
 

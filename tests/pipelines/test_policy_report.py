@@ -5,7 +5,7 @@ The audit files are written by the proxy's own audit writer (``AuditLog`` fed wi
 ``produce_events`` of ``ResponseInfo`` values), so the report reads exactly what
 the proxy writes; the observe-mode fields are set on ``PartitionSummary`` where it
 has them and added to the events otherwise. Every figure is checked against the
-counts this test produced. Spark runs locally on loopback (the module's session).
+counts this test produced. Spark runs locally on loopback (the package's session).
 """
 
 from __future__ import annotations
@@ -33,10 +33,9 @@ from kiproxy.protocol.records import Record, build_batch
 from kiproxy.proxy.observe.audit import AuditLog, produce_events
 from kiproxy_dev.tansu import EmbeddedBroker
 
-from .test_pipelines import PLUGINS, create_topic, kiproxy, produce_raw, spark
+from .test_pipelines import PLUGINS, create_topic, kiproxy, produce_raw
 
 pytestmark = pytest.mark.timeout(240)
-__all__ = ["spark"]  # the module's SparkSession, shared with test_pipelines' definition
 
 HOUR = 3_600_000
 DAY = 24 * HOUR

@@ -1,6 +1,6 @@
 """Replay over Apache Kafka: transactional data read as read_committed, and a compacted topic.
 
-One KRaft cluster (one broker, one controller) for the module, and one local
+The session's 1-node KRaft cluster (tests/conftest.py's ``apache_kafka``) and the package's local
 SparkSession; records are produced with confluent-kafka straight to the broker.
 What a replay must count is what a real ``read_committed`` confluent-kafka
 consumer sees: committed transactions and non-transactional records, up to the
@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.apache_kafka import kafka_home_or_skip
 
 from kiproxy.cli import main as kiproxy_main
 from kiproxy.pipelines.fetch_client import FetchClient
-from kiproxy.pipelines.session import spark_session
 from kiproxy_dev.kafka_cluster import KafkaCluster
 
 pytestmark = [pytest.mark.timeout(300)]
@@ -35,24 +33,9 @@ Seen = list[tuple[int, int, bytes | None, bytes | None]]
 
 
 @pytest.fixture(scope="module")
-def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaCluster]:
-    # The log cleaner looks for work every 200 ms instead of every 15 s.
-    cluster = KafkaCluster(kafka_home_or_skip(), nodes=1,
-                           workdir=tmp_path_factory.mktemp("kafka"),
-                           overrides={"log.cleaner.backoff.ms": "200"})
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with spark_session("kiproxy-apache-kafka-tests", "local[2]", {
-        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-    }) as session:
-        yield session
+def kafka(apache_kafka: KafkaCluster) -> KafkaCluster:
+    """The session's 1-node cluster (its log cleaner looks for work every 200 ms)."""
+    return apache_kafka
 
 
 def create_topic(bootstrap: str, partitions: int, **config: str) -> str:
@@ -93,7 +76,7 @@ def consume_all(bootstrap: str, topic: str, partitions: int, isolation: str) -> 
 
 
 def kiproxy(*args: str) -> int:
-    """``kiproxy ARGS`` in this process (reusing the module's SparkSession)."""
+    """``kiproxy ARGS`` in this process (reusing the package's SparkSession)."""
     return kiproxy_main([*args, "--no-progress"])
 
 

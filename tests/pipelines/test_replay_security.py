@@ -4,7 +4,7 @@ The secured clusters are the session's Tansu broker behind kiproxy's own TLS
 listener (a CA made here with ``cryptography``, with and without client
 certificates), behind the project's SASL gateway (tests/hardening/sasl_gateway.py,
 real PLAIN and SCRAM server side), or behind both (SASL_SSL). Replays run
-in-process on local Spark (one session for the module), and on a Spark
+in-process on local Spark (the package's one session), and on a Spark
 standalone cluster on loopback (a master and one worker started here) where
 executors are separate processes that get the plugin and the settings only
 through what the driver ships. Bad input runs the real ``kiproxy`` command and
@@ -41,7 +41,6 @@ from kiproxy.cli import main as kiproxy_main
 from kiproxy.pipelines.client_security import load_client_security
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import FetchClient
-from kiproxy.pipelines.session import spark_session
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = [pytest.mark.timeout(300),
@@ -156,14 +155,6 @@ def sasl_ssl_proxy(pki: Pki, gateway: SaslGateway) -> Iterator[ProxyProcess]:
     p.stop()
 
 
-@pytest.fixture(scope="module")
-def spark() -> Iterator[Any]:
-    with spark_session("kiproxy-security-tests", "local[2]", {
-        "spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2",
-    }) as session:
-        yield session
-
-
 def write_config(path: Path, **props: str) -> Path:
     """A client.properties file (keys with dots given as ``security_protocol=...``)."""
     path.write_text("# written by the test\n" + "".join(
@@ -252,7 +243,7 @@ def read_back(topic: str, broker: EmbeddedBroker, count: int,
 
 
 def kiproxy(*args: str) -> int:
-    """``kiproxy ARGS`` in this process (reusing the module's SparkSession)."""
+    """``kiproxy ARGS`` in this process (reusing the package's SparkSession)."""
     return kiproxy_main([*args, "--no-progress"])
 
 
