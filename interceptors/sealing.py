@@ -15,15 +15,14 @@ here so that plugins, built-in ones included, need only the plugin API.
 loads for :mod:`hashlib` and :mod:`ssl` (an ``AesGcm``, whose ``encrypt``/``decrypt``
 give the bytes ``AESGCM``'s do). Handed to the loops, it seals or opens a whole batch
 without a Python call per record and without holding the GIL: a 1 KiB value costs
-little more than the cipher. Where that library cannot be bound (an interpreter built
-without OpenSSL, a platform whose loader this module does not know), :func:`aes_gcm`
+little more than the cipher. Where that library cannot be bound (an interpreter with
+OpenSSL linked in statically, a platform other than Linux), :func:`aes_gcm`
 returns ``cryptography``'s ``AESGCM`` instead - the same bytes, one call per value - and
 :func:`compiled_gcm` says which one is in use.
 """
 
 from __future__ import annotations
 
-import ctypes.util
 import functools
 import sys
 from typing import Protocol, cast
@@ -90,19 +89,23 @@ def compiled_gcm() -> str | None:
 
 
 def _libcrypto() -> str | None:
-    """The libcrypto that Python's own ``_hashlib`` loaded (so no second OpenSSL is read
-    from disk), or the one the platform's loader finds."""
+    """The libcrypto that Python's own ``_hashlib`` loaded into this process (so no
+    second OpenSSL is read from disk), on Linux; None elsewhere, or for an interpreter
+    whose OpenSSL is linked in statically. (Other platforms are left to
+    ``cryptography``: macOS, for one, ends a process that loads its system libcrypto
+    by an unversioned name.)"""
+    if not sys.platform.startswith("linux"):
+        return None
     try:
         import _hashlib  # noqa: F401  (loads libcrypto into this process)
     except ImportError:
         return None
-    if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-                for line in maps:
-                    fields = line.split()
-                    if len(fields) >= 6 and "/libcrypto" in fields[5]:
-                        return fields[5]
-        except OSError:
-            pass
-    return ctypes.util.find_library("crypto")
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            for line in maps:
+                fields = line.split()
+                if len(fields) >= 6 and "/libcrypto" in fields[5]:
+                    return fields[5]
+    except OSError:
+        pass
+    return None

@@ -223,3 +223,11 @@ def test_a_library_that_fails_the_known_answer_is_not_used(
         monkeypatch.undo()
         sealing.compiled_gcm.cache_clear()
     assert sealing.compiled_gcm() is not None
+
+
+def test_openssl_is_looked_for_on_linux_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    import kiproxy.interceptors.sealing as sealing
+
+    assert sealing._libcrypto() == compiled_gcm()  # here: the one Python's hashlib loaded
+    monkeypatch.setattr(sealing.sys, "platform", "darwin")
+    assert sealing._libcrypto() is None
