@@ -25,7 +25,8 @@ system's temporary directory, keyed by the commit). Cases:
   of 3 partitions of N records (:mod:`bench.intercept`'s request and plugins;
   decode and re-encode on the calling thread), per request. ``x250`` is the
   per-GB shape, ``x1`` the per-request one.
-* ``passthrough``: the same request with no interceptor (read the acks, forward).
+* ``passthrough``: the same request with no interceptor (read the acks, forward), as
+  the connection asks for it: ``forward_as_received``, a plain call.
 * ``round trip``: one Produce v11 request of one 100-byte record through a whole
   proxy connection on uvloop and its answer back (:mod:`bench.round_trip`: the
   client socket's framing, dispatch, the upstream write, matching, rewriting and
@@ -106,9 +107,12 @@ def _prepare(case: str) -> Any:
         pipeline = ProducePipeline()
     loop = asyncio.new_event_loop()
 
+    at_once = getattr(pipeline, "forward_as_received", None)  # absent from older trees
+
     async def handle(n: int) -> None:
         for _ in range(n):
-            await pipeline.handle(client, header, frame, None)
+            if at_once is None or at_once(header, frame, None) is None:
+                await pipeline.handle(client, header, frame, None)
 
     def requests(n: int) -> None:
         loop.run_until_complete(handle(n))

@@ -55,10 +55,10 @@ import logging
 import struct
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
@@ -319,7 +319,9 @@ class ClientConnection:
                 # decoding leaves no second copy alive here while it is handled.
                 frames.reverse()
                 while frames:
-                    await self._handle_request(frames.pop())
+                    rest = self._handle_request(frames.pop())
+                    if rest is not None:
+                        await rest
                     if self._closed:
                         return
             except ProtocolError as exc:
@@ -339,10 +341,15 @@ class ClientConnection:
         log.warning("closing client %s (client_id %r): %s",
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
-    async def _handle_request(self, frame: Frame) -> None:
+    def _handle_request(self, frame: Frame) -> Coroutine[Any, Any, None] | None:
+        """Handle one request: in this call when nothing in it waits (a pass-through
+        Produce request with room in flight, forwarded to a drained upstream); else
+        returns the coroutine of the rest (:meth:`_handle_rest`), which the caller awaits
+        at once, and which then owns the generation."""
         generations = self._services.generations
         generation = generations.acquire()
         self._slot_taken = False
+        rest: Coroutine[Any, Any, None] | None = None
         try:
             header = parse_request_header(frame)
             if type(frame) is not bytes and not kept_as_received(generation, header):
@@ -368,14 +375,38 @@ class ClientConnection:
                     received_at_ms=int(time.time() * 1000), node_id=self.node_id,
                 )
                 hub.request(info)
+            request = cast(bytes, frame)  # a bytearray is forwarded untouched (kept_as_received)
+            forward = (self._services.dispatcher.at_once(self, generation, header, request)
+                       if len(self._slots) < generation.config.max_in_flight
+                       and not self._closed else None)
+            if forward is None:
+                rest = self._handle_rest(generation, header, request, api, t0, info)
+                return rest
+            self._forward(generation, header, forward, api, t0, info)
+            assert self._upstream is not None
+            if not self._upstream.drained:
+                rest = self._drain_upstream()
+            return rest
+        finally:
+            # A slot taken for the answer holds the generation until the answer leaves
+            # (or the connection closes); otherwise the request is done with it here.
+            if rest is None and not self._slot_taken:
+                generations.release(generation)
+
+    async def _handle_rest(self, generation: Generation, header: RequestHeader,
+                           request: bytes, api: str, t0: float,
+                           info: RequestInfo | None) -> None:
+        """What :meth:`_handle_request` could not do at once: wait for room in flight,
+        the dispatcher's decision, and the socket it was written to."""
+        generations = self._services.generations
+        try:
             while len(self._slots) >= generation.config.max_in_flight and not self._closed:
                 self._room.clear()
                 await self._room.wait()
-            # A bytearray here is forwarded untouched (see kept_as_received).
             self._handling = True  # a request in the interceptor is owed an answer too
             try:
                 disposition = await self._services.dispatcher.dispatch(
-                    self, generation, header, cast(bytes, frame))
+                    self, generation, header, request)
             finally:
                 self._handling = False
             if self._closed:
@@ -387,22 +418,24 @@ class ClientConnection:
                     self._slot_taken = True
                     self._complete(slot, disposition.frame)
                     await self._client.drain()
-                elif info is not None or metrics is not None:
+                elif info is not None or self._services.metrics is not None:
                     self._report(_Slot(generation, api, t0, info, disposition.produce,
                                        proxy_answer=True), 0)
                 return
             self._forward(generation, header, disposition, api, t0, info)
             assert self._upstream is not None
-            try:
-                if not self._upstream.drained:
-                    await self._upstream.drain()
-            except ConnectionError as exc:
-                raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
+            if not self._upstream.drained:
+                await self._drain_upstream()
         finally:
-            # A slot taken for the answer holds the generation until the answer leaves
-            # (or the connection closes); otherwise the request is done with it here.
             if not self._slot_taken:
                 generations.release(generation)
+
+    async def _drain_upstream(self) -> None:
+        assert self._upstream is not None
+        try:
+            await self._upstream.drain()
+        except ConnectionError as exc:
+            raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
     def _forward(self, generation: Generation, header: RequestHeader, disposition: Forward,
                  api: str = "", t0: float = 0.0, info: RequestInfo | None = None) -> None:

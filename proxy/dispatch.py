@@ -81,6 +81,18 @@ class RequestDispatcher:
         handler: _Handler = _HANDLERS.get(header.api_key, RequestDispatcher._other)
         return handler(self, client, generation, header, frame)
 
+    def at_once(self, client: RequestingClient, generation: Generation,
+                header: RequestHeader, frame: bytes) -> Forward | None:
+        """What to do with ``frame`` when that needs no waiting: a Produce request the
+        pipeline forwards as it came (no route, no tally; only its acks are read), as
+        :meth:`dispatch` would decide it. ``None`` for everything else: the caller
+        awaits :meth:`dispatch`, which also raises what a request is refused with.
+
+        A plain call where the common pass-through would otherwise cost a coroutine."""
+        if header.api_key != ApiKey.PRODUCE or client.sasl.awaiting_verdict:
+            return None
+        return generation.produce.forward_as_received(header, frame, self._nodes.seen)
+
     def rewriter(self, generation: Generation,
                  header: RequestHeader) -> Callable[[bytes], bytes] | None:
         """What the answer to ``header`` needs before it reaches the client, if anything."""

@@ -35,6 +35,9 @@ class NodeRegistry:
         self._open_listener = open_listener
         self._upstream: dict[int, tuple[str, int]] = {}
         self._opening: dict[int, asyncio.Task[None]] = {}
+        self._settled = True
+        """No listener was being opened when last looked (a done task stays done, so this
+        holds until one is announced): spares the look on every answer."""
 
     def port_for(self, node_id: int) -> int:
         """The proxy port that stands for ``node_id``."""
@@ -62,6 +65,7 @@ class NodeRegistry:
             self._opening[node_id] = asyncio.ensure_future(
                 self._open_listener(node_id, proxy_port)
             )
+            self._settled = False
         return self.advertised_host, self.port_for(node_id)
 
     def _failed(self, node_id: int) -> bool:
@@ -78,4 +82,8 @@ class NodeRegistry:
     @property
     def unsettled(self) -> bool:
         """Whether a listener is still being opened."""
-        return any(not t.done() for t in self._opening.values())
+        if self._settled:
+            return False
+        busy = any(not t.done() for t in self._opening.values())
+        self._settled = not busy
+        return busy

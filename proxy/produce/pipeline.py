@@ -247,10 +247,10 @@ class ProducePipeline:
         if version < 3:
             return self._refuse_legacy(client, header, frame)
         if self.routes is None:
-            if not self.tallies:  # forwarded as it came: only its acks are read
-                acks = read_acks(frame, header.body_offset, header.header_version == 2)
-                return Forward(frame, expect_response=acks != 0,
-                               on_response=_node_rewriter(version, nodes_seen))
+            if not self.tallies:
+                forward = self.forward_as_received(header, frame, nodes_seen)
+                assert forward is not None
+                return forward
             return self._tallied_pass_through(client, header, frame, nodes_seen)
         request = read_produce_request(frame, header.body_offset, version)
         jobs = self._jobs(client, request, frame, version)
@@ -275,6 +275,22 @@ class ProducePipeline:
         if settled.rejections:
             self.settler.log_rejections(client, settled.rejections)
         return self._dispose(header, request, settled, nodes_seen)
+
+    def forward_as_received(self, header: RequestHeader, frame: bytes,
+                            nodes_seen: NodeSeen | None) -> Forward | None:
+        """The request forwarded as it came, decided without waiting for anything, when
+        nothing in it is decoded (no route, no tally) and its version is one the pipeline
+        reads (v3 up to its ``max_version``): only its acks are read. ``None`` otherwise:
+        :meth:`handle` decides (and refuses what this does not take)."""
+        if self.routes is not None or self.tallies:
+            return None
+        version = header.api_version
+        offset = header.body_offset
+        if offset is None or not 3 <= version <= self.max_version:
+            return None
+        acks = read_acks(frame, offset, header.header_version == 2)
+        return Forward(frame, expect_response=acks != 0,
+                       on_response=_node_rewriter(version, nodes_seen))
 
     def _jobs(self, client: RequestingClient, request: ProduceLayout, frame: bytes,
               version: int) -> list[PartitionJob]:
