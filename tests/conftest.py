@@ -19,6 +19,7 @@ serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -268,12 +269,7 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
             timeout: float = 30) -> list[Any]:
     """Read ``count`` records from ``topic`` (partitions 0..n-1, from the start) with
     confluent-kafka, by explicit assignment (no group join needed)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    with _reader(bootstrap, topic, partitions) as c:
         out: list[Any] = []
         deadline = time.monotonic() + timeout
         while len(out) < count and time.monotonic() < deadline:
@@ -282,6 +278,18 @@ def consume(bootstrap: str, topic: str, count: int, partitions: int = 1,
                 continue
             out.append(msg)
         return out
+
+
+@contextlib.contextmanager
+def _reader(bootstrap: str, topic: str, partitions: int) -> Iterator[Any]:
+    """A confluent-kafka consumer assigned partitions 0..n-1 of ``topic`` from the start."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
+                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        yield c
     finally:
         c.close()
 
@@ -294,12 +302,7 @@ def consume_until(bootstrap: str, topic: str, done: Callable[[list[Any]], bool],
     what was read by ``timeout`` otherwise. For a topic whose writer has finished (an audit
     topic after the proxy stopped): the read stops at what is expected instead of waiting
     out a fixed time for records that are not coming."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"read-{uuid.uuid4().hex[:6]}",
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest"})
-    try:
-        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    with _reader(bootstrap, topic, partitions) as c:
         out: list[Any] = []
         deadline = time.monotonic() + timeout
         while not done(out) and time.monotonic() < deadline:
@@ -308,8 +311,6 @@ def consume_until(bootstrap: str, topic: str, done: Callable[[list[Any]], bool],
         while (left := until - time.monotonic()) > 0:
             out.extend(m for m in c.consume(10_000, left) if not m.error())
         return out
-    finally:
-        c.close()
 
 
 @pytest.fixture(scope="session")
