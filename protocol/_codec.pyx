@@ -414,6 +414,89 @@ cdef tuple _decode_headers(bytes block, Py_ssize_t at, Py_ssize_t end):
     return out
 
 
+cdef struct _Span:
+    # Where one record's fields lie in its records block (see _walk).
+    Py_ssize_t start        # its length varint
+    Py_ssize_t body         # its attributes byte, right after the length
+    Py_ssize_t end          # the byte after its last header
+    int64_t ts_delta
+    int32_t offset_delta
+    int32_t key_len         # -1: null
+    Py_ssize_t key_at
+    Py_ssize_t value_field  # the value's length varint
+    int32_t value_len       # -1: null
+    Py_ssize_t value_at
+    Py_ssize_t headers_at   # the header count varint
+    Py_ssize_t nh
+
+
+cdef enum:
+    _BAD_LENGTH = 1
+    _BAD_ATTRIBUTES = 2
+    _BAD_HEADER_COUNT = 3
+    _BAD_KEY_LENGTH = 4
+    _BAD_KEY_UTF8 = 5
+    _BAD_END = 6
+
+
+cdef int _bad_record(int what, Py_ssize_t i, Py_ssize_t j, Py_ssize_t n, Py_ssize_t at,
+                     Py_ssize_t other) except -1:
+    """Raise the error ``_walk`` found (kept out of it, so that it stays small enough to
+    be inlined into the loops that call it)."""
+    if what == _BAD_LENGTH:
+        _fail(f"record {i}: length {n} at byte {at} does not fit the {other} bytes left")
+    if what == _BAD_ATTRIBUTES:
+        _fail(f"record {i}: attributes missing at byte {at}")
+    if what == _BAD_HEADER_COUNT:
+        _fail(f"record {i}: header count {n} at byte {at} is impossible")
+    if what == _BAD_KEY_LENGTH:
+        _fail(f"record {i}: header {j} key length {n} at byte {at} is impossible")
+    if what == _BAD_KEY_UTF8:
+        _fail(f"record {i}: header {j} key at byte {at} is not valid UTF-8")
+    _fail(f"record {i}: declared length {n} at byte {at} but its fields end at byte {other}")
+
+
+cdef inline int _walk(Cursor* c, Py_ssize_t i, _Span* s) except -1:
+    """Check record ``i`` at ``c.pos`` completely (lengths, varints, header keys' UTF-8),
+    say where its fields lie in ``s`` and move ``c`` past it."""
+    cdef Py_ssize_t outer = c.end, j, hstart, at
+    cdef int32_t length, klen
+    s.start = c.pos
+    length = _read_varint(c, b"record length", i)
+    if length < 0 or length > c.end - c.pos:
+        _bad_record(_BAD_LENGTH, i, 0, length, s.start - c.origin, c.end - c.pos)
+    s.body = c.pos
+    s.end = c.pos + length
+    c.end = s.end
+    if c.pos >= c.end:
+        _bad_record(_BAD_ATTRIBUTES, i, 0, 0, c.pos - c.origin, 0)
+    c.pos += 1  # record attributes: unused in magic 2
+    s.ts_delta = _read_varlong(c, b"timestamp delta", i)
+    s.offset_delta = _read_varint(c, b"offset delta", i)
+    s.key_len = _skip_bytes(c, b"key", i, &at)
+    s.key_at = at
+    s.value_field = c.pos
+    s.value_len = _skip_bytes(c, b"value", i, &at)
+    s.value_at = at
+    s.headers_at = hstart = c.pos
+    s.nh = _read_varint(c, b"header count", i)
+    if s.nh < 0 or s.nh > c.end - c.pos:
+        _bad_record(_BAD_HEADER_COUNT, i, 0, s.nh, hstart - c.origin, 0)
+    for j in range(s.nh):
+        hstart = c.pos
+        klen = _read_varint(c, b"header key length", i)
+        if klen < 0 or klen > c.end - c.pos:
+            _bad_record(_BAD_KEY_LENGTH, i, j, klen, hstart - c.origin, 0)
+        if not _utf8_valid(c.data + c.pos, klen):
+            _bad_record(_BAD_KEY_UTF8, i, j, 0, c.pos - c.origin, 0)
+        c.pos += klen
+        _skip_bytes(c, b"header value", i, &at)
+    if c.pos != s.end:
+        _bad_record(_BAD_END, i, 0, length, s.start - c.origin, c.pos - c.origin)
+    c.end = outer
+    return 0
+
+
 def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t count,
                    int64_t base_timestamp, Py_ssize_t origin=0):
     """Decode ``count`` records from ``data[start:end]`` into a tuple of ``Record``.
@@ -437,51 +520,26 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
     c.end = end
     c.origin = origin
     cdef tuple out = PyTuple_New(count)
-    cdef Py_ssize_t i, j, record_end, record_start, nh, hstart, at
-    cdef int32_t length, klen
+    cdef Py_ssize_t i
+    cdef _Span s
     cdef Record r
     for i in range(count):
-        record_start = c.pos
-        length = _read_varint(&c, b"record length", i)
-        if length < 0 or length > c.end - c.pos:
-            _fail(f"record {i}: length {length} at byte {record_start - c.origin} "
-                  f"does not fit the {c.end - c.pos} bytes left")
-        record_end = c.pos + length
-        c.end = record_end
-        if c.pos >= c.end:
-            _fail(f"record {i}: attributes missing at byte {c.pos - c.origin}")
-        c.pos += 1  # record attributes: unused in magic 2
+        _walk(&c, i, &s)
         r = Record.__new__(Record)
         r._block = data
-        r.timestamp = base_timestamp + _read_varlong(&c, b"timestamp delta", i)
-        r.offset_delta = _read_varint(&c, b"offset delta", i)
-        r._key_len = _skip_bytes(&c, b"key", i, &at)
-        r._key_at = at
-        r._value_len = _skip_bytes(&c, b"value", i, &at)
-        r._value_at = at
-        r._headers_at = hstart = c.pos
-        nh = _read_varint(&c, b"header count", i)
-        if nh < 0 or nh > c.end - c.pos:
-            _fail(f"record {i}: header count {nh} at byte {hstart - c.origin} is impossible")
-        for j in range(nh):
-            hstart = c.pos
-            klen = _read_varint(&c, b"header key length", i)
-            if klen < 0 or klen > c.end - c.pos:
-                _fail(f"record {i}: header {j} key length {klen} at byte {hstart - c.origin} is impossible")
-            if not _utf8_valid(c.data + c.pos, klen):
-                _fail(f"record {i}: header {j} key at byte {c.pos - c.origin} is not valid UTF-8")
-            c.pos += klen
-            _skip_bytes(&c, b"header value", i, &at)
-        if c.pos != record_end:
-            _fail(f"record {i}: declared length {length} at byte {record_start - c.origin} "
-                  f"but its fields end at byte {c.pos - c.origin}")
-        r._headers_end = record_end
-        if nh == 0:
+        r.timestamp = base_timestamp + s.ts_delta
+        r.offset_delta = s.offset_delta
+        r._key_len = s.key_len
+        r._key_at = s.key_at
+        r._value_len = s.value_len
+        r._value_at = s.value_at
+        r._headers_at = s.headers_at
+        r._headers_end = s.end
+        if s.nh == 0:
             r._headers = ()
             r._lazy = _LAZY_KEY | _LAZY_VALUE
         else:
             r._lazy = _LAZY_KEY | _LAZY_VALUE | _LAZY_HEADERS
-        c.end = end
         Py_INCREF(r)
         PyTuple_SET_ITEM(out, i, r)
     if c.pos != end:
@@ -502,7 +560,7 @@ cdef struct Buffer:
     Py_ssize_t cap
 
 
-cdef inline Py_ssize_t _varint_size(uint64_t zz) noexcept:
+cdef inline Py_ssize_t _varint_size(uint64_t zz) noexcept nogil:
     cdef Py_ssize_t n = 1
     while zz >= 0x80:
         zz >>= 7
@@ -510,11 +568,11 @@ cdef inline Py_ssize_t _varint_size(uint64_t zz) noexcept:
     return n
 
 
-cdef inline uint64_t _zigzag64(int64_t v) noexcept:
+cdef inline uint64_t _zigzag64(int64_t v) noexcept nogil:
     return (<uint64_t>v << 1) ^ <uint64_t>(v >> 63)
 
 
-cdef inline void _put_uvarint(Buffer* b, uint64_t zz) noexcept:
+cdef inline void _put_uvarint(Buffer* b, uint64_t zz) noexcept nogil:
     while zz >= 0x80:
         b.data[b.size] = <char>((zz & 0x7F) | 0x80)
         b.size += 1
@@ -1012,3 +1070,8 @@ def values_present(records):
         elif item.value is not None:
             count += 1
     return count
+
+
+# ---------------------------------------------------------------- whole blocks
+
+include "_blocks.pxi"

@@ -24,10 +24,15 @@ from crc32c import crc32c
 from kiproxy.protocol._codec import (
     Header,
     Record,
+    block_carries_header,
+    block_header_value,
+    block_of,
     carries_header,
+    check_block,
     decode_records,
     encode_records,
     first_moved,
+    open_block,
     open_values,
     records_size,
     seal_values,
@@ -57,13 +62,20 @@ __all__ = [
     "Record",
     "RecordBatchHeader",
     "TimestampType",
+    "block_carries_header",
+    "block_header_value",
     "build_batch",
     "carries_header",
+    "check_block",
     "decode_batch",
     "decode_batches",
+    "decode_records",
     "encode_batch",
     "encode_batch_parts",
+    "encode_block_parts",
+    "encode_records",
     "first_moved",
+    "open_block",
     "open_values",
     "read_batch_headers",
     "records_size",
@@ -159,6 +171,14 @@ class DecodedBatch:
     the bytes it was decoded from when those hold more than this batch)."""
     block_size: int = 0
     """Bytes of the records block once decompressed (its stored size when uncompressed)."""
+
+    def records_block(self) -> memoryview:
+        """The records block: where it lies in :attr:`raw`, or the bytes it was
+        decompressed into (which the decoded records read their fields from)."""
+        if self.header.compression is Compression.NONE:
+            return memoryview(self.raw)[BATCH_HEADER_SIZE:]
+        block = block_of(self.records[0]) if self.records else None
+        return memoryview(block if block is not None else b"")
 
 
 # Every header read builds a RecordBatchHeader; the frozen dataclass's __init__ takes
@@ -363,9 +383,6 @@ def encode_batch_parts(
     attributes = header.attributes
     if compression is not None:
         attributes = (attributes & ~0x07) | int(compression)
-    codec = compression_from_attributes(attributes)
-    if codec is not Compression.NONE:
-        block = compress(codec, block, levels)
     if not records or keep_extent:
         last_offset_delta = header.last_offset_delta
     elif renumber:
@@ -374,9 +391,33 @@ def encode_batch_parts(
         last_offset_delta = records[-1].offset_delta
     if max_ts is None or keep_extent or attributes & _TIMESTAMP_TYPE_BIT:
         max_ts = header.max_timestamp
+    return _around(header, attributes, last_offset_delta, max_ts, len(records), block, levels)
+
+
+def encode_block_parts(
+    header: RecordBatchHeader,
+    block: bytes,
+    *,
+    levels: CompressionLevels = DEFAULT_LEVELS,
+) -> tuple[bytes, bytes, bytes]:
+    """The batch of ``header`` around a new records ``block`` (uncompressed, holding the
+    header's ``record_count`` records), as :func:`encode_batch_parts` gives it: every
+    header field kept but the batch length and CRC, the block compressed with the
+    header's codec. For a batch read from the log whose records were rewritten where
+    they lie."""
+    return _around(header, header.attributes, header.last_offset_delta, header.max_timestamp,
+                   header.record_count, block, levels)
+
+
+def _around(header: RecordBatchHeader, attributes: int, last_offset_delta: int, max_ts: int,
+            count: int, block: bytes, levels: CompressionLevels) -> tuple[bytes, bytes, bytes]:
+    """The three pieces of a batch: to the CRC, the rest of the header, the block."""
+    codec = compression_from_attributes(attributes)
+    if codec is not Compression.NONE:
+        block = compress(codec, block, levels)
     after_crc = _AFTER_CRC.pack(
         attributes, last_offset_delta, header.base_timestamp, max_ts,
-        header.producer_id, header.producer_epoch, header.base_sequence, len(records),
+        header.producer_id, header.producer_epoch, header.base_sequence, count,
     )
     crc = crc32c(block, crc32c(after_crc))
     prefix = struct.pack(
