@@ -32,6 +32,7 @@ from kiproxy.interceptors.api import (
 from kiproxy.interceptors.consume import (
     ConsumeContext,
     ConsumedBatch,
+    ConsumedBlock,
     FetchResponseInterceptor,
     RefuseFetch,
 )
@@ -43,6 +44,7 @@ __all__ = [
     "ClientIdentity",
     "ConsumeContext",
     "ConsumedBatch",
+    "ConsumedBlock",
     "ErrorCode",
     "FetchResponseInterceptor",
     "Header",

@@ -12,6 +12,15 @@ its deadline): that partition of the response is answered with an error a consum
 retries (``UNKNOWN_SERVER_ERROR`` by default) and no records; other partitions and
 the connection are unaffected.
 
+A hook may also read and return a batch's records as one **block** - the bytes Kafka
+stores, record after record, once decompressed - with ``on_consume_block(block, ctx)``
+(a :class:`ConsumedBlock`); the proxy then builds no object per record. It returns a
+new block holding the same records in the same order (offset deltas and timestamps
+unchanged; the proxy checks them, and a block that does not hold them is a refused
+partition like any bad return), ``block.data`` itself for "unchanged", or None to be
+handed the same batch as records by ``on_consume``. Hooks of both kinds run in one
+chain; after the first that answers None, the rest get records.
+
 What never reaches the hook: control batches (transaction markers), legacy (magic 0
 and 1) message sets, and the partial last batch a broker may send at ``max_bytes``;
 they reach the consumer as the broker sent them.
@@ -37,7 +46,8 @@ from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
 from kiproxy.interceptors.settings import settings_model
 from kiproxy.protocol.records import Record
 
-__all__ = ["ConsumeContext", "ConsumedBatch", "FetchResponseInterceptor", "RefuseFetch"]
+__all__ = ["ConsumeContext", "ConsumedBatch", "ConsumedBlock", "FetchResponseInterceptor",
+           "RefuseFetch"]
 
 
 class RefuseFetch(Exception):
@@ -97,6 +107,41 @@ class ConsumedBatch:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ConsumedBlock:
+    """One record batch of a Fetch response as its records block, for ``on_consume_block``.
+
+    ``data`` is the batch's records once decompressed, in Kafka's record encoding
+    (length, attributes, timestamp delta, offset delta, key, value, headers, as varints
+    and byte strings): a read-only view valid only until the hook returns (``bytes(data)``
+    keeps a copy). The other fields are those of :class:`ConsumedBatch`.
+    """
+
+    topic: str
+    """The topic the batch was fetched from."""
+    partition: int
+    """The partition index."""
+    base_offset: int
+    """The offset of the batch's first record."""
+    base_timestamp: int
+    """The timestamp each record's timestamp delta is added to."""
+    record_count: int
+    """How many records ``data`` holds (and the returned block must hold)."""
+    data: memoryview
+    """The records block (see the class docstring)."""
+    producer_id: int = -1
+    """The producer id that wrote the batch, or -1."""
+    producer_epoch: int = -1
+    """Its epoch, or -1."""
+    transactional: bool = False
+    """Whether the batch was written in a transaction."""
+    compression: str = "none"
+    """The batch's codec (a changed block is compressed again with it)."""
+
+    def __len__(self) -> int:
+        return self.record_count
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ConsumeContext:
     """Who is fetching and how; the same for every batch of one Fetch response."""
 
@@ -143,12 +188,22 @@ class FetchResponseInterceptor(abc.ABC, Generic[SettingsT]):
         """Return ``batch`` (unchanged or with changed records, same count) or raise
         :class:`RefuseFetch`."""
 
+    # ``on_consume_block(block, ctx)`` is optional and not declared here: the proxy
+    # looks for it on the instance (see the module docstring), so a hook without one
+    # costs no call per batch.
+
     def metrics(self) -> Iterable[MetricSample]:
         """The plugin's own metrics (none by default); see the produce API."""
         return ()
 
     def close(self) -> Awaitable[None] | None:
         """Release resources on shutdown (may be ``async def``)."""
+
+
+def consume_block_hook(interceptor: Any) -> Any | None:
+    """The bound ``on_consume_block`` of ``interceptor``, or None when it has none."""
+    hook = getattr(interceptor, "on_consume_block", None)
+    return hook if callable(hook) else None
 
 
 def consume_hook(interceptor: Any) -> Any | None:

@@ -9,6 +9,8 @@ naming the hook and what it did, and a short ``reason`` for metrics and logs. It
 raises for anything the hook does: ``RefuseFetch`` keeps its code; any other
 exception, a wrong return type, another record count, a moved offset or timestamp,
 and a missed deadline are ``UNKNOWN_SERVER_ERROR``, which consumers retry.
+:func:`judge_consume_block` does the same for ``on_consume_block``, whose block is
+checked record by record (compiled) instead.
 """
 
 from __future__ import annotations
@@ -19,11 +21,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from kiproxy.interceptors.awaiting import within
-from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, RefuseFetch
+from kiproxy.interceptors.consume import (
+    ConsumeContext,
+    ConsumedBatch,
+    ConsumedBlock,
+    RefuseFetch,
+)
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.protocol.records import first_moved
+from kiproxy.protocol.errors import CorruptBatch
+from kiproxy.protocol.records import Record, check_block, first_moved
 
-__all__ = ["ConsumeRefusal", "judge_consume"]
+__all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block"]
 
 log = logging.getLogger("kiproxy.fetch")
 
@@ -43,11 +51,12 @@ class ConsumeRefusal:
     or ``timeout``."""
 
 
-async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *,
-                        name: str, timeout: float | None) -> ConsumedBatch | ConsumeRefusal:
-    """``interceptor.on_consume(batch, ctx)`` judged (see the module docstring)."""
+async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
+                  timeout: float | None) -> Any:
+    """``hook(given, ctx)``, awaited within ``timeout`` when it is a coroutine; whatever
+    it raises or misses turned into a :class:`ConsumeRefusal`."""
     try:
-        result = interceptor.on_consume(batch, ctx)
+        result = hook(given, ctx)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             result = await within(result, timeout)
     except RefuseFetch as exc:
@@ -59,6 +68,15 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
         log.debug("fetch-side hook %s raised", name, exc_info=True)
         return ConsumeRefusal(_RETRIED, f"{name} raised {type(exc).__name__}: {exc}",
                               "plugin_error")
+    return result
+
+
+async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *,
+                        name: str, timeout: float | None) -> ConsumedBatch | ConsumeRefusal:
+    """``interceptor.on_consume(batch, ctx)`` judged (see the module docstring)."""
+    result = await _called(interceptor.on_consume, batch, ctx, name, timeout)
+    if isinstance(result, ConsumeRefusal):
+        return result
     if not isinstance(result, ConsumedBatch):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "ConsumedBatch", "bad_return")
@@ -70,8 +88,35 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
                               "removed", "record_count")
     moved = first_moved(batch.records, result.records)
     if moved >= 0:
-        offset = batch.base_offset + batch.records[moved].offset_delta
-        return ConsumeRefusal(_RETRIED, f"{name} moved the record at offset {offset} "
-                              "(its offset delta or timestamp changed; they are the "
-                              "log's)", "shape_changed")
+        return _moved(name, batch.base_offset + batch.records[moved].offset_delta)
     return result
+
+
+async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
+                              records: tuple[Record, ...], ctx: ConsumeContext, *, name: str,
+                              timeout: float | None) -> bytes | memoryview | ConsumeRefusal | None:
+    """``interceptor.on_consume_block(block, ctx)`` judged: ``block.data`` itself
+    (unchanged), a new block that holds ``records``' offset deltas and timestamps in
+    order (as bytes), None (the hook wants records), or a :class:`ConsumeRefusal` as
+    :func:`judge_consume` gives one, ``bad_return`` for a block that is not
+    ``block.record_count`` well-formed records."""
+    result = await _called(interceptor.on_consume_block, block, ctx, name, timeout)
+    if result is None or result is block.data or isinstance(result, ConsumeRefusal):
+        return result
+    if not isinstance(result, (bytes, bytearray, memoryview)):
+        return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
+                              "records block (bytes) or None", "bad_return")
+    try:
+        moved = check_block(result, block.base_timestamp, records)
+    except (CorruptBatch, ValueError, BufferError) as exc:
+        return ConsumeRefusal(_RETRIED, f"{name} returned a records block that is not the "
+                              f"batch's {block.record_count} records: {exc}", "bad_return")
+    if moved >= 0:
+        return _moved(name, block.base_offset + records[moved].offset_delta)
+    return result if type(result) is bytes else bytes(result)
+
+
+def _moved(name: str, offset: int) -> ConsumeRefusal:
+    return ConsumeRefusal(_RETRIED, f"{name} moved the record at offset {offset} (its "
+                          "offset delta or timestamp changed; they are the log's)",
+                          "shape_changed")

@@ -24,7 +24,9 @@ Fetch-side hooks: :func:`run_consume` hands a
 ``on_consume`` through :func:`~kiproxy.interceptors.consume_verdict.judge_consume`, the
 function the proxy's fetch path calls, and returns the batch a consumer would get or the
 :class:`~kiproxy.interceptors.consume_verdict.ConsumeRefusal` its partition would be
-answered with.
+answered with. A hook with ``on_consume_block`` gets the batch as a records block first,
+as the proxy gives it (judged by ``judge_consume_block``); the block it returns comes
+back decoded as the batch's records.
 
 The pytest fixtures over these (``make_batch``, ``make_record``,
 ``kiproxy_run``, ``kiproxy_load``) are in :mod:`kiproxy.interceptors.pytest_plugin`,
@@ -47,11 +49,21 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from kiproxy.interceptors.api import Header, InterceptContext, Record, RecordBatch
-from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
-from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
+from kiproxy.interceptors.consume import (
+    ConsumeContext,
+    ConsumedBatch,
+    ConsumedBlock,
+    consume_block_hook,
+)
+from kiproxy.interceptors.consume_verdict import (
+    ConsumeRefusal,
+    judge_consume,
+    judge_consume_block,
+)
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.interceptors.verdict import Mode, Outcome, judge
+from kiproxy.protocol.records import decode_records, encode_records
 
 __all__ = [
     "DEFAULT_TIMEOUT_MS",
@@ -185,8 +197,32 @@ def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | No
     timeout = timeout_ms / 1000
     context = dataclasses.replace(ctx or make_consume_context(),
                                   deadline=time.monotonic() + timeout)
-    return _run_to_end(judge_consume(interceptor, batch, context,
-                                     name=name or type(interceptor).__name__, timeout=timeout))
+    return _run_to_end(_consume(interceptor, batch, context,
+                                name=name or type(interceptor).__name__, timeout=timeout))
+
+
+async def _consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *, name: str,
+                   timeout: float) -> ConsumedBatch | ConsumeRefusal:
+    """``batch`` through ``interceptor`` as the proxy's fetch path runs one link: as a
+    records block first when it has ``on_consume_block``, else (or on None) as records."""
+    if consume_block_hook(interceptor) is not None and batch.records:
+        base = batch.records[0].timestamp
+        data = encode_records(batch.records, base, False)[0]
+        block = ConsumedBlock(
+            topic=batch.topic, partition=batch.partition, base_offset=batch.base_offset,
+            base_timestamp=base, record_count=len(batch.records), data=memoryview(data),
+            producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+            transactional=batch.transactional, compression=batch.compression)
+        answer = await judge_consume_block(interceptor, block, batch.records, ctx, name=name,
+                                           timeout=timeout)
+        if isinstance(answer, ConsumeRefusal):
+            return answer
+        if answer is block.data:
+            return batch
+        if answer is not None:
+            return batch.with_records(decode_records(bytes(answer), 0, len(answer),
+                                                     len(batch.records), base))
+    return await judge_consume(interceptor, batch, ctx, name=name, timeout=timeout)
 
 
 @dataclass(frozen=True, slots=True)

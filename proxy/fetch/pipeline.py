@@ -14,10 +14,13 @@ Contract:
 - On a hooked partition, every whole magic-2 data batch is decoded (on the loop, or on
   a decode thread within ``max_decode_memory`` when large, by the produce side's
   :class:`~kiproxy.proxy.produce.offload.BatchOffload`) and handed to the
-  route's fetch-side hooks, last link first; control batches, legacy (magic 0/1)
+  route's fetch-side hooks, last link first (as its records block to those with
+  ``on_consume_block``, until one answers None; see
+  :mod:`~kiproxy.interceptors.consume`); control batches, legacy (magic 0/1)
   entries (counted) and the partial last batch the broker may send at ``max_bytes``
   stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
-  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts` (codec,
+  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts`, or
+  around its new block by :func:`~kiproxy.protocol.records.encode_block_parts` (codec,
   base offset, offset deltas, timestamps and producer fields kept), and the
   partition's ``records`` field is spliced
   (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
@@ -43,8 +46,17 @@ import uuid
 from collections.abc import Coroutine, Sequence
 from typing import TYPE_CHECKING, Any
 
-from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch
-from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
+from kiproxy.interceptors.consume import (
+    ConsumeContext,
+    ConsumedBatch,
+    ConsumedBlock,
+    consume_block_hook,
+)
+from kiproxy.interceptors.consume_verdict import (
+    ConsumeRefusal,
+    judge_consume,
+    judge_consume_block,
+)
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_parts
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
@@ -62,7 +74,14 @@ from kiproxy.protocol.fetch_splice import splice_fetch_response
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.partition_batches import PartitionBatches
-from kiproxy.protocol.records import BATCH_HEADER_SIZE, DEFAULT_DECOMPRESSION_LIMITS
+from kiproxy.protocol.records import (
+    BATCH_HEADER_SIZE,
+    DEFAULT_DECOMPRESSION_LIMITS,
+    DecodedBatch,
+    Record,
+    decode_records,
+    encode_block_parts,
+)
 from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
 if TYPE_CHECKING:
@@ -217,32 +236,19 @@ class FetchPipeline:
                 return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                 f"batch at offset {header.base_offset} cannot be decoded: "
                                 f"{exc}", "undecodable")
-            given = ConsumedBatch(
-                topic=topic, partition=part.partition, base_offset=header.base_offset,
-                records=decoded.records, producer_id=header.producer_id,
-                producer_epoch=header.producer_epoch, transactional=header.is_transactional,
-                compression=_CODEC_NAMES[header.compression])
-            current = given
-            for link in consumers:
-                refused = await self._run(link, current, ctx)
-                if isinstance(refused, ConsumeRefusal):
-                    self._count(topic, "refused", len(given.records))
-                    return refused
-                current = refused
-            if current.records is given.records:
-                self._count(topic, "unchanged", len(given.records))
+            outcome = await self._chain(topic, part.partition, decoded, consumers, ctx)
+            if isinstance(outcome, ConsumeRefusal):
+                self._count(topic, "refused", header.record_count)
+                return outcome
+            if outcome is None:
+                self._count(topic, "unchanged", header.record_count)
                 continue
             try:
-                if decoded.block_size <= self.offload.inline_plain_bytes:
-                    new = reencode_batch_parts(decoded, current.records,
-                                               levels=self.levels)
-                else:  # a large batch is compressed on a worker thread, as on produce
-                    new = await self.offload.run(reencode_batch_parts, decoded,
-                                                 current.records, levels=self.levels)
+                new = await self._encode(decoded, outcome)
             except BatchShapeChanged as exc:
-                self._count(topic, "refused", len(given.records))
+                self._count(topic, "refused", header.record_count)
                 return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
-            self._count(topic, "transformed", len(given.records))
+            self._count(topic, "transformed", header.record_count)
             pieces.append(view[copied:batch.start])
             pieces.extend(new)
             copied = batch.end
@@ -251,13 +257,75 @@ class FetchPipeline:
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
         return pieces  # joined once, by the splice into the answer
 
-    async def _run(self, link: LoadedLink, batch: ConsumedBatch, ctx: ConsumeContext
-                   ) -> ConsumedBatch | ConsumeRefusal:
-        """One link's fetch-side hook on ``batch``, judged by
-        :func:`~kiproxy.interceptors.consume_verdict.judge_consume`."""
-        deadline = time.monotonic() + link.timeout
-        return await judge_consume(link.interceptor, batch, _with_deadline(ctx, deadline),
-                                   name=link.name, timeout=link.timeout)
+    async def _chain(self, topic: str, partition: int, decoded: DecodedBatch,
+                     consumers: Sequence[LoadedLink], ctx: ConsumeContext
+                     ) -> bytes | tuple[Record, ...] | ConsumeRefusal | None:
+        """``decoded`` through the links: None when no link changed it, the new records
+        block (bytes) or records, or the refusal. Links with ``on_consume_block`` get
+        the block until a link answers None or has no such hook; from then on every
+        link gets records."""
+        header = decoded.header
+        codec = _CODEC_NAMES[header.compression]
+        records = decoded.records
+        block: bytes | None = None  # the block a link returned, while links get blocks
+        on_blocks = True
+        for link in consumers:
+            deadline = time.monotonic() + link.timeout
+            if on_blocks and consume_block_hook(link.interceptor) is not None:
+                given = ConsumedBlock(
+                    topic=topic, partition=partition, base_offset=header.base_offset,
+                    base_timestamp=header.base_timestamp, record_count=len(records),
+                    data=decoded.records_block() if block is None else memoryview(block),
+                    producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+                    transactional=header.is_transactional, compression=codec)
+                answer = await judge_consume_block(
+                    link.interceptor, given, records, _with_deadline(ctx, deadline),
+                    name=link.name, timeout=link.timeout)
+                if isinstance(answer, ConsumeRefusal):
+                    return answer
+                if answer is not None:
+                    if answer is not given.data:
+                        block = bytes(answer)
+                    continue
+            if on_blocks:
+                on_blocks = False
+                if block is not None:  # an earlier link's block, as records
+                    records = decode_records(block, 0, len(block), len(records),
+                                             header.base_timestamp)
+                    block = None
+            batch = ConsumedBatch(
+                topic=topic, partition=partition, base_offset=header.base_offset,
+                records=records, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, transactional=header.is_transactional,
+                compression=codec)
+            result = await judge_consume(link.interceptor, batch,
+                                         _with_deadline(ctx, deadline), name=link.name,
+                                         timeout=link.timeout)
+            if isinstance(result, ConsumeRefusal):
+                return result
+            records = result.records
+        if block is not None:
+            return block
+        return None if records is decoded.records else records
+
+    async def _encode(self, decoded: DecodedBatch, new: bytes | tuple[Record, ...]
+                      ) -> tuple[bytes, ...]:
+        """The batch ``decoded`` written again with ``new`` (a records block or records),
+        its place in the log kept; compressed on a worker thread when large, as on
+        produce."""
+        inline = decoded.block_size <= self.offload.inline_plain_bytes
+        parts: tuple[bytes, ...]
+        if isinstance(new, bytes):
+            if inline:
+                return encode_block_parts(decoded.header, new, levels=self.levels)
+            parts = await self.offload.run(encode_block_parts, decoded.header, new,
+                                           levels=self.levels)
+        elif inline:
+            return reencode_batch_parts(decoded, new, levels=self.levels)
+        else:
+            parts = await self.offload.run(reencode_batch_parts, decoded, new,
+                                           levels=self.levels)
+        return parts
 
     def _count(self, topic: str, outcome: str, records: int) -> None:
         metrics = self.metrics

@@ -8,6 +8,11 @@
 * ``RefuseOnConsume`` refuses every batch of a topic whose name contains ``refuse``
   (RefuseFetch), raises on ``raise``, returns one record too many on ``grow`` and
   sleeps past its deadline on ``slow``; other topics pass unchanged.
+* ``BlockReverse`` is ``Reverse``'s fetch side on records blocks (``on_consume_block``):
+  it decodes the block, reverses the values and encodes a new block. On a topic whose
+  name contains ``records`` it answers None (records are wanted), on ``same`` it returns
+  the block it was given, on ``garbage`` bytes that are no records block, on ``moved``
+  a block whose first offset delta moved, on ``short`` one record fewer.
 """
 
 from __future__ import annotations
@@ -17,12 +22,14 @@ import asyncio
 from kiproxy.interceptors import (
     ConsumeContext,
     ConsumedBatch,
+    ConsumedBlock,
     FetchResponseInterceptor,
     InterceptContext,
     ProduceRequestInterceptor,
     RecordBatch,
     RefuseFetch,
 )
+from kiproxy.protocol.records import decode_records, encode_records
 
 
 class Reverse(ProduceRequestInterceptor, FetchResponseInterceptor):
@@ -52,3 +59,26 @@ class RefuseOnConsume(FetchResponseInterceptor):
         if "slow" in batch.topic:
             await asyncio.sleep(5)
         return batch
+
+
+class BlockReverse(FetchResponseInterceptor):
+    def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+        return batch.with_records(r.with_value(r.value[::-1]) if r.value is not None else r
+                                  for r in batch.records)
+
+    def on_consume_block(self, block: ConsumedBlock, ctx: ConsumeContext
+                         ) -> bytes | memoryview | None:
+        if "records" in block.topic:
+            return None
+        if "same" in block.topic:
+            return block.data
+        if "garbage" in block.topic:
+            return b"\x07not a block"
+        data = bytes(block.data)
+        records = decode_records(data, 0, len(data), block.record_count, block.base_timestamp)
+        new = tuple(r.with_value(r.value[::-1]) if r.value is not None else r for r in records)
+        if "moved" in block.topic:
+            new = (new[0].with_offset_delta(new[0].offset_delta + 1), *new[1:])
+        if "short" in block.topic:
+            new = new[:-1]
+        return encode_records(new, block.base_timestamp, False)[0]

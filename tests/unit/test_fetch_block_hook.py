@@ -1,0 +1,107 @@
+"""Fetch-side hooks on records blocks (``on_consume_block``) in the fetch pipeline.
+
+The same hand-built answers as test_fetch_pipeline (gzip, transactional, control,
+legacy, zstd batches and a cut tail): a block hook's new block is written back at the
+same offsets with the batch's codec; None hands the batch to ``on_consume``; the given
+block itself leaves the broker's bytes; a block that is not the batch's records, or
+moves one, refuses the partition; block and record hooks mix in one chain.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from kio.schema.errors import ErrorCode
+
+from kiproxy.protocol.fetch_batches import split_fetched_records
+from kiproxy.protocol.messages import parse_response
+from kiproxy.protocol.records import decode_batch
+from kiproxy.proxy.config.model import load_config
+from kiproxy.proxy.fetch.pipeline import FetchPipeline
+from kiproxy.proxy.routes.runtime import load_routes
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "protocol"))
+from fetch_responses import head
+from test_fetch_pipeline import PIECES, PLUGINS, TOPIC_ID, _answer, _rewrite
+
+
+def _pipeline(tmp_path: Path, *classes: str) -> FetchPipeline:
+    links = ", ".join(f'{{class: "{c}"}}' for c in classes)
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f"plugins_dir: {PLUGINS}\nroutes:\n  - match: {{topic: \"b-.*\"}}\n"
+                    f"    interceptors: [{links}]\n")
+    return FetchPipeline(load_routes(load_config(path, {})), topic_names={TOPIC_ID: "b-t"})
+
+
+def _values(records: bytes) -> list[list[bytes | None]]:
+    split = split_fetched_records(records)
+    out = []
+    for b in split.batches:
+        if b.magic == 2 and not b.is_control:
+            out.append([r.value for r in decode_batch(records[b.start:b.end]).records])
+    return out
+
+
+def _partitions(pipeline: FetchPipeline, topic: str) -> tuple[object, object]:
+    frame = _answer(12, topic)
+    out = parse_response(1, 12, _rewrite(pipeline, 12, frame), len(head(12)))
+    (p0, p1), _ = (t.partitions for t in out.responses)
+    return p0, p1
+
+
+STORED = _values(b"".join(PIECES))
+
+
+@pytest.mark.parametrize("topic", ["b-t", "b-records"])
+def test_a_block_hook_and_its_records_fallback_give_the_same_batches(tmp_path: Path,
+                                                                     topic: str) -> None:
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), topic)
+    assert p0.error_code == ErrorCode.none  # type: ignore[attr-defined]
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+    split = split_fetched_records(p0.records)  # type: ignore[attr-defined]
+    kinds = [(b.magic, b.is_control) for b in split.batches]
+    assert kinds == [(2, False), (2, False), (2, True), (1, False), (2, False)]
+    for original, now in zip(PIECES, (p0.records[b.start:b.end]  # type: ignore[attr-defined]
+                                      for b in split.batches), strict=True):
+        if original[16] != 2 or decode_batch(original).header.is_control:
+            assert now == original
+            continue
+        a, b = decode_batch(original).header, decode_batch(now).header
+        assert (b.base_offset, b.attributes, b.last_offset_delta, b.max_timestamp,
+                b.producer_id, b.base_sequence, b.record_count) == (
+            a.base_offset, a.attributes, a.last_offset_delta, a.max_timestamp,
+            a.producer_id, a.base_sequence, a.record_count)
+
+
+def test_the_given_block_back_keeps_the_brokers_bytes(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    frame = _answer(12, "b-same")
+    assert _rewrite(pipeline, 12, frame) == frame
+
+
+@pytest.mark.parametrize("topic, reason", [("b-garbage", "not the batch's"),
+                                           ("b-short", "not the batch's"),
+                                           ("b-moved", "moved the record at offset 0")])
+def test_a_block_that_is_not_the_batchs_records_refuses_the_partition(
+        tmp_path: Path, topic: str, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        p0, p1 = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), topic)
+    for p in (p0, p1):
+        assert (p.error_code, p.records) == (ErrorCode.unknown_server_error, b"")  # type: ignore[attr-defined]
+    assert reason in caplog.text and "tp_fetch:BlockReverse" in caplog.text
+
+
+def test_block_and_record_hooks_mix_in_one_chain(tmp_path: Path) -> None:
+    # consume runs the chain last link first: BlockReverse on the block, then
+    # UpperOnConsume on the records decoded from the block it returned
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume",
+                                  "tp_fetch:BlockReverse"), "b-t")
+    assert _values(p0.records) == [[v[::-1].upper() for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+    # two block hooks: the second gets the first one's block
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse",
+                                  "tp_fetch:BlockReverse"), "b-t")
+    assert _values(p0.records) == STORED  # type: ignore[attr-defined]
+
