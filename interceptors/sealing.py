@@ -5,7 +5,10 @@ Contract: :func:`seal_values` replaces every non-null value of a run of records 
 undoes it for records that all carry the same marker, or answers None so that the
 plugin's own general path can say which record is not of that shape or does not open;
 :func:`carries_header` tells a batch with a marked record from one without, building
-no header it does not need, and :func:`values_present` counts the values to seal. The
+no header it does not need, and :func:`values_present` counts the values to seal.
+For a fetch-side hook's records block (``on_consume_block``), :func:`open_block` is
+:func:`open_values` from block to block, and :func:`block_header_value` and
+:func:`block_carries_header` find the marker without a record object. The
 nonces are the caller's, and so is the cipher: a callable (``encrypt``/``decrypt``,
 e.g. ``cryptography``'s ``AESGCM``), called once per value, or what :func:`aes_gcm`
 returns. These loops are the record codec's (:mod:`kiproxy.protocol.records`), offered
@@ -29,14 +32,18 @@ from typing import Protocol, cast
 
 from kiproxy.protocol._codec import AesGcm, load_gcm
 from kiproxy.protocol.records import (
+    block_carries_header,
+    block_header_value,
     carries_header,
+    open_block,
     open_values,
     seal_values,
     values_present,
 )
 
-__all__ = ["Aead", "AesGcm", "aes_gcm", "carries_header", "compiled_gcm", "open_values",
-           "seal_values", "values_present"]
+__all__ = ["Aead", "AesGcm", "aes_gcm", "block_carries_header", "block_header_value",
+           "carries_header", "compiled_gcm", "open_block", "open_values", "seal_values",
+           "values_present"]
 
 
 class Aead(Protocol):

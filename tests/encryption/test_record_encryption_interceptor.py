@@ -13,10 +13,18 @@ from typing import Any
 
 import pytest
 
-from kiproxy.interceptors import ConsumeContext, ConsumedBatch, Header, Record, RefuseFetch
+from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    ConsumedBlock,
+    Header,
+    Record,
+    RefuseFetch,
+)
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER, RecordEncryption
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
 from kiproxy.interceptors.loader import PluginLoadError
+from kiproxy.interceptors.sealing import compiled_gcm
 from kiproxy.interceptors.testing import Plugin, load, make_batch, run_interceptor_async
 
 CONTEXT = ConsumeContext(client_id="reader", client_address="127.0.0.1:50001",
@@ -384,3 +392,64 @@ def test_a_compacted_batch_keeps_the_latest_value_of_each_key_decryptable(
     assert isinstance(opened, ConsumedBatch)
     assert [(r.key, r.value, r.offset_delta) for r in opened.records] == [
         (b"k0", b"version 6", 6), (b"k1", b"version 7", 7), (b"k2", None, 9)]
+
+
+# -- the fetch side on records blocks (on_consume_block) ------------------------------
+
+
+async def _consume_block(plugin: Plugin, topic: str, records: tuple[Record, ...] | list[Record]
+                         ) -> tuple[Any, ConsumedBlock]:
+    from kiproxy.protocol.records import encode_records
+
+    data = encode_records(tuple(records), 1000, False)[0]
+    block = ConsumedBlock(topic=topic, partition=2, base_offset=40, base_timestamp=1000,
+                          record_count=len(records), data=memoryview(data))
+    return await plugin.interceptor.on_consume_block(block, CONTEXT), block
+
+
+def _decoded(block: bytes, count: int) -> tuple[Record, ...]:
+    from kiproxy.protocol.records import decode_records
+
+    return decode_records(block, 0, len(block), count, 1000)
+
+
+@pytest.mark.skipif(not compiled_gcm(), reason="the block path needs OpenSSL bound")
+async def test_the_common_batch_opens_as_its_block(plugin: Plugin) -> None:
+    original = [r for r in _records() if r.value is not None]
+    stored = (await _produce(plugin, "orders", original)).records
+    opened, block = await _consume_block(plugin, "orders", stored)
+    assert isinstance(opened, bytes) and opened is not block.data
+    assert _decoded(opened, len(original)) == tuple(original)
+    assert _metric(plugin, "record_encryption_records_decrypted") == len(original)
+
+
+async def test_a_block_with_nothing_sealed_is_returned_as_given(plugin: Plugin) -> None:
+    opened, block = await _consume_block(plugin, "orders", _records())
+    assert opened is block.data
+    assert _metric(plugin, "record_encryption_records_decrypted") == 0
+
+
+async def test_any_other_block_is_handed_to_on_consume(plugin: Plugin) -> None:
+    stored = (await _produce(plugin, "orders", _records())).records  # a tombstone among them
+    assert (await _consume_block(plugin, "orders", stored))[0] is None
+    damaged = [_damaged(stored[0]), stored[2]]
+    assert (await _consume_block(plugin, "orders", damaged))[0] is None
+    # and the test kit, as the proxy does, then opens what opens record by record
+    from kiproxy.interceptors.testing import make_consumed_batch
+
+    fetched = plugin.consume(make_consumed_batch(make_batch(records=stored, topic="orders")))
+    assert isinstance(fetched, ConsumedBatch) and fetched.records == tuple(_records())
+
+
+async def test_a_data_key_that_cannot_be_unwrapped_follows_on_undecryptable_on_blocks(
+        key_file: Path, tmp_path: Path) -> None:
+    for writer in _plugin(key_file):
+        stored = (await _produce(writer, "orders", [_records()[0]])).records
+    other = tmp_path / "other.yaml"
+    write_key_file(other, {"KEK_orders": (1, {1: os.urandom(32)})})  # same name, other key
+    for reader in _plugin(other):
+        with pytest.raises(RefuseFetch, match="a record does not decrypt"):
+            await _consume_block(reader, "orders", stored)
+        assert _metric(reader, "record_encryption_undecryptable", policy="error") == 1
+    for reader in _plugin(other, on_undecryptable="pass"):
+        assert (await _consume_block(reader, "orders", stored))[0] is None

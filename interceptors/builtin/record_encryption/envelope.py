@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 
 from kiproxy.interceptors import Header, Record
-from kiproxy.interceptors.sealing import Aead, open_values, seal_values
+from kiproxy.interceptors.sealing import Aead, open_block, open_values, seal_values
 
 __all__ = [
     "FORMAT_VERSION",
@@ -217,10 +217,16 @@ def read_descriptor(record: Record, *, topic: str) -> tuple[Descriptor, bytes] |
                 raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header is null")
     if raw is None:
         return None
+    return descriptor_of(raw, topic=topic), raw
+
+
+def descriptor_of(raw: bytes, *, topic: str) -> Descriptor:
+    """The descriptor a marker header's value ``raw`` holds. Raises :class:`EnvelopeError`
+    for one that does not parse."""
     if len(raw) > MAX_DESCRIPTOR_BYTES:
         raise EnvelopeError(f"topic {topic!r}: the {MARKER_HEADER} header is {len(raw)} "
                             f"bytes, over {MAX_DESCRIPTOR_BYTES}")
-    return _parse_descriptor(raw, topic), raw
+    return _parse_descriptor(raw, topic)
 
 
 @functools.lru_cache(maxsize=256)  # the same few per data key: built once
@@ -304,6 +310,17 @@ def open_values_fast(records: Sequence[Record], *, raw_descriptor: bytes, aad: b
     caller's general path then names the record that does not)."""
     return open_values(tuple(records), MARKER_HEADER, raw_descriptor, aead.decrypt, aad,
                        NONCE_BYTES, TAG_BYTES)
+
+
+def open_values_block(data: memoryview, count: int, *, raw_descriptor: bytes, aad: bytes,
+                      aead: Aead) -> bytes | None:
+    """:func:`open_values_fast` from records block to records block
+    (:func:`~kiproxy.protocol.records.open_block`): the ``count`` records of ``data``
+    opened without a record object each; None as it says (then records are read one by
+    one)."""
+    opened: bytes | None = open_block(data, count, MARKER_HEADER, raw_descriptor,
+                                      aead.decrypt, aad, NONCE_BYTES)
+    return opened
 
 
 def open_value(record: Record, *, topic: str, aad: bytes, aead: Aead) -> Record:

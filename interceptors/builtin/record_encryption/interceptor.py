@@ -19,10 +19,13 @@ Contract. One configured instance serves both hooks:
     counted and logged;
   - a record that already carries the marker header: INVALID_RECORD.
 
-* **Fetch** (``on_consume``): every record carrying the marker header is opened, on any
-  topic; records without it are returned as they are, and a batch with none is returned
-  unchanged. A record that does not open (:class:`~.kms.Undecryptable`,
-  :class:`~.envelope.EnvelopeError`) follows its topic's ``on_undecryptable``:
+* **Fetch** (``on_consume_block``, then ``on_consume``): every record carrying the
+  marker header is opened, on any topic; records without it are returned as they are,
+  and a batch with none is returned unchanged. The common batch - every value sealed
+  under one data key - is opened as its records block, without a record object each;
+  any other goes on to ``on_consume``, record by record. A record that does not open
+  (:class:`~.kms.Undecryptable`, :class:`~.envelope.EnvelopeError`) follows its
+  topic's ``on_undecryptable``:
   ``error`` refuses the partition (:class:`~kiproxy.interceptors.RefuseFetch`, a code
   consumers retry; the reason in the proxy's log), ``pass`` hands the consumer the
   ciphertext record as stored. A KMS that cannot be used refuses the partition too.
@@ -43,6 +46,7 @@ from collections.abc import Iterable, Sequence
 from kiproxy.interceptors import (
     ConsumeContext,
     ConsumedBatch,
+    ConsumedBlock,
     FetchResponseInterceptor,
     InterceptContext,
     MetricSample,
@@ -159,33 +163,61 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
 
     # -- fetch ------------------------------------------------------------------------
 
+    async def on_consume_block(self, block: ConsumedBlock, ctx: ConsumeContext
+                               ) -> bytes | memoryview | None:
+        """The common batch (every value sealed under one data key) opened as its records
+        block, a batch with nothing sealed passed as it is; None hands any other batch
+        to :meth:`on_consume`, record by record."""
+        state = self._configured()
+        topic = block.topic
+        try:
+            opened = await state.cipher.decrypt_block(topic, block.data, block.record_count)
+        except KmsError as exc:
+            if isinstance(exc, Undecryptable) and \
+                    state.plans.plan(topic).on_undecryptable == "pass":
+                return None  # on_consume keeps what does not open as it is
+            raise self._refusal(topic, _where(block), exc) from None
+        if opened is not None and opened is not block.data:
+            self.counts["decrypted"] += block.record_count
+        return opened
+
     async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
         """``batch`` with every sealed record opened (plaintext records as they are)."""
         state = self._configured()
         if not carries_header(batch.records, MARKER_HEADER):
             return batch
         topic = batch.topic
-        where = f"{topic}[{batch.partition}] batch at offset {batch.base_offset}"
+        where = _where(batch)
         try:
+            records = await state.cipher.decrypt(topic, batch.records)
+        except (Undecryptable, EnvelopeError) as exc:
+            if state.plans.plan(topic).on_undecryptable == "error":
+                raise self._refusal(topic, where, exc) from None
             try:
-                records = await state.cipher.decrypt(topic, batch.records)
-            except (Undecryptable, EnvelopeError) as exc:
-                if state.plans.plan(topic).on_undecryptable == "error":
-                    self.counts["undecryptable_refused"] += 1
-                    self._log.warning(("undecryptable", topic), "record_encryption: %s "
-                                      "refused to the consumer, a record does not decrypt "
-                                      "(on_undecryptable: error): %s", where, exc)
-                    raise RefuseFetch(f"{where}: a record does not decrypt: {exc}") from None
                 records = await self._each(state.cipher, topic, where, batch.records)
+            except KmsError as kms:
+                raise self._refusal(topic, where, kms) from None
         except KmsError as exc:
-            self.counts["kms_errors_decrypt"] += 1
-            self._log.warning(("kms", topic), "record_encryption: %s refused to the consumer, "
-                              "the KMS could not be used: %s", where, exc)
-            raise RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
-                              f"{exc}") from None
+            raise self._refusal(topic, where, exc) from None
         # an opened record is a new value; one passed as stored is the same object
         self.counts["decrypted"] += sum(map(operator.is_not, records, batch.records))
         return batch.with_records(records)
+
+    def _refusal(self, topic: str, where: str, exc: Exception) -> RefuseFetch:
+        """The refusal of a batch that did not decrypt (counted and logged): ``exc`` is an
+        :class:`~.kms.Undecryptable` or :class:`~.envelope.EnvelopeError` under
+        ``on_undecryptable: error``, or a KMS that could not be used."""
+        if isinstance(exc, (Undecryptable, EnvelopeError)):
+            self.counts["undecryptable_refused"] += 1
+            self._log.warning(("undecryptable", topic), "record_encryption: %s refused to "
+                              "the consumer, a record does not decrypt (on_undecryptable: "
+                              "error): %s", where, exc)
+            return RefuseFetch(f"{where}: a record does not decrypt: {exc}")
+        self.counts["kms_errors_decrypt"] += 1
+        self._log.warning(("kms", topic), "record_encryption: %s refused to the consumer, "
+                          "the KMS could not be used: %s", where, exc)
+        return RefuseFetch(f"{where} could not be decrypted, the KMS could not be used: "
+                           f"{exc}")
 
     async def _each(self, cipher: RecordCipher, topic: str, where: str,
                     records: Sequence[Record]) -> tuple[Record, ...]:
@@ -238,6 +270,10 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         """Release the KMS client's threads and connections."""
         if self._state is not None:
             await self._state.kms.close()
+
+
+def _where(batch: ConsumedBatch | ConsumedBlock) -> str:
+    return f"{batch.topic}[{batch.partition}] batch at offset {batch.base_offset}"
 
 
 def _counter(name: str, help_text: str, value: float, **labels: str) -> MetricSample:

@@ -11,7 +11,8 @@ seals more than ``max_encryptions_per_key`` fields.
 
 :meth:`RecordCipher.decrypt` returns plaintext records (no marker header) unchanged and
 opens the others, unwrapping each distinct data key once (cached; a batch's keys
-concurrently). Record count and
+concurrently). :meth:`RecordCipher.decrypt_block` opens the common batch as its records
+block, or says to read it record by record. Record count and
 order, keys, timestamps and offset deltas never change.
 
 Errors: :class:`~.kms.KmsError` (its ``retriable`` says whether to try later) and
@@ -25,15 +26,23 @@ import asyncio
 from collections.abc import Collection, Sequence
 
 from kiproxy.interceptors import Record
-from kiproxy.interceptors.sealing import Aead, carries_header, values_present
+from kiproxy.interceptors.sealing import (
+    Aead,
+    block_carries_header,
+    block_header_value,
+    carries_header,
+    values_present,
+)
 
 from .data_keys import DataKeyCache
 from .envelope import (
     MARKER_HEADER,
     Descriptor,
     EnvelopeError,
+    descriptor_of,
     open_record,
     open_value,
+    open_values_block,
     open_values_fast,
     opens_by_value,
     read_descriptor,
@@ -137,6 +146,25 @@ class RecordCipher:
                 raise _at(record, exc) from None
         return tuple(out)
 
+    async def decrypt_block(self, topic: str, data: memoryview, count: int
+                            ) -> bytes | memoryview | None:
+        """The records block ``data`` (``count`` records of ``topic``) opened as a new
+        block when every record's value is sealed under one data key and no header is
+        (the common batch); ``data`` itself when no record is sealed; None for any other
+        block, which :meth:`decrypt` then reads record by record. Raises what
+        :meth:`~.data_keys.DataKeyCache.decryption_key` raises."""
+        raw = block_header_value(data, MARKER_HEADER)
+        if raw is None:
+            return None if block_carries_header(data, count, MARKER_HEADER) else data
+        try:
+            descriptor = descriptor_of(raw, topic=topic)
+        except EnvelopeError:
+            return None
+        if not descriptor.value_sealed or descriptor.headers:
+            return None
+        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key)
+        return open_values_block(data, count, raw_descriptor=raw, aad=value_aad(topic, raw),
+                                 aead=aead)
 
     async def _decrypt_one_key(self, topic: str, records: Sequence[Record]
                                ) -> tuple[Record, ...] | None:
