@@ -80,7 +80,7 @@ class FrameAssembler:
         """Drop every buffer held, at once: the stream is gone."""
     def get_buffer(self) -> memoryview:
         """Where the next bytes must be received; never empty."""
-    def buffer_updated(self, nbytes: int) -> list[bytes | bytearray]:
+    def buffer_updated(self, nbytes: int) -> list[bytes]:
         """Count ``nbytes`` received into the last get_buffer(); return whole frames."""
 
 def encode_records(

@@ -5,6 +5,8 @@
 # wrong; the tests hold each to that Python code.
 
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
+from cpython.buffer cimport PyBUF_WRITE
+from cpython.memoryview cimport PyMemoryView_FromMemory
 from libc.string cimport memmove
 
 from kiproxy.protocol.errors import FrameTooLarge, MalformedFrame
@@ -215,9 +217,11 @@ cdef class FrameAssembler:
 
     Frames under ``large_frame`` bytes share one chunk buffer, many per receive,
     and are handed out as ``bytes`` (one small copy each). A larger frame of up to
-    ``part_size`` bytes gets a ``bytearray`` of exactly its size once its length
-    prefix has arrived; the rest of it is received straight into that buffer,
-    which is handed out as is and never touched again. A frame above
+    ``part_size`` bytes gets a ``bytes`` object of exactly its size once its length
+    prefix has arrived; the rest of it is received straight into that object
+    (through a writable view of its storage, held by nobody else until the last
+    byte is in, as ``PyBytes_FromStringAndSize(NULL, n)`` is filled in C), which is
+    handed out as is and never touched again. A frame above
     ``part_size`` is received into buffers made one at a time as its bytes arrive,
     each at most as large as what has arrived so far, then joined once into
     ``bytes``: a length prefix alone makes the assembler allocate ``part_size``
@@ -240,9 +244,10 @@ cdef class FrameAssembler:
     cdef Py_ssize_t _end
     cdef Py_ssize_t _large  # length of a large frame whose prefix sits at _chunk[_start:]
     cdef object _parts  # list of the large frame's buffers, or None
-    cdef object _part  # bytearray
+    cdef object _part  # bytearray, or the bytes a frame of up to part_size is received into
     cdef object _part_view
     cdef Py_ssize_t _part_filled
+    cdef Py_ssize_t _part_size
     cdef Py_ssize_t _need
     cdef Py_ssize_t _got
 
@@ -264,7 +269,7 @@ cdef class FrameAssembler:
         self._parts = None
         self._part = bytearray()
         self._part_view = memoryview(self._part)
-        self._part_filled = self._need = self._got = 0
+        self._part_filled = self._need = self._got = self._part_size = 0
 
     @property
     def buffered(self):
@@ -280,7 +285,7 @@ cdef class FrameAssembler:
         self._chunk, self._view = None, _NO_VIEW
         self._parts, self._part, self._part_view = None, bytearray(), _NO_VIEW
         self._start = self._end = self._large = self._need = self._got = 0
-        self._part_filled = 0
+        self._part_filled = self._part_size = 0
 
     cdef object _next_part(self):
         # Double what has arrived, at most: a client must send bytes to make the
@@ -291,13 +296,15 @@ cdef class FrameAssembler:
         part = PyByteArray_FromStringAndSize(NULL, size)
         self._parts.append(part)
         self._part, self._part_view, self._part_filled = part, memoryview(part), 0
+        self._part_size = size
         return self._part_view
 
     def get_buffer(self):
         """Where the next bytes must be received; never empty."""
         cdef Py_ssize_t start, end, have
+        cdef char* dst
         if self._parts is not None:
-            if self._part_filled == PyByteArray_GET_SIZE(self._part):
+            if self._part_filled == self._part_size:
                 return self._next_part()
             return self._part_view[self._part_filled:]
         start, end = self._start, self._end
@@ -307,12 +314,19 @@ cdef class FrameAssembler:
             self._need, self._large = self._large, 0
             have = end - start - 4
             self._parts, self._got = [], have
-            part = PyByteArray_FromStringAndSize(
-                NULL, self._need if self._need <= self.part_size else self.part_size)
-            memcpy(PyByteArray_AS_STRING(part), PyByteArray_AS_STRING(self._chunk) + start + 4,
-                   have)
+            if self._need <= self.part_size:  # the whole frame, as the bytes handed out
+                part = PyBytes_FromStringAndSize(NULL, self._need)
+                dst = PyBytes_AS_STRING(part)
+                view = PyMemoryView_FromMemory(dst, self._need, PyBUF_WRITE)
+                self._part_size = self._need
+            else:
+                part = PyByteArray_FromStringAndSize(NULL, self.part_size)
+                dst = PyByteArray_AS_STRING(part)
+                view = memoryview(part)
+                self._part_size = self.part_size
+            memcpy(dst, PyByteArray_AS_STRING(self._chunk) + start + 4, have)
             self._parts.append(part)
-            self._part, self._part_view, self._part_filled = part, memoryview(part), have
+            self._part, self._part_view, self._part_filled = part, view, have
             self._start = self._end = 0
             self._chunk, self._view = None, _NO_VIEW
             return self._part_view[have:]
@@ -344,6 +358,7 @@ cdef class FrameAssembler:
                 return []
             frame = parts[0] if len(parts) == 1 else b"".join(parts)
             self._parts, self._part, self._part_view = None, bytearray(), _NO_VIEW
+            self._part_size = 0
             return [frame]
         chunk = self._chunk
         if chunk is None:

@@ -344,7 +344,7 @@ class AnswerSide:
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
         if transform is not None:
-            changed = transform(frame if type(frame) is bytes else bytes(frame))
+            changed = transform(frame)
             if not isinstance(changed, (bytes, bytearray)):
                 # Awaited: the slot is filled when it is done.
                 task = asyncio.get_running_loop().create_task(
@@ -355,7 +355,7 @@ class AnswerSide:
             frame = changed
         if on_response is not None:
             # Rewriters decode with kio, which reads only immutable buffers.
-            return slot, on_response(frame if type(frame) is bytes else bytes(frame))
+            return slot, on_response(frame)
         return slot, frame
 
     async def _transform(self, slot: AnswerSlot, transformed: Awaitable[bytes],

@@ -33,13 +33,9 @@ back to the client, are in :mod:`kiproxy.proxy.answers`):
   ``client.id``, a SASL exchange decided). SASL bookkeeping is the
   connection's own.
 
-Both sockets are read by a :class:`~kiproxy.proxy.net.frame_stream.FrameStream`. A
-frame in its own buffer is a ``bytearray``; it is turned into ``bytes`` before
-anything decodes it (kio and the record codec read only ``bytes``; records are
-decoded where they lie in the frame), so the only
-``bytearray`` a handler sees is a Produce request on a pipeline that neither
-intercepts nor tallies, which only scans it for acks and forwards it
-(:func:`kiproxy.proxy.dispatch.kept_as_received`).
+Both sockets are read by a :class:`~kiproxy.proxy.net.frame_stream.FrameStream`, whose
+frames are ``bytes``, received where they are handed out (kio and the record codec read
+``bytes``; records are decoded where they lie in the frame).
 """
 
 from __future__ import annotations
@@ -51,7 +47,7 @@ import struct
 import time
 from collections.abc import Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo
@@ -60,7 +56,6 @@ from kiproxy.protocol.framing import RequestHeader, parse_request_header
 from kiproxy.protocol.messages import api_name
 from kiproxy.proxy.answers import JOIN_BELOW, AnswerSide, AnswerSlot, ConnectionServices
 from kiproxy.proxy.brokers.failures import connect_error
-from kiproxy.proxy.dispatch import kept_as_received
 from kiproxy.proxy.net.frame_stream import Frame, FrameStream
 from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
 from kiproxy.proxy.produce.disposition import Answer, Forward
@@ -158,7 +153,7 @@ class ClientConnection(AnswerSide):
             self._tried = f"{address[0]}:{address[1]}"
             try:
                 _, upstream = await upstreams.open(
-                    *address, partial(FrameStream, max_response))
+                    *address, partial(FrameStream, max_response, whole_frames=True))
                 self._upstream = upstream
                 self.upstream_address = address
                 return
@@ -238,8 +233,6 @@ class ClientConnection(AnswerSide):
         rest: Coroutine[Any, Any, None] | None = None
         try:
             header = parse_request_header(frame)
-            if type(frame) is not bytes and not kept_as_received(generation, header):
-                frame = bytes(frame)
             if header.client_id is not None and header.client_id != self.identity.client_id:
                 self.identity = dataclasses.replace(self.identity, client_id=header.client_id)
             metrics = self._services.metrics
@@ -261,7 +254,7 @@ class ClientConnection(AnswerSide):
                     received_at_ms=int(time.time() * 1000), node_id=self.node_id,
                 )
                 hub.request(info)
-            request = cast(bytes, frame)  # a bytearray is forwarded untouched (kept_as_received)
+            request = frame
             forward = (self._services.dispatcher.at_once(self, generation, header, request)
                        if len(self._slots) < generation.config.max_in_flight
                        and not self._closed else None)

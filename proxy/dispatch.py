@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from kiproxy.proxy.brokers.nodes import NodeRegistry
     from kiproxy.proxy.generation import Generation
 
-__all__ = ["RequestDispatcher", "kept_as_received"]
+__all__ = ["RequestDispatcher"]
 
 _BEFORE_AUTHENTICATION = frozenset(
     {ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
@@ -184,18 +184,6 @@ _HANDLERS: dict[int, _Handler] = {
     ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,
 }
 """API key -> handler; every other key is :meth:`RequestDispatcher._other`."""
-
-
-def kept_as_received(generation: Generation, header: RequestHeader) -> bool:
-    """Whether a large request may reach its handler as the ``bytearray`` it arrived in
-    (it is not decoded).
-
-    Only Produce on a pipeline that neither intercepts nor tallies: it scans
-    the frame for acks and forwards it. Anything else may be decoded by kio.
-    """
-    produce = generation.produce
-    return (header.api_key == ApiKey.PRODUCE and not produce.intercepts
-            and not produce.tallies)
 
 
 def unrewritable_message(header: RequestHeader) -> str:

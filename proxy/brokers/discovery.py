@@ -109,7 +109,8 @@ async def _ask(upstreams: Upstreams, nodes: NodeRegistry,
                learn_topic_ids: Callable[[Any], None],
                host: str, port: int, max_response_size: int) -> int:
     timeout = upstreams.connect_timeout
-    _, stream = await upstreams.open(host, port, partial(FrameStream, max_response_size))
+    _, stream = await upstreams.open(host, port, partial(FrameStream, max_response_size,
+                                                         whole_frames=True))
     try:
         api_versions = encode_request_header(ApiKey.API_VERSIONS, 0, 1, _CLIENT_ID, 1)
         version = _metadata_version(

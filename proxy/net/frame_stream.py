@@ -3,9 +3,13 @@
 Contract: a :class:`FrameStream` is an ``asyncio.BufferedProtocol`` around
 :class:`kiproxy.protocol.framing.FrameAssembler`, used for both the client and
 the broker side of a connection. A frame of 16-64 KiB is received straight
-into a buffer of its own size and handed over from it, a larger one into
+into a ``bytes`` object of its own size and handed over as it is, a larger one into
 buffers that grow with the bytes that arrive (never with the length a frame
-claims), joined once into ``bytes``. The socket is read only while its owner
+claims), joined once into ``bytes``. A broker's stream (``whole_frames``) gets
+every large frame's buffer whole as soon as its length prefix arrives, as Kafka's
+clients allocate a response, and hands that buffer over with no join: the
+broker is the cluster the proxy serves, and its answers are bounded by
+``max_response_size``. The socket is read only while its owner
 waits in :meth:`FrameStream.read`, so while the owner handles what it got,
 TCP pushes back. With a receive budget (client sockets), the bytes of a
 partial frame count against the process-wide
@@ -62,14 +66,18 @@ __all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
 ProxyHeaderMode = Literal["read", "refuse"]
 """How a client stream treats a PROXY header (see the module docstring)."""
 
+_WHOLE_FROM = 64 * 1024
+"""The assembler's smallest ``part_size`` (its chunk size)."""
+
 _PREFACE_CHUNK = 2048
 """Bytes received at a time while the PROXY header is looked for."""
 
 CLOSE_TIMEOUT = 2.0
 """Seconds a closing socket may take to flush before it is aborted."""
 
-Frame = bytes | bytearray
-"""A frame without its length prefix; large ones are received into a ``bytearray``."""
+Frame = bytes
+"""A frame without its length prefix (see the assembler: a large one is received straight
+into the ``bytes`` object handed out)."""
 
 
 class FrameStream(asyncio.BufferedProtocol):
@@ -87,8 +95,11 @@ class FrameStream(asyncio.BufferedProtocol):
     def __init__(self, max_frame_size: int,
                  on_open: Callable[[FrameStream], Coroutine[None, None, None]] | None = None,
                  budget: ReceiveBudget | None = None, *,
-                 proxy_header: ProxyHeaderMode | None = None) -> None:
-        self._assembler = FrameAssembler(max_frame_size)
+                 proxy_header: ProxyHeaderMode | None = None,
+                 whole_frames: bool = False) -> None:
+        self._assembler = (FrameAssembler(max_frame_size, part_size=max(max_frame_size,
+                                                                        _WHOLE_FROM))
+                           if whole_frames else FrameAssembler(max_frame_size))
         self._proxy_mode = proxy_header
         self._preface: bytearray | None = None if proxy_header is None else bytearray()
         self._preface_buffer: bytearray | None = None

@@ -80,7 +80,7 @@ def test_a_large_frame_is_received_into_its_own_buffer_and_handed_out_as_is() ->
     assert len(own) == len(payload) - 6, "the rest of the frame, exactly"
     own[:] = data[10:]
     (frame,) = assembler.buffer_updated(len(own))
-    assert type(frame) is bytearray
+    assert type(frame) is bytes
     assert frame == payload
     # The next frame goes to the shared chunk again, and the handed-out frame stays intact.
     assert receive(assembler, encode_frame(b"next")) == [b"next"]
