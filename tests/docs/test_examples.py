@@ -72,6 +72,7 @@ from kiproxy.interceptors import (
     RejectBatch,
 )
 from kiproxy.interceptors.loader import load_interceptor, load_observer
+from kiproxy.interceptors.testing import run_consume
 from kiproxy.proxy.config.model import load_config
 
 
@@ -260,7 +261,8 @@ async def test_plugin_examples_load_and_run_over_a_batch(block: Block, tmp_path:
 
 
 async def _consume_over_a_batch(block: Block, spec: str, plugin: Any) -> None:
-    """A fetch-side hook runs over each sample batch as fetched, for two consumers."""
+    """A fetch-side hook runs over each sample batch as fetched, for two consumers, as the
+    proxy runs it (``on_consume_block`` first, when it has one)."""
     for principal in (None, "auditor"):
         ctx = ConsumeContext(client_id="docs", client_address="127.0.0.1:50000",
                              principal=principal, api_version=17,
@@ -268,9 +270,7 @@ async def _consume_over_a_batch(block: Block, spec: str, plugin: Any) -> None:
         for batch in _sample_batches():
             fetched = ConsumedBatch(topic=batch.topic, partition=0, base_offset=40,
                                     records=batch.records)
-            result = plugin.on_consume(fetched, ctx)
-            if inspect.isawaitable(result):
-                result = await result
+            result = run_consume(plugin, fetched, ctx, name=spec)  # block side first
             assert isinstance(result, ConsumedBatch), f"{block.id}: {spec} returned {result!r}"
             assert len(result.records) == len(fetched.records), f"{block.id}: record count"
 
