@@ -87,6 +87,30 @@ def test_a_large_frame_is_received_into_its_own_buffer_and_handed_out_as_is() ->
     assert frame == payload
 
 
+def test_a_frame_up_to_part_size_arrives_in_pieces_into_one_bytes_object() -> None:
+    # A broker's stream sets part_size to its largest answer: every answer is received
+    # into the one object handed out, however many receives it takes (no join).
+    assembler = small_assembler(max_frame_size=100_000, part_size=100_000)
+    payload = bytes(range(256)) * 300
+    data = encode_frame(payload)
+    first = assembler.get_buffer()
+    first[:20] = data[:20]
+    assert assembler.buffer_updated(20) == []
+    views = []
+    at = 20
+    while at < len(data):
+        view = assembler.get_buffer()
+        views.append(len(view))
+        n = min(len(view), 7000)
+        view[:n] = data[at:at + n]
+        at += n
+        frames = assembler.buffer_updated(n)
+    assert views[0] == len(payload) - 16  # the whole rest of the frame, on its prefix
+    assert frames == [payload] and type(frames[0]) is bytes
+    assert receive(assembler, encode_frame(b"next")) == [b"next"]
+    assert frames[0] == payload
+
+
 def test_the_buffer_of_a_large_frame_is_made_only_when_reading_goes_on() -> None:
     # A reader that pauses right after a prefix must not hold a buffer of that size.
     assembler = small_assembler(part_size=5000)
