@@ -15,9 +15,13 @@ with the batch's codec), as the proxy does with a changed batch:
   transforming plugin before it does anything: the baseline);
 * **produce, encrypt**: decode, ``RecordEncryption.intercept``, encode;
 * **fetch, passthrough**: the stored (encrypted) batch decoded and encoded again;
-* **fetch, decrypt**: decode, ``RecordEncryption.on_consume``, encode;
+* **fetch, decrypt**: decode, then as the proxy runs the hook: ``on_consume_block``
+  (which opens this batch, every value sealed under one data key, as its records block)
+  and the batch written around the new block (``on_consume`` and ``encode_batch`` for a
+  batch it hands back);
 * **fetch, plaintext batch**: a batch without sealed records decoded and handed to
-  ``on_consume``, which returns it unchanged (the proxy then forwards its bytes).
+  ``on_consume_block``, which returns its block unchanged (the proxy then forwards its
+  bytes).
 
 Data keys come from a key file and are cached after the first batch, so no KMS call
 is measured (rotation makes one call per ``max_encryptions_per_key`` sealed values).
@@ -41,10 +45,23 @@ from pathlib import Path
 from typing import Any
 
 from bench.results import write_results
-from kiproxy.interceptors import ConsumeContext, ConsumedBatch, Header, Record, RecordBatch
+from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    ConsumedBlock,
+    Header,
+    Record,
+    RecordBatch,
+)
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
 from kiproxy.interceptors.testing import load, make_context
-from kiproxy.protocol.records import Compression, build_batch, decode_batch, encode_batch
+from kiproxy.protocol.records import (
+    Compression,
+    build_batch,
+    decode_batch,
+    encode_batch,
+    encode_block_parts,
+)
 
 __all__ = ["main"]
 
@@ -114,15 +131,25 @@ def _cases(loop: asyncio.AbstractEventLoop, plugin: Any, size: int, codec: Compr
         decoded, batch = consumed(stored)
         return encode_batch(decoded.header, batch.records, renumber=False, keep_extent=True)
 
+    def as_block(decoded: Any) -> ConsumedBlock:
+        return ConsumedBlock(topic="orders", partition=0, base_offset=0,
+                             base_timestamp=decoded.header.base_timestamp,
+                             record_count=len(decoded.records), data=decoded.records_block())
+
     def fetch_decrypt() -> bytes:
-        decoded, batch = consumed(stored)
+        decoded, batch = consumed(stored)  # as the proxy runs it: the block first
+        opened = loop.run_until_complete(interceptor.on_consume_block(as_block(decoded),
+                                                                      consume_ctx))
+        if opened is not None:
+            return b"".join(encode_block_parts(decoded.header, opened))
         out = loop.run_until_complete(interceptor.on_consume(batch, consume_ctx))
         return encode_batch(decoded.header, out.records, renumber=False, keep_extent=True)
 
     def fetch_plaintext() -> bytes:
-        _, batch = consumed(produced)
-        out = loop.run_until_complete(interceptor.on_consume(batch, consume_ctx))
-        assert out is batch
+        decoded, _ = consumed(produced)
+        block = as_block(decoded)
+        out = loop.run_until_complete(interceptor.on_consume_block(block, consume_ctx))
+        assert out is block.data
         return produced
 
     assert decode_batch(fetch_decrypt()).records == decode_batch(produced).records
