@@ -196,20 +196,24 @@ class BatchOffload:
         loop = asyncio.get_running_loop()
         return loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
 
-    def placement(self, batches: PartitionBatches) -> tuple[bool, int]:
-        """Where a partition is decoded, from its headers alone: on the loop (True) or
-        on a worker thread, and the bytes a thread's decode reserves from the budget
-        (its size plus each compressed block's bound; also what an inline attempt
-        that outgrows the inline cap reserves before it moves to a thread)."""
-        size = batches.size
-        inline = size <= self.inline_bytes or (
+    def decodes_inline(self, batches: PartitionBatches) -> bool:
+        """Whether a partition is decoded on the loop, from its headers alone (else on a
+        worker thread, once :meth:`reservation` is reserved)."""
+        size = batches.end - batches.start
+        return size <= self.inline_bytes or (
             size <= self.inline_plain_bytes and batches.error is None  # unreadable: as ever
-            and batches.records <= self.inline_records and not batches.compressed)
+            and batches.records <= self.inline_records and not batches.compressed_blocks)
+
+    def reservation(self, batches: PartitionBatches) -> int:
+        """The bytes a thread's decode of a partition reserves from the budget: its size
+        plus each compressed block's bound (asked only when a thread decodes it, so a
+        partition decoded on the loop never computes a bound)."""
+        size = batches.end - batches.start
         blocks = batches.compressed_blocks
         if not blocks:
-            return inline, size
+            return size
         bound = self.limits.bound
-        return inline, size + sum(bound(block)[0] for block in blocks)
+        return size + sum(bound(block)[0] for block in blocks)
 
     def close(self) -> None:
         """Stop the worker threads (after the work they hold)."""
@@ -297,16 +301,16 @@ class DecodeLease:
     async def decode_partition(self, data: bytes, batches: PartitionBatches
                                ) -> list[DecodedBatch]:
         """Decode the batches ``batches`` (a partition's headers, read once) says lie in
-        ``data``, where :meth:`BatchOffload.placement` puts them (see the module
+        ``data``, where :meth:`BatchOffload.decodes_inline` puts them (see the module
         contract): one call into :func:`~kiproxy.protocol.records.decode_batches`, on
-        the loop or on a worker thread once the worst case is reserved; a small block
-        that decompresses past the inline cap is decoded again on a thread.
+        the loop or on a worker thread once the worst case
+        (:meth:`BatchOffload.reservation`) is reserved; a small block that decompresses
+        past the inline cap is decoded again on a thread.
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
         offload = self._offload
-        inline, reserve = offload.placement(batches)
-        if inline:  # no await on the loop's path: most partitions end here
+        if offload.decodes_inline(batches):  # no await on the loop's path: most end here
             try:
                 return decode_batches(data, batches.start, batches.end,
                                       limits=offload.inline_limits, headers=batches.headers)
@@ -314,7 +318,7 @@ class DecodeLease:
                 if not (exc.setting == "max_decompressed_batch_bytes"
                         and exc.limit < offload.limits.max_bytes):
                     raise  # the real bound, not the inline one
-        self._held += await offload.budget.acquire(reserve)
+        self._held += await offload.budget.acquire(offload.reservation(batches))
         decoded: list[DecodedBatch] = await offload.run(
             decode_batches, data, batches.start, batches.end, limits=offload.limits,
             headers=batches.headers)
