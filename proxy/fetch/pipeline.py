@@ -43,7 +43,8 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.consume import (
@@ -313,18 +314,13 @@ class FetchPipeline:
         """The batch ``decoded`` written again with ``new`` (a records block or records),
         its place in the log kept; compressed on a worker thread when large, as on
         produce."""
-        inline = decoded.block_size <= self.offload.inline_plain_bytes
-        parts: tuple[bytes, ...]
-        if isinstance(new, bytes):
-            if inline:
-                return encode_block_parts(decoded.header, new, levels=self.levels)
-            parts = await self.offload.run(encode_block_parts, decoded.header, new,
-                                           levels=self.levels)
-        elif inline:
-            return reencode_batch_parts(decoded, new, levels=self.levels)
-        else:
-            parts = await self.offload.run(reencode_batch_parts, decoded, new,
-                                           levels=self.levels)
+        encode: Callable[[], tuple[bytes, ...]] = (
+            partial(encode_block_parts, decoded.header, new, levels=self.levels)
+            if isinstance(new, bytes) else
+            partial(reencode_batch_parts, decoded, new, levels=self.levels))
+        if decoded.block_size <= self.offload.inline_plain_bytes:
+            return encode()
+        parts: tuple[bytes, ...] = await self.offload.run(encode)
         return parts
 
     def _count(self, topic: str, outcome: str, records: int) -> None:
