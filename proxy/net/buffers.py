@@ -3,10 +3,12 @@ freed heap memory back to the system.
 
 Contract:
 
-* Per connection, a partial frame holds at most what the client has sent of it (the
-  assembler grows its buffers with arriving bytes, never with the claimed length) and
-  never more than ``max_frame_size``: a longer frame closes the client and counts as
-  a ``max_frame_size`` limit hit.
+* Per connection, a partial frame holds in memory at most what the client has sent
+  of it (a frame of up to 1 MiB in one buffer allocated on its length prefix, whose
+  pages are faulted in only as bytes arrive; a larger one in buffers that grow with
+  the arriving bytes, never with the claimed length) and never more than
+  ``max_frame_size``: a longer frame closes the client and counts as a
+  ``max_frame_size`` limit hit.
 * Across connections, :class:`ReceiveBudget` (``max_client_buffered_bytes``) bounds
   the bytes of partial frames held. Past it, a connection that keeps receiving is
   paused (its socket is not read; TCP pushes back) unless it holds the most: that one

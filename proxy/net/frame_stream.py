@@ -2,17 +2,17 @@
 
 Contract: a :class:`FrameStream` is an ``asyncio.BufferedProtocol`` around
 :class:`kiproxy.protocol.framing.FrameAssembler`, used for both the client and
-the broker side of a connection. A frame of 16-64 KiB is received straight
-into a ``bytes`` object of its own size and handed over as it is, a larger one into
-buffers that grow with the bytes that arrive (never with the length a frame
-claims), joined once into ``bytes``. A broker's stream (``whole_frames``) gets
-every large frame's buffer whole as soon as its length prefix arrives, as Kafka's
-clients allocate a response, and hands that buffer over with no join: the
-broker is the cluster the proxy serves, and its answers are bounded by
-``max_response_size``. The socket is read only while its owner
-waits in :meth:`FrameStream.read`, so while the owner handles what it got,
-TCP pushes back. With a receive budget (client sockets), the bytes of a
-partial frame count against the process-wide
+the broker side of a connection. A client's frame of 16 KiB up to
+:data:`CLIENT_WHOLE_UP_TO` (1 MiB) is received straight into a ``bytes`` object of its
+own size, allocated on its length prefix, and handed over as it is; a larger one into
+buffers that grow with the bytes that arrive (never with the length a frame claims),
+joined once into ``bytes``. A broker's stream (``whole_frames``) gets every large
+frame's buffer whole as soon as its length prefix arrives, as Kafka's clients
+allocate a response, and hands that buffer over with no join: the broker is the
+cluster the proxy serves, and its answers are bounded by ``max_response_size``.
+The socket is read only while its owner waits in :meth:`FrameStream.read`, so
+while the owner handles what it got, TCP pushes back. With a receive budget
+(client sockets), the bytes of a partial frame count against the process-wide
 :class:`~kiproxy.proxy.net.buffers.ReceiveBudget`, which may hold the socket back.
 
 Pausing is decided late, without giving that up: frames that reach an owner
@@ -61,13 +61,25 @@ from kiproxy.proxy.net.proxy_protocol import Refuse, accept_proxy_header
 if TYPE_CHECKING:
     from kiproxy.proxy.net.buffers import ReceiveBudget
 
-__all__ = ["CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
+__all__ = ["CLIENT_WHOLE_UP_TO", "CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
 
 ProxyHeaderMode = Literal["read", "refuse"]
 """How a client stream treats a PROXY header (see the module docstring)."""
 
 _WHOLE_FROM = 64 * 1024
 """The assembler's smallest ``part_size`` (its chunk size)."""
+
+CLIENT_WHOLE_UP_TO = 1024 * 1024
+"""A client's frame up to this size gets its whole buffer on its length prefix.
+
+Kafka's producers send requests of at most ``max.request.size`` (1 MiB by default), so
+almost every Produce request is received into the one ``bytes`` object handed on: no
+join (a copy of every byte, a tenth of the proxy's CPU per GB) and no receive per
+growing part. The allocation claims address space, not memory: the pages of a buffer
+are faulted in as bytes are received into them, so a client that sends a prefix and
+stalls makes the process hold at most this much address space and a few pages, and
+the bytes it did send count against :class:`~kiproxy.proxy.net.buffers.ReceiveBudget`
+as before. A longer frame grows from buffers of this size."""
 
 _PREFACE_CHUNK = 2048
 """Bytes received at a time while the PROXY header is looked for."""
@@ -99,7 +111,8 @@ class FrameStream(asyncio.BufferedProtocol):
                  whole_frames: bool = False) -> None:
         self._assembler = (FrameAssembler(max_frame_size, part_size=max(max_frame_size,
                                                                         _WHOLE_FROM))
-                           if whole_frames else FrameAssembler(max_frame_size))
+                           if whole_frames
+                           else FrameAssembler(max_frame_size, part_size=CLIENT_WHOLE_UP_TO))
         self._proxy_mode = proxy_header
         self._preface: bytearray | None = None if proxy_header is None else bytearray()
         self._preface_buffer: bytearray | None = None

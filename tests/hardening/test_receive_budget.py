@@ -235,3 +235,45 @@ def test_stalled_partial_frames_are_held_to_the_budget_and_released(
             sock.close()
         for thread in senders:
             thread.join(10)
+
+
+CLAIMERS = 200
+"""Clients that each send a length prefix claiming a whole 1 MiB frame, and stall."""
+
+
+def test_claimed_frames_cost_address_space_not_memory(start_proxy: Any, topic: str) -> None:
+    # A client's frame of up to 1 MiB is received into one buffer allocated on its length
+    # prefix (no join). Its pages are faulted in only as bytes arrive: 200 clients that
+    # claim 1 MiB each and send a few bytes make the proxy's RSS grow by a few pages
+    # each, not by the 200 MiB they claimed; the budget counts the bytes they sent.
+    from kiproxy.proxy.net.frame_stream import CLIENT_WHOLE_UP_TO
+
+    metrics = f"127.0.0.1:{free_port()}"
+    proxy: ProxyProcess = start_proxy("--metrics-listen", metrics)
+    warm = _produce_small(proxy.bootstrap, topic)
+    header = encode_request_header(ApiKey.PRODUCE, PRODUCE_VERSION, 1, "claimer", 1)
+    start = struct.pack(">i", CLIENT_WHOLE_UP_TO) + header
+    claimers: list[socket.socket] = []
+    try:
+        baseline = rss_of(proxy.process.pid)
+        for _ in range(CLAIMERS):
+            sock = connect(proxy.bootstrap, timeout=60)
+            sock.sendall(start)
+            claimers.append(sock)
+        _wait_until("every claim is received", lambda: _used(metrics) == CLAIMERS * len(start),
+                    proxy)
+        grown = rss_of(proxy.process.pid) - baseline
+        claimed = CLAIMERS * CLIENT_WHOLE_UP_TO
+        assert grown < claimed // 8, (
+            f"RSS grew {grown / MiB:.1f} MiB for {claimed / MiB:.0f} MiB claimed")
+        # Served meanwhile, and everything is given back once the claimers go.
+        assert _api_versions_answered(proxy.bootstrap)
+        for sock in claimers:
+            sock.close()
+        _wait_until("the budget is released", lambda: _used(metrics) == 0, proxy)
+        got = consume(proxy.bootstrap, topic, len(warm))
+        assert sorted(m.value() for m in got) == sorted(warm)
+        assert proxy.alive()
+    finally:
+        for sock in claimers:
+            sock.close()

@@ -55,3 +55,30 @@ async def test_an_owner_that_reads_again_at_once_gets_every_frame_in_order() -> 
             await asyncio.sleep(0)
         await asyncio.wait_for(task, 2)
         assert got == [b"frame %d" % i for i in range(50)]
+
+
+async def test_a_client_frame_up_to_1_mib_is_received_into_one_buffer_of_its_size() -> None:
+    # Kafka's producers send requests of up to max.request.size (1 MiB by default): such
+    # a frame gets its whole buffer on its length prefix and is handed over as that
+    # buffer, no join; a larger one starts with a buffer of the same 1 MiB.
+    from kiproxy.proxy.net.frame_stream import CLIENT_WHOLE_UP_TO
+
+    for size, first in ((CLIENT_WHOLE_UP_TO, CLIENT_WHOLE_UP_TO),
+                        (3 * CLIENT_WHOLE_UP_TO, CLIENT_WHOLE_UP_TO)):
+        stream = FrameStream(4 * CLIENT_WHOLE_UP_TO)
+        payload = bytes(range(256)) * (size // 256)
+        wire = _framed(payload)
+        buffer = stream.get_buffer(-1)
+        buffer[:1000] = wire[:1000]
+        stream.buffer_updated(1000)
+        buffer = stream.get_buffer(-1)
+        assert len(buffer) == first - 996
+        sent = 1000
+        while sent < len(wire):
+            n = min(len(buffer), len(wire) - sent)
+            buffer[:n] = wire[sent:sent + n]
+            sent += n
+            stream.buffer_updated(n)
+            if sent < len(wire):
+                buffer = stream.get_buffer(-1)
+        assert await asyncio.wait_for(stream.read(), 1) == [payload]
