@@ -9,6 +9,8 @@
 
 from cpython.dict cimport PyDict_Next
 from cpython.object cimport PyObject, PyTypeObject
+from cpython.ref cimport Py_DECREF
+from libc.string cimport memset
 from libc.stdint cimport INT32_MAX, INT64_MAX, INT64_MIN, int16_t
 
 from crc32c import crc32c as _crc32c
@@ -201,7 +203,7 @@ cdef struct _SpliceTopic:
 
 cdef struct _SplicePart:
     Py_ssize_t start, records_at, data_end, end
-    PyObject* new  # borrowed from the edits; NULL when untouched or removed
+    PyObject* new  # a reference held to the new records; NULL when untouched or removed
     bint touched
 
 
@@ -302,47 +304,51 @@ def splice_produce(object frame, bint flexible, object edits, object layout):
     size past 2**31 - 1 on a version without compact lengths, positions that do not
     follow each other in the frame.
     """
-    cdef Py_ssize_t size, n_topics, n_parts = 0, t, j, k, count_at, count_end, topics_left
-    cdef Py_ssize_t at, ti, pj, total
+    cdef Py_ssize_t size, n_topics, n_parts = 0, t, j, k, count_at = 0, count_end, topics_left
+    cdef Py_ssize_t body_end = 0, ti, pj, total
     cdef _SpliceTopic* topics = NULL
     cdef _SplicePart* parts = NULL
     cdef PyObject* key
     cdef PyObject* value
+    cdef tuple spans, topic, part
     if type(frame) is not bytes or type(edits) is not dict or not isinstance(layout, tuple):
         return None
+    # Read as tuples: a named tuple's own item lookup goes through its type's __getitem__.
     size = PyBytes_GET_SIZE(frame)
-    if len(layout) != 6 or not _position(layout[3], size, &count_at) or \
-            not _position(layout[5], size, &at):
+    if len(<tuple>layout) != 6 or not _position((<tuple>layout)[3], size, &count_at) or \
+            not _position((<tuple>layout)[5], size, &body_end):
         return None
-    spans = layout[4]
-    if type(spans) is not tuple:
+    if type((<tuple>layout)[4]) is not tuple:
         return None
+    spans = (<tuple>layout)[4]
     n_topics = len(spans)
-    for topic in spans:
-        if not isinstance(topic, tuple) or len(topic) != 6 or type(topic[4]) is not tuple:
+    for t in range(n_topics):
+        if not isinstance(spans[t], tuple) or len(<tuple>spans[t]) != 6 \
+                or type((<tuple>spans[t])[4]) is not tuple:
             return None
-        n_parts += len(topic[4])
+        n_parts += len(<tuple>(<tuple>spans[t])[4])
     topics = <_SpliceTopic*>PyMem_Malloc(sizeof(_SpliceTopic) * n_topics + 1)
     parts = <_SplicePart*>PyMem_Malloc(sizeof(_SplicePart) * n_parts + 1)
     try:
         if topics == NULL or parts == NULL:
             raise MemoryError()
+        memset(parts, 0, sizeof(_SplicePart) * n_parts)
         k = 0
         for t in range(n_topics):
-            topic = spans[t]
+            topic = <tuple>spans[t]
             topics[t].first = k
-            topics[t].n_parts = len(topic[4])
+            topics[t].n_parts = len(<tuple>topic[4])
             topics[t].removed = topics[t].touched = 0
             if not (_position(topic[2], size, &topics[t].start)
                     and _position(topic[3], size, &topics[t].count_at)
                     and _position(topic[5], size, &topics[t].end)):
                 return None
-            for part in topic[4]:
-                if not isinstance(part, tuple) or len(part) != 6:
+            for j in range(topics[t].n_parts):
+                if not isinstance((<tuple>topic[4])[j], tuple):
                     return None
-                parts[k].new = NULL
-                parts[k].touched = False
-                if not (_position(part[1], size, &parts[k].start)
+                part = <tuple>(<tuple>topic[4])[j]
+                if len(part) != 6 or not (
+                        _position(part[1], size, &parts[k].start)
                         and _position(part[2], size, &parts[k].records_at)
                         and _position(part[4], size, &parts[k].data_end)
                         and _position(part[5], size, &parts[k].end)):
@@ -370,13 +376,14 @@ def splice_produce(object frame, bint flexible, object edits, object layout):
             topics[ti].touched = True
             if <object>value is None:
                 topics[ti].removed += 1
-            else:
+            elif parts[topics[ti].first + pj].new == NULL:  # held until the bytes are out
+                Py_INCREF(<object>value)
                 parts[topics[ti].first + pj].new = value
         topics_left = n_topics
         for t in range(n_topics):
             if topics[t].touched and topics[t].removed == topics[t].n_parts:
                 topics_left -= 1
-        count_end = topics[0].start if n_topics else at
+        count_end = topics[0].start if n_topics else body_end
         total = _splice(NULL, PyBytes_AS_STRING(frame), size, flexible, count_at, count_end,
                         n_topics, topics_left, topics, parts)
         if total < 0:
@@ -386,6 +393,9 @@ def splice_produce(object frame, bint flexible, object edits, object layout):
                 count_end, n_topics, topics_left, topics, parts)
         return out
     finally:
+        for k in range(n_parts if parts != NULL else 0):
+            if parts[k].new != NULL:
+                Py_DECREF(<object>parts[k].new)
         PyMem_Free(topics)
         PyMem_Free(parts)
 
