@@ -219,12 +219,13 @@ def test_a_batch_header_reads_or_fails_as_in_python(data: bytes, lead: bytes,
     end = min(len(buffer), len(lead) + cut)
     expected = outcome(_read_header_general, buffer, len(lead), end, len(lead))
     assert outcome(_read_header, buffer, len(lead), end, len(lead)) == expected
-    compiled = read_batch_header(buffer, len(lead), end, RecordBatchHeader)
-    if expected[0] == "value":
-        assert compiled == expected[1]
-        assert all(type(getattr(compiled, f)) is int for f in RecordBatchHeader.__slots__)
-    else:
-        assert compiled is None
+    for read_from in (buffer, bytearray(buffer)):
+        compiled = read_batch_header(read_from, len(lead), end, RecordBatchHeader)
+        if expected[0] == "value":
+            assert compiled == expected[1]
+            assert all(type(getattr(compiled, f)) is int for f in RecordBatchHeader.__slots__)
+        else:
+            assert compiled is None
 
 
 def test_every_byte_of_a_batch_header_mutated_reads_or_fails_as_in_python() -> None:
