@@ -15,6 +15,10 @@ the field and the byte: a length running past the frame, a null or negative arra
 null topic name, a name or transactional id that is not UTF-8, bytes left after the
 body. Nothing is read past the frame. Tagged fields are skipped, as Kafka's own
 parser skips tags it does not know (a Produce request defines none).
+
+The body clients send (no tagged field, every length in bounds, names UTF-8) is read
+by compiled code (``protocol/_produce.pxi``) into the same values; any other body is
+read by the Python reader here, which names what is wrong.
 """
 
 from __future__ import annotations

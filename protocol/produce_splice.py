@@ -12,7 +12,9 @@ the layout it read the request with).
 
 For a request kio writes back byte for byte (canonical varints, no unknown tagged
 fields), the result equals re-serializing the edited kio message
-(``tests/protocol/test_produce_splice.py`` checks it on random requests).
+(``tests/protocol/test_produce_splice.py`` checks it on random requests). Edits in a
+dict of bytes or None are spliced by compiled code (``protocol/_produce.pxi``) into
+the same bytes; other edits by the Python here.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ Layout of one batch (61-byte header, then the records block)::
 The records block is compressed as a whole when the codec bits of attributes are
 set. Decoding keeps every header field, so an encoded batch carries the same
 producer id, epoch, base sequence, leader epoch and timestamps as the original.
-The per-record loops are compiled (:mod:`protocol._codec`).
+The per-record loops are compiled (:mod:`protocol._codec`), and so are the header's read
+and write for every header that reads and every value that fits (the Python code here
+reads the rest and names what is wrong).
 """
 
 from __future__ import annotations
