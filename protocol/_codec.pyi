@@ -1,5 +1,5 @@
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 _H = TypeVar("_H")
 
@@ -56,6 +56,25 @@ def read_request_header(
     header_type: type[_H],
     header_version_of: Callable[[int, int], int | None],
 ) -> _H | None: ...
+def read_produce_layout(
+    frame: bytes | bytearray,
+    body_offset: int,
+    version: int,
+    layout_type: type[_H],
+    topic_type: type[Any],
+    partition_type: type[Any],
+    uuid_type: Callable[..., Any],
+) -> _H | None: ...
+def splice_produce(
+    frame: bytes, flexible: bool, edits: Mapping[tuple[int, int], bytes | None], layout: Any
+) -> bytes | None: ...
+def read_batch_header(
+    data: bytes | bytearray, start: int, end: int, header_type: type[_H]
+) -> _H | None: ...
+def batch_around(
+    header: Any, attributes: int, last_offset_delta: int, max_timestamp: int, count: int,
+    block: bytes
+) -> tuple[bytes, bytes, bytes] | None: ...
 class FrameAssembler:
     """Frames assembled in the buffers their bytes are received into (see the codec)."""
 

@@ -550,6 +550,7 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
 # ---------------------------------------------------------------- frames and headers
 
 include "_frames.pxi"
+include "_produce.pxi"
 
 
 # ---------------------------------------------------------------- encoding

@@ -15,6 +15,10 @@ the field and the byte: a length running past the frame, a null or negative arra
 null topic name, a name or transactional id that is not UTF-8, bytes left after the
 body. Nothing is read past the frame. Tagged fields are skipped, as Kafka's own
 parser skips tags it does not know (a Produce request defines none).
+
+The body clients send (no tagged field, every length in bounds, names UTF-8) is read
+by compiled code (``protocol/_produce.pxi``) into the same values; any other body is
+read by the Python reader here, which names what is wrong.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import struct
 import uuid
 from typing import Any, NamedTuple
 
+from kiproxy.protocol._codec import read_produce_layout
 from kiproxy.protocol.errors import MalformedFrame, MalformedMessage, ProtocolError
 from kiproxy.protocol.wire import BadVarint, read_records_field, read_uvarint, short_read
 
@@ -188,6 +193,17 @@ def read_produce_request(frame: bytes, body_offset: int, version: int) -> Produc
     Raises :class:`MalformedMessage` for a body that does not parse (see the module
     contract), including one followed by bytes it does not account for.
     """
+    # The common body (no tagged field, every name UTF-8) is read by compiled code into
+    # the same values; anything else is read here, which names what is wrong.
+    layout = read_produce_layout(frame, body_offset, version, ProduceLayout, TopicSpan,
+                                 PartitionSpan, uuid.UUID)
+    if layout is not None:
+        return layout
+    return _read_general(frame, body_offset, version)
+
+
+def _read_general(frame: bytes, body_offset: int, version: int) -> ProduceLayout:
+    """read_produce_request in Python: every body, and the error of one that does not parse."""
     try:
         return _read(frame, body_offset, version)
     except BadVarint as exc:

@@ -12,7 +12,9 @@ the layout it read the request with).
 
 For a request kio writes back byte for byte (canonical varints, no unknown tagged
 fields), the result equals re-serializing the edited kio message
-(``tests/protocol/test_produce_splice.py`` checks it on random requests).
+(``tests/protocol/test_produce_splice.py`` checks it on random requests). Edits in a
+dict of bytes or None are spliced by compiled code (``protocol/_produce.pxi``) into
+the same bytes; other edits by the Python here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Mapping
 
+from kiproxy.protocol._codec import splice_produce
 from kiproxy.protocol.produce_request import (
     FIRST_FLEXIBLE_VERSION,
     ProduceLayout,
@@ -53,6 +56,18 @@ def splice_produce_request(
     if layout is None:
         layout = read_produce_request(frame, body_offset, version)
     flexible = version >= FIRST_FLEXIBLE_VERSION
+    # Edits in a dict of bytes (the pipeline's) are spliced by compiled code into the
+    # same bytes; anything else is spliced here.
+    spliced = splice_produce(frame, flexible, edits, layout)
+    if spliced is not None:
+        return spliced
+    return _splice_general(frame, flexible, edits, layout)
+
+
+def _splice_general(frame: bytes, flexible: bool,
+                    edits: Mapping[tuple[int, int], bytes | None],
+                    layout: ProduceLayout) -> bytes:
+    """splice_produce_request in Python, for any edits."""
     view = memoryview(frame)
     topics_left = len(layout.topics)
     count_end = layout.topics[0].start if layout.topics else layout.end

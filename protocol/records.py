@@ -10,7 +10,9 @@ Layout of one batch (61-byte header, then the records block)::
 The records block is compressed as a whole when the codec bits of attributes are
 set. Decoding keeps every header field, so an encoded batch carries the same
 producer id, epoch, base sequence, leader epoch and timestamps as the original.
-The per-record loops are compiled (:mod:`protocol._codec`).
+The per-record loops are compiled (:mod:`protocol._codec`), and so are the header's read
+and write for every header that reads and every value that fits (the Python code here
+reads the rest and names what is wrong).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from crc32c import crc32c
 from kiproxy.protocol._codec import (
     Header,
     Record,
+    batch_around,
     block_carries_header,
     block_header_value,
     block_of,
@@ -34,6 +37,7 @@ from kiproxy.protocol._codec import (
     first_moved,
     open_block,
     open_values,
+    read_batch_header,
     records_size,
     seal_values,
     upper_values,
@@ -190,7 +194,18 @@ _set = object.__setattr__
 
 def _read_header(data: bytes | bytearray, start: int, end: int, origin: int = 0
                  ) -> RecordBatchHeader:
-    # Messages count bytes from ``origin``, the start of the partition's records.
+    # A header that reads is read by compiled code into the same value; one that does
+    # not is read here, which names what is wrong. Messages count bytes from ``origin``,
+    # the start of the partition's records.
+    header = read_batch_header(data, start, end, RecordBatchHeader)
+    if header is not None:
+        return header
+    return _read_header_general(data, start, end, origin)
+
+
+def _read_header_general(data: bytes | bytearray, start: int, end: int, origin: int = 0
+                         ) -> RecordBatchHeader:
+    """_read_header in Python: any header, and the error of one that does not read."""
     at = start - origin
     remaining = end - start
     if remaining < 17:
@@ -415,6 +430,15 @@ def _around(header: RecordBatchHeader, attributes: int, last_offset_delta: int, 
     codec = compression_from_attributes(attributes)
     if codec is not Compression.NONE:
         block = compress(codec, block, levels)
+    parts = batch_around(header, attributes, last_offset_delta, max_ts, count, block)
+    if parts is not None:  # compiled, the same bytes; Python when struct.pack would raise
+        return parts
+    return _pieces_general(header, attributes, last_offset_delta, max_ts, count, block)
+
+
+def _pieces_general(header: RecordBatchHeader, attributes: int, last_offset_delta: int,
+                    max_ts: int, count: int, block: bytes) -> tuple[bytes, bytes, bytes]:
+    """_around's pieces around a block already compressed, in Python: for any values."""
     after_crc = _AFTER_CRC.pack(
         attributes, last_offset_delta, header.base_timestamp, max_ts,
         header.producer_id, header.producer_epoch, header.base_sequence, count,
