@@ -13,8 +13,9 @@ Brokers:
 
 The proxy runs as a subprocess (``python -m kiproxy run ...``) so that the
 test process's own sockets are only the Kafka clients' - which lets tests assert
-that no client ever connects to the broker directly. ``--broker-port-start``
-serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
+that no client ever connects to the broker directly. It imports what an installed
+proxy imports, not the test extra's Hypothesis (``support.processes.runtime_env``).
+``--broker-port-start`` serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 import pytest
 from support.apache_kafka import kafka_home_or_skip, session_cluster
+from support.processes import runtime_env
 from support.registry import registry_jar_or_skip
 
 from kiproxy_dev.apicurio import ApicurioRegistry
@@ -195,7 +197,7 @@ def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
     if config_file is not None:
         cmd += ["--config", str(config_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            cwd=ROOT, env=runtime_env())
     handle = ProxyProcess(proc, f"127.0.0.1:{listen}", start, node_ids=node_ids)
     ready = threading.Event()
 
