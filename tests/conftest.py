@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support.apache_kafka import kafka_home_or_skip, session_cluster
 from support.processes import runtime_env
 from support.registry import registry_jar_or_skip
@@ -47,6 +48,11 @@ from kiproxy_dev.tansu import EmbeddedBroker, free_port
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TANSU_NODE_ID = 111
+
+# Property tests assert what holds, never how fast: no per-example deadline and no
+# health check on generation speed (either failed a passing test on a loaded machine).
+settings.register_profile("kiproxy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kiproxy")
 
 
 @pytest.fixture(scope="session")
