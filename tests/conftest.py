@@ -13,8 +13,9 @@ Brokers:
 
 The proxy runs as a subprocess (``python -m kiproxy run ...``) so that the
 test process's own sockets are only the Kafka clients' - which lets tests assert
-that no client ever connects to the broker directly. ``--broker-port-start``
-serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
+that no client ever connects to the broker directly. It imports what an installed
+proxy imports, not the test extra's Hypothesis (``support.processes.runtime_env``).
+``--broker-port-start`` serves node N on start + N: Tansu's node 111, Kafka's nodes 1..N.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support.apache_kafka import kafka_home_or_skip, session_cluster
+from support.processes import runtime_env
 from support.registry import registry_jar_or_skip
 
 from kiproxy_dev.apicurio import ApicurioRegistry
@@ -45,6 +48,11 @@ from kiproxy_dev.tansu import EmbeddedBroker, free_port
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TANSU_NODE_ID = 111
+
+# Property tests assert what holds, never how fast: no per-example deadline and no
+# health check on generation speed (either failed a passing test on a loaded machine).
+settings.register_profile("kiproxy", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("kiproxy")
 
 
 @pytest.fixture(scope="session")
@@ -195,7 +203,7 @@ def launch_proxy(upstream: str, *extra: str, interceptor: str | None = None,
     if config_file is not None:
         cmd += ["--config", str(config_file)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            cwd=ROOT, env=runtime_env())
     handle = ProxyProcess(proc, f"127.0.0.1:{listen}", start, node_ids=node_ids)
     ready = threading.Event()
 

@@ -23,7 +23,10 @@ Python ABI), and copies a cached one instead of compiling it again. This test
 points it at one folder per pytest session (tests/conftest.py's
 ``extension_cache``, which the wheel the packaging tests build shares) unless
 the environment already names one, so each session compiles each extension
-once, for real, and every later build of the session reuses that result. Measured on a
+once, for real, and every later build of the session reuses that result. The
+pages' pip does not byte-compile what it installs (``PIP_COMPILE=false``):
+that was half the CPU of an install (record-encryption.md's: 79 -> 41 s), for
+modules a page mostly never imports; Python compiles the ones it imports. Measured on a
 2-core Xeon VM (CPU seconds, the wall time varies with the machine's load): a
 build of the checkout then costs about 10 s of CPU, most of it pip's isolated
 build environment; the README's page about 20 s of CPU (40 to 130 s of wall
@@ -51,6 +54,10 @@ def page_environment(extension_cache: str) -> Iterator[dict[str, str]]:
     """The clean environment of every page, with one extension cache for the session."""
     env = clean_environment()
     env["KIPROXY_EXT_CACHE"] = extension_cache
+    # pip byte-compiles every module it installs unless told not to; a page imports a few of
+    # them, which Python compiles as it imports them. (``PIP_COMPILE``: the ``--compile``
+    # option's setting; ``PIP_NO_COMPILE=1`` would read as ``--compile``.)
+    env["PIP_COMPILE"] = "false"
     yield env
 
 

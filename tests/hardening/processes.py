@@ -4,13 +4,13 @@ where its clients left it)."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess
+from support.processes import runtime_env
 
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
@@ -58,7 +58,7 @@ def launch_proxy_at(upstream: str, listen_port: int, broker_port_start: int, *ex
            "--listen", f"127.0.0.1:{listen_port}", "--broker-port-start",
            str(broker_port_start), "--log-level", "INFO", *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                            cwd=ROOT, env=runtime_env())
     handle = ProxyProcess(proc, f"127.0.0.1:{listen_port}", broker_port_start,
                           lines if lines is not None else [])
     ready = threading.Event()

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import socket
 import subprocess
 import sys
@@ -26,11 +25,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, TANSU_NODE_ID, launch_proxy
 from support.dev_mode import running_dev
+from support.processes import runtime_env
 
 from kiproxy.proxy.brokers.failures import UpstreamFailureLog
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
-_ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+_ENV = runtime_env()
 
 
 @pytest.fixture

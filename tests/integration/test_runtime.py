@@ -23,7 +23,6 @@ Notes on what the environment allows:
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import socket
 import struct
@@ -42,8 +41,10 @@ import pytest
 from conftest import ROOT, TANSU_NODE_ID, ProxyProcess, consume, launch_proxy
 from support.confluent import confluent_producer, poll_messages
 from support.dev_mode import running_dev
+from support.processes import runtime_env
 from support.raw_client import RawClient
 
+from kiproxy.cli import main as kiproxy_main
 from kiproxy.protocol.framing import (
     encode_frame,
     parse_response_header,
@@ -829,7 +830,7 @@ def test_sigterm_waits_for_a_request_inside_the_interceptor(
 def _kiproxy(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kiproxy", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                          env=runtime_env())
 
 
 def _kiproxy_script() -> list[str]:
@@ -843,13 +844,16 @@ def _kiproxy_script() -> list[str]:
     ("upstream: [127.0.0.1:1]\ninterceptor:\n  clas: x:Y\n", "interceptor.clas"),
     ("upstream: [127.0.0.1:1]\nmax_in_flight: -3\n", "max_in_flight"),
 ])
-def test_bad_config_file_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+def test_bad_config_file_names_the_key(tmp_path: Path, text: str, key: str,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    # In this process: a config error is answered before logging or serving is set up.
     config = tmp_path / "bad.yaml"
     config.write_text(text)
-    result = _kiproxy("run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}")
-    assert result.returncode != 0
-    assert key in result.stderr, result.stderr
-    assert "bootstrap address" not in result.stdout
+    code = kiproxy_main(["run", "--config", str(config), "--listen", f"127.0.0.1:{free_port()}"])
+    out, err = capsys.readouterr()
+    assert code != 0
+    assert key in err, err
+    assert "bootstrap address" not in out
 
 
 def test_missing_upstream_fails_clearly() -> None:

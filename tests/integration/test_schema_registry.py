@@ -24,6 +24,7 @@ from typing import Any
 
 import pytest
 from conftest import ProxyProcess, consume, launch_proxy
+from support.processes import runtime_env
 from support.raw_client import RawClient
 
 from kiproxy.protocol.records import Record, build_batch
@@ -374,7 +375,7 @@ def test_replay_reports_exactly_the_records_the_proxy_refuses(
          "--interceptor-config", json.dumps(interceptor_config(registry_url)),
          "--report", str(report), "--no-progress"],
         capture_output=True, text=True, timeout=150,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
+        env=runtime_env(SPARK_LOCAL_IP="127.0.0.1"))
     assert done.returncode == 0, done.stderr[-3000:]
     replayed = sorted((r["offset"], r["error_code"], r["record_error"])
                       for f in (report / "rejected").glob("*.json")

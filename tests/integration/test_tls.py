@@ -32,6 +32,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from support.processes import runtime_env
 
 from kiproxy_dev.tansu import EmbeddedBroker, broker_binary, free_port
 
@@ -292,7 +293,7 @@ def test_an_untrusted_upstream_stops_the_proxy_at_start(pki: Pki, tls_broker: Tl
         [sys.executable, "-m", "kiproxy", "run", "--upstream", f"127.0.0.1:{tls_broker.port}",
          "--upstream-tls-ca", str(pki.other_ca), "--listen", f"127.0.0.1:{free_port()}",
          "--upstream-startup-timeout-ms", "1000"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT)
+        capture_output=True, text=True, timeout=60, cwd=ROOT, env=runtime_env())
     assert done.returncode == 1
     assert done.stderr == (
         f"kiproxy: upstream 127.0.0.1:{tls_broker.port}: TLS handshake failed "
@@ -308,6 +309,7 @@ def test_tls_settings_are_validated(tmp_path: Path, broker: EmbeddedBroker) -> N
     missing = subprocess.run(
         [sys.executable, "-m", "kiproxy", "run", "--upstream", broker.bootstrap, "--listen",
          f"127.0.0.1:{free_port()}", "--tls-cert", str(tmp_path / "nope.pem"), "--tls-key",
-         str(tmp_path / "nope.key")], capture_output=True, text=True, timeout=60, cwd=ROOT)
+         str(tmp_path / "nope.key")], capture_output=True, text=True, timeout=60, cwd=ROOT,
+        env=runtime_env())
     assert missing.returncode == 2
     assert "config error: tls.cert/tls.key" in missing.stderr

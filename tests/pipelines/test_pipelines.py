@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from conftest import consume
+from support.processes import runtime_env
 
 from kiproxy.cli import main as kiproxy_main
 from kiproxy.pipelines.apply import InterceptorSpec
@@ -497,7 +498,8 @@ def test_progress_bar_follows_the_spark_tasks(spark: Any,
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kiproxy", *args], capture_output=True,
-                          text=True, timeout=120, cwd=Path(__file__).parents[2], env=env)
+                          text=True, timeout=120, cwd=Path(__file__).parents[2],
+                          env=runtime_env(env))
 
 
 def test_unknown_topic_exits_nonzero_and_lists_the_topics(broker: EmbeddedBroker,

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from support.processes import runtime_env
 
 from kiproxy_dev.tansu import EmbeddedBroker
 
@@ -38,7 +39,7 @@ def _replay(broker: EmbeddedBroker, topic: str, report: Path, *extra: str
         [sys.executable, "-m", "kiproxy", "replay", "--bootstrap", broker.bootstrap,
          "--topic", topic, "--interceptor", "replay_rules:RejectBad", "--plugins-dir",
          str(PLUGINS), "--report", str(report), "--no-progress", *extra],
-        capture_output=True, text=True, timeout=240, cwd=ROOT)
+        capture_output=True, text=True, timeout=240, cwd=ROOT, env=runtime_env())
 
 
 def test_a_replay_prints_no_spark_banner(broker: EmbeddedBroker, topic: str,

@@ -36,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.serialization import pkcs12
 from cryptography.x509.oid import NameOID
 from hardening.sasl_gateway import SaslGateway
+from support.processes import runtime_env
 
 from kiproxy.cli import main as kiproxy_main
 from kiproxy.pipelines.client_security import load_client_security
@@ -535,7 +536,7 @@ def run_cli(*args: str, event_log: Path) -> subprocess.CompletedProcess[str]:
          "--spark-conf", "spark.eventLog.enabled=true",
          "--spark-conf", f"spark.eventLog.dir={event_log.as_uri()}"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)})
+        env=runtime_env(PYTHONPATH=str(ROOT)))
 
 
 @pytest.fixture(scope="module")
@@ -717,8 +718,8 @@ def cluster_replay(cluster: SparkCluster, bootstrap: str, config: Path, topic: s
          "--spark-conf", "spark.eventLog.compress=false",  # plain JSON, so a grep means it
          *extra],
         capture_output=True, text=True, timeout=280, cwd=cluster.home,
-        env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYTHONPATH": str(ROOT),
-             "PYSPARK_PYTHON": sys.executable})
+        env=runtime_env(SPARK_LOCAL_IP="127.0.0.1", PYTHONPATH=str(ROOT),
+                        PYSPARK_PYTHON=sys.executable))
 
 
 @pytest.fixture(scope="module")

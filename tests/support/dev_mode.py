@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from kiproxy_dev.processes import end_process
+from support.processes import runtime_env
 
 __all__ = ["DevMode", "popen_dev", "running_dev"]
 
@@ -32,7 +33,7 @@ def popen_dev(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen
     return subprocess.Popen(
         [sys.executable, "-m", "kiproxy", "dev", *args], cwd=ROOT, text=True,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+        env=runtime_env(**(env or {})))
 
 
 class DevMode:

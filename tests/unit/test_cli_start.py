@@ -1,22 +1,25 @@
 """What a new user meets at start: one line and an exit status, never a traceback.
 
 The ``kiproxy`` command runs as a subprocess (what is asserted is its stderr and
-exit code). A package that is not installed is made so for that process by a
+exit code) where start-up sets up logging or a missing package must be missing
+from a whole process: such a package is made so for that process by a
 directory on ``PYTHONPATH`` whose ``aiokafka`` package raises the error a missing
-one does; :func:`~kiproxy.proxy.serve.run_loop` is tested in this process.
+one does. ``kiproxy check``, which changes nothing in the process it runs in,
+and :func:`~kiproxy.proxy.serve.run_loop` are tested in this process.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from support.processes import runtime_env
 
+from kiproxy.cli import main
 from kiproxy.proxy.serve import run_loop
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,10 +41,7 @@ routes:
 
 def _kiproxy(*args: str, cwd: Path, pythonpath: Path | None = None
              ) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    if pythonpath is not None:
-        env["PYTHONPATH"] = os.pathsep.join(
-            [str(pythonpath), *filter(None, [env.get("PYTHONPATH")])])
+    env = runtime_env() if pythonpath is None else runtime_env(PYTHONPATH=str(pythonpath))
     return subprocess.run([sys.executable, "-m", "kiproxy", *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=60)
 
@@ -106,23 +106,27 @@ def test_upstream_takes_kafkas_comma_separated_bootstrap_list(tmp_path: Path) ->
                                     f"127.0.0.1:{second}: connection refused"), result.stderr
 
 
-def test_a_misspelt_built_in_gets_a_suggestion(tmp_path: Path) -> None:
-    result = _kiproxy("check", "uppercas", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.startswith(
+def test_a_misspelt_built_in_gets_a_suggestion(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["check", "uppercas"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(
         "kiproxy check: interceptor 'uppercas' is not MODULE:CLASS nor a known name (did you "
         "mean 'uppercase'?); known names (the built-ins and the entry points of group "
-        "'kiproxy.interceptors'): chain, "), result.stderr
+        "'kiproxy.interceptors'): chain, "), err
 
 
 def test_check_of_schema_registry_closes_it_and_prints_each_record_error_once(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
     # Level id refuses an unframed value before any lookup: no registry is asked.
     (tmp_path / "config.yaml").write_text(
         "registry: {url: 'http://127.0.0.1:1'}\ntopics: {check: {value: id}}\n")
-    result = _kiproxy("check", "schema_registry", "--config", "config.yaml", cwd=tmp_path)
-    assert (result.returncode, result.stderr) == (0, "")
-    lines = result.stdout.splitlines()
+    monkeypatch.chdir(tmp_path)
+    code = main(["check", "schema_registry", "--config", "config.yaml"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
     assert lines[1].startswith("  record 0: not framed with a schema id: expected magic byte 0")
     assert lines[-1] == ("schema_registry: loaded; 2 batches: 0 unchanged, 0 transformed, "
                          "2 rejected")

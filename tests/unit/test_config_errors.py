@@ -3,15 +3,12 @@ key that was probably meant."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from kiproxy.cli import main as kiproxy_main
 from kiproxy.proxy.config.model import ConfigError, load_config
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _errors(tmp_path: Path, text: str, **overrides: object) -> list[str]:
@@ -84,11 +81,11 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     assert "line 2" in broken
 
 
-def test_the_command_prints_the_lines_and_exits_2(tmp_path: Path) -> None:
+def test_the_command_prints_the_lines_and_exits_2(tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # The command's main, in this process: a config error is answered before anything is set up.
     path = tmp_path / "proxy.yaml"
     path.write_text("upstream: [127.0.0.1:9092]\ninterceptor:\n  timeout: 100\n")
-    result = subprocess.run([sys.executable, "-m", "kiproxy", "run", "--config", str(path)],
-                            capture_output=True, text=True, timeout=60, cwd=ROOT)
-    assert result.returncode == 2
-    assert result.stderr == (f"kiproxy: config error in {path}: interceptor.timeout: "
-                             "unknown key; did you mean interceptor.timeout_ms?\n")
+    assert kiproxy_main(["run", "--config", str(path)]) == 2
+    assert capsys.readouterr().err == (f"kiproxy: config error in {path}: interceptor.timeout: "
+                                       "unknown key; did you mean interceptor.timeout_ms?\n")

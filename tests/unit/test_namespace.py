@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support.processes import runtime_env
 
 ROOT = Path(__file__).resolve().parents[2]
 BARE = ("proxy", "protocol", "interceptors", "pipelines")
@@ -101,7 +102,7 @@ def test_version_is_the_distribution_version() -> None:
 
     assert kiproxy.__version__ == version("kafka-interceptor-proxy")
     done = subprocess.run([sys.executable, "-m", "kiproxy", "--version"], capture_output=True,
-                          text=True, timeout=60, check=True)
+                          text=True, timeout=60, check=True, env=runtime_env())
     assert done.stdout.strip() == f"kiproxy {kiproxy.__version__}"
 
 
