@@ -20,7 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import i16, i32, i32Timedelta
-from support.produce_requests import HEAD, produce_requests, produce_types
+from support.produce_requests import HEAD, edits_for, produce_requests, produce_types
 
 from kiproxy.protocol._codec import (
     batch_around,
@@ -151,21 +151,6 @@ def test_a_tagged_field_is_left_to_python(version: int) -> None:
 
 # ---------------------------------------------------------------- splice
 
-@st.composite
-def edits_for(draw: st.DrawFn, layout: ProduceLayout) -> dict[tuple[int, int], bytes | None]:
-    edits: dict[tuple[int, int], bytes | None] = {}
-    for ti, topic in enumerate(layout.topics):
-        for pj in range(len(topic.partitions)):
-            choice = draw(st.sampled_from(("keep", "keep", "replace", "drop")))
-            if choice == "replace":
-                edits[ti, pj] = draw(st.binary(max_size=300))
-            elif choice == "drop":
-                edits[ti, pj] = None
-    if draw(st.booleans()):  # a key naming no partition is never looked up
-        edits[len(layout.topics), 0] = b"x"
-    return edits
-
-
 @SETTINGS
 @given(case=produce_requests(), data=st.data())
 def test_the_compiled_splice_is_the_python_one(case: tuple[int, Any],
@@ -173,7 +158,8 @@ def test_the_compiled_splice_is_the_python_one(case: tuple[int, Any],
     version, request = case
     frame = HEAD + serialize(request)
     layout = read_produce_request(frame, len(HEAD), version)
-    edits = data.draw(edits_for(layout))
+    edits = data.draw(edits_for([len(t.partitions) for t in layout.topics], max_size=300,
+                                         stray=True))
     flexible = version >= 9
     expected = _splice_general(frame, flexible, edits, layout)
     assert splice_produce(frame, flexible, edits, layout) == expected

@@ -19,25 +19,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kio.static.primitive import i16, i32, i32Timedelta
-from support.produce_requests import HEAD, produce_requests, produce_types
+from support.produce_requests import HEAD, edits_for, produce_requests, produce_types
 
 from kiproxy.protocol.errors import MalformedMessage
 from kiproxy.protocol.messages import serialize
 from kiproxy.protocol.produce_request import read_produce_request
 from kiproxy.protocol.produce_splice import splice_produce_request
-
-
-@st.composite
-def edits_for(draw: st.DrawFn, request: Any) -> dict[tuple[int, int], bytes | None]:
-    edits: dict[tuple[int, int], bytes | None] = {}
-    for ti, topic in enumerate(request.topic_data):
-        for pj in range(len(topic.partition_data)):
-            choice = draw(st.sampled_from(("keep", "keep", "replace", "drop")))
-            if choice == "replace":
-                edits[ti, pj] = draw(st.binary(max_size=400))
-            elif choice == "drop":
-                edits[ti, pj] = None
-    return edits
 
 
 def _edited(request: Any, edits: dict[tuple[int, int], bytes | None]) -> Any:
@@ -61,7 +48,7 @@ def test_splice_is_byte_identical_to_reserializing(data: st.DataObject,
                                                      case: tuple[int, Any]) -> None:
     version, request = case
     frame = HEAD + serialize(request)
-    edits = data.draw(edits_for(request))
+    edits = data.draw(edits_for([len(t.partition_data) for t in request.topic_data]))
     spliced = splice_produce_request(frame, len(HEAD), version, edits)
     assert spliced == HEAD + serialize(_edited(request, edits))
 
@@ -94,7 +81,7 @@ def test_unknown_tagged_fields_are_kept(data: st.DataObject, case: tuple[int, An
     if version < 9:
         return
     frame = _with_unknown_tags(HEAD + serialize(request), version, tag)
-    edits = data.draw(edits_for(request))
+    edits = data.draw(edits_for([len(t.partition_data) for t in request.topic_data]))
     spliced = splice_produce_request(frame, len(HEAD), version, edits)
     expected = _with_unknown_tags(HEAD + serialize(_edited(request, edits)), version, tag)
     assert spliced == expected

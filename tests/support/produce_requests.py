@@ -3,12 +3,15 @@
 ``produce_requests()`` draws a version and a request of one to four topics, each
 with one to four partitions whose records are null, empty or random bytes, and a
 nullable transactional id; ``HEAD`` stands in for the request header.
+``edits_for(partitions)`` draws edits for the splice: each partition kept, replaced or
+removed.
 """
 
 from __future__ import annotations
 
 import datetime
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from hypothesis import strategies as st
@@ -48,3 +51,23 @@ def produce_requests(draw: st.DrawFn) -> tuple[int, Any]:
         timeout=i32Timedelta.parse(datetime.timedelta(milliseconds=draw(st.integers(0, 60000)))),
         topic_data=tuple(topics))
     return version, request
+
+
+@st.composite
+def edits_for(draw: st.DrawFn, partitions: Sequence[int], max_size: int = 400,
+              stray: bool = False) -> dict[tuple[int, int], bytes | None]:
+    """Edits of a request whose topic ``t`` holds ``partitions[t]`` partitions, keyed by
+    ``(topic position, partition position)``: each partition kept, given new records
+    (random bytes of up to ``max_size``) or removed (None); with ``stray``, maybe also
+    a key naming no partition."""
+    edits: dict[tuple[int, int], bytes | None] = {}
+    for ti, count in enumerate(partitions):
+        for pj in range(count):
+            choice = draw(st.sampled_from(("keep", "keep", "replace", "drop")))
+            if choice == "replace":
+                edits[ti, pj] = draw(st.binary(max_size=max_size))
+            elif choice == "drop":
+                edits[ti, pj] = None
+    if stray and draw(st.booleans()):  # a key naming no partition is never looked up
+        edits[len(partitions), 0] = b"x"
+    return edits
