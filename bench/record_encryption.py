@@ -15,13 +15,14 @@ with the batch's codec), as the proxy does with a changed batch:
   transforming plugin before it does anything: the baseline);
 * **produce, encrypt**: decode, ``RecordEncryption.intercept``, encode;
 * **fetch, passthrough**: the stored (encrypted) batch decoded and encoded again;
-* **fetch, decrypt**: decode, then as the proxy runs the hook: ``on_consume_block``
-  (which opens this batch, every value sealed under one data key, as its records block)
-  and the batch written around the new block (``on_consume`` and ``encode_batch`` for a
-  batch it hands back);
-* **fetch, plaintext batch**: a batch without sealed records decoded and handed to
-  ``on_consume_block``, which returns its block unchanged (the proxy then forwards its
-  bytes).
+* **fetch, decrypt**: as the proxy runs the hook: the batch's records block (where it
+  lies, its CRC checked, when uncompressed; decompressed, by decoding the batch,
+  when compressed) to ``on_consume_block`` (which opens this batch, every value sealed
+  under one data key, as its records block) and the batch written around the new
+  block (``on_consume`` and ``encode_batch`` for a batch it hands back);
+* **fetch, plaintext batch**: a batch without sealed records handed to
+  ``on_consume_block`` the same way, which returns its block unchanged (the proxy then
+  forwards its bytes).
 
 Data keys come from a key file and are cached after the first batch, so no KMS call
 is measured (rotation makes one call per ``max_encryptions_per_key`` sealed values).
@@ -55,12 +56,16 @@ from kiproxy.interceptors import (
 )
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
 from kiproxy.interceptors.testing import load, make_context
+from kiproxy.protocol.fetch_batches import split_fetched_records
 from kiproxy.protocol.records import (
+    BATCH_HEADER_SIZE,
     Compression,
+    RecordBatchHeader,
     build_batch,
     decode_batch,
     encode_batch,
     encode_block_parts,
+    verify_batch_crc,
 )
 
 __all__ = ["main"]
@@ -136,22 +141,32 @@ def _cases(loop: asyncio.AbstractEventLoop, plugin: Any, size: int, codec: Compr
         decoded, batch = consumed(stored)
         return encode_batch(decoded.header, batch.records, renumber=False, keep_extent=True)
 
-    def as_block(decoded: Any) -> ConsumedBlock:
-        return ConsumedBlock(topic="orders", partition=0, base_offset=0,
-                             base_timestamp=decoded.header.base_timestamp,
-                             record_count=len(decoded.records), data=decoded.records_block())
+    def as_block(data: bytes) -> tuple[RecordBatchHeader, ConsumedBlock]:
+        """The batch as the proxy hands it to a block hook: an uncompressed one where it
+        lies (its CRC checked, not decoded), a compressed one decompressed (decoded)."""
+        (batch,) = split_fetched_records(data).batches
+        header = batch.header
+        assert header is not None
+        if header.compression is Compression.NONE:
+            verify_batch_crc(data, 0, header)
+            block = memoryview(data)[BATCH_HEADER_SIZE:]
+        else:
+            block = decode_batch(data).records_block()
+        return header, ConsumedBlock(topic="orders", partition=0, base_offset=0,
+                                     base_timestamp=header.base_timestamp,
+                                     record_count=header.record_count, data=block)
 
     async def fetch_decrypt() -> bytes:
-        decoded, batch = consumed(stored)  # as the proxy runs it: the block first
-        opened = await interceptor.on_consume_block(as_block(decoded), consume_ctx)
+        header, block = as_block(stored)  # as the proxy runs it: the block first
+        opened = await interceptor.on_consume_block(block, consume_ctx)
         if opened is not None:
-            return b"".join(encode_block_parts(decoded.header, opened))
+            return b"".join(encode_block_parts(header, opened))
+        decoded, batch = consumed(stored)
         out = await interceptor.on_consume(batch, consume_ctx)
         return encode_batch(decoded.header, out.records, renumber=False, keep_extent=True)
 
     async def fetch_plaintext() -> bytes:
-        decoded, _ = consumed(produced)
-        block = as_block(decoded)
+        _, block = as_block(produced)
         out = await interceptor.on_consume_block(block, consume_ctx)
         assert out is block.data
         return produced

@@ -10,7 +10,8 @@ raises for anything the hook does: ``RefuseFetch`` keeps its code; any other
 exception, a wrong return type, another record count, a moved offset or timestamp,
 and a missed deadline are ``UNKNOWN_SERVER_ERROR``, which consumers retry.
 :func:`judge_consume_block` does the same for ``on_consume_block``, whose block is
-checked record by record (compiled) instead.
+checked record by record (compiled) instead: against the batch's records when the
+caller has them, else against the block it gave (a batch handed on undecoded).
 """
 
 from __future__ import annotations
@@ -29,7 +30,13 @@ from kiproxy.interceptors.consume import (
 )
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.errors import CorruptBatch
-from kiproxy.protocol.records import Record, check_block, first_moved
+from kiproxy.protocol.records import (
+    Record,
+    block_moved,
+    check_block,
+    decode_records,
+    first_moved,
+)
 
 __all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block"]
 
@@ -93,11 +100,13 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
 
 
 async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
-                              records: tuple[Record, ...], ctx: ConsumeContext, *, name: str,
-                              timeout: float | None) -> bytes | memoryview | ConsumeRefusal | None:
+                              records: tuple[Record, ...] | None, ctx: ConsumeContext, *,
+                              name: str, timeout: float | None
+                              ) -> bytes | memoryview | ConsumeRefusal | None:
     """``interceptor.on_consume_block(block, ctx)`` judged: ``block.data`` itself
-    (unchanged), a new block that holds ``records``' offset deltas and timestamps in
-    order (as bytes), None (the hook wants records), or a :class:`ConsumeRefusal` as
+    (unchanged), a new block that holds the same records' offset deltas and timestamps
+    in order (as bytes; checked against ``records`` when given, else against
+    ``block.data``), None (the hook wants records), or a :class:`ConsumeRefusal` as
     :func:`judge_consume` gives one, ``bad_return`` for a block that is not
     ``block.record_count`` well-formed records."""
     result = await _called(interceptor.on_consume_block, block, ctx, name, timeout)
@@ -107,11 +116,15 @@ async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "records block (bytes) or None", "bad_return")
     try:
-        moved = check_block(result, block.base_timestamp, records)
+        moved = (block_moved(result, block.data, block.record_count) if records is None
+                 else check_block(result, block.base_timestamp, records))
     except (CorruptBatch, ValueError, BufferError) as exc:
         return ConsumeRefusal(_RETRIED, f"{name} returned a records block that is not the "
                               f"batch's {block.record_count} records: {exc}", "bad_return")
     if moved >= 0:
+        if records is None:  # rare: the records, to name the one that moved
+            records = decode_records(bytes(block.data), 0, len(block.data),
+                                     block.record_count, block.base_timestamp)
         return _moved(name, block.base_offset + records[moved].offset_delta)
     return result if type(result) is bytes else bytes(result)
 

@@ -3,7 +3,8 @@
 #
 # Contract. A records block is a batch's records once decompressed: ``count`` records in
 # Kafka's magic-2 encoding, back to back. ``check_block`` validates a block a fetch-side
-# hook returned against the records it replaces; ``block_header_value`` and
+# hook returned against the records it replaces, ``block_moved`` against the block they
+# came from (no record object built); ``block_header_value`` and
 # ``block_carries_header`` look at headers where they lie; ``open_block`` is
 # ``open_values`` (the values sealed by ``seal_values`` under one descriptor, opened and
 # the marker header dropped) from block to block, its cipher calls and copies run
@@ -69,6 +70,34 @@ def check_block(const unsigned char[::1] data, int64_t base_timestamp, tuple giv
                 return i
         return -1
     finally:
+        PyMem_Free(spans)
+
+
+def block_moved(const unsigned char[::1] data, const unsigned char[::1] original,
+                Py_ssize_t count):
+    """:func:`check_block` against the block the records came from rather than the
+    records: the index of the first record of ``data`` whose offset delta or timestamp
+    delta differs from the record at the same index of ``original`` (both of one batch,
+    so one base timestamp), or -1. Both must hold exactly ``count`` valid records:
+    anything else raises ``CorruptBatch``. No record object is built."""
+    cdef Py_ssize_t i
+    cdef Cursor c, o
+    _cursor_on(&c, data)
+    _cursor_on(&o, original)
+    if count > c.end // 7 + 1 or count > o.end // 7 + 1:
+        _fail(f"{count} records cannot fit in {min(c.end, o.end)} bytes")
+    cdef _Span* spans = _new_spans(count)
+    cdef _Span* was = _new_spans(count)
+    try:
+        _walk_block(&o, count, was)
+        _walk_block(&c, count, spans)
+        for i in range(count):
+            if (spans[i].offset_delta != was[i].offset_delta
+                    or spans[i].ts_delta != was[i].ts_delta):
+                return i
+        return -1
+    finally:
+        PyMem_Free(was)
         PyMem_Free(spans)
 
 

@@ -29,6 +29,7 @@ from kiproxy.protocol._codec import (
     batch_around,
     block_carries_header,
     block_header_value,
+    block_moved,
     block_of,
     carries_header,
     check_block,
@@ -68,6 +69,7 @@ __all__ = [
     "TimestampType",
     "block_carries_header",
     "block_header_value",
+    "block_moved",
     "build_batch",
     "carries_header",
     "check_block",
@@ -86,6 +88,7 @@ __all__ = [
     "seal_values",
     "upper_values",
     "values_present",
+    "verify_batch_crc",
 ]
 
 BATCH_HEADER_SIZE = 61
@@ -274,6 +277,20 @@ def read_batch_headers(data: bytes | bytearray, start: int = 0, end: int | None 
     return out
 
 
+def verify_batch_crc(data: bytes | memoryview, start: int, header: RecordBatchHeader,
+                     origin: int = 0) -> None:
+    """Raise :class:`~kiproxy.protocol.errors.CorruptBatch` unless the batch at
+    ``data[start]``, whose header is ``header``, has the CRC-32C it declares (over its
+    bytes from the attributes on). Messages count bytes from ``data[origin]``."""
+    end = start + _LOG_OVERHEAD + header.batch_length
+    actual = crc32c(memoryview(data)[start + _CRC_START : end])
+    if actual != header.crc:
+        raise CorruptBatch(
+            f"record batch at byte {start - origin}: CRC-32C mismatch (declared "
+            f"{header.crc:#010x}, computed {actual:#010x})"
+        )
+
+
 def decode_batch(
     data: bytes,
     start: int = 0,
@@ -297,12 +314,7 @@ def decode_batch(
         header = _read_header(data, start, len(data) if stop is None else stop, origin)
     end = start + _LOG_OVERHEAD + header.batch_length
     if verify_crc:
-        actual = crc32c(memoryview(data)[start + _CRC_START : end])
-        if actual != header.crc:
-            raise CorruptBatch(
-                f"record batch at byte {start - origin}: CRC-32C mismatch (declared "
-                f"{header.crc:#010x}, computed {actual:#010x})"
-            )
+        verify_batch_crc(data, start, header, origin)
     body_start = start + BATCH_HEADER_SIZE
     codec = header.compression
     try:

@@ -11,14 +11,17 @@ Contract:
   decoded) and selects each topic's route as the produce side does, by the consumer's
   identity and the topic (:meth:`~kiproxy.proxy.routes.table.ClientRoutes.select_fetch`).
   A response with no hooked partition holding records is returned as the same bytes.
-- On a hooked partition, every whole magic-2 data batch is decoded (on the loop, or on
-  a decode thread within ``max_decode_memory`` when large, by the produce side's
-  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) and handed to the
-  route's fetch-side hooks, last link first (as its records block to those with
+- On a hooked partition, every whole magic-2 data batch is handed to the route's
+  fetch-side hooks, last link first (as its records block to those with
   ``on_consume_block``, until one answers None; see
-  :mod:`~kiproxy.interceptors.consume`); control batches, legacy (magic 0/1)
-  entries (counted) and the partial last batch the broker may send at ``max_bytes``
-  stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
+  :mod:`~kiproxy.interceptors.consume`). A batch is decoded (on the loop, or on a
+  decode thread within ``max_decode_memory`` when large, by the produce side's
+  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) when a link needs its records
+  or its block must be decompressed; the block of an uncompressed batch is where it
+  lies in the answer, its CRC checked, and a batch only block hooks see is never
+  decoded (a block a hook returns is then checked against that block). Control
+  batches, legacy (magic 0/1) entries (counted) and the partial last batch the broker
+  may send at ``max_bytes`` stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
   is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts`, or
   around its new block by :func:`~kiproxy.protocol.records.encode_block_parts` (codec,
   base offset, offset deltas, timestamps and producer fields kept), and the
@@ -62,7 +65,12 @@ from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_parts
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.errors import CorruptBatch
-from kiproxy.protocol.fetch_batches import LOG_OVERHEAD, FetchedRecords, split_fetched_records
+from kiproxy.protocol.fetch_batches import (
+    LOG_OVERHEAD,
+    FetchedBatch,
+    FetchedRecords,
+    split_fetched_records,
+)
 from kiproxy.protocol.fetch_response import (
     FIRST_FLEXIBLE_VERSION,
     LATEST_VERSION,
@@ -80,8 +88,10 @@ from kiproxy.protocol.records import (
     DEFAULT_DECOMPRESSION_LIMITS,
     DecodedBatch,
     Record,
+    RecordBatchHeader,
     decode_records,
     encode_block_parts,
+    verify_batch_crc,
 )
 from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
@@ -227,25 +237,20 @@ class FetchPipeline:
                 continue
             if header.is_control:
                 continue
-            blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
-                if header.attributes & 0x07 else ()
+            source = _Source(frame, batch, lease)
             try:
-                (decoded,) = await lease.decode_partition(frame, PartitionBatches(
-                    start=batch.start, end=batch.end, headers=(header,),
-                    records=header.record_count, compressed_blocks=blocks))
+                outcome = await self._chain(topic, part.partition, source, consumers, ctx)
+                if isinstance(outcome, ConsumeRefusal):
+                    self._count(topic, "refused", header.record_count)
+                    return outcome
+                if outcome is None:
+                    self._count(topic, "unchanged", header.record_count)
+                    continue
+                new = await self._encode(source, outcome)
             except CorruptBatch as exc:
                 return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                 f"batch at offset {header.base_offset} cannot be decoded: "
                                 f"{exc}", "undecodable")
-            outcome = await self._chain(topic, part.partition, decoded, consumers, ctx)
-            if isinstance(outcome, ConsumeRefusal):
-                self._count(topic, "refused", header.record_count)
-                return outcome
-            if outcome is None:
-                self._count(topic, "unchanged", header.record_count)
-                continue
-            try:
-                new = await self._encode(decoded, outcome)
             except BatchShapeChanged as exc:
                 self._count(topic, "refused", header.record_count)
                 return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
@@ -258,16 +263,17 @@ class FetchPipeline:
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
         return pieces  # joined once, by the splice into the answer
 
-    async def _chain(self, topic: str, partition: int, decoded: DecodedBatch,
+    async def _chain(self, topic: str, partition: int, source: _Source,
                      consumers: Sequence[LoadedLink], ctx: ConsumeContext
                      ) -> bytes | tuple[Record, ...] | ConsumeRefusal | None:
-        """``decoded`` through the links: None when no link changed it, the new records
-        block (bytes) or records, or the refusal. Links with ``on_consume_block`` get
-        the block until a link answers None or has no such hook; from then on every
-        link gets records."""
-        header = decoded.header
+        """The batch of ``source`` through the links: None when no link changed it, the
+        new records block (bytes) or records, or the refusal. Links with
+        ``on_consume_block`` get the block until a link answers None or has no such
+        hook; from then on every link gets records (the batch is decoded then, and only
+        then when it is uncompressed). Raises ``CorruptBatch``."""
+        header = source.header
         codec = _CODEC_NAMES[header.compression]
-        records = decoded.records
+        records: tuple[Record, ...] | None = None
         block: bytes | None = None  # the block a link returned, while links get blocks
         on_blocks = True
         for link in consumers:
@@ -275,12 +281,12 @@ class FetchPipeline:
             if on_blocks and consume_block_hook(link.interceptor) is not None:
                 given = ConsumedBlock(
                     topic=topic, partition=partition, base_offset=header.base_offset,
-                    base_timestamp=header.base_timestamp, record_count=len(records),
-                    data=decoded.records_block() if block is None else memoryview(block),
+                    base_timestamp=header.base_timestamp, record_count=header.record_count,
+                    data=await source.block() if block is None else memoryview(block),
                     producer_id=header.producer_id, producer_epoch=header.producer_epoch,
                     transactional=header.is_transactional, compression=codec)
                 answer = await judge_consume_block(
-                    link.interceptor, given, records, _with_deadline(ctx, deadline),
+                    link.interceptor, given, source.records, _with_deadline(ctx, deadline),
                     name=link.name, timeout=link.timeout)
                 if isinstance(answer, ConsumeRefusal):
                     return answer
@@ -291,9 +297,11 @@ class FetchPipeline:
             if on_blocks:
                 on_blocks = False
                 if block is not None:  # an earlier link's block, as records
-                    records = decode_records(block, 0, len(block), len(records),
+                    records = decode_records(block, 0, len(block), header.record_count,
                                              header.base_timestamp)
                     block = None
+            if records is None:
+                records = (await source.decoded()).records
             batch = ConsumedBatch(
                 topic=topic, partition=partition, base_offset=header.base_offset,
                 records=records, producer_id=header.producer_id,
@@ -307,18 +315,22 @@ class FetchPipeline:
             records = result.records
         if block is not None:
             return block
-        return None if records is decoded.records else records
+        return None if records is None or records is source.records else records
 
-    async def _encode(self, decoded: DecodedBatch, new: bytes | tuple[Record, ...]
+    async def _encode(self, source: _Source, new: bytes | tuple[Record, ...]
                       ) -> tuple[bytes, ...]:
-        """The batch ``decoded`` written again with ``new`` (a records block or records),
-        its place in the log kept; compressed on a worker thread when large, as on
-        produce."""
-        encode: Callable[[], tuple[bytes, ...]] = (
-            partial(encode_block_parts, decoded.header, new, levels=self.levels)
-            if isinstance(new, bytes) else
-            partial(reencode_batch_parts, decoded, new, levels=self.levels))
-        if decoded.block_size <= self.offload.inline_plain_bytes:
+        """The batch of ``source`` written again with ``new`` (a records block or
+        records), its place in the log kept; compressed on a worker thread when large,
+        as on produce."""
+        encode: Callable[[], tuple[bytes, ...]]
+        if isinstance(new, bytes):
+            encode = partial(encode_block_parts, source.header, new, levels=self.levels)
+            size = len(new)
+        else:
+            decoded = await source.decoded()
+            encode = partial(reencode_batch_parts, decoded, new, levels=self.levels)
+            size = decoded.block_size
+        if size <= self.offload.inline_plain_bytes:
             return encode()
         parts: tuple[bytes, ...] = await self.offload.run(encode)
         return parts
@@ -345,6 +357,48 @@ class FetchPipeline:
         log.warning("fetch from %s (client_id %r): %s-%d answered with an error: %s%s",
                     client.identity.client_address, client.identity.client_id, topic,
                     partition, message, more, extra=client.log_context)
+
+
+class _Source:
+    """One batch on its way through the chain: where it lies in the response, and its
+    decoded form once a link needs records or its block must be decompressed. The
+    block of an uncompressed batch is the response's own bytes, its CRC checked; such
+    a batch that only block hooks see is never decoded."""
+
+    __slots__ = ("_decoded", "batch", "frame", "header", "lease")
+
+    def __init__(self, frame: bytes, batch: FetchedBatch, lease: DecodeLease) -> None:
+        assert batch.header is not None
+        self.frame = frame
+        self.batch = batch
+        self.header: RecordBatchHeader = batch.header
+        self.lease = lease
+        self._decoded: DecodedBatch | None = None
+
+    @property
+    def records(self) -> tuple[Record, ...] | None:
+        """The batch's records, when it was decoded already."""
+        return None if self._decoded is None else self._decoded.records
+
+    async def decoded(self) -> DecodedBatch:
+        """The batch decoded (once; on the loop, or on a decode thread within
+        ``max_decode_memory`` when large). Raises ``CorruptBatch``."""
+        if self._decoded is None:
+            batch, header = self.batch, self.header
+            blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
+                if header.attributes & 0x07 else ()
+            (self._decoded,) = await self.lease.decode_partition(self.frame, PartitionBatches(
+                start=batch.start, end=batch.end, headers=(header,),
+                records=header.record_count, compressed_blocks=blocks))
+        return self._decoded
+
+    async def block(self) -> memoryview:
+        """The batch's records block: where it lies in the frame when uncompressed (its
+        CRC checked), else decompressed. Raises ``CorruptBatch``."""
+        if self._decoded is None and not self.header.attributes & 0x07:
+            verify_batch_crc(self.frame, self.batch.start, self.header)
+            return memoryview(self.frame)[self.batch.start + BATCH_HEADER_SIZE:self.batch.end]
+        return (await self.decoded()).records_block()
 
 
 def _with_deadline(ctx: ConsumeContext, deadline: float) -> ConsumeContext:

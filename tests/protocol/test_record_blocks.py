@@ -25,6 +25,7 @@ from kiproxy.protocol.records import (
     Record,
     block_carries_header,
     block_header_value,
+    block_moved,
     check_block,
     decode_records,
     encode_records,
@@ -156,3 +157,21 @@ def test_check_block_refuses_what_is_not_the_records(block: bytes) -> None:
         check_block(good, BASE, plain[:1])
     with pytest.raises(CorruptBatch):
         check_block(good + b"\x00", BASE, plain)
+
+
+def test_block_moved_says_the_same_as_check_block_without_records() -> None:
+    plain = _records([(b"k", b"v%d" % i, [], i * 7) for i in range(6)])
+    block = encode_records(plain, BASE, False)[0]
+    assert block_moved(block, memoryview(block), 6) == -1
+    changed = tuple(r.with_value(b"other") for r in plain)
+    assert block_moved(encode_records(changed, BASE, False)[0], block, 6) == -1
+    moved = (*plain[:4], plain[4].with_offset_delta(9), plain[5])
+    assert block_moved(encode_records(moved, BASE, False)[0], block, 6) == 4
+    later = (*plain[:2], plain[2].with_timestamp(plain[2].timestamp + 1), *plain[3:])
+    assert block_moved(encode_records(later, BASE, False)[0], block, 6) == 2
+    for bad in (b"", b"\x07not a block", block[:-1], block + b"\x00"):
+        with pytest.raises(CorruptBatch):
+            block_moved(bad, block, 6)
+        with pytest.raises(CorruptBatch):
+            block_moved(block, bad, 6)  # the original is validated too
+

@@ -4,7 +4,8 @@ The same hand-built answers as test_fetch_pipeline (gzip, transactional, control
 legacy, zstd batches and a cut tail): a block hook's new block is written back at the
 same offsets with the batch's codec; None hands the batch to ``on_consume``; the given
 block itself leaves the broker's bytes; a block that is not the batch's records, or
-moves one, refuses the partition; block and record hooks mix in one chain.
+moves one, refuses the partition; block and record hooks mix in one chain. An
+uncompressed batch reaches block hooks undecoded, its CRC checked.
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ from kio.schema.errors import ErrorCode
 
 from kiproxy.protocol.fetch_batches import split_fetched_records
 from kiproxy.protocol.messages import parse_response
-from kiproxy.protocol.records import decode_batch
+from kiproxy.protocol.partition_batches import PartitionBatches
+from kiproxy.protocol.records import DecodedBatch, decode_batch
 from kiproxy.proxy.config.model import load_config
 from kiproxy.proxy.fetch.pipeline import FetchPipeline
+from kiproxy.proxy.produce.offload import DecodeLease
 from kiproxy.proxy.routes.runtime import load_routes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -105,3 +108,53 @@ def test_block_and_record_hooks_mix_in_one_chain(tmp_path: Path) -> None:
                                   "tp_fetch:BlockReverse"), "b-t")
     assert _values(p0.records) == STORED  # type: ignore[attr-defined]
 
+
+
+def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The base offsets of the batches the pipeline decodes, as it decodes them."""
+    seen: list[int] = []
+    decode = DecodeLease.decode_partition
+
+    async def counting(self: DecodeLease, data: bytes, batches: PartitionBatches
+                       ) -> list[DecodedBatch]:
+        seen.extend(h.base_offset for h in batches.headers)
+        return await decode(self, data, batches)
+
+    monkeypatch.setattr(DecodeLease, "decode_partition", counting)
+    return seen
+
+
+def test_an_uncompressed_batch_reaches_block_hooks_undecoded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # the transactional batch at offset 2 is uncompressed: its block is the answer's own
+    # bytes, and it is never decoded while only block hooks look at it; the gzip and
+    # zstd batches are decompressed (decoded) for theirs
+    decoded = _decoded_offsets(monkeypatch)
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-t")
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+    # partition 0: the gzip (0) and zstd (7) batches; partition 1 holds the gzip one only
+    assert sorted(decoded) == [0, 0, 7]
+    # a records hook after it needs records: then it is decoded too, once
+    decoded.clear()
+    _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume", "tp_fetch:BlockReverse"), "b-t")
+    assert sorted(decoded) == [0, 0, 2, 7]
+    # a block hook that answers None hands the batch to on_consume, decoded
+    decoded.clear()
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-records")
+    assert 2 in decoded
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+
+
+def test_an_undecoded_batch_whose_crc_does_not_hold_never_reaches_a_block_hook(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    broken = bytearray(PIECES[1])  # the uncompressed transactional batch
+    broken[-1] ^= 0xFF  # a byte of its last header's value: the CRC no longer holds
+    records = b"".join([PIECES[0], bytes(broken), *PIECES[2:]])
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "b-t", records)),
+                             len(head(12)))
+    (p0, _), _ = (t.partitions for t in out.responses)
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
+    assert "batch at offset 2 cannot be decoded" in caplog.text
+    assert "CRC-32C mismatch" in caplog.text
