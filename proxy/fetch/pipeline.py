@@ -21,9 +21,10 @@ Contract:
   lies in the answer, its CRC checked, and a batch only block hooks see is never
   decoded (a block a hook returns is then checked against that block). Control
   batches, legacy (magic 0/1) entries (counted) and the partial last batch the broker
-  may send at ``max_bytes`` stay as the broker sent them. A batch no hook changed keeps its bytes; a changed one
-  is re-encoded by :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts`, or
-  around its new block by :func:`~kiproxy.protocol.records.encode_block_parts` (codec,
+  may send at ``max_bytes`` stay as the broker sent them. A batch no hook changed
+  keeps its bytes; a changed one is re-encoded by
+  :func:`~kiproxy.protocol.batch_reencode.reencode_batch_parts`, or around its new
+  block by :func:`~kiproxy.protocol.records.encode_block_parts` (codec,
   base offset, offset deltas, timestamps and producer fields kept), and the
   partition's ``records`` field is spliced
   (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
