@@ -26,6 +26,7 @@ from __future__ import annotations
 import datetime
 import ssl
 import struct
+import time
 import typing
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -282,12 +283,15 @@ class FetchClient:
 
         ``max_bytes`` bounds the response, but a first batch larger than it is
         still returned whole (KIP-74). A leader change is followed (twice at most).
-        A response without the partition (Tansu answers so to ``max_wait`` 0) is
-        asked again with a longer wait; ``min_bytes`` is 0, so a broker with data
-        answers at once.
+        A response without the partition (Tansu answers so to ``max_wait`` 0), or
+        with no batch at an offset below the partition's end (a broker may answer so
+        when its read takes longer than the wait), is asked again with a longer wait,
+        after as long a pause; ``min_bytes`` is 0, so a broker with data answers at
+        once. Past the last wait the empty answer is returned (the caller names it).
         """
         attempt = 0
-        for max_wait_ms in _FETCH_WAITS_MS:
+        empty: FetchedPartition | None = None
+        for i, max_wait_ms in enumerate(_FETCH_WAITS_MS):
             address = self._leader_address(topic, partition)
             try:
                 fetched = self._fetch_once(address, topic, partition, offset, max_bytes,
@@ -299,7 +303,13 @@ class FetchClient:
                 self.metadata(refresh=True)
                 continue
             if fetched is not None:
-                return fetched
+                if fetched.batches or offset >= fetched.end_offset(self.read_committed):
+                    return fetched
+                empty = fetched
+                if i + 1 < len(_FETCH_WAITS_MS):
+                    time.sleep(max_wait_ms / 1000)
+        if empty is not None:
+            return empty
         raise BrokerError(f"Fetch {topic}[{partition}] at offset {offset}: the broker's "
                           f"responses did not include the partition")
 

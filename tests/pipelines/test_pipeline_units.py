@@ -23,7 +23,7 @@ from kiproxy.interceptors import (
 from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec
 from kiproxy.pipelines.errors import JavaMissing, PipelineError
-from kiproxy.pipelines.fetch_client import complete_prefix
+from kiproxy.pipelines.fetch_client import FetchClient, FetchedPartition, complete_prefix
 from kiproxy.pipelines.offsets import (
     OffsetBound,
     OffsetRange,
@@ -42,7 +42,7 @@ from kiproxy.pipelines.read_committed import (
 from kiproxy.pipelines.session import check_java, java_major_version
 from kiproxy.pipelines.sources import SourceBatch, choose_reader, chunk_rows, spark_kafka_options
 from kiproxy.pipelines.tally import ReplayTally, build_summary
-from kiproxy.protocol.records import Compression, Record, build_batch, decode_batches
+from kiproxy.protocol.records import Compression, Record, build_batch, decode_batch, decode_batches
 
 
 def test_offset_specs() -> None:
@@ -297,3 +297,31 @@ def test_a_fetch_hook_reads_the_stored_records_before_the_interceptor_runs() -> 
     with pytest.raises(PluginLoadError, match="no fetch-side hook"):
         InterceptorRunner(InterceptorSpec(f"{__name__}:_Plugins", {"mode": "pass"}, plugins,
                                           fetch_hook="my_policy:MyPolicy"))
+
+
+def _client_answering(answers: list[FetchedPartition | None], monkeypatch: pytest.MonkeyPatch
+                      ) -> tuple[FetchClient, list[float]]:
+    """A FetchClient whose Fetch answers are ``answers``, in turn, and the pauses it made."""
+    client = FetchClient("127.0.0.1:9")
+    pauses: list[float] = []
+    monkeypatch.setattr(client, "_leader_address", lambda topic, partition: ("127.0.0.1", 9))
+    monkeypatch.setattr(client, "_fetch_once", lambda *args: answers.pop(0))
+    monkeypatch.setattr("kiproxy.pipelines.fetch_client.time.sleep", pauses.append)
+    return client, pauses
+
+
+def test_an_empty_fetch_below_the_partitions_end_is_asked_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    batch = decode_batch(build_batch([Record(key=None, value=b"v", timestamp=1)],
+                                     base_offset=14))
+    empty = FetchedPartition(high_watermark=24, log_start_offset=0)
+    client, pauses = _client_answering(
+        [None, empty, empty, FetchedPartition(24, 0, [batch])], monkeypatch)
+    assert client.fetch("t", 0, 14).batches == [batch]
+    assert pauses == [0.01, 0.1]  # after each empty answer, as long as its wait
+    # at the end of the partition, an empty answer is the answer
+    client, pauses = _client_answering([FetchedPartition(24, 0)], monkeypatch)
+    assert client.fetch("t", 0, 24).batches == [] and pauses == []
+    # a broker that keeps answering empty: the last answer, for the caller to name
+    client, pauses = _client_answering([empty] * 5, monkeypatch)
+    assert client.fetch("t", 0, 14) is empty and len(pauses) == 4
