@@ -76,6 +76,7 @@ __all__ = [
     "decode_batch",
     "decode_batches",
     "decode_records",
+    "decompress_block",
     "encode_batch",
     "encode_batch_parts",
     "encode_block_parts",
@@ -291,6 +292,32 @@ def verify_batch_crc(data: bytes | memoryview, start: int, header: RecordBatchHe
         )
 
 
+def _decompressed(data: bytes, body_start: int, end: int, codec: Compression,
+                  limits: DecompressionLimits) -> bytes:
+    """The records block ``data[body_start:end]`` decompressed within ``limits``."""
+    limit, setting = limits.bound(end - body_start)
+    return decompress(codec, memoryview(data)[body_start:end], limit, setting)
+
+
+def decompress_block(data: bytes, start: int, header: RecordBatchHeader, *, origin: int = 0,
+                     limits: DecompressionLimits = DEFAULT_DECOMPRESSION_LIMITS) -> bytes:
+    """The records block of the compressed batch at ``data[start]`` (whose header is
+    ``header``), its CRC checked, decompressed within ``limits``, no record decoded
+    (:func:`decode_batch`'s first half). Raises what :func:`decode_batch` raises for
+    the same batch, with the same messages (bytes counted from ``data[origin]``)."""
+    if header.compression is Compression.NONE:
+        raise ValueError("decompress_block: the batch is not compressed")
+    verify_batch_crc(data, start, header, origin)
+    end = start + _LOG_OVERHEAD + header.batch_length
+    try:
+        return _decompressed(data, start + BATCH_HEADER_SIZE, end, header.compression, limits)
+    except DecompressionLimitExceeded as exc:
+        raise DecompressionLimitExceeded(f"record batch at byte {start - origin}: {exc}",
+                                         limit=exc.limit, setting=exc.setting) from None
+    except CorruptBatch as exc:
+        raise CorruptBatch(f"record batch at byte {start - origin}: {exc}") from None
+
+
 def decode_batch(
     data: bytes,
     start: int = 0,
@@ -323,8 +350,7 @@ def decode_batch(
                                      header.base_timestamp, origin)
             block_size = end - body_start
         else:
-            limit, setting = limits.bound(end - body_start)
-            block = decompress(codec, memoryview(data)[body_start:end], limit, setting)
+            block = _decompressed(data, body_start, end, codec, limits)
             block_size = len(block)
             records = decode_records(block, 0, len(block), header.record_count,
                                      header.base_timestamp)

@@ -16,10 +16,11 @@ Contract:
   ``on_consume_block``, until one answers None; see
   :mod:`~kiproxy.interceptors.consume`). A batch is decoded (on the loop, or on a
   decode thread within ``max_decode_memory`` when large, by the produce side's
-  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) when a link needs its records
-  or its block must be decompressed; the block of an uncompressed batch is where it
-  lies in the answer, its CRC checked, and a batch only block hooks see is never
-  decoded (a block a hook returns is then checked against that block). Control
+  :class:`~kiproxy.proxy.produce.offload.BatchOffload`) only when a link needs its
+  records. A block hook gets the block of an uncompressed batch where it lies in the
+  answer, its CRC checked, and that of a compressed one decompressed, not decoded
+  (where and within the budget a decode would run); a block a hook returns is
+  checked against the block it replaces. Control
   batches, legacy (magic 0/1) entries (counted) and the partial last batch the broker
   may send at ``max_bytes`` stay as the broker sent them. A batch no hook changed
   keeps its bytes; a changed one is re-encoded by
@@ -361,12 +362,13 @@ class FetchPipeline:
 
 
 class _Source:
-    """One batch on its way through the chain: where it lies in the response, and its
-    decoded form once a link needs records or its block must be decompressed. The
-    block of an uncompressed batch is the response's own bytes, its CRC checked; such
-    a batch that only block hooks see is never decoded."""
+    """One batch on its way through the chain: where it lies in the response, its
+    records block once a block hook needs it, and its decoded form once a link needs
+    records. The block of an uncompressed batch is the response's own bytes, its CRC
+    checked; that of a compressed one is decompressed, not decoded. A batch that only
+    block hooks see is never decoded."""
 
-    __slots__ = ("_decoded", "batch", "frame", "header", "lease")
+    __slots__ = ("_block", "_decoded", "batch", "frame", "header", "lease")
 
     def __init__(self, frame: bytes, batch: FetchedBatch, lease: DecodeLease) -> None:
         assert batch.header is not None
@@ -374,6 +376,7 @@ class _Source:
         self.batch = batch
         self.header: RecordBatchHeader = batch.header
         self.lease = lease
+        self._block: bytes | None = None
         self._decoded: DecodedBatch | None = None
 
     @property
@@ -381,25 +384,33 @@ class _Source:
         """The batch's records, when it was decoded already."""
         return None if self._decoded is None else self._decoded.records
 
+    def _batches(self) -> PartitionBatches:
+        batch, header = self.batch, self.header
+        blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
+            if header.attributes & 0x07 else ()
+        return PartitionBatches(start=batch.start, end=batch.end, headers=(header,),
+                                records=header.record_count, compressed_blocks=blocks)
+
     async def decoded(self) -> DecodedBatch:
         """The batch decoded (once; on the loop, or on a decode thread within
         ``max_decode_memory`` when large). Raises ``CorruptBatch``."""
         if self._decoded is None:
-            batch, header = self.batch, self.header
-            blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
-                if header.attributes & 0x07 else ()
-            (self._decoded,) = await self.lease.decode_partition(self.frame, PartitionBatches(
-                start=batch.start, end=batch.end, headers=(header,),
-                records=header.record_count, compressed_blocks=blocks))
+            (self._decoded,) = await self.lease.decode_partition(self.frame, self._batches())
+            self._block = None  # the decoded batch holds it
         return self._decoded
 
     async def block(self) -> memoryview:
         """The batch's records block: where it lies in the frame when uncompressed (its
-        CRC checked), else decompressed. Raises ``CorruptBatch``."""
-        if self._decoded is None and not self.header.attributes & 0x07:
+        CRC checked), else decompressed (where and within the budget a decode would
+        run). Raises ``CorruptBatch``."""
+        if self._decoded is not None:
+            return self._decoded.records_block()
+        if not self.header.attributes & 0x07:
             verify_batch_crc(self.frame, self.batch.start, self.header)
             return memoryview(self.frame)[self.batch.start + BATCH_HEADER_SIZE:self.batch.end]
-        return (await self.decoded()).records_block()
+        if self._block is None:
+            self._block = await self.lease.decompress(self.frame, self._batches())
+        return memoryview(self._block)
 
 
 def _with_deadline(ctx: ConsumeContext, deadline: float) -> ConsumeContext:

@@ -58,6 +58,7 @@ from kiproxy.protocol.records import (
     Record,
     RecordBatchHeader,
     decode_batches,
+    decompress_block,
     encode_batch,
 )
 from kiproxy.proxy.config.model import DEFAULT_INLINE_ENCODE_SECONDS
@@ -325,6 +326,30 @@ class DecodeLease:
         self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
                                         for b in decoded))
         return decoded
+
+    async def decompress(self, data: bytes, batches: PartitionBatches) -> bytes:
+        """The records block of the one compressed batch ``batches`` names in ``data``,
+        decompressed (:func:`~kiproxy.protocol.records.decompress_block`: CRC checked, no
+        record decoded), where :meth:`decode_partition` would decode it and within the
+        same budget; the reservation then shrinks to the batch and its block.
+
+        Raises what :func:`~kiproxy.protocol.records.decompress_block` raises.
+        """
+        offload = self._offload
+        (header,) = batches.headers
+        if offload.decodes_inline(batches):
+            try:
+                return decompress_block(data, batches.start, header, origin=batches.start,
+                                        limits=offload.inline_limits)
+            except DecompressionLimitExceeded as exc:
+                if not (exc.setting == "max_decompressed_batch_bytes"
+                        and exc.limit < offload.limits.max_bytes):
+                    raise  # the real bound, not the inline one
+        self._held += await offload.budget.acquire(offload.reservation(batches))
+        block: bytes = await offload.run(decompress_block, data, batches.start, header,
+                                         origin=batches.start, limits=offload.limits)
+        self._shrink(batches.size + len(block))
+        return block
 
     def _shrink(self, used: int) -> None:
         """Cut the reservation down to ``used``, what the decoded batches hold."""

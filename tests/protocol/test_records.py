@@ -22,10 +22,17 @@ from crc32c import crc32c
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kiproxy.protocol.compression import XERIAL_MAGIC, Compression, compress, decompress
+from kiproxy.protocol.compression import (
+    XERIAL_MAGIC,
+    Compression,
+    DecompressionLimits,
+    compress,
+    decompress,
+)
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
+    DEFAULT_DECOMPRESSION_LIMITS,
     DecodedBatch,
     Header,
     Record,
@@ -34,6 +41,7 @@ from kiproxy.protocol.records import (
     build_batch,
     decode_batch,
     decode_batches,
+    decompress_block,
     encode_batch,
     read_batch_headers,
 )
@@ -564,3 +572,25 @@ def test_a_partition_decoded_inside_a_larger_buffer_gives_the_same_errors() -> N
     assert str(inside.value) == str(alone.value)
     assert [r.value for b in decode_batches(b"X" * 9 + good + b"Y", 9, 9 + len(good))
             for r in b.records] == [b"v" * 10] * 2
+
+
+@pytest.mark.parametrize("codec", [c for c in Compression if c is not Compression.NONE])
+def test_decompress_block_is_decode_batchs_block_and_fails_as_it_does(codec: Compression) -> None:
+    records = [Record(key=b"k%d" % i, value=b"value %d " % i * 20, timestamp=1000 + i,
+                      headers=[("h", b"1")]) for i in range(50)]
+    batch = b"\x00" * 7 + build_batch(records, compression=codec)  # at byte 7 of a frame
+    header = decode_batch(batch, 7).header
+    assert decompress_block(batch, 7, header, origin=7) == \
+        bytes(decode_batch(batch, 7).records_block())
+    broken = bytearray(batch)
+    broken[-1] ^= 0xFF
+    for bad, limits in ((bytes(broken), DEFAULT_DECOMPRESSION_LIMITS),
+                        (batch, DecompressionLimits(max_bytes=100, max_ratio=0))):
+        with pytest.raises(CorruptBatch) as decoding:
+            decode_batch(bad, 7, origin=7, limits=limits)
+        with pytest.raises(CorruptBatch) as decompressing:
+            decompress_block(bad, 7, header, origin=7, limits=limits)
+        assert type(decompressing.value) is type(decoding.value)
+        assert str(decompressing.value) == str(decoding.value)
+    with pytest.raises(ValueError, match="not compressed"):
+        decompress_block(build_batch(records), 0, decode_batch(build_batch(records)).header)

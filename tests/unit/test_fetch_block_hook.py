@@ -4,25 +4,28 @@ The same hand-built answers as test_fetch_pipeline (gzip, transactional, control
 legacy, zstd batches and a cut tail): a block hook's new block is written back at the
 same offsets with the batch's codec; None hands the batch to ``on_consume``; the given
 block itself leaves the broker's bytes; a block that is not the batch's records, or
-moves one, refuses the partition; block and record hooks mix in one chain. An
-uncompressed batch reaches block hooks undecoded, its CRC checked.
+moves one, refuses the partition; block and record hooks mix in one chain. A batch
+reaches block hooks undecoded (uncompressed: its CRC checked; compressed: decompressed).
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from kio.schema.errors import ErrorCode
 
+from kiproxy.protocol.compression import Compression, DecompressionLimits
 from kiproxy.protocol.fetch_batches import split_fetched_records
 from kiproxy.protocol.messages import parse_response
 from kiproxy.protocol.partition_batches import PartitionBatches
-from kiproxy.protocol.records import DecodedBatch, decode_batch
+from kiproxy.protocol.records import DecodedBatch, Record, build_batch, decode_batch
 from kiproxy.proxy.config.model import load_config
 from kiproxy.proxy.fetch.pipeline import FetchPipeline
-from kiproxy.proxy.produce.offload import DecodeLease
+from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 from kiproxy.proxy.routes.runtime import load_routes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -110,38 +113,48 @@ def test_block_and_record_hooks_mix_in_one_chain(tmp_path: Path) -> None:
 
 
 
-def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """The base offsets of the batches the pipeline decodes, as it decodes them."""
-    seen: list[int] = []
-    decode = DecodeLease.decode_partition
+def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int]]:
+    """The base offsets of the batches the pipeline decodes, and of those it only
+    decompresses, as it does so."""
+    decoded: list[int] = []
+    decompressed: list[int] = []
+    decode, decompress = DecodeLease.decode_partition, DecodeLease.decompress
 
     async def counting(self: DecodeLease, data: bytes, batches: PartitionBatches
                        ) -> list[DecodedBatch]:
-        seen.extend(h.base_offset for h in batches.headers)
+        decoded.extend(h.base_offset for h in batches.headers)
         return await decode(self, data, batches)
 
+    async def counting_blocks(self: DecodeLease, data: bytes, batches: PartitionBatches
+                              ) -> bytes:
+        decompressed.extend(h.base_offset for h in batches.headers)
+        return await decompress(self, data, batches)
+
     monkeypatch.setattr(DecodeLease, "decode_partition", counting)
-    return seen
+    monkeypatch.setattr(DecodeLease, "decompress", counting_blocks)
+    return decoded, decompressed
 
 
-def test_an_uncompressed_batch_reaches_block_hooks_undecoded(
+def test_a_batch_only_block_hooks_see_is_never_decoded(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # the transactional batch at offset 2 is uncompressed: its block is the answer's own
-    # bytes, and it is never decoded while only block hooks look at it; the gzip and
-    # zstd batches are decompressed (decoded) for theirs
-    decoded = _decoded_offsets(monkeypatch)
+    # partition 0 holds a gzip batch (offset 0), an uncompressed one (2) and a zstd one
+    # (7); partition 1 the gzip one. The uncompressed block is the answer's own bytes,
+    # the compressed ones are decompressed; none is decoded.
+    decoded, decompressed = _decoded_offsets(monkeypatch)
     p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-t")
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
-    # partition 0: the gzip (0) and zstd (7) batches; partition 1 holds the gzip one only
-    assert sorted(decoded) == [0, 0, 7]
-    # a records hook after it needs records: then it is decoded too, once
+    assert (decoded, sorted(decompressed)) == ([], [0, 0, 7])
+    # a records hook after it needs records: each batch is decoded then, once
     decoded.clear()
-    _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume", "tp_fetch:BlockReverse"), "b-t")
+    decompressed.clear()
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume",
+                                  "tp_fetch:BlockReverse"), "b-t")
+    assert _values(p0.records) == [[v[::-1].upper() for v in vs] for vs in STORED]  # type: ignore[attr-defined]
     assert sorted(decoded) == [0, 0, 2, 7]
     # a block hook that answers None hands the batch to on_consume, decoded
     decoded.clear()
     p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-records")
-    assert 2 in decoded
+    assert sorted(decoded) == [0, 0, 2, 7]
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
 
 
@@ -158,3 +171,47 @@ def test_an_undecoded_batch_whose_crc_does_not_hold_never_reaches_a_block_hook(
     assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
     assert "batch at offset 2 cannot be decoded" in caplog.text
     assert "CRC-32C mismatch" in caplog.text
+
+
+def _hooked_partition(pipeline: FetchPipeline, records: bytes) -> Any:
+    out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "b-t", records)),
+                         len(head(12)))
+    (p0, _), _ = (t.partitions for t in out.responses)
+    return p0
+
+
+def test_a_large_compressed_block_is_decompressed_off_the_loop_and_a_bomb_is_refused(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+        ) -> None:
+    decoded, decompressed = _decoded_offsets(monkeypatch)
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    pipeline.offload = BatchOffload(DecompressionLimits(max_bytes=300_000, max_ratio=0))
+    # above the inline size compressed (random values do not compress): on a thread
+    values = [os.urandom(40_000) for _ in range(3)]
+    large = build_batch([Record(key=None, value=v, timestamp=1) for v in values],
+                        compression=Compression.ZSTD)
+    assert len(large) > pipeline.offload.inline_bytes
+    on_threads: list[str] = []
+    run = pipeline.offload.run
+
+    async def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        on_threads.append(fn.__name__)
+        return await run(fn, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.offload, "run", spied)
+    p0 = _hooked_partition(pipeline, large)
+    assert p0.error_code == ErrorCode.none
+    assert _values(p0.records) == [[v[::-1] for v in values]]
+    # this batch on a thread; partition 1's small gzip batch on the loop; none decoded
+    assert decoded == [] and decompressed == [0, 0]
+    assert on_threads[0] == "decompress_block"
+    assert pipeline.offload.budget.used == 0  # given back with the partition
+    # a block past max_decompressed_batch_bytes: refused, the hook never sees it
+    bomb = build_batch([Record(key=None, value=bytes(200_000), timestamp=1)] * 2,
+                       compression=Compression.ZSTD)
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        p0 = _hooked_partition(pipeline, bomb)
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
+    assert "batch at offset 0 cannot be decoded" in caplog.text
+    assert "max_decompressed_batch_bytes" in caplog.text
+    assert decoded == []
