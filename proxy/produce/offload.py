@@ -47,8 +47,9 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 from kiproxy.protocol.compression import Compression, CompressionLevels, DecompressionLimits
 from kiproxy.protocol.errors import DecompressionLimitExceeded
@@ -66,6 +67,8 @@ from kiproxy.proxy.config.model import DEFAULT_INLINE_ENCODE_SECONDS
 __all__ = ["BatchOffload", "DecodeLease", "EncodeCost", "MemoryBudget"]
 
 log = logging.getLogger("kiproxy.offload")
+
+_T = TypeVar("_T")
 
 DEFAULT_INLINE_BYTES = 64 * 1024
 """Records bytes decoded on the loop (measured in bench/bombs.py: below this a thread
@@ -310,21 +313,13 @@ class DecodeLease:
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
-        offload = self._offload
-        if offload.decodes_inline(batches):  # no await on the loop's path: most end here
-            try:
-                return decode_batches(data, batches.start, batches.end,
-                                      limits=offload.inline_limits, headers=batches.headers)
-            except DecompressionLimitExceeded as exc:
-                if not (exc.setting == "max_decompressed_batch_bytes"
-                        and exc.limit < offload.limits.max_bytes):
-                    raise  # the real bound, not the inline one
-        self._held += await offload.budget.acquire(offload.reservation(batches))
-        decoded: list[DecodedBatch] = await offload.run(
-            decode_batches, data, batches.start, batches.end, limits=offload.limits,
-            headers=batches.headers)
-        self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
-                                        for b in decoded))
+        decoded = self._inline(batches, decode_batches, data, batches.start, batches.end,
+                               headers=batches.headers)
+        if decoded is None:
+            decoded = await self._threaded(batches, decode_batches, data, batches.start,
+                                           batches.end, headers=batches.headers)
+            self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+                                            for b in decoded))
         return decoded
 
     async def decompress(self, data: bytes, batches: PartitionBatches) -> bytes:
@@ -335,21 +330,41 @@ class DecodeLease:
 
         Raises what :func:`~kiproxy.protocol.records.decompress_block` raises.
         """
-        offload = self._offload
         (header,) = batches.headers
-        if offload.decodes_inline(batches):
-            try:
-                return decompress_block(data, batches.start, header, origin=batches.start,
-                                        limits=offload.inline_limits)
-            except DecompressionLimitExceeded as exc:
-                if not (exc.setting == "max_decompressed_batch_bytes"
-                        and exc.limit < offload.limits.max_bytes):
-                    raise  # the real bound, not the inline one
-        self._held += await offload.budget.acquire(offload.reservation(batches))
-        block: bytes = await offload.run(decompress_block, data, batches.start, header,
-                                         origin=batches.start, limits=offload.limits)
-        self._shrink(batches.size + len(block))
+        block = self._inline(batches, decompress_block, data, batches.start, header,
+                             origin=batches.start)
+        if block is None:
+            block = await self._threaded(batches, decompress_block, data, batches.start,
+                                         header, origin=batches.start)
+            self._shrink(batches.size + len(block))
         return block
+
+    def _inline(self, batches: PartitionBatches, fn: Callable[..., _T], *args: Any,
+                **kwargs: Any) -> _T | None:
+        """``fn(*args, limits=..., **kwargs)`` on the loop, within the inline limits, when
+        :meth:`BatchOffload.decodes_inline` puts ``batches`` there; None when it must run
+        on a thread (:meth:`_threaded`): too large, or a small block past the inline cap
+        only. Raises what ``fn`` raises past the real bounds."""
+        offload = self._offload
+        if not offload.decodes_inline(batches):
+            return None
+        try:
+            return fn(*args, limits=offload.inline_limits, **kwargs)
+        except DecompressionLimitExceeded as exc:
+            if not (exc.setting == "max_decompressed_batch_bytes"
+                    and exc.limit < offload.limits.max_bytes):
+                raise  # the real bound, not the inline one
+        return None
+
+    async def _threaded(self, batches: PartitionBatches, fn: Callable[..., _T], *args: Any,
+                        **kwargs: Any) -> _T:
+        """``fn(*args, limits=..., **kwargs)`` on a worker thread within the real limits,
+        once the worst case (:meth:`BatchOffload.reservation`) is reserved (held until
+        :meth:`_shrink` or :meth:`release`)."""
+        offload = self._offload
+        self._held += await offload.budget.acquire(offload.reservation(batches))
+        result: _T = await offload.run(fn, *args, limits=offload.limits, **kwargs)
+        return result
 
     def _shrink(self, used: int) -> None:
         """Cut the reservation down to ``used``, what the decoded batches hold."""
