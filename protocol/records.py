@@ -292,11 +292,21 @@ def verify_batch_crc(data: bytes | memoryview, start: int, header: RecordBatchHe
         )
 
 
-def _decompressed(data: bytes, body_start: int, end: int, codec: Compression,
-                  limits: DecompressionLimits) -> bytes:
-    """The records block ``data[body_start:end]`` decompressed within ``limits``."""
+def _decompressed(data: bytes, start: int, header: RecordBatchHeader,
+                  limits: DecompressionLimits, origin: int) -> bytes:
+    """The records block of the compressed batch at ``data[start]``, decompressed within
+    ``limits``; an error names the batch (bytes counted from ``data[origin]``)."""
+    body_start = start + BATCH_HEADER_SIZE
+    end = start + _LOG_OVERHEAD + header.batch_length
     limit, setting = limits.bound(end - body_start)
-    return decompress(codec, memoryview(data)[body_start:end], limit, setting)
+    try:
+        return decompress(header.compression, memoryview(data)[body_start:end], limit,
+                          setting)
+    except DecompressionLimitExceeded as exc:
+        raise DecompressionLimitExceeded(f"record batch at byte {start - origin}: {exc}",
+                                         limit=exc.limit, setting=exc.setting) from None
+    except CorruptBatch as exc:
+        raise CorruptBatch(f"record batch at byte {start - origin}: {exc}") from None
 
 
 def decompress_block(data: bytes, start: int, header: RecordBatchHeader, *, origin: int = 0,
@@ -308,14 +318,7 @@ def decompress_block(data: bytes, start: int, header: RecordBatchHeader, *, orig
     if header.compression is Compression.NONE:
         raise ValueError("decompress_block: the batch is not compressed")
     verify_batch_crc(data, start, header, origin)
-    end = start + _LOG_OVERHEAD + header.batch_length
-    try:
-        return _decompressed(data, start + BATCH_HEADER_SIZE, end, header.compression, limits)
-    except DecompressionLimitExceeded as exc:
-        raise DecompressionLimitExceeded(f"record batch at byte {start - origin}: {exc}",
-                                         limit=exc.limit, setting=exc.setting) from None
-    except CorruptBatch as exc:
-        raise CorruptBatch(f"record batch at byte {start - origin}: {exc}") from None
+    return _decompressed(data, start, header, limits, origin)
 
 
 def decode_batch(
@@ -342,24 +345,18 @@ def decode_batch(
     end = start + _LOG_OVERHEAD + header.batch_length
     if verify_crc:
         verify_batch_crc(data, start, header, origin)
-    body_start = start + BATCH_HEADER_SIZE
-    codec = header.compression
+    if header.compression is Compression.NONE:  # the records where they lie
+        block, at, stop_at, block_origin = data, start + BATCH_HEADER_SIZE, end, origin
+    else:
+        block = _decompressed(data, start, header, limits, origin)
+        at, stop_at, block_origin = 0, len(block), 0
     try:
-        if codec is Compression.NONE:
-            records = decode_records(data, body_start, end, header.record_count,
-                                     header.base_timestamp, origin)
-            block_size = end - body_start
-        else:
-            block = _decompressed(data, body_start, end, codec, limits)
-            block_size = len(block)
-            records = decode_records(block, 0, len(block), header.record_count,
-                                     header.base_timestamp)
-            del block
-    except DecompressionLimitExceeded as exc:
-        raise DecompressionLimitExceeded(f"record batch at byte {start - origin}: {exc}",
-                                         limit=exc.limit, setting=exc.setting) from None
+        records = decode_records(block, at, stop_at, header.record_count,
+                                 header.base_timestamp, block_origin)
     except CorruptBatch as exc:
         raise CorruptBatch(f"record batch at byte {start - origin}: {exc}") from None
+    block_size = stop_at - at
+    del block
     raw = data if start == 0 and end == len(data) else memoryview(data)[start:end]
     return DecodedBatch(header=header, records=records, raw=raw, block_size=block_size)
 

@@ -406,7 +406,7 @@ class _Source:
         if self._decoded is not None:
             return self._decoded.records_block()
         if not self.header.attributes & 0x07:
-            verify_batch_crc(self.frame, self.batch.start, self.header)
+            verify_batch_crc(self.frame, self.batch.start, self.header, self.batch.start)
             return memoryview(self.frame)[self.batch.start + BATCH_HEADER_SIZE:self.batch.end]
         if self._block is None:
             self._block = await self.lease.decompress(self.frame, self._batches())
