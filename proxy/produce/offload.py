@@ -313,13 +313,17 @@ class DecodeLease:
 
         Raises what :func:`~kiproxy.protocol.records.decode_batches` raises.
         """
-        decoded = self._inline(batches, decode_batches, data, batches.start, batches.end,
-                               headers=batches.headers)
-        if decoded is None:
-            decoded = await self._threaded(batches, decode_batches, data, batches.start,
-                                           batches.end, headers=batches.headers)
-            self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
-                                            for b in decoded))
+        offload = self._offload
+        if offload.decodes_inline(batches):  # no await on the loop's path: most end here
+            try:
+                return decode_batches(data, batches.start, batches.end,
+                                      limits=offload.inline_limits, headers=batches.headers)
+            except DecompressionLimitExceeded as exc:
+                self._past_inline_cap(exc)
+        decoded = await self._threaded(batches, decode_batches, data, batches.start,
+                                       batches.end, headers=batches.headers)
+        self._shrink(batches.size + sum(b.block_size + _RECORD_OVERHEAD * len(b.records)
+                                        for b in decoded))
         return decoded
 
     async def decompress(self, data: bytes, batches: PartitionBatches) -> bytes:
@@ -330,31 +334,25 @@ class DecodeLease:
 
         Raises what :func:`~kiproxy.protocol.records.decompress_block` raises.
         """
+        offload = self._offload
         (header,) = batches.headers
-        block = self._inline(batches, decompress_block, data, batches.start, header,
-                             origin=batches.start)
-        if block is None:
-            block = await self._threaded(batches, decompress_block, data, batches.start,
-                                         header, origin=batches.start)
-            self._shrink(batches.size + len(block))
+        if offload.decodes_inline(batches):
+            try:
+                return decompress_block(data, batches.start, header, origin=batches.start,
+                                        limits=offload.inline_limits)
+            except DecompressionLimitExceeded as exc:
+                self._past_inline_cap(exc)
+        block = await self._threaded(batches, decompress_block, data, batches.start, header,
+                                     origin=batches.start)
+        self._shrink(batches.size + len(block))
         return block
 
-    def _inline(self, batches: PartitionBatches, fn: Callable[..., _T], *args: Any,
-                **kwargs: Any) -> _T | None:
-        """``fn(*args, limits=..., **kwargs)`` on the loop, within the inline limits, when
-        :meth:`BatchOffload.decodes_inline` puts ``batches`` there; None when it must run
-        on a thread (:meth:`_threaded`): too large, or a small block past the inline cap
-        only. Raises what ``fn`` raises past the real bounds."""
-        offload = self._offload
-        if not offload.decodes_inline(batches):
-            return None
-        try:
-            return fn(*args, limits=offload.inline_limits, **kwargs)
-        except DecompressionLimitExceeded as exc:
-            if not (exc.setting == "max_decompressed_batch_bytes"
-                    and exc.limit < offload.limits.max_bytes):
-                raise  # the real bound, not the inline one
-        return None
+    def _past_inline_cap(self, exc: DecompressionLimitExceeded) -> None:
+        """Return when work on the loop passed only the inline cap (it runs again on a
+        thread, within the real bounds: :meth:`_threaded`); else raise ``exc``."""
+        if not (exc.setting == "max_decompressed_batch_bytes"
+                and exc.limit < self._offload.limits.max_bytes):
+            raise exc  # the real bound, not the inline one
 
     async def _threaded(self, batches: PartitionBatches, fn: Callable[..., _T], *args: Any,
                         **kwargs: Any) -> _T:
