@@ -32,6 +32,8 @@ system's temporary directory, keyed by the commit). Cases:
   client socket's framing, dispatch, the upstream write, matching, rewriting and
   the write back), the stand-in client and broker included; the user-space part of
   the per-request cost.
+* ``round trip uppercase``: the same through the built-in ``uppercase`` interceptor
+  (decode, the interceptor, re-encode): a Python transform's per-request cost.
 * ``produce answer``: what every answer to a Produce v10+ request the pipeline only
   forwards goes through (``kiproxy.proxy.produce.pipeline._node_rewriter``), on a
   Produce v11 answer of 3 partitions without ``node_endpoints``.
@@ -52,9 +54,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("identity/100/none x250", "uppercase/1024/none x250", "identity/100/none x1",
-         "uppercase/100/none x1", "passthrough", "produce answer", "round trip")
+         "uppercase/100/none x1", "passthrough", "produce answer", "round trip",
+         "round trip uppercase")
 """The default cases (see the module docstring)."""
-CALLS = {"produce answer": 2000, "round trip": 500}
+CALLS = {"produce answer": 2000, "round trip": 500, "round trip uppercase": 500}
+UPPERCASE = "kiproxy.interceptors.builtin.uppercase:Uppercase"
 """Calls measured per case (default ``--calls``)."""
 
 
@@ -72,7 +76,7 @@ def _prepare(case: str) -> Any:
     so the event loop's own round trips are not counted)."""
     import asyncio
     import importlib.util
-    if case == "round trip":
+    if case.startswith("round trip"):
         import uvloop
         spec = importlib.util.spec_from_file_location("bench_round_trip",
                                                       ROOT / "bench/round_trip.py")
@@ -80,7 +84,9 @@ def _prepare(case: str) -> Any:
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         uv = uvloop.new_event_loop()
-        send = uv.run_until_complete(module.round_trips())
+        settings = ({"interceptor": {"class": UPPERCASE}} if case == "round trip uppercase"
+                    else None)
+        send = uv.run_until_complete(module.round_trips(settings=settings))
 
         def trips(n: int) -> None:
             uv.run_until_complete(send(n))
