@@ -8,7 +8,11 @@ Contracts:
   responses). acks=0 produce requests take no slot.
 * The broker answers in request order: each answer is matched by correlation id to
   the oldest request still waiting for one. An answer that matches none, or one out of
-  that order, is an answer the proxy cannot carry: the connection closes.
+  that order, is an answer the proxy cannot carry: the connection closes. One
+  exception: a broker that answers an acks=0 Produce request (Kafka never does; some
+  Kafka-compatible brokers do) has that answer dropped, since its client expects none:
+  the correlation ids of the last :data:`UNANSWERED_KEPT` acks=0 requests are kept for
+  this.
 * An answer with an asynchronous transform (a Fetch answer through the fetch-side
   hooks, :mod:`kiproxy.proxy.fetch.pipeline`) fills its slot when the transform is
   done; the answers behind it wait, so the order holds. A transform that fails
@@ -57,12 +61,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.connection")
 
-__all__ = ["JOIN_BELOW", "AnswerSide", "AnswerSlot", "ConnectionServices"]
+__all__ = ["JOIN_BELOW", "UNANSWERED_KEPT", "AnswerSide", "AnswerSlot", "ConnectionServices"]
 
 _INT32 = struct.Struct(">i")
 JOIN_BELOW = 16 * 1024
 """Writes below this many bytes are joined into one ``bytes``: uvloop sends a single buffer
 straight away, a list of them costs a write context per call. Larger ones are not copied."""
+UNANSWERED_KEPT = 1024
+"""acks=0 Produce requests per connection whose correlation ids are kept, so that a broker's
+answer to one is dropped rather than taken for an answer out of order."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -122,6 +129,8 @@ class AnswerSide:
         self._pending: deque[tuple[int, AnswerSlot, Callable[[bytes], bytes] | None,
                                    Callable[[bytes], bytes | Awaitable[bytes]] | None]
                              ] = deque()
+        self._unanswered: deque[int] = deque(maxlen=UNANSWERED_KEPT)
+        """Correlation ids of the latest acks=0 requests forwarded, oldest first."""
         self._transforms: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._room.set()
@@ -337,10 +346,16 @@ class AnswerSide:
             raise ProtocolError(f"response of {len(frame)} bytes has no correlation id")
         (correlation_id,) = _INT32.unpack_from(frame, 0)
         if not self._pending:
+            if self._answers_acks_zero(correlation_id):
+                return None
             raise ProtocolError(f"response with correlation id {correlation_id} "
                                 "answers no request")
-        expected, slot, on_response, transform = self._pending.popleft()
+        waiting = self._pending.popleft()
+        expected, slot, on_response, transform = waiting
         if correlation_id != expected:
+            if self._answers_acks_zero(correlation_id):
+                self._pending.appendleft(waiting)  # still waiting for its answer
+                return None
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
         if transform is not None:
@@ -357,6 +372,19 @@ class AnswerSide:
             # Rewriters decode with kio, which reads only immutable buffers.
             return slot, on_response(frame)
         return slot, frame
+
+    def _answers_acks_zero(self, correlation_id: int) -> bool:
+        """Whether ``correlation_id`` is that of a kept acks=0 request (the answer is then
+        dropped); the acks=0 requests before it are forgotten, as answered or never to be."""
+        unanswered = self._unanswered
+        if correlation_id not in unanswered:
+            return False
+        while unanswered.popleft() != correlation_id:
+            pass
+        log.debug("broker %s answered acks=0 request %d of client %s; dropped (its client "
+                  "expects no answer)", self._upstream_name(), correlation_id,
+                  self.client_address, extra=self.log_context)
+        return True
 
     async def _transform(self, slot: AnswerSlot, transformed: Awaitable[bytes],
                          then: Callable[[bytes], bytes] | None) -> None:

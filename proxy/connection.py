@@ -325,6 +325,8 @@ class ClientConnection(AnswerSide):
             self._slot_taken = True
             self._pending.append((header.correlation_id, slot, disposition.on_response,
                                   disposition.transform))
+        else:
+            self._unanswered.append(header.correlation_id)
         assert self._upstream is not None
         up = self._upstream.transport
         if up.is_closing():

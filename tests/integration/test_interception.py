@@ -676,6 +676,38 @@ def test_acks_zero_rejection_then_acks_one_on_the_same_connection(
     assert [m.value() for m in _read(router.bootstrap, ok, 2)] == [b"KEPT", b"KEPT"]
 
 
+def test_acks_zero_records_all_arrive_whether_or_not_the_broker_answers_them(
+        router: ProxyProcess) -> None:
+    """Kafka never answers an acks=0 Produce request; Tansu does. Either way every record
+    arrives and the connection stays open: the proxy drops an answer to an acks=0 request
+    instead of taking it for an answer out of order."""
+    up, plain = _name("up-acks0-each"), _name("plain-acks0-each")
+    _create_topics(router.bootstrap, up, plain)
+    producer = _cf_producer(router.bootstrap, **{"acks": 0, "linger.ms": 0})
+    for i in range(100):  # one record per request
+        producer.produce(up, value=b"u%d" % i, partition=0)
+        assert producer.flush(10) == 0
+        producer.produce(plain, value=b"p%d" % i, partition=0)
+        assert producer.flush(10) == 0
+    assert [m.value() for m in _read(router.bootstrap, up, 100)] == [
+        b"U%d" % i for i in range(100)]
+    assert [m.value() for m in _read(router.bootstrap, plain, 100)] == [
+        b"p%d" % i for i in range(100)]
+    assert "answers no request" not in router.log
+    with RawClient(router.bootstrap) as client:
+        # acks=0 and acks=1 requests interleaved: exactly the acks=1 answers come back,
+        # in order, whether the broker answered the others or not.
+        for correlation_id in range(10, 40):
+            acks = 1 if correlation_id % 3 == 0 else 0
+            client.send(client.produce(9, [(plain, _batch([b"raw"]))], acks=acks,
+                                       correlation_id=correlation_id))
+        for expected in range(12, 40, 3):
+            correlation_id, response = client.read_produce(9)
+            assert correlation_id == expected
+            assert _partition(response, plain).error_code == 0
+    assert _stored(router.bootstrap, plain) > 100
+
+
 # ============================================================================ plugin failures
 
 
