@@ -3,7 +3,9 @@
 The table in docs/rejections.md is measured the same way; this pins the default
 code's row: POLICY_VIOLATION (44) is named by all three clients and retried by
 none, and kafka-python alone shows the plugin's message. INVALID_RECORD (87), the
-previous default, is unknown to aiokafka 0.14 (``UnknownError``).
+previous default, is unknown to aiokafka 0.14 (``UnknownError``). With
+``record_errors``, confluent-kafka and kafka-python fail each record of the batch on its
+own (KIP-467): the table of that in docs/rejections.md is pinned here too.
 """
 
 from __future__ import annotations
@@ -95,3 +97,60 @@ def test_aiokafka_does_not_know_invalid_record(proxy: ProxyProcess) -> None:
     error = asyncio.run(_aiokafka_send(proxy.bootstrap, _topic(87)))
     assert type(error) is UnknownError
     assert str(error) == "[Error -1] UnknownError"
+
+
+def _batch_outcomes_confluent(proxy: ProxyProcess, values: list[bytes]) -> list[str]:
+    from confluent_kafka import Producer
+
+    topic = f"each-{uuid.uuid4().hex[:8]}"
+    outcomes: dict[bytes, str] = {}
+    producer = Producer({"bootstrap.servers": proxy.bootstrap, "linger.ms": 200,
+                         "message.timeout.ms": 10000})
+    for value in values:
+        producer.produce(topic, value, partition=0,
+                         on_delivery=lambda e, m: outcomes.__setitem__(m.value(), e.name()))
+    assert producer.flush(20) == 0
+    return [outcomes[v] for v in values]
+
+
+def _batch_outcomes_kafka_python(proxy: ProxyProcess, values: list[bytes]) -> list[str]:
+    from kafka import KafkaProducer
+
+    topic = f"each-{uuid.uuid4().hex[:8]}"
+    producer = KafkaProducer(bootstrap_servers=proxy.bootstrap, linger_ms=200, retries=0,
+                             request_timeout_ms=10000)
+    try:
+        futures = [producer.send(topic, v, partition=0) for v in values]
+        producer.flush(timeout=20)
+        out = []
+        for f in futures:
+            try:
+                f.get(timeout=5)
+                out.append("ok")
+            except Exception as exc:  # the client's own error is the outcome
+                out.append(str(exc))
+        return out
+    finally:
+        producer.close(timeout=5)
+
+
+def test_record_errors_in_confluent_kafka(proxy: ProxyProcess) -> None:
+    # Two record errors: the records named fail INVALID_RECORD, whatever the batch's code;
+    # the others, _INVALID_DIFFERENT_RECORD. One: every record gets the batch's code.
+    assert _batch_outcomes_confluent(proxy, [b"bad 0", b"good 1", b"bad 2"]) == [
+        "INVALID_RECORD", "_INVALID_DIFFERENT_RECORD", "INVALID_RECORD"]
+    assert _batch_outcomes_confluent(proxy, [b"good 0", b"bad 1", b"good 2"]) == [
+        "POLICY_VIOLATION"] * 3
+
+
+def test_record_errors_in_kafka_python(proxy: ProxyProcess) -> None:
+    # The records named fail with their own text: under the batch's code when there is
+    # one record error, as InvalidRecordError when there are more; the others with a
+    # generic error.
+    other = ("KafkaError: Failed to append record because it was part of a batch which "
+             "had one more more invalid records")
+    assert _batch_outcomes_kafka_python(proxy, [b"bad 0", b"good 1", b"bad 2"]) == [
+        "[Error 87] InvalidRecordError: record 0 is bad", other,
+        "[Error 87] InvalidRecordError: record 2 is bad"]
+    assert _batch_outcomes_kafka_python(proxy, [b"good 0", b"bad 1", b"good 2"]) == [
+        other, "[Error 44] PolicyViolationError: record 1 is bad", other]

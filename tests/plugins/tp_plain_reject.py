@@ -1,7 +1,8 @@
 """``tp_plain_reject:PlainReject`` - ``raise RejectBatch(message)`` with no error code.
 
 Topics named ``code-<N>-...`` are rejected with error code N instead, to compare
-what clients show for other codes.
+what clients show for other codes; topics named ``each-...`` are rejected with the
+default code and a record error for each record whose value starts with ``bad``.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ class PlainReject(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Reject the batch."""
+        if batch.topic.startswith("each-"):
+            raise RejectBatch(REASON, record_errors=[
+                (i, f"record {i} is bad") for i, r in enumerate(batch.records)
+                if (r.value or b"").startswith(b"bad")])
         if batch.topic.startswith("code-"):
             raise RejectBatch(REASON, error=int(batch.topic.split("-")[1]))
         raise RejectBatch(REASON)
