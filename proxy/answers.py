@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import struct
 import time
@@ -366,6 +367,11 @@ class AnswerSide:
                     self._transform(slot, changed, on_response))
                 self._transforms.add(task)
                 task.add_done_callback(self._transforms.discard)
+                if inspect.iscoroutine(changed):
+                    # A task cancelled before its first step (the connection closed) never
+                    # awaits it: closed here, it is not reported as never awaited.
+                    unawaited = changed
+                    task.add_done_callback(lambda _: unawaited.close())
                 return None
             frame = changed
         if on_response is not None:
