@@ -5,6 +5,13 @@ Port-per-broker routing: each broker node id gets its own listener, at
 otherwise. The registry learns the real address of every node from the
 responses it rewrites and asks the server to open a listener the first time a
 node appears.
+
+A listener that could not be opened (its port taken) stays wanted: it is tried
+again when the node is next seen and whenever :meth:`NodeRegistry.reopen_failed`
+is called (the server does so on a timer), and :attr:`NodeRegistry.unopened`
+names it, with the port and the reason, until it is open - the proxy is not
+ready while a known node has no listener, since clients sent to that node's
+address would find nothing there.
 """
 
 from __future__ import annotations
@@ -72,6 +79,25 @@ class NodeRegistry:
         """The node's listener could not be opened (port taken): try again when it is next seen."""
         task = self._opening[node_id]
         return task.done() and (task.cancelled() or task.exception() is not None)
+
+    @property
+    def unopened(self) -> dict[int, tuple[int, str]]:
+        """Known nodes whose listener could not be opened: node id -> (port, why)."""
+        failed = {}
+        for node_id, task in self._opening.items():
+            if task.done() and (task.cancelled() or task.exception() is not None):
+                error = None if task.cancelled() else task.exception()
+                failed[node_id] = (self.port_for(node_id),
+                                   str(error) if error is not None else "cancelled")
+        return failed
+
+    async def reopen_failed(self) -> None:
+        """Try again to open every listener that could not be opened; wait for the tries."""
+        for node_id in list(self.unopened):
+            self._opening[node_id] = asyncio.ensure_future(
+                self._open_listener(node_id, self.port_for(node_id)))
+            self._settled = False
+        await self.settle()
 
     async def settle(self) -> None:
         """Wait until every listener announced so far is open (or failed to open)."""
