@@ -77,15 +77,14 @@ class NodeRegistry:
 
     def _failed(self, node_id: int) -> bool:
         """The node's listener could not be opened (port taken): try again when it is next seen."""
-        task = self._opening[node_id]
-        return task.done() and (task.cancelled() or task.exception() is not None)
+        return _failed_to_open(self._opening[node_id])
 
     @property
     def unopened(self) -> dict[int, tuple[int, str]]:
         """Known nodes whose listener could not be opened: node id -> (port, why)."""
         failed = {}
         for node_id, task in self._opening.items():
-            if task.done() and (task.cancelled() or task.exception() is not None):
+            if _failed_to_open(task):
                 error = None if task.cancelled() else task.exception()
                 failed[node_id] = (self.port_for(node_id),
                                    str(error) if error is not None else "cancelled")
@@ -113,3 +112,8 @@ class NodeRegistry:
         busy = any(not t.done() for t in self._opening.values())
         self._settled = not busy
         return busy
+
+
+def _failed_to_open(task: asyncio.Future[None]) -> bool:
+    """Whether a listener's opening ended without a listener (its error retrieved)."""
+    return task.done() and (task.cancelled() or task.exception() is not None)
