@@ -87,4 +87,7 @@ def print_ready(server: ProxyServer) -> None:
     """Print where the proxy serves (supervisors and tests read the bootstrap line)."""
     if server.metrics_address is not None:
         print(f"kiproxy: metrics on http://{server.metrics_address}/metrics", flush=True)
+    problem = server.listener_problem()
+    if problem is not None:  # serving, but /readyz answers 503 until it is solved
+        print(f"kiproxy: not ready: {problem}", flush=True)
     print(f"kiproxy: bootstrap address {server.bootstrap_address}", flush=True)

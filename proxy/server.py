@@ -4,7 +4,10 @@ Contract:
 
 - One bootstrap listener plus one listener per broker node, discovered from
   metadata as it changes (:mod:`kiproxy.proxy.brokers.discovery`,
-  :mod:`kiproxy.proxy.brokers.nodes`).
+  :mod:`kiproxy.proxy.brokers.nodes`). A node listener that cannot be opened (its
+  port taken) is tried again every :data:`LISTENER_RETRY` seconds, with one ERROR
+  line per reason (and one INFO line once it opens); until it opens, ``/readyz``
+  answers 503 naming the node, the port and why (:meth:`ProxyServer.readiness`).
 - The server owns what lives as long as the process: listeners, the node
   registry, upstream addresses, the decode threads and memory budgets, metrics.
   Everything a configuration makes (interceptor, observers, limits) is one
@@ -79,6 +82,8 @@ __all__ = ["ProxyServer"]
 
 _DISCOVERY_WAIT = 3.0
 """Seconds start() waits for the first node discovery before announcing itself."""
+LISTENER_RETRY = 5.0
+"""Seconds between tries to open a node listener that could not be opened."""
 
 
 class ProxyServer:
@@ -151,6 +156,9 @@ class ProxyServer:
         self._health: HealthServer | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._discovery: asyncio.Task[None] | None = None
+        self._reopening: asyncio.Task[None] | None = None
+        self._listener_failures: dict[int, str] = {}
+        """Node id -> why its listener last failed to open (logged once per reason)."""
         self._retiring: set[asyncio.Task[None]] = set()
         self._servers: dict[int | None, asyncio.Server] = {}
         self.connections: set[ClientConnection] = set()
@@ -327,6 +335,7 @@ class ProxyServer:
         # Listeners first, then outbound connections: discovery's ephemeral source
         # ports must not take a port this process is about to listen on.
         await self._learn_nodes()
+        self._reopening = asyncio.create_task(self._keep_listeners_open())
 
     async def _learn_nodes(self) -> None:
         """Open the node listeners before clients come back (see :mod:`proxy.discovery`).
@@ -349,9 +358,13 @@ class ProxyServer:
                     "could not learn the cluster's nodes from the upstream brokers (%s); "
                     "retrying, and node listeners open as clients fetch metadata", reason)
             return False
-        log.info("learned %d broker node(s) from upstream; node listeners %s", count,
-                 ", ".join(f"{n}->{p}" for n, p in sorted(
-                     (k, v) for k, v in self.listener_ports.items() if k is not None)))
+        unopened = self.nodes.unopened
+        log.log(logging.WARNING if unopened else logging.INFO,
+                "learned %d broker node(s) from upstream; node listeners %s%s", count,
+                ", ".join(f"{n}->{p}" for n, p in sorted(
+                    (k, v) for k, v in self.listener_ports.items() if k is not None)),
+                "".join(f"; node {n} has none (port {p} could not be opened)"
+                        for n, (p, _) in sorted(unopened.items())))
         return True
 
     async def _keep_discovering(self) -> None:
@@ -362,15 +375,39 @@ class ProxyServer:
                 return
             delay, retry = min(delay * 2, 30.0), True
 
+    async def _keep_listeners_open(self) -> None:
+        """Try again, every :data:`LISTENER_RETRY` seconds, the node listeners that could
+        not be opened (another process held the port)."""
+        while True:
+            await asyncio.sleep(LISTENER_RETRY)
+            await self.nodes.reopen_failed()
+
+    def listener_problem(self) -> str | None:
+        """Why some known broker node has no listener (clients sent to it would find
+        nothing), or ``None`` when every one is open."""
+        unopened = self.nodes.unopened
+        if not unopened:
+            return None
+        return "; ".join(
+            f"node {node_id} has no listener on port {port}: {why}"
+            for node_id, (port, why) in sorted(unopened.items())) + (
+            f" (retrying every {LISTENER_RETRY:g} s; free the port, or set node_ports or "
+            "broker_port_start to free ports)")
+
     @property
     def metrics_address(self) -> str | None:
         """``host:port`` of the metrics endpoint, when it is open."""
         return self._health.address if self._health is not None else None
 
     async def readiness(self) -> str | None:
-        """``None`` when ready to carry traffic, else why not."""
+        """``None`` when ready to carry traffic, else why not: the interceptor is not
+        loaded, a known broker node has no listener, or no upstream broker accepts a
+        connection."""
         if self.config.interceptor.class_name and not self.generation.produce.intercepts:
             return "the interceptor is not loaded"
+        unopened = self.listener_problem()
+        if unopened is not None:
+            return unopened
         errors = []
         for host, port in self.config.upstream_addresses:
             try:
@@ -398,10 +435,17 @@ class ProxyServer:
                 ssl=self._listener_tls.front if self._listener_tls is not None else None,
             )
         except OSError as exc:
-            log.error("cannot open listener port %d for node %d: %s (set node_ports or "
-                      "broker_port_start to free ports)", port, node_id, exc)
+            # Once per reason, not once per try: it is tried again every LISTENER_RETRY s.
+            first = self._listener_failures.get(node_id) != str(exc)
+            self._listener_failures[node_id] = str(exc)
+            log.log(logging.ERROR if first else logging.DEBUG,
+                    "cannot open listener port %d for node %d: %s (retrying every %g s, "
+                    "not ready until it opens; free the port, or set node_ports or "
+                    "broker_port_start to free ports)", port, node_id, exc, LISTENER_RETRY)
             raise
         self._servers[node_id] = server
+        if self._listener_failures.pop(node_id, None) is not None:
+            log.info("opened listener port %d for node %d", port, node_id)
 
     @property
     def listener_ports(self) -> dict[int | None, int]:
@@ -513,6 +557,8 @@ class ProxyServer:
             self._trim_task.cancel()
         if self._discovery is not None:
             self._discovery.cancel()
+        if self._reopening is not None:
+            self._reopening.cancel()
         for stream in list(self._prefacing):
             stream.transport.abort()
         for conn in list(self.connections):

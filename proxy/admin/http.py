@@ -4,8 +4,9 @@
 
 * ``/metrics`` - Prometheus text format (the metric names are listed in the README);
 * ``/healthz`` - 200 while the process runs its event loop;
-* ``/readyz`` - 200 when the interceptor is loaded and an upstream broker
-  accepts a TCP connection, 503 with the reason otherwise;
+* ``/readyz`` - 200 when the interceptor is loaded, every known broker node has its
+  listener open and an upstream broker accepts a TCP connection, 503 with the reason
+  otherwise;
 * ``/livez`` - the same as ``/healthz`` (the Kubernetes name);
 * ``POST /reload`` - reload the configuration (an admin action: see
   :mod:`kiproxy.proxy.admin.guard` for who may call it; others get 401 or 403):

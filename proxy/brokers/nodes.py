@@ -5,6 +5,13 @@ Port-per-broker routing: each broker node id gets its own listener, at
 otherwise. The registry learns the real address of every node from the
 responses it rewrites and asks the server to open a listener the first time a
 node appears.
+
+A listener that could not be opened (its port taken) stays wanted: it is tried
+again when the node is next seen and whenever :meth:`NodeRegistry.reopen_failed`
+is called (the server does so on a timer), and :attr:`NodeRegistry.unopened`
+names it, with the port and the reason, until it is open - the proxy is not
+ready while a known node has no listener, since clients sent to that node's
+address would find nothing there.
 """
 
 from __future__ import annotations
@@ -70,8 +77,26 @@ class NodeRegistry:
 
     def _failed(self, node_id: int) -> bool:
         """The node's listener could not be opened (port taken): try again when it is next seen."""
-        task = self._opening[node_id]
-        return task.done() and (task.cancelled() or task.exception() is not None)
+        return _failed_to_open(self._opening[node_id])
+
+    @property
+    def unopened(self) -> dict[int, tuple[int, str]]:
+        """Known nodes whose listener could not be opened: node id -> (port, why)."""
+        failed = {}
+        for node_id, task in self._opening.items():
+            if _failed_to_open(task):
+                error = None if task.cancelled() else task.exception()
+                failed[node_id] = (self.port_for(node_id),
+                                   str(error) if error is not None else "cancelled")
+        return failed
+
+    async def reopen_failed(self) -> None:
+        """Try again to open every listener that could not be opened; wait for the tries."""
+        for node_id in list(self.unopened):
+            self._opening[node_id] = asyncio.ensure_future(
+                self._open_listener(node_id, self.port_for(node_id)))
+            self._settled = False
+        await self.settle()
 
     async def settle(self) -> None:
         """Wait until every listener announced so far is open (or failed to open)."""
@@ -87,3 +112,8 @@ class NodeRegistry:
         busy = any(not t.done() for t in self._opening.values())
         self._settled = not busy
         return busy
+
+
+def _failed_to_open(task: asyncio.Future[None]) -> bool:
+    """Whether a listener's opening ended without a listener (its error retrieved)."""
+    return task.done() and (task.cancelled() or task.exception() is not None)

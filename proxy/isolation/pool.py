@@ -11,9 +11,10 @@ then costs one batch and one worker, never the proxy:
   rejected with REQUEST_TIMED_OUT (7, retriable) and a replacement worker is
   started in the background.
 * **Crash.** A worker that dies while handling a batch (segfault, ``os._exit``,
-  ``sys.exit``, the OOM killer) rejects that batch with INVALID_RECORD (87);
-  the message names the plugin, the worker's pid and its exit code (a negative
-  code is the signal, e.g. ``-11 (SIGSEGV)``). It is replaced too. A worker
+  ``sys.exit``, the OOM killer) rejects that batch with INVALID_RECORD (87), a
+  ``crashed`` plugin fault (:class:`WorkerCrashed`); the message names the plugin, the
+  worker's pid and its exit code (a negative code is the signal, e.g. ``-11
+  (SIGSEGV)``). It is replaced too. A worker
   found dead while idle is replaced without failing anything.
 * **Exceptions**, ``RejectBatch`` and other plugin faults behave exactly as inline: a
   ``RejectBatch`` keeps its error code, message and record errors; any other
@@ -112,6 +113,7 @@ from kiproxy.interceptors.verdict import (
     DEFAULT_OUTPUT_LIMITS,
     Judged,
     OutputLimits,
+    PluginFault,
     Rejected,
 )
 from kiproxy.proxy.isolation.process import (
@@ -138,8 +140,16 @@ _STOP_GRACE = 5.0
 _MAX_BACKOFF = 30.0
 
 
-class WorkerCrashed(Exception):
-    """The worker process handling a batch died; the batch is rejected (INVALID_RECORD)."""
+class WorkerCrashed(PluginFault):
+    """The worker process handling a batch died; the batch is rejected (INVALID_RECORD).
+
+    A :class:`~kiproxy.interceptors.verdict.PluginFault` whose ``fault`` is ``crashed``, as a
+    Wasm trap is: counted as ``kiproxy_interceptor_errors_total{reason="crashed"}``, not as
+    an exception the plugin raised.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, fault="crashed")
 
 
 class PluginRaised(Exception):

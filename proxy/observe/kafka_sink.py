@@ -24,7 +24,10 @@ Contract:
   and ``closed`` (still queued when the proxy stopped, past ``close_timeout_ms``).
   Each (topic, reason) writes at most one WARNING line per :data:`LOG_INTERVAL`
   seconds, naming the sink, the topic and how many records were dropped since the
-  previous line. Written records are counted in ``kiproxy_sink_written_total``.
+  previous line. Drops held back are reported by a line of their own once the interval
+  has passed (or at :meth:`KafkaSink.close`) even when no further drop comes: the
+  lines add up to the counter. Written records are counted in
+  ``kiproxy_sink_written_total``.
 * The topic is asked about at most every ``topic_check_interval_ms`` (a passing fault
   for a second), so a missing topic costs no wait per batch.
 * :meth:`KafkaSink.close` writes what is queued within ``close_timeout_ms``, counts the
@@ -154,11 +157,14 @@ class KafkaSink:
         self._queued_records_gauge = metrics.sink_queued_records.labels(name)
         self._queued_bytes_gauge = metrics.sink_queued_bytes.labels(name)
         self._lock = threading.Lock()
-        """Guards the queue and its counts, ``_closing``, ``_wake_pending``, ``_held``."""
+        """Guards the queue and its counts, ``_closing``, ``_closed``, ``_wake_pending``,
+        ``_held``, ``_reporting``."""
         self._queue: collections.deque[tuple[SinkBatch, int]] = collections.deque()
         self._queued_records = 0
         self._queued_bytes = 0
         self._closing = False
+        self._closed = False
+        """close() has reported every held-back drop: a later drop is written at once."""
         self._wake = asyncio.Event()
         self._wake_pending = False
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -169,8 +175,11 @@ class KafkaSink:
         """Records handed to the producer and not yet acknowledged -> their topic."""
         self._topics: dict[str, tuple[float, str | None]] = {}
         """Topic -> (monotonic time until which the answer holds, drop reason or None)."""
-        self._held: dict[tuple[str, str], int] = {}
-        """(topic, reason) -> records dropped since the last line about them."""
+        self._held: dict[tuple[str, str], tuple[int, str]] = {}
+        """(topic, reason) -> records dropped since the last line about them, and why the
+        last of them was."""
+        self._reporting: dict[tuple[str, str], asyncio.TimerHandle | None] = {}
+        """(topic, reason) -> the timer that reports its held-back drops (None: being set)."""
         self._log = RateLimitedLog(log, LOG_INTERVAL)
         _quiet_library_log()
 
@@ -234,6 +243,11 @@ class KafkaSink:
         self._loop = asyncio.get_running_loop()
         self._loop_thread = threading.get_ident()
         self._writer = asyncio.create_task(self._write_loop(), name=f"{self.name}-sink-writer")
+        with self._lock:  # drops held back before the loop was known
+            waiting = [key for key in self._held if key not in self._reporting]
+            self._reporting.update(dict.fromkeys(waiting))
+        for key in waiting:
+            self._report_later(key)
 
     async def close(self) -> None:
         """Write what is queued within ``close_timeout_ms``, count the rest as ``closed``,
@@ -264,6 +278,9 @@ class KafkaSink:
         producer, self._producer = self._producer, None
         if producer is not None:
             await self._stop(producer, max(deadline - time.monotonic(), 0.1))
+        with self._lock:
+            self._closed = True
+        self._report_held(None)  # the last word on every drop, whatever the interval
 
     async def _stop(self, producer: Any, timeout: float) -> None:
         try:
@@ -438,13 +455,74 @@ class KafkaSink:
         self._dropped.labels(self.name, reason).inc(records)
         key = (topic, reason)
         with self._lock:
-            held = self._held[key] = self._held.get(key, 0) + records
-            write = self._log.allow(key) is not None
-            if write:
-                del self._held[key]
+            held = self._held.pop(key, (0, why))[0] + records
+            # Once closed nothing is left to report a held line: it is written now.
+            write = self._log.allow(key) is not None or self._closed
+            schedule = not write and key not in self._reporting
+            if not write:
+                self._held[key] = (held, why)
+            if schedule:
+                self._reporting[key] = None
         if write:
-            log.warning("%s sink: dropped %d record(s) for topic %s since the last such line "
-                        "(%s): %s", self.name, held, topic, reason, why)
+            self._write_drops(key, held, why)
+        elif schedule:
+            self._report_later(key)
+
+    def _write_drops(self, key: tuple[str, str], records: int, why: str) -> None:
+        topic, reason = key
+        log.warning("%s sink: dropped %d record(s) for topic %s since the last such line "
+                    "(%s): %s", self.name, records, topic, reason, why)
+
+    def _report_later(self, key: tuple[str, str]) -> None:
+        """Report ``key``'s held-back drops once its interval has passed, should no drop
+        come to write them sooner (called from any thread)."""
+        loop = self._loop
+        if loop is None:  # not started: start() arms it
+            with self._lock:
+                self._reporting.pop(key, None)
+            return
+
+        def arm() -> None:
+            with self._lock:
+                if key in self._reporting and not self._closed:
+                    self._reporting[key] = loop.call_later(
+                        self._log.interval, self._report_held, key)
+                    return
+                self._reporting.pop(key, None)
+
+        if threading.get_ident() == self._loop_thread:
+            arm()
+            return
+        try:
+            loop.call_soon_threadsafe(arm)
+        except RuntimeError:  # a closed loop: close() reported them
+            with self._lock:
+                self._reporting.pop(key, None)
+
+    def _report_held(self, only: tuple[str, str] | None) -> None:
+        """Write the line for the drops held back for ``only`` if its interval has passed
+        (else look again later), or, given ``None`` (at close), for every key at once."""
+        with self._lock:
+            if only is None:
+                for timer in self._reporting.values():
+                    if timer is not None:
+                        timer.cancel()
+                self._reporting.clear()
+                due = list(self._held.items())
+                self._held.clear()
+            else:
+                self._reporting.pop(only, None)
+                due, rearm = [], False
+                if only in self._held:
+                    if self._log.allow(only) is not None:
+                        due = [(only, self._held.pop(only))]
+                    else:  # a drop wrote a line meanwhile and more were held since
+                        self._reporting[only] = None
+                        rearm = True
+        for key, (records, why) in due:
+            self._write_drops(key, records, why)
+        if only is not None and rearm:
+            self._report_later(only)
 
     def _warn(self, key: tuple[str, ...], message: str) -> None:
         with self._lock:

@@ -55,12 +55,14 @@ class Metrics:
             "kiproxy_fetch_records", "Fetched records on topics with a fetch-side hook, by "
             "topic and outcome", ["topic", "outcome"], registry=r)
         self.interceptor_seconds = Histogram(
-            "kiproxy_interceptor_duration_seconds", "Time the interceptor took per batch",
+            "kiproxy_interceptor_duration_seconds", "Time the interceptor (a route's chain) "
+            "took per batch, by route", ["route"],
             buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
                      0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r)
         self.interceptor_errors = Counter(
-            "kiproxy_interceptor_errors", "Batches rejected because the interceptor raised, "
-            "timed out or broke the record-count rule", ["reason"], registry=r)
+            "kiproxy_interceptor_errors", "Batches rejected because of the plugin, by reason "
+            "(raised, timeout, return_type, record_count, output_size, crashed) and route",
+            ["reason", "route"], registry=r)
         self.upstream_errors = Counter(
             "kiproxy_upstream_connection_errors", "Failed or broken connections to brokers",
             ["kind"], registry=r)

@@ -53,6 +53,8 @@ from kiproxy.proxy.routes.chain import ChainResult, run_chain
 if TYPE_CHECKING:
     import logging
 
+    from prometheus_client.metrics import Histogram
+
     from kiproxy.interceptors.identity import ClientIdentity
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.produce.offload import DecodeLease
@@ -64,10 +66,6 @@ CORRUPT_MESSAGE = ErrorCode.CORRUPT_MESSAGE
 UNSUPPORTED_FOR_MESSAGE_FORMAT = ErrorCode.UNSUPPORTED_FOR_MESSAGE_FORMAT
 UNSUPPORTED_COMPRESSION_TYPE = ErrorCode.UNSUPPORTED_COMPRESSION_TYPE
 INVALID_RECORD = ErrorCode.INVALID_RECORD
-
-_FAULT_METRICS = {"timeout": "timeout", "raised": "raised", "record_count": "record_count",
-                  "output_size": "output_size", "crashed": "crashed"}
-"""kiproxy_interceptor_errors reason per plugin fault (a wrong return type has none)."""
 
 
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
@@ -115,6 +113,9 @@ class PartitionHandler:
         self.metrics = metrics
         self.log = log
         self._limit_warnings = RateLimitedLog(log)
+        self._timers: dict[str, Histogram] = {}
+        """Route name -> its ``kiproxy_interceptor_duration_seconds`` child: ``labels()``
+        costs about as much again as ``observe()``, so it is looked up once a route."""
 
     async def decide(self, job: PartitionJob,
                      lease: DecodeLease) -> Decision | asyncio.Task[Decision]:
@@ -160,7 +161,7 @@ class PartitionHandler:
                 try:
                     out.append(await piece)
                 except Exception as exc:
-                    return _unencodable(job, exc)
+                    return self._unencodable(job, exc)
             decision = encoding.decision
             return Decision(records=b"".join(out), changed=True,
                             acknowledged=decision.acknowledged, observed=decision.observed,
@@ -269,7 +270,7 @@ class PartitionHandler:
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return _unencodable(job, exc)
+                    return self._unencodable(job, exc)
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
@@ -302,18 +303,31 @@ class PartitionHandler:
     async def _run(self, chain: LoadedChain, view: RecordBatch,
                    ctx: InterceptContext) -> ChainResult:
         """The chain's verdict on one batch (:func:`~kiproxy.proxy.routes.chain.run_chain`,
-        each link judged by :func:`~kiproxy.interceptors.verdict.judge`), metered."""
+        each link judged by :func:`~kiproxy.interceptors.verdict.judge`), metered by route:
+        its time, and every plugin fault under the fault's own name as ``reason``."""
         metrics = self.metrics
+        route = chain.route.name
         if metrics is None:  # nothing to meter: no clock read
-            return await run_chain(chain.route.name, chain.links, view, ctx)
+            return await run_chain(route, chain.links, view, ctx)
         started = time.perf_counter()
-        decided = await run_chain(chain.route.name, chain.links, view, ctx)
+        decided = await run_chain(route, chain.links, view, ctx)
         verdict = decided.verdict
-        if not (isinstance(verdict, Rejected) and verdict.fault == "raised"):
-            metrics.interceptor_seconds.observe(time.perf_counter() - started)
-        if isinstance(verdict, Rejected) and verdict.fault in _FAULT_METRICS:
-            metrics.interceptor_errors.labels(_FAULT_METRICS[verdict.fault]).inc()
+        fault = verdict.fault if isinstance(verdict, Rejected) else None
+        if fault != "raised":
+            timer = self._timers.get(route)
+            if timer is None:
+                timer = self._timers[route] = metrics.interceptor_seconds.labels(route)
+            timer.observe(time.perf_counter() - started)
+        if fault is not None:
+            metrics.interceptor_errors.labels(fault, route).inc()
         return decided
+
+    def _unencodable(self, job: PartitionJob, exc: Exception) -> Decision:
+        """:func:`_unencodable`'s rejection, counted as the plugin's ``return_type`` fault."""
+        assert job.chain is not None
+        if self.metrics is not None:
+            self.metrics.interceptor_errors.labels("return_type", job.chain.route.name).inc()
+        return _unencodable(job, exc)
 
 
 DECODE_LINK = "(decode)"

@@ -3,17 +3,26 @@ to a node port after a proxy restart find it open (see proxy/brokers/discovery.p
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import signal
+import socket
+import struct
 import time
 import uuid
 from pathlib import Path
 
+import pytest
 from conftest import TANSU_NODE_ID, consume, launch_proxy
 from hardening.processes import TansuBroker, free_broker_port_start, launch_proxy_at
 from hardening.raw_kafka import api_versions_frame, connect, recv_frame
 
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response
+from kiproxy.proxy import server as server_module
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.observe.metrics import Metrics
+from kiproxy.proxy.server import ProxyServer
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 
@@ -102,3 +111,61 @@ def test_an_unreachable_upstream_at_start_is_retried(tmp_path: Path) -> None:
     finally:
         proxy.stop()
         late.stop()
+
+
+async def _readyz(address: str) -> tuple[int, str]:
+    """``GET /readyz`` on the proxy's metrics listener: status and body."""
+    reader, writer = await asyncio.open_connection(*address.rsplit(":", 1))
+    writer.write(b"GET /readyz HTTP/1.0\r\n\r\n")
+    raw = await reader.read()
+    writer.close()
+    head, _, body = raw.decode().partition("\r\n\r\n")
+    return int(head.split()[1]), body
+
+
+async def test_a_node_listener_that_cannot_open_keeps_the_proxy_unready_until_it_opens(
+        broker: EmbeddedBroker, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.setattr(server_module, "LISTENER_RETRY", 0.05, raising=False)
+    caplog.set_level(logging.DEBUG, "kiproxy")
+    port_start = free_broker_port_start()
+    node_port = port_start + TANSU_NODE_ID
+    squatter = socket.create_server(("127.0.0.1", node_port))  # another process's port
+    server = ProxyServer(ProxyConfig(
+        upstream=[broker.bootstrap], listen=f"127.0.0.1:{free_port()}",
+        broker_port_start=port_start, metrics_listen=f"127.0.0.1:{free_port()}"),
+        metrics=Metrics())
+    try:
+        await server.start()
+        address = server.metrics_address
+        assert address is not None
+        status, body = await _readyz(address)
+        assert status == 503
+        assert f"node {TANSU_NODE_ID} has no listener on port {node_port}: " in body
+        assert "in use" in body  # the reason, as the system said it
+        tries = 0
+        for _ in range(400):  # retried, and logged once, not once per try
+            await asyncio.sleep(0.01)
+            tries = sum("cannot open listener" in r.getMessage() for r in caplog.records)
+            if tries >= 3:
+                break
+        errors = [r for r in caplog.records if r.levelno == logging.ERROR
+                  and "cannot open listener" in r.getMessage()]
+        assert tries >= 3 and len(errors) == 1, caplog.text
+        squatter.close()
+        for _ in range(400):
+            status, body = await _readyz(address)
+            if status == 200:
+                break
+            await asyncio.sleep(0.01)
+        assert (status, body) == (200, "ready\n")
+        assert f"opened listener port {node_port} for node {TANSU_NODE_ID}" in caplog.text
+        reader, writer = await asyncio.open_connection("127.0.0.1", node_port)
+        writer.write(api_versions_frame(9, version=0))  # length prefix included
+        size = struct.unpack(">i", await reader.readexactly(4))[0]
+        answer = await reader.readexactly(size)
+        writer.close()
+        assert parse_response_header(answer, 0)[0] == 9  # a broker answers through it
+    finally:
+        squatter.close()
+        await server.stop(0)

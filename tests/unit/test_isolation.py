@@ -32,6 +32,7 @@ from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Judged, Rejected
 from kiproxy.proxy.isolation.pool import IsolatedInterceptor, PluginRaised, WorkerCrashed
+from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.produce.pipeline import INVALID_RECORD, REQUEST_TIMED_OUT, ProducePipeline
 
 PLUGINS = Path(__file__).resolve().parents[1] / "isolation_plugins"
@@ -393,14 +394,22 @@ async def test_the_pipeline_rejects_a_spinning_batch_with_request_timed_out(
 async def test_the_pipeline_rejects_a_crashed_batch_with_invalid_record(
         make_pool: Any) -> None:
     pool = make_pool("Crash", workers=1, code=9)
-    pipeline = ProducePipeline(pool, name="iso_plugins:Crash", timeout_ms=5000)
+    metrics = Metrics()
+    pipeline = ProducePipeline(pool, name="iso_plugins:Crash", timeout_ms=5000,
+                               metrics=metrics)
     assert pipeline.routes is not None and pipeline.routes.single is not None
     decided = await pipeline.partitions._run(pipeline.routes.single, _batch("crash"), _ctx(5))
     rejection = decided.rejection
     assert rejection is not None and rejection.code == INVALID_RECORD
+    assert rejection.fault == "crashed"  # the worker died; the plugin raised nothing
     message = rejection.message
-    assert message.startswith("interceptor iso_plugins:Crash failed: WorkerCrashed: ")
+    assert message.startswith("the worker process running iso_plugins:Crash (pid ")
     assert "died with exit code 9" in message
+    errors = "kiproxy_interceptor_errors_total"
+    assert metrics.registry.get_sample_value(
+        errors, {"reason": "crashed", "route": "default"}) == 1
+    assert metrics.registry.get_sample_value(
+        errors, {"reason": "raised", "route": "default"}) is None
     assert pipeline.routes.single.hooks == ()  # on_acknowledgement is not forwarded
 
 

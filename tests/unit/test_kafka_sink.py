@@ -12,6 +12,7 @@ import threading
 import pytest
 
 from kiproxy.proxy.config.clients import AuditSinkSettings
+from kiproxy.proxy.observe import kafka_sink
 from kiproxy.proxy.observe.audit import AuditBatch
 from kiproxy.proxy.observe.kafka_sink import KafkaSink
 from kiproxy.proxy.observe.metrics import Metrics
@@ -60,9 +61,10 @@ def test_offers_from_another_thread_are_bounded_by_records_and_counted(
     assert sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="closed") == 4 + 3
     assert sample(metrics, "kiproxy_sink_queued_records", sink="audit") == 0
     full = [r.getMessage() for r in caplog.records if "(queue_full)" in r.getMessage()]
-    assert len(full) == 1  # the second drop within the interval is held back, and counted
-    assert full[0].startswith("audit sink: dropped 2 record(s) for topic events")
-    assert "audit_sink.queue_records/queue_bytes" in full[0]
+    # The second drop within the interval is held back, counted, and reported at close.
+    assert [m.split(" since")[0] for m in full] == [
+        "audit sink: dropped 2 record(s) for topic events"] * 2
+    assert all("audit_sink.queue_records/queue_bytes" in m for m in full)
 
 
 def test_a_batch_past_the_byte_bound_is_dropped_whole() -> None:
@@ -81,3 +83,54 @@ def test_a_batch_past_the_byte_bound_is_dropped_whole() -> None:
     assert asyncio.run(run()) == (4, 94)
     assert sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="queue_full") == 1
     assert sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="closed") == 4
+
+
+def _dropped_in_lines(caplog: pytest.LogCaptureFixture, reason: str) -> int:
+    """Records the WARNING lines say were dropped for ``reason``, added up."""
+    return sum(int(m.split("dropped ")[1].split(" ")[0])
+               for m in (r.getMessage() for r in caplog.records) if f"({reason})" in m)
+
+
+def test_drops_held_back_are_reported_after_the_interval_without_a_further_drop(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kafka_sink, "LOG_INTERVAL", 0.2)
+    metrics = Metrics()
+    caplog.set_level(logging.WARNING, "kiproxy.sink")
+
+    async def run() -> tuple[int, int]:
+        sink = make(metrics, queue_records=1, close_timeout_ms=100)
+        await sink.start()
+        sink.offer(events(1))  # queued (nothing listens: it stays)
+        for _ in range(3):     # the first is written, the other two held back
+            sink.offer(events(2))
+        at_once = _dropped_in_lines(caplog, "queue_full")
+        for _ in range(200):  # no further drop comes; the interval is 0.2 s
+            if _dropped_in_lines(caplog, "queue_full") == 6:
+                break
+            await asyncio.sleep(0.05)
+        later = _dropped_in_lines(caplog, "queue_full")
+        await sink.close()
+        return at_once, later
+
+    assert asyncio.run(run()) == (2, 6)
+    dropped = sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="queue_full")
+    assert dropped == _dropped_in_lines(caplog, "queue_full") == 6
+
+
+def test_drops_held_back_are_reported_at_close(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics()
+    caplog.set_level(logging.WARNING, "kiproxy.sink")
+
+    async def run() -> int:
+        sink = make(metrics, queue_records=1)
+        await sink.start()
+        sink.offer(events(1))
+        for _ in range(5):
+            sink.offer(events(3))
+        before = _dropped_in_lines(caplog, "queue_full")
+        await sink.close()
+        return before
+
+    assert asyncio.run(run()) == 3  # one line at once; 30 s have not passed
+    dropped = sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="queue_full")
+    assert dropped == _dropped_in_lines(caplog, "queue_full") == 15
