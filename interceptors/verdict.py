@@ -413,7 +413,7 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
         verdict: Verdict = done.value
         return verdict
     try:
-        result = await within(awaitable, remaining)
+        result = await within(awaitable, remaining, name)
     except Exception as exc:
         return _resumed(judging, None, exc)
     return _resumed(judging, result, None)

@@ -226,6 +226,31 @@ def test_each_record_error_is_printed_once(capsys: pytest.CaptureFixture[str],
                                      "  record 2"]
 
 
+def test_an_async_plugin_that_swallows_its_cancellation_misses_the_deadline(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "stubborn", """
+        import asyncio
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Stubborn(ProduceRequestInterceptor):
+            async def intercept(self, batch, ctx):
+                try:
+                    await asyncio.Event().wait()  # set by no one
+                except BaseException:  # the bug: its cancellation swallowed
+                    pass
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                return batch
+    """)
+    code, out, err = check(capsys, "stubborn:Stubborn", "--plugins-dir", str(plugins),
+                           "--timeout-ms", "300")
+    assert code == 2
+    assert out.splitlines()[0] == (
+        "batch 1: check[0], 5 records: rejected with REQUEST_TIMED_OUT (7): interceptor "
+        "stubborn:Stubborn did not finish within 300 ms")
+    assert "stubborn:Stubborn failed on 2 of 2 batches" in err
+
+
 TEST_PLUGINS = ROOT / "tests" / "plugins"
 
 

@@ -155,3 +155,30 @@ def test_plugin_faults_and_repeated_rejections_are_rate_limited(
         "rejected t[0] from 127.0.0.1:3 (client_id 'c'): error 44: closed "
         "(4 more like it in the last 10 s not logged)",
     ]
+
+
+def test_an_async_plugin_that_swallows_its_cancellation_is_timed_out() -> None:
+    ran_on: list[str] = []
+
+    class Stubborn(ProduceRequestInterceptor):
+        async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            for _ in range(3):
+                try:
+                    await asyncio.Event().wait()  # set by no one
+                except BaseException:  # the bug under test: the cancellation is swallowed
+                    ran_on.append("swallowed")
+                    break
+            for _ in range(10):
+                await asyncio.sleep(0)
+            ran_on.append("returned")
+            return batch
+
+    async def main() -> Any:
+        verdict = await judge(Stubborn(), BATCH, _ctx(0.05), name="p", timeout=0.05)
+        assert ran_on == []  # answered before the plugin even saw its cancellation
+        while ran_on != ["swallowed", "returned"]:
+            await asyncio.sleep(0)
+        return verdict
+
+    assert asyncio.run(main()) == Rejected(
+        code=7, message="interceptor p did not finish within 50 ms", fault="timeout")
