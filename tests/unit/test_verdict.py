@@ -157,6 +157,46 @@ def test_plugin_faults_and_repeated_rejections_are_rate_limited(
     ]
 
 
+THREE = RecordBatch(topic="orders", partition=2, records=tuple(
+    Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(3)))
+
+
+@pytest.mark.parametrize(("given", "sent", "stray"), [
+    # In range and in order: sent as given.
+    ([(0, "a"), (2, None)], ((0, "a"), (2, None)), ()),
+    # Out of range (as the user's plugin did): left out; the rejection stands.
+    ([(99, "x"), (-1, "y")], (), ((99, "x"), (-1, "y"))),
+    ([(3, "one past"), (1, "b")], ((1, "b"),), ((3, "one past"),)),
+    # Out of order: sorted, as librdkafka reads them alongside its records.
+    ([(2, "c"), (0, "a")], ((0, "a"), (2, "c")), ()),
+    # A record named twice: one entry, its messages joined.
+    ([(1, "rule a"), (0, "z"), (1, None), (1, "rule b")], ((0, "z"), (1, "rule a; rule b")),
+     ()),
+    # Not an (index, message) pair: left out, as given.
+    ([5, (0, "a")], ((0, "a"),), (5,)),
+])
+def test_record_errors_are_sent_only_for_records_of_the_batch(
+        given: list[Any], sent: tuple[tuple[int, str | None], ...],
+        stray: tuple[object, ...]) -> None:
+    plugin = _Answer(RejectBatch("nope", error="INVALID_RECORD", record_errors=given))
+    expected = Rejected(code=87, message="nope", record_errors=sent, stray_record_errors=stray)
+    assert asyncio.run(judge(plugin, THREE, _ctx(), name="p", timeout=1)) == expected
+    assert judge_sync(plugin, THREE, _ctx(), name="p", timeout=1, run=_run) == expected
+    assert not expected.plugin_fault  # a policy rejection still, with the plugin's code
+
+
+def test_stray_record_errors_are_warned_about_once_per_plugin(
+        caplog: pytest.LogCaptureFixture) -> None:
+    plugin = _Answer(RejectBatch("nope", record_errors=[(99, "x"), (0, "a"), (-1, "y")]))
+    with caplog.at_level(logging.WARNING, "kiproxy.interceptors"):
+        for _ in range(3):
+            asyncio.run(judge(plugin, THREE, _ctx(), name="strays:Nope", timeout=1))
+    lines = [r.getMessage() for r in caplog.records if "strays:Nope" in r.getMessage()]
+    assert lines == ["interceptor strays:Nope rejected orders[2] with record_errors naming no "
+                     "record of its 3 records (indices 0 to 2): 99, -1; they were left out of "
+                     "the answer, the rejection stands"]
+
+
 def test_an_async_plugin_that_swallows_its_cancellation_is_timed_out() -> None:
     ran_on: list[str] = []
 
