@@ -16,7 +16,7 @@ so one that finishes without waiting for anything (an ``async def`` hook that on
 computes, or whose keys are cached) answers at once, with no task, timer or loop
 iteration. Only a coroutine that does wait is handed, already started, to a task of
 its own, which resumes it where it stopped; the caller waits for that task or the
-deadline, whichever comes first (``asyncio.wait``).
+deadline, whichever comes first.
 """
 
 from __future__ import annotations
@@ -75,16 +75,31 @@ def _qualname(coroutine: Coroutine[Any, Any, Any]) -> str:
 
 async def _bounded(task: asyncio.Future[_T], timeout: float, name: str) -> _T:
     """``task``'s result, or ``TimeoutError`` after ``timeout`` seconds, when ``task`` is
-    cancelled and left to end on its own."""
+    cancelled and left to end on its own: ``asyncio.wait_for``'s waiter, without its
+    waiting for the cancelled task (``asyncio.wait`` would do, at 4 us more a call)."""
+    loop = asyncio.get_running_loop()
+    waiter = loop.create_future()
+    timer = loop.call_later(timeout, _release, waiter)
+    release = functools.partial(_release, waiter)
+    task.add_done_callback(release)
     try:
-        await asyncio.wait((task,), timeout=timeout)
+        await waiter
     except BaseException:  # the caller is cancelled: so is the plugin, and it may run on
+        task.remove_done_callback(release)
         _let_go(task, name)
         raise
+    finally:
+        timer.cancel()
     if task.done():
         return task.result()
+    task.remove_done_callback(release)
     _let_go(task, name)
     raise TimeoutError
+
+
+def _release(waiter: asyncio.Future[None], *_: object) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
 
 
 def _let_go(task: asyncio.Future[Any], name: str) -> None:
