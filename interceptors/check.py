@@ -4,7 +4,8 @@ Exit status: 0 when the plugin loads, configures and answers every sample
 batch (a ``RejectBatch`` is an answer); 2, with the reason on stderr, when it
 cannot be loaded or configured, when the sample file cannot be read, or when
 the plugin fails on a batch (raises, breaks the record-count rule, returns
-something else than a batch, misses the deadline) - and, with
+something else than a batch, misses the deadline, rejects with ``record_errors``
+naming no record of the batch) - and, with
 ``--fail-on-reject``, when any batch is rejected (a Wasm module's trap or running
 out of memory is a failure of the plugin). ``--mode observe`` runs the plugin as a route
 in observe mode would: each batch is reported as forwarded as it came, followed
@@ -77,6 +78,7 @@ from kiproxy.interceptors.testing import (
     make_record,
     run_interceptor,
 )
+from kiproxy.interceptors.verdict import Rejected, stray_text
 
 __all__ = ["COMMANDS", "CheckFailed", "add_parsers", "read_samples", "run"]
 
@@ -211,8 +213,7 @@ def _record_error(index: int, message: str | None) -> str:
 
 
 def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> None:
-    where = (f"batch {number}: {batch.topic}[{batch.partition}], {len(batch)} "
-             + ("record" if len(batch) == 1 else "records"))
+    where = f"batch {number}: {batch.topic}[{batch.partition}], {_records(len(batch))}"
     if outcome.would is not None:  # observe mode: what it would have been, said the same way
         where += ": forwarded as it came (observe mode); would have been"
         outcome = outcome.would
@@ -221,6 +222,10 @@ def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> N
               file=out)
         for index, message in outcome.record_errors:
             print(f"  {_record_error(index, message)}", file=out)
+        stray = _stray(outcome)
+        if stray:
+            print(f"  record_errors naming no record of the batch, left out: {stray}",
+                  file=out)
         return
     if outcome.kind == "unchanged":
         print(f"{where}: forwarded unchanged", file=out)  # observed: the same words
@@ -230,6 +235,14 @@ def _report(number: int, batch: RecordBatch, outcome: Outcome, out: TextIO) -> N
     print(f"{where}: transformed ({len(changed)} changed)", file=out)
     for index in changed:
         print(f"  record {index}: {_record_line(outcome.records[index])}", file=out)
+
+
+def _stray(outcome: Outcome) -> str:
+    """The record errors of a rejection that name no record of its batch, or ''."""
+    verdict = outcome.verdict
+    if not isinstance(verdict, Rejected) or not verdict.stray_record_errors:
+        return ""
+    return stray_text(verdict.stray_record_errors)
 
 
 def _report_fetch(number: int, batch: RecordBatch, stored: tuple[Record, ...],
@@ -252,6 +265,10 @@ def _report_fetch(number: int, batch: RecordBatch, stored: tuple[Record, ...],
         for index in changed:
             print(f"  record {index}: {_record_line(fetched.records[index])}", file=out)
     return "transformed"
+
+
+def _records(n: int) -> str:
+    return f"{n} record" if n == 1 else f"{n} records"
 
 
 def _batches(n: int) -> str:
@@ -296,6 +313,9 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
                 if verdict.fault is not None or (args.fail_on_reject
                                                  and not verdict.forwarded):
                     faults.append(f"batch {number}: {(outcome.message or '').rstrip('.')}")
+                elif stray := _stray(verdict):
+                    faults.append(f"batch {number}: rejected with record_errors naming no "
+                                  f"record of its {_records(len(batch))}: {stray}")
                 if outcome.kind == "rejected":
                     continue  # nothing stored: nothing to fetch
                 stored = outcome.records

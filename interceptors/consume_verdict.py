@@ -65,7 +65,7 @@ async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
     try:
         result = hook(given, ctx)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
-            result = await within(result, timeout)
+            result = await within(result, timeout, name)
     except RefuseFetch as exc:
         return ConsumeRefusal(exc.error_code, f"{name} refused it: {exc.message}", "refused")
     except TimeoutError:

@@ -7,7 +7,11 @@ nothing else decides. The rules, in order:
 
 * ``RejectBatch`` raised: :class:`Rejected` with its error code, message and
   record errors (indices within this batch) - a *policy* rejection
-  (``plugin_fault`` false).
+  (``plugin_fault`` false). The record errors sent are those naming a record of
+  the batch (``0 <= index < record count``), in index order, one per record (the
+  messages of a record named twice joined with "; "), which is what clients can
+  map back to records; the others are left out, kept on the verdict
+  (``stray_record_errors``) and named in a WARNING (one per plugin per 10 s).
 * The deadline (``ctx.deadline``, when a ``timeout`` is given) passes before
   an ``async def intercept`` finishes, or a plain one returns after it:
   REQUEST_TIMED_OUT, "interceptor X did not finish within N ms".
@@ -54,6 +58,8 @@ if any, to call once the broker answered.
 from __future__ import annotations
 
 import inspect
+import logging
+import operator
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass, field
@@ -70,6 +76,7 @@ from kiproxy.interceptors.api import (
 from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.records import records_size
 
 __all__ = [
@@ -95,7 +102,11 @@ __all__ = [
     "judge_sync",
     "output_fault",
     "result_fault",
+    "stray_text",
 ]
+
+log = logging.getLogger("kiproxy.interceptors")
+_stray_warnings = RateLimitedLog(log)
 
 Mode = Literal["enforce", "observe"]
 """A route's (or link's) ``mode``: its verdict enforced, or only observed."""
@@ -159,7 +170,12 @@ class Rejected:
     message: str
     """The partition's ``error_message``."""
     record_errors: tuple[tuple[int, str | None], ...] = ()
-    """``(record index in this batch, message)`` pairs, from ``RejectBatch``."""
+    """``(record index in this batch, message)`` pairs, from ``RejectBatch``: each index
+    of the batch (``0 <= index < record count``) at most once, in index order."""
+    stray_record_errors: tuple[object, ...] = ()
+    """The ``RejectBatch.record_errors`` entries left out of :attr:`record_errors`, as the
+    plugin gave them: an index naming no record of the batch, or not an
+    ``(index, message)`` pair. A plugin bug, though the rejection stands."""
     fault: Fault | None = None
     """None for a policy rejection (``RejectBatch``); why the plugin failed otherwise."""
     exception: BaseException | None = field(default=None, compare=False, repr=False)
@@ -284,16 +300,74 @@ def _timed_out(name: str, timeout: float | None) -> Rejected:
     return fault_rejection("timeout", name, f"did not finish{within}")
 
 
-def _exception_verdict(exc: Exception, name: str, timeout: float | None) -> Rejected:
+def _exception_verdict(exc: Exception, batch: RecordBatch, name: str,
+                       timeout: float | None) -> Rejected:
     if isinstance(exc, Judged):
         return exc.verdict
     if isinstance(exc, RejectBatch):
-        return Rejected(code=exc.error_code, message=exc.message,
-                        record_errors=exc.record_errors,
+        sent, stray = _record_errors(exc.record_errors, len(batch.records))
+        if stray:
+            _warn_stray(name, batch, stray)
+        return Rejected(code=exc.error_code, message=exc.message, record_errors=sent,
+                        stray_record_errors=stray,
                         fault=exc.fault if isinstance(exc, PluginFault) else None)
     if isinstance(exc, TimeoutError):
         return _timed_out(name, timeout)
     return fault_rejection("raised", name, f"failed: {type(exc).__name__}: {exc}", exception=exc)
+
+
+_RecordErrors = tuple[tuple[int, str | None], ...]
+
+
+def _record_errors(given: Any, count: int) -> tuple[_RecordErrors, tuple[object, ...]]:
+    """``RejectBatch.record_errors`` as sent, and the entries left out (see the module
+    docstring). Clients read them as indices into the batch they sent, and librdkafka
+    walks them in order alongside its records: one out of range or out of order and it
+    fails records with ``_INVALID_DIFFERENT_RECORD`` instead of the plugin's error. A
+    broker names a record once, so a record named twice gets one entry."""
+    try:
+        entries = tuple(given)
+    except Exception:  # not even a sequence: nothing to send
+        return (), (given,)
+    sent: dict[int, str | None] = {}
+    stray: list[object] = []
+    for entry in entries:
+        try:
+            index, message = entry
+            index = operator.index(index)
+            if message is not None and type(message) is not str:
+                message = str(message)
+        except Exception:
+            stray.append(entry)
+            continue
+        if not 0 <= index < count:
+            stray.append(entry)
+        elif index not in sent:
+            sent[index] = message
+        elif message is not None:
+            before = sent[index]
+            sent[index] = message if before is None else f"{before}; {message}"
+    return tuple(sorted(sent.items())), tuple(stray)
+
+
+def stray_text(stray: Sequence[object]) -> str:
+    """The entries of :attr:`Rejected.stray_record_errors` in a message: their indices
+    (``99, -1``), or the entry itself where it is not an ``(index, message)`` pair."""
+    def one(entry: object) -> str:
+        if isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], int):
+            return str(entry[0])
+        return repr(entry)
+    return ", ".join(one(entry) for entry in stray)
+
+
+def _warn_stray(name: str, batch: RecordBatch, stray: tuple[object, ...]) -> None:
+    count = len(batch.records)
+    _stray_warnings.warning(
+        ("stray record errors", name),
+        "interceptor %s rejected %s[%d] with record_errors naming no record of its %d records "
+        "(indices 0 to %d): %s; they were left out of the answer, the rejection stands",
+        name, batch.topic, batch.partition, count, count - 1, stray_text(stray),
+        more=" ({count} more in the last {interval:g} s)")
 
 
 def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
@@ -378,7 +452,7 @@ def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: 
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
     except Exception as exc:
-        return _exception_verdict(exc, name, timeout)
+        return _exception_verdict(exc, batch, name, timeout)
     return _result_verdict(batch, result, name, limits)
 
 
@@ -413,7 +487,7 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
         verdict: Verdict = done.value
         return verdict
     try:
-        result = await within(awaitable, remaining)
+        result = await within(awaitable, remaining, name)
     except Exception as exc:
         return _resumed(judging, None, exc)
     return _resumed(judging, result, None)

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
+from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, consume_hook
 from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import error_name
@@ -108,7 +109,7 @@ class InterceptorRunner:
     def _run(self, awaitable: Any, timeout: float | None) -> Any:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(asyncio.wait_for(awaitable, timeout))
+        return self._loop.run_until_complete(within(awaitable, timeout, self.name))
 
     def apply(self, batch: SourceBatch) -> Outcome:
         """The verdict on ``batch``; never raises for anything the plugin does."""

@@ -4,6 +4,7 @@ framing, Java detection, tallies and the interceptor rules - no Spark, no broker
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -233,6 +234,14 @@ class _Plugins(ProduceRequestInterceptor):
                 await asyncio.sleep(5)
                 return batch
             return slow()
+        if self.mode == "async-stubborn":  # swallows its cancellation at the deadline
+            async def stubborn() -> RecordBatch:
+                with contextlib.suppress(BaseException):
+                    await asyncio.Event().wait()
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                return batch
+            return stubborn()
         if self.mode == "same-values":
             return batch.with_records(list(batch.records))
         return batch
@@ -261,8 +270,9 @@ def test_interceptor_rules_match_the_proxy(mode: str, kind: str, code: int,
         assert [r.value for r in outcome.records] == [b"A", b"B"]
 
 
-def test_async_interceptor_past_its_deadline_is_a_timeout() -> None:
-    outcome = _runner("async-slow", timeout_ms=50).apply(_batch([b"a"]))
+@pytest.mark.parametrize("mode", ["async-slow", "async-stubborn"])
+def test_async_interceptor_past_its_deadline_is_a_timeout(mode: str) -> None:
+    outcome = _runner(mode, timeout_ms=50).apply(_batch([b"a"]))
     assert (outcome.kind, outcome.code) == ("rejected", 7)
     assert "did not finish within 50 ms" in (outcome.message or "")
 

@@ -2,7 +2,8 @@
 
 Config: ``topics`` (regex over the whole topic name, default every topic),
 ``error`` (a Kafka error name or code, default POLICY_VIOLATION), ``message``,
-``record_errors`` (true: every record of the batch is listed), ``trace`` (a file
+``record_errors`` (true: every record of the batch is listed; a list of indices: those,
+in that order, whether the batch has such records or not), ``trace`` (a file
 that gets one JSON line per batch seen: topic, partition, record count, the
 producer facts of the batch and the request facts of the context). Other topics
 pass untouched.
@@ -31,7 +32,7 @@ class Reject(ProduceRequestInterceptor):
         self.pattern = topic_pattern({})
         self.error: str | int = "POLICY_VIOLATION"
         self.message = "rejected by tp_reject"
-        self.record_errors = False
+        self.record_errors: bool | list[int] = False
         self.trace: str | None = None
 
     def configure(self, config: Mapping[str, Any]) -> None:
@@ -39,7 +40,9 @@ class Reject(ProduceRequestInterceptor):
         self.pattern = topic_pattern(config)
         self.error = config.get("error", self.error)
         self.message = str(config.get("message", self.message))
-        self.record_errors = bool(config.get("record_errors", False))
+        listed = config.get("record_errors", False)
+        self.record_errors = [int(i) for i in listed] if isinstance(listed, list) else bool(
+            listed)
         self.trace = config.get("trace")
         RejectBatch("check", self.error)  # an unknown error name fails at start
 
@@ -58,6 +61,12 @@ class Reject(ProduceRequestInterceptor):
                 f.write(json.dumps(line) + "\n")
         if not self.pattern.fullmatch(batch.topic):
             return batch
-        errors = [(i, f"record {i} refused") for i in range(len(batch.records))]
+        indices = (self.record_errors if isinstance(self.record_errors, list)
+                   else range(len(batch.records)) if self.record_errors else ())
         raise RejectBatch(self.message, error=self.error,
-                          record_errors=errors if self.record_errors else ())
+                          record_errors=[(i, f"record {i} refused") for i in indices])
+
+
+class RejectToo(Reject):
+    """``Reject`` under a name of its own, for a second route whose plugin's rate-limited
+    warnings must not be held back by the first's."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,3 +31,28 @@ class SlowAsync(ProduceRequestInterceptor):
         return batch
 
 
+
+
+class Stubborn(ProduceRequestInterceptor):
+    """``async def intercept`` that swallows its cancellation: ``times`` (default 3) sleeps
+    of ``sleep_ms`` (default 2000) on matching topics, each catching whatever is thrown
+    in (the bug a deadline must hold against), then the batch passed."""
+
+    def __init__(self) -> None:
+        self.pattern = topic_pattern({})
+        self.sleep = 2.0
+        self.times = 3
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Read ``topics``, ``sleep_ms`` and ``times``."""
+        self.pattern = topic_pattern(config)
+        self.sleep = float(config.get("sleep_ms", 2000)) / 1000
+        self.times = int(config.get("times", 3))
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """Sleep, ignoring cancellation, on a matching topic; then pass the batch."""
+        if self.pattern.fullmatch(batch.topic):
+            for _ in range(self.times):
+                with contextlib.suppress(BaseException):  # swallowed: the bug
+                    await asyncio.sleep(self.sleep)
+        return batch

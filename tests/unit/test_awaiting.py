@@ -1,13 +1,19 @@
 """``within``: a plugin's coroutine awaited within a deadline, a task only when it waits.
 
 A coroutine that finishes without suspending answers on the caller's stack (no task is
-created for it); one that waits is resumed where it stopped and keeps ``wait_for``'s
-rules: its result, its exception, the deadline, and cancellation reaching it.
+created for it); one that waits is resumed where it stopped: its result, its exception,
+the deadline, and cancellation reaching it. The deadline holds whatever the coroutine
+does: one that swallows its cancellation is answered ``TimeoutError`` while it still
+runs, and is left to end in the background, its answer dropped and one WARNING naming it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import uuid
+from typing import Any
 
 import pytest
 
@@ -109,3 +115,130 @@ def test_a_future_is_awaited_as_it_is() -> None:
         return await within(future, 1.0)
 
     assert asyncio.run(main()) == 7
+
+
+class _Stubborn:
+    """A plugin coroutine that waits past any deadline, swallows every cancellation and
+    runs on for ``steps`` turns of the loop before it answers."""
+
+    def __init__(self, then: str = "return", steps: int = 20) -> None:
+        self.swallowed = 0
+        self.ended = False
+        self.then = then
+        self.steps = steps
+
+    async def intercept(self) -> str:
+        try:
+            await asyncio.Event().wait()  # set by no one
+        except BaseException:
+            self.swallowed += 1
+        for _ in range(self.steps):
+            try:
+                await asyncio.sleep(0)
+            except BaseException:
+                self.swallowed += 1
+        self.ended = True
+        if self.then == "raise":
+            raise KeyError("after the deadline")
+        return "late answer"
+
+    async def until_ended(self) -> None:
+        while not self.ended:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)  # its task's end is handled
+
+
+def _name() -> str:
+    """A plugin name of its own, so that no other test's warning holds this one back."""
+    return f"stubborn-{uuid.uuid4().hex[:8]}:Stubborn"
+
+
+@pytest.mark.parametrize("then", ["return", "raise"])
+def test_a_coroutine_that_swallows_its_cancellation_is_answered_at_the_deadline(
+        then: str, caplog: pytest.LogCaptureFixture) -> None:
+    name = _name()
+    unhandled: list[dict[str, Any]] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(lambda loop, context: unhandled.append(context))
+        plugin = _Stubborn(then)
+        started = loop.time()
+        with pytest.raises(TimeoutError):
+            await within(plugin.intercept(), 0.05, name)
+        # Answered at the deadline (by the loop's clock), the plugin still running.
+        assert loop.time() >= started + 0.05
+        assert not plugin.ended
+        await asyncio.sleep(0)  # its cancellation is delivered: swallowed, it runs on
+        assert plugin.swallowed == 1 and not plugin.ended
+        gc.collect()  # nothing but ``within`` holds the plugin's task now: it must survive
+        await plugin.until_ended()
+
+    with caplog.at_level(logging.WARNING, "kiproxy.interceptors"):
+        asyncio.run(main())
+    gc.collect()
+    assert unhandled == []  # its late answer (or exception) was retrieved and dropped
+    warned = [r.getMessage() for r in caplog.records if name in r.getMessage()]
+    assert len(warned) == 1, caplog.text
+    assert f"interceptor {name} ignored its cancellation at the deadline" in warned[0]
+    assert ("returned" if then == "return" else "raised KeyError") in warned[0]
+
+
+def test_a_plugin_that_ignores_cancellation_on_every_batch_is_warned_about_once(
+        caplog: pytest.LogCaptureFixture) -> None:
+    name = _name()
+
+    async def main() -> None:
+        plugins = [_Stubborn() for _ in range(3)]
+        for plugin in plugins:
+            with pytest.raises(TimeoutError):
+                await within(plugin.intercept(), 0.01, name)
+            assert not plugin.ended
+        for plugin in plugins:
+            await plugin.until_ended()
+
+    with caplog.at_level(logging.WARNING, "kiproxy.interceptors"):
+        asyncio.run(main())
+    assert len([r for r in caplog.records if name in r.getMessage()]) == 1
+
+
+def test_a_coroutine_that_cleans_up_and_reraises_is_not_warned_about(
+        caplog: pytest.LogCaptureFixture) -> None:
+    name = _name()
+    cleaned: list[bool] = []
+
+    async def tidy() -> None:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0)  # cleanup that waits, then the cancellation goes on
+            cleaned.append(True)
+            raise
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await within(tidy(), 0.01, name)
+        while not cleaned:
+            await asyncio.sleep(0)
+        await asyncio.sleep(0)
+
+    with caplog.at_level(logging.WARNING, "kiproxy.interceptors"):
+        asyncio.run(main())
+    assert cleaned == [True]
+    assert name not in caplog.text
+
+
+def test_cancelling_the_caller_of_a_stubborn_coroutine_does_not_wait_for_it() -> None:
+    async def main() -> None:
+        plugin = _Stubborn()
+        task = asyncio.create_task(within(plugin.intercept(), 30.0, _name()))
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not plugin.ended  # the caller's cancellation went through; the plugin runs on
+        await asyncio.sleep(0)
+        assert plugin.swallowed == 1
+        await plugin.until_ended()
+
+    asyncio.run(main())

@@ -217,13 +217,59 @@ def test_each_record_error_is_printed_once(capsys: pytest.CaptureFixture[str],
         class Refuse(ProduceRequestInterceptor):
             def intercept(self, batch, ctx):
                 # the first message carries its own prefix, as schema_registry's do
-                raise RejectBatch("no", record_errors=[(0, "record 0: not JSON"),
-                                                       (1, "not JSON either"), (2, None)])
+                errors = [(0, "record 0: not JSON"), (1, "not JSON either"), (2, None)]
+                raise RejectBatch("no", record_errors=errors[:len(batch.records)])
     """)
     code, out, _ = check(capsys, "refuser:Refuse", "--plugins-dir", str(plugins))
     assert code == 0
     assert out.splitlines()[1:4] == ["  record 0: not JSON", "  record 1: not JSON either",
                                      "  record 2"]
+
+
+def test_record_errors_naming_no_record_of_the_batch_fail_the_check(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "strays", """
+        from kiproxy.interceptors import ProduceRequestInterceptor, RejectBatch
+
+        class Nope(ProduceRequestInterceptor):
+            def intercept(self, batch, ctx):
+                raise RejectBatch("nope", record_errors=[(99, "x"), (-1, "y"), (0, "z")])
+    """)
+    code, out, err = check(capsys, "strays:Nope", "--plugins-dir", str(plugins))
+    assert code == 2
+    assert out.splitlines()[:3] == [
+        "batch 1: check[0], 5 records: rejected with POLICY_VIOLATION (44): nope",
+        "  record 0: z",
+        "  record_errors naming no record of the batch, left out: 99, -1"]
+    assert err.splitlines()[-1] == (
+        "kiproxy check: strays:Nope failed on 2 of 2 batches: batch 1: rejected with "
+        "record_errors naming no record of its 5 records: 99, -1; batch 2: rejected with "
+        "record_errors naming no record of its 1 record: 99, -1")
+
+
+def test_an_async_plugin_that_swallows_its_cancellation_misses_the_deadline(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "stubborn", """
+        import asyncio
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Stubborn(ProduceRequestInterceptor):
+            async def intercept(self, batch, ctx):
+                try:
+                    await asyncio.Event().wait()  # set by no one
+                except BaseException:  # the bug: its cancellation swallowed
+                    pass
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                return batch
+    """)
+    code, out, err = check(capsys, "stubborn:Stubborn", "--plugins-dir", str(plugins),
+                           "--timeout-ms", "300")
+    assert code == 2
+    assert out.splitlines()[0] == (
+        "batch 1: check[0], 5 records: rejected with REQUEST_TIMED_OUT (7): interceptor "
+        "stubborn:Stubborn did not finish within 300 ms")
+    assert "stubborn:Stubborn failed on 2 of 2 batches" in err
 
 
 TEST_PLUGINS = ROOT / "tests" / "plugins"

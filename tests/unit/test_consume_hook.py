@@ -7,6 +7,7 @@ End to end (real brokers and clients) it is tests/integration/test_fetch_hook.py
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import typing
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,11 @@ class Hooks(FetchResponseInterceptor):
             return batch.with_records(r.with_timestamp(r.timestamp + 1) for r in batch.records)
         if kind == "slow":
             await asyncio.sleep(2)
+        if kind == "stubborn":  # swallows its cancellation at the deadline and runs on
+            with contextlib.suppress(BaseException):
+                await asyncio.Event().wait()
+            for _ in range(5):
+                await asyncio.sleep(0)
         if kind == "upper":
             return batch.with_records(r.with_value((r.value or b"").upper())
                                       for r in batch.records)
@@ -68,6 +74,7 @@ class Hooks(FetchResponseInterceptor):
     ("grow", -1, "record_count"),
     ("move", -1, "shape_changed"),
     ("slow", -1, "timeout"),
+    ("stubborn", -1, "timeout"),
 ])
 def test_what_the_judge_refuses(topic: str, code: int, reason: str) -> None:
     batch = make_consumed_batch(make_batch(b"a", b"b", topic=topic), base_offset=10)

@@ -155,3 +155,70 @@ def test_plugin_faults_and_repeated_rejections_are_rate_limited(
         "rejected t[0] from 127.0.0.1:3 (client_id 'c'): error 44: closed "
         "(4 more like it in the last 10 s not logged)",
     ]
+
+
+THREE = RecordBatch(topic="orders", partition=2, records=tuple(
+    Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(3)))
+
+
+@pytest.mark.parametrize(("given", "sent", "stray"), [
+    # In range and in order: sent as given.
+    ([(0, "a"), (2, None)], ((0, "a"), (2, None)), ()),
+    # Out of range (as the user's plugin did): left out; the rejection stands.
+    ([(99, "x"), (-1, "y")], (), ((99, "x"), (-1, "y"))),
+    ([(3, "one past"), (1, "b")], ((1, "b"),), ((3, "one past"),)),
+    # Out of order: sorted, as librdkafka reads them alongside its records.
+    ([(2, "c"), (0, "a")], ((0, "a"), (2, "c")), ()),
+    # A record named twice: one entry, its messages joined.
+    ([(1, "rule a"), (0, "z"), (1, None), (1, "rule b")], ((0, "z"), (1, "rule a; rule b")),
+     ()),
+    # Not an (index, message) pair: left out, as given.
+    ([5, (0, "a")], ((0, "a"),), (5,)),
+])
+def test_record_errors_are_sent_only_for_records_of_the_batch(
+        given: list[Any], sent: tuple[tuple[int, str | None], ...],
+        stray: tuple[object, ...]) -> None:
+    plugin = _Answer(RejectBatch("nope", error="INVALID_RECORD", record_errors=given))
+    expected = Rejected(code=87, message="nope", record_errors=sent, stray_record_errors=stray)
+    assert asyncio.run(judge(plugin, THREE, _ctx(), name="p", timeout=1)) == expected
+    assert judge_sync(plugin, THREE, _ctx(), name="p", timeout=1, run=_run) == expected
+    assert not expected.plugin_fault  # a policy rejection still, with the plugin's code
+
+
+def test_stray_record_errors_are_warned_about_once_per_plugin(
+        caplog: pytest.LogCaptureFixture) -> None:
+    plugin = _Answer(RejectBatch("nope", record_errors=[(99, "x"), (0, "a"), (-1, "y")]))
+    with caplog.at_level(logging.WARNING, "kiproxy.interceptors"):
+        for _ in range(3):
+            asyncio.run(judge(plugin, THREE, _ctx(), name="strays:Nope", timeout=1))
+    lines = [r.getMessage() for r in caplog.records if "strays:Nope" in r.getMessage()]
+    assert lines == ["interceptor strays:Nope rejected orders[2] with record_errors naming no "
+                     "record of its 3 records (indices 0 to 2): 99, -1; they were left out of "
+                     "the answer, the rejection stands"]
+
+
+def test_an_async_plugin_that_swallows_its_cancellation_is_timed_out() -> None:
+    ran_on: list[str] = []
+
+    class Stubborn(ProduceRequestInterceptor):
+        async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            for _ in range(3):
+                try:
+                    await asyncio.Event().wait()  # set by no one
+                except BaseException:  # the bug under test: the cancellation is swallowed
+                    ran_on.append("swallowed")
+                    break
+            for _ in range(10):
+                await asyncio.sleep(0)
+            ran_on.append("returned")
+            return batch
+
+    async def main() -> Any:
+        verdict = await judge(Stubborn(), BATCH, _ctx(0.05), name="p", timeout=0.05)
+        assert ran_on == []  # answered before the plugin even saw its cancellation
+        while ran_on != ["swallowed", "returned"]:
+            await asyncio.sleep(0)
+        return verdict
+
+    assert asyncio.run(main()) == Rejected(
+        code=7, message="interceptor p did not finish within 50 ms", fault="timeout")
