@@ -66,7 +66,7 @@ async def test_aws_ca_bundle_is_read_as_the_sdks_read_it(
 async def test_an_untrusted_certificate_names_the_ca_bundle_setting(
         moto_https: str, kek: tuple[str, str]) -> None:
     provider = aws_provider(moto_https)
-    with pytest.raises(KmsError, match=r"TLS handshake failed.*aws_kms\.ca_bundle") as caught:
+    with pytest.raises(KmsError, match=r"TLS handshake failed.*; set kms\.ca_bundle") as caught:
         await provider.resolve_key(kek[0])
     assert not caught.value.retriable
     await provider.close()

@@ -4,8 +4,11 @@ unwrapped keys, failures remembered for ``negative_ttl_s``."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import os
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -73,6 +76,44 @@ async def test_concurrent_callers_share_one_generation_and_a_cancelled_one_does_
     assert keys[0].key_id == "id-of-KEK"
     other = await cache.encryption_key("payments", "KEK", 1)  # another topic, another key
     assert other is not keys[0] and kms.calls["generate_data_key"] == 2
+
+
+async def test_a_call_that_fails_after_its_only_caller_left_is_remembered_not_reported(
+        ) -> None:
+    """The interceptor's deadline cancels the only caller of a KMS call that hangs; the
+    call fails later (a read timeout). Its failure is remembered for the next caller,
+    and asyncio has no exception to report as never retrieved."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    loop.set_exception_handler(lambda _, context: reported.append(context))
+    try:
+        kms = GatedKms()
+        kms.gate.clear()
+        kms.failing = True
+        cache = DataKeyCache(kms)
+        for made, get in enumerate((lambda: cache.encryption_key("orders", "KEK", 1),
+                                    lambda: cache.decryption_key("id", b"wrapped")), 1):
+            caller = asyncio.ensure_future(get())
+            while sum(kms.calls.values()) < made:
+                await asyncio.sleep(0)  # until the call is made and waits at the gate
+            caller.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await caller
+            kms.gate.set()  # the call ends, in KmsUnavailable, with nobody waiting
+            for _ in range(5):
+                await asyncio.sleep(0)
+            kms.gate.clear()
+            del caller
+            gc.collect()
+        assert [c.get("message") for c in reported] == []
+        kms.gate.set()
+        with pytest.raises(KmsUnavailable, match="resolve_key: throttled"):
+            await cache.encryption_key("orders", "KEK", 1)
+        with pytest.raises(KmsUnavailable, match="decrypt_data_key: throttled"):
+            await cache.decryption_key("id", b"wrapped")
+        assert kms.calls == {"resolve_key": 1, "decrypt_data_key": 1}  # remembered
+    finally:
+        loop.set_exception_handler(None)
 
 
 async def test_a_key_is_used_up_by_count_and_by_age() -> None:

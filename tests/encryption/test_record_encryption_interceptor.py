@@ -154,6 +154,41 @@ async def test_a_topic_whose_key_is_unknown_is_stored_as_it_came_by_default(
     assert "'KEK_clicks'" in warnings[0].getMessage()
 
 
+async def test_the_warning_counts_the_records_of_its_own_topic(
+        plugin: Plugin, caplog: pytest.LogCaptureFixture) -> None:
+    for _ in range(4):
+        await _produce(plugin, "clicks", _records())
+    await _produce(plugin, "views", _records()[:2])
+    warnings = {r.getMessage().split("'")[1]: r.getMessage() for r in caplog.records
+                if "UNENCRYPTED" in r.getMessage()}
+    assert "(unresolved_key: pass; 3 records of this topic so far)" in warnings["clicks"]
+    assert "(unresolved_key: pass; 2 records of this topic so far)" in warnings["views"]
+    assert _metric(plugin, "record_encryption_unresolved_key_records", policy="pass") == 14
+
+
+def test_a_fixed_key_the_key_file_does_not_hold_is_refused_at_load(key_file: Path) -> None:
+    """A key without ${topic} names one key for every topic: one the file lacks would
+    store every record in clear, so the configuration is refused (a reload keeps the
+    running one: tests/integration/test_record_encryption_e2e.py)."""
+    kms = {"type": "key_file", "path": str(key_file)}
+    cases = [("key", {"key": "KEK_missing"}),
+             ("key", {"key": "KEK_missing", "topics": ["orders", "audit"]}),
+             ("topics.orders.key", {"key": "KEK_${topic}", "topics": {
+                 "orders": {"key": "KEK_missing"}}}),
+             ("topics.pay.*.key", {"key": "KEK_${topic}", "topics": {
+                 "pay.*": {"key": "KEK_missing"}}})]
+    for where, config in cases:
+        with pytest.raises(PluginLoadError) as caught:
+            load("record_encryption", config={"kms": kms, **config})
+        message = str(caught.value)
+        assert f"{where}: key file {key_file} has no key 'KEK_missing'" in message, message
+        assert "(it has ['KEK_orders', 'KEK_payments', 'shared'])" in message
+    for config in ({"key": "shared"}, {"key": "KEK_${topic}", "topics": ["orders", "audit"]},
+                   {"key": "KEK_missing", "topics": {"orders": {"key": "shared"},
+                                                     "logs": {"encrypt": False}}}):
+        load("record_encryption", config={"kms": kms, **config}).close()
+
+
 async def test_unresolved_key_reject_refuses_the_batch(key_file: Path) -> None:
     for plugin in _plugin(key_file, unresolved_key="reject"):
         outcome = await _produce(plugin, "clicks", _records())
@@ -210,8 +245,16 @@ def test_settings_errors_name_the_key(key_file: Path) -> None:
         "kms: type key_file needs `path:`": {"kms": {"type": "key_file"}, "key": "k"},
         "kms: region: only for type aws":
             {"kms": {"type": "key_file", "path": str(key_file), "region": "r"}, "key": "k"},
-        "the only placeholder is ${topic}": {"kms": {"type": "aws"}, "key": "KEK_${tpoic}"},
+        "the placeholders are ${topic} and ${topic_alias}":
+            {"kms": {"type": "aws"}, "key": "KEK_${tpoic}"},
         "not a regular expression": {"kms": {"type": "aws"}, "key": "k", "topics": ["a("]},
+        "kms.endpoint: '127.0.0.1:4566' is not an http(s) URL; write the scheme and the "
+        "host, e.g. http://127.0.0.1:4566":
+            {"kms": {"type": "aws", "endpoint": "127.0.0.1:4566"}, "key": "k"},
+        "kms.endpoint: 'kms:x' is not an http(s) URL":
+            {"kms": {"type": "aws", "endpoint": "kms:x"}, "key": "k"},
+        "is not a key template: write ${topic} for the topic's name, ${topic_alias} for":
+            {"kms": {"type": "aws"}, "key": "KEK_${topic.alias}"},
         "kiproxy.encryption is the marker header":
             {"kms": {"type": "aws"}, "key": "k", "headers": [MARKER_HEADER]},
         "unresolved_key: expected 'pass' or 'reject'":
@@ -301,6 +344,38 @@ async def test_a_data_key_whose_kms_key_was_disabled_follows_on_undecryptable(
         assert (await _consume(reader, topic, stored)).records == tuple(stored)
     with _aws(moto_kms) as writer:  # and new records: its key is unusable
         assert (await _produce(writer, topic, _records())).kind == "unchanged"
+
+
+@pytest.mark.usefixtures("aws_env")
+async def test_a_dotted_topic_is_encrypted_under_its_topic_alias_not_its_name(
+        moto_kms: str, kms_admin: Any, caplog: pytest.LogCaptureFixture) -> None:
+    """An AWS alias name cannot hold a '.', which a Kafka topic's name may: with
+    ``alias/KEK_${topic}`` such a topic has no key, and both policies say why;
+    ``${topic_alias}`` names the alias with each '.' as '_'."""
+    topic = f"logs.app{os.urandom(4).hex()}"
+    rule = "(an alias name is alias/ followed by letters, digits, '/', '_', '-' and ':' only: " \
+        "^[a-zA-Z0-9:/_-]+$)"
+    invalid = f"'alias/KEK_{topic}' is not a valid AWS KMS alias name: '.' is not allowed"
+    with _aws(moto_kms, topics=[r"logs\..*"]) as plugin:
+        assert (await _produce(plugin, topic, _records())).kind == "unchanged"
+        [warning] = [r.getMessage() for r in caplog.records if "UNENCRYPTED" in r.getMessage()]
+        assert f"topic {topic!r} stored UNENCRYPTED, {invalid} {rule}" in warning, warning
+        assert "write ${topic_alias}" in warning
+    with _aws(moto_kms, unresolved_key="reject") as plugin:
+        outcome = await _produce(plugin, topic, _records())
+        assert (outcome.kind, outcome.error) == ("rejected", "POLICY_VIOLATION")
+        assert f"{topic}[0] refused, {invalid} {rule}" in outcome.message, outcome.message
+        assert "nothing was stored (unresolved_key: reject)" in outcome.message
+    with pytest.raises(PluginLoadError, match=r"key: 'alias/logs\.all' is not a valid AWS "
+                                              r"KMS alias name: '\.' is not allowed"):
+        _aws(moto_kms, key="alias/logs.all")  # one key for every topic: known at load
+
+    arn = _alias(kms_admin, topic.replace(".", "_"))
+    config = {"key": "alias/KEK_${topic_alias}", "topics": {r"logs\..*": {}}}
+    with _aws(moto_kms, **config) as writer, _aws(moto_kms, **config) as reader:
+        stored = (await _produce(writer, topic, _records())).records
+        assert arn.encode() in dict(stored[0].headers)[MARKER_HEADER]
+        assert (await _consume(reader, topic, stored)).records == tuple(_records())
 
 
 def test_kiproxy_check_runs_the_produce_hook_over_samples(

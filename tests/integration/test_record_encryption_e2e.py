@@ -9,12 +9,15 @@ is stored as it comes; plaintext records written straight to an encrypted topic 
 consumers through the proxy unchanged; a record that does not decrypt costs the
 consumer that partition (another topic of the same consumer is served) or, with
 ``pass``, reaches it as stored; transactional producers and a read_committed consumer
-see exactly the committed records.
+see exactly the committed records. A reload that would name a key the key file lacks
+is refused, and records stay sealed.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -28,7 +31,7 @@ from support.confluent import confluent_producer
 from integration.test_fetch_hook import _create, _produce, _read, _transactions
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
 from kiproxy.interceptors.builtin.record_encryption.key_file import write_key_file
-from kiproxy_dev.tansu import free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -243,3 +246,42 @@ def test_data_keys_rotate_under_load_and_every_key_still_opens(
         assert len(markers) >= len(everything) // 50  # a data key seals at most 50 values
     finally:
         rotating.stop()
+
+
+def test_a_reload_to_a_key_the_key_file_lacks_is_refused_and_records_stay_sealed(
+        broker: EmbeddedBroker, tmp_path: Any) -> None:
+    """``key: KEK_kf`` names one key for every topic; a reload to ``KEK_missing``, which
+    the key file does not hold, would store every record in clear (``unresolved_key:
+    pass``): it is refused, naming the key and the file, and the running configuration
+    stays."""
+    keys = tmp_path / "keys.yaml"
+    write_key_file(keys, {"KEK_kf": (1, {1: os.urandom(32)})})
+    metrics = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "proxy.yaml"
+
+    def write(key: str) -> None:
+        config.write_text(json.dumps({
+            "upstream": [broker.bootstrap], "metrics_listen": metrics,
+            "interceptor": {"class": "record_encryption", "config": {
+                "kms": {"type": "key_file", "path": str(keys)}, "key": key}}}))
+
+    write("KEK_kf")
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    topic = f"kf-{uuid.uuid4().hex[:6]}"
+    _create(broker.bootstrap, topic)
+    try:
+        _produce(proxy.bootstrap, topic, [b"before the reload"])
+        write("KEK_missing")
+        request = urllib.request.Request(f"http://{metrics}/reload", method="POST", data=b"")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        answer = json.loads(refused.value.read())
+        assert refused.value.code == 500 and answer["ok"] is False, answer
+        assert f"key: key file {keys} has no key 'KEK_missing' (it has ['KEK_kf'])" in \
+            answer["message"], answer
+        _produce(proxy.bootstrap, topic, [b"after the reload"])
+        _sealed_everywhere(broker.bootstrap, topic, [b"before the reload", b"after the reload"])
+        assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [
+            b"before the reload", b"after the reload"]
+    finally:
+        proxy.stop()

@@ -30,6 +30,7 @@ from .interceptor import RecordEncryption
 from .key_file import KeyFileKms
 from .kms import (
     DataKey,
+    InvalidKeyReference,
     KmsError,
     KmsProvider,
     KmsUnavailable,
@@ -48,6 +49,7 @@ __all__ = [
     "Descriptor",
     "EncryptionKey",
     "EnvelopeError",
+    "InvalidKeyReference",
     "KeyFileKms",
     "KmsError",
     "KmsProvider",

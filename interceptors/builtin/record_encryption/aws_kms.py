@@ -24,6 +24,11 @@ key at most 6 KiB); an answer of any other shape is :class:`~.kms.KmsUnavailable
 botocore reads an answer whole before kiproxy sees it, so the size of an answer is
 bounded only by the read timeout: point ``endpoint`` only at a KMS you trust.
 
+An alias is checked before it is sent: AWS KMS accepts an alias name only if it is
+``alias/`` then at most 250 characters of ``^[a-zA-Z0-9:/_-]+$`` (so a Kafka topic's
+``.`` cannot appear in one); any other is :class:`~.kms.InvalidKeyReference`, naming the
+character and the rule (:meth:`AwsKmsProvider.reference_problem`, also used at load).
+
 Errors: ``NotFoundException``, ``DisabledException``, ``KMSInvalidStateException``
 and ``InvalidKeyUsageException`` are :class:`~.kms.UnresolvedKey` when encrypting
 and :class:`~.kms.Undecryptable` when decrypting, as are ``InvalidCiphertextException``
@@ -42,7 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -59,6 +66,7 @@ from kiproxy.interceptors.settings import PluginSettings
 from .kms import (
     DATA_KEY_BYTES,
     DataKey,
+    InvalidKeyReference,
     KmsError,
     KmsProvider,
     KmsUnavailable,
@@ -66,10 +74,46 @@ from .kms import (
     UnresolvedKey,
 )
 
-__all__ = ["AwsKmsProvider", "AwsKmsSettings"]
+__all__ = ["AwsKmsProvider", "AwsKmsSettings", "alias_problem", "alias_safe"]
 
 MAX_WRAPPED_BYTES = 6144
 """KMS's own bound on a ciphertext blob."""
+
+ALIAS_RULE = "^[a-zA-Z0-9:/_-]+$"
+"""AWS KMS's rule for an alias name (``AliasName`` in its API reference)."""
+_MAX_ALIAS = 256
+_NOT_IN_ALIAS = re.compile(r"[^a-zA-Z0-9:/_-]")
+
+
+def alias_safe(name: str) -> str:
+    """``name`` with each character an AWS alias name cannot hold replaced by ``_``
+    (for a Kafka topic name, each ``.``)."""
+    return _NOT_IN_ALIAS.sub("_", name)
+
+
+def alias_problem(reference: str) -> str | None:
+    """Why ``reference``, if it is an alias (``alias/...`` or an alias ARN), is not a
+    name AWS KMS accepts; None if it is, or if it is not an alias."""
+    alias = reference
+    if reference.startswith("arn:") and ":alias/" in reference:
+        alias = "alias/" + reference.split(":alias/", 1)[1]
+    elif not reference.startswith("alias/"):
+        return None
+    bad = _NOT_IN_ALIAS.search(alias)
+    if bad is None and 6 < len(alias) <= _MAX_ALIAS:
+        return None
+    if bad is None:
+        return (f"{reference!r} is not a valid AWS KMS alias name: it is {len(alias)} "
+                f"characters long, AWS allows 7 to {_MAX_ALIAS}")
+    what_to_do = "name the key by a valid alias, its key id or its ARN"
+    if bad.group() == ".":  # a Kafka topic's name may hold '.', never another of these
+        what_to_do = ("for a topic name with '.', write ${topic_alias} in record_encryption's "
+                      "key template instead of ${topic} (the topic's name with each '.' as "
+                      "'_'), or give the topic a key id or ARN in `topics:`")
+    return (f"{reference!r} is not a valid AWS KMS alias name: {bad.group()!r} is not "
+            f"allowed (an alias name is alias/ followed by letters, digits, '/', '_', '-' "
+            f"and ':' only: {ALIAS_RULE}); {what_to_do}")
+
 
 _KEY_PROBLEMS = frozenset({"NotFoundException", "DisabledException",
                            "KMSInvalidStateException", "InvalidKeyUsageException",
@@ -91,8 +135,8 @@ class AwsKmsSettings(PluginSettings):
     region: str | None = None
     """The region (default: as the SDK finds it, ``AWS_DEFAULT_REGION`` or the profile's)."""
     endpoint: str | None = None
-    """Another endpoint than the region's: LocalStack, a VPC endpoint, moto
-    (``http://127.0.0.1:4566``)."""
+    """Another endpoint than the region's, an http(s) URL: LocalStack, a VPC endpoint,
+    moto (``http://127.0.0.1:4566``)."""
     profile: str | None = None
     """A profile of ``~/.aws/config`` (default: ``AWS_PROFILE`` or ``default``)."""
     ca_bundle: str | None = None
@@ -108,6 +152,23 @@ class AwsKmsSettings(PluginSettings):
     max_calls_in_flight: Annotated[int, Field(ge=1, le=64)] = 4
     """Threads (and HTTP connections) for KMS calls; more calls wait for one."""
 
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint_is_a_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        try:
+            url = urllib.parse.urlsplit(value)
+            url.port  # noqa: B018 - raises on a port that is not a number
+        except ValueError as exc:
+            raise ValueError(f"{value!r} is not a URL ({exc}); write an http(s) URL, "
+                             "e.g. http://127.0.0.1:4566") from None
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ValueError(f"{value!r} is not an http(s) URL; write the scheme and the "
+                             "host, e.g. http://127.0.0.1:4566 or "
+                             "https://kms.eu-west-1.amazonaws.com")
+        return value
+
     @field_validator("ca_bundle")
     @classmethod
     def _ca_bundle_exists(cls, value: str | None) -> str | None:
@@ -117,15 +178,16 @@ class AwsKmsSettings(PluginSettings):
 
     @classmethod
     def from_config(cls, raw: Mapping[str, object]) -> AwsKmsSettings:
-        """Parse the ``aws_kms:`` mapping; errors name the key (``aws_kms.region``)."""
+        """Parse the ``kms:`` mapping of an AWS KMS alone; errors name the key
+        (``kms.region``)."""
         if not isinstance(raw, Mapping):
-            raise ValueError(f"aws_kms: expected a mapping, got {type(raw).__name__}")
+            raise ValueError(f"kms: expected a mapping, got {type(raw).__name__}")
         try:
             return cls.model_validate(dict(raw))
         except pydantic.ValidationError as exc:
             err = exc.errors()[0]
             message = str(err["msg"]).removeprefix("Value error, ")
-            raise ValueError(f"aws_kms.{'.'.join(str(p) for p in err['loc'])}: "
+            raise ValueError(f"kms.{'.'.join(str(p) for p in err['loc'])}: "
                              f"{message}") from None
 
     @property
@@ -147,7 +209,14 @@ class AwsKmsProvider(KmsProvider):
         self._client_lock = threading.Lock()
         self._where = settings.endpoint or f"AWS KMS ({settings.region or 'SDK region'})"
 
+    def reference_problem(self, reference: str) -> str | None:
+        """An alias that AWS KMS would refuse as a name (see :func:`alias_problem`)."""
+        return alias_problem(reference)
+
     async def resolve_key(self, reference: str) -> str:
+        problem = alias_problem(reference)
+        if problem is not None:
+            raise InvalidKeyReference(problem)
         answer = await self._call("DescribeKey", reference, UnresolvedKey, KeyId=reference)
         meta = answer.get("KeyMetadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("Arn"), str):
@@ -235,10 +304,10 @@ class AwsKmsProvider(KmsProvider):
         except (botocore.exceptions.NoRegionError,
                 botocore.exceptions.NoCredentialsError,
                 botocore.exceptions.ProfileNotFound) as exc:
-            raise KmsError(f"{what}: {exc}; set aws_kms.region/profile or the AWS_* "
-                           "environment variables") from None
+            raise KmsError(f"{what}: {exc}; set kms.region or kms.profile of "
+                           "record_encryption, or the AWS_* environment variables") from None
         except botocore.exceptions.SSLError as exc:
-            raise KmsError(f"{what}: the TLS handshake failed ({exc}); set aws_kms.ca_bundle "
+            raise KmsError(f"{what}: the TLS handshake failed ({exc}); set kms.ca_bundle "
                            "(or AWS_CA_BUNDLE) to the CA that signed the endpoint's "
                            "certificate") from None
         except botocore.exceptions.BotoCoreError as exc:  # timeouts, connections, parsing

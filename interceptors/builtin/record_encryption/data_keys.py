@@ -15,7 +15,9 @@ Contract.
 * **One call in flight per key.** While a data key is being generated for a topic, or
   unwrapped, every other caller awaits the same call: N concurrent encryptions of a
   topic with no current key make one ``GenerateDataKey``. A caller that is cancelled
-  does not cancel the call for the others.
+  (the interceptor's deadline) does not cancel the call for the others, and a call
+  that fails after its last caller left is remembered like any failure, never left
+  for asyncio to report as an exception nobody retrieved.
 * **Failures are remembered** for ``negative_ttl_s``: callers in that window get the
   same :class:`~.kms.KmsError` without another KMS call, so an outage or a bad key
   does not turn every record into a KMS request.
@@ -97,12 +99,16 @@ class _Failure:
 
 
 class _SingleFlight(Generic[_T]):
-    """One task per key; failures remembered until their deadline."""
+    """One task per key; failures remembered until their deadline.
+
+    The task ends in its value or in the :class:`~.kms.KmsError` it met, as a value
+    (an exception stored in a task whose callers were all cancelled would be logged as
+    never retrieved); :meth:`run` raises it in each caller."""
 
     def __init__(self, clock: Callable[[], float], negative_ttl_s: float) -> None:
         self._clock = clock
         self._negative_ttl_s = negative_ttl_s
-        self._inflight: dict[Hashable, asyncio.Task[_T]] = {}
+        self._inflight: dict[Hashable, asyncio.Task[_T | KmsError]] = {}
         self._failures: dict[Hashable, _Failure] = {}
 
     async def run(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
@@ -115,15 +121,19 @@ class _SingleFlight(Generic[_T]):
         if task is None:
             task = asyncio.ensure_future(self._settle(key, call))
             self._inflight[key] = task
-        return await asyncio.shield(task)
+        outcome = await asyncio.shield(task)
+        if isinstance(outcome, KmsError):
+            raise outcome
+        return outcome
 
-    async def _settle(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
+    async def _settle(self, key: Hashable, call: Callable[[], Awaitable[_T]]
+                      ) -> _T | KmsError:
         try:
             return await call()
         except KmsError as exc:
             if self._negative_ttl_s > 0:
                 self._failures[key] = _Failure(exc, self._clock() + self._negative_ttl_s)
-            raise
+            return exc
         finally:
             del self._inflight[key]
 

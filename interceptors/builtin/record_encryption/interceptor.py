@@ -10,8 +10,11 @@ Contract. One configured instance serves both hooks:
   clear unless a policy says so:
 
   - the KEK is unknown or unusable (:class:`~.kms.UnresolvedKey`): ``unresolved_key``,
-    ``pass`` (stored as it came, counted, logged once a minute per topic) or ``reject``
-    (POLICY_VIOLATION);
+    ``pass`` (stored as it came, in clear, counted, logged once a minute per topic) or
+    ``reject`` (POLICY_VIOLATION); a key that the configuration fixes (a template
+    without a placeholder) and that the KMS can tell unusable without a call (not in
+    the key file, not a valid AWS alias name) is refused at load instead, so a reload
+    never switches topics to plaintext that way;
   - the KMS cannot be used (unreachable, throttled, timed out, refused credentials:
     any other :class:`~.kms.KmsError`): REQUEST_TIMED_OUT, the code producers retry
     (the one ``schema_registry`` answers when its registry is down); with
@@ -33,7 +36,7 @@ Contract. One configured instance serves both hooks:
 Counters (:meth:`RecordEncryption.metrics`) say how many records were encrypted,
 decrypted, passed unencrypted and why, how many KMS calls failed and how many data
 keys were generated and unwrapped. Warnings are logged at most once a minute per
-topic and cause.
+topic and cause, each with that topic's count so far.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from kiproxy.interceptors.sealing import carries_header
 from .data_keys import DataKeyCache
 from .envelope import MARKER_HEADER, EnvelopeError
 from .key_file import KeyFileKms
-from .kms import KmsError, KmsProvider, Undecryptable, UnresolvedKey
+from .kms import InvalidKeyReference, KmsError, KmsProvider, Undecryptable, UnresolvedKey
 from .records import RecordCipher
 from .settings import RecordEncryptionSettings, TopicPlans
 
@@ -92,6 +95,10 @@ class _Configured:
         self.plans = TopicPlans.of(settings)
         self.headers = frozenset(settings.headers)
         self.kms = _kms(settings)
+        for where, reference in self.plans.fixed_references():
+            problem = self.kms.reference_problem(reference)
+            if problem is not None:
+                raise ValueError(f"{where}: {problem}")
         self.cipher = RecordCipher(DataKeyCache(self.kms, settings.data_keys))
 
 
@@ -103,10 +110,13 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         self._state: _Configured | None = None
         self.counts: Counter[str] = Counter()
         """Records and KMS calls by outcome (what :meth:`metrics` reports)."""
+        self._by_topic: Counter[tuple[str, str]] = Counter()
+        """Records passed unencrypted or undecrypted by (cause, topic), for the warnings."""
         self._log = RateLimitedLog(log, _LOG_EVERY_S)
 
     def configure(self, config: RecordEncryptionSettings) -> None:
-        """Take the validated settings; a key file is read now, the KMS is not called yet."""
+        """Take the validated settings; a key file is read now, the KMS is not called yet.
+        Raises ValueError naming the setting whose fixed key the KMS can tell unusable."""
         self._state = _Configured(config)
 
     def _configured(self) -> _Configured:
@@ -133,8 +143,9 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             if exc.retriable and state.settings.on_kms_unavailable == "pass":
                 self.counts["kms_unavailable_passed"] += len(batch.records)
                 self._log.warning(("kms", topic), "record_encryption: %s stored UNENCRYPTED "
-                                  "(on_kms_unavailable: pass; %d records so far): %s",
-                                  where, self.counts["kms_unavailable_passed"], exc)
+                                  "(on_kms_unavailable: pass; %d records of this topic so "
+                                  "far): %s", where, self._count("kms", topic, len(batch.records)),
+                                  exc)
                 return batch
             self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
                               "not be used: %s", where, exc)
@@ -149,17 +160,28 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
     def _unresolved(self, batch: RecordBatch, reference: str, exc: UnresolvedKey
                     ) -> RecordBatch:
         where = f"{batch.topic}[{batch.partition}]"
+        # a name the KMS does not accept says so itself; another key may yet be created
+        unusable = (str(exc) if isinstance(exc, InvalidKeyReference)
+                    else f"its key {reference!r} is not usable: {exc}")
         if self._configured().settings.unresolved_key == "reject":
             self.counts["unresolved_rejected"] += len(batch.records)
+            if isinstance(exc, InvalidKeyReference):
+                raise RejectBatch(f"{where} refused, {unusable}; nothing was stored "
+                                  "(unresolved_key: reject)", "POLICY_VIOLATION") from None
             raise RejectBatch(f"{where} has no usable encryption key {reference!r} ({exc}); "
                               "create the key, or change `key:` or `topics:` of "
                               "record_encryption", "POLICY_VIOLATION") from None
         self.counts["unresolved_passed"] += len(batch.records)
         self._log.warning(("unresolved", batch.topic), "record_encryption: topic %r stored "
-                          "UNENCRYPTED, its key %r is not usable (unresolved_key: pass; %d "
-                          "records so far): %s", batch.topic, reference,
-                          self.counts["unresolved_passed"], exc)
+                          "UNENCRYPTED, %s (unresolved_key: pass; %d records of this topic "
+                          "so far)", batch.topic, unusable,
+                          self._count("unresolved", batch.topic, len(batch.records)))
         return batch
+
+    def _count(self, cause: str, topic: str, records: int) -> int:
+        """Records of ``topic`` passed for ``cause`` so far, ``records`` more included."""
+        self._by_topic[cause, topic] += records
+        return self._by_topic[cause, topic]
 
     # -- fetch ------------------------------------------------------------------------
 
@@ -230,8 +252,8 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                 self.counts["undecryptable_passed"] += 1
                 self._log.warning(("undecryptable", topic), "record_encryption: %s: a record "
                                   "passed to the consumer as ciphertext (on_undecryptable: "
-                                  "pass; %d so far): %s", where,
-                                  self.counts["undecryptable_passed"], exc)
+                                  "pass; %d of this topic so far): %s", where,
+                                  self._count("undecryptable", topic, 1), exc)
                 out.append(record)
         return tuple(out)
 

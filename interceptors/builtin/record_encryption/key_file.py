@@ -24,7 +24,9 @@ data keys of every version left in the file. AES-GCM rather than AES key wrap
 
 The file is read once, when the provider is made; a file that does not parse, a
 key that is not 32 bytes of base64 or a ``current`` with no version is a
-:class:`ValueError` naming the file and the key. This provider does no I/O after
+:class:`ValueError` naming the file and the key. A name the file does not hold is a
+:meth:`~KeyFileKms.reference_problem` (the built-in refuses a configuration that
+fixes such a key). This provider does no I/O after
 that and is never :class:`~.kms.KmsUnavailable`.
 """
 
@@ -103,10 +105,17 @@ class KeyFileKms(KmsProvider):
             raise ValueError(f"key file {self.path}: no such file")
         self._keks = _parse(self.path)
 
+    def reference_problem(self, reference: str) -> str | None:
+        """A name the file does not hold (the file is read once: it never will)."""
+        if reference in self._keks:
+            return None
+        return (f"key file {self.path} has no key {reference!r} (it has "
+                f"{sorted(self._keks)}); add the key to the file or name one it has")
+
     async def resolve_key(self, reference: str) -> str:
-        if reference not in self._keks:
-            raise UnresolvedKey(f"key file {self.path} has no key {reference!r} "
-                                f"(it has {sorted(self._keks)})")
+        problem = self.reference_problem(reference)
+        if problem is not None:
+            raise UnresolvedKey(problem)
         return reference
 
     async def generate_data_key(self, key_id: str) -> DataKey:

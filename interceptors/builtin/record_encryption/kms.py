@@ -15,10 +15,15 @@ loop:
 
 Every failure is one of three typed errors, each naming the key and what to do:
 :class:`UnresolvedKey` (no usable KEK for the reference: fix the configuration or the
-key), :class:`Undecryptable` (this wrapped key will never unwrap: wrong, damaged, or its
+key; :class:`InvalidKeyReference`, a kind of it, when the reference is not even a name
+the KMS accepts), :class:`Undecryptable` (this wrapped key will never unwrap: wrong, damaged, or its
 KEK is disabled or being deleted) and :class:`KmsUnavailable` (throttled, 5xx, timed
 out, unreachable or an answer that is not the API's: :attr:`KmsError.retriable`, try
 again later). :class:`KmsError` is their common base; a provider raises nothing else.
+
+:meth:`KmsProvider.reference_problem` tells, without calling the KMS, a reference that
+can never name a usable KEK (a malformed alias, a name a key file lacks): the built-in
+refuses such a reference at load when the configuration fixes it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from dataclasses import dataclass
 __all__ = [
     "DATA_KEY_BYTES",
     "DataKey",
+    "InvalidKeyReference",
     "KmsError",
     "KmsProvider",
     "KmsUnavailable",
@@ -50,6 +56,11 @@ class KmsError(Exception):
 class UnresolvedKey(KmsError):
     """The reference names no KEK that may encrypt: unknown alias or id, or a KEK that
     is disabled or scheduled for deletion."""
+
+
+class InvalidKeyReference(UnresolvedKey):
+    """The reference is not a name the KMS accepts (an AWS alias name with a character
+    outside AWS's rule): no key can ever answer to it, whatever is created."""
 
 
 class Undecryptable(KmsError):
@@ -96,6 +107,11 @@ class KmsProvider(abc.ABC):
     async def decrypt_data_key(self, key_id: str, wrapped: bytes) -> bytes:
         """The plaintext of ``wrapped``, a data key wrapped under ``key_id``. Raises
         :class:`Undecryptable` or :class:`KmsUnavailable`."""
+
+    def reference_problem(self, reference: str) -> str | None:
+        """Why ``reference`` can never name a usable KEK, told without calling the KMS
+        (a name it does not accept, a key file without that key); None: it may."""
+        return None
 
     async def close(self) -> None:  # noqa: B027 - a provider without resources needs none
         """Release what the provider holds (threads, connections)."""

@@ -10,12 +10,19 @@ becomes.
 Which topic is encrypted, and under which key:
 
 * ``key`` is a template: ``${topic}`` (or ``$topic``) is the topic's name
-  (``alias/KEK_${topic}`` gives ``alias/KEK_orders``); ``$$`` is a literal ``$``.
+  (``alias/KEK_${topic}`` gives ``alias/KEK_orders``); ``${topic_alias}`` is the name
+  with each character an AWS alias cannot hold (a topic's ``.``) as ``_``
+  (``alias/KEK_${topic_alias}`` gives ``alias/KEK_logs_app`` for ``logs.app``; Apache
+  Kafka refuses a topic whose name collides with another's that way); ``$$`` is a
+  literal ``$``.
 * Without ``topics:`` every topic the route hands the interceptor is encrypted under
   ``key``. With ``topics:``, only the topics an entry matches are: an entry is a topic
   name, or a regular expression matched against the whole name; names are tried first,
   then expressions in the order written (as ``schema_registry`` does); an entry may
   give its own ``key`` template, ``encrypt: false`` or its own ``on_undecryptable``.
+* :meth:`TopicPlans.fixed_references` lists the references of the templates without a
+  placeholder (one key for every topic they serve), which the built-in has its KMS
+  check at load.
 * Decryption does not depend on this: any record carrying the marker header is
   opened, on any topic the route hands the fetch-side hook.
 """
@@ -32,7 +39,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, model_validator
 from kiproxy.interceptors.settings import PluginSettings
 from kiproxy.interceptors.topics import TopicPattern, TopicSelector
 
-from .aws_kms import AwsKmsSettings
+from .aws_kms import AwsKmsSettings, alias_safe
 from .data_keys import DataKeyPolicy
 from .envelope import MARKER_HEADER
 
@@ -40,6 +47,7 @@ __all__ = ["KmsSettings", "RecordEncryptionSettings", "TopicEncryption", "TopicP
            "TopicPlans", "key_template"]
 
 _TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]+")
+_PLACEHOLDERS = frozenset({"topic", "topic_alias"})
 _AWS_ONLY = frozenset(AwsKmsSettings.model_fields)
 _PLANS_CACHED = 10_000
 
@@ -47,15 +55,17 @@ Undecryptable = Literal["error", "pass"]
 
 
 def key_template(value: str) -> str:
-    """``value`` if it is a key template whose only placeholder is ``${topic}``."""
+    """``value`` if it is a key template whose placeholders are ``${topic}`` and
+    ``${topic_alias}``."""
     template = string.Template(value)
     if not template.is_valid():
         raise ValueError(f"{value!r} is not a key template: write ${{topic}} for the topic's "
-                         "name and $$ for a literal $")
-    unknown = set(template.get_identifiers()) - {"topic"}
+                         "name, ${topic_alias} for it as an AWS alias may hold it, and $$ "
+                         "for a literal $")
+    unknown = set(template.get_identifiers()) - _PLACEHOLDERS
     if unknown:
-        raise ValueError(f"{value!r} names {sorted(unknown)}; the only placeholder is "
-                         "${topic}")
+        raise ValueError(f"{value!r} names {sorted(unknown)}; the placeholders are "
+                         "${topic} and ${topic_alias}")
     if not value.strip():
         raise ValueError("an empty key names no KEK")
     return value
@@ -129,7 +139,9 @@ class RecordEncryptionSettings(PluginSettings):
     """The KMS that holds the KEKs and makes data keys."""
     key: KeyTemplate
     """The KEK of a topic, a template: ``${topic}`` is the topic's name
-    (``alias/KEK_${topic}``; a key id, an ARN or a key file's key name)."""
+    (``alias/KEK_${topic}``; a key id, an ARN or a key file's key name);
+    ``${topic_alias}`` is the name with each ``.`` as ``_``, for AWS aliases, which
+    cannot hold a ``.``."""
     topics: Annotated[dict[str, TopicEncryption], BeforeValidator(_names_as_table),
                       AfterValidator(_regexes)] = {}
     """Which topics are encrypted: topic names or regular expressions matching the whole
@@ -140,8 +152,9 @@ class RecordEncryptionSettings(PluginSettings):
     keys and timestamps stay readable."""
     unresolved_key: Literal["pass", "reject"] = "pass"
     """A topic whose KEK the KMS does not know (or that is disabled): ``pass`` stores its
-    records unencrypted (counted, logged once a minute per topic); ``reject`` refuses
-    them with POLICY_VIOLATION."""
+    records UNENCRYPTED, in clear (counted, logged once a minute per topic); ``reject``
+    refuses them with POLICY_VIOLATION (for production, where nothing may be stored in
+    clear)."""
     on_kms_unavailable: Literal["reject", "pass"] = "reject"
     """The KMS cannot be used to encrypt (unreachable, throttling, timed out, refused
     credentials): ``reject`` refuses the batch with REQUEST_TIMED_OUT, which producers
@@ -195,8 +208,26 @@ class TopicPlans:
         reference = None
         if entry is not None and entry.encrypt:
             template = string.Template(entry.key or self.settings.key)
-            reference = template.substitute(topic=topic)
+            reference = template.substitute(topic=topic, topic_alias=alias_safe(topic))
         if len(self._plans) >= _PLANS_CACHED:
             self._plans.clear()
         plan = self._plans[topic] = TopicPlan(reference, undecryptable)
         return plan
+
+    def fixed_references(self) -> list[tuple[str, str]]:
+        """The KEK references of the key templates in use that have no placeholder (the
+        same key for every topic), each with the setting that gives it."""
+        settings = self.settings
+        found: dict[str, str] = {}
+        entries = settings.topics.items() if settings.topics else [("", TopicEncryption())]
+        for entry_name, entry in entries:
+            template = entry.key or settings.key
+            if entry.encrypt and _fixed(template):
+                found.setdefault(string.Template(template).substitute(),
+                                 f"topics.{entry_name}.key" if entry.key else "key")
+        return [(where, reference) for reference, where in found.items()]
+
+
+def _fixed(template: str) -> bool:
+    """Whether the key ``template`` names the same key for every topic."""
+    return not string.Template(template).get_identifiers()
