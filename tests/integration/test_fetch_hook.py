@@ -14,8 +14,8 @@ that refuses, raises, breaks the record count or misses its deadline costs the
 consumer that partition only (another topic in the same consumer is served, the
 proxy logs the refusal, with the traceback of a hook that raised, the connection stays
 open), a plain hook past its deadline included; a batch a hook fails on stops
-confluent-kafka and kafka-python consumers at that batch, every record before it read
-(not at the start of the answer it came in); a Fetch answer on a topic with no
+confluent-kafka, kafka-python and aiokafka consumers at that batch, every record before
+it read (not at the start of the answer it came in); a Fetch answer on a topic with no
 hook is the broker's bytes; the ApiVersions answer offers only the Fetch versions the
 proxy decodes; the Java client and kafka-python consume
 through the proxy too.
@@ -23,6 +23,7 @@ through the proxy too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -286,17 +287,51 @@ def _kafka_python_up_to_the_error(bootstrap: str, topic: str
         consumer.close()
 
 
-@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+def _aiokafka_up_to_the_error(bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+                              ) -> tuple[list[bytes], int, Any]:
+    """:func:`_confluent_up_to_the_error` with aiokafka (which logs the error, a WARNING
+    from its fetcher, and fetches again)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def read() -> tuple[list[bytes], int, Any]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        tp = TopicPartition(topic, 0)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            values: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                errors = [r for r in caplog.records if "while fetching data: UnknownError"
+                          in r.getMessage()]  # aiokafka's name for UNKNOWN_SERVER_ERROR
+                if errors:
+                    return values, await consumer.position(tp), errors[0].getMessage()
+                batches = await consumer.getmany(tp, timeout_ms=500)
+                values.extend(m.value for m in batches.get(tp, ()))
+            raise AssertionError(f"no error in 30 s; read {values}")
+        finally:
+            await consumer.stop()
+
+    with caplog.at_level("WARNING", "aiokafka"):
+        return asyncio.run(read())
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python", "aiokafka"])
 def test_a_batch_a_hook_fails_on_stops_the_consumer_there(
-        upstream: Upstream, proxy: ProxyProcess, client: str) -> None:
+        upstream: Upstream, proxy: ProxyProcess, client: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     """Ten good batches and one the hook raises on (offset 10), fetched in one answer:
     the consumer reads the ten, then gets the error with its position at 10; the log
     names that batch, with the hook's traceback."""
     topic = _poisoned_topic(upstream)
     seen = len(proxy.lines)
-    read = _confluent_up_to_the_error if client == "confluent-kafka" \
-        else _kafka_python_up_to_the_error
-    values, position, error = read(proxy.bootstrap, topic)
+    if client == "aiokafka":
+        values, position, error = _aiokafka_up_to_the_error(proxy.bootstrap, topic, caplog)
+    else:
+        read = _confluent_up_to_the_error if client == "confluent-kafka" \
+            else _kafka_python_up_to_the_error
+        values, position, error = read(proxy.bootstrap, topic)
     assert values == POISONED[:10]
     assert position == 10
     assert "UNKNOWN" in str(error).upper(), error
