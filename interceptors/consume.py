@@ -8,9 +8,11 @@ fetched partition holds one or more batches, as the broker stored them), with a
 returns the batch, unchanged or with the same number of records whose keys, values
 and headers may differ; offsets (``offset_delta``) and timestamps are the log's and
 must stay as they are. It may raise :class:`RefuseFetch` (or anything else, or miss
-its deadline): that partition of the response is answered with an error a consumer
-retries (``UNKNOWN_SERVER_ERROR`` by default) and no records; other partitions and
-the connection are unaffected.
+its deadline): that partition's answer ends before the batch (the batches before it
+are sent, and the consumer fetches from it next), and when it is the answer's first
+batch the partition is answered with an error a consumer retries
+(``UNKNOWN_SERVER_ERROR`` by default) and no records; other partitions and the
+connection are unaffected.
 
 A hook may also read and return a batch's records as one **block** - the bytes Kafka
 stores, record after record, once decompressed - with ``on_consume_block(block, ctx)``
@@ -167,7 +169,9 @@ class FetchResponseInterceptor(abc.ABC, Generic[SettingsT]):
     """Base class of fetch-side hooks (see the module docstring).
 
     ``on_consume`` may be a plain method or ``async def``; it runs on the proxy's event
-    loop, so a plain one must not block. Typed settings work as for
+    loop, so a plain one must not block: it holds up every connection while it runs,
+    and one that returns past ``timeout_ms`` is refused all the same. Typed settings
+    work as for
     :class:`~kiproxy.interceptors.api.ProduceRequestInterceptor`.
     """
 

@@ -8,7 +8,10 @@ records count whose every record keeps its ``offset_delta`` and ``timestamp``) o
 naming the hook and what it did, and a short ``reason`` for metrics and logs. It never
 raises for anything the hook does: ``RefuseFetch`` keeps its code; any other
 exception, a wrong return type, another record count, a moved offset or timestamp,
-and a missed deadline are ``UNKNOWN_SERVER_ERROR``, which consumers retry.
+and a missed deadline are ``UNKNOWN_SERVER_ERROR``, which consumers retry. The
+deadline is the produce side's rule: an ``async def`` hook is cancelled at it, a
+plain one cannot be and is refused when it returns past ``ctx.deadline`` (whatever it
+returned); an exception is kept on the refusal for the caller to log its traceback.
 :func:`judge_consume_block` does the same for ``on_consume_block``, whose block is
 checked record by record (compiled) instead: against the batch's records when the
 caller has them, else against the block it gave (a batch handed on undecoded).
@@ -17,8 +20,8 @@ caller has them, else against the block it gave (a batch handed on undecoded).
 from __future__ import annotations
 
 import asyncio
-import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from kiproxy.interceptors.awaiting import within
@@ -40,8 +43,6 @@ from kiproxy.protocol.records import (
 
 __all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block"]
 
-log = logging.getLogger("kiproxy.fetch")
-
 _RETRIED = ErrorCode.UNKNOWN_SERVER_ERROR
 
 
@@ -56,26 +57,35 @@ class ConsumeRefusal:
     reason: str
     """``refused``, ``plugin_error``, ``bad_return``, ``record_count``, ``shape_changed``
     or ``timeout``."""
+    exception: BaseException | None = field(default=None, compare=False, repr=False)
+    """The exception a ``plugin_error`` came from (its traceback, for the log)."""
 
 
 async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
                   timeout: float | None) -> Any:
-    """``hook(given, ctx)``, awaited within ``timeout`` when it is a coroutine; whatever
-    it raises or misses turned into a :class:`ConsumeRefusal`."""
+    """``hook(given, ctx)``, awaited within ``timeout`` when it is a coroutine, refused
+    when a plain call returns past ``ctx.deadline`` (as :mod:`~kiproxy.interceptors.verdict`
+    does for a plain ``intercept``); whatever it raises or misses turned into a
+    :class:`ConsumeRefusal`."""
     try:
         result = hook(given, ctx)
         if asyncio.iscoroutine(result) or isinstance(result, asyncio.Future):
             result = await within(result, timeout, name)
+        elif timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
     except RefuseFetch as exc:
         return ConsumeRefusal(exc.error_code, f"{name} refused it: {exc.message}", "refused")
     except TimeoutError:
-        return ConsumeRefusal(_RETRIED, f"{name} did not answer within "
-                              f"{(timeout or 0) * 1000:.0f} ms (timeout_ms)", "timeout")
+        return _timed_out(name, timeout)
     except Exception as exc:
-        log.debug("fetch-side hook %s raised", name, exc_info=True)
         return ConsumeRefusal(_RETRIED, f"{name} raised {type(exc).__name__}: {exc}",
-                              "plugin_error")
+                              "plugin_error", exc)
     return result
+
+
+def _timed_out(name: str, timeout: float | None) -> ConsumeRefusal:
+    return ConsumeRefusal(_RETRIED, f"{name} did not answer within "
+                          f"{(timeout or 0) * 1000:.0f} ms (timeout_ms)", "timeout")
 
 
 async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *,

@@ -31,15 +31,20 @@ Contract:
   (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
   the response - error codes, high watermark, last stable offset, log start offset,
   aborted transactions, preferred read replica, session id, tagged fields - is copied.
-- A hook that raises (:class:`~kiproxy.interceptors.consume.RefuseFetch` or anything
-  else), returns something else than a batch of the same shape, or misses its
-  deadline (``timeout_ms``, as on the produce side), and a batch that cannot be
-  decoded, answer that partition with an error code and no records
-  (``UNKNOWN_SERVER_ERROR`` unless the hook named one): consumers retry it; the other
-  partitions and the connection go on. A topic id (Fetch v13+) the proxy has not
+- A batch a hook refuses - it raises (:class:`~kiproxy.interceptors.consume.RefuseFetch`
+  or anything else), returns something else than a batch of the same shape, or misses
+  its deadline (``timeout_ms``, as on the produce side: a plain hook is refused when it
+  returns past it) - and a batch that cannot be decoded end the partition's answer
+  there: the entries before it are sent (changed or not, as a broker's answer cut at
+  ``max_bytes``; every other field as the broker sent it) and the consumer fetches
+  from that batch next. When it is the answer's first entry, the partition is
+  answered with an error code and no records (``UNKNOWN_SERVER_ERROR`` unless the
+  hook named one): consumers retry it; the other partitions and the connection go
+  on. A topic id (Fetch v13+) the proxy has not
   learned from a Metadata response is answered ``UNKNOWN_TOPIC_ID`` on its
   partitions with records, so the consumer refreshes its metadata through the proxy.
-  Each such refusal is logged at WARNING, rate-limited per topic and reason.
+  Each error answered is logged at WARNING (with the hook's traceback when it
+  raised), rate-limited per topic and reason.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ import logging
 import time
 import uuid
 from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
@@ -201,7 +207,7 @@ class FetchPipeline:
                 if isinstance(outcome, ConsumeRefusal):
                     errors[key] = outcome.code
                     self._log_refusal(client, name, part.partition, outcome.reason,
-                                      outcome.message)
+                                      outcome.message, outcome.exception)
                 elif outcome is not None:
                     replacements[key] = outcome
         if not replacements and not errors:
@@ -240,22 +246,25 @@ class FetchPipeline:
             if header.is_control:
                 continue
             source = _Source(frame, batch, lease)
+            at = f"batch at offset {header.base_offset}"
             try:
                 outcome = await self._chain(topic, part.partition, source, consumers, ctx)
-                if isinstance(outcome, ConsumeRefusal):
-                    self._count(topic, "refused", header.record_count)
-                    return outcome
                 if outcome is None:
                     self._count(topic, "unchanged", header.record_count)
                     continue
-                new = await self._encode(source, outcome)
+                if isinstance(outcome, ConsumeRefusal):
+                    outcome = replace(outcome, message=f"{at}: {outcome.message}")
+                else:
+                    new = await self._encode(source, outcome)
             except CorruptBatch as exc:
-                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                f"batch at offset {header.base_offset} cannot be decoded: "
-                                f"{exc}", "undecodable")
+                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                         f"{at} cannot be decoded: {exc}", "undecodable")
             except BatchShapeChanged as exc:
-                self._count(topic, "refused", header.record_count)
-                return ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc), "shape_changed")
+                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, f"{at}: {exc}",
+                                         "shape_changed")
+            if isinstance(outcome, ConsumeRefusal):
+                return self._stopped(topic, part.partition, fetched, batch, pieces,
+                                     view[copied:batch.start], outcome)
             self._count(topic, "transformed", header.record_count)
             pieces.append(view[copied:batch.start])
             pieces.extend(new)
@@ -264,6 +273,25 @@ class FetchPipeline:
             return None
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
         return pieces  # joined once, by the splice into the answer
+
+    def _stopped(self, topic: str, partition: int, fetched: FetchedRecords,
+                 batch: FetchedBatch, pieces: list[bytes | memoryview], kept: memoryview,
+                 refusal: ConsumeRefusal) -> list[bytes | memoryview] | ConsumeRefusal:
+        """The partition's answer when ``batch`` is refused: the refusal when it is the
+        answer's first entry, else ``pieces`` (the entries before it, as sent or as
+        changed) ended by ``kept`` (those since the last changed one): nothing from
+        ``batch`` on, as a broker's answer cut at ``max_bytes`` ends there. The consumer
+        fetches from ``batch`` next and is answered the refusal then."""
+        header = batch.header
+        assert header is not None
+        if batch.start == fetched.start:
+            if refusal.reason != "undecodable":
+                self._count(topic, "refused", header.record_count)
+            return refusal
+        log.debug("%s-%d answered up to offset %d, where its next fetch is refused: %s",
+                  topic, partition, header.base_offset, refusal.message)
+        pieces.append(kept)
+        return pieces
 
     async def _chain(self, topic: str, partition: int, source: _Source,
                      consumers: Sequence[LoadedLink], ctx: ConsumeContext
@@ -279,7 +307,6 @@ class FetchPipeline:
         block: bytes | None = None  # the block a link returned, while links get blocks
         on_blocks = True
         for link in consumers:
-            deadline = time.monotonic() + link.timeout
             if on_blocks and consume_block_hook(link.interceptor) is not None:
                 given = ConsumedBlock(
                     topic=topic, partition=partition, base_offset=header.base_offset,
@@ -288,7 +315,7 @@ class FetchPipeline:
                     producer_id=header.producer_id, producer_epoch=header.producer_epoch,
                     transactional=header.is_transactional, compression=codec)
                 answer = await judge_consume_block(
-                    link.interceptor, given, source.records, _with_deadline(ctx, deadline),
+                    link.interceptor, given, source.records, _with_deadline(ctx, link.timeout),
                     name=link.name, timeout=link.timeout)
                 if isinstance(answer, ConsumeRefusal):
                     return answer
@@ -310,7 +337,7 @@ class FetchPipeline:
                 producer_epoch=header.producer_epoch, transactional=header.is_transactional,
                 compression=codec)
             result = await judge_consume(link.interceptor, batch,
-                                         _with_deadline(ctx, deadline), name=link.name,
+                                         _with_deadline(ctx, link.timeout), name=link.name,
                                          timeout=link.timeout)
             if isinstance(result, ConsumeRefusal):
                 return result
@@ -351,14 +378,15 @@ class FetchPipeline:
             counters[1].inc(records)
 
     def _log_refusal(self, client: RequestingClient, topic: str, partition: int,
-                     reason: str, message: str) -> None:
-        held = self._refusals.allow((topic, reason))
-        if held is None:
-            return
-        more = f" ({held} more since the last line)" if held else ""
-        log.warning("fetch from %s (client_id %r): %s-%d answered with an error: %s%s",
-                    client.identity.client_address, client.identity.client_id, topic,
-                    partition, message, more, extra=client.log_context)
+                     reason: str, message: str, exception: BaseException | None = None
+                     ) -> None:
+        """A WARNING (with the hook's traceback when it raised), unless one for ``topic``
+        and ``reason`` was written lately."""
+        self._refusals.warning(
+            (topic, reason), "fetch from %s (client_id %r): %s-%d answered with an error: %s",
+            client.identity.client_address, client.identity.client_id, topic, partition,
+            message, more=" ({count} more since the last line)", exc_info=exception,
+            extra=client.log_context)
 
 
 class _Source:
@@ -413,8 +441,11 @@ class _Source:
         return memoryview(self._block)
 
 
-def _with_deadline(ctx: ConsumeContext, deadline: float) -> ConsumeContext:
+def _with_deadline(ctx: ConsumeContext, timeout: float) -> ConsumeContext:
+    """``ctx`` for one hook call: its deadline ``timeout`` seconds from now, the call's
+    data being ready (a plain hook that returns past it is refused)."""
     return ConsumeContext(
         client_id=ctx.client_id, client_address=ctx.client_address, principal=ctx.principal,
-        api_version=ctx.api_version, deadline=deadline, proxy_host=ctx.proxy_host,
+        api_version=ctx.api_version, deadline=time.monotonic() + timeout,
+        proxy_host=ctx.proxy_host,
         extra=ctx.extra, identity=ctx.identity)

@@ -3,7 +3,8 @@
 On Tansu and on Apache Kafka (the ``upstream`` fixture). One proxy serves the module
 with routes: ``rev-`` topics run ``tp_fetch:Reverse`` (values reversed on produce,
 reversed back on consume), ``up-`` topics the fetch-side-only ``UpperOnConsume``,
-``bad-`` topics ``RefuseOnConsume`` (refuse, raise, grow, slow), anything else no hook.
+``bad-`` topics ``RefuseOnConsume`` (refuse, raise, grow, slow), ``sync-`` topics the
+plain ``PlainOnConsume`` (slow, or raising on a ``poison`` record), anything else no hook.
 
 What is checked: every codec round-trips exactly (values, keys, headers and their
 order) through the proxy while the broker stores the produced transformation; a
@@ -11,7 +12,10 @@ consumer straight to the broker sees what is stored; transactional producers and
 read_committed consumer through the proxy see exactly the committed records; a hook
 that refuses, raises, breaks the record count or misses its deadline costs the
 consumer that partition only (another topic in the same consumer is served, the
-proxy logs the refusal, the connection stays open); a Fetch answer on a topic with no
+proxy logs the refusal, with the traceback of a hook that raised, the connection stays
+open), a plain hook past its deadline included; a batch a hook fails on stops
+confluent-kafka, kafka-python and aiokafka consumers at that batch, every record before
+it read (not at the start of the answer it came in); a Fetch answer on a topic with no
 hook is the broker's bytes; the ApiVersions answer offers only the Fetch versions the
 proxy decodes; the Java client and kafka-python consume
 through the proxy too.
@@ -19,6 +23,7 @@ through the proxy too.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -47,6 +52,8 @@ ROUTES = {
          "interceptors": [{"class": "tp_fetch:UpperOnConsume"}]},
         {"name": "bad", "match": {"topic": "bad-.*"},
          "interceptors": [{"class": "tp_fetch:RefuseOnConsume", "timeout_ms": 300}]},
+        {"name": "plain", "match": {"topic": "sync-.*"},
+         "interceptors": [{"class": "tp_fetch:PlainOnConsume", "timeout_ms": 300}]},
     ]
 }
 
@@ -168,6 +175,13 @@ def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
         b"after"]
 
 
+def _traceback(line: str, last: str) -> bool:
+    """Whether the log ``line`` carries a traceback through tp_fetch.py ending in
+    ``last``."""
+    return "Traceback (most recent call last)" in line and "tp_fetch.py" in line \
+        and last in line
+
+
 @pytest.mark.parametrize("fault", ["refuse", "raise", "grow", "slow"])
 def test_a_failing_hook_costs_only_its_partition(upstream: Upstream, proxy: ProxyProcess,
                                                  fault: str) -> None:
@@ -183,9 +197,149 @@ def test_a_failing_hook_costs_only_its_partition(upstream: Upstream, proxy: Prox
         [(good, b"one"), (good, b"two"), (plain, b"one"), (plain, b"two")])
     assert wait_until(lambda: any(bad in line and "answered with an error" in line
                                   for line in proxy.lines[seen:]), 5), proxy.log
+    if fault == "raise":  # the hook's traceback, as for a produce-side plugin
+        assert wait_until(lambda: any(_traceback(line, "RuntimeError: the hook broke")
+                                      for line in proxy.lines[seen:]), 5), proxy.log
     assert proxy.alive()
     # Straight to the broker the records are there: the hook refused only the reading.
     assert len(_read(upstream.bootstrap, [bad], 2)) == 2
+
+
+def test_a_plain_hook_that_returns_past_its_deadline_costs_its_partition(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    """A plain hook cannot be stopped at ``timeout_ms``; what it returns late is refused
+    as an ``async def`` hook's is (the consumer gets no records from that partition)."""
+    slow = f"sync-slow-{uuid.uuid4().hex[:6]}"
+    good = f"sync-fine-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, slow, good)
+    for topic in (slow, good):
+        _produce(proxy.bootstrap, topic, [b"one", b"two"])
+    seen = len(proxy.lines)
+    got = _read(proxy.bootstrap, [slow, good], 4, timeout=8)
+    assert sorted((m.topic(), m.value()) for m in got) == [(good, b"one"), (good, b"two")]
+    assert wait_until(lambda: any(
+        f"{slow}-0 answered with an error: batch at offset 0: tp_fetch:PlainOnConsume did "
+        "not answer within 300 ms" in line for line in proxy.lines[seen:]), 5), proxy.log
+    assert len(_read(upstream.bootstrap, [slow], 2)) == 2
+
+
+POISONED = [*(f"record {i}".encode() for i in range(10)), b"poison",
+            *(f"after {i}".encode() for i in range(3))]
+
+
+def _poisoned_topic(upstream: Upstream) -> str:
+    """A topic holding :data:`POISONED`, one batch per record (the poison at offset 10)."""
+    topic = f"sync-poison-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    producer = confluent_producer({"bootstrap.servers": upstream.bootstrap, "linger.ms": 0,
+                                   "message.timeout.ms": 20000})
+    for value in POISONED:
+        producer.produce(topic, value=value, partition=0)
+        assert producer.flush(20) == 0
+    return topic
+
+
+def _confluent_up_to_the_error(bootstrap: str, topic: str) -> tuple[list[bytes], int, Any]:
+    """What a confluent-kafka consumer reads from offset 0 until its first error: the
+    values, its position then and the error."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": f"g-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    try:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                (position,) = consumer.position([TopicPartition(topic, 0)])
+                return values, position.offset, msg.error()
+            values.append(msg.value())
+        raise AssertionError(f"no error in 30 s; read {values}")
+    finally:
+        consumer.close()
+
+
+def _kafka_python_up_to_the_error(bootstrap: str, topic: str
+                                  ) -> tuple[list[bytes], int, Any]:
+    """:func:`_confluent_up_to_the_error` with kafka-python (which raises the error)."""
+    from kafka import KafkaConsumer, TopicPartition
+    from kafka.errors import KafkaError
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    tp = TopicPartition(topic, 0)
+    try:
+        consumer.assign([tp])
+        consumer.seek(tp, 0)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                batches = consumer.poll(timeout_ms=500)
+            except KafkaError as exc:
+                return values, consumer.position(tp), exc
+            values.extend(m.value for m in batches.get(tp, ()))
+        raise AssertionError(f"no error in 30 s; read {values}")
+    finally:
+        consumer.close()
+
+
+def _aiokafka_up_to_the_error(bootstrap: str, topic: str, caplog: pytest.LogCaptureFixture
+                              ) -> tuple[list[bytes], int, Any]:
+    """:func:`_confluent_up_to_the_error` with aiokafka (which logs the error, a WARNING
+    from its fetcher, and fetches again)."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    async def read() -> tuple[list[bytes], int, Any]:
+        consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        tp = TopicPartition(topic, 0)
+        await consumer.start()
+        try:
+            consumer.assign([tp])
+            consumer.seek(tp, 0)
+            values: list[bytes] = []
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                errors = [r for r in caplog.records if "while fetching data: UnknownError"
+                          in r.getMessage()]  # aiokafka's name for UNKNOWN_SERVER_ERROR
+                if errors:
+                    return values, await consumer.position(tp), errors[0].getMessage()
+                batches = await consumer.getmany(tp, timeout_ms=500)
+                values.extend(m.value for m in batches.get(tp, ()))
+            raise AssertionError(f"no error in 30 s; read {values}")
+        finally:
+            await consumer.stop()
+
+    with caplog.at_level("WARNING", "aiokafka"):
+        return asyncio.run(read())
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python", "aiokafka"])
+def test_a_batch_a_hook_fails_on_stops_the_consumer_there(
+        upstream: Upstream, proxy: ProxyProcess, client: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Ten good batches and one the hook raises on (offset 10), fetched in one answer:
+    the consumer reads the ten, then gets the error with its position at 10; the log
+    names that batch, with the hook's traceback."""
+    topic = _poisoned_topic(upstream)
+    seen = len(proxy.lines)
+    if client == "aiokafka":
+        values, position, error = _aiokafka_up_to_the_error(proxy.bootstrap, topic, caplog)
+    else:
+        read = _confluent_up_to_the_error if client == "confluent-kafka" \
+            else _kafka_python_up_to_the_error
+        values, position, error = read(proxy.bootstrap, topic)
+    assert values == POISONED[:10]
+    assert position == 10
+    assert "UNKNOWN" in str(error).upper(), error
+    assert wait_until(lambda: any(
+        f"{topic}-0 answered with an error: batch at offset 10: tp_fetch:PlainOnConsume "
+        "raised KeyError: 'boom'" in line for line in proxy.lines[seen:]), 5), proxy.log
+    assert wait_until(lambda: any(_traceback(line, "KeyError: 'boom'")
+                                  for line in proxy.lines[seen:]), 5), proxy.log
 
 
 def test_an_answer_on_a_topic_without_a_hook_is_the_brokers_bytes(

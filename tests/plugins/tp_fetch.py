@@ -8,6 +8,10 @@
 * ``RefuseOnConsume`` refuses every batch of a topic whose name contains ``refuse``
   (RefuseFetch), raises on ``raise``, returns one record too many on ``grow`` and
   sleeps past its deadline on ``slow``; other topics pass unchanged.
+* ``PlainOnConsume`` is a plain (not ``async``) hook: on a topic whose name contains
+  ``slow`` it sleeps 0.6 s (past the tests' 300 ms deadline) and returns the batch; it
+  raises ``KeyError('boom')`` on a batch holding a record whose value is ``poison``;
+  other batches pass unchanged.
 * ``BlockReverse`` is ``Reverse``'s fetch side on records blocks (``on_consume_block``):
   it decodes the block, reverses the values and encodes a new block. On a topic whose
   name contains ``records`` it answers None (records are wanted), on ``same`` it returns
@@ -18,6 +22,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 from kiproxy.interceptors import (
     ConsumeContext,
@@ -58,6 +63,15 @@ class RefuseOnConsume(FetchResponseInterceptor):
             return batch.with_records((*batch.records, batch.records[0]))
         if "slow" in batch.topic:
             await asyncio.sleep(5)
+        return batch
+
+
+class PlainOnConsume(FetchResponseInterceptor):
+    def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+        if "slow" in batch.topic:
+            time.sleep(0.6)
+        if any(r.value == b"poison" for r in batch.records):
+            raise KeyError("boom")
         return batch
 
 

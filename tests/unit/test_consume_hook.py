@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import typing
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from kio.schema.errors import ErrorCode
 from kiproxy.interceptors import (
     ConsumeContext,
     ConsumedBatch,
+    ConsumedBlock,
     FetchResponseInterceptor,
     ProduceRequestInterceptor,
     RefuseFetch,
@@ -82,6 +84,43 @@ def test_what_the_judge_refuses(topic: str, code: int, reason: str) -> None:
     assert isinstance(verdict, ConsumeRefusal)
     assert (verdict.code, verdict.reason) == (code, reason)
     assert "Hooks" in verdict.message
+
+
+class SlowPlain(FetchResponseInterceptor):
+    """A plain hook that returns the batch, unchanged, after 0.25 s."""
+
+    def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+        time.sleep(0.25)
+        return batch
+
+
+class SlowPlainBlock(SlowPlain):
+    """A plain block hook that returns the block, unchanged, after 0.25 s."""
+
+    def on_consume_block(self, block: ConsumedBlock, ctx: ConsumeContext) -> memoryview:
+        time.sleep(0.25)
+        return block.data
+
+
+@pytest.mark.parametrize("hook", [SlowPlain, SlowPlainBlock])
+def test_a_plain_hook_that_returns_past_its_deadline_is_refused_as_an_async_one_is(
+        hook: type[FetchResponseInterceptor]) -> None:
+    """It cannot be stopped, but what it returns late is refused all the same: the
+    code, message and reason an ``async def`` hook cancelled at the deadline gets."""
+    batch = make_consumed_batch(make_batch(b"a", b"b", topic="slow"), base_offset=10)
+    late = run_consume(hook(), batch, timeout_ms=100, name="h")
+    cancelled = run_consume(Hooks(), batch, timeout_ms=100, name="h")
+    assert isinstance(late, ConsumeRefusal)
+    assert late == cancelled
+    assert (late.code, late.reason) == (-1, "timeout")
+    assert run_consume(hook(), batch, timeout_ms=5000) is batch  # in time: let through
+
+
+def test_a_raising_hook_keeps_its_exception_on_the_refusal() -> None:
+    verdict = run_consume(Hooks(), make_consumed_batch(make_batch(b"a", topic="raise")))
+    assert isinstance(verdict, ConsumeRefusal)
+    assert isinstance(verdict.exception, ValueError)
+    assert verdict.exception.__traceback__ is not None  # what the proxy logs
 
 
 def test_what_the_judge_lets_through() -> None:

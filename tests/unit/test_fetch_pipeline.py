@@ -5,9 +5,10 @@ COMMIT marker (a control batch), an old-format (magic 1) entry, a zstd batch and
 first bytes of a batch cut at ``max_bytes``. Through ``tp_fetch:Reverse`` every data
 batch's values are reversed and re-encoded at the same offsets; the marker, the
 old-format entry and the cut tail are the same bytes; the partition's other fields and
-the second, unhooked topic are untouched. Refusals answer their partition only; an
-unknown topic id is answered UNKNOWN_TOPIC_ID; an answer with no hooked partition is
-the frame object itself.
+the second, unhooked topic are untouched. Refusals answer their partition only: a
+batch refused after others ends the answer before it, one refused first is the error
+(logged with the hook's traceback); an unknown topic id is answered UNKNOWN_TOPIC_ID;
+an answer with no hooked partition is the frame object itself.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from kiproxy.protocol.messages import ApiKey, parse_response, response_type, ser
 from kiproxy.protocol.records import Compression, Record, build_batch, decode_batch
 from kiproxy.proxy.config.model import load_config
 from kiproxy.proxy.fetch.pipeline import FetchPipeline
+from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.routes.runtime import load_routes
 from kiproxy.proxy.routes.table import ClientRoutes, RouteTable
 
@@ -268,3 +270,71 @@ def test_a_share_fetch_on_a_hooked_topic_is_refused_and_the_others_pass(
         parsed = parse_response(ApiKey.SHARE_FETCH, version, answer, 5)
         assert parsed.error_code == ErrorCode.invalid_request and parsed.responses == ()
         assert named in parsed.error_message and "consumer group" in parsed.error_message
+
+
+POISON = _batch(7, [b"fine", b"poison"])  # tp_fetch:PlainOnConsume raises on it
+LATER = _batch(9, [b"later"])
+
+
+def _poisoned(tmp_path: Path) -> FetchPipeline:
+    """Reverse then PlainOnConsume on ``rev-`` topics: on consume, PlainOnConsume first."""
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f'plugins_dir: {PLUGINS}\nroutes:\n  - match: {{topic: "rev-.*"}}\n'
+                    '    interceptors: [{class: "tp_fetch:Reverse"}, '
+                    '{class: "tp_fetch:PlainOnConsume"}]\n')
+    return FetchPipeline(load_routes(load_config(path, {})),
+                         topic_names={TOPIC_ID: "rev-t", PLAIN_ID: "plain"},
+                         metrics=Metrics())
+
+
+def _refused(pipeline: FetchPipeline) -> float:
+    assert pipeline.metrics is not None
+    return pipeline.metrics.fetch_batches.labels("rev-t", "refused")._value.get()  # type: ignore[no-any-return]
+
+
+def test_a_refused_batch_ends_its_partitions_answer_and_the_next_fetch_is_refused_there(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """The batches before the one a hook fails on are sent, changed as the hooks changed
+    them, and nothing from it on; every other field is the broker's. The consumer then
+    fetches from that batch: the answer starts with it, and is the error."""
+    pipeline = _poisoned(tmp_path)
+    before = b"".join(PIECES[:4])  # gzip 0-1, transactional 2-4, its marker, magic 1 at 6
+    frame = _answer(12, "rev-t", before + POISON + LATER + TAIL)
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        out = parse_response(1, 12, _rewrite(pipeline, 12, frame), len(head(12)))
+    assert caplog.records == [] and _refused(pipeline) == 0  # nothing refused yet
+    old = parse_response(1, 12, frame, len(head(12))).responses[0].partitions[0]
+    p0 = out.responses[0].partitions[0]
+    assert dataclasses.replace(p0, records=None) == dataclasses.replace(old, records=None)
+    split = split_fetched_records(p0.records)
+    assert not split.partial and [b.header.base_offset if b.header else 6
+                                  for b in split.batches] == [0, 2, 5, 6]
+    kept = [bytes(p0.records[b.start:b.end]) for b in split.batches]
+    assert kept[2:] == [MARKER, LEGACY]
+    for original, now in zip(PIECES[:2], kept[:2], strict=True):  # reversed, as ever
+        assert [r.value for r in decode_batch(now).records] == [
+            (r.value or b"")[::-1] for r in decode_batch(original).records]
+
+    # the next fetch starts at the batch: the partition is answered with the error
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "rev-t",
+                                                                   POISON + LATER)),
+                             len(head(12)))
+    p0 = out.responses[0].partitions[0]
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
+    (line,) = caplog.records
+    assert "rev-t-0 answered with an error: batch at offset 7: " in line.getMessage()
+    assert "raised KeyError: 'boom'" in line.getMessage()
+    assert line.exc_info is not None and line.exc_info[0] is KeyError  # its traceback
+    assert _refused(pipeline) == 1
+
+
+def test_a_batch_refused_after_control_batches_only_ends_the_answer_after_them(
+        tmp_path: Path) -> None:
+    """A transaction marker before the refused batch is sent alone: consumers step over
+    it to the refused batch."""
+    pipeline = _poisoned(tmp_path)
+    out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "rev-t", MARKER + POISON)),
+                         len(head(12)))
+    p0 = out.responses[0].partitions[0]
+    assert (p0.error_code, p0.records) == (ErrorCode.none, MARKER)
