@@ -4,7 +4,8 @@
 with one to four partitions whose records are null, empty or random bytes, and a
 nullable transactional id; ``HEAD`` stands in for the request header.
 ``edits_for(partitions)`` draws edits for the splice: each partition kept, replaced or
-removed.
+removed. ``produce_frame(batch)`` is one whole Produce v9 request (header included) of
+``batch`` for partition 0 of topic ``t``, acks all, for the pipeline's unit tests.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from typing import Any
 from hypothesis import strategies as st
 from kio.static.primitive import i16, i32, i32Timedelta
 
-from kiproxy.protocol.messages import ApiKey, request_type
+from kiproxy.protocol.framing import encode_request_header
+from kiproxy.protocol.messages import ApiKey, request_type, serialize
 
 VERSIONS = range(3, 14)
 HEAD = b"\x00\x00\x00\x09\x00\x00\x00\x07\xff\xff\x00"  # a header stand-in: kept as is
@@ -27,6 +29,18 @@ def produce_types(version: int) -> tuple[Any, Any, Any]:
     request = request_type(ApiKey.PRODUCE, version)
     module = __import__(request.__module__, fromlist=["x"])
     return request, module.TopicProduceData, module.PartitionProduceData
+
+
+def produce_frame(batch: bytes) -> bytes:
+    """A Produce v9 request frame (correlation id 7, client id ``unit``, acks all) of
+    ``batch`` for partition 0 of topic ``t``."""
+    request_cls, topic_cls, part_cls = produce_types(9)
+    request = request_cls(
+        transactional_id=None, acks=i16(-1),
+        timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
+        topic_data=(topic_cls(name="t", partition_data=(
+            part_cls(index=i32(0), records=batch),)),))
+    return encode_request_header(0, 9, 7, "unit", 2) + serialize(request)
 
 
 @st.composite

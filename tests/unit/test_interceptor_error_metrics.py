@@ -6,21 +6,13 @@ chain that failed."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 from typing import Any
 
-from kio.schema.produce.v9.request import (
-    PartitionProduceData,
-    ProduceRequest,
-    TopicProduceData,
-)
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 from support.client import Client
+from support.produce_requests import produce_frame
 
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from kiproxy.protocol.framing import encode_request_header, parse_request_header
-from kiproxy.protocol.messages import serialize
+from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.records import Record, build_batch
 from kiproxy.proxy.config.routes import MatchSettings
 from kiproxy.proxy.observe.metrics import Metrics
@@ -54,14 +46,9 @@ class Same(ProduceRequestInterceptor):
 
 
 def _frame() -> bytes:
-    batch = build_batch([Record(key=None, value=b"v%d" % i, timestamp=1) for i in range(3)],
-                        producer_id=7, producer_epoch=0, base_sequence=0)
-    topic = TopicProduceData(name=TopicName("t"), partition_data=(
-        PartitionProduceData(index=i32(0), records=Records(batch)),))
-    request = ProduceRequest(transactional_id=None, acks=i16(-1),
-                             timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-                             topic_data=(topic,))
-    return encode_request_header(0, 9, 7, "unit", 2) + serialize(request)
+    return produce_frame(build_batch(
+        [Record(key=None, value=b"v%d" % i, timestamp=1) for i in range(3)],
+        producer_id=7, producer_epoch=0, base_sequence=0))
 
 
 def _produce(route_name: str, plugin: ProduceRequestInterceptor, metrics: Metrics,

@@ -4,20 +4,12 @@ byte, whatever the rule or the proxy's own decoding would have done."""
 from __future__ import annotations
 
 import asyncio
-import datetime
 
-from kio.schema.produce.v9.request import (
-    PartitionProduceData,
-    ProduceRequest,
-    TopicProduceData,
-)
-from kio.schema.types import TopicName
-from kio.static.primitive import Records, i16, i32, i32Timedelta
 from support.client import Client
+from support.produce_requests import produce_frame
 
 from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
-from kiproxy.protocol.framing import encode_request_header, parse_request_header
-from kiproxy.protocol.messages import serialize
+from kiproxy.protocol.framing import parse_request_header
 from kiproxy.protocol.records import Record, build_batch
 from kiproxy.proxy.config.routes import MatchSettings
 from kiproxy.proxy.observe.metrics import Metrics
@@ -38,12 +30,7 @@ def _frame(corrupt: bool = False) -> bytes:
                         producer_id=7, producer_epoch=0, base_sequence=0)
     if corrupt:  # a CRC that does not match: enforcing refuses it as CORRUPT_MESSAGE
         batch = batch[:-1] + bytes([batch[-1] ^ 0xFF])
-    topic = TopicProduceData(name=TopicName("t"), partition_data=(
-        PartitionProduceData(index=i32(0), records=Records(batch)),))
-    request = ProduceRequest(transactional_id=None, acks=i16(-1),
-                             timeout=i32Timedelta.parse(datetime.timedelta(seconds=30)),
-                             topic_data=(topic,))
-    return encode_request_header(0, 9, 7, "unit", 2) + serialize(request)
+    return produce_frame(batch)
 
 
 def _pipeline(observe: bool, metrics: Metrics) -> ProducePipeline:
