@@ -28,7 +28,7 @@ import time
 from collections.abc import Awaitable, Coroutine, Generator
 from typing import Any, TypeVar
 
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 
 __all__ = ["within"]
 
@@ -49,7 +49,8 @@ async def within(awaitable: Awaitable[_T], timeout: float | None, name: str = ""
     if not asyncio.iscoroutine(awaitable):
         if timeout is None:
             return await awaitable
-        return await _bounded(asyncio.ensure_future(awaitable), timeout, name)
+        return await _bounded(asyncio.ensure_future(awaitable), timeout,
+                              name or _qualname(awaitable))
     try:
         waiting_on = awaitable.send(None)
     except StopIteration as done:
@@ -69,8 +70,8 @@ async def _awaited(resumed: _Resumed) -> Any:
     return await resumed
 
 
-def _qualname(coroutine: Coroutine[Any, Any, Any]) -> str:
-    return getattr(coroutine, "__qualname__", type(coroutine).__name__)
+def _qualname(awaitable: object) -> str:
+    return getattr(awaitable, "__qualname__", type(awaitable).__name__)
 
 
 async def _bounded(task: asyncio.Future[_T], timeout: float, name: str) -> _T:
@@ -79,21 +80,24 @@ async def _bounded(task: asyncio.Future[_T], timeout: float, name: str) -> _T:
     waiting for the cancelled task (``asyncio.wait`` would do, at 4 us more a call)."""
     loop = asyncio.get_running_loop()
     waiter = loop.create_future()
-    timer = loop.call_later(timeout, _release, waiter)
     release = functools.partial(_release, waiter)
+    timer = loop.call_later(timeout, release)
     task.add_done_callback(release)
+    reason = _AT_DEADLINE
     try:
         await waiter
     except BaseException:  # the caller is cancelled: so is the plugin, and it may run on
-        task.remove_done_callback(release)
-        _let_go(task, name)
+        reason = _CALLER_CANCELLED
         raise
     finally:
         timer.cancel()
+        if not task.done():
+            task.remove_done_callback(release)
+            _let_go(task, name, reason)
+        elif reason is _CALLER_CANCELLED and not task.cancelled():
+            task.exception()  # it ended as the caller was cancelled: its answer is nobody's
     if task.done():
         return task.result()
-    task.remove_done_callback(release)
-    _let_go(task, name)
     raise TimeoutError
 
 
@@ -102,18 +106,20 @@ def _release(waiter: asyncio.Future[None], *_: object) -> None:
         waiter.set_result(None)
 
 
-def _let_go(task: asyncio.Future[Any], name: str) -> None:
+_AT_DEADLINE = "at the deadline"
+_CALLER_CANCELLED = "when the proxy stopped waiting for it"
+"""Why a plugin's task was cancelled, as its warning says it."""
+_ANSWERED = {_AT_DEADLINE: " (its batch had been answered as timed out)", _CALLER_CANCELLED: ""}
+
+
+def _let_go(task: asyncio.Future[Any], name: str, reason: str) -> None:
     """Cancel ``task`` and leave it to end in the background, referenced until it does."""
-    if task.done():  # it ended as the caller was cancelled: its answer is nobody's
-        if not task.cancelled():
-            task.exception()
-        return
     task.cancel()
     _ran_on.add(task)
-    task.add_done_callback(functools.partial(_ended, name, time.monotonic()))
+    task.add_done_callback(functools.partial(_ended, name, reason, time.monotonic()))
 
 
-def _ended(name: str, cancelled_at: float, task: asyncio.Future[Any]) -> None:
+def _ended(name: str, reason: str, cancelled_at: float, task: asyncio.Future[Any]) -> None:
     """``task`` ended after it was cancelled: drop its answer, and warn when it ran on."""
     _ran_on.discard(task)
     if task.cancelled():  # the cancellation ended it, as it should
@@ -122,11 +128,10 @@ def _ended(name: str, cancelled_at: float, task: asyncio.Future[Any]) -> None:
     how = "returned" if exc is None else f"raised {type(exc).__name__}"
     _warnings.warning(
         ("ignored", name),
-        "interceptor %s ignored its cancellation at the deadline: it ran on in the "
-        "background for %.1f s more and %s, which was dropped (its batch had been answered "
-        "as timed out). Let asyncio.CancelledError propagate out of the plugin's coroutine "
-        "(re-raise it after any cleanup)", name, time.monotonic() - cancelled_at, how,
-        more=" ({count} more in the last {interval:g} s)")
+        "interceptor %s ignored its cancellation %s: it ran on in the background for %.1f s "
+        "more and %s, which was dropped%s. Let asyncio.CancelledError propagate out of the "
+        "plugin's coroutine (re-raise it after any cleanup)", name, reason,
+        time.monotonic() - cancelled_at, how, _ANSWERED[reason], more=MORE_IN_INTERVAL)
 
 
 class _Resumed:

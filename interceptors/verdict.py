@@ -76,7 +76,7 @@ from kiproxy.interceptors.api import (
 from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.protocol.records import records_size
 
 __all__ = [
@@ -367,7 +367,7 @@ def _warn_stray(name: str, batch: RecordBatch, stray: tuple[object, ...]) -> Non
         "interceptor %s rejected %s[%d] with record_errors naming no record of its %d records "
         "(indices 0 to %d): %s; they were left out of the answer, the rejection stands",
         name, batch.topic, batch.partition, count, count - 1, stray_text(stray),
-        more=" ({count} more in the last {interval:g} s)")
+        more=MORE_IN_INTERVAL)
 
 
 def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:

@@ -20,7 +20,10 @@ import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
 
-__all__ = ["RateLimitedLog"]
+__all__ = ["MORE_IN_INTERVAL", "RateLimitedLog"]
+
+MORE_IN_INTERVAL = " ({count} more in the last {interval:g} s)"
+"""The usual ``more`` of :meth:`RateLimitedLog.warning`: how many lines were held back."""
 
 
 class RateLimitedLog:

@@ -37,7 +37,7 @@ from kiproxy.interceptors.builtin.schema_registry.formats import (
     SchemaSource,
 )
 from kiproxy.interceptors.builtin.schema_registry.lookup_cache import LookupCache
-from kiproxy.interceptors.log_limit import RateLimitedLog
+from kiproxy.interceptors.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 
 __all__ = ["Lookups", "Missing", "Unavailable"]
 
@@ -144,7 +144,7 @@ class Lookups:
                                "proxy, so records carrying it cannot be checked (they follow "
                                "on_registry_unavailable; it is fetched again after "
                                "registry.negative_ttl_s): %s", schema_id, exc,
-                               more=" ({count} more in the last {interval:.0f} s)")
+                               more=MORE_IN_INTERVAL)
             raise _Uncompilable(f"the proxy cannot compile its schema ({exc})") from None
 
     # -- Apicurio globalIds ------------------------------------------------------------

@@ -49,7 +49,7 @@ from typing import Any
 
 import aiohttp
 
-from kiproxy.interceptors.log_limit import RateLimitedLog
+from kiproxy.interceptors.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 
 from .registry_config import RegistrySettings
 
@@ -195,7 +195,7 @@ class RegistryHttp:
             "registry.max_response_bytes (%d): refused, the lookup fails as the registry "
             "unavailable (raise registry.max_response_bytes if schemas this large are "
             "expected)", what, url, size, limit,
-            more=" ({count} more in the last {interval:.0f} s)")
+            more=MORE_IN_INTERVAL)
         return RegistryUnavailable(f"schema registry {url}: the answer is {size}, more than "
                                    f"registry.max_response_bytes ({limit})")
 
@@ -203,7 +203,7 @@ class RegistryHttp:
         self.counts.errors += 1
         check = f"; check {setting}" if setting else ""
         self._warn.warning(kind, "schema registry unavailable: %s: %s%s", url, cause, check,
-                           more=" ({count} more in the last {interval:.0f} s)")
+                           more=MORE_IN_INTERVAL)
         return RegistryUnavailable(f"schema registry {url}: {cause}{check}")
 
     # -- the connection pool and the credential files ----------------------------------
@@ -226,7 +226,7 @@ class RegistryHttp:
                                    trouble.key) from trouble
             self._warn.warning(("file", trouble.key), "schema registry: %s; the connections "
                                "made with the previous %s go on until it loads", trouble,
-                               trouble.key, more=" ({count} more in the last {interval:.0f} s)")
+                               trouble.key, more=MORE_IN_INTERVAL)
             if stamp is not None:
                 ours.stamp = stamp  # tried again when the file changes again
             return ours
@@ -304,7 +304,7 @@ class RegistryHttp:
                                    "registry.bearer_token_file") from exc
             self._warn.warning(("file", "registry.bearer_token_file"), "schema registry: %s; "
                                "the token read before is sent until it can be read", cause,
-                               more=" ({count} more in the last {interval:.0f} s)")
+                               more=MORE_IN_INTERVAL)
         return self._token[1]
 
     def _workers(self) -> ThreadPoolExecutor:
