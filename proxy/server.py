@@ -547,6 +547,11 @@ class ProxyServer:
         """Stop accepting, let owed responses go out for ``grace`` seconds, then close all."""
         if grace is None:
             grace = self.config.shutdown_grace_ms / 1000
+        # Discovery and the listener retry first: either could open a listener after
+        # the others are closed.
+        for task in (self._discovery, self._reopening):
+            if task is not None:
+                task.cancel()
         for server in self._servers.values():
             server.close()
         if self._sweeper is not None:
@@ -555,10 +560,6 @@ class ProxyServer:
             await self._watch.stop()
         if self._trim_task is not None:
             self._trim_task.cancel()
-        if self._discovery is not None:
-            self._discovery.cancel()
-        if self._reopening is not None:
-            self._reopening.cancel()
         for stream in list(self._prefacing):
             stream.transport.abort()
         for conn in list(self.connections):
