@@ -103,6 +103,9 @@ class InterceptorRunner:
                 if inspect.isawaitable(result):
                     self._run(result, None)
         if self._loop is not None:
+            pending = asyncio.all_tasks(self._loop)
+            if pending:  # plugin coroutines that ran on past their deadline: let them end
+                self._loop.run_until_complete(asyncio.wait(pending, timeout=self.timeout))
             self._loop.close()
             self._loop = None
 
