@@ -32,7 +32,7 @@ import functools
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Any, Generic, TypeVar
 
 import pydantic
 from pydantic import Field
@@ -101,14 +101,13 @@ class _Failure:
 class _SingleFlight(Generic[_T]):
     """One task per key; failures remembered until their deadline.
 
-    The task ends in its value or in the :class:`~.kms.KmsError` it met, as a value
-    (an exception stored in a task whose callers were all cancelled would be logged as
-    never retrieved); :meth:`run` raises it in each caller."""
+    A task's exception is retrieved when it ends: one whose callers were all cancelled
+    (their deadline passed) would otherwise be logged as never retrieved."""
 
     def __init__(self, clock: Callable[[], float], negative_ttl_s: float) -> None:
         self._clock = clock
         self._negative_ttl_s = negative_ttl_s
-        self._inflight: dict[Hashable, asyncio.Task[_T | KmsError]] = {}
+        self._inflight: dict[Hashable, asyncio.Task[_T]] = {}
         self._failures: dict[Hashable, _Failure] = {}
 
     async def run(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
@@ -120,20 +119,17 @@ class _SingleFlight(Generic[_T]):
         task = self._inflight.get(key)
         if task is None:
             task = asyncio.ensure_future(self._settle(key, call))
+            task.add_done_callback(_retrieved)
             self._inflight[key] = task
-        outcome = await asyncio.shield(task)
-        if isinstance(outcome, KmsError):
-            raise outcome
-        return outcome
+        return await asyncio.shield(task)
 
-    async def _settle(self, key: Hashable, call: Callable[[], Awaitable[_T]]
-                      ) -> _T | KmsError:
+    async def _settle(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
         try:
             return await call()
         except KmsError as exc:
             if self._negative_ttl_s > 0:
                 self._failures[key] = _Failure(exc, self._clock() + self._negative_ttl_s)
-            return exc
+            raise
         finally:
             del self._inflight[key]
 
@@ -217,3 +213,9 @@ class DataKeyCache:
     def __len__(self) -> int:
         """Unwrapped data keys held for decrypting."""
         return len(self._decrypted)
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    """Mark ``task``'s exception as seen (each caller that still waits raises it)."""
+    if not task.cancelled():
+        task.exception()
