@@ -58,8 +58,9 @@ CASES = ("identity/100/none x250", "uppercase/1024/none x250", "identity/100/non
          "round trip uppercase")
 """The default cases (see the module docstring)."""
 CALLS = {"produce answer": 2000, "round trip": 500, "round trip uppercase": 500}
-UPPERCASE = "kiproxy.interceptors.builtin.uppercase:Uppercase"
 """Calls measured per case (default ``--calls``)."""
+UPPERCASE = "kiproxy.interceptors.builtin.uppercase:Uppercase"
+"""The interceptor of ``round trip uppercase``."""
 
 
 def _produce_answer(partitions: int) -> bytes:

@@ -246,22 +246,22 @@ class FetchPipeline:
             if header.is_control:
                 continue
             source = _Source(frame, batch, lease)
-            at = f"batch at offset {header.base_offset}"
             try:
                 outcome = await self._chain(topic, part.partition, source, consumers, ctx)
                 if outcome is None:
                     self._count(topic, "unchanged", header.record_count)
                     continue
                 if isinstance(outcome, ConsumeRefusal):
-                    outcome = replace(outcome, message=f"{at}: {outcome.message}")
+                    outcome = replace(outcome, message=f"{_at(header)}: {outcome.message}")
                 else:
                     new = await self._encode(source, outcome)
             except CorruptBatch as exc:
                 outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                         f"{at} cannot be decoded: {exc}", "undecodable")
+                                         f"{_at(header)} cannot be decoded: {exc}",
+                                         "undecodable")
             except BatchShapeChanged as exc:
-                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR, f"{at}: {exc}",
-                                         "shape_changed")
+                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                         f"{_at(header)}: {exc}", "shape_changed")
             if isinstance(outcome, ConsumeRefusal):
                 return self._stopped(topic, part.partition, fetched, batch, pieces,
                                      view[copied:batch.start], outcome)
@@ -449,3 +449,8 @@ def _with_deadline(ctx: ConsumeContext, timeout: float) -> ConsumeContext:
         api_version=ctx.api_version, deadline=time.monotonic() + timeout,
         proxy_host=ctx.proxy_host,
         extra=ctx.extra, identity=ctx.identity)
+
+
+def _at(header: RecordBatchHeader) -> str:
+    """A refused batch, as its refusal names it (formatted only when one is refused)."""
+    return f"batch at offset {header.base_offset}"

@@ -145,11 +145,8 @@ class WorkerCrashed(PluginFault):
 
     A :class:`~kiproxy.interceptors.verdict.PluginFault` whose ``fault`` is ``crashed``, as a
     Wasm trap is: counted as ``kiproxy_interceptor_errors_total{reason="crashed"}``, not as
-    an exception the plugin raised.
+    an exception the plugin raised (``crashed`` is the default ``fault``).
     """
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message, fault="crashed")
 
 
 class PluginRaised(Exception):

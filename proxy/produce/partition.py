@@ -323,11 +323,18 @@ class PartitionHandler:
         return decided
 
     def _unencodable(self, job: PartitionJob, exc: Exception) -> Decision:
-        """:func:`_unencodable`'s rejection, counted as the plugin's ``return_type`` fault."""
+        """Records the plugin returned that cannot be encoded (not Records, a header key
+        that is not UTF-8, a timestamp out of range): the plugin's fault, so the
+        partition is rejected like a raise, and counted as its ``return_type`` fault."""
         assert job.chain is not None
         if self.metrics is not None:
             self.metrics.interceptor_errors.labels("return_type", job.chain.route.name).inc()
-        return _unencodable(job, exc)
+        name = job.chain.links[0].name if job.route is None else f"of route {job.chain.name}"
+        message = (f"interceptor {name} returned records that cannot "
+                   f"be encoded: {type(exc).__name__}: {exc}")
+        return Decision(rejection=Rejection(
+            topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
+            message=message, route=job.route, link=name, fault="encode"))
 
 
 DECODE_LINK = "(decode)"
@@ -354,14 +361,3 @@ def _observation(link: str, verdict: Transformed | Rejected, batch: RecordBatch,
                        records=tuple(batch.records) if copy else ())
 
 
-def _unencodable(job: PartitionJob, exc: Exception) -> Decision:
-    """Records the plugin returned that cannot be encoded (not Records, a header key
-    that is not UTF-8, a timestamp out of range): the plugin's fault, so the
-    partition is rejected like a raise."""
-    assert job.chain is not None
-    name = job.chain.links[0].name if job.route is None else f"of route {job.chain.name}"
-    message = (f"interceptor {name} returned records that cannot "
-               f"be encoded: {type(exc).__name__}: {exc}")
-    return Decision(rejection=Rejection(
-        topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
-        message=message, route=job.route, link=name, fault="encode"))
