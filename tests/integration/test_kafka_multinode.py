@@ -192,6 +192,14 @@ def _replicas(admin: Any, topic: str) -> dict[int, list[int]]:
     return {p: list(m.replicas) for p, m in metadata.topics[topic].partitions.items()}
 
 
+def _listening(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), 2).close()
+    except OSError:
+        return False
+    return True
+
+
 def _wait(predicate: Any, timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
@@ -516,7 +524,9 @@ def test_a_broker_added_after_the_proxy_started_gets_a_listener_and_is_used(
         for value in sent:
             producer.produce(topic, value=value, partition=0,
                              on_delivery=lambda err, msg: errors.append(err))
-        assert producer.flush(30) == 0
+        unsent = producer.flush(30)
+        assert unsent == 0, (f"{unsent} records not delivered; something listens on port "
+                             f"{port}: {_listening(port)}; the proxy's log:\n{proxy.log}")
 
         # Broker JOINER alone holds the partition, so acks=all succeeded only if the
         # Produce reached it; the client's statistics say on which address.
