@@ -16,7 +16,10 @@ Contracts:
 * An answer with an asynchronous transform (a Fetch answer through the fetch-side
   hooks, :mod:`kiproxy.proxy.fetch.pipeline`) fills its slot when the transform is
   done; the answers behind it wait, so the order holds. A transform that fails
-  (not a hook: the hooks' faults become partition errors) closes the connection.
+  (not a hook: the hooks' faults become partition errors) closes the connection. A
+  transform runs on the answer its rewriter (broker addresses) made, and may give it
+  back as pieces (:data:`~kiproxy.proxy.net.frame_stream.FramePieces`), which are
+  written as they are, never joined.
 * A slot holds its request's configuration generation until its answer leaves, or
   until the connection closes, which drops the answers still owed.
 * The answers at the head of the order leave in one write. Once fewer than
@@ -51,7 +54,7 @@ from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
-from kiproxy.proxy.net.frame_stream import Frame, FrameStream
+from kiproxy.proxy.net.frame_stream import Frame, FramePieces, FrameStream
 
 if TYPE_CHECKING:
     from kiproxy.proxy.brokers.nodes import NodeRegistry
@@ -101,7 +104,7 @@ class AnswerSlot:
     def __init__(self, generation: Generation, api: str = "", t0: float = 0.0,
                  info: RequestInfo | None = None, produce: list[PartitionSummary] | None = None,
                  proxy_answer: bool = False) -> None:
-        self.frame: Frame | None = None
+        self.frame: Frame | FramePieces | None = None
         self.done = False
         self.generation = generation
         self.api = api
@@ -128,8 +131,8 @@ class AnswerSide:
         self.upstream_address: tuple[str, int] | None = None
         self._slots: deque[AnswerSlot] = deque()
         self._pending: deque[tuple[int, AnswerSlot, Callable[[bytes], bytes] | None,
-                                   Callable[[bytes], bytes | Awaitable[bytes]] | None]
-                             ] = deque()
+                                   Callable[[bytes], bytes | Awaitable[Frame | FramePieces]]
+                                   | None]] = deque()
         self._unanswered: deque[int] = deque(maxlen=UNANSWERED_KEPT)
         """Correlation ids of the latest acks=0 requests forwarded, oldest first."""
         self._transforms: set[asyncio.Task[None]] = set()
@@ -244,16 +247,21 @@ class AnswerSide:
                       "sent; closing", self.client_address, self.client_id,
                       sum(1 for s in slots if s.done), extra=self.log_context)
             raise _ClientGone("the client closed the connection")
-        out: list[Frame] = []
+        out: list[bytes | memoryview] = []
         total = 0
         while slots and slots[0].done:
             done = slots.popleft()
             self._services.generations.release(done.generation)
             frame = done.frame
             assert frame is not None
-            size = len(frame)
-            out.append(_INT32.pack(size))
-            out.append(frame)
+            if isinstance(frame, list):  # FramePieces: written as they are
+                size = sum(map(len, frame))
+                out.append(_INT32.pack(size))
+                out.extend(frame)
+            else:
+                size = len(frame)
+                out.append(_INT32.pack(size))
+                out.append(frame)
             total += size
             done.frame = None
             if done.generation.produce.tallies:
@@ -360,11 +368,12 @@ class AnswerSide:
             raise ProtocolError(f"response correlation id {correlation_id} where "
                                 f"{expected} was next")
         if transform is not None:
+            if on_response is not None:  # first: the transform may answer pieces
+                frame = on_response(frame)
             changed = transform(frame)
             if not isinstance(changed, (bytes, bytearray)):
                 # Awaited: the slot is filled when it is done.
-                task = asyncio.get_running_loop().create_task(
-                    self._transform(slot, changed, on_response))
+                task = asyncio.get_running_loop().create_task(self._transform(slot, changed))
                 self._transforms.add(task)
                 task.add_done_callback(self._transforms.discard)
                 if inspect.iscoroutine(changed):
@@ -373,7 +382,7 @@ class AnswerSide:
                     unawaited = changed
                     task.add_done_callback(lambda _: unawaited.close())
                 return None
-            frame = changed
+            return slot, changed
         if on_response is not None:
             # Rewriters decode with kio, which reads only immutable buffers.
             return slot, on_response(frame)
@@ -392,15 +401,13 @@ class AnswerSide:
                   self.client_address, extra=self.log_context)
         return True
 
-    async def _transform(self, slot: AnswerSlot, transformed: Awaitable[bytes],
-                         then: Callable[[bytes], bytes] | None) -> None:
-        """Fill ``slot`` with what ``transformed`` gives (then ``then`` makes of it), and
-        send what is ready; a transform that fails closes the connection as an answer
-        the proxy cannot carry does."""
+    async def _transform(self, slot: AnswerSlot,
+                         transformed: Awaitable[Frame | FramePieces]) -> None:
+        """Fill ``slot`` with what ``transformed`` gives, and send what is ready; a
+        transform that fails closes the connection as an answer the proxy cannot carry
+        does."""
         try:
             out = await transformed
-            if then is not None:
-                out = then(out)
             nodes = self._services.nodes
             if nodes.unsettled:
                 await nodes.settle()

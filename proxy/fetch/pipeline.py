@@ -28,7 +28,8 @@ Contract:
   block by :func:`~kiproxy.protocol.records.encode_block_parts` (codec,
   base offset, offset deltas, timestamps and producer fields kept), and the
   partition's ``records`` field is spliced
-  (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_response`): every other byte of
+  (:func:`~kiproxy.protocol.fetch_splice.splice_fetch_pieces`; the answer is written as
+  its pieces, not joined into new bytes): every other byte of
   the response - error codes, high watermark, last stable offset, log start offset,
   aborted transactions, preferred read replica, session id, tagged fields - is copied.
 - A batch a hook refuses - it raises (:class:`~kiproxy.interceptors.consume.RefuseFetch`
@@ -87,7 +88,7 @@ from kiproxy.protocol.fetch_response import (
     FetchPartition,
     read_fetch_response,
 )
-from kiproxy.protocol.fetch_splice import splice_fetch_response
+from kiproxy.protocol.fetch_splice import splice_fetch_pieces
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.partition_batches import PartitionBatches
@@ -105,6 +106,7 @@ from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
 if TYPE_CHECKING:
     from kiproxy.proxy.net.client import RequestingClient
+    from kiproxy.proxy.net.frame_stream import FramePieces
     from kiproxy.proxy.observe.metrics import Metrics
     from kiproxy.proxy.routes.chain import LoadedLink
     from kiproxy.proxy.routes.runtime import LoadedRoutes
@@ -150,10 +152,11 @@ class FetchPipeline:
         self._refusals = RateLimitedLog(log)
 
     def rewrite(self, client: RequestingClient, version: int, frame: bytes
-                ) -> bytes | Coroutine[Any, Any, bytes]:
+                ) -> bytes | Coroutine[Any, Any, bytes | FramePieces]:
         """The Fetch response ``frame`` (no size prefix) as the consumer gets it: the frame
         itself when no partition is hooked (decided here, without waiting), else a
-        coroutine that runs the hooks and returns the new frame."""
+        coroutine that runs the hooks and returns the frame, or the new one as pieces
+        (views of ``frame`` and the changed batches, to be written, not joined)."""
         routes = self.routes
         if routes is None:
             return frame
@@ -192,7 +195,7 @@ class FetchPipeline:
 
     async def _run_hooks(self, client: RequestingClient, version: int, frame: bytes,
                          body: int, layout: FetchLayout, work: list[_Work],
-                         errors: dict[tuple[int, int], int]) -> bytes:
+                         errors: dict[tuple[int, int], int]) -> bytes | FramePieces:
         replacements: dict[tuple[int, int], list[bytes | memoryview]] = {}
         if work:
             who = client.identity
@@ -212,8 +215,10 @@ class FetchPipeline:
                     replacements[key] = outcome
         if not replacements and not errors:
             return frame
-        return bytes(splice_fetch_response(frame, body, version, replacements, layout,
-                                           error_codes=errors))
+        spliced = splice_fetch_pieces(frame, body, version, replacements, layout,
+                                      error_codes=errors)
+        assert isinstance(spliced, list)  # something is replaced
+        return spliced
 
     async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
                          consumers: Sequence[LoadedLink], ctx: ConsumeContext
@@ -272,7 +277,7 @@ class FetchPipeline:
         if not pieces:
             return None
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
-        return pieces  # joined once, by the splice into the answer
+        return pieces  # written as pieces of the answer
 
     def _stopped(self, topic: str, partition: int, fetched: FetchedRecords,
                  batch: FetchedBatch, pieces: list[bytes | memoryview], kept: memoryview,

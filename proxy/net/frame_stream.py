@@ -61,7 +61,8 @@ from kiproxy.proxy.net.proxy_protocol import Refuse, accept_proxy_header
 if TYPE_CHECKING:
     from kiproxy.proxy.net.buffers import ReceiveBudget
 
-__all__ = ["CLIENT_WHOLE_UP_TO", "CLOSE_TIMEOUT", "Frame", "FrameStream", "ProxyHeaderMode"]
+__all__ = ["CLIENT_WHOLE_UP_TO", "CLOSE_TIMEOUT", "Frame", "FramePieces", "FrameStream",
+           "ProxyHeaderMode"]
 
 ProxyHeaderMode = Literal["read", "refuse"]
 """How a client stream treats a PROXY header (see the module docstring)."""
@@ -90,6 +91,10 @@ CLOSE_TIMEOUT = 2.0
 Frame = bytes
 """A frame without its length prefix (see the assembler: a large one is received straight
 into the ``bytes`` object handed out)."""
+
+FramePieces = list[bytes | memoryview]
+"""A frame without its length prefix as pieces, in order, to be written without joining
+them (a Fetch answer whose hooked partitions were spliced)."""
 
 
 class FrameStream(asyncio.BufferedProtocol):

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kiproxy.interceptors.observer import PartitionSummary
+
+if TYPE_CHECKING:
+    from kiproxy.proxy.net.frame_stream import Frame, FramePieces
 
 __all__ = ["Answer", "Disposition", "Forward"]
 
@@ -23,10 +27,10 @@ class Forward:
     """Rewrites the broker's response frame before it goes to the client."""
     produce: list[PartitionSummary] | None = None
     """Per-partition summaries of a produce request, when observed."""
-    transform: Callable[[bytes], bytes | Awaitable[bytes]] | None = None
+    transform: Callable[[bytes], bytes | Awaitable[Frame | FramePieces]] | None = None
     """Turns the broker's response frame into the client's (a Fetch answer through the
-    fetch-side hooks): the new frame at once, or an awaitable of it; runs before
-    ``on_response``. Answers still leave in request order."""
+    fetch-side hooks): the new frame at once, or an awaitable of it or of its pieces;
+    runs after ``on_response``. Answers still leave in request order."""
 
 
 @dataclass(slots=True)

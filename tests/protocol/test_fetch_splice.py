@@ -5,7 +5,8 @@ object itself; replacing records by the same bytes gives equal bytes; replacing 
 partitions' records by other bytes (longer or shorter, crossing the compact length's
 one-byte boundary) gives exactly what kio writes for the edited message, which kio
 reads back with every non-record field equal to the original. A size-prefixed frame
-gets its size rewritten.
+gets its size rewritten. As pieces, the splice is the same bytes, and what it keeps of
+the frame is views of the frame itself, not copies.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from kio.static.primitive import i32Timedelta
 
 from kiproxy.protocol.errors import MalformedMessage
 from kiproxy.protocol.fetch_response import read_fetch_response
-from kiproxy.protocol.fetch_splice import splice_fetch_response
+from kiproxy.protocol.fetch_splice import splice_fetch_pieces, splice_fetch_response
 from kiproxy.protocol.messages import parse_response, serialize
 
 
@@ -67,6 +68,22 @@ def test_splice_is_what_kio_writes_for_the_edited_response(data: st.DataObject,
            for key, new in replacements.items()
            for i, j in [(len(new) // 3, 2 * len(new) // 3)]}
     assert splice_fetch_response(frame, len(head(version)), version, cut) == spliced
+    pieces = splice_fetch_pieces(frame, len(head(version)), version, cut)
+    if replacements:
+        assert isinstance(pieces, list)
+        assert b"".join(pieces) == spliced
+        kept = [p for p in pieces if isinstance(p, memoryview) and p.obj is frame]
+        assert kept and sum(map(len, kept)) == len(frame) - sum(
+            p.data_end - p.records_at
+            for (ti, pj), p in _parts(frame, version).items() if (ti, pj) in replacements)
+    else:
+        assert pieces is frame
+
+
+def _parts(frame: bytes, version: int) -> dict[tuple[int, int], Any]:
+    layout = read_fetch_response(frame, len(head(version)), version)
+    return {(ti, pj): p for ti, t in enumerate(layout.topics)
+            for pj, p in enumerate(t.partitions)}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

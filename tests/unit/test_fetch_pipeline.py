@@ -118,12 +118,15 @@ def _pipeline(tmp_path: Path, plugin: str, names: dict[uuid.UUID, str] | None = 
 
 
 def _rewrite(pipeline: FetchPipeline, version: int, frame: bytes) -> bytes:
+    """The answer as the consumer gets it (pieces, when the pipeline gives them, joined
+    here as the socket's writev does)."""
     out = pipeline.rewrite(_Client(), version, frame)  # type: ignore[arg-type]
     if isinstance(out, bytes):
         return out
 
     async def wait() -> bytes:
-        return await out  # type: ignore[misc]
+        answer = await out  # type: ignore[misc]
+        return answer if isinstance(answer, bytes) else b"".join(answer)
     return asyncio.run(wait())
 
 
