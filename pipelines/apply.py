@@ -17,14 +17,18 @@ A replayed batch comes with an :class:`InterceptContext` whose ``client_id`` is
 ``kiproxy-replay``, ``client_address`` is ``replay``, ``api_version`` is -1 (no
 produce request), ``received_at_ms`` is the batch's newest record timestamp,
 and ``extra`` holds ``{"replay": True, "offsets": (first, last)}``, so a plugin
-can tell a replay from live traffic.
+can tell a replay from live traffic. In a backfill to a topic (``--output-topic``) the
+batch names the output topic, as a proxy in front of that topic would: what the
+interceptor does by topic (a key per topic, ciphertext bound to its topic) is done for
+the topic the records are written to.
 
 With ``--fetch-hook`` the stored records are first read through that fetch-side hook
 (its ``on_consume``, judged by
 :func:`~kiproxy.interceptors.consume_verdict.judge_consume` as the proxy's fetch path
 judges it, with a :class:`ConsumeContext` whose ``client_id`` is ``kiproxy-replay``):
 the interceptor then sees what a consumer through the proxy would read. A refused
-batch is reported as rejected with the hook's error code and message.
+batch is reported as rejected with the hook's error code and message. The hook reads
+the batch under its source topic.
 """
 
 from __future__ import annotations
@@ -114,8 +118,11 @@ class InterceptorRunner:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(within(awaitable, timeout, self.name))
 
-    def apply(self, batch: SourceBatch) -> Outcome:
-        """The verdict on ``batch``; never raises for anything the plugin does."""
+    def apply(self, batch: SourceBatch, *, topic: str | None = None) -> Outcome:
+        """The verdict on ``batch``; never raises for anything the plugin does. ``topic``:
+        the topic the interceptor is told the batch goes to (a backfill's output topic,
+        as a proxy in front of it would tell it); the source's by default. The fetch-side
+        hook always reads it as the source's."""
         if self.reader is not None:
             read = self._read_through(batch)
             if isinstance(read, ConsumeRefusal):
@@ -123,7 +130,7 @@ class InterceptorRunner:
                                            fault=_FAULTS.get(read.reason, "raised")))
             batch = dataclasses.replace(batch, records=read.records)
         view = RecordBatch(
-            topic=batch.topic, partition=batch.partition, records=batch.records,
+            topic=topic or batch.topic, partition=batch.partition, records=batch.records,
             producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
             base_sequence=batch.base_sequence, transactional=batch.transactional,
             compression=batch.compression,

@@ -35,20 +35,18 @@ at-least-once: a task Spark retries produces its records again.
 
 from __future__ import annotations
 
-import asyncio
+import dataclasses
 import functools
-import inspect
 import logging
 import time
-from collections.abc import Awaitable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pyspark.accumulators import AccumulatorParam
 
-from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.pipelines.apply import InterceptorSpec, error_name, runner_for
+from kiproxy.pipelines.apply import InterceptorRunner, InterceptorSpec, error_name, runner_for
 from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import ISOLATION_LEVELS, BrokerError, FetchClient
@@ -227,7 +225,7 @@ def _process(job: _ExecutorJob, accumulator: Any, index: int,
 
     try:
         for batch in batches():
-            outcome = runner.apply(batch)
+            outcome = runner.apply(batch, topic=job.output_topic)
             if outcome.kind == "rejected":
                 tally.add(batch, outcome)
                 yield from _rejected_rows(batch, outcome.code, outcome.message or "",
@@ -304,20 +302,13 @@ def _spark_uri(path: Path | str, local: bool) -> str:
 
 
 def _check_plugin(spec: InterceptorSpec) -> None:
-    """Load and close the interceptor on the driver, so a broken plugin fails before Spark."""
-    plugin = load_interceptor(spec.spec, spec.plugins_dir, dict(spec.config))
-    close = getattr(plugin, "close", None)
-    if close is not None:
-        try:
-            result = close()
-            if inspect.isawaitable(result):  # an ``async def close()``
-                asyncio.run(_awaited(result))
-        except Exception as exc:
-            log.warning("interceptor %s: close() failed: %s", spec.spec, exc)
-
-
-async def _awaited(awaitable: Awaitable[Any]) -> None:
-    await awaitable
+    """Load and close the interceptor and the ``--fetch-hook`` on the driver, so a broken
+    plugin or configuration fails before Spark."""
+    runner = InterceptorRunner(spec)
+    try:
+        runner.close()
+    except Exception as exc:
+        log.warning("interceptor %s: close() failed: %s", spec.spec, exc)
 
 
 def _plan(opts: ReplayOptions) -> tuple[list[str], list[OffsetRange]]:
@@ -409,8 +400,10 @@ def run_replay(opts: ReplayOptions) -> dict[str, Any]:
                                opts.security)
         plugins_dir, archive = ship_plugins(spark, opts.interceptor.plugins_dir,
                                             archive=opts.ship_plugins_as_archive)
-        spec = InterceptorSpec(opts.interceptor.spec, dict(opts.interceptor.config),
-                               plugins_dir, archive, opts.interceptor.timeout_ms)
+        # the executors' copy: the plugins where they are, everything else as given
+        spec = dataclasses.replace(opts.interceptor, config=dict(opts.interceptor.config),
+                                   fetch_hook_config=dict(opts.interceptor.fetch_hook_config),
+                                   plugins_dir=plugins_dir, plugins_archive=archive)
         job = _ExecutorJob(reader, opts.bootstrap, spec, opts.output_topic,
                            opts.mode == "backfill-parquet", opts.chunk_records,
                            opts.isolation_level, sc.broadcast(opts.security))

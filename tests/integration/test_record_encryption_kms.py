@@ -12,11 +12,17 @@
   error and nothing reaches the broker, a topic outside ``topics:`` is served all the
   while, a topic whose data key is cached keeps working, and once the KMS answers
   again the waiting records are sealed and delivered.
+* A reload to a key template whose own text makes an alias name AWS refuses
+  (``alias/KEK.${topic}``), which would store every topic in clear under
+  ``unresolved_key: pass``, is refused; the running configuration stays.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -167,3 +173,43 @@ def test_a_kms_that_hangs_costs_only_the_topics_that_need_it(
     finally:
         proxy.stop()
         relay.close()
+
+
+def test_a_reload_to_a_template_no_topic_has_an_alias_for_is_refused(
+        broker: EmbeddedBroker, kms: tuple[str, Any], tmp_path: Any) -> None:
+    endpoint, admin = kms
+    topic = f"tmpl-{uuid.uuid4().hex[:6]}"
+    _kek(admin, f"alias/KEK_{topic}")
+    _create(broker.bootstrap, topic)
+    metrics = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "proxy.yaml"
+
+    def write(key: str) -> None:
+        config.write_text(json.dumps({
+            "upstream": [broker.bootstrap], "metrics_listen": metrics,
+            "interceptor": {"class": "record_encryption", "config": {
+                "kms": {"type": "aws", "endpoint": endpoint, "region": REGION},
+                "key": key}}}))
+
+    write("alias/KEK_${topic}")
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    try:
+        _produce(proxy.bootstrap, topic, [b"before the reload"])
+        write("alias/KEK.${topic}")
+        request = urllib.request.Request(f"http://{metrics}/reload", method="POST", data=b"")
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=60)
+        answer = json.loads(refused.value.read())
+        assert refused.value.code == 500 and answer["ok"] is False, answer
+        assert ("key: 'alias/KEK.${topic}' names no usable key for any topic (for a topic t: "
+                "'alias/KEK.t' is not a valid AWS KMS alias name: '.' is not allowed"
+                ) in answer["message"], answer
+        _produce(proxy.bootstrap, topic, [b"after the reload"])
+        stored = _read(broker.bootstrap, [topic], 2)
+        assert len(stored) == 2 and all(
+            b"reload" not in m.value() and (m.headers() or [])[-1][0] == MARKER_HEADER
+            for m in stored)
+        assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [
+            b"before the reload", b"after the reload"]
+    finally:
+        proxy.stop()

@@ -213,6 +213,10 @@ class AwsKmsProvider(KmsProvider):
         """An alias that AWS KMS would refuse as a name (see :func:`alias_problem`)."""
         return alias_problem(reference)
 
+    def form_problem(self, reference: str) -> str | None:
+        """An alias that AWS KMS would refuse as a name, as :meth:`reference_problem`."""
+        return alias_problem(reference)
+
     async def resolve_key(self, reference: str) -> str:
         problem = alias_problem(reference)
         if problem is not None:

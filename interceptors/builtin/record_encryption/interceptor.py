@@ -14,7 +14,8 @@ Contract. One configured instance serves both hooks:
     ``reject`` (POLICY_VIOLATION); a key that the configuration fixes (a template
     without a placeholder) and that the KMS can tell unusable without a call (not in
     the key file, not a valid AWS alias name) is refused at load instead, so a reload
-    never switches topics to plaintext that way;
+    never switches topics to plaintext that way, and so is a template whose own text
+    makes an alias name AWS refuses for every topic (``alias/KEK.${topic}``);
   - the KMS cannot be used (unreachable, throttled, timed out, refused credentials:
     any other :class:`~.kms.KmsError`): REQUEST_TIMED_OUT, the code producers retry
     (the one ``schema_registry`` answers when its registry is down); with
@@ -99,6 +100,11 @@ class _Configured:
             problem = self.kms.reference_problem(reference)
             if problem is not None:
                 raise ValueError(f"{where}: {problem}")
+        for where, template, sample in self.plans.sample_references():
+            problem = self.kms.form_problem(sample)
+            if problem is not None:  # its literal part: so for every topic
+                raise ValueError(f"{where}: {template!r} names no usable key for any topic "
+                                 f"(for a topic t: {problem})")
         self.cipher = RecordCipher(DataKeyCache(self.kms, settings.data_keys))
 
 

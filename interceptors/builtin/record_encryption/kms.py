@@ -113,5 +113,11 @@ class KmsProvider(abc.ABC):
         (a name it does not accept, a key file without that key); None: it may."""
         return None
 
+    def form_problem(self, reference: str) -> str | None:
+        """Why ``reference`` is not in a form the KMS accepts as a key's name (an AWS
+        alias name it refuses), whatever keys exist; None: it may be. Unlike
+        :meth:`reference_problem`, it says nothing of which keys exist."""
+        return None
+
     async def close(self) -> None:  # noqa: B027 - a provider without resources needs none
         """Release what the provider holds (threads, connections)."""

@@ -22,7 +22,8 @@ Which topic is encrypted, and under which key:
   give its own ``key`` template, ``encrypt: false`` or its own ``on_undecryptable``.
 * :meth:`TopicPlans.fixed_references` lists the references of the templates without a
   placeholder (one key for every topic they serve), which the built-in has its KMS
-  check at load.
+  check at load; :meth:`TopicPlans.sample_references` gives each other template's
+  reference for a plain topic name, whose form (an AWS alias name) is checked too.
 * Decryption does not depend on this: any record carrying the marker header is
   opened, on any topic the route hands the fetch-side hook.
 """
@@ -217,15 +218,27 @@ class TopicPlans:
     def fixed_references(self) -> list[tuple[str, str]]:
         """The KEK references of the key templates in use that have no placeholder (the
         same key for every topic), each with the setting that gives it."""
+        return [(where, string.Template(template).substitute())
+                for where, template in self._templates() if _fixed(template)]
+
+    def sample_references(self) -> list[tuple[str, str, str]]:
+        """The key templates in use that have a placeholder, each with the setting that
+        gives it and the reference it gives a topic whose name an AWS alias may hold
+        (``t``): a form the KMS refuses for that one it refuses for every topic."""
+        return [(where, template, string.Template(template).substitute(topic="t",
+                                                                       topic_alias="t"))
+                for where, template in self._templates() if not _fixed(template)]
+
+    def _templates(self) -> list[tuple[str, str]]:
+        """Each key template in use once, with the first setting that gives it."""
         settings = self.settings
         found: dict[str, str] = {}
         entries = settings.topics.items() if settings.topics else [("", TopicEncryption())]
         for entry_name, entry in entries:
-            template = entry.key or settings.key
-            if entry.encrypt and _fixed(template):
-                found.setdefault(string.Template(template).substitute(),
+            if entry.encrypt:
+                found.setdefault(entry.key or settings.key,
                                  f"topics.{entry_name}.key" if entry.key else "key")
-        return [(where, reference) for reference, where in found.items()]
+        return [(where, template) for template, where in found.items()]
 
 
 def _fixed(template: str) -> bool:
