@@ -279,22 +279,29 @@ class ProxyServer:
             starting.add_done_callback(self._retiring.discard)
         if self._listener_tls is not None and generation.client_tls is not None:
             self._listener_tls.use(generation.client_tls)
+        kept = {id(interceptor) for _, interceptor in generation.produce.interceptors()}
+        replaced = [(name, interceptor) for name, interceptor in old.produce.interceptors()
+                    if id(interceptor) not in kept]
         if self.metrics is not None:
             self.metrics.config_generation.set(generation.number)
+            self.metrics.interceptors_replaced(replaced)
         patience = (old.config.interceptor.timeout_ms + old.config.shutdown_grace_ms) / 1000
         task = asyncio.get_running_loop().create_task(
-            self._retire(old, patience, keep_observers=old.observers is generation.observers))
+            self._retire(old, patience, replaced,
+                         keep_observers=old.observers is generation.observers))
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
-    async def _retire(self, old: Generation, patience: float, *,
-                      keep_observers: bool) -> None:
+    async def _retire(self, old: Generation, patience: float,
+                      replaced: list[tuple[str, Any]], *, keep_observers: bool) -> None:
         try:
             if not await self.generations.retire(old, patience):
                 log.warning("configuration generation %d still had %d request(s) after "
                             "%.0f s; closing it anyway", old.number,
                             self.generations.in_use(old), patience)
         finally:  # also when shutdown cuts the wait short
+            if self.metrics is not None:  # their counters go on in the next instances'
+                self.metrics.interceptors_closed(replaced)
             await close_generation(old, keep_observers=keep_observers)
 
     def _client_stream(self, node_id: int | None) -> FrameStream:

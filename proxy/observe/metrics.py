@@ -135,6 +135,7 @@ class Metrics:
             "kiproxy_admin_refused", "Admin requests (POST /reload) refused, by reason "
             "(not_local, bad_token, no_token_file)", ["reason"], registry=r)
         self.config_generation.set(1)
+        self._interceptors: _InterceptorCollector | None = None
 
     def watch_limits(self, hits: Callable[[], dict[str, int]],
                      used: Callable[[], dict[str, int]]) -> None:
@@ -146,7 +147,22 @@ class Metrics:
         """Serve the running interceptors' own metrics (``metrics()``, see the plugin API's
         ``MetricSample``) as ``kiproxy_interceptor_<name>{interceptor=...}``, read at
         scrape time from ``current()``'s ``(name, interceptor)`` pairs."""
-        self.registry.register(_InterceptorCollector(current))
+        self._interceptors = _InterceptorCollector(current)
+        self.registry.register(self._interceptors)
+
+    def interceptors_replaced(self, old: Iterable[tuple[str, Any]]) -> None:
+        """A reload replaced these ``(name, interceptor)`` pairs: they go on counting
+        until they close (requests they had still run), and their counters are then
+        carried over (:meth:`interceptors_closed`)."""
+        if self._interceptors is not None:
+            self._interceptors.replaced(old)
+
+    def interceptors_closed(self, old: Iterable[tuple[str, Any]]) -> None:
+        """The replaced pairs are about to close: their counters' last values are added to
+        those of the interceptors of the same name from now on, so that a plugin's counter
+        goes on from its total across reloads instead of starting again at 0."""
+        if self._interceptors is not None:
+            self._interceptors.closed(old)
 
     def render(self) -> bytes:
         """The registry in Prometheus text format."""
@@ -176,34 +192,86 @@ class _LimitCollector(Collector):
         yield used
 
 
+_Series = tuple[str, tuple[tuple[str, str], ...]]
+"""A metric's name and its sorted label pairs."""
+
+
 class _InterceptorCollector(Collector):
-    """Plugins' ``MetricSample`` values as metric families; a failing plugin is skipped."""
+    """Plugins' ``MetricSample`` values as metric families; a failing plugin is skipped.
+
+    A counter is a total: an instance a reload replaced is read with the current ones
+    until it closes, and the last values of its counters are then kept and added to
+    the same series (the same interceptor name and labels) for as long as an
+    interceptor of that name runs. Gauges are what the running instances say now.
+    """
 
     def __init__(self, current: Callable[[], Iterable[tuple[str, Any]]]) -> None:
         self._current = current
+        self._replaced: dict[int, tuple[str, Any]] = {}
+        """Instances a reload replaced that have not closed: ``id`` -> (name, instance)."""
+        self._carried: dict[_Series, tuple[str, float]] = {}
+        """Closed instances' counter totals: series -> (help, value)."""
+
+    def replaced(self, old: Iterable[tuple[str, Any]]) -> None:
+        self._replaced = {**self._replaced, **{id(i): (n, i) for n, i in old}}
+
+    def closed(self, old: Iterable[tuple[str, Any]]) -> None:
+        carried, replaced = dict(self._carried), dict(self._replaced)
+        for name, interceptor in old:
+            replaced.pop(id(interceptor), None)
+            for sample in _samples(name, interceptor):
+                if sample.kind == "counter":
+                    series = _series(name, sample)
+                    help_text, value = carried.get(series, (sample.help, 0.0))
+                    carried[series] = (help_text, value + sample.value)
+        self._carried, self._replaced = carried, replaced
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
         label_names: dict[str, list[str]] = {}
-        values: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-        for name, interceptor in self._current():
-            collect = getattr(interceptor, "metrics", None)
-            if collect is None:
-                continue
-            try:
-                samples = list(collect())
-            except Exception:
-                log.exception("interceptor %s: metrics() failed", name)
-                continue
-            for sample in samples:
-                metric = f"kiproxy_interceptor_{sample.name}"
-                labels = tuple(sorted({**sample.labels, "interceptor": name}.items()))
-                if metric not in families:
-                    kind = CounterMetricFamily if sample.kind == "counter" else GaugeMetricFamily
-                    label_names[metric] = [k for k, _ in labels]
-                    families[metric] = kind(metric, sample.help, labels=label_names[metric])
-                values[(metric, labels)] = values.get((metric, labels), 0.0) + sample.value
+        values: dict[_Series, float] = {}
+
+        def add(series: _Series, kind: str, help_text: str, value: float) -> None:
+            metric, labels = series
+            if metric not in families:
+                family = CounterMetricFamily if kind == "counter" else GaugeMetricFamily
+                label_names[metric] = [k for k, _ in labels]
+                families[metric] = family(metric, help_text, labels=label_names[metric])
+            values[series] = values.get(series, 0.0) + value
+
+        current = list(self._current())
+        names = {name for name, _ in current}
+        running = {id(i) for _, i in current}
+        replaced = [pair for key, pair in self._replaced.items() if key not in running]
+        for name, interceptor in current:
+            for sample in _samples(name, interceptor):
+                add(_series(name, sample), sample.kind, sample.help, sample.value)
+        for name, interceptor in replaced:
+            for sample in _samples(name, interceptor):
+                if sample.kind == "counter" and name in names:
+                    add(_series(name, sample), "counter", sample.help, sample.value)
+        for series, (help_text, value) in self._carried.items():
+            if dict(series[1])["interceptor"] in names:
+                add(series, "counter", help_text, value)
         for (metric, labels), value in values.items():
             if [k for k, _ in labels] == label_names[metric]:  # one label set per name
                 families[metric].add_metric([v for _, v in labels], value)
         yield from families.values()
+
+
+def _samples(name: str, interceptor: Any) -> list[Any]:
+    """The ``MetricSample``s of ``interceptor`` (none when it has no ``metrics()`` or it
+    fails: logged)."""
+    collect = getattr(interceptor, "metrics", None)
+    if collect is None:
+        return []
+    try:
+        return list(collect())
+    except Exception:
+        log.exception("interceptor %s: metrics() failed", name)
+        return []
+
+
+def _series(name: str, sample: Any) -> _Series:
+    return (f"kiproxy_interceptor_{sample.name}",
+            tuple(sorted({**sample.labels, "interceptor": name}.items())))

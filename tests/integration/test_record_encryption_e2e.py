@@ -286,3 +286,38 @@ def test_a_reload_to_a_key_the_key_file_lacks_is_refused_and_records_stay_sealed
             b"before the reload", b"after the reload"]
     finally:
         proxy.stop()
+
+
+def test_its_counters_go_on_from_their_totals_across_a_reload(
+        broker: EmbeddedBroker, tmp_path: Any) -> None:
+    """A reload builds a new interceptor; ``records_encrypted`` goes on from what the
+    replaced one counted, not from 0 (a counter that drops reads as a reset)."""
+    keys = tmp_path / "keys.yaml"
+    write_key_file(keys, {"KEK": (1, {1: os.urandom(32)})})
+    metrics = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "proxy.yaml"
+
+    def write(max_encryptions: int) -> None:
+        config.write_text(json.dumps({
+            "upstream": [broker.bootstrap], "metrics_listen": metrics,
+            "interceptor": {"class": "record_encryption", "config": {
+                "kms": {"type": "key_file", "path": str(keys)}, "key": "KEK",
+                "data_keys": {"max_encryptions_per_key": max_encryptions}}}}))
+
+    write(1000)
+    proxy = launch_proxy(broker.bootstrap, config_file=config)
+    proxy.metrics = metrics  # type: ignore[attr-defined]
+    topic = f"count-{uuid.uuid4().hex[:6]}"
+    _create(broker.bootstrap, topic)
+    try:
+        _produce(proxy.bootstrap, topic, [b"before %d" % i for i in range(5)])
+        assert _metric(proxy, "record_encryption_records_encrypted") == 5
+        write(500)
+        request = urllib.request.Request(f"http://{metrics}/reload", method="POST", data=b"")
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            assert json.loads(answer.read())["ok"] is True
+        assert _metric(proxy, "record_encryption_records_encrypted") == 5
+        _produce(proxy.bootstrap, topic, [b"after %d" % i for i in range(3)])
+        assert _metric(proxy, "record_encryption_records_encrypted") == 8
+    finally:
+        proxy.stop()

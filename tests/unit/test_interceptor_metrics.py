@@ -39,3 +39,69 @@ def test_plugin_metrics_are_served_with_the_interceptor_label() -> None:
     assert 'kiproxy_interceptor_widgets_open{interceptor="counting"} 2.0' in text
     links.clear()  # a reload that dropped the plugin drops its metrics
     assert "widgets_seen" not in metrics.render().decode()
+
+
+class Tally(ProduceRequestInterceptor):
+    """Counts what it is told to; its gauge says how many it holds now."""
+
+    def __init__(self, seen: float, holding: float = 0.0, broken: bool = False) -> None:
+        self.seen, self.holding, self.broken = seen, holding, broken
+
+    def intercept(self, batch: RecordBatch, ctx: Any) -> RecordBatch:
+        return batch
+
+    def metrics(self) -> Iterable[MetricSample]:
+        if self.broken:
+            raise RuntimeError("closing")
+        yield MetricSample(name="tally_seen", kind="counter", help="Seen", labels={},
+                           value=self.seen)
+        yield MetricSample(name="tally_holding", kind="gauge", help="Held", labels={},
+                           value=self.holding)
+
+
+def _value(metrics: Metrics, series: str) -> float | None:
+    for line in metrics.render().decode().splitlines():
+        if line.startswith(series + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def test_a_replaced_instances_counters_are_carried_over_and_its_gauges_are_not() -> None:
+    metrics = Metrics()
+    old = Tally(5, holding=7)
+    links: list[tuple[str, Any]] = [("tally", old)]
+    metrics.watch_interceptors(lambda: links)
+    seen = 'kiproxy_interceptor_tally_seen_total{interceptor="tally"}'
+    holding = 'kiproxy_interceptor_tally_holding{interceptor="tally"}'
+    assert _value(metrics, seen) == 5
+
+    new = Tally(1, holding=2)
+    links[:] = [("tally", new)]  # a reload: the old one still runs its last requests
+    metrics.interceptors_replaced([("tally", old)])
+    old.seen = 6
+    assert _value(metrics, seen) == 7  # 1 + 6: the old instance is still read
+    assert _value(metrics, holding) == 2  # a gauge is what the running instance says
+    metrics.interceptors_closed([("tally", old)])
+    old.seen = 100  # closed: no longer read
+    assert _value(metrics, seen) == 7
+    new.seen = 4
+    assert _value(metrics, seen) == 10
+
+    newer = Tally(0)  # a second reload carries both
+    links[:] = [("tally", newer)]
+    metrics.interceptors_replaced([("tally", new)])
+    metrics.interceptors_closed([("tally", new)])
+    assert _value(metrics, seen) == 10
+
+    links.clear()  # a reload that drops the plugin drops its series
+    assert _value(metrics, seen) is None
+
+
+def test_an_instance_whose_metrics_fail_at_close_carries_nothing_and_breaks_nothing() -> None:
+    metrics = Metrics()
+    old, new = Tally(5, broken=True), Tally(2)
+    links: list[tuple[str, Any]] = [("tally", new)]
+    metrics.watch_interceptors(lambda: links)
+    metrics.interceptors_replaced([("tally", old)])
+    metrics.interceptors_closed([("tally", old)])
+    assert _value(metrics, 'kiproxy_interceptor_tally_seen_total{interceptor="tally"}') == 2
