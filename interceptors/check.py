@@ -247,8 +247,10 @@ def _stray(outcome: Outcome) -> str:
 
 def _report_fetch(number: int, batch: RecordBatch, stored: tuple[Record, ...],
                   fetched: ConsumedBatch | ConsumeRefusal, produced: bool, out: TextIO) -> str:
-    """Print what a consumer through the proxy would read of ``stored``; return the kind."""
-    where = f"batch {number}: fetched"
+    """Print what a consumer through the proxy would read of ``stored``; return the kind.
+    Without a produce-side line before it (``produced`` false) the line names the batch."""
+    where = (f"batch {number}: fetched" if produced else
+             f"batch {number}: {batch.topic}[{batch.partition}], {_records(len(batch))}: fetched")
     if isinstance(fetched, ConsumeRefusal):
         print(f"{where}: refused with {error_name(fetched.code)} ({fetched.code}): "
               f"{fetched.message}", file=out)

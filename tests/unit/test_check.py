@@ -292,7 +292,8 @@ def test_a_fetch_side_only_plugin_reports_the_fetch_side_alone(
                            str(TEST_PLUGINS))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == "batch 1: fetched: transformed (3 changed)"  # binary bytes: no case
+    # With no produce-side line before it, the line names the batch itself.
+    assert lines[0] == "batch 1: check[0], 5 records: fetched: transformed (3 changed)"
     assert lines[-1] == ("tp_fetch:UpperOnConsume: loaded; 2 batches: fetched: 0 unchanged, "
                          "2 transformed, 0 refused")
 
