@@ -4,7 +4,9 @@ On Tansu and on Apache Kafka (the ``upstream`` fixture). One proxy serves the mo
 with routes: ``rev-`` topics run ``tp_fetch:Reverse`` (values reversed on produce,
 reversed back on consume), ``up-`` topics the fetch-side-only ``UpperOnConsume``,
 ``bad-`` topics ``RefuseOnConsume`` (refuse, raise, grow, slow), ``sync-`` topics the
-plain ``PlainOnConsume`` (slow, or raising on a ``poison`` record), anything else no hook.
+plain ``PlainOnConsume`` (slow, or raising on a ``poison`` record), ``obsroute-`` and
+``obslink-`` topics ``UpperOnConsume`` on a route and on a link in observe mode, anything
+else no hook.
 
 What is checked: every codec round-trips exactly (values, keys, headers and their
 order) through the proxy while the broker stores the produced transformation; a
@@ -16,9 +18,9 @@ proxy logs the refusal, with the traceback of a hook that raised, the connection
 open), a plain hook past its deadline included; a batch a hook fails on stops
 confluent-kafka, kafka-python and aiokafka consumers at that batch, every record before
 it read (not at the start of the answer it came in); a Fetch answer on a topic with no
-hook is the broker's bytes; the ApiVersions answer offers only the Fetch versions the
-proxy decodes; the Java client and kafka-python consume
-through the proxy too.
+hook is the broker's bytes, and one whose hook is in observe mode (on its route or its
+link) the broker's records; the ApiVersions answer offers only the Fetch versions the
+proxy decodes; the Java client and kafka-python consume through the proxy too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ ROUTES = {
          "interceptors": [{"class": "tp_fetch:RefuseOnConsume", "timeout_ms": 300}]},
         {"name": "plain", "match": {"topic": "sync-.*"},
          "interceptors": [{"class": "tp_fetch:PlainOnConsume", "timeout_ms": 300}]},
+        {"name": "observed-route", "match": {"topic": "obsroute-.*"}, "mode": "observe",
+         "interceptors": [{"class": "tp_fetch:UpperOnConsume"}]},
+        {"name": "observed-link", "match": {"topic": "obslink-.*"},
+         "interceptors": [{"class": "tp_fetch:UpperOnConsume", "mode": "observe"}]},
     ]
 }
 
@@ -154,6 +160,17 @@ def test_a_fetch_side_only_hook_changes_what_consumers_read(
     _produce(proxy.bootstrap, topic, [b"quiet", b"words"], **{"compression.type": "lz4"})
     assert [m.value() for m in _read(upstream.bootstrap, [topic], 2)] == [b"quiet", b"words"]
     assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [b"QUIET", b"WORDS"]
+
+
+@pytest.mark.parametrize("prefix", ["obsroute", "obslink"])
+def test_a_fetch_side_hook_in_observe_mode_leaves_what_consumers_read(
+        upstream: Upstream, proxy: ProxyProcess, prefix: str) -> None:
+    """Observe mode forwards as received, on a route as on a link: a consumer reads
+    the broker's records, not the hook's."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    _produce(proxy.bootstrap, topic, [b"quiet", b"words"], **{"compression.type": "lz4"})
+    assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [b"quiet", b"words"]
 
 
 def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
