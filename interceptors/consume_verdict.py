@@ -2,8 +2,10 @@
 
 Contract: :func:`judge_consume` hands a :class:`~kiproxy.interceptors.consume.ConsumedBatch`
 to an interceptor's ``on_consume`` (plain or ``async def``; awaited within ``timeout``
-seconds) and returns either the batch to send on (the given one, or one with the same
-records count whose every record keeps its ``offset_delta`` and ``timestamp``) or a
+seconds) and returns either the batch to send on (the given one, also for records
+equal to those given, as on produce, so that the batch keeps the broker's bytes; or
+one with the same records count whose every record keeps its ``offset_delta`` and
+``timestamp``) or a
 :class:`ConsumeRefusal`: the error code the partition is answered with, a message
 naming the hook and what it did, and a short ``reason`` for metrics and logs. It never
 raises for anything the hook does: ``RefuseFetch`` keeps its code; any other
@@ -97,8 +99,8 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     if not isinstance(result, ConsumedBatch):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "ConsumedBatch", "bad_return")
-    if result.records is batch.records:
-        return result
+    if result.records is batch.records or result.records == batch.records:
+        return batch  # unchanged: sent as the broker's bytes, not re-encoded
     if len(result.records) != len(batch.records):
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result.records)} records for "
                               f"{len(batch.records)}: records can be changed, not added or "

@@ -412,6 +412,29 @@ def test_kafka_python_consumes_through_the_hook(upstream: Upstream,
     assert got == values
 
 
+def test_a_hook_that_returns_equal_records_sends_the_brokers_bytes(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    """A hook that rebuilds every record but changes none (upper-casing values that are
+    upper case already) is taken as unchanged, as on produce: the batch is not
+    re-encoded, and the consumer gets the broker's bytes."""
+    from support.raw_client import RawClient
+
+    from integration.test_fetch_layout import Written, _fetch, _metadata_topic_id
+
+    topic = f"up-same-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for codec in CODECS:
+        _produce(upstream.bootstrap, topic, [f"{codec} {i} ".upper().encode() * 30
+                                             for i in range(4)],
+                 **{"compression.type": codec})
+    with RawClient(proxy.bootstrap) as client:
+        topic_id = _metadata_topic_id(client, topic)
+    written = Written(topic, topic_id, 0, 0)
+    direct, _ = _fetch(upstream.bootstrap, 12, written)
+    through, _ = _fetch(proxy.bootstrap, 12, written)
+    assert through == direct
+
+
 @pytest.mark.parametrize("max_bytes", [1 << 20, 1500])
 def test_a_hooked_answer_no_hook_changed_is_the_brokers_bytes(
         upstream: Upstream, proxy: ProxyProcess, max_bytes: int) -> None:
