@@ -247,8 +247,10 @@ def _stray(outcome: Outcome) -> str:
 
 def _report_fetch(number: int, batch: RecordBatch, stored: tuple[Record, ...],
                   fetched: ConsumedBatch | ConsumeRefusal, produced: bool, out: TextIO) -> str:
-    """Print what a consumer through the proxy would read of ``stored``; return the kind."""
-    where = f"batch {number}: fetched"
+    """Print what a consumer through the proxy would read of ``stored``; return the kind.
+    Without a produce-side line before it (``produced`` false) the line names the batch."""
+    where = (f"batch {number}: fetched" if produced else
+             f"batch {number}: {batch.topic}[{batch.partition}], {_records(len(batch))}: fetched")
     if isinstance(fetched, ConsumeRefusal):
         print(f"{where}: refused with {error_name(fetched.code)} ({fetched.code}): "
               f"{fetched.message}", file=out)
@@ -298,7 +300,10 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
                else builtin_samples(args.topic))
     with _plugin(args) as plugin:
         produces = callable(getattr(plugin.interceptor, "intercept", None))
-        consumes = callable(getattr(plugin.interceptor, "on_consume", None))
+        # As the proxy: a route or link in observe mode runs no fetch-side hook.
+        observed_out = (args.mode == "observe"
+                        and callable(getattr(plugin.interceptor, "on_consume", None)))
+        consumes = callable(getattr(plugin.interceptor, "on_consume", None)) and not observed_out
         faults: list[str] = []
         counts = {"unchanged": 0, "transformed": 0, "rejected": 0}
         fetch_counts = {"unchanged": 0, "transformed": 0, "refused": 0}
@@ -330,12 +335,14 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
     would = "would be " if args.mode == "observe" else ""
     parts = []
     if produces:
-        parts.append(", ".join(f"{n} {would}{kind}" for kind, n in counts.items()))
+        parts.append(", ".join(f"{n} {would}{kind}" for kind, n in counts.items())
+                     + (" (observe mode: every batch forwarded as it came)" if would else ""))
     if consumes:
         parts.append("fetched: " + ", ".join(f"{n} {kind}" for kind, n in fetch_counts.items()))
-    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {'; '.join(parts)}"
-          + (" (observe mode: every batch forwarded as it came)"
-             if args.mode == "observe" and produces else ""), file=out)
+    if observed_out:
+        parts.append("fetch side not run (observe mode runs no fetch-side hook: consumers "
+                     "read what is stored)")
+    print(f"{plugin.name}: loaded; {_batches(len(batches))}: {'; '.join(parts)}", file=out)
     if faults:
         raise CheckFailed(f"{plugin.name} failed on {len(faults)} of {_batches(len(batches))}"
                           + (" (--fail-on-reject)" if args.fail_on_reject else "") + ": "

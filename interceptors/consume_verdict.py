@@ -2,13 +2,16 @@
 
 Contract: :func:`judge_consume` hands a :class:`~kiproxy.interceptors.consume.ConsumedBatch`
 to an interceptor's ``on_consume`` (plain or ``async def``; awaited within ``timeout``
-seconds) and returns either the batch to send on (the given one, or one with the same
-records count whose every record keeps its ``offset_delta`` and ``timestamp``) or a
+seconds) and returns either the batch to send on (the given one, also for records
+equal to those given, as on produce, so that the batch keeps the broker's bytes; or
+one with the same records count whose every record keeps its ``offset_delta`` and
+``timestamp``, and the given batch's topic, partition and producer fields) or a
 :class:`ConsumeRefusal`: the error code the partition is answered with, a message
 naming the hook and what it did, and a short ``reason`` for metrics and logs. It never
 raises for anything the hook does: ``RefuseFetch`` keeps its code; any other
-exception, a wrong return type, another record count, a moved offset or timestamp,
-and a missed deadline are ``UNKNOWN_SERVER_ERROR``, which consumers retry. The
+exception, a wrong return type, another record count, a moved batch (its
+``base_offset``), record offset or timestamp, and a missed deadline are
+``UNKNOWN_SERVER_ERROR``, which consumers retry. The
 deadline is the produce side's rule: an ``async def`` hook is cancelled at it, a
 plain one cannot be and is refused when it returns past ``ctx.deadline`` (whatever it
 returned); an exception is kept on the refusal for the caller to log its traceback.
@@ -97,8 +100,12 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     if not isinstance(result, ConsumedBatch):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "ConsumedBatch", "bad_return")
-    if result.records is batch.records:
-        return result
+    if result.base_offset != batch.base_offset:
+        return ConsumeRefusal(_RETRIED, f"{name} moved the batch from offset "
+                              f"{batch.base_offset} to {result.base_offset} (its base_offset "
+                              "is the log's)", "shape_changed")
+    if result.records is batch.records or result.records == batch.records:
+        return batch  # unchanged: sent as the broker's bytes, not re-encoded
     if len(result.records) != len(batch.records):
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result.records)} records for "
                               f"{len(batch.records)}: records can be changed, not added or "
@@ -106,7 +113,7 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     moved = first_moved(batch.records, result.records)
     if moved >= 0:
         return _moved(name, batch.base_offset + batch.records[moved].offset_delta)
-    return result
+    return batch.with_records(result.records)  # where it lies and its producer: the log's
 
 
 async def judge_consume_block(interceptor: Any, block: ConsumedBlock,

@@ -190,7 +190,11 @@ def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | No
                 ) -> ConsumedBatch | ConsumeRefusal:
     """Hand ``batch`` to ``interceptor.on_consume`` by the proxy's rules: the batch the
     consumer would get, or why its partition would be refused. Never raises for anything
-    the plugin does."""
+    the plugin does; a ``batch`` that is not a :class:`ConsumedBatch` is the test's
+    mistake, a ``TypeError``."""
+    if not isinstance(batch, ConsumedBatch):  # else the plugin is refused for it
+        raise TypeError(f"run_consume takes a ConsumedBatch, not {type(batch).__name__}; "
+                        "make_consumed_batch(batch) makes one of a batch make_batch built")
     if isinstance(interceptor, Plugin):
         name = name or interceptor.name
         interceptor = interceptor.interceptor

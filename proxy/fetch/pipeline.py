@@ -122,7 +122,8 @@ fetch-side hook is configured)."""
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 
-_Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]"]
+_Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]", str]
+"""A hooked partition: its place in the answer, topic, layout, links and route name."""
 """A hooked partition: its position in the answer, topic, layout and hooks."""
 
 
@@ -188,7 +189,7 @@ class FetchPipeline:
                 continue
             for pj, part in enumerate(topic.partitions):
                 if part.error_code == 0 and part.data_end > part.data_start:
-                    work.append(((ti, pj), name, part, consumers))
+                    work.append(((ti, pj), name, part, consumers, route.name))
         if not work and not errors:
             return frame
         return self._run_hooks(client, version, frame, body, layout, work, errors)
@@ -205,12 +206,12 @@ class FetchPipeline:
                 proxy_host=self.proxy_host, identity=who)
             outcomes = await asyncio.gather(*(
                 self._partition(frame, name, part, consumers, ctx)
-                for _, name, part, consumers in work))
-            for (key, name, part, _), outcome in zip(work, outcomes, strict=True):
+                for _, name, part, consumers, _ in work))
+            for (key, name, part, _, route), outcome in zip(work, outcomes, strict=True):
                 if isinstance(outcome, ConsumeRefusal):
                     errors[key] = outcome.code
                     self._log_refusal(client, name, part.partition, outcome.reason,
-                                      outcome.message, outcome.exception)
+                                      outcome.message, outcome.exception, route=route)
                 elif outcome is not None:
                     replacements[key] = outcome
         if not replacements and not errors:
@@ -383,13 +384,14 @@ class FetchPipeline:
             counters[1].inc(records)
 
     def _log_refusal(self, client: RequestingClient, topic: str, partition: int,
-                     reason: str, message: str, exception: BaseException | None = None
-                     ) -> None:
-        """A WARNING (with the hook's traceback when it raised), unless one for ``topic``
-        and ``reason`` was written lately."""
+                     reason: str, message: str, exception: BaseException | None = None,
+                     *, route: str | None = None) -> None:
+        """A WARNING (with the hook's traceback when it raised), naming the route whose
+        hooks ran, unless one for ``topic`` and ``reason`` was written lately."""
         self._refusals.warning(
-            (topic, reason), "fetch from %s (client_id %r): %s-%d answered with an error: %s",
-            client.identity.client_address, client.identity.client_id, topic, partition,
+            (topic, reason), "fetch from %s (client_id %r)%s: %s-%d answered with an error: %s",
+            client.identity.client_address, client.identity.client_id,
+            "" if route is None else f" on route {route}", topic, partition,
             message, more=" ({count} more since the last line)", exc_info=exception,
             extra=client.log_context)
 

@@ -207,7 +207,8 @@ def _chain(route: Route, every: tuple[LoadedLink, ...]) -> LoadedChain:
                   or produce_hook(link.interceptor) is not None)
     hooked = [(link.name, hook) for link in links
               if (hook := acknowledgement_hook(link.interceptor)) is not None]
-    consumers = tuple(link for link in reversed(every) if not link.observe
+    # Observe mode forwards as received: a link or route in it runs no fetch-side hook.
+    consumers = tuple(link for link in reversed(every) if not (link.observe or route.observe)
                       and not isinstance(link.interceptor, IsolatedInterceptor)
                       and consume_hook(link.interceptor) is not None)
     return LoadedChain(route, links, tuple(hook for _, hook in hooked),

@@ -4,7 +4,9 @@ On Tansu and on Apache Kafka (the ``upstream`` fixture). One proxy serves the mo
 with routes: ``rev-`` topics run ``tp_fetch:Reverse`` (values reversed on produce,
 reversed back on consume), ``up-`` topics the fetch-side-only ``UpperOnConsume``,
 ``bad-`` topics ``RefuseOnConsume`` (refuse, raise, grow, slow), ``sync-`` topics the
-plain ``PlainOnConsume`` (slow, or raising on a ``poison`` record), anything else no hook.
+plain ``PlainOnConsume`` (slow, or raising on a ``poison`` record), ``obsroute-`` and
+``obslink-`` topics ``UpperOnConsume`` on a route and on a link in observe mode, anything
+else no hook.
 
 What is checked: every codec round-trips exactly (values, keys, headers and their
 order) through the proxy while the broker stores the produced transformation; a
@@ -16,9 +18,9 @@ proxy logs the refusal, with the traceback of a hook that raised, the connection
 open), a plain hook past its deadline included; a batch a hook fails on stops
 confluent-kafka, kafka-python and aiokafka consumers at that batch, every record before
 it read (not at the start of the answer it came in); a Fetch answer on a topic with no
-hook is the broker's bytes; the ApiVersions answer offers only the Fetch versions the
-proxy decodes; the Java client and kafka-python consume
-through the proxy too.
+hook is the broker's bytes, and one whose hook is in observe mode (on its route or its
+link) the broker's records; the ApiVersions answer offers only the Fetch versions the
+proxy decodes; the Java client and kafka-python consume through the proxy too.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ ROUTES = {
          "interceptors": [{"class": "tp_fetch:RefuseOnConsume", "timeout_ms": 300}]},
         {"name": "plain", "match": {"topic": "sync-.*"},
          "interceptors": [{"class": "tp_fetch:PlainOnConsume", "timeout_ms": 300}]},
+        {"name": "observed-route", "match": {"topic": "obsroute-.*"}, "mode": "observe",
+         "interceptors": [{"class": "tp_fetch:UpperOnConsume"}]},
+        {"name": "observed-link", "match": {"topic": "obslink-.*"},
+         "interceptors": [{"class": "tp_fetch:UpperOnConsume", "mode": "observe"}]},
     ]
 }
 
@@ -156,6 +162,17 @@ def test_a_fetch_side_only_hook_changes_what_consumers_read(
     assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [b"QUIET", b"WORDS"]
 
 
+@pytest.mark.parametrize("prefix", ["obsroute", "obslink"])
+def test_a_fetch_side_hook_in_observe_mode_leaves_what_consumers_read(
+        upstream: Upstream, proxy: ProxyProcess, prefix: str) -> None:
+    """Observe mode forwards as received, on a route as on a link: a consumer reads
+    the broker's records, not the hook's."""
+    topic = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    _produce(proxy.bootstrap, topic, [b"quiet", b"words"], **{"compression.type": "lz4"})
+    assert [m.value() for m in _read(proxy.bootstrap, [topic], 2)] == [b"quiet", b"words"]
+
+
 def test_read_committed_through_the_proxy_sees_exactly_the_committed_records(
         upstream: Upstream, proxy: ProxyProcess, request: pytest.FixtureRequest) -> None:
     tansu_gap(upstream, request, "a Fetch answer names no aborted transaction, so a "
@@ -217,9 +234,10 @@ def test_a_plain_hook_that_returns_past_its_deadline_costs_its_partition(
     seen = len(proxy.lines)
     got = _read(proxy.bootstrap, [slow, good], 4, timeout=8)
     assert sorted((m.topic(), m.value()) for m in got) == [(good, b"one"), (good, b"two")]
-    assert wait_until(lambda: any(
-        f"{slow}-0 answered with an error: batch at offset 0: tp_fetch:PlainOnConsume did "
-        "not answer within 300 ms" in line for line in proxy.lines[seen:]), 5), proxy.log
+    assert wait_until(lambda: any(  # the route named, as a produce-side rejection names it
+        f"on route plain: {slow}-0 answered with an error: batch at offset 0: "
+        "tp_fetch:PlainOnConsume did not answer within 300 ms" in line
+        for line in proxy.lines[seen:]), 5), proxy.log
     assert len(_read(upstream.bootstrap, [slow], 2)) == 2
 
 
@@ -393,6 +411,29 @@ def test_kafka_python_consumes_through_the_hook(upstream: Upstream,
     finally:
         consumer.close()
     assert got == values
+
+
+def test_a_hook_that_returns_equal_records_sends_the_brokers_bytes(
+        upstream: Upstream, proxy: ProxyProcess) -> None:
+    """A hook that rebuilds every record but changes none (upper-casing values that are
+    upper case already) is taken as unchanged, as on produce: the batch is not
+    re-encoded, and the consumer gets the broker's bytes."""
+    from support.raw_client import RawClient
+
+    from integration.test_fetch_layout import Written, _fetch, _metadata_topic_id
+
+    topic = f"up-same-{uuid.uuid4().hex[:6]}"
+    _create(upstream.bootstrap, topic)
+    for codec in CODECS:
+        _produce(upstream.bootstrap, topic, [f"{codec} {i} ".upper().encode() * 30
+                                             for i in range(4)],
+                 **{"compression.type": codec})
+    with RawClient(proxy.bootstrap) as client:
+        topic_id = _metadata_topic_id(client, topic)
+    written = Written(topic, topic_id, 0, 0)
+    direct, _ = _fetch(upstream.bootstrap, 12, written)
+    through, _ = _fetch(proxy.bootstrap, 12, written)
+    assert through == direct
 
 
 @pytest.mark.parametrize("max_bytes", [1 << 20, 1500])

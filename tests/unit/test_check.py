@@ -292,9 +292,11 @@ def test_a_fetch_side_only_plugin_reports_the_fetch_side_alone(
                            str(TEST_PLUGINS))
     assert (code, err) == (0, "")
     lines = out.splitlines()
-    assert lines[0] == "batch 1: fetched: transformed (3 changed)"  # binary bytes: no case
-    assert lines[-1] == ("tp_fetch:UpperOnConsume: loaded; 2 batches: fetched: 0 unchanged, "
-                         "2 transformed, 0 refused")
+    # With no produce-side line before it, the line names the batch itself.
+    assert lines[0] == "batch 1: check[0], 5 records: fetched: transformed (3 changed)"
+    # Batch 2 comes back as equal records: unchanged, as the proxy sends it.
+    assert lines[-1] == ("tp_fetch:UpperOnConsume: loaded; 2 batches: fetched: 1 unchanged, "
+                         "1 transformed, 0 refused")
 
 
 @pytest.mark.parametrize(("topic", "code", "said"), [

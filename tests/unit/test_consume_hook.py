@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 import typing
 from pathlib import Path
@@ -66,6 +67,15 @@ class Hooks(FetchResponseInterceptor):
         if kind == "upper":
             return batch.with_records(r.with_value((r.value or b"").upper())
                                       for r in batch.records)
+        if kind in ("rebase", "rebase-same"):  # the batch moved, its records upper-cased
+            records = (batch.records if kind == "rebase-same" else
+                       tuple(r.with_value((r.value or b"").upper()) for r in batch.records))
+            return dataclasses.replace(batch, base_offset=batch.base_offset + 100,
+                                       records=records)
+        if kind == "elsewhere":  # upper-cased, and said to be of another topic-partition
+            return dataclasses.replace(
+                batch.with_records(r.with_value((r.value or b"").upper())
+                                   for r in batch.records), topic="other", partition=7)
         return batch
 
 
@@ -75,6 +85,8 @@ class Hooks(FetchResponseInterceptor):
     ("type", -1, "bad_return"),
     ("grow", -1, "record_count"),
     ("move", -1, "shape_changed"),
+    ("rebase", -1, "shape_changed"),
+    ("rebase-same", -1, "shape_changed"),
     ("slow", -1, "timeout"),
     ("stubborn", -1, "timeout"),
 ])
@@ -121,6 +133,23 @@ def test_a_raising_hook_keeps_its_exception_on_the_refusal() -> None:
     assert isinstance(verdict, ConsumeRefusal)
     assert isinstance(verdict.exception, ValueError)
     assert verdict.exception.__traceback__ is not None  # what the proxy logs
+
+
+def test_a_moved_batch_names_the_hook_and_both_offsets() -> None:
+    batch = make_consumed_batch(make_batch(b"a", b"b", topic="rebase"), base_offset=40)
+    verdict = run_consume(Hooks(), batch, name="h")
+    assert isinstance(verdict, ConsumeRefusal)
+    assert verdict.message == ("h moved the batch from offset 40 to 140 (its base_offset is "
+                               "the log's)")
+
+
+def test_the_topic_and_partition_of_a_returned_batch_are_the_logs() -> None:
+    """As on produce, a hook changes records, not where they are: the batch the
+    consumer reads (and the kit reports) keeps its topic-partition."""
+    batch = make_consumed_batch(make_batch(b"a", topic="elsewhere", partition=2))
+    read = run_consume(Hooks(), batch)
+    assert isinstance(read, ConsumedBatch)
+    assert (read.topic, read.partition, read.records[0].value) == ("elsewhere", 2, b"A")
 
 
 def test_what_the_judge_lets_through() -> None:

@@ -62,3 +62,24 @@ def test_check_in_observe_mode_fails_on_what_would_be_rejected(
         "rejected with POLICY_VIOLATION (44): 1 of 2 records say bad",
         "  record 1: record 1 says bad"]
     assert code == 2 and "(--fail-on-reject)" in err
+
+
+def test_check_in_observe_mode_runs_no_fetch_side_hook(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As the proxy: a route or link in observe mode runs no fetch-side hook, so the
+    consumer reads what is stored, and check says so instead of a fetched: line."""
+    code = main(["check", "tp_fetch:UpperOnConsume", "--plugins-dir", str(TEST_PLUGINS),
+                 "--mode", "observe"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert out.splitlines() == [
+        "tp_fetch:UpperOnConsume: loaded; 2 batches: fetch side not run (observe mode runs "
+        "no fetch-side hook: consumers read what is stored)"]
+    code = main(["check", "tp_fetch:Reverse", "--plugins-dir", str(TEST_PLUGINS),
+                 "--mode", "observe"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert "fetched:" not in out
+    assert out.splitlines()[-1].endswith(
+        "0 would be rejected (observe mode: every batch forwarded as it came); fetch side "
+        "not run (observe mode runs no fetch-side hook: consumers read what is stored)")

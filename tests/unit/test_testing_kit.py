@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 
 from kiproxy.interceptors import (
+    ConsumeContext,
+    ConsumedBatch,
+    FetchResponseInterceptor,
     Header,
     InterceptContext,
     ProduceRequestInterceptor,
@@ -32,8 +35,10 @@ from kiproxy.interceptors.testing import (
     Plugin,
     load,
     make_batch,
+    make_consumed_batch,
     make_context,
     make_record,
+    run_consume,
     run_interceptor,
     run_interceptor_async,
 )
@@ -207,3 +212,19 @@ def test_the_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
     done = _pytest(tmp_path / "test_plugin.py", tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
+
+
+def test_run_consume_given_a_produce_batch_says_so_and_blames_no_plugin() -> None:
+    """A test that hands ``run_consume`` a ``RecordBatch`` (what ``make_batch`` builds)
+    is told how to make a fetched batch of it, instead of the plugin being refused for
+    giving that batch back."""
+
+    class Identity(FetchResponseInterceptor):
+        def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+            return batch
+
+    with pytest.raises(TypeError, match=r"run_consume takes a ConsumedBatch, not RecordBatch"
+                                        r"; make_consumed_batch\(batch\) makes one"):
+        run_consume(Identity(), make_batch("a"))  # type: ignore[arg-type]
+    assert run_consume(Identity(), make_consumed_batch(make_batch("a"))).records[0].value \
+        == b"a"  # type: ignore[union-attr]
