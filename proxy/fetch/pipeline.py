@@ -124,7 +124,6 @@ _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
 
 _Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]", str]
 """A hooked partition: its place in the answer, topic, layout, links and route name."""
-"""A hooked partition: its position in the answer, topic, layout and hooks."""
 
 
 class FetchPipeline:
