@@ -19,10 +19,7 @@
 
 from __future__ import annotations
 
-import json
 import os
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -35,6 +32,7 @@ from moto.server import ThreadedMotoServer
 from support.confluent import confluent_producer
 
 from integration.test_fetch_hook import _create, _produce, _read
+from integration.test_record_encryption_e2e import _reload, _write_config
 from kiproxy.interceptors.builtin.record_encryption import MARKER_HEADER
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
@@ -185,22 +183,17 @@ def test_a_reload_to_a_template_no_topic_has_an_alias_for_is_refused(
     config = tmp_path / "proxy.yaml"
 
     def write(key: str) -> None:
-        config.write_text(json.dumps({
-            "upstream": [broker.bootstrap], "metrics_listen": metrics,
-            "interceptor": {"class": "record_encryption", "config": {
-                "kms": {"type": "aws", "endpoint": endpoint, "region": REGION},
-                "key": key}}}))
+        _write_config(config, broker.bootstrap, metrics,
+                      {"kms": {"type": "aws", "endpoint": endpoint, "region": REGION},
+                       "key": key})
 
     write("alias/KEK_${topic}")
     proxy = launch_proxy(broker.bootstrap, config_file=config)
     try:
         _produce(proxy.bootstrap, topic, [b"before the reload"])
         write("alias/KEK.${topic}")
-        request = urllib.request.Request(f"http://{metrics}/reload", method="POST", data=b"")
-        with pytest.raises(urllib.error.HTTPError) as refused:
-            urllib.request.urlopen(request, timeout=60)
-        answer = json.loads(refused.value.read())
-        assert refused.value.code == 500 and answer["ok"] is False, answer
+        status, answer = _reload(metrics)
+        assert status == 500 and answer["ok"] is False, answer
         assert ("key: 'alias/KEK.${topic}' names no usable key for any topic (for a topic t: "
                 "'alias/KEK.t' is not a valid AWS KMS alias name: '.' is not allowed"
                 ) in answer["message"], answer
