@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from kiproxy.interceptors.api import Record, RecordBatch
-from kiproxy.interceptors.consume import ConsumedBatch
+from kiproxy.interceptors.consume import ConsumedBatch, consume_hook, produce_hook
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.flags import (
     INTERCEPTOR_CONFIG,
@@ -299,11 +299,11 @@ def check(args: argparse.Namespace, out: TextIO) -> None:
     batches = (read_samples(args.sample, args.topic) if args.sample
                else builtin_samples(args.topic))
     with _plugin(args) as plugin:
-        produces = callable(getattr(plugin.interceptor, "intercept", None))
+        produces = produce_hook(plugin.interceptor) is not None
         # As the proxy: a route or link in observe mode runs no fetch-side hook.
-        observed_out = (args.mode == "observe"
-                        and callable(getattr(plugin.interceptor, "on_consume", None)))
-        consumes = callable(getattr(plugin.interceptor, "on_consume", None)) and not observed_out
+        has_consume = consume_hook(plugin.interceptor) is not None
+        observed_out = args.mode == "observe" and has_consume
+        consumes = has_consume and not observed_out
         faults: list[str] = []
         counts = {"unchanged": 0, "transformed": 0, "rejected": 0}
         fetch_counts = {"unchanged": 0, "transformed": 0, "refused": 0}
