@@ -11,12 +11,18 @@ the same way. (``asyncio.wait_for`` waits for a cancelled task to end and return
 its result when it ignored the cancellation, so a plugin could keep a batch past its
 deadline for as long as it liked.)
 
+A coroutine runs in the caller's task, as a plain ``await`` runs it: what it asks of
+``asyncio.current_task()`` - ``asyncio.timeout()``, a ``TaskGroup``, aiohttp's and
+anyio's timeouts - is about that task and holds for the whole call. The deadline is
+``asyncio.timeout``'s, so a plugin's own timeouts nest inside it as they nest
+anywhere. Only a coroutine that swallows the cancellation and waits again is moved
+to a task of its own to run on; a timeout it entered before still names the
+caller's task (a plugin must let ``CancelledError`` propagate).
+
 Cost: a coroutine is first run on the caller's own stack up to its first suspension,
 so one that finishes without waiting for anything (an ``async def`` hook that only
-computes, or whose keys are cached) answers at once, with no task, timer or loop
-iteration. Only a coroutine that does wait is handed, already started, to a task of
-its own, which resumes it where it stopped; the caller waits for that task or the
-deadline, whichever comes first.
+computes, or whose keys are cached) answers at once, with no timer or loop
+iteration. Only a coroutine that does wait pays for the deadline's timer.
 """
 
 from __future__ import annotations
@@ -57,13 +63,37 @@ async def within(awaitable: Awaitable[_T], timeout: float | None, name: str = ""
         result: _T = done.value
         return result
     resumed = _Resumed(awaitable, waiting_on)
-    if timeout is None:
-        answer: _T = await resumed
-        return answer
     name = name or _qualname(awaitable)
-    task = asyncio.get_running_loop().create_task(_awaited(resumed), name=f"interceptor {name}")
-    answer = await _bounded(task, timeout, name)
+    if timeout is None:
+        try:
+            answer: _T = await resumed
+        finally:
+            _ran_on_after(resumed, name, _CALLER_CANCELLED)
+        return answer
+    try:
+        async with asyncio.timeout(timeout) as bound:
+            answer = await resumed
+    except BaseException as exc:
+        expired = bound.expired()
+        _ran_on_after(resumed, name, _AT_DEADLINE if expired else _CALLER_CANCELLED)
+        if not expired or isinstance(exc, (TimeoutError, asyncio.CancelledError)):
+            raise
+        # it caught the cancellation and raised something else at once
+        _warn_ignored(name, _AT_DEADLINE, 0.0, f"raised {type(exc).__name__}")
+        raise TimeoutError from None
+    if bound.expired():  # it caught the cancellation and returned at once
+        _warn_ignored(name, _AT_DEADLINE, 0.0, "returned")
+        raise TimeoutError
     return answer
+
+
+def _ran_on_after(resumed: _Resumed, name: str, reason: str) -> None:
+    """Keep and watch the task ``resumed`` moved its coroutine to, if it did: the
+    coroutine swallowed its cancellation (``reason``) and waits again."""
+    if resumed.running_on is not None:
+        _ran_on.add(resumed.running_on)
+        resumed.running_on.add_done_callback(
+            functools.partial(_ended, name, reason, time.monotonic()))
 
 
 async def _awaited(resumed: _Resumed) -> Any:
@@ -125,27 +155,35 @@ def _ended(name: str, reason: str, cancelled_at: float, task: asyncio.Future[Any
     if task.cancelled():  # the cancellation ended it, as it should
         return
     exc = task.exception()  # retrieved here: asyncio would log it as never retrieved
-    how = "returned" if exc is None else f"raised {type(exc).__name__}"
+    _warn_ignored(name, reason, time.monotonic() - cancelled_at,
+                  "returned" if exc is None else f"raised {type(exc).__name__}")
+
+
+def _warn_ignored(name: str, reason: str, seconds: float, how: str) -> None:
     _warnings.warning(
         ("ignored", name),
         "interceptor %s ignored its cancellation %s: it ran on in the background for %.1f s "
         "more and %s, which was dropped%s. Let asyncio.CancelledError propagate out of the "
-        "plugin's coroutine (re-raise it after any cleanup)", name, reason,
-        time.monotonic() - cancelled_at, how, _ANSWERED[reason], more=MORE_IN_INTERVAL)
+        "plugin's coroutine (re-raise it after any cleanup)", name, reason, seconds, how,
+        _ANSWERED[reason], more=MORE_IN_INTERVAL)
 
 
 class _Resumed:
     """A started coroutine as an awaitable: the future it stopped on is handed to the
     task that awaits this, and the coroutine is resumed once that future is done."""
 
-    __slots__ = ("_coroutine", "_waiting_on")
+    __slots__ = ("_coroutine", "_waiting_on", "running_on")
 
     def __init__(self, coroutine: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
         self._coroutine = coroutine
         self._waiting_on = waiting_on
+        self.running_on: asyncio.Task[Any] | None = None
+        """The task the coroutine was moved to when it swallowed a cancellation."""
 
     def __await__(self) -> Generator[Any, None, Any]:
         coroutine, waiting_on = self._coroutine, self._waiting_on
+        task = asyncio.current_task()
+        pending = task.cancelling() if task is not None else 0
         while True:
             try:
                 yield waiting_on
@@ -154,6 +192,13 @@ class _Resumed:
                     waiting_on = coroutine.throw(exc)
                 except StopIteration as done:
                     return done.value
+                # A cancellation of this task that nobody took back (a plugin's own
+                # timeout takes back the one it made) was swallowed: it runs on alone.
+                if isinstance(exc, asyncio.CancelledError) and task is not None \
+                        and task.cancelling() > pending:
+                    self.running_on = asyncio.get_running_loop().create_task(
+                        _awaited(_Resumed(coroutine, waiting_on)))
+                    raise
                 continue
             try:
                 waiting_on = coroutine.send(None)

@@ -5,7 +5,9 @@ opened, rotation, unusable keys, and a KMS that is gone, hangs or answers garbag
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +15,7 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from encryption.conftest import REGION, CountingKms, StandIn, aws_provider
-from kiproxy.interceptors import Record
+from kiproxy.interceptors import ConsumeContext, ConsumedBatch, Record, RefuseFetch
 from kiproxy.interceptors.builtin.record_encryption import (
     MARKER_HEADER,
     DataKeyCache,
@@ -25,7 +27,9 @@ from kiproxy.interceptors.builtin.record_encryption import (
     UnresolvedKey,
 )
 from kiproxy.interceptors.builtin.record_encryption.aws_kms import AwsKmsSettings
-from kiproxy.interceptors.builtin.record_encryption.envelope import read_descriptor
+from kiproxy.interceptors.builtin.record_encryption.envelope import read_descriptor, seal_record
+from kiproxy.interceptors.sealing import aes_gcm
+from kiproxy.interceptors.testing import load, make_batch, run_interceptor_async
 
 pytestmark = pytest.mark.usefixtures("aws_env")
 
@@ -275,3 +279,44 @@ def test_settings_name_the_key_that_is_wrong(tmp_path: Any) -> None:
     settings = AwsKmsSettings.from_config({"connect_timeout_ms": 100, "read_timeout_ms": 200,
                                            "max_attempts": 3})
     assert settings.call_timeout_s == pytest.approx(3 * 1.3)
+
+
+def _sealed_under_an_aws_key() -> Record:
+    """A record sealed under a data key wrapped by an AWS KMS key (its unwrapping is a
+    ``Decrypt`` call)."""
+    return seal_record(Record(key=b"k", value=b"card 4111"), topic="orders",
+                       aead=aes_gcm(os.urandom(32)), wrapped_key=os.urandom(184),
+                       key_id="arn:aws:kms:eu-west-1:111122223333:key/k")
+
+
+@pytest.mark.parametrize("on_kms_unavailable", ["reject", "pass"])
+async def test_a_kms_that_hangs_past_the_batchs_deadline_gets_the_kms_policy_not_a_timeout(
+        stand_in: Make, aws_env: None, on_kms_unavailable: str) -> None:
+    """The SDK's bounds (2 s connect, 5 s read, 2 attempts) outlast a plugin's deadline:
+    the wait ends before it, and the batch is answered by ``on_kms_unavailable``."""
+    silent = stand_in(None)
+    plugin = load("record_encryption", config={
+        "kms": {"type": "aws", "endpoint": silent.url, "region": REGION},
+        "key": "alias/KEK_${topic}", "on_kms_unavailable": on_kms_unavailable})
+    try:
+        started = time.monotonic()
+        outcome = await run_interceptor_async(
+            plugin, make_batch(records=[Record(key=b"k", value=b"card 4111")], topic="orders"),
+            timeout_ms=800)
+        took = time.monotonic() - started
+        assert outcome.fault is None  # not the proxy's cut-off of a late plugin
+        if on_kms_unavailable == "pass":
+            assert outcome.kind == "unchanged"
+        else:
+            assert (outcome.kind, outcome.error) == ("rejected", "REQUEST_TIMED_OUT")
+            assert "did not answer before the batch's deadline" in str(outcome.message)
+        assert took < 5  # well before the SDK's own read timeout
+        consumer = ConsumeContext(client_id="reader", client_address="127.0.0.1:50001",
+                                  principal=None, api_version=16,
+                                  deadline=time.monotonic() + 0.5)
+        with pytest.raises(RefuseFetch, match="before the batch's deadline"):
+            await plugin.interceptor.on_consume(ConsumedBatch(
+                topic="orders", partition=0, base_offset=0,
+                records=(_sealed_under_an_aws_key(),)), consumer)
+    finally:
+        plugin.close()

@@ -5,6 +5,7 @@ consumer's batch becomes (``on_consume``), and each policy's outcome."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ from kiproxy.interceptors.sealing import compiled_gcm
 from kiproxy.interceptors.testing import Plugin, load, make_batch, run_interceptor_async
 
 CONTEXT = ConsumeContext(client_id="reader", client_address="127.0.0.1:50001",
-                         principal=None, api_version=16, deadline=0.0)
+                         principal=None, api_version=16, deadline=math.inf)  # no deadline
 
 
 @pytest.fixture

@@ -9,6 +9,10 @@ One proxy serves the module, with routes:
   plugin ends; nothing is stored, the audit log and ``kiproxy_interceptor_errors``
   say timeout, and once the plugin ends the proxy warns that it ignored its
   cancellation.
+* ``own-timeout-`` topics run ``tp_slow:OwnTimeout``: an ``async def intercept`` that
+  bounds a slow call of its own with ``asyncio.timeout`` and falls back when it
+  fires. Its timeout is the plugin's business: the records are stored as the plugin
+  answered, and the proxy's own work is not cancelled by it.
 * ``strays-`` and ``mixed-`` topics run ``tp_reject:Reject`` raising ``RejectBatch``
   on a batch of three records with record errors for records 99 and -1 (``strays-``),
   or 99, 2 and 0 (``mixed-``). Only those naming a record of the batch are sent, in
@@ -29,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import ProxyProcess, high_watermark, launch_proxy
+from conftest import ProxyProcess, consume, high_watermark, launch_proxy
 from hardening.fault_relay import wait_until
 
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
@@ -41,6 +45,7 @@ REQUEST_TIMED_OUT = 7
 POLICY_VIOLATION = 44
 STUBBORN = "tp_slow:Stubborn"
 STRAYS = "tp_reject:Reject"
+OWN_TIMEOUT = "tp_slow:OwnTimeout"
 
 
 class Proxy:
@@ -73,6 +78,9 @@ def proxy(broker: EmbeddedBroker, tmp_path_factory: pytest.TempPathFactory) -> I
         {"name": "stubborn", "match": {"topic": "stubborn-.*"},
          "interceptors": [{"class": STUBBORN, "timeout_ms": 300,
                            "config": {"sleep_ms": 1500, "times": 2}}]},
+        {"name": "own-timeout", "match": {"topic": "own-timeout-.*"},
+         "interceptors": [{"class": OWN_TIMEOUT, "timeout_ms": 5000,
+                           "config": {"sleep_ms": 2000, "timeout_ms": 100}}]},
         {"name": "strays", "match": {"topic": "strays-.*"},
          "interceptors": [{"class": STRAYS, "config": {
              "message": "strays refused", "record_errors": [99, -1]}}]},
@@ -127,6 +135,28 @@ def test_a_plugin_that_swallows_its_cancellation_is_timed_out_at_the_deadline(
     assert wait_until(lambda: len(proxy.audited(topic)) == 2, 10), proxy.audited(topic)
     assert [(e["outcome"], e["error_code"]) for e in proxy.audited(topic)] == \
         [("rejected", REQUEST_TIMED_OUT)] * 2
+
+
+def test_a_plugins_own_asyncio_timeout_is_its_own_business(proxy: Proxy) -> None:
+    """The plugin's timeout cancels the task it was entered in: the one running the plugin.
+    (When the plugin was moved to a task of its own after its first wait, its timeout
+    cancelled the proxy's task that had started it instead.)"""
+    from confluent_kafka import Producer
+
+    topic = _name("own-timeout")
+    producer = Producer({"bootstrap.servers": proxy.process.bootstrap, "retries": 0,
+                         "linger.ms": 0})
+    errors: list[Any] = []
+    for i in range(3):  # one request after another, on one connection
+        producer.produce(topic, value=b"v%d" % i, partition=0,
+                         on_delivery=lambda e, _m: errors.append(e))
+        producer.flush(20)
+    assert errors == [None] * 3
+    values = [m.value() for m in consume(proxy.process.bootstrap, topic, 3)]
+    assert values == [b"fallback:v0", b"fallback:v1", b"fallback:v2"]
+    about = [line for line in proxy.process.log.splitlines()
+             if (topic in line or OWN_TIMEOUT in line) and "level=INFO" not in line]
+    assert about == [], about
 
 
 R = "_INVALID_DIFFERENT_RECORD"  # librdkafka: another record of the batch was refused

@@ -56,3 +56,30 @@ class Stubborn(ProduceRequestInterceptor):
                 with contextlib.suppress(BaseException):  # swallowed: the bug
                     await asyncio.sleep(self.sleep)
         return batch
+
+
+class OwnTimeout(ProduceRequestInterceptor):
+    """``async def intercept`` that bounds a slow call of its own with
+    ``asyncio.timeout(timeout_ms)`` (as a plugin bounds an HTTP call), and on its
+    timeout tags each record's value with ``b"fallback:"``; a call that answers in time
+    tags it ``b"answered:"``. The call takes ``sleep_ms``."""
+
+    def __init__(self) -> None:
+        self.sleep = 1.0
+        self.timeout = 0.05
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        """Read ``sleep_ms`` and ``timeout_ms``."""
+        self.sleep = float(config.get("sleep_ms", 1000)) / 1000
+        self.timeout = float(config.get("timeout_ms", 50)) / 1000
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """The batch, its values tagged by whether the slow call answered in time."""
+        try:
+            async with asyncio.timeout(self.timeout):
+                await asyncio.sleep(self.sleep)
+            tag = b"answered:"
+        except TimeoutError:
+            tag = b"fallback:"
+        return batch.with_records([r.with_value(tag + (r.value or b""))
+                                   for r in batch.records])

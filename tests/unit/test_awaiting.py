@@ -242,3 +242,46 @@ def test_cancelling_the_caller_of_a_stubborn_coroutine_does_not_wait_for_it() ->
         await plugin.until_ended()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", [5.0, None])
+def test_a_coroutine_runs_in_the_callers_task_so_its_own_timeouts_and_task_groups_hold(
+        timeout: float | None) -> None:
+    """A plugin's ``asyncio.timeout()`` (as aiohttp's and anyio's timeouts) cancels the
+    task it was entered in: that must be the task awaiting the plugin, before and after
+    the plugin first waits, or the timeout would cancel the proxy's own work."""
+    tasks: list[asyncio.Task[Any] | None] = []
+
+    async def plugin() -> str:
+        tasks.append(asyncio.current_task())
+        try:
+            async with asyncio.timeout(0.02):
+                await asyncio.sleep(5)
+        except TimeoutError:
+            tasks.append(asyncio.current_task())
+        async with asyncio.TaskGroup() as group:
+            child = group.create_task(asyncio.sleep(0, "from a child task"))
+        return f"its own timeout handled, {child.result()}"
+
+    async def main() -> str:
+        tasks.append(asyncio.current_task())
+        answer = await within(plugin(), timeout, "timeouts")
+        await asyncio.sleep(0.05)  # nothing left to cancel this task later
+        return answer
+
+    assert asyncio.run(main()) == "its own timeout handled, from a child task"
+    assert len(tasks) == 3 and tasks[0] is tasks[1] is tasks[2]
+
+
+def test_the_deadline_nests_around_a_plugins_own_longer_timeout() -> None:
+    async def plugin() -> str:
+        async with asyncio.timeout(10):
+            await asyncio.sleep(5)
+        return "slept"
+
+    async def main() -> None:
+        with pytest.raises(TimeoutError):
+            await within(plugin(), 0.02, "nested")
+        await asyncio.sleep(0)  # the caller goes on, not cancelled
+
+    asyncio.run(main())

@@ -216,7 +216,7 @@ def test_an_async_plugin_that_swallows_its_cancellation_is_timed_out() -> None:
 
     async def main() -> Any:
         verdict = await judge(Stubborn(), BATCH, _ctx(0.05), name="p", timeout=0.05)
-        assert ran_on == []  # answered before the plugin even saw its cancellation
+        assert "returned" not in ran_on  # answered at the deadline, the plugin running on
         while ran_on != ["swallowed", "returned"]:
             await asyncio.sleep(0)
         return verdict

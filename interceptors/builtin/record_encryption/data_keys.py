@@ -18,6 +18,12 @@ Contract.
   (the interceptor's deadline) does not cancel the call for the others, and a call
   that fails after its last caller left is remembered like any failure, never left
   for asyncio to report as an exception nobody retrieved.
+* **Waits end before the batch's deadline.** A caller that passes ``deadline`` (the
+  hook's ``ctx.deadline``, ``time.monotonic()``) and must wait for a KMS call stops
+  waiting :data:`DEADLINE_MARGIN_S` before it with :class:`~.kms.KmsUnavailable`, so the
+  interceptor answers with its KMS policy (retriable refusal, or ``pass``) rather than
+  being cut off by the proxy as a plugin that missed its deadline; the call goes on
+  and its answer serves the next caller. A key already held is returned without a wait.
 * **Failures are remembered** for ``negative_ttl_s``: callers in that window get the
   same :class:`~.kms.KmsError` without another KMS call, so an outage or a bad key
   does not turn every record into a KMS request.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Mapping
@@ -40,9 +47,13 @@ from pydantic import Field
 from kiproxy.interceptors.sealing import Aead, aes_gcm
 from kiproxy.interceptors.settings import PluginSettings
 
-from .kms import KmsError, KmsProvider
+from .kms import KmsError, KmsProvider, KmsUnavailable
 
-__all__ = ["DataKeyCache", "DataKeyPolicy", "EncryptionKey"]
+__all__ = ["DEADLINE_MARGIN_S", "DataKeyCache", "DataKeyPolicy", "EncryptionKey"]
+
+DEADLINE_MARGIN_S = 0.1
+"""How long before its deadline a caller stops waiting for a KMS call: the time left to
+answer with the KMS policy before the proxy's own cut-off."""
 
 _T = TypeVar("_T")
 
@@ -110,7 +121,8 @@ class _SingleFlight(Generic[_T]):
         self._inflight: dict[Hashable, asyncio.Task[_T]] = {}
         self._failures: dict[Hashable, _Failure] = {}
 
-    async def run(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
+    async def run(self, key: Hashable, call: Callable[[], Awaitable[_T]],
+                  deadline: float | None) -> _T:
         failure = self._failures.get(key)
         if failure is not None:
             if self._clock() < failure.until:
@@ -121,7 +133,18 @@ class _SingleFlight(Generic[_T]):
             task = asyncio.ensure_future(self._settle(key, call))
             task.add_done_callback(_retrieved)
             self._inflight[key] = task
-        return await asyncio.shield(task)
+        if deadline is None or math.isinf(deadline):
+            return await asyncio.shield(task)
+        left = deadline - time.monotonic() - DEADLINE_MARGIN_S
+        try:
+            async with asyncio.timeout(max(left, 0.0)) as bound:
+                return await asyncio.shield(task)
+        except TimeoutError:
+            if not bound.expired():
+                raise
+            raise KmsUnavailable(
+                "the KMS did not answer before the batch's deadline (the call goes on, "
+                "and its answer serves the next batch)") from None
 
     async def _settle(self, key: Hashable, call: Callable[[], Awaitable[_T]]) -> _T:
         try:
@@ -153,10 +176,12 @@ class DataKeyCache:
         self._unwrapping: _SingleFlight[Aead] = _SingleFlight(
             clock, self.policy.negative_ttl_s)
 
-    async def encryption_key(self, topic: str, reference: str, uses: int) -> EncryptionKey:
+    async def encryption_key(self, topic: str, reference: str, uses: int, *,
+                             deadline: float | None = None) -> EncryptionKey:
         """The current data key of ``topic`` under the KEK ``reference``, with ``uses``
         encryptions reserved (1 <= uses <= ``max_encryptions_per_key``). Raises
-        :class:`~.kms.KmsError`."""
+        :class:`~.kms.KmsError`; waits for the KMS until ``deadline`` (see the module
+        docstring)."""
         limit = self.policy.max_encryptions_per_key
         if not 0 < uses <= limit:
             raise ValueError(f"reserve 1..{limit} encryptions of a data key, not {uses}")
@@ -167,7 +192,8 @@ class DataKeyCache:
                     and self._clock() - key.created < self.policy.max_key_age_s):
                 key.uses += uses
                 return key
-            fresh = await self._generating.run(slot, functools.partial(self._generate, slot, key))
+            fresh = await self._generating.run(
+                slot, functools.partial(self._generate, slot, key), deadline)
             if fresh.uses + uses <= limit:  # else others used it up meanwhile: go round
                 fresh.uses += uses
                 return fresh
@@ -186,9 +212,10 @@ class DataKeyCache:
         self._remember((generated.key_id, generated.wrapped), aead)
         return key
 
-    async def decryption_key(self, key_id: str, wrapped: bytes) -> Aead:
+    async def decryption_key(self, key_id: str, wrapped: bytes, *,
+                             deadline: float | None = None) -> Aead:
         """The data key ``wrapped`` under KEK ``key_id``, unwrapped (cached). Raises
-        :class:`~.kms.KmsError`."""
+        :class:`~.kms.KmsError`; waits for the KMS until ``deadline``."""
         slot = (key_id, wrapped)
         cached = self._decrypted.get(slot)
         if cached is not None:
@@ -196,7 +223,8 @@ class DataKeyCache:
                 self._decrypted.move_to_end(slot)
                 return cached[0]
             del self._decrypted[slot]
-        return await self._unwrapping.run(slot, functools.partial(self._unwrap, key_id, wrapped))
+        return await self._unwrapping.run(
+            slot, functools.partial(self._unwrap, key_id, wrapped), deadline)
 
     async def _unwrap(self, key_id: str, wrapped: bytes) -> Aead:
         aead = aes_gcm(await self.kms.decrypt_data_key(key_id, wrapped))

@@ -141,7 +141,8 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             return batch
         try:
             records = await state.cipher.encrypt(topic, batch.records, key_reference=reference,
-                                                 header_names=state.headers)
+                                                 header_names=state.headers,
+                                                 deadline=ctx.deadline)
         except UnresolvedKey as exc:
             return self._unresolved(batch, reference, exc)
         except KmsError as exc:
@@ -199,7 +200,8 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         state = self._configured()
         topic = block.topic
         try:
-            opened = await state.cipher.decrypt_block(topic, block.data, block.record_count)
+            opened = await state.cipher.decrypt_block(topic, block.data, block.record_count,
+                                                      deadline=ctx.deadline)
         except KmsError as exc:
             if isinstance(exc, Undecryptable) and \
                     state.plans.plan(topic).on_undecryptable == "pass":
@@ -217,12 +219,13 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         topic = batch.topic
         where = _where(batch)
         try:
-            records = await state.cipher.decrypt(topic, batch.records)
+            records = await state.cipher.decrypt(topic, batch.records, deadline=ctx.deadline)
         except (Undecryptable, EnvelopeError) as exc:
             if state.plans.plan(topic).on_undecryptable == "error":
                 raise self._refusal(topic, where, exc) from None
             try:
-                records = await self._each(state.cipher, topic, where, batch.records)
+                records = await self._each(state.cipher, topic, where, batch.records,
+                                           ctx.deadline)
             except KmsError as kms:
                 raise self._refusal(topic, where, kms) from None
         except KmsError as exc:
@@ -248,12 +251,12 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                            f"{exc}")
 
     async def _each(self, cipher: RecordCipher, topic: str, where: str,
-                    records: Sequence[Record]) -> tuple[Record, ...]:
+                    records: Sequence[Record], deadline: float) -> tuple[Record, ...]:
         """``records`` opened one by one, those that do not open kept as stored."""
         out: list[Record] = []
         for record in records:
             try:
-                out += await cipher.decrypt(topic, (record,))
+                out += await cipher.decrypt(topic, (record,), deadline=deadline)
             except (Undecryptable, EnvelopeError) as exc:
                 self.counts["undecryptable_passed"] += 1
                 self._log.warning(("undecryptable", topic), "record_encryption: %s: a record "

@@ -62,9 +62,11 @@ class RecordCipher:
         self.keys = keys
 
     async def encrypt(self, topic: str, records: Sequence[Record], *, key_reference: str,
-                      header_names: Collection[str] = ()) -> tuple[Record, ...]:
+                      header_names: Collection[str] = (), deadline: float | None = None
+                      ) -> tuple[Record, ...]:
         """``records`` sealed under the current data key of ``topic`` and KEK
-        ``key_reference``, the values and the headers named in ``header_names``."""
+        ``key_reference``, the values and the headers named in ``header_names``; a KMS
+        call is waited for until ``deadline`` (:mod:`~.data_keys`)."""
         limit = self.keys.policy.max_encryptions_per_key
         if not header_names and not carries_header(records, MARKER_HEADER):
             # values only (the common case): no per-record loop here
@@ -72,7 +74,8 @@ class RecordCipher:
             if needed <= limit:
                 if not needed:
                     return tuple(records)
-                key = await self.keys.encryption_key(topic, key_reference, needed)
+                key = await self.keys.encryption_key(topic, key_reference, needed,
+                                                     deadline=deadline)
                 return value_sealer(topic=topic, aead=key.aead, key_id=key.key_id,
                                     wrapped_key=key.wrapped)(records)
         uses = []
@@ -99,7 +102,8 @@ class RecordCipher:
             if total == 0:
                 out += records[start:end]
             else:
-                key = await self.keys.encryption_key(topic, key_reference, total)
+                key = await self.keys.encryption_key(topic, key_reference, total,
+                                                     deadline=deadline)
                 if header_names:
                     out += (seal_record(r, topic=topic, aead=key.aead, key_id=key.key_id,
                                         wrapped_key=key.wrapped, header_names=header_names)
@@ -111,9 +115,10 @@ class RecordCipher:
             start = end
         return tuple(out)
 
-    async def decrypt(self, topic: str, records: Sequence[Record]) -> tuple[Record, ...]:
+    async def decrypt(self, topic: str, records: Sequence[Record], *,
+                      deadline: float | None = None) -> tuple[Record, ...]:
         """``records`` with every sealed one opened; plaintext ones as they are."""
-        opened = await self._decrypt_one_key(topic, records)
+        opened = await self._decrypt_one_key(topic, records, deadline)
         if opened is not None:
             return opened
         found: list[tuple[Descriptor, bytes] | None] = []
@@ -126,7 +131,8 @@ class RecordCipher:
         # under one data key share one Descriptor object: key the per-batch work by it.
         distinct = {id(p[0]): p for p in found if p}
         slots = list(dict.fromkeys((d.key_id, d.wrapped_key) for d, _ in distinct.values()))
-        unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s) for s in slots))
+        unwrapped = await asyncio.gather(*(self.keys.decryption_key(*s, deadline=deadline)
+                                           for s in slots))
         aeads: dict[tuple[str, bytes], Aead] = dict(zip(slots, unwrapped, strict=True))
         openers = {i: (aeads[d.key_id, d.wrapped_key], value_aad(topic, raw))
                    for i, (d, raw) in distinct.items()}
@@ -146,8 +152,8 @@ class RecordCipher:
                 raise _at(record, exc) from None
         return tuple(out)
 
-    async def decrypt_block(self, topic: str, data: memoryview, count: int
-                            ) -> bytes | memoryview | None:
+    async def decrypt_block(self, topic: str, data: memoryview, count: int, *,
+                            deadline: float | None = None) -> bytes | memoryview | None:
         """The records block ``data`` (``count`` records of ``topic``) opened as a new
         block when every record's value is sealed under one data key and no header is
         (the common batch); ``data`` itself when no record is sealed; None for any other
@@ -162,12 +168,13 @@ class RecordCipher:
             return None
         if not descriptor.value_sealed or descriptor.headers:
             return None
-        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key)
+        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key,
+                                              deadline=deadline)
         return open_values_block(data, count, raw_descriptor=raw, aad=value_aad(topic, raw),
                                  aead=aead)
 
-    async def _decrypt_one_key(self, topic: str, records: Sequence[Record]
-                               ) -> tuple[Record, ...] | None:
+    async def _decrypt_one_key(self, topic: str, records: Sequence[Record],
+                               deadline: float | None) -> tuple[Record, ...] | None:
         """The common batch - every record's value sealed under one data key, no header
         sealed - opened in one compiled loop; None for any other batch (or a record that
         does not open), which :meth:`decrypt` then reads record by record."""
@@ -184,7 +191,8 @@ class RecordCipher:
         if parsed is None or not opens_by_value(records[0], parsed[0]):
             return None
         descriptor = parsed[0]
-        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key)
+        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key,
+                                              deadline=deadline)
         return open_values_fast(records, raw_descriptor=raw, aad=value_aad(topic, raw),
                                 aead=aead)
 
