@@ -298,11 +298,18 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                 raise PluginSettingsError(spec, exc.problems) from None
         try:
             if plugins is not None and _takes_plugins(configure):
-                configure(settings, plugins=plugins)
+                answer = configure(settings, plugins=plugins)
             else:
-                configure(settings)
+                answer = configure(settings)
         except Exception as exc:
             raise _call_failed(f"{spec}.configure()", spec, exc) from exc
+        if inspect.isawaitable(answer):
+            if inspect.iscoroutine(answer):
+                answer.close()  # never run: no "was never awaited" warning on top
+            raise PluginLoadError(
+                f"{spec}.configure() is async; it must be a plain def (it runs once at load "
+                "and at each reload, before any batch; its settings were not applied). Open "
+                "connections or sessions on first use in intercept instead")
     return instance
 
 

@@ -30,3 +30,18 @@ class BadInit(ProduceRequestInterceptor):
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Never reached."""
         return batch
+
+
+class AsyncConfigure(ProduceRequestInterceptor):
+    """``async def configure``: a coroutine the loader cannot run at load."""
+
+    prefix = b"unset"
+
+    async def configure(self, config: Mapping[str, Any]) -> None:  # type: ignore[override]
+        """Would set the prefix, if anything awaited it."""
+        self.prefix = str(config["prefix"]).encode()
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """Prefix every value."""
+        return batch.with_records([r.with_value(self.prefix + (r.value or b""))
+                                   for r in batch.records])

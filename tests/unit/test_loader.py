@@ -239,6 +239,16 @@ def test_configure_raising() -> None:
     assert isinstance(info.value.__cause__, ValueError)
 
 
+def test_an_async_configure_is_refused_not_skipped(recwarn: pytest.WarningsRecorder) -> None:
+    """Called as a plain method it only made a coroutine: the settings were silently
+    never applied (the plugin ran with its defaults)."""
+    with pytest.raises(PluginLoadError) as info:
+        load_interceptor("tp_bad_configure:AsyncConfigure", PLUGINS, {"prefix": "P-"})
+    assert str(info.value).startswith(
+        "tp_bad_configure:AsyncConfigure.configure() is async; it must be a plain def")
+    assert [str(w.message) for w in recwarn] == []  # no "never awaited" besides
+
+
 def test_constructor_raising() -> None:
     with pytest.raises(PluginLoadError) as info:
         load_interceptor("tp_bad_configure:BadInit", PLUGINS)
