@@ -286,6 +286,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
         instance = cls()
     except Exception as exc:
         raise _call_failed(f"creating {spec}", spec, exc) from exc
+    _refuse_async_hooks(spec, instance)
     configure = getattr(instance, "configure", None)
     if configure is not None:
         # Typed settings are validated here, so their errors name the keys and nothing else.
@@ -298,19 +299,31 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                 raise PluginSettingsError(spec, exc.problems) from None
         try:
             if plugins is not None and _takes_plugins(configure):
-                answer = configure(settings, plugins=plugins)
+                configure(settings, plugins=plugins)
             else:
-                answer = configure(settings)
+                configure(settings)
         except Exception as exc:
             raise _call_failed(f"{spec}.configure()", spec, exc) from exc
-        if inspect.isawaitable(answer):
-            if inspect.iscoroutine(answer):
-                answer.close()  # never run: no "was never awaited" warning on top
-            raise PluginLoadError(
-                f"{spec}.configure() is async; it must be a plain def (it runs once at load "
-                "and at each reload, before any batch; its settings were not applied). Open "
-                "connections or sessions on first use in intercept instead")
     return instance
+
+
+_PLAIN_METHODS = {
+    "configure": "it runs once at load and at each reload, before any batch; open "
+                 "connections or sessions on first use in intercept instead",
+    "on_acknowledgement": "it is called on the event loop as each answer is matched; hand "
+                          "slow work to a queue or task of the plugin's own",
+    "metrics": "it is read on the event loop when /metrics is scraped; return counters "
+               "the plugin keeps",
+}
+"""Hooks the proxy calls and does not await: an ``async def`` one would only make a
+coroutine, and whatever it does would never happen."""
+
+
+def _refuse_async_hooks(spec: str, instance: Any) -> None:
+    for method, why in _PLAIN_METHODS.items():
+        if inspect.iscoroutinefunction(getattr(instance, method, None)):
+            raise PluginLoadError(f"{spec}.{method}() is async; it must be a plain def "
+                                  f"({why})")
 
 
 def load_interceptor(

@@ -45,3 +45,15 @@ class AsyncConfigure(ProduceRequestInterceptor):
         """Prefix every value."""
         return batch.with_records([r.with_value(self.prefix + (r.value or b""))
                                    for r in batch.records])
+
+
+class AsyncAcknowledgement(ProduceRequestInterceptor):
+    """``async def on_acknowledgement``: the proxy calls it and does not await it."""
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        """The batch as it came."""
+        return batch
+
+    async def on_acknowledgement(  # type: ignore[override]
+            self, batch: Any, base_offset: int, error: int | None) -> None:
+        """Would record the acknowledgement, if anything awaited it."""

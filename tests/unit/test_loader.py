@@ -239,13 +239,17 @@ def test_configure_raising() -> None:
     assert isinstance(info.value.__cause__, ValueError)
 
 
-def test_an_async_configure_is_refused_not_skipped(recwarn: pytest.WarningsRecorder) -> None:
-    """Called as a plain method it only made a coroutine: the settings were silently
-    never applied (the plugin ran with its defaults)."""
+@pytest.mark.parametrize(("cls", "method"), [("AsyncConfigure", "configure"),
+                                             ("AsyncAcknowledgement", "on_acknowledgement")])
+def test_an_async_hook_the_proxy_does_not_await_is_refused(
+        cls: str, method: str, recwarn: pytest.WarningsRecorder) -> None:
+    """Called as a plain method it only made a coroutine: an async configure's settings
+    were silently never applied (the plugin ran with its defaults), an async
+    on_acknowledgement never ran."""
     with pytest.raises(PluginLoadError) as info:
-        load_interceptor("tp_bad_configure:AsyncConfigure", PLUGINS, {"prefix": "P-"})
+        load_interceptor(f"tp_bad_configure:{cls}", PLUGINS, {"prefix": "P-"})
     assert str(info.value).startswith(
-        "tp_bad_configure:AsyncConfigure.configure() is async; it must be a plain def")
+        f"tp_bad_configure:{cls}.{method}() is async; it must be a plain def")
     assert [str(w.message) for w in recwarn] == []  # no "never awaited" besides
 
 
