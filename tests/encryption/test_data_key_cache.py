@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import gc
 import os
+import time
 from collections import Counter
 from typing import Any
 
@@ -176,3 +177,23 @@ def test_the_policy_names_the_setting_that_is_wrong() -> None:
     assert DataKeyPolicy.from_config({"negative_ttl_s": 0}).negative_ttl_s == 0
     with pytest.raises(ValueError, match="data_keys: expected a mapping, got list"):
         DataKeyPolicy.from_config([])  # type: ignore[arg-type]
+
+
+async def test_a_wait_for_the_kms_ends_before_the_deadline_and_the_call_goes_on() -> None:
+    kms = GatedKms()
+    kms.gate.clear()
+    cache = DataKeyCache(kms)
+    for get in (lambda deadline: cache.encryption_key("orders", "KEK", 1, deadline=deadline),
+                lambda deadline: cache.decryption_key("id", b"wrapped", deadline=deadline)):
+        deadline = time.monotonic() + 0.3
+        with pytest.raises(KmsUnavailable, match="did not answer before the batch's deadline"):
+            await get(deadline)
+        assert time.monotonic() < deadline  # room left to answer with the KMS policy
+    assert kms.calls == {"resolve_key": 1, "decrypt_data_key": 1}
+    wrapped = os.urandom(16)
+    kms.keys[b"wrapped"] = wrapped
+    kms.gate.set()  # the calls answer: the next callers get their keys, no new call
+    key = await cache.encryption_key("orders", "KEK", 1, deadline=time.monotonic() + 1)
+    assert key.key_id == "id-of-KEK"
+    await cache.decryption_key("id", b"wrapped", deadline=time.monotonic() + 1)
+    assert kms.calls == {"resolve_key": 1, "generate_data_key": 1, "decrypt_data_key": 1}
