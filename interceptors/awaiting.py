@@ -1,4 +1,4 @@
-"""Awaiting a plugin's coroutine within a deadline that holds, paying for a task only when it waits.
+"""A plugin's coroutine awaited in the caller's task within a deadline that holds.
 
 Contract: :func:`within` returns what ``awaitable`` returns, or raises what it raises,
 or raises ``TimeoutError`` once ``timeout`` seconds passed (None: no limit) - at the
