@@ -56,8 +56,12 @@ typecheck: $(TEST_STAMP)
 ## on Tansu and on Apache Kafka; the Apache Kafka tests skip, saying why, if Maven fails;
 ## the schema registry tests skip only where Java or Maven is missing; the container tests
 ## build the image once and skip, saying why, if no engine can run).
-test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps container-engine
-	KIPROXY_EXT_CACHE=$(EXT_CACHE) $(BIN)/pytest
+## Two workers (PYTEST_WORKERS): most tests wait on brokers, JVMs and clients rather than
+## the CPU; tests/conftest.py keeps a file's tests on one worker and the tests that listen
+## on fixed ports (the pages' 9192, ...) on one.
+PYTEST_WORKERS ?= 2
+test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps images-for-tests
+	KIPROXY_EXT_CACHE=$(EXT_CACHE) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 ## The sdist and the wheel (with the compiled record codec) in dist/.
 dist: $(TEST_STAMP)
@@ -138,6 +142,14 @@ image: container-engine
 ## pulled, else one built from `make kafka`'s jars on the same Debian base; prints it last.
 kafka-image: container-engine
 	@$(PYTHON) deploy/image.py kafka
+
+## Both images built (or found unchanged) before the suite starts, as Kafka and the registry
+## are; where one cannot be built, the container tests say why (or skip without an engine).
+.PHONY: images-for-tests
+images-for-tests: container-engine kafka-for-tests
+	@echo "Building the container images for the tests (make image, make kafka-image) ..."
+	-@$(PYTHON) deploy/image.py >/dev/null 2>&1 && $(PYTHON) deploy/image.py kafka >/dev/null 2>&1 \
+		|| echo "make image or make kafka-image failed: the container tests will say why"
 
 ## Apicurio Registry (version pinned in apicurio-registry/pom.xml), built from Maven Central as
 ## a Quarkus app into ${KIPROXY_REGISTRY_CACHE:-~/.cache/kiproxy/registry}; prints the path of

@@ -49,6 +49,21 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TANSU_NODE_ID = 111
 
+FIXED_PORTS = ("docs/", "containers/", "integration/test_dev_")
+"""Tests that listen where a user's copy would (the pages' and ``make run``'s 127.0.0.1:9192,
+moto's 4566, the Compose stack's published ports): under ``pytest -n`` (``make test``)
+they run one after another on one worker, as the group ``fixed-ports``."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Group the tests for ``pytest -n N --dist loadgroup``: a file's tests on one worker
+    (its module fixtures start once), and every file of :data:`FIXED_PORTS` on one."""
+    for item in items:
+        where = item.path.relative_to(TESTS).as_posix()
+        item.add_marker(pytest.mark.xdist_group(
+            "fixed-ports" if where.startswith(FIXED_PORTS) else where))
+
 # Property tests assert what holds, never how fast: no per-example deadline and no
 # health check on generation speed (either failed a passing test on a loaded machine).
 settings.register_profile("kiproxy", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -66,8 +66,16 @@ def build(cache: Path | None = None) -> dict[str, Path]:
         _run([str(work / "node_modules" / ".bin" / "asc"), f"plugins/{name}.ts",
               "--outFile", f"{name}.wasm", "--use", "abort=plugins/common/abort",
               "--optimize", "--runtime", "stub"], work)
-    shutil.rmtree(out, ignore_errors=True)
-    work.rename(out)
+    if all(p.is_file() for p in wasm.values()):  # a build beside this one finished first
+        shutil.rmtree(work, ignore_errors=True)
+        return wasm
+    shutil.rmtree(out, ignore_errors=True)  # what an interrupted build left
+    try:
+        work.rename(out)
+    except OSError:  # one beside this one renamed its own meanwhile
+        if not all(p.is_file() for p in wasm.values()):
+            raise
+        shutil.rmtree(work, ignore_errors=True)
     return wasm
 
 
