@@ -61,7 +61,7 @@ typecheck: $(TEST_STAMP)
 ## on fixed ports (the pages' 9192, ...) on one.
 PYTEST_WORKERS ?= 2
 test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps images-for-tests
-	KIPROXY_EXT_CACHE=$(EXT_CACHE) $(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadgroup
+	KIPROXY_EXT_CACHE=$(EXT_CACHE) $(BIN)/pytest -n $(PYTEST_WORKERS)
 
 ## The sdist and the wheel (with the compiled record codec) in dist/.
 dist: $(TEST_STAMP)

@@ -49,20 +49,25 @@ TESTS = Path(__file__).parent
 ROOT = TESTS.parent
 TANSU_NODE_ID = 111
 
-FIXED_PORTS = ("docs/", "containers/", "integration/test_dev_")
+FIXED_PORTS = ("tests/docs/", "tests/containers/", "tests/integration/test_dev_")
 """Tests that listen where a user's copy would (the pages' and ``make run``'s 127.0.0.1:9192,
 moto's 4566, the Compose stack's published ports): under ``pytest -n`` (``make test``)
-they run one after another on one worker, as the group ``fixed-ports``."""
+they run one after another on one worker."""
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Group the tests for ``pytest -n N --dist loadgroup``: a file's tests on one worker
-    (its module fixtures start once), and every file of :data:`FIXED_PORTS` on one."""
-    for item in items:
-        where = item.path.relative_to(TESTS).as_posix()
-        item.add_marker(pytest.mark.xdist_group(
-            "fixed-ports" if where.startswith(FIXED_PORTS) else where))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest -n N``: a file's tests on one worker (its module fixtures start once), and
+    every file of :data:`FIXED_PORTS` on one; the work units go to whichever worker is free."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByFile(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "fixed-ports" if path.startswith(FIXED_PORTS) else path
+
+    return ByFile(config, log)
+
 
 # Property tests assert what holds, never how fast: no per-example deadline and no
 # health check on generation speed (either failed a passing test on a loaded machine).
