@@ -140,7 +140,7 @@ def test_an_infinite_loop_is_stopped_while_another_client_is_served(
 def test_two_records_for_one_breaks_the_count_rule(proxy: ProxyProcess) -> None:
     assert codes(produce(proxy.bootstrap, TOPICS["twice"], [(None, b"a", []), (None, b"b", [])])) \
         == [INVALID_RECORD, INVALID_RECORD]
-    assert "broke the record-count rule: returned 4 records for a batch of 2" in proxy.log
+    proxy.wait_for_line("broke the record-count rule: returned 4 records for a batch of 2")
 
 
 def test_non_utf8_is_refused_or_kept_as_bytes_with_base64(proxy: ProxyProcess) -> None:

@@ -63,7 +63,7 @@ def test_connections_beyond_max_connections_are_closed(broker: EmbeddedBroker) -
                 again.close()
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
-        assert "max_connections (3) reached" in proxy.log
+        proxy.wait_for_line("max_connections (3) reached")
         for s in [*held, extra, again]:
             s.close()
     finally:

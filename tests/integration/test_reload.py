@@ -326,7 +326,7 @@ def test_a_failed_reload_keeps_the_running_behaviour_and_says_why(
         produced += 1
         assert _last_value(proxy.bootstrap, topic, produced) == b"v-B"
         assert _metric(metrics, "kiproxy_config_reloads_total", result="failed") == 7
-        assert "reload (http) failed, the running configuration is unchanged" in proxy.log
+        proxy.wait_for_line("reload (http) failed, the running configuration is unchanged")
     finally:
         assert proxy.stop() == 0
 

@@ -368,7 +368,7 @@ def test_a_client_without_sasl_gets_no_metadata_and_no_produce(
     from confluent_kafka.admin import AdminClient
 
     # The proxy has no credentials of its own: its node discovery is refused too.
-    assert "does it require SASL or TLS?" in proxy.log
+    proxy.wait_for_line("does it require SASL or TLS?")
     with pytest.raises(KafkaException):
         AdminClient({"bootstrap.servers": proxy.bootstrap}).list_topics(timeout=3)
     errors = _produce(proxy.bootstrap, topic, 3, **{"message.timeout.ms": 1500})
