@@ -69,6 +69,7 @@ async def within(awaitable: Awaitable[_T], timeout: float | None, name: str = ""
             answer: _T = await resumed
         finally:
             _ran_on_after(resumed, name, _CALLER_CANCELLED)
+        _still_cancelled(resumed, name)
         return answer
     try:
         async with asyncio.timeout(timeout) as bound:
@@ -84,7 +85,18 @@ async def within(awaitable: Awaitable[_T], timeout: float | None, name: str = ""
     if bound.expired():  # it caught the cancellation and returned at once
         _warn_ignored(name, _AT_DEADLINE, 0.0, "returned")
         raise TimeoutError
+    _still_cancelled(resumed, name)
     return answer
+
+
+def _still_cancelled(resumed: _Resumed, name: str) -> None:
+    """CancelledError when the caller was cancelled while the coroutine ran and the
+    coroutine caught it and answered: the caller's cancellation goes on, the answer is
+    dropped (as when the coroutine runs on)."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling() > resumed.cancelling_before:
+        _warn_ignored(name, _CALLER_CANCELLED, 0.0, "returned")
+        raise asyncio.CancelledError
 
 
 def _ran_on_after(resumed: _Resumed, name: str, reason: str) -> None:
@@ -172,11 +184,14 @@ class _Resumed:
     """A started coroutine as an awaitable: the future it stopped on is handed to the
     task that awaits this, and the coroutine is resumed once that future is done."""
 
-    __slots__ = ("_coroutine", "_waiting_on", "running_on")
+    __slots__ = ("_coroutine", "_waiting_on", "cancelling_before", "running_on")
 
     def __init__(self, coroutine: Coroutine[Any, Any, Any], waiting_on: Any) -> None:
         self._coroutine = coroutine
         self._waiting_on = waiting_on
+        task = asyncio.current_task()
+        self.cancelling_before = task.cancelling() if task is not None else 0
+        """Cancellations of the awaiting task asked before the coroutine's wait."""
         self.running_on: asyncio.Task[Any] | None = None
         """The task the coroutine was moved to when it swallowed a cancellation."""
 

@@ -285,3 +285,31 @@ def test_the_deadline_nests_around_a_plugins_own_longer_timeout() -> None:
         await asyncio.sleep(0)  # the caller goes on, not cancelled
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("timeout", [30.0, None])
+def test_a_caller_cancelled_stays_cancelled_when_the_coroutine_answers_anyway(
+        timeout: float | None) -> None:
+    """The proxy cancels a connection's task to close it; a plugin that catches the
+    cancellation and returns must not turn that into an answer the task goes on with."""
+    async def answers_anyway() -> str:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return "answered"
+        return "slept"
+
+    went_on: list[str] = []
+
+    async def caller() -> None:
+        went_on.append(await within(answers_anyway(), timeout, _name()))
+
+    async def main() -> None:
+        task = asyncio.create_task(caller())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert went_on == []
