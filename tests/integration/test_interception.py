@@ -143,24 +143,28 @@ def _create_topics(bootstrap: str, *names: str) -> None:
                                    for n in names], operation_timeout=10)
     for f in futures.values():
         f.result(timeout=15)
-    # Apache Kafka answers CreateTopics (and then Metadata) before its broker leads the
-    # new partitions: a Produce would get UNKNOWN_TOPIC_OR_PARTITION or
-    # NOT_LEADER_OR_FOLLOWER. ListOffsets answers once the partition is led: wait for it.
+    # Apache Kafka answers CreateTopics before its broker leads the new partitions, and
+    # the broker's metadata (which Produce checks) may come after its replica (which
+    # ListOffsets reads): a Produce would get UNKNOWN_TOPIC_OR_PARTITION or
+    # NOT_LEADER_OR_FOLLOWER. Wait until both answer.
     for name in names:
-        _wait_led(bootstrap, name)
+        _wait_led(bootstrap, name, admin)
 
 
-def _wait_led(bootstrap: str, topic: str, timeout: float = 30) -> None:
+def _wait_led(bootstrap: str, topic: str, admin: Any, timeout: float = 30) -> None:
     from confluent_kafka import KafkaException
 
     deadline = time.monotonic() + timeout
     while True:
         try:
             _stored(bootstrap, topic)
-            return
-        except KafkaException:
-            assert time.monotonic() < deadline, f"{topic}[0] has no leader after {timeout} s"
-            time.sleep(0.1)
+            known = admin.list_topics(topic=topic, timeout=5).topics[topic]
+            if known.error is None and known.partitions[0].leader >= 0:
+                return
+        except (KafkaException, KeyError):
+            pass
+        assert time.monotonic() < deadline, f"{topic}[0] has no leader after {timeout} s"
+        time.sleep(0.1)
 
 
 def _read(bootstrap: str, topic: str, count: int, timeout: float = 30, exact: bool = True,
