@@ -64,16 +64,9 @@ async def within(awaitable: Awaitable[_T], timeout: float | None, name: str = ""
         return result
     resumed = _Resumed(awaitable, waiting_on)
     name = name or _qualname(awaitable)
-    if timeout is None:
-        try:
-            answer: _T = await resumed
-        finally:
-            _ran_on_after(resumed, name, _CALLER_CANCELLED)
-        _still_cancelled(resumed, name)
-        return answer
     try:
-        async with asyncio.timeout(timeout) as bound:
-            answer = await resumed
+        async with asyncio.timeout(timeout) as bound:  # None: no deadline, never expires
+            answer: _T = await resumed
     except BaseException as exc:
         expired = bound.expired()
         _ran_on_after(resumed, name, _AT_DEADLINE if expired else _CALLER_CANCELLED)

@@ -133,11 +133,10 @@ class _SingleFlight(Generic[_T]):
             task = asyncio.ensure_future(self._settle(key, call))
             task.add_done_callback(_retrieved)
             self._inflight[key] = task
-        if deadline is None or math.isinf(deadline):
-            return await asyncio.shield(task)
-        left = deadline - time.monotonic() - DEADLINE_MARGIN_S
+        left = (None if deadline is None or math.isinf(deadline)
+                else max(deadline - time.monotonic() - DEADLINE_MARGIN_S, 0.0))
         try:
-            async with asyncio.timeout(max(left, 0.0)) as bound:
+            async with asyncio.timeout(left) as bound:  # None: waits as long as the call
                 return await asyncio.shield(task)
         except TimeoutError:
             if not bound.expired():
