@@ -57,8 +57,7 @@ typecheck: $(TEST_STAMP)
 ## the schema registry tests skip only where Java or Maven is missing; the container tests
 ## build the image once and skip, saying why, if no engine can run).
 ## Two workers (PYTEST_WORKERS): most tests wait on brokers, JVMs and clients rather than
-## the CPU; tests/conftest.py keeps a file's tests on one worker and the tests that listen
-## on fixed ports (the pages' 9192, ...) on one.
+## the CPU; tests/conftest.py (pytest_xdist_make_scheduler) shares the tests out.
 PYTEST_WORKERS ?= 2
 test: lint typecheck kafka-for-tests registry-for-tests haproxy-deps images-for-tests
 	KIPROXY_EXT_CACHE=$(EXT_CACHE) $(BIN)/pytest -n $(PYTEST_WORKERS)
