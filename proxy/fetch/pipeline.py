@@ -46,6 +46,12 @@ Contract:
   partitions with records, so the consumer refreshes its metadata through the proxy.
   Each error answered is logged at WARNING (with the hook's traceback when it
   raised), rate-limited per topic and reason.
+- An answer's hooks have the longest ``timeout_ms`` of a partition's links, counted
+  from when the answer's hooks start: a batch that would start past it is not handed
+  to them, and the partition's answer ends before it as above, with no error (counted
+  ``deferred``, logged at WARNING rate-limited), so that hooks each on time cannot add
+  up past what a consumer waits for one answer. Each partition hands its first batch
+  whatever the time, so every fetch moves on.
 """
 
 from __future__ import annotations
@@ -203,8 +209,9 @@ class FetchPipeline:
                 client_id=who.client_id, client_address=who.client_address,
                 principal=who.principal, api_version=version, deadline=0.0,
                 proxy_host=self.proxy_host, identity=who)
+            started = time.monotonic()
             outcomes = await asyncio.gather(*(
-                self._partition(frame, name, part, consumers, ctx)
+                self._partition(frame, name, part, consumers, ctx, started)
                 for _, name, part, consumers, _ in work))
             for (key, name, part, _, route), outcome in zip(work, outcomes, strict=True):
                 if isinstance(outcome, ConsumeRefusal):
@@ -221,10 +228,12 @@ class FetchPipeline:
         return spliced
 
     async def _partition(self, frame: bytes, topic: str, part: FetchPartition,
-                         consumers: Sequence[LoadedLink], ctx: ConsumeContext
+                         consumers: Sequence[LoadedLink], ctx: ConsumeContext,
+                         started: float
                          ) -> list[bytes | memoryview] | ConsumeRefusal | None:
         """The partition's new ``records`` bytes (as pieces to join), None when no hook
-        changed a batch, or why the partition is refused."""
+        changed a batch, or why the partition is refused. ``started``: when the answer's
+        hooks started (:meth:`_batches` stops handing batches to hooks past its time)."""
         try:
             fetched = split_fetched_records(frame, part.data_start, part.data_end)
         except CorruptBatch as exc:
@@ -232,17 +241,20 @@ class FetchPipeline:
                             f"the broker's records cannot be read: {exc}", "undecodable")
         lease = self.offload.lease()
         try:
-            return await self._batches(frame, topic, part, fetched, consumers, ctx, lease)
+            return await self._batches(frame, topic, part, fetched, consumers, ctx, lease,
+                                       started)
         finally:
             lease.release()
 
     async def _batches(self, frame: bytes, topic: str, part: FetchPartition,
                        fetched: FetchedRecords, consumers: Sequence[LoadedLink],
-                       ctx: ConsumeContext, lease: DecodeLease
+                       ctx: ConsumeContext, lease: DecodeLease, started: float
                        ) -> list[bytes | memoryview] | ConsumeRefusal | None:
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
         view = memoryview(frame)
+        budget = max(link.timeout for link in consumers)
+        handed = False
         for batch in fetched.batches:
             header = batch.header
             if header is None:
@@ -250,6 +262,11 @@ class FetchPipeline:
                 continue
             if header.is_control:
                 continue
+            if handed and time.monotonic() - started >= budget:
+                pieces.append(view[copied:batch.start])
+                self._deferred(topic, part.partition, fetched, batch, ctx, budget)
+                return pieces  # as a broker's answer cut at max_bytes
+            handed = True
             source = _Source(frame, batch, lease)
             try:
                 outcome = await self._chain(topic, part.partition, source, consumers, ctx)
@@ -297,6 +314,24 @@ class FetchPipeline:
                   topic, partition, header.base_offset, refusal.message)
         pieces.append(kept)
         return pieces
+
+    def _deferred(self, topic: str, partition: int, fetched: FetchedRecords,
+                  batch: FetchedBatch, ctx: ConsumeContext, budget: float) -> None:
+        """Count and log the batches from ``batch`` on, left for the consumer's next
+        fetch because the answer's hooks have had their time."""
+        header = batch.header
+        assert header is not None
+        later = [b.header for b in fetched.batches
+                 if b.start >= batch.start and b.header is not None and not b.header.is_control]
+        for h in later:
+            self._count(topic, "deferred", h.record_count)
+        self._refusals.warning(
+            (topic, "deferred"), "fetch from %s (client_id %r): %s-%d answered up to offset "
+            "%d: its fetch-side hooks had run for %.0f ms of this answer (the longest "
+            "timeout_ms of their links); %d batches from there wait for the consumer's "
+            "next fetch", ctx.client_address, ctx.client_id, topic, partition,
+            header.base_offset, budget * 1000, len(later),
+            more=" ({count} more since the last line)")
 
     async def _chain(self, topic: str, partition: int, source: _Source,
                      consumers: Sequence[LoadedLink], ctx: ConsumeContext

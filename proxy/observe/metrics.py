@@ -50,7 +50,8 @@ class Metrics:
         self.fetch_batches = Counter(
             "kiproxy_fetch_batches", "Fetched record batches on topics with a fetch-side hook, "
             "by topic and outcome (unchanged, transformed, refused, legacy: old format, "
-            "passed undecoded)", ["topic", "outcome"], registry=r)
+            "passed undecoded, deferred: left for the next fetch when the answer's hooks "
+            "had their time)", ["topic", "outcome"], registry=r)
         self.fetch_records = Counter(
             "kiproxy_fetch_records", "Fetched records on topics with a fetch-side hook, by "
             "topic and outcome", ["topic", "outcome"], registry=r)
