@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic
 
 from kiproxy.interceptors.api import MetricSample, SettingsT, _validating
-from kiproxy.interceptors.errors import error_code
+from kiproxy.interceptors.errors import ErrorCode, error_code
 from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
 from kiproxy.interceptors.settings import settings_model
 from kiproxy.protocol.records import Record
@@ -57,8 +57,11 @@ class RefuseFetch(Exception):
     records (the consumer fetches the same offset again after its backoff).
 
     The default, UNKNOWN_SERVER_ERROR (-1), is retried by the Java client,
-    librdkafka, kafka-python and aiokafka with a warning. A Fetch response has no
-    error message field: ``message`` goes to the proxy's log.
+    librdkafka, kafka-python and aiokafka with a warning. ``error`` is a name or a code
+    of :class:`~kiproxy.interceptors.errors.ErrorCode`; any other code is refused
+    (ValueError), because a consumer may move its position on it and skip records
+    (OFFSET_OUT_OF_RANGE, 1, resets its offset). A Fetch response has no error message
+    field: ``message`` goes to the proxy's log.
     """
 
     def __init__(self, message: str, error: str | int = "UNKNOWN_SERVER_ERROR") -> None:
@@ -67,6 +70,15 @@ class RefuseFetch(Exception):
         self.error_code = error_code(error)
         if self.error_code == 0:
             raise ValueError("RefuseFetch needs an error code; 0 (NONE) means success")
+        if self.error_code not in _REFUSAL_CODES:
+            raise ValueError(
+                f"RefuseFetch(error={error!r}): a fetch refusal carries one of "
+                f"{', '.join(e.name for e in ErrorCode)} (or its code); a consumer may "
+                "move its position on another code and skip records (OFFSET_OUT_OF_RANGE, "
+                "1, resets its offset)")
+
+
+_REFUSAL_CODES = frozenset(int(e) for e in ErrorCode)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

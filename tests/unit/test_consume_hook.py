@@ -49,6 +49,8 @@ class Hooks(FetchResponseInterceptor):
         kind = batch.topic
         if kind == "refuse":
             raise RefuseFetch("not for you", error="TOPIC_AUTHORIZATION_FAILED")
+        if kind == "reset":  # a code on which consumers reset their offset
+            raise RefuseFetch("skip ahead", error=1)
         if kind == "raise":
             raise ValueError("broken")
         if kind == "type":
@@ -82,6 +84,7 @@ class Hooks(FetchResponseInterceptor):
 @pytest.mark.parametrize(("topic", "code", "reason"), [
     ("refuse", 29, "refused"),
     ("raise", -1, "plugin_error"),
+    ("reset", -1, "plugin_error"),
     ("type", -1, "bad_return"),
     ("grow", -1, "record_count"),
     ("move", -1, "shape_changed"),
@@ -96,6 +99,21 @@ def test_what_the_judge_refuses(topic: str, code: int, reason: str) -> None:
     assert isinstance(verdict, ConsumeRefusal)
     assert (verdict.code, verdict.reason) == (code, reason)
     assert "Hooks" in verdict.message
+
+
+@pytest.mark.parametrize("error", ["UNKNOWN_SERVER_ERROR", -1, "topic_authorization_failed",
+                                   29, 44])
+def test_a_fetch_refusal_takes_the_codes_of_the_rejection_table(error: str | int) -> None:
+    assert RefuseFetch("no", error=error).error_code in (-1, 29, 44)
+
+
+@pytest.mark.parametrize("error", [1, 3, 6, 9999, -2])
+def test_a_fetch_refusal_with_another_code_is_a_mistake_that_says_why(error: int) -> None:
+    """OFFSET_OUT_OF_RANGE (1) makes librdkafka and kafka-python reset the offset and
+    skip the records; other codes move consumers in other ways, or are not Kafka's."""
+    with pytest.raises(ValueError, match="skip records") as caught:
+        RefuseFetch("no", error=error)
+    assert "UNKNOWN_SERVER_ERROR" in str(caught.value)
 
 
 class SlowPlain(FetchResponseInterceptor):
