@@ -121,8 +121,9 @@ async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
                               name: str, timeout: float | None
                               ) -> bytes | memoryview | ConsumeRefusal | None:
     """``interceptor.on_consume_block(block, ctx)`` judged: ``block.data`` itself
-    (unchanged), a new block that holds the same records' offset deltas and timestamps
-    in order (as bytes; checked against ``records`` when given, else against
+    (unchanged, also for a block of the same bytes), a new block that holds the same
+    records' offset deltas and timestamps in order (as bytes; checked against
+    ``records`` when given, else against
     ``block.data``), None (the hook wants records), or a :class:`ConsumeRefusal` as
     :func:`judge_consume` gives one, ``bad_return`` for a block that is not
     ``block.record_count`` well-formed records."""
@@ -132,6 +133,8 @@ async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
     if not isinstance(result, (bytes, bytearray, memoryview)):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "records block (bytes) or None", "bad_return")
+    if len(result) == len(block.data) and bytes(result) == block.data.tobytes():
+        return block.data  # the same bytes: unchanged, as records equal to a batch are
     try:
         moved = (block_moved(result, block.data, block.record_count) if records is None
                  else check_block(result, block.base_timestamp, records))
