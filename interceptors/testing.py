@@ -54,6 +54,7 @@ from kiproxy.interceptors.consume import (
     ConsumedBatch,
     ConsumedBlock,
     consume_block_hook,
+    produce_hook,
 )
 from kiproxy.interceptors.consume_verdict import (
     ConsumeRefusal,
@@ -276,6 +277,9 @@ def _judge_args(interceptor: Any, batch: RecordBatch, ctx: InterceptContext | No
     if isinstance(interceptor, Plugin):
         name = name or interceptor.name
         interceptor = interceptor.interceptor
+    if produce_hook(interceptor) is None:  # else it is "refused" for a missing method
+        raise TypeError(f"{type(interceptor).__name__} has no intercept(): it is a "
+                        "fetch-side hook only; run_consume runs its on_consume")
     timeout = timeout_ms / 1000
     # As in the proxy, the deadline starts when the batch is handed over.
     context = dataclasses.replace(ctx or make_context(), deadline=time.monotonic() + timeout)
@@ -316,7 +320,9 @@ def run_interceptor(
     ``name`` names the plugin in messages (default: the spec it was loaded by,
     or its class name); ``mode`` is the route's (``observe``: the outcome is
     ``unchanged`` and :attr:`Outcome.would` holds the observed verdict's). Never
-    raises for anything the plugin does.
+    raises for anything the plugin does; an ``interceptor`` with no ``intercept``
+    (a fetch-side hook only, for :func:`run_consume`) is the test's mistake, a
+    ``TypeError``.
     """
     return _run_to_end(run_interceptor_async(interceptor, batch, ctx, timeout_ms=timeout_ms,
                                              name=name, mode=mode))

@@ -32,6 +32,7 @@ from kiproxy.interceptors.testing import (
     make_batch,
     make_consumed_batch,
     run_consume,
+    run_interceptor,
 )
 from kiproxy.protocol.framing import encode_response_header
 from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
@@ -184,6 +185,16 @@ def test_the_kit_loads_a_plugin_with_both_hooks_and_runs_each() -> None:
         assert produced.kind == "transformed" and produced.records[0].value == b"cba"
         consumed = plugin.consume(make_consumed_batch(make_batch(b"cba")))
         assert isinstance(consumed, ConsumedBatch) and consumed.records[0].value == b"abc"
+
+
+def test_the_kit_says_a_fetch_side_only_hook_has_no_produce_side_to_run() -> None:
+    """run_interceptor on it is the test's mistake (as a wrong input to run_consume
+    is), not a rejection the plugin would get."""
+    with pytest.raises(TypeError, match=r"Hooks has no intercept.*run_consume"):
+        run_interceptor(Hooks(), make_batch(b"a"))
+    with load("tp_fetch:UpperOnConsume", plugins_dir=PLUGINS) as plugin, \
+            pytest.raises(TypeError, match="no intercept"):
+        plugin.run(make_batch(b"a"))
 
 
 def test_the_loader_takes_a_fetch_side_only_class_and_names_both_apis_otherwise(
