@@ -29,8 +29,7 @@ from kiproxy.proxy.serve import serve_until_stopped
 from kiproxy_dev.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy_dev.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 from kiproxy_dev.kms import KmsLaunchError, LocalKms, export_credentials
-from kiproxy_dev.processes import port_free
-from kiproxy_dev.tansu import BrokerBinaryMissing, EmbeddedBroker
+from kiproxy_dev.tansu import BrokerBinaryMissing, BrokerPortTaken, EmbeddedBroker
 
 log = logging.getLogger("kiproxy")
 
@@ -186,13 +185,12 @@ def _dev_broker(config: ProxyConfig, config_file: str | None, overrides: dict[st
                 settings: DevSettings) -> int:
     if settings.broker == "kafka":
         return _dev_kafka(config, config_file, overrides, settings)
-    if settings.broker_port is not None and not port_free(settings.broker_port):
-        print(f"kiproxy: port {settings.broker_port} on 127.0.0.1 is taken: choose another "
-              "--broker-port", file=sys.stderr)
-        return 1
     broker = EmbeddedBroker(settings.broker_port)
     try:
         broker.start()
+    except BrokerPortTaken as exc:
+        print(f"kiproxy: {exc} (--broker-port)", file=sys.stderr)
+        return 1
     except BrokerBinaryMissing as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1

@@ -105,13 +105,13 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:]) or "(empty: the JVM had not logged yet)"
 
 
-def port_free(port: int) -> bool:
-    """Whether nothing listens on 127.0.0.1:``port``."""
+def port_free(port: int, host: str = HOST) -> bool:
+    """Whether nothing listens on ``host``:``port`` (127.0.0.1 by default)."""
     # SO_REUSEADDR as Java sets it, so only a listening socket counts as taken.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            s.bind((HOST, port))
+            s.bind((host, port))
         except OSError:
             return False
         return True

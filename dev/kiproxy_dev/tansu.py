@@ -16,13 +16,17 @@ import time
 from pathlib import Path
 
 from kiproxy.interceptors.extras import missing_companion
-from kiproxy_dev.processes import stop_process
+from kiproxy_dev.processes import port_free, stop_process
 
-__all__ = ["BrokerBinaryMissing", "EmbeddedBroker", "free_port"]
+__all__ = ["BrokerBinaryMissing", "BrokerPortTaken", "EmbeddedBroker", "free_port"]
 
 
 class BrokerBinaryMissing(RuntimeError):
     """The Tansu broker binary could not be found."""
+
+
+class BrokerPortTaken(RuntimeError):
+    """Something already listens on the broker's port."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -63,8 +67,13 @@ class EmbeddedBroker:
         return f"{self.host}:{self.port}"
 
     def start(self, timeout: float = 20.0) -> None:
-        """Start the broker and wait until it accepts connections."""
+        """Start the broker and wait until it accepts connections. Raises
+        :class:`BrokerPortTaken` when something listens on its port already (a
+        connection accepted there would not prove the broker ready)."""
         binary = broker_binary()
+        if not port_free(self.port, self.host):
+            raise BrokerPortTaken(f"port {self.port} on {self.host} is taken: stop what "
+                                  "listens there or choose another port")
         url = f"tcp://{self.host}:{self.port}"
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
         self._process = subprocess.Popen(

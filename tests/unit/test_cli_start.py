@@ -97,6 +97,27 @@ def _closed_port() -> int:
         return int(s.getsockname()[1])
 
 
+def test_a_taken_broker_port_is_one_line_and_not_a_broker_reported_ready(tmp_path: Path
+                                                                         ) -> None:
+    """Something listening on the port accepts connections too: the embedded broker
+    must not take that for itself being ready (Tansu then fails to bind, and clients
+    would talk to whatever holds the port)."""
+    from kiproxy_dev.tansu import BrokerPortTaken, EmbeddedBroker
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        with pytest.raises(BrokerPortTaken, match=f"port {port} on 127.0.0.1 is taken"):
+            EmbeddedBroker(port).start()
+        done = _kiproxy("dev", "--broker-port", str(port), "--listen", "127.0.0.1:0",
+                        cwd=tmp_path)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"kiproxy: port {port} on 127.0.0.1 is taken: stop what listens there or choose "
+        "another port (--broker-port)")
+
+
 def test_upstream_takes_kafkas_comma_separated_bootstrap_list(tmp_path: Path) -> None:
     first, second = _closed_port(), _closed_port()
     result = _kiproxy("run", "--upstream", f"127.0.0.1:{first},127.0.0.1:{second}",
