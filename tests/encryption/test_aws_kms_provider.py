@@ -194,11 +194,19 @@ async def test_credentials_and_region_come_from_a_profile_as_aws_sdks_read_them(
     await provider.close()
 
     missing = aws_provider(moto_kms, profile="nobody")
-    with pytest.raises(KmsError, match=r"nobody.*; set kms\.region or kms\.profile of "
-                                       "record_encryption") as caught:
+    with pytest.raises(KmsError, match=r"nobody.*; kms\.profile \(or AWS_PROFILE\) names a "
+                                       "profile that is in neither") as caught:
         await missing.resolve_key(kek[0])
     assert not caught.value.retriable
     await missing.close()
+
+    # a region but no credentials: the hint is about credentials, not the region
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    anonymous = aws_provider(moto_kms, region=REGION)
+    with pytest.raises(KmsError, match="Unable to locate credentials; give credentials "
+                                       "as AWS SDKs read them: AWS_ACCESS_KEY_ID"):
+        await anonymous.resolve_key(kek[0])
+    await anonymous.close()
 
 
 async def test_a_stopped_kms_is_unavailable(aws_env: None, kms_admin: Any) -> None:

@@ -76,6 +76,18 @@ from .kms import (
 
 __all__ = ["AwsKmsProvider", "AwsKmsSettings", "alias_problem", "alias_safe"]
 
+_SETUP_HINTS = {
+    "NoRegionError": "set kms.region of record_encryption (or AWS_REGION, or a "
+                     "profile's region)",
+    "NoCredentialsError": "give credentials as AWS SDKs read them: AWS_ACCESS_KEY_ID and "
+                          "AWS_SECRET_ACCESS_KEY, kms.profile (or AWS_PROFILE) naming a "
+                          "profile that has them, or a role of the instance or container",
+    "ProfileNotFound": "kms.profile (or AWS_PROFILE) names a profile that is in neither "
+                       "~/.aws/config nor ~/.aws/credentials (AWS_CONFIG_FILE, "
+                       "AWS_SHARED_CREDENTIALS_FILE)",
+}
+"""What to set when the AWS SDK finds no region, no credentials or no such profile."""
+
 MAX_WRAPPED_BYTES = 6144
 """KMS's own bound on a ciphertext blob."""
 
@@ -308,8 +320,7 @@ class AwsKmsProvider(KmsProvider):
         except (botocore.exceptions.NoRegionError,
                 botocore.exceptions.NoCredentialsError,
                 botocore.exceptions.ProfileNotFound) as exc:
-            raise KmsError(f"{what}: {exc}; set kms.region or kms.profile of "
-                           "record_encryption, or the AWS_* environment variables") from None
+            raise KmsError(f"{what}: {exc}; {_SETUP_HINTS[type(exc).__name__]}") from None
         except botocore.exceptions.SSLError as exc:
             raise KmsError(f"{what}: the TLS handshake failed ({exc}); set kms.ca_bundle "
                            "(or AWS_CA_BUNDLE) to the CA that signed the endpoint's "
