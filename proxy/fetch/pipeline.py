@@ -44,6 +44,10 @@ Contract:
   on. A topic id (Fetch v13+) the proxy has not
   learned from a Metadata response is answered ``UNKNOWN_TOPIC_ID`` on its
   partitions with records, so the consumer refreshes its metadata through the proxy.
+  An answer in which every partition with records is answered with such an error
+  delivers nothing to read: it is held :data:`REFUSED_ANSWER_HOLD_S` before it is
+  sent, as a backoff for clients that fetch again at once (aiokafka does on
+  ``UNKNOWN_SERVER_ERROR``).
   Each error answered is logged at WARNING (with the hook's traceback when it
   raised), rate-limited per topic and reason.
 - An answer's hooks have the longest ``timeout_ms`` of a partition's links, counted
@@ -119,13 +123,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.fetch")
 
-__all__ = ["FETCH_VERSIONS", "FetchPipeline"]
+__all__ = ["FETCH_VERSIONS", "REFUSED_ANSWER_HOLD_S", "FetchPipeline"]
 
 FETCH_VERSIONS = (OLDEST_VERSION, LATEST_VERSION)
 """The Fetch versions whose responses the proxy decodes (what ApiVersions offers when a
 fetch-side hook is configured)."""
 
 _CODEC_NAMES = {codec: codec.name.lower() for codec in Compression}
+
+REFUSED_ANSWER_HOLD_S = 0.1
+"""How long an answer that delivers no record because the proxy refused partitions is
+held before it is sent: a client's own retry backoff (``retry.backoff.ms``, 100 ms), for
+the clients that fetch again at once on an error (aiokafka)."""
 
 
 _Work = tuple[tuple[int, int], str, FetchPartition, "Sequence[LoadedLink]", str]
@@ -222,6 +231,10 @@ class FetchPipeline:
                     replacements[key] = outcome
         if not replacements and not errors:
             return frame
+        if errors and not any(part.data_end > part.data_start and (ti, pj) not in errors
+                              for ti, topic in enumerate(layout.topics)
+                              for pj, part in enumerate(topic.partitions)):
+            await asyncio.sleep(REFUSED_ANSWER_HOLD_S)  # nothing to read: as a backoff
         spliced = splice_fetch_pieces(frame, body, version, replacements, layout,
                                       error_codes=errors)
         assert isinstance(spliced, list)  # something is replaced

@@ -1,5 +1,8 @@
-"""A Fetch answer's hooks have a time: past the longest ``timeout_ms`` of the links, no
-further batch of the answer is handed to them.
+"""How long a Fetch answer waits on the proxy: its hooks have a time, and an answer with
+nothing to read because of a refusal is held as a client's backoff.
+
+Past the longest ``timeout_ms`` of the links, no further batch of the answer is
+handed to the hooks.
 
 Hooks that are each on time can still add up, batch after batch, past what a consumer
 waits for one answer (its request timeout), and it would fetch the same offset again
@@ -13,7 +16,9 @@ takes 0.6 of a link's ``timeout_ms`` of it.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import datetime
 import logging
 import sys
 import time
@@ -21,9 +26,10 @@ from pathlib import Path
 
 import pytest
 from kio.schema.errors import ErrorCode
+from kio.static.primitive import i32Timedelta
 
 from kiproxy.protocol.fetch_batches import split_fetched_records
-from kiproxy.protocol.messages import parse_response
+from kiproxy.protocol.messages import ApiKey, parse_response, response_type, serialize
 from kiproxy.protocol.records import decode_batch
 from kiproxy.proxy.config.model import load_config
 from kiproxy.proxy.fetch import pipeline as fetch_pipeline
@@ -121,3 +127,66 @@ def test_a_transaction_marker_where_the_time_runs_out_is_sent_with_what_came_bef
                          len(head(12)))
     split = split_fetched_records(out.responses[0].partitions[0].records)
     assert [b.header.base_offset for b in split.batches if b.header] == [0, 2, 5]
+
+
+def _alone(version: int, records: bytes) -> bytes:
+    """A Fetch answer of one partition of ``s-t`` holding ``records``."""
+    types = __import__(response_type(ApiKey.FETCH, version).__module__, fromlist=["x"])
+    part = types.PartitionData(partition_index=0, error_code=ErrorCode.none,
+                               high_watermark=9, last_stable_offset=9, log_start_offset=0,
+                               aborted_transactions=(), preferred_read_replica=-1,
+                               records=records)
+    message = types.FetchResponse(
+        throttle_time=i32Timedelta.parse(datetime.timedelta(0)), error_code=ErrorCode.none,
+        session_id=0, responses=(types.FetchableTopicResponse(topic="s-t",
+                                                              partitions=(part,)),))
+    return head(version) + serialize(message)
+
+
+class _Sleeps:
+    """``asyncio`` for the pipeline, its sleeps recorded (and not slept)."""
+
+    def __init__(self) -> None:
+        self.slept: list[float] = []
+        self.gather = asyncio.gather
+
+    async def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+
+
+REFUSING = '''
+from kiproxy.interceptors import FetchResponseInterceptor, RefuseFetch
+
+
+class Refuse(FetchResponseInterceptor):
+    def on_consume(self, batch, ctx):
+        if any(r.value == b"no" for r in batch.records):
+            raise RefuseFetch("not this one")
+        return batch
+'''
+
+
+def test_an_answer_with_nothing_to_read_for_a_refusal_is_held_as_a_backoff(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """aiokafka fetches again at once on UNKNOWN_SERVER_ERROR (about 1,200 refused
+    fetches a second from one consumer): an answer that delivers no record because a
+    partition was refused is held as a client's retry backoff is; one that delivers
+    records anywhere is not."""
+    sleeps = _Sleeps()
+    monkeypatch.setattr(fetch_pipeline, "asyncio", sleeps)
+    (tmp_path / "refusing.py").write_text(REFUSING)
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f'plugins_dir: {tmp_path}\nroutes:\n  - match: {{topic: "s-.*"}}\n'
+                    '    interceptors: [{class: "refusing:Refuse"}]\n')
+    refusing = FetchPipeline(load_routes(load_config(path, {})), topic_names={})
+
+    out = parse_response(1, 12, _rewrite(refusing, 12, _alone(12, _batch(0, [b"no"]))),
+                         len(head(12)))
+    assert out.responses[0].partitions[0].error_code == ErrorCode.unknown_server_error
+    assert sleeps.slept == [fetch_pipeline.REFUSED_ANSWER_HOLD_S] == [0.1]
+
+    # records before the refused batch are delivered: not held
+    _rewrite(refusing, 12, _alone(12, _batch(0, [b"yes"]) + _batch(1, [b"no"])))
+    # the refused partition's neighbours have records: not held
+    _rewrite(refusing, 12, _answer(12, "s-t", _batch(0, [b"no"])))
+    assert sleeps.slept == [0.1]
