@@ -2,8 +2,19 @@
 
 :func:`serve_workers` forks ``config.workers`` processes, each serving
 :func:`worker_config` (its own metrics port and audit file), forwards
-SIGTERM, SIGINT and SIGHUP to them and waits; the exit code is 1 when any
-worker failed.
+SIGTERM, SIGINT and SIGHUP to them and supervises them until it is told to
+stop:
+
+- a worker that ends on its own (a crash, an out-of-memory kill, ``kill -9``)
+  is logged at ERROR with its exit code or signal and started again under the
+  same index (metrics port and audit file), with the configuration file as it
+  reads now (the start-up configuration when it no longer loads);
+- a worker that ends within :data:`CRASH_LOOP_S` of its start is not started
+  again: every worker is stopped and the exit code is 1, so that a supervisor
+  (systemd, Kubernetes) sees the failure instead of a process restarting in a
+  loop;
+- after SIGTERM or SIGINT the workers drain and end; the exit code is 1 when
+  any ended with an error.
 """
 
 from __future__ import annotations
@@ -12,15 +23,19 @@ import contextlib
 import logging
 import os
 import signal
+import time
 from functools import partial
-from typing import Any
+from typing import Any, NoReturn
 
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
 from kiproxy.proxy.serve import print_ready, run_loop, serve
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["serve_workers", "worker_config"]
+__all__ = ["CRASH_LOOP_S", "serve_workers", "worker_config"]
+
+CRASH_LOOP_S = 10.0
+"""A worker that ends sooner than this after its start stops the proxy, not restarted."""
 
 
 def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
@@ -48,44 +63,94 @@ def _siblings(config: ProxyConfig, index: int) -> tuple[tuple[str, int], ...]:
     return tuple((host, port + j) for j in range(config.workers) if j != index)
 
 
+def _work(config: ProxyConfig, index: int, config_file: str | None,
+          overrides: dict[str, Any], *, announce: bool) -> NoReturn:
+    """The worker process: serve until stopped, then end the process."""
+    code = 0
+    try:
+        run_loop(serve(worker_config(config, index),
+                       on_ready=print_ready if announce else None,
+                       load=partial(_worker_load, config_file, overrides, index),
+                       config_file=config_file, siblings=_siblings(config, index)))
+    except BaseException:
+        log.exception("worker %d failed", index)
+        code = 1
+    finally:
+        logging.shutdown()
+        os._exit(code)
+
+
+def _ended(status: int) -> str:
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        return f"exit code {code}"
+    with contextlib.suppress(ValueError):
+        return f"signal {signal.Signals(-code).name}"
+    return f"signal {-code}"
+
+
 def serve_workers(config: ProxyConfig, config_file: str | None,
                    overrides: dict[str, Any]) -> int:
-    """Fork ``config.workers`` processes serving the same listeners; wait for them."""
+    """Fork ``config.workers`` processes serving the same listeners; supervise them (see
+    the module docstring) until told to stop."""
     if config.listen_address[1] == 0:
         raise ConfigError("workers: several workers need a fixed listen port, not 0")
     if config.broker_port_start is None and not config.node_ports:
         log.info("workers: node listeners on listen port + 1 + node id")
-    children: list[int] = []
-    for index in range(config.workers):
+    children: dict[int, tuple[int, float]] = {}  # pid -> (index, started)
+    stopping = False
+
+    def start(index: int, current: ProxyConfig, *, announce: bool = False) -> None:
         pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                run_loop(serve(worker_config(config, index),
-                           on_ready=print_ready if index == 0 else None,
-                           load=partial(_worker_load, config_file, overrides, index),
-                           config_file=config_file, siblings=_siblings(config, index)))
-            except BaseException:
-                log.exception("worker %d failed", index)
-                code = 1
-            finally:
-                logging.shutdown()
-                os._exit(code)
-        children.append(pid)
+        if pid == 0:
+            _work(current, index, config_file, overrides, announce=announce)
+        children[pid] = (index, time.monotonic())
 
     def forward(sig: int, _frame: object) -> None:
-        for child in children:
+        nonlocal stopping
+        stopping = stopping or sig != signal.SIGHUP
+        for child in list(children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, sig)
 
+    for index in range(config.workers):
+        start(index, config, announce=index == 0)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # every worker reloads
     failed = 0
-    for child in children:
-        _, status = os.waitpid(child, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
+    while children:
+        pid, status = os.wait()
+        if pid not in children:
+            continue
+        index, started = children.pop(pid)
+        if stopping:
+            failed += os.waitstatus_to_exitcode(status) != 0
+            continue
+        ran = time.monotonic() - started
+        if ran < CRASH_LOOP_S:
+            log.error("worker %d (pid %d) ended (%s) %.1f s after it started: stopping "
+                      "every worker", index, pid, _ended(status), ran)
             failed += 1
+            forward(signal.SIGTERM, None)
+            continue
+        log.error("worker %d (pid %d) ended (%s): starting it again", index, pid,
+                  _ended(status))
+        start(index, _current(config, config_file, overrides))
     if failed:
-        log.error("%d of %d workers exited with an error", failed, len(children))
+        log.error("%d of %d workers exited with an error", failed, config.workers)
     return 1 if failed else 0
+
+
+def _current(config: ProxyConfig, config_file: str | None,
+             overrides: dict[str, Any]) -> ProxyConfig:
+    """The configuration a restarted worker serves: the file as it reads now, else
+    ``config`` (the one the proxy started with)."""
+    if config_file is None:
+        return config
+    try:
+        return load_config(config_file, overrides)
+    except ConfigError as exc:
+        log.warning("the configuration file does not load (%s): the restarted worker "
+                    "serves the one the proxy started with", exc)
+        return config

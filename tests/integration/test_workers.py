@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import socket
+import time
 import urllib.request
 from pathlib import Path
 
 from conftest import consume, launch_proxy
 from prometheus_client.parser import text_string_to_metric_families
 
+from kiproxy.proxy.workers import CRASH_LOOP_S
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
 
 
@@ -63,3 +68,49 @@ def test_workers_share_the_listeners(broker: EmbeddedBroker, topic: str,
     assert files == ["audit.jsonl.w0", "audit.jsonl.w1"]
     events = [json.loads(line) for f in files for line in (tmp_path / f).read_text().splitlines()]
     assert sum(e["records"] for e in events if e["topic"] == topic) == 24
+
+
+def _children(pid: int) -> list[int]:
+    return sorted(int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+
+
+def test_a_worker_that_dies_is_started_again_and_a_crash_loop_stops_the_proxy(
+        broker: EmbeddedBroker, topic: str) -> None:
+    """A worker killed (an out-of-memory kill, a crash) is logged and started again under
+    its index, so its metrics port answers again and the listeners serve; one that dies
+    again right after its start stops the whole proxy with exit code 1 (a supervisor
+    sees it) rather than restarting in a loop."""
+    from confluent_kafka import Producer
+
+    metrics_port = _free_port_pair_below_ephemeral()
+    proxy = launch_proxy(broker.bootstrap, "--workers", "2", "--metrics-listen",
+                         f"127.0.0.1:{metrics_port}")
+    try:
+        workers = _children(proxy.process.pid)
+        assert len(workers) == 2
+        time.sleep(CRASH_LOOP_S)  # past the crash-loop window: an ordinary death
+        os.kill(workers[1], signal.SIGKILL)
+        line = proxy.wait_for_line("ended (signal SIGKILL): starting it again")
+        assert "ERROR" in line
+        deadline = time.monotonic() + 30
+        while True:
+            now = _children(proxy.process.pid)
+            with contextlib.suppress(OSError):
+                _connections(f"127.0.0.1:{metrics_port + 1}")  # its metrics port answers
+                if len(now) == 2:
+                    break
+            assert time.monotonic() < deadline, f"no second worker again: {now}"
+            time.sleep(0.2)
+        replaced = (set(now) - set(workers)).pop()
+        for i in range(8):
+            producer = Producer({"bootstrap.servers": proxy.bootstrap, "client.id": f"r{i}"})
+            producer.produce(topic, b"r%d" % i, partition=0)
+            assert producer.flush(20) == 0
+        assert len(consume(proxy.bootstrap, topic, 8)) == 8
+
+        os.kill(replaced, signal.SIGKILL)  # at once again: a crash loop
+        assert proxy.process.wait(30) == 1
+        proxy.wait_for_line("s after it started: stopping every worker")
+        assert proxy.wait_for_line("1 of 2 workers exited with an error")
+    finally:
+        proxy.stop()
