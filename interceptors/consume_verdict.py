@@ -35,6 +35,7 @@ from kiproxy.interceptors.consume import (
     RefuseFetch,
 )
 from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.verdict import clip
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.records import (
     Record,
@@ -77,11 +78,12 @@ async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
     except RefuseFetch as exc:
-        return ConsumeRefusal(exc.error_code, f"{name} refused it: {exc.message}", "refused")
+        return ConsumeRefusal(exc.error_code, clip(f"{name} refused it: {exc.message}"),
+                              "refused")
     except TimeoutError:
         return _timed_out(name, timeout)
     except Exception as exc:
-        return ConsumeRefusal(_RETRIED, f"{name} raised {type(exc).__name__}: {exc}",
+        return ConsumeRefusal(_RETRIED, clip(f"{name} raised {type(exc).__name__}: {exc}"),
                               "plugin_error", exc)
     return result
 

@@ -12,6 +12,8 @@ nothing else decides. The rules, in order:
   messages of a record named twice joined with "; "), which is what clients can
   map back to records; the others are left out, kept on the verdict
   (``stray_record_errors``) and named in a WARNING (one per plugin per 10 s).
+  Every message a plugin gives (the rejection's, each record's, an exception's text)
+  is cut to :data:`MAX_MESSAGE_CHARS` characters (:func:`clip`).
 * The deadline (``ctx.deadline``, when a ``timeout`` is given) passes before
   an ``async def intercept`` finishes, or a plain one returns after it:
   REQUEST_TIMED_OUT, "interceptor X did not finish within N ms".
@@ -84,6 +86,7 @@ __all__ = [
     "DEFAULT_MAX_PLUGIN_OUTPUT_RATIO",
     "DEFAULT_OUTPUT_LIMITS",
     "FAULTS",
+    "MAX_MESSAGE_CHARS",
     "RATIO_CHECKED_FROM",
     "AcknowledgementHook",
     "Fault",
@@ -97,6 +100,7 @@ __all__ = [
     "Unchanged",
     "Verdict",
     "acknowledgement_hook",
+    "clip",
     "fault_rejection",
     "judge",
     "judge_sync",
@@ -289,10 +293,24 @@ class Judged(Exception):
 
 def fault_rejection(kind: Fault, name: str, detail: str, *,
           exception: BaseException | None = None) -> Rejected:
-    """The rejection for a plugin bug: ``interceptor {name} {detail}``."""
+    """The rejection for a plugin bug: ``interceptor {name} {detail}``, cut by :func:`clip`."""
     code = ErrorCode.REQUEST_TIMED_OUT if kind == "timeout" else ErrorCode.INVALID_RECORD
-    return Rejected(code=int(code), message=f"interceptor {name} {detail}", fault=kind,
+    return Rejected(code=int(code), message=clip(f"interceptor {name} {detail}"), fault=kind,
                     exception=exception)
+
+
+MAX_MESSAGE_CHARS = 1024
+"""A rejection's message and each record's error are cut to this many characters."""
+
+
+def clip(message: str) -> str:
+    """``message`` cut to :data:`MAX_MESSAGE_CHARS` characters, saying how much was cut: a
+    plugin's reason goes to the producer and into the log, and a plugin may not decide
+    the size of either."""
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    return (f"{message[:MAX_MESSAGE_CHARS]}... ({len(message) - MAX_MESSAGE_CHARS:,} more "
+            "characters cut)")
 
 
 def _timed_out(name: str, timeout: float | None) -> Rejected:
@@ -308,7 +326,7 @@ def _exception_verdict(exc: Exception, batch: RecordBatch, name: str,
         sent, stray = _record_errors(exc.record_errors, len(batch.records))
         if stray:
             _warn_stray(name, batch, stray)
-        return Rejected(code=exc.error_code, message=exc.message, record_errors=sent,
+        return Rejected(code=exc.error_code, message=clip(exc.message), record_errors=sent,
                         stray_record_errors=stray,
                         fault=exc.fault if isinstance(exc, PluginFault) else None)
     if isinstance(exc, TimeoutError):
@@ -335,8 +353,8 @@ def _record_errors(given: Any, count: int) -> tuple[_RecordErrors, tuple[object,
         try:
             index, message = entry
             index = operator.index(index)
-            if message is not None and type(message) is not str:
-                message = str(message)
+            if message is not None:
+                message = clip(message if type(message) is str else str(message))
         except Exception:
             stray.append(entry)
             continue
@@ -346,7 +364,7 @@ def _record_errors(given: Any, count: int) -> tuple[_RecordErrors, tuple[object,
             sent[index] = message
         elif message is not None:
             before = sent[index]
-            sent[index] = message if before is None else f"{before}; {message}"
+            sent[index] = message if before is None else clip(f"{before}; {message}")
     return tuple(sorted(sent.items())), tuple(stray)
 
 

@@ -52,6 +52,8 @@ class Hooks(FetchResponseInterceptor):
             raise RefuseFetch("not for you", error="TOPIC_AUTHORIZATION_FAILED")
         if kind == "reset":  # a code on which consumers reset their offset
             raise RefuseFetch("skip ahead", error=1)
+        if kind == "verbose":
+            raise RefuseFetch("z" * 5000)
         if kind == "raise":
             raise ValueError("broken")
         if kind == "type":
@@ -115,6 +117,14 @@ def test_a_fetch_refusal_with_another_code_is_a_mistake_that_says_why(error: int
     with pytest.raises(ValueError, match="skip records") as caught:
         RefuseFetch("no", error=error)
     assert "UNKNOWN_SERVER_ERROR" in str(caught.value)
+
+
+def test_a_fetch_refusals_reason_is_cut_for_the_log() -> None:
+    batch = make_consumed_batch(make_batch(b"a", topic="verbose"))
+    verdict = run_consume(Hooks(), batch)
+    assert isinstance(verdict, ConsumeRefusal)
+    assert verdict.message == "Hooks refused it: " + "z" * 1006 + (
+        "... (3,994 more characters cut)")
 
 
 class SlowPlain(FetchResponseInterceptor):

@@ -93,6 +93,22 @@ def test_rejections(answer: Any, expected: Rejected) -> None:
     assert verdict.plugin_fault is (expected.fault is not None)  # type: ignore[union-attr]
 
 
+def test_a_plugins_messages_are_cut_to_a_bounded_size() -> None:
+    """A reason goes to the producer and into the log: a plugin may not decide their
+    size (a 10 MB reason reached kafka-python whole and was logged at every rejection)."""
+    huge = RejectBatch("r" * 10_000_000, record_errors=[(0, "e" * 5000), (1, "a"), (1, "b")])
+    verdict = asyncio.run(judge(_Answer(huge), BATCH, _ctx(), name="p", timeout=1))
+    assert isinstance(verdict, Rejected)
+    assert verdict.message == "r" * 1024 + "... (9,998,976 more characters cut)"
+    assert verdict.record_errors == ((0, "e" * 1024 + "... (3,976 more characters cut)"),
+                                     (1, "a; b"))
+    raised = asyncio.run(judge(_Answer(ValueError("x" * 5000)), BATCH, _ctx(), name="p",
+                               timeout=1))
+    assert isinstance(raised, Rejected) and raised.fault == "raised"
+    assert raised.message.startswith("interceptor p failed: ValueError: xxx")
+    assert len(raised.message) < 1100 and raised.message.endswith("more characters cut)")
+
+
 def test_the_deadline_sync_and_async() -> None:
     class Slow(ProduceRequestInterceptor):
         async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
