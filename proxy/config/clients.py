@@ -100,7 +100,8 @@ class SaslClientSettings(_Strict):
     password: str | None = None
     """The user's password (redacted in ``/config``); or ``password_file``."""
     password_file: str | None = None
-    """A file holding the password (trailing newline ignored), read at start and reload."""
+    """A file holding the password (trailing newline ignored), read at start (the sinks'
+    settings, this one included, are restart-only)."""
 
     @model_validator(mode="after")
     def _one_password(self) -> SaslClientSettings:

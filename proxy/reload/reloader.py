@@ -65,12 +65,15 @@ RESTART_ONLY: tuple[str, ...] = (
     "max_client_buffered_bytes",
     "max_decompressed_batch_bytes",
     "max_decompression_ratio",
+    "dead_letter_sink",
+    "audit_sink",
 )
 """Settings that decide sockets, processes or the cluster the proxy fronts.
 
 Changing one needs a restart; a reload that changes one is refused as a whole.
 The decode and receive budgets and the decompression limits are process-wide
-(shared by requests of every generation), so they are restart-only too.
+(shared by requests of every generation), so they are restart-only too, as are the
+dead-letter and audit sinks (one producer each for the process, connected at start).
 Turning client TLS or mTLS on or off is restart-only (the listener would change
 protocol); a new certificate, key or client CA on a TLS listener is live.
 """

@@ -52,6 +52,9 @@ def test_live_settings_are_not_restart_only() -> None:
     ("upstream", ["127.0.0.1:9093"], "upstream"),
     ("upstream_tls.enabled", True, "upstream_tls"),
     ("log_format", "json", "log_format"),
+    ("admin.token_file", "/run/token", "admin"),
+    ("dead_letter_sink.bootstrap", "127.0.0.1:19999", "dead_letter_sink"),
+    ("audit_sink.bootstrap", "127.0.0.1:19999", "audit_sink"),
 ])
 def test_each_restart_only_key_is_named(key: str, value: Any, named: str) -> None:
     assert restart_only_changes(_config(), _config(**{key: value})) == [named]
