@@ -154,9 +154,13 @@ class PiiRuleSettings(PluginSettings):
     def _regex(cls, pattern: str | None) -> str | None:
         if pattern is not None:
             try:
-                re.compile(pattern.encode())
+                compiled = re.compile(pattern.encode())
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {exc}") from None
+            if any(m.start() == m.end() for m in compiled.finditer(_EMPTY_PROBE)):
+                raise ValueError(f"{pattern!r} matches an empty string: it would mask "
+                                 "between every character; give it something to match "
+                                 "(+ rather than *)")
         return pattern
 
     @field_validator("replacement")
@@ -171,6 +175,12 @@ class PiiRuleSettings(PluginSettings):
             ref = (number or group).decode()
             if not ((ref.isdigit() and int(ref) <= pattern.groups) or ref in pattern.groupindex):
                 raise ValueError(f"refers to group {ref}, which the pattern does not have")
+        try:
+            pattern.sub(replacement.encode(), b"")  # parses the template, matches nothing
+        except re.error as exc:
+            raise ValueError(f"not a replacement template: {exc} (a backslash is \\1 or "
+                             "\\g<name>, a group; write other characters as they are)"
+                             ) from None
         return replacement
 
 
@@ -201,6 +211,11 @@ class PiiMaskerSettings(PluginSettings):
                 raise ValueError(f"topics.{topic}: unknown rule(s) {', '.join(missing)}; "
                                  f"known: {', '.join(sorted(known))}")
         return self
+
+
+_EMPTY_PROBE = b" aZ9_-@.:/\n"
+"""Where a rule's pattern is tried at load: a match of no bytes in it (or in an empty
+value) is a pattern that can match an empty string."""
 
 
 def _compile(pattern: str) -> re.Pattern[bytes]:

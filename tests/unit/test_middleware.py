@@ -447,6 +447,14 @@ def test_pii_masker_reject_rule() -> None:
      "rules.r.pattern: not a regular expression"),
     ({"rules": {"r": {"pattern": "a", "replacement": r"\2"}}, "topics": {"t": ["r"]}},
      "rules.r.replacement: refers to group 2"),
+    # found at the first batch before, failing every one of them
+    ({"rules": {"r": {"pattern": "E", "replacement": r"\u00e9"}}, "topics": {"t": ["r"]}},
+     "rules.r.replacement: not a replacement template: bad escape \\u"),
+    # masked between every character before: ****P****L****E
+    ({"rules": {"r": {"pattern": ""}}, "topics": {"t": ["r"]}},
+     "rules.r.pattern: '' matches an empty string"),
+    ({"rules": {"r": {"pattern": "[0-9]*"}}, "topics": {"t": ["r"]}},
+     "rules.r.pattern: '[0-9]*' matches an empty string"),
     ({"rules": {"r": {"builtin": "phone"}}, "topics": {"t": ["r"]}},
      "rules.r.builtin: expected 'email', 'card', 'ssn', 'iban' or 'ipv4', got 'phone'"),
     ({"rules": {"r": {"pattern": "a", "action": "drop"}}, "topics": {"t": ["r"]}},
