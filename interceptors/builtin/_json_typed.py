@@ -15,9 +15,11 @@ empty schema, is "any JSON". Such a schema becomes a msgspec Struct, whose decod
 builds only the named fields and skips the rest of the object without creating
 Python objects for it: a 1 KiB value of 40 fields is checked in about a quarter of
 the time of parsing it whole. What msgspec's skipping lets through, the check adds
-back: the value must be UTF-8 (skipped strings are not decoded) and hold no integer
-longer than Python's digit limit, and anything msgspec refuses (a float where an
-integer is asked for, 1.0 included) goes the full way. Bounds must fit in 64 bits.
+back: the value must be UTF-8 (skipped strings are not decoded), hold no integer
+longer than Python's digit limit and no number that may be beyond a double's range (a
+three-digit exponent, or 309 digits in a row: skipped numbers are not converted), and
+anything msgspec refuses (a float where an integer is asked for, 1.0 included) goes
+the full way. Bounds must fit in 64 bits.
 """
 
 from __future__ import annotations
@@ -100,6 +102,11 @@ def _root_type(schema: Mapping[str, Any]) -> Any:
     return msgspec.defstruct("Value", fields, rename=rename, kw_only=True)
 
 
+_MAYBE_HUGE = re.compile(rb"[0-9.][eE]\+?0*[1-9][0-9]{2}|[0-9]{309}").search
+"""Where a skipped field may hold a number beyond a double's range (1e400): an exponent
+of 100 or more, or 309 digits in a row (also in a string; the full way decides)."""
+
+
 def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:
     """``accepts(value)`` for a schema in the subset (see the module docstring), else ``None``."""
     kind = _root_type(schema)
@@ -113,6 +120,8 @@ def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:
 
     def accepts(value: bytes) -> bool:
         if too_long is not None and len(value) > limit and too_long(value):
+            return False
+        if _MAYBE_HUGE(value):  # the full way decides whether it overflows
             return False
         if not value.isascii():
             try:

@@ -24,7 +24,11 @@ schemas are checked by jsonschema-rs (compiled; the draft comes from ``$schema``
 collected for failing records alone. As with the Python ``jsonschema`` package
 before it, ``format`` is an annotation, not an assertion, and no ``$ref`` is fetched
 over the network: a schema whose ``$ref`` does not resolve fails at start. ``NaN``
-and ``Infinity``, which Python's ``json`` reads but JSON does not have, are "not JSON".
+and ``Infinity``, which Python's ``json`` reads but JSON does not have, are "not JSON",
+as is a number beyond a double's range (``1e400``, which would be read as infinity)
+and text that is not UTF-8 (UTF-16 or UTF-32, which ``json`` would detect and read) or
+starts with a byte-order mark: JSON exchanged between systems is UTF-8 (RFC 8259,
+section 8.1).
 
 Simple schemas (an object of required and typed scalar properties, see
 ``_json_typed``) first get a typed look: msgspec decodes only the named fields and
@@ -35,6 +39,7 @@ which decides and writes the error, so verdicts and messages are the same either
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
@@ -140,27 +145,44 @@ def _not_json(constant: str) -> None:
     raise ValueError(f"{constant} is not a JSON value")
 
 
+def _finite(text: str) -> float:
+    number = float(text)
+    if math.isinf(number):
+        raise ValueError(f"{text} is beyond a double's range")
+    return number
+
+
 # NaN and Infinity are no JSON values though Python's json reads them (jsonschema-rs
-# would see them as null). One decoder for all: json.loads(..., parse_constant=)
-# would build a new one per record.
-_DECODER = json.JSONDecoder(parse_constant=_not_json)
+# would see them as null), nor is a number that only overflows to infinity. One decoder
+# for all: json.loads(..., parse_constant=) would build a new one per record.
+_DECODER = json.JSONDecoder(parse_constant=_not_json, parse_float=_finite)
+_BOM = b"\xef\xbb\xbf"
 _FAST = msgspec.json.Decoder()
 
 
 def _parse(value: bytes) -> Any:
-    """``json.loads(value)`` (same encoding detection), without NaN and Infinity.
+    """``value`` read as UTF-8 JSON text: ``json.loads`` of it decoded as UTF-8, without
+    NaN, Infinity or a number beyond a double's range; ValueError for anything else.
 
     msgspec reads strict UTF-8 JSON several times faster than ``json``, to the same
     values (integers of any size stay exact), and refuses NaN and Infinity as well; what
-    it refuses besides (UTF-16 and UTF-32 text, a byte-order mark, a lone surrogate
-    escape, a number too large for a float) goes to ``json``, which decides, so a
-    value's verdict is the one ``json`` gives.
+    it refuses besides (a lone surrogate escape, a number too large for a float, text
+    that is not UTF-8) goes to ``json``, which decides, so a value's verdict is the one
+    ``json`` gives to the same UTF-8 text.
     """
     try:
         return _FAST.decode(value)
     except ValueError:  # msgspec.DecodeError, or UnicodeDecodeError from a string's bytes
         pass
-    return _DECODER.decode(value.decode(json.detect_encoding(value), "surrogatepass"))
+    if value.startswith(_BOM):
+        raise ValueError("it starts with a byte-order mark, which JSON text does not have "
+                         "(RFC 8259)")
+    try:
+        text = value.decode("utf-8", "surrogatepass")
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start}); JSON between "
+                         "systems is UTF-8 (RFC 8259), not UTF-16 or UTF-32") from None
+    return _DECODER.decode(text)
 
 
 class JsonSchemaValidator(ProduceRequestInterceptor[JsonSchemaSettings]):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import sys
 import time
 from collections.abc import Iterator
@@ -274,11 +275,19 @@ def test_json_lone_surrogate_is_a_record_error_not_a_crash() -> None:
 
 
 def _standard_parse(value: bytes) -> Any:
-    """What the validator read before orjson: ``json`` without NaN and Infinity."""
+    """``json`` on the UTF-8 text of ``value`` (no byte-order mark), without NaN,
+    Infinity or a number that overflows to infinity."""
     def refuse(constant: str) -> None:
         raise ValueError(constant)
-    text = value.decode(json.detect_encoding(value), "surrogatepass")
-    return json.JSONDecoder(parse_constant=refuse).decode(text)
+
+    def finite(text: str) -> float:
+        if math.isinf(float(text)):
+            raise ValueError(text)
+        return float(text)
+    if value.startswith(b"\xef\xbb\xbf"):
+        raise ValueError("BOM")
+    text = value.decode("utf-8", "surrogatepass")
+    return json.JSONDecoder(parse_constant=refuse, parse_float=finite).decode(text)
 
 
 def _verdict(parse: Any, value: bytes) -> tuple[str, Any]:
@@ -309,6 +318,26 @@ def test_json_parse_reads_every_json_document_as_json_does(doc: Any, encoding: s
     b'{"a": 1, "a": 2}', b"\xef\xbb\xbf{}", b'"\xed\xa0\x80"', b" 1 ", b"01"]))
 def test_json_parse_accepts_and_refuses_what_json_does(value: bytes) -> None:
     assert _verdict(_parse, value) == _verdict(_standard_parse, value)
+
+
+@pytest.mark.parametrize(("value", "reason"), [
+    ('{"a": 1}'.encode("utf-16"), "not UTF-8 (invalid start byte at byte 0); JSON "
+     "between systems is UTF-8 (RFC 8259), not UTF-16 or UTF-32"),
+    ('{"a": "é"}'.encode("utf-16-be"), "not JSON"),
+    ('{"a": 1}'.encode("utf-32"), "not UTF-8"),
+    (b"\xef\xbb\xbf{}", "it starts with a byte-order mark"),
+    (b'{"amount": 1e400}', "1e400 is beyond a double's range"),
+    (b'{"amount": 1E+400}', "1E+400 is beyond a double's range"),
+    (b'{"amount": ' + b"9" * 400 + b'.5}', "is beyond a double's range"),
+])
+def test_json_that_is_not_utf_8_or_overflows_is_not_json(value: bytes, reason: str) -> None:
+    """RFC 8259: JSON exchanged between systems is UTF-8; Python's json would read UTF-16
+    and UTF-32 text, and 1e400 as infinity (a schema then saw null)."""
+    plugin = _validator(default_schema={"type": "object"})
+    with pytest.raises(RejectBatch) as caught:
+        plugin.intercept(_batch([value], topic="any"), _ctx())
+    ((_, message),) = caught.value.record_errors
+    assert message is not None and message.startswith("not JSON: ") and reason in message
 
 
 def test_json_format_is_an_annotation() -> None:
