@@ -11,8 +11,9 @@ Contract:
   the proxy can carry; responses that name broker addresses are rewritten; SASL requests
   are read as they pass so the connection learns its principal; everything
   else is forwarded as opaque bytes without being decoded.
-- A request whose answer would have to be rewritten at a version the proxy has
-  no schema for (never offered in ApiVersions, but a client can send it) is
+- A request with an API key the proxy has no schema for, or whose answer would
+  have to be rewritten at a version it has no schema for (never offered in
+  ApiVersions, but a client can send it), is
   refused with :class:`~kiproxy.protocol.errors.UnsupportedVersion`: the
   connection closes the client with one warning, as a Kafka broker closes a
   connection that sends a request version it cannot parse.
@@ -168,6 +169,12 @@ class RequestDispatcher:
 
     async def _other(self, client: RequestingClient, generation: Generation,
                      header: RequestHeader, frame: bytes) -> Disposition:
+        if known_version_range(header.api_key) is None:
+            # Never offered (ApiVersions lists only the keys the proxy knows): a broker
+            # closes the connection for it, which would read as the broker failing.
+            raise UnsupportedVersion(
+                f"a request with API key {header.api_key} refused: Kafka defines no such "
+                "API in the schemas the proxy ships, and ApiVersions never offered it")
         if not rewritable(header.api_key, header.api_version):
             # Checked before forwarding: the broker would act on the request and its
             # answer could then be neither rewritten nor passed on (it names brokers).

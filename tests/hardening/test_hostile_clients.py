@@ -239,6 +239,9 @@ def _bad_frame_connections(address: str) -> dict[str, tuple[socket.socket, str]]
         "length -1": struct.pack(">i", -1),
         "a 3-byte frame": struct.pack(">i", 3) + b"\x00\x12\x00",
         "garbage after a valid ApiVersions": api_versions_frame(1) + b"\xde\xad\xbe\xef" * 64,
+        # refused by the proxy, not forwarded for the broker to hang up on (which read
+        # as the broker failing: kiproxy_upstream_connection_errors_total{kind="broken"})
+        "API key 999, which Kafka does not define": struct.pack(">ihhih", 10, 999, 0, 7, -1),
     }
     out = {}
     for name, data in cases.items():
