@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.proxy.admin.guard import AdminGuard
 from kiproxy.proxy.admin.http import HealthServer
 from kiproxy.proxy.brokers.discovery import DiscoveryError, discover_nodes
@@ -77,6 +78,9 @@ from kiproxy.proxy.reload.reloader import (
 )
 
 log = logging.getLogger("kiproxy")
+_refusals = RateLimitedLog(log)
+"""Connections refused before they are served (max_connections, a PROXY header the
+listener does not accept): one line per reason per 10 s, with the count of the others."""
 
 __all__ = ["ProxyServer"]
 
@@ -507,8 +511,9 @@ class ProxyServer:
             listener.proxy_protocol, self.generation.proxy_trusted,
             (identity.peer_host, identity.peer_port), parsed)
         if isinstance(decision, Refuse):
-            log.warning("closing connection on listener %s: %s", listener.name,
-                        decision.reason)
+            _refusals.warning((listener.name, decision.reason), "closing connection on "
+                              "listener %s: %s", listener.name, decision.reason,
+                              more=MORE_IN_INTERVAL)
             if self.metrics is not None:
                 self.metrics.client_errors.inc()
             client.transport.abort()
@@ -521,9 +526,10 @@ class ProxyServer:
 
     async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
-            peer = client.get_extra_info("peername")
-            log.warning("refusing client %s: max_connections (%d) reached", peer,
-                        self.config.max_connections)
+            host, port = client.get_extra_info("peername")[:2]
+            _refusals.warning("max_connections", "refusing client %s:%s: max_connections "
+                              "(%d) reached", host, port, self.config.max_connections,
+                              more=MORE_IN_INTERVAL)
             if self.metrics is not None:
                 self.metrics.refused_connections.inc()
             client.transport.abort()

@@ -37,11 +37,15 @@ from dataclasses import dataclass
 
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.framing import parse_response_header
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.protocol.messages import ApiKey, parse_request, parse_response
 
 __all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "identity_after_sasl", "user_from_token"]
 
 log = logging.getLogger("kiproxy.connection")
+_failures = RateLimitedLog(log)
+"""Failed logins: one line per client host and user per 10 s (a client retries its
+login every few milliseconds), with the count of the others."""
 
 
 def _scram_unescape(name: str) -> str:
@@ -259,9 +263,10 @@ def identity_after_sasl(identity: ClientIdentity, sasl: SaslTracker,
                  identity.client_address, identity.client_id, verdict.user, mechanism,
                  extra=log_context)
         return dataclasses.replace(identity, principal=verdict.user, sasl_mechanism=mechanism)
-    log.warning("SASL authentication of client %s (client_id %r) as %r failed: %s "
-                "(SASL %s)", identity.client_address, identity.client_id, verdict.user,
-                verdict.reason, mechanism, extra=log_context)
+    _failures.warning(
+        (identity.client_host, verdict.user), "SASL authentication of client %s (client_id "
+        "%r) as %r failed: %s (SASL %s)", identity.client_address, identity.client_id,
+        verdict.user, verdict.reason, mechanism, more=MORE_IN_INTERVAL, extra=log_context)
     if sasl.principal is not None and identity.principal == sasl.principal:
         identity = dataclasses.replace(identity, principal=identity.tls_subject,
                                        sasl_mechanism=None)

@@ -31,8 +31,10 @@ from kiproxy.protocol.framing import (
     parse_request_header,
     request_header_version,
 )
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.messages import ApiKey, request_type, response_type, serialize
 from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.net import sasl as sasl_module
 from kiproxy.proxy.produce.disposition import Forward
 from kiproxy.proxy.server import ProxyServer
 
@@ -180,6 +182,12 @@ def _authenticate(server: ProxyServer, conn: _Client, version: int, token: bytes
 
 def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
     return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+
+@pytest.fixture(autouse=True)
+def _fresh_failure_log(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test starts with no failed login logged lately (the limit is process-wide)."""
+    monkeypatch.setattr(sasl_module, "_failures", RateLimitedLog(sasl_module.log))
 
 
 MECHANISMS = ["SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -359,6 +367,30 @@ def test_plain_error_code_fails(server: ProxyServer, caplog: pytest.LogCaptureFi
         "SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'alice' failed: "
         "error_code 58 (SASL_AUTHENTICATION_FAILED): Authentication failed: Invalid "
         "username or password (SASL PLAIN)"]
+
+
+def test_failed_logins_of_one_client_and_user_are_one_line_per_interval(
+        server: ProxyServer, caplog: pytest.LogCaptureFixture,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client retries its login every few milliseconds (117 lines in 6 s from one
+    wrong password): one line per client host and user per 10 s, then the count."""
+    now = [0.0]
+    monkeypatch.setattr(sasl_module, "_failures",
+                        RateLimitedLog(sasl_module.log, clock=lambda: now[0]))
+    for user in (b"alice", b"alice", b"alice", b"bob"):
+        conn = _Client()
+        _handshake(server, conn, "PLAIN")
+        outcome = _authenticate(server, conn, 2, b"\x00" + user + b"\x00wrong")
+        _answer(outcome, _response(2, b"", ErrorCode.sasl_authentication_failed, "no"))
+    assert [w.split(" failed:")[0] for w in _warnings(caplog)] == [
+        "SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'alice'",
+        "SASL authentication of client 127.0.0.1:9 (client_id 'unit') as 'bob'"]
+    now[0] = 10.0
+    conn = _Client()
+    _handshake(server, conn, "PLAIN")
+    _answer(_authenticate(server, conn, 2, b"\x00alice\x00wrong"),
+            _response(2, b"", ErrorCode.sasl_authentication_failed, "no"))
+    assert _warnings(caplog)[-1].endswith("(SASL PLAIN) (2 more in the last 10 s)")
 
 
 # ---------------------------------------------------------------------- others
