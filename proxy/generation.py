@@ -189,7 +189,8 @@ def _kafka_sink(name: str, settings: KafkaSinkSettings, config: ProxyConfig,
     return KafkaSink(name, settings, bootstrap=bootstrap,
                      tls=upstream_context(tls, f"{name}_sink.tls") if tls is not None else None,
                      metrics=metrics if metrics is not None else Metrics(),
-                     creates_topics=creates_topics)
+                     creates_topics=creates_topics,
+                     max_request_bytes=config.max_frame_size)  # what a producer may send
 
 
 def build_generation(config: ProxyConfig, number: int, *, metrics: Metrics | None,

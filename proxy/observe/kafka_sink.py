@@ -55,7 +55,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.sink")
 
-__all__ = ["DROP_REASONS", "LOG_INTERVAL", "KafkaSink", "SinkBatch", "SinkRecord"]
+__all__ = ["DEFAULT_MAX_REQUEST_BYTES", "DROP_REASONS", "LOG_INTERVAL", "KafkaSink", "SinkBatch",
+           "SinkRecord"]
 
 DROP_REASONS = ("queue_full", "topic_missing", "not_authorized", "refused", "unavailable",
                 "closed")
@@ -67,6 +68,9 @@ LOG_INTERVAL = 30.0
 _RETRY_CONNECT_S = 1.0
 _CREATE_WAIT_S = 2.0
 _NOT_YET = (3, 5)  # UNKNOWN_TOPIC_OR_PARTITION, LEADER_NOT_AVAILABLE
+DEFAULT_MAX_REQUEST_BYTES = 100 * 2**20
+"""The largest record a sink sends when not told (the proxy passes its ``max_frame_size``)."""
+
 _BATCH_BYTES = 512 * 2**10
 """aiokafka's batch per partition (its default, 16 KiB, holds one large refused record and
 makes every such record wait for the previous one's acknowledgement); under the brokers'
@@ -142,7 +146,8 @@ class KafkaSink:
 
     def __init__(self, name: str, settings: KafkaSinkSettings, *, bootstrap: Sequence[str],
                  tls: ssl.SSLContext | None, metrics: Metrics,
-                 creates_topics: bool = False) -> None:
+                 creates_topics: bool = False,
+                 max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES) -> None:
         if importlib.util.find_spec("aiokafka") is None:
             raise ImportError(f"{name}_sink needs aiokafka: "
                               "pip install '.[kafka-audit]' (from a kiproxy checkout)")
@@ -150,6 +155,10 @@ class KafkaSink:
         self.settings = settings
         self.bootstrap = tuple(bootstrap)
         self.creates_topics = creates_topics
+        self.max_request_bytes = max_request_bytes
+        """The largest record the sink hands its producer (aiokafka's ``max_request_size``,
+        1 MiB by default, would drop a larger refused record before the broker is asked;
+        the broker's own limit then decides)."""
         self._tls = tls
         self._sasl_password = settings.sasl.secret() if settings.sasl is not None else None
         self._written = metrics.sink_written
@@ -340,7 +349,8 @@ class KafkaSink:
         producer = AIOKafkaProducer(
             bootstrap_servers=list(self.bootstrap), client_id=s.client_id, acks=s.acks,
             linger_ms=s.linger_ms, request_timeout_ms=s.request_timeout_ms,
-            max_batch_size=_BATCH_BYTES, security_protocol=protocol, ssl_context=self._tls, **sasl)
+            max_batch_size=_BATCH_BYTES, max_request_size=self.max_request_bytes,
+            security_protocol=protocol, ssl_context=self._tls, **sasl)
         try:
             await asyncio.wait_for(producer.start(), s.request_timeout_ms / 1000)
         except Exception as exc:

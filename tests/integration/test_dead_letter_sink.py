@@ -177,6 +177,28 @@ def test_a_missing_or_deleted_topic_drops_copies_and_is_never_created(
     assert topic not in names and never not in names
 
 
+def test_a_record_over_a_mebibyte_is_copied_when_the_topic_takes_it(
+        apache_kafka: KafkaCluster) -> None:
+    """The producer's own 1 MiB max_request_size dropped such a record before the broker
+    was asked ("configure max_request_size", a setting kiproxy does not have); the
+    sink's bound is what a producer may send the proxy, and the topic decides."""
+    topic = create_topic(apache_kafka.bootstrap, {"max.message.bytes": str(4 * 2**20)})
+    metrics = Metrics()
+    big = records(1, size=1_100_000)
+
+    async def run() -> None:
+        dl = sink(apache_kafka.bootstrap, metrics, linger_ms=0)
+        await dl.start()
+        dl.offer(refused_copy(topic, big))
+        await wait_for(lambda: written(metrics, topic) == 1 or dropped(metrics, "refused") > 0)
+        await dl.close()
+
+    asyncio.run(run())
+    assert (written(metrics, topic), dropped(metrics, "refused")) == (1, 0)
+    (message,) = consume(apache_kafka.bootstrap, topic, 1)
+    assert message.value() == big[0].value
+
+
 def test_records_the_broker_refuses_are_dropped_and_counted(apache_kafka: KafkaCluster) -> None:
     topic = create_topic(apache_kafka.bootstrap, {"max.message.bytes": "2048"})
     metrics = Metrics()
