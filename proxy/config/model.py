@@ -369,7 +369,8 @@ class ProxyConfig(_Strict):
     audit_sink: AuditSinkSettings = Field(default_factory=AuditSinkSettings)
     """The producer that sends the audit events to ``audit.topic``."""
     metrics_listen: Annotated[str | None, Flag(metavar="HOST:PORT")] = None
-    """``HOST:PORT`` serving ``/metrics``, ``/healthz`` and ``/readyz``; off when unset."""
+    """``HOST:PORT`` serving ``/metrics``, ``/livez`` (``/healthz``), ``/readyz``,
+    ``/config`` and ``POST /reload`` (see ``admin``); off when unset."""
     log_level: Annotated[str, Flag(metavar="LEVEL")] = "INFO"
     """``DEBUG``, ``INFO``, ``WARNING``, ``ERROR`` or ``CRITICAL``."""
     log_format: Annotated[str, Flag(metavar="FORMAT")] = "text"
