@@ -182,6 +182,11 @@ def test_json_result_fields_left_out_are_kept() -> None:
     (1, "json", b'\x00{"headers": [["a"]]}', "header 0 must be a [key, value] pair"),
     (2, "json", b'\x00{"records": []}', "holds 0 records for a batch of 1"),
     (2, "json", b'\x00[]', "v2 result must be a JSON object"),
+    # an OverflowError from building the record, before
+    (1, "json", b'\x00{"timestamp": 99999999999999999999999}', "beyond 64 bits"),
+    # ignored before (the record stayed where it was, and nothing said so)
+    (1, "json", b'\x00{"topic": "elsewhere"}', "names topic 'elsewhere', not 'orders'"),
+    (2, "json", b'\x00{"records": [{"partition": 3}]}', "names partition 3, not 0"),
     (1, "binary", b"\x00\x01\x02", "runs past the end"),
     (1, "binary", b"", "empty"),
     (1, "binary", b"\x09", "unknown status byte 9"),
@@ -192,7 +197,10 @@ def test_malformed_results_are_named(abi: int, encoding: str, result: bytes,
     from kiproxy.interceptors.builtin.wasm.abi import Malformed as _Malformed
 
     with pytest.raises(_Malformed, match=re.escape(reason)):
-        decode_result(abi, encoding, result, (RECORDS[0],))
+        decode_result(abi, encoding, result, (RECORDS[0],), place=("orders", 0))
+    if b"topic" not in result and b"partition" not in result:  # and without a place
+        with pytest.raises(_Malformed, match=re.escape(reason)):
+            decode_result(abi, encoding, result, (RECORDS[0],))
 
 
 def test_a_rejection_reason_is_utf8_text() -> None:

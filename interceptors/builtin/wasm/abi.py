@@ -243,14 +243,24 @@ def _from_json_bytes(value: Any, what: str) -> bytes | None:
 _JSON_RECORD_KEYS = {"key", "value", "headers", "timestamp", "topic", "partition"}
 
 
-def _json_to_record(doc: Any, original: Record, index: int) -> Record:
+_I64_RANGE = range(-(2**63), 2**63)
+
+
+def _json_to_record(doc: Any, original: Record, index: int,
+                    place: tuple[str, int] | None) -> Record:
     where = f"record {index}"
     if not isinstance(doc, Mapping):
         raise Malformed(f"{where} must be a JSON object, not {type(doc).__name__}")
     unknown = set(doc) - _JSON_RECORD_KEYS
     if unknown:
         raise Malformed(f"{where} has unknown field(s) {', '.join(sorted(unknown))} "
-                         "(allowed: key, value, headers, timestamp)")
+                         "(allowed: key, value, headers, timestamp; topic and partition "
+                         "as given)")
+    if place is not None:
+        for field, given in zip(("topic", "partition"), place, strict=True):
+            if field in doc and doc[field] != given:
+                raise Malformed(f"{where} names {field} {doc[field]!r}, not {given!r}: a "
+                                 "record stays in its topic-partition")
     key = _from_json_bytes(doc["key"], f"{where} key") if "key" in doc else original.key
     value = _from_json_bytes(doc["value"], f"{where} value") if "value" in doc else original.value
     timestamp = original.timestamp
@@ -258,6 +268,8 @@ def _json_to_record(doc: Any, original: Record, index: int) -> Record:
         timestamp = doc["timestamp"]
         if not isinstance(timestamp, int) or isinstance(timestamp, bool):
             raise Malformed(f"{where} timestamp must be an integer (ms)")
+        if timestamp not in _I64_RANGE:
+            raise Malformed(f"{where} timestamp {timestamp} is beyond 64 bits")
     headers = original.headers
     if "headers" in doc:
         raw = doc["headers"]
@@ -274,13 +286,15 @@ def _json_to_record(doc: Any, original: Record, index: int) -> Record:
 
 
 def decode_result(
-    abi: int, encoding: str, result: bytes, originals: Sequence[Record]
+    abi: int, encoding: str, result: bytes, originals: Sequence[Record], *,
+    place: tuple[str, int] | None = None,
 ) -> tuple[Record, ...] | str | None:
     """Interpret a module's result for ``originals`` (one record for v1).
 
     Returns the records (same count as ``originals``), the reason string of a
-    rejection, or None for "unchanged". Raises ``_Malformed`` when the result
-    does not follow the ABI.
+    rejection, or None for "unchanged". Raises ``Malformed`` when the result
+    does not follow the ABI: with ``place`` (the batch's topic and partition), also
+    when a JSON record names another topic or partition than the one it was given.
     """
     if not result:
         raise Malformed("the result is empty (expected a status byte)")
@@ -297,14 +311,14 @@ def decode_result(
         except (ValueError, UnicodeDecodeError) as exc:
             raise Malformed(f"the result is not JSON: {exc}") from None
         if abi == 1:
-            return (_json_to_record(doc, originals[0], 0),)
+            return (_json_to_record(doc, originals[0], 0, place),)
         if not isinstance(doc, Mapping) or not isinstance(doc.get("records"), list):
             raise Malformed('a v2 result must be a JSON object {"records": [...]}')
         items = doc["records"]
         if len(items) != len(originals):
             raise Malformed(f"the result holds {len(items)} records for a batch of "
                              f"{len(originals)}")
-        return tuple(_json_to_record(d, o, i) for i, (d, o) in
+        return tuple(_json_to_record(d, o, i, place) for i, (d, o) in
                      enumerate(zip(items, originals, strict=True)))
     pos = 1
     if abi == 2:

@@ -501,7 +501,8 @@ class Program:
                                records)
         raw = instance.call(payload, deadline)
         try:
-            return decode_result(binding.abi, binding.encoding, raw, records)
+            return decode_result(binding.abi, binding.encoding, raw, records,
+                                 place=(batch.topic, batch.partition))
         except Malformed as exc:
             raise _Fault(f"returned a malformed result: {exc}", suspect=True,
                          malformed=True) from exc
