@@ -64,6 +64,7 @@ import logging
 import operator
 import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -105,6 +106,8 @@ __all__ = [
     "judge",
     "judge_sync",
     "output_fault",
+    "output_limits",
+    "output_size",
     "result_fault",
     "stray_text",
 ]
@@ -145,6 +148,23 @@ class OutputLimits:
 
 DEFAULT_OUTPUT_LIMITS = OutputLimits()
 """The limits of a runtime that was given none (the test kit, ``kiproxy check``, replay)."""
+
+_LIMITS: ContextVar[OutputLimits] = ContextVar("kiproxy_output_limits",
+                                               default=DEFAULT_OUTPUT_LIMITS)
+
+
+def output_size(records: Sequence[Record]) -> int:
+    """Bytes ``records`` take encoded, as the output bound counts them (0 for what cannot
+    be encoded: encoding refuses it later, naming the record)."""
+    return _encoded_size(records) or 0
+
+
+def output_limits() -> OutputLimits:
+    """The output bounds of the batch being judged (:func:`judge` sets them around the
+    plugin's call; a thread the plugin hands its work to sees them when it runs in a
+    copy of the caller's context): for a plugin host that builds its answer record by
+    record, to stop before the whole of an oversized answer is in memory."""
+    return _LIMITS.get()
 
 AcknowledgementHook = Callable[[AcknowledgedBatch, int, "int | None"], None]
 
@@ -265,8 +285,9 @@ class PluginFault(RejectBatch):
     """Raised by a plugin host (the Wasm built-ins) when the plugin it runs misbehaved.
 
     ``fault`` says how: ``crashed`` (a Wasm trap, out of memory or fuel, or refused while
-    the host backs it off after such crashes) or ``return_type`` (an answer the host
-    cannot read as records). Not a decision about the records: the verdict rejects the
+    the host backs it off after such crashes), ``return_type`` (an answer the host
+    cannot read as records) or ``output_size`` (an answer past :func:`output_limits`,
+    stopped as it was being read). Not a decision about the records: the verdict rejects the
     batch with ``error`` (INVALID_RECORD by default), the ``message`` as given (name
     the plugin and the cause in a user's words; a raw trace belongs in the log, at
     DEBUG) and ``record_errors``, as a plugin fault - logged rate-limited, not as a
@@ -275,7 +296,8 @@ class PluginFault(RejectBatch):
 
     def __init__(self, message: str, record_errors: Sequence[tuple[int, str | None]] = (),
                  error: str | int = "INVALID_RECORD", *,
-                 fault: Literal["crashed", "return_type"] = "crashed") -> None:
+                 fault: Literal["crashed", "return_type", "output_size"] = "crashed"
+                 ) -> None:
         super().__init__(message, error, record_errors)
         self.fault: Fault = fault
 
@@ -496,19 +518,24 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     ``name`` names the plugin in messages. ``timeout`` (seconds, the configured
     ``interceptor.timeout_ms``) turns on the deadline ``ctx.deadline``; None
     leaves the deadline to the caller (an isolation worker, killed by its pool).
-    ``limits`` bound the bytes it may return (the proxy's configured ones).
+    ``limits`` bound the bytes it may return (the proxy's configured ones; the plugin
+    reads them with :func:`output_limits`).
     """
     judging = _judging(interceptor, batch, ctx, name, timeout, limits)
+    bounds = _LIMITS.set(limits)
     try:
-        awaitable, remaining = next(judging)
-    except StopIteration as done:  # a plain intercept: judged without waiting
-        verdict: Verdict = done.value
-        return verdict
-    try:
-        result = await within(awaitable, remaining, name)
-    except Exception as exc:
-        return _resumed(judging, None, exc)
-    return _resumed(judging, result, None)
+        try:
+            awaitable, remaining = next(judging)
+        except StopIteration as done:  # a plain intercept: judged without waiting
+            verdict: Verdict = done.value
+            return verdict
+        try:
+            result = await within(awaitable, remaining, name)
+        except Exception as exc:
+            return _resumed(judging, None, exc)
+        return _resumed(judging, result, None)
+    finally:
+        _LIMITS.reset(bounds)
 
 
 def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
@@ -522,16 +549,20 @@ def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     ``seconds`` (None: no limit). A plain ``intercept`` never reaches ``run``.
     """
     judging = _judging(interceptor, batch, ctx, name, timeout, limits)
+    bounds = _LIMITS.set(limits)
     try:
-        awaitable, remaining = next(judging)
-    except StopIteration as done:
-        verdict: Verdict = done.value
-        return verdict
-    try:
-        result = run(awaitable, remaining)
-    except Exception as exc:
-        return _resumed(judging, None, exc)
-    return _resumed(judging, result, None)
+        try:
+            awaitable, remaining = next(judging)
+        except StopIteration as done:
+            verdict: Verdict = done.value
+            return verdict
+        try:
+            result = run(awaitable, remaining)
+        except Exception as exc:
+            return _resumed(judging, None, exc)
+        return _resumed(judging, result, None)
+    finally:
+        _LIMITS.reset(bounds)
 
 
 def acknowledgement_hook(interceptor: Any) -> AcknowledgementHook | None:

@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextvars
 import importlib
 import os
 import threading
@@ -382,7 +383,9 @@ class SandboxHost(Generic[K, P]):
                         stop: Callable[[], None] | None) -> RecordBatch:
         assert self._executor is not None
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._executor, run)
+        # In a copy of the caller's context, as asyncio.to_thread runs a call: the verdict's
+        # output_limits() reach the plugin on the thread.
+        future = loop.run_in_executor(self._executor, contextvars.copy_context().run, run)
         if stop is None:
             return await future
         timer = loop.call_later(max(deadline - time.monotonic(), 0), stop)

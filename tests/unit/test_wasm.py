@@ -27,7 +27,15 @@ from kiproxy.interceptors.builtin.wasm import (
     decode_result,
     encode_input,
 )
-from kiproxy.interceptors.verdict import PluginFault
+from kiproxy.interceptors.verdict import (
+    DEFAULT_OUTPUT_LIMITS,
+    OutputLimits,
+    PluginFault,
+    Rejected,
+    judge,
+    output_limits,
+    output_size,
+)
 
 TESTS = Path(__file__).resolve().parent.parent
 ROOT = TESTS.parent
@@ -536,3 +544,22 @@ def test_headers_survive_a_transform_in_order() -> None:
     b = batch((Record(value=b"v", headers=headers, timestamp=1),))
     out = run(wasm(module=UPPERCASE, encoding="binary"), b)
     assert list(out.records[0].headers) == headers
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_an_answer_past_the_output_bound_is_stopped_as_it_is_read(threaded: bool) -> None:
+    """ABI v1 calls the module record by record: the bound is checked as the answers
+    come, so a module answering every record with 64 MiB is refused before a batch of
+    40 records holds 2.6 GB. ``judge`` hands the bound to the host (also on its thread)."""
+    plugin = wasm(module=ECHO, function="echo_binary", encoding="binary", threaded=threaded)
+    first = output_size(RECORDS[:1])
+    limits = OutputLimits(max_bytes=first + 1)  # the first record fits, the second not
+
+    async def judged() -> Any:
+        return await judge(plugin, batch(), ctx(), name="w", timeout=5, limits=limits)
+
+    verdict = asyncio.run(judged())
+    assert isinstance(verdict, Rejected) and verdict.fault == "output_size"
+    assert (f"returned more than {first + 1} bytes of records for orders[3] by record 1 of 4"
+            in verdict.message)
+    assert output_limits() == DEFAULT_OUTPUT_LIMITS  # set for the call only

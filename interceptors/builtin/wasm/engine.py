@@ -43,7 +43,7 @@ from kiproxy.interceptors.builtin.wasm.declaration import (
     bind,
     read_declaration,
 )
-from kiproxy.interceptors.verdict import PluginFault
+from kiproxy.interceptors.verdict import PluginFault, output_limits, output_size
 
 __all__ = ["EpochClock", "Instance", "Program", "Target", "new_engine"]
 
@@ -459,6 +459,7 @@ class Program:
             if binding.abi == 1:
                 out: list[Record] = []
                 changed = False
+                bound, size = output_limits().max_bytes, 0
                 for index, record in enumerate(batch.records):
                     result = self._decoded(instance, (record,), batch, deadline)
                     if isinstance(result, str):
@@ -471,6 +472,14 @@ class Program:
                     else:
                         out.append(result[0])
                         changed = True
+                    size += output_size((out[-1],))
+                    if size > bound:  # stopped before the rest is read: memory is bounded
+                        healthy = True
+                        self.backoff.answered()
+                        raise PluginFault(
+                            f"{self.name} returned more than {bound} bytes of records for "
+                            f"{where} by record {index} of {len(batch.records)}; the limit is "
+                            f"max_plugin_output_bytes ({bound})", fault="output_size")
                 healthy = True
                 self.backoff.answered()
                 return batch.with_records(out) if changed else batch
