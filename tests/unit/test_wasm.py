@@ -247,6 +247,8 @@ def test_fuel_is_a_budget_per_batch_not_per_record() -> None:
     ("trap", "trapped: wasm trap: integer divide by zero"),
     ("bad_pointer", "returned a malformed result: 10 bytes at 2147418112 is not inside"),
     ("bad_status", "returned a malformed result: unknown status byte 7"),
+    ("empty_result", "returned a malformed result: it is empty (0 bytes; a status byte "
+     "comes first)"),
     ("truncated", "returned a malformed result: record 0 timestamp runs past the end"),
 ])
 def test_faults_reject_the_batch_naming_module_and_reason(function: str, reason: str) -> None:
@@ -426,6 +428,11 @@ def test_a_default_module_serves_unlisted_topics() -> None:
     ({"module": str(UPPERCASE), "encoding": "xml"},
      "encoding: expected 'json' or 'binary', got 'xml'"),
     ({"module": str(UPPERCASE), "fuel": 0}, "fuel: must be greater than 0, got 0"),
+    # accepted before, and then every batch failed (or the interval meant "never")
+    ({"module": str(UPPERCASE), "max_memory_bytes": 1000},
+     "max_memory_bytes: must be at least 65536, got 1000"),
+    ({"module": str(UPPERCASE), "reload_interval_ms": -5},
+     "reload_interval_ms: must be at least -1, got -5"),
     ({"module": str(UPPERCASE), "error": "NOPE"}, "unknown Kafka error"),
     ({"module": "/nonexistent/m.wasm"}, "cannot read wasm module /nonexistent/m.wasm"),
     ({"module": str(UPPERCASE), "function": "nope"}, "exports no function 'nope'"),

@@ -64,6 +64,9 @@
   (func (export "bad_pointer") (param $ptr i32) (param $len i32) (result i64)
     (call $result (i32.const 0x7fff0000) (i32.const 10)))
 
+  (func (export "empty_result") (param $ptr i32) (param $len i32) (result i64)
+    (call $result (i32.const 0) (i32.const 0)))
+
   (func (export "bad_status") (param $ptr i32) (param $len i32) (result i64)
     (call $result (i32.const 24) (i32.const 1)))
 

@@ -136,7 +136,7 @@ class ExtismTarget(PluginSettings):
     """Give the plugin WASI (no files, no environment, no network)."""
     timeout_ms: int | None = Field(default=None, gt=0, strict=True)
     """Per call (Extism's manifest ``timeout_ms``); unset: until the batch deadline."""
-    max_memory_bytes: int | None = Field(default=None, gt=0, strict=True)
+    max_memory_bytes: int | None = Field(default=None, ge=65536, strict=True)
     """Linear-memory cap per instance; unset: 256 MiB, unless ``max_pages`` is set."""
     max_pages: int | None = Field(default=None, gt=0, strict=True)
     """The cap in 64 KiB pages (manifest ``memory.max_pages``) instead of

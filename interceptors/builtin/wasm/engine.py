@@ -234,7 +234,10 @@ class Instance:
         ret &= 0xFFFF_FFFF_FFFF_FFFF
         out_ptr, out_len = ret >> 32, ret & 0xFFFF_FFFF
         size = self.memory.data_len(self.store)
-        if out_len == 0 or out_ptr + out_len > size:
+        if out_len == 0:
+            raise _Fault("returned a malformed result: it is empty (0 bytes; a status byte "
+                         "comes first)", suspect=True, malformed=True)
+        if out_ptr + out_len > size:
             raise _Fault(f"returned a malformed result: {out_len} bytes at {out_ptr} "
                          f"is not inside its {size}-byte memory", suspect=True, malformed=True)
         return bytes(self.memory.read(self.store, out_ptr, out_ptr + out_len))

@@ -170,8 +170,8 @@ class WasmTarget(PluginSettings):
     """The bytes the host writes for a call. Unset: the module's declaration, else json."""
     fuel: int = Field(default=DEFAULT_FUEL, gt=0, strict=True)
     """Instruction budget per batch (deterministic: the same batch always burns the same)."""
-    max_memory_bytes: int = Field(default=DEFAULT_MAX_MEMORY_BYTES, gt=0, strict=True)
-    """Linear-memory cap per instance (256 MiB)."""
+    max_memory_bytes: int = Field(default=DEFAULT_MAX_MEMORY_BYTES, ge=65536, strict=True)
+    """Linear-memory cap per instance (256 MiB); at least one Wasm page (65536)."""
     error: ErrorName = "INVALID_RECORD"
     """The error code of rejections the module asks for."""
 
@@ -192,7 +192,7 @@ class WasmSettings(WasmTarget):
     topics: dict[str, Entry] = Field(default_factory=dict)
     """Exact topic name -> its module: a path, or a mapping that overrides any of the
     top-level keys above."""
-    reload_interval_ms: int = Field(default=1000, strict=True)
+    reload_interval_ms: int = Field(default=1000, ge=-1, strict=True)
     """Stat the module file this often (a change recompiles it); 0: every batch; -1: never."""
     threaded: bool = True
     """Run Wasm on worker threads (``false``: inline on the event loop)."""
