@@ -8,13 +8,20 @@ stop:
 - a worker that ends on its own (a crash, an out-of-memory kill, ``kill -9``)
   is logged at ERROR with its exit code or signal and started again under the
   same index (metrics port and audit file), with the configuration file as it
-  reads now (the start-up configuration when it no longer loads);
+  reads now - the start-up configuration when it no longer loads or changes a
+  restart-only setting, which the running workers refused to take;
 - a worker that ends within :data:`CRASH_LOOP_S` of its start is not started
   again: every worker is stopped and the exit code is 1, so that a supervisor
   (systemd, Kubernetes) sees the failure instead of a process restarting in a
   loop;
 - after SIGTERM or SIGINT the workers drain and end; the exit code is 1 when
-  any ended with an error.
+  any ended with an error (a worker still starting ends at once on SIGTERM, which
+  is no error then).
+
+Signals are blocked while a worker is forked and registered, so one that arrives
+meanwhile reaches it; a forked worker starts with SIGTERM and SIGINT at their
+defaults and SIGHUP ignored until its event loop takes them over (it loads the
+configuration file as it reads then anyway).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
+from kiproxy.proxy.reload.reloader import restart_only_changes
 from kiproxy.proxy.serve import print_ready, run_loop, serve
 
 log = logging.getLogger("kiproxy")
@@ -36,6 +44,10 @@ __all__ = ["CRASH_LOOP_S", "serve_workers", "worker_config"]
 
 CRASH_LOOP_S = 10.0
 """A worker that ends sooner than this after its start stops the proxy, not restarted."""
+
+_FORWARDED = frozenset({signal.SIGTERM, signal.SIGINT, signal.SIGHUP})
+_STOPPED_BY = frozenset({0, -signal.SIGTERM, -signal.SIGINT})
+"""Exit codes of a worker that stopped as asked (``os.waitstatus_to_exitcode``)."""
 
 
 def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
@@ -101,10 +113,18 @@ def serve_workers(config: ProxyConfig, config_file: str | None,
     stopping = False
 
     def start(index: int, current: ProxyConfig, *, announce: bool = False) -> None:
-        pid = os.fork()
-        if pid == 0:
-            _work(current, index, config_file, overrides, announce=announce)
-        children[pid] = (index, time.monotonic())
+        signal.pthread_sigmask(signal.SIG_BLOCK, _FORWARDED)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                signal.signal(signal.SIGHUP, signal.SIG_IGN)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
+                _work(current, index, config_file, overrides, announce=announce)
+            children[pid] = (index, time.monotonic())
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _FORWARDED)
 
     def forward(sig: int, _frame: object) -> None:
         nonlocal stopping
@@ -125,7 +145,7 @@ def serve_workers(config: ProxyConfig, config_file: str | None,
             continue
         index, started = children.pop(pid)
         if stopping:
-            failed += os.waitstatus_to_exitcode(status) != 0
+            failed += os.waitstatus_to_exitcode(status) not in _STOPPED_BY
             continue
         ran = time.monotonic() - started
         if ran < CRASH_LOOP_S:
@@ -136,7 +156,16 @@ def serve_workers(config: ProxyConfig, config_file: str | None,
             continue
         log.error("worker %d (pid %d) ended (%s): starting it again", index, pid,
                   _ended(status))
-        start(index, _current(config, config_file, overrides))
+        current = _current(config, config_file, overrides)
+        if stopping:  # told to stop while the file was read
+            continue
+        try:
+            start(index, current)
+        except OSError as exc:  # fork refused (memory, process limits)
+            log.error("worker %d cannot be started again (%s): stopping every worker",
+                      index, exc)
+            failed += 1
+            forward(signal.SIGTERM, None)
     if failed:
         log.error("%d of %d workers exited with an error", failed, config.workers)
     return 1 if failed else 0
@@ -149,8 +178,14 @@ def _current(config: ProxyConfig, config_file: str | None,
     if config_file is None:
         return config
     try:
-        return load_config(config_file, overrides)
+        current = load_config(config_file, overrides)
     except ConfigError as exc:
         log.warning("the configuration file does not load (%s): the restarted worker "
                     "serves the one the proxy started with", exc)
         return config
+    if changed := restart_only_changes(config, current):
+        log.warning("the configuration file changes %s, which needs a restart: the "
+                    "restarted worker serves the one the proxy started with",
+                    ", ".join(changed))
+        return config
+    return current
