@@ -79,8 +79,9 @@ from kiproxy.proxy.reload.reloader import (
 
 log = logging.getLogger("kiproxy")
 _refusals = RateLimitedLog(log)
-"""Connections refused before they are served (max_connections, a PROXY header the
-listener does not accept): one line per reason per 10 s, with the count of the others."""
+"""Connections refused before they are served: one line per 10 s for max_connections,
+and per listener and peer host for a PROXY header the listener does not accept, with
+the count of the others."""
 
 __all__ = ["ProxyServer"]
 
@@ -511,7 +512,7 @@ class ProxyServer:
             listener.proxy_protocol, self.generation.proxy_trusted,
             (identity.peer_host, identity.peer_port), parsed)
         if isinstance(decision, Refuse):
-            _refusals.warning((listener.name, decision.reason), "closing connection on "
+            _refusals.warning((listener.name, identity.peer_host), "closing connection on "
                               "listener %s: %s", listener.name, decision.reason,
                               more=MORE_IN_INTERVAL)
             if self.metrics is not None:
@@ -526,10 +527,9 @@ class ProxyServer:
 
     async def _accept(self, client: FrameStream, node_id: int | None) -> None:
         if len(self.connections) >= self.config.max_connections:
-            host, port = client.get_extra_info("peername")[:2]
-            _refusals.warning("max_connections", "refusing client %s:%s: max_connections "
-                              "(%d) reached", host, port, self.config.max_connections,
-                              more=MORE_IN_INTERVAL)
+            _refusals.warning("max_connections", "refusing client %s: max_connections (%d) "
+                              "reached", self._identity(client).client_address,
+                              self.config.max_connections, more=MORE_IN_INTERVAL)
             if self.metrics is not None:
                 self.metrics.refused_connections.inc()
             client.transport.abort()
