@@ -17,7 +17,7 @@ Python objects for it: a 1 KiB value of 40 fields is checked in about a quarter 
 the time of parsing it whole. What msgspec's skipping lets through, the check adds
 back: the value must be UTF-8 (skipped strings are not decoded), hold no integer
 longer than Python's digit limit and no number that may be beyond a double's range (a
-three-digit exponent, or 309 digits in a row: skipped numbers are not converted), and
+three-digit exponent, or 200 digits in a row: skipped numbers are not converted), and
 anything msgspec refuses (a float where an integer is asked for, 1.0 included) goes
 the full way. Bounds must fit in 64 bits.
 """
@@ -102,9 +102,10 @@ def _root_type(schema: Mapping[str, Any]) -> Any:
     return msgspec.defstruct("Value", fields, rename=rename, kw_only=True)
 
 
-_MAYBE_HUGE = re.compile(rb"[0-9.][eE]\+?0*[1-9][0-9]{2}|[0-9]{309}").search
+_MAYBE_HUGE = re.compile(rb"[0-9.][eE]\+?0*[1-9][0-9]{2}|[0-9]{200}").search
 """Where a skipped field may hold a number beyond a double's range (1e400): an exponent
-of 100 or more, or 309 digits in a row (also in a string; the full way decides)."""
+of 100 or more, or 200 digits in a row (with an exponent under 100, overflowing takes
+210 digits; also in a string, where the full way decides)."""
 
 
 def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:

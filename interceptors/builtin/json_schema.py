@@ -178,7 +178,7 @@ def _parse(value: bytes) -> Any:
         raise ValueError("it starts with a byte-order mark, which JSON text does not have "
                          "(RFC 8259)")
     try:
-        text = value.decode("utf-8", "surrogatepass")
+        text = value.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ValueError(f"not UTF-8 ({exc.reason} at byte {exc.start}); JSON between "
                          "systems is UTF-8 (RFC 8259), not UTF-16 or UTF-32") from None

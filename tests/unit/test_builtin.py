@@ -286,7 +286,7 @@ def _standard_parse(value: bytes) -> Any:
         return float(text)
     if value.startswith(b"\xef\xbb\xbf"):
         raise ValueError("BOM")
-    text = value.decode("utf-8", "surrogatepass")
+    text = value.decode("utf-8")
     return json.JSONDecoder(parse_constant=refuse, parse_float=finite).decode(text)
 
 
@@ -329,6 +329,8 @@ def test_json_parse_accepts_and_refuses_what_json_does(value: bytes) -> None:
     (b'{"amount": 1e400}', "1e400 is beyond a double's range"),
     (b'{"amount": 1E+400}', "1E+400 is beyond a double's range"),
     (b'{"amount": ' + b"9" * 400 + b'.5}', "is beyond a double's range"),
+    (b'{"amount": 1' + b"0" * 250 + b'e99}', "is beyond a double's range"),
+    (b'{"a": "\xed\xa0\x80"}', "not UTF-8"),  # an encoded surrogate is not UTF-8
 ])
 def test_json_that_is_not_utf_8_or_overflows_is_not_json(value: bytes, reason: str) -> None:
     """RFC 8259: JSON exchanged between systems is UTF-8; Python's json would read UTF-16
