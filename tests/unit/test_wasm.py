@@ -32,6 +32,7 @@ from kiproxy.interceptors.verdict import (
     OutputLimits,
     PluginFault,
     Rejected,
+    Unchanged,
     judge,
     output_limits,
     output_size,
@@ -558,8 +559,8 @@ def test_an_answer_past_the_output_bound_is_stopped_as_it_is_read(threaded: bool
     """ABI v1 calls the module record by record: the bound is checked as the answers
     come, so a module answering every record with 64 MiB is refused before a batch of
     40 records holds 2.6 GB. ``judge`` hands the bound to the host (also on its thread)."""
-    plugin = wasm(module=ECHO, function="echo_binary", encoding="binary", threaded=threaded)
-    first = output_size(RECORDS[:1])
+    plugin = wasm(module=UPPERCASE, function="transform", encoding="binary", threaded=threaded)
+    first = output_size(run(wasm(module=UPPERCASE, encoding="binary"), batch()).records[:1])
     limits = OutputLimits(max_bytes=first + 1)  # the first record fits, the second not
 
     async def judged() -> Any:
@@ -570,3 +571,9 @@ def test_an_answer_past_the_output_bound_is_stopped_as_it_is_read(threaded: bool
     assert (f"returned more than {first + 1} bytes of records for orders[3] by record 1 of 4"
             in verdict.message)
     assert output_limits() == DEFAULT_OUTPUT_LIMITS  # set for the call only
+
+    # an unchanged batch is not measured (as by the verdict): an echo passes any bound
+    echo = wasm(module=ECHO, function="echo_binary", encoding="binary", threaded=threaded)
+    tiny = OutputLimits(max_bytes=1)
+    assert asyncio.run(judge(echo, batch(), ctx(), name="e", timeout=5, limits=tiny)) == \
+        Unchanged(batch())

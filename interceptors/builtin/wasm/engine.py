@@ -476,7 +476,8 @@ class Program:
                         out.append(result[0])
                         changed = True
                     size += output_size((out[-1],))
-                    if size > bound:  # stopped before the rest is read: memory is bounded
+                    if changed and size > bound:  # stopped before the rest is read
+                        # (an unchanged batch is never measured, as by the verdict)
                         healthy = True
                         self.backoff.answered()
                         raise PluginFault(
