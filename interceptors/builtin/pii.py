@@ -157,7 +157,8 @@ class PiiRuleSettings(PluginSettings):
                 compiled = re.compile(pattern.encode())
             except re.error as exc:
                 raise ValueError(f"not a regular expression: {exc}") from None
-            if any(m.start() == m.end() for m in compiled.finditer(_EMPTY_PROBE)):
+            if compiled.search(b"") is not None or any(
+                    m.start() == m.end() for m in compiled.finditer(_EMPTY_PROBE)):
                 raise ValueError(f"{pattern!r} matches an empty string: it would mask "
                                  "between every character; give it something to match "
                                  "(+ rather than *)")

@@ -455,6 +455,8 @@ def test_pii_masker_reject_rule() -> None:
      "rules.r.pattern: '' matches an empty string"),
     ({"rules": {"r": {"pattern": "[0-9]*"}}, "topics": {"t": ["r"]}},
      "rules.r.pattern: '[0-9]*' matches an empty string"),
+    ({"rules": {"r": {"pattern": "^$"}}, "topics": {"t": ["r"]}},
+     "rules.r.pattern: '^$' matches an empty string"),
     ({"rules": {"r": {"builtin": "phone"}}, "topics": {"t": ["r"]}},
      "rules.r.builtin: expected 'email', 'card', 'ssn', 'iban' or 'ipv4', got 'phone'"),
     ({"rules": {"r": {"pattern": "a", "action": "drop"}}, "topics": {"t": ["r"]}},
