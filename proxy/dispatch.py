@@ -173,8 +173,9 @@ class RequestDispatcher:
             # Never offered (ApiVersions lists only the keys the proxy knows): a broker
             # closes the connection for it, which would read as the broker failing.
             raise UnsupportedVersion(
-                f"a request with API key {header.api_key} refused: Kafka defines no such "
-                "API in the schemas the proxy ships, and ApiVersions never offered it")
+                f"a request with API key {header.api_key} refused: the proxy has no schema "
+                "for that API (none of Kafka's, or one between brokers), and ApiVersions "
+                "never offered it")
         if not rewritable(header.api_key, header.api_version):
             # Checked before forwarding: the broker would act on the request and its
             # answer could then be neither rewritten nor passed on (it names brokers).

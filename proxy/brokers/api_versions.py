@@ -47,7 +47,6 @@ _UNSUPPORTED_VERSION = 35
 
 
 @cache
-@cache  # asked for every request the dispatcher forwards as it is
 def known_version_range(api_key: int) -> tuple[int, int] | None:
     """``(min, max)`` of the schemas shipped for an API key, or ``None`` if unknown."""
     from kio.schema.index import api_key_map, schema_name_map
