@@ -510,6 +510,19 @@ class ProxyConfig(_Strict):
         return route_warnings(self.routes, self.default, [self.listener.name])
 
     @model_validator(mode="after")
+    def _node_ports_apart(self) -> ProxyConfig:
+        taken: dict[int, str] = {}
+        listen_port = parse_host_port(self.listen)[1]
+        if listen_port:
+            taken[listen_port] = "the listen port"
+        for node, port in sorted(self.node_ports.items()):
+            if port in taken:
+                raise ValueError(f"node_ports: node {node} is given port {port}, "
+                                 f"{taken[port]}; each node needs a port of its own")
+            taken[port] = f"node {node}'s"
+        return self
+
+    @model_validator(mode="after")
     def _tls_pairs(self) -> ProxyConfig:
         if (self.tls.cert is None) != (self.tls.key is None):
             raise ValueError("tls.cert and tls.key must be given together")

@@ -35,6 +35,12 @@ def _errors(tmp_path: Path, text: str, **overrides: object) -> list[str]:
     ("max_inline_encode_ms: -1\n", "max_inline_encode_ms: must be at least 0, got -1"),
     ("max_inline_encode_ms: yes\n", "max_inline_encode_ms: expected a number, got true"),
     ("node_ports: {one: 9193}\n", "node_ports: key 'one': expected an integer"),
+    # accepted before: /readyz then said to free a port the proxy held itself
+    ("listen: 127.0.0.1:9192\nnode_ports: {111: 9192}\n",
+     "node_ports: node 111 is given port 9192, the listen port; each node needs a port of "
+     "its own"),
+    ("node_ports: {1: 9300, 2: 9300}\n",
+     "node_ports: node 2 is given port 9300, node 1's; each node needs a port of its own"),
     ("observers:\n  - class: audit\n    confg: {}\n",
      "observers[0].confg: unknown key; did you mean observers[0].config?"),
     ("upstream_tls:\n  zzz: 1\n",
