@@ -127,12 +127,23 @@ def test_a_request_whose_answer_cannot_be_rewritten_is_refused(
 
 @pytest.mark.parametrize(("api_key", "version"), [
     (ApiKey.METADATA, 12), (ApiKey.FETCH, 3), (ApiKey.FETCH, 16), (ApiKey.DESCRIBE_CLUSTER, 0),
-    (ApiKey.FIND_COORDINATOR, 6), (32_000, 99),  # an unknown API names no brokers
+    (ApiKey.FIND_COORDINATOR, 6),
 ])
 def test_requests_the_proxy_can_carry_are_forwarded(server: ProxyServer, api_key: int,
                                                     version: int) -> None:
     assert rewritable(api_key, version)
     assert isinstance(_handle(server, api_key, version), Forward)
+
+
+@pytest.mark.parametrize("api_key", [32_000, 999, 7])  # 7: ControlledShutdown, brokers'
+def test_a_request_with_an_api_key_the_proxy_has_no_schema_for_is_refused(
+        server: ProxyServer, api_key: int) -> None:
+    """ApiVersions never offers it; forwarded, the broker hung up on the connection and
+    the proxy counted that as the broker failing."""
+    assert rewritable(api_key, 0)  # its answer would name no broker: not the reason
+    with pytest.raises(UnsupportedVersion, match=f"a request with API key {api_key} "
+                       "refused: the proxy has no schema for that API"):
+        _handle(server, api_key, 0)
 
 
 def test_rewriting_a_response_at_an_unknown_version_raises_unsupported_version() -> None:
