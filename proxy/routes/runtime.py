@@ -131,7 +131,7 @@ def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> Load
     if link.isolation == "process":
         if consume_hook(resolve_class(spec, config.plugins_dir)) is not None:
             raise PluginLoadError(
-                f"{where}interceptor {spec} has a fetch-side hook (on_consume), which runs "
+                f"interceptor {spec} has a fetch-side hook (on_consume), which runs "
                 "in the proxy's process: isolation: process is not supported for it "
                 "(remove isolation, or split the hooks into two classes)")
         pool = IsolatedInterceptor(spec, config.plugins_dir, link.config,
@@ -163,8 +163,15 @@ def load_routes(config: ProxyConfig) -> LoadedRoutes | None:
         for route in routes:
             where = "" if shorthand else f"route {route.name}: "
             links = []
-            for link in route.links:
-                links.append(_load_link(config, link, where))
+            for number, link in enumerate(route.links, 1):
+                try:
+                    links.append(_load_link(config, link, where))
+                except PluginLoadError as exc:
+                    if shorthand:
+                        raise
+                    # which of the routes and links, when a file has several
+                    raise PluginLoadError(f"route {route.name}, link {number} of "
+                                          f"{len(route.links)}: {exc}") from exc
                 loaded.append(links[-1])
             chains[route.index] = _chain(route, tuple(links))
     except BaseException:

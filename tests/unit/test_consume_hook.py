@@ -273,7 +273,9 @@ routes:
 
 
 def test_a_fetch_side_hook_under_process_isolation_is_refused_at_load(tmp_path: Path) -> None:
-    with pytest.raises(PluginLoadError, match=r"on_consume.*isolation: process"):
+    with pytest.raises(PluginLoadError, match=r"^route 0, link 1 of 1: interceptor "
+                       r"tp_fetch:Reverse has a fetch-side hook \(on_consume\).*isolation: "
+                       "process"):
         _routes(tmp_path, """
 routes:
   - match: {topic: "rev-.*"}
