@@ -133,11 +133,13 @@ def serve_workers(config: ProxyConfig, config_file: str | None,
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, sig)
 
-    for index in range(config.workers):
-        start(index, config, announce=index == 0)
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     signal.signal(signal.SIGHUP, forward)  # every worker reloads
+    for index in range(config.workers):
+        if stopping:  # told to stop while the first workers started
+            break
+        start(index, config, announce=index == 0)
     failed = 0
     while children:
         pid, status = os.wait()
