@@ -80,7 +80,7 @@ from kiproxy.proxy.reload.reloader import (
 log = logging.getLogger("kiproxy")
 _refusals = RateLimitedLog(log)
 """Connections refused before they are served: one line per 10 s for max_connections,
-and per listener and peer host for a PROXY header the listener does not accept, with
+and per listener, peer host and kind for a PROXY header the listener does not accept, with
 the count of the others."""
 
 __all__ = ["ProxyServer"]
@@ -512,7 +512,8 @@ class ProxyServer:
             listener.proxy_protocol, self.generation.proxy_trusted,
             (identity.peer_host, identity.peer_port), parsed)
         if isinstance(decision, Refuse):
-            _refusals.warning((listener.name, identity.peer_host), "closing connection on "
+            _refusals.warning((listener.name, identity.peer_host, decision.kind),
+                              "closing connection on "
                               "listener %s: %s", listener.name, decision.reason,
                               more=MORE_IN_INTERVAL)
             if self.metrics is not None:

@@ -71,6 +71,9 @@ class Refuse:
     """Close the connection; log ``reason`` once."""
 
     reason: str
+    kind: str = ""
+    """What went wrong, without the client (``no_header``, ``header_off``, ``malformed``,
+    ``incomplete``, ``untrusted``): with the peer host, the key the log is limited by."""
 
 
 ProxyDecision = UseHeader | UsePeer | Refuse
@@ -97,19 +100,20 @@ def accept_proxy_header(
         if mode == "required":
             return Refuse(f"client {who} sent no PROXY header and the listener has "
                           "proxy_protocol: required; connect through the load balancer, "
-                          "or set proxy_protocol: optional")
+                          "or set proxy_protocol: optional", "no_header")
         return UsePeer()
     if mode == "off":
         return Refuse(f"client {who} sent a PROXY header but the listener has "
                       "proxy_protocol: off; set proxy_protocol: optional or required with "
-                      "proxy_protocol_trusted naming the load balancer")
+                      "proxy_protocol_trusted naming the load balancer", "header_off")
     if isinstance(parsed, ProxyHeaderError):
-        return Refuse(f"client {who}: {parsed}")
+        return Refuse(f"client {who}: {parsed}", "malformed")
     if isinstance(parsed, Incomplete):
-        return Refuse(f"client {who} sent no complete PROXY header in time")
+        return Refuse(f"client {who} sent no complete PROXY header in time", "incomplete")
     if not in_networks(host, trusted):
         return Refuse(f"client {who} sent a PROXY header but is not in "
-                      "proxy_protocol_trusted; add the load balancer's address there")
+                      "proxy_protocol_trusted; add the load balancer's address there",
+                      "untrusted")
     if isinstance(parsed, ProxyHeader) and parsed.source is not None:
         return UseHeader(parsed.source, parsed.length)
     return UsePeer(parsed.length)

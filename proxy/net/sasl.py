@@ -44,8 +44,8 @@ __all__ = ["SaslRound", "SaslTracker", "SaslVerdict", "identity_after_sasl", "us
 
 log = logging.getLogger("kiproxy.connection")
 _failures = RateLimitedLog(log)
-"""Failed logins: one line per client host and user per 10 s (a client retries its
-login every few milliseconds), with the count of the others."""
+"""Failed logins: one line per client host, client id and user per 10 s (a client
+retries its login every few milliseconds), with the count of the others."""
 
 
 def _scram_unescape(name: str) -> str:
@@ -264,7 +264,8 @@ def identity_after_sasl(identity: ClientIdentity, sasl: SaslTracker,
                  extra=log_context)
         return dataclasses.replace(identity, principal=verdict.user, sasl_mechanism=mechanism)
     _failures.warning(
-        (identity.client_host, verdict.user), "SASL authentication of client %s (client_id "
+        (identity.client_host, identity.client_id, verdict.user),
+        "SASL authentication of client %s (client_id "
         "%r) as %r failed: %s (SASL %s)", identity.client_address, identity.client_id,
         verdict.user, verdict.reason, mechanism, more=MORE_IN_INTERVAL, extra=log_context)
     if sasl.principal is not None and identity.principal == sasl.principal:

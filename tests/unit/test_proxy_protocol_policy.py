@@ -64,6 +64,7 @@ def test_local_and_unknown_headers_mean_the_peer() -> None:
 def test_malformed_or_unfinished_headers_are_refused_with_the_reason() -> None:
     decision = accept_proxy_header("optional", BALANCERS, BALANCER,
                                    ProxyHeaderError("PROXY v2 header: CRC32C does not match"))
-    assert decision == Refuse("client 10.0.0.7:51000: PROXY v2 header: CRC32C does not match")
+    assert decision == Refuse("client 10.0.0.7:51000: PROXY v2 header: CRC32C does not match",
+                             "malformed")
     late = accept_proxy_header("required", BALANCERS, BALANCER, Incomplete(4))
     assert isinstance(late, Refuse) and "in time" in late.reason
