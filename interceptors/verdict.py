@@ -522,7 +522,8 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     reads them with :func:`output_limits`).
     """
     judging = _judging(interceptor, batch, ctx, name, timeout, limits)
-    bounds = _LIMITS.set(limits)
+    # The default needs no setting (it is the variable's own): no cost on the usual path.
+    bounds = None if limits is DEFAULT_OUTPUT_LIMITS else _LIMITS.set(limits)
     try:
         try:
             awaitable, remaining = next(judging)
@@ -535,7 +536,8 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
             return _resumed(judging, None, exc)
         return _resumed(judging, result, None)
     finally:
-        _LIMITS.reset(bounds)
+        if bounds is not None:
+            _LIMITS.reset(bounds)
 
 
 def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
@@ -549,7 +551,7 @@ def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
     ``seconds`` (None: no limit). A plain ``intercept`` never reaches ``run``.
     """
     judging = _judging(interceptor, batch, ctx, name, timeout, limits)
-    bounds = _LIMITS.set(limits)
+    bounds = None if limits is DEFAULT_OUTPUT_LIMITS else _LIMITS.set(limits)
     try:
         try:
             awaitable, remaining = next(judging)
@@ -562,7 +564,8 @@ def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
             return _resumed(judging, None, exc)
         return _resumed(judging, result, None)
     finally:
-        _LIMITS.reset(bounds)
+        if bounds is not None:
+            _LIMITS.reset(bounds)
 
 
 def acknowledgement_hook(interceptor: Any) -> AcknowledgementHook | None:

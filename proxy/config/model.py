@@ -35,6 +35,7 @@ from kiproxy.interceptors.settings import describe
 from kiproxy.interceptors.verdict import (
     DEFAULT_MAX_PLUGIN_OUTPUT_BYTES,
     DEFAULT_MAX_PLUGIN_OUTPUT_RATIO,
+    DEFAULT_OUTPUT_LIMITS,
     OutputLimits,
 )
 from kiproxy.protocol.compression import (
@@ -549,9 +550,12 @@ class ProxyConfig(_Strict):
                                    max_ratio=self.max_decompression_ratio)
 
     def plugin_output_limits(self) -> OutputLimits:
-        """``max_plugin_output_bytes`` and ``max_plugin_output_ratio`` as one value."""
-        return OutputLimits(max_bytes=self.max_plugin_output_bytes,
-                            max_ratio=self.max_plugin_output_ratio)
+        """``max_plugin_output_bytes`` and ``max_plugin_output_ratio`` as one value (the
+        default object itself when they are the defaults, which the verdict need not
+        hand on: see :func:`~kiproxy.interceptors.verdict.output_limits`)."""
+        limits = OutputLimits(max_bytes=self.max_plugin_output_bytes,
+                              max_ratio=self.max_plugin_output_ratio)
+        return DEFAULT_OUTPUT_LIMITS if limits == DEFAULT_OUTPUT_LIMITS else limits
 
     @property
     def upstream_addresses(self) -> list[tuple[str, int]]:
