@@ -102,10 +102,20 @@ def _root_type(schema: Mapping[str, Any]) -> Any:
     return msgspec.defstruct("Value", fields, rename=rename, kw_only=True)
 
 
-_MAYBE_HUGE = re.compile(rb"[0-9.][eE]\+?0*[1-9][0-9]{2}|[0-9]{200}").search
-"""Where a skipped field may hold a number beyond a double's range (1e400): an exponent
-of 100 or more, or 200 digits in a row (with an exponent under 100, overflowing takes
-210 digits; also in a string, where the full way decides)."""
+_HUGE = re.compile(rb"[0-9.][eE]\+?0*[1-9][0-9]{2}|[0-9]{200}").search
+_NUMBER_BYTES = bytes.maketrans(b"123456789.E", b"0000000000e")
+
+
+def _maybe_huge(value: bytes) -> re.Match[bytes] | None:
+    """Where a skipped field may hold a number beyond a double's range (1e400): an exponent
+    of 100 or more, or 200 digits in a row (with an exponent under 100, overflowing takes
+    210 digits; also in a string, where the full way decides). The regular expression
+    reads a value byte by byte (28 us for 1 KiB); one translation and two C scans first
+    rule out almost every value (about 2.5 us)."""
+    marked = value.translate(_NUMBER_BYTES)
+    if b"0e" in marked or marked.count(b"0") >= 200:
+        return _HUGE(value)
+    return None
 
 
 def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:
@@ -122,7 +132,7 @@ def typed_check(schema: Mapping[str, Any]) -> Callable[[bytes], bool] | None:
     def accepts(value: bytes) -> bool:
         if too_long is not None and len(value) > limit and too_long(value):
             return False
-        if _MAYBE_HUGE(value):  # the full way decides whether it overflows
+        if _maybe_huge(value):  # the full way decides whether it overflows
             return False
         if not value.isascii():
             try:

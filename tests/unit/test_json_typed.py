@@ -10,7 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from kiproxy.interceptors.builtin._json_typed import _MAYBE_HUGE, typed_check
+from kiproxy.interceptors.builtin._json_typed import _maybe_huge, typed_check
 from kiproxy.interceptors.builtin.json_schema import (
     JsonSchemaValidator,
     _load_schema,
@@ -135,7 +135,7 @@ def test_conforming_values_take_the_typed_path(data: st.DataObject) -> None:
     doc = {name: _conforming(data.draw, prop) for name, prop in schema["properties"].items()}
     doc.update({name: data.draw(JSON) for name in schema["required"] if name not in doc})
     value = json.dumps(doc, ensure_ascii=data.draw(st.booleans())).encode()
-    assume(not _MAYBE_HUGE(value))  # may hold a number beyond a double: the full way
+    assume(not _maybe_huge(value))  # may hold a number beyond a double: the full way
     assert accepts(value)
 
 
@@ -145,7 +145,7 @@ def test_the_empty_schema_accepts_exactly_json(doc: Any, ascii_only: bool) -> No
     accepts = typed_check({})
     assert accepts is not None
     value = json.dumps(doc, ensure_ascii=ascii_only).encode()
-    assume(not _MAYBE_HUGE(value))  # may hold a number beyond a double: the full way
+    assume(not _maybe_huge(value))  # may hold a number beyond a double: the full way
     assert accepts(value)
 
 
