@@ -23,6 +23,17 @@ partition like any bad return), ``block.data`` itself for "unchanged", or None t
 handed the same batch as records by ``on_consume``. Hooks of both kinds run in one
 chain; after the first that answers None, the rest get records.
 
+A hook that works best on many blocks at once (a cipher spread over threads, a
+vectorised library) may also have ``on_consume_blocks(blocks, ctx)``: given every
+batch of a fetched partition that would be handed to it as a block (in log order, as
+a sequence of :class:`ConsumedBlock`), it answers a sequence with one answer per
+block, each as ``on_consume_block`` would answer it. The proxy calls it instead of
+``on_consume_block`` when its link is the first of the chain (the last on produce);
+a block answered None is handed to the same link as records (``on_consume``). A
+raised exception, a missed deadline (``timeout_ms`` for the one call) or an answer
+that is not one per block refuses the partition from its first batch; a single bad
+answer (not the block's records) ends the partition's answer before that batch.
+
 What never reaches the hook: control batches (transaction markers), legacy (magic 0
 and 1) message sets, and the partial last batch a broker may send at ``max_bytes``;
 they reach the consumer as the broker sent them.
@@ -204,9 +215,9 @@ class FetchResponseInterceptor(abc.ABC, Generic[SettingsT]):
         """Return ``batch`` (unchanged or with changed records, same count) or raise
         :class:`RefuseFetch`."""
 
-    # ``on_consume_block(block, ctx)`` is optional and not declared here: the proxy
-    # looks for it on the instance (see the module docstring), so a hook without one
-    # costs no call per batch.
+    # ``on_consume_block(block, ctx)`` and ``on_consume_blocks(blocks, ctx)`` are
+    # optional and not declared here: the proxy looks for them on the instance (see the
+    # module docstring), so a hook without them costs no call per batch.
 
     def metrics(self) -> Iterable[MetricSample]:
         """The plugin's own metrics (none by default); see the produce API."""
@@ -219,6 +230,12 @@ class FetchResponseInterceptor(abc.ABC, Generic[SettingsT]):
 def consume_block_hook(interceptor: Any) -> Any | None:
     """The bound ``on_consume_block`` of ``interceptor``, or None when it has none."""
     hook = getattr(interceptor, "on_consume_block", None)
+    return hook if callable(hook) else None
+
+
+def consume_blocks_hook(interceptor: Any) -> Any | None:
+    """The bound ``on_consume_blocks`` of ``interceptor``, or None when it has none."""
+    hook = getattr(interceptor, "on_consume_blocks", None)
     return hook if callable(hook) else None
 
 

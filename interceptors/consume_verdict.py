@@ -17,13 +17,15 @@ plain one cannot be and is refused when it returns past ``ctx.deadline`` (whatev
 returned); an exception is kept on the refusal for the caller to log its traceback.
 :func:`judge_consume_block` does the same for ``on_consume_block``, whose block is
 checked record by record (compiled) instead: against the batch's records when the
-caller has them, else against the block it gave (a batch handed on undecoded).
+caller has them, else against the block it gave (a batch handed on undecoded);
+:func:`judge_consume_blocks` for ``on_consume_blocks``, each answer as a block's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,7 +47,7 @@ from kiproxy.protocol.records import (
     first_moved,
 )
 
-__all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block"]
+__all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block", "judge_consume_blocks"]
 
 _RETRIED = ErrorCode.UNKNOWN_SERVER_ERROR
 
@@ -130,7 +132,37 @@ async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
     :func:`judge_consume` gives one, ``bad_return`` for a block that is not
     ``block.record_count`` well-formed records."""
     result = await _called(interceptor.on_consume_block, block, ctx, name, timeout)
-    if result is None or result is block.data or isinstance(result, ConsumeRefusal):
+    if isinstance(result, ConsumeRefusal):
+        return result
+    return _judged_block(result, block, records, name)
+
+
+async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock],
+                               ctx: ConsumeContext, *, name: str, timeout: float | None
+                               ) -> list[bytes | memoryview | ConsumeRefusal | None] \
+        | ConsumeRefusal:
+    """``interceptor.on_consume_blocks(blocks, ctx)`` judged: one answer per block, each
+    as :func:`judge_consume_block` judges it (a refusal for a block that is not its
+    records); a :class:`ConsumeRefusal` for the whole call when it raised, missed its
+    deadline or did not answer once per block."""
+    result = await _called(interceptor.on_consume_blocks, blocks, ctx, name, timeout)
+    if isinstance(result, ConsumeRefusal):
+        return result
+    if isinstance(result, (bytes, bytearray, memoryview, str)) or \
+            not isinstance(result, Sequence):
+        return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
+                              "sequence with an answer per block", "bad_return")
+    if len(result) != len(blocks):
+        return ConsumeRefusal(_RETRIED, f"{name} returned {len(result)} answers for "
+                              f"{len(blocks)} blocks", "bad_return")
+    return [_judged_block(answer, block, None, name)
+            for answer, block in zip(result, blocks, strict=True)]
+
+
+def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...] | None,
+                  name: str) -> bytes | memoryview | ConsumeRefusal | None:
+    """A block hook's ``result`` for ``block`` judged (see :func:`judge_consume_block`)."""
+    if result is None or result is block.data:
         return result
     if not isinstance(result, (bytes, bytearray, memoryview)):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "

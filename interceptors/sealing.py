@@ -8,7 +8,9 @@ plugin's own general path can say which record is not of that shape or does not 
 no header it does not need, and :func:`values_present` counts the values to seal.
 For a fetch-side hook's records block (``on_consume_block``), :func:`open_block` is
 :func:`open_values` from block to block, and :func:`block_header_value` and
-:func:`block_carries_header` find the marker without a record object. The
+:func:`block_carries_header` find the marker without a record object;
+:func:`open_blocks` opens many blocks at once (``on_consume_blocks``: a fetched
+partition's batches), its cipher calls spread over threads. The
 nonces are the caller's, and so is the cipher: a callable (``encrypt``/``decrypt``,
 e.g. ``cryptography``'s ``AESGCM``), called once per value, or what :func:`aes_gcm`
 returns. These loops are the record codec's (:mod:`kiproxy.protocol.records`), offered
@@ -31,6 +33,7 @@ import sys
 from typing import Protocol, cast
 
 from kiproxy.protocol._codec import AesGcm, load_gcm
+from kiproxy.protocol.parallel import open_blocks
 from kiproxy.protocol.records import (
     block_carries_header,
     block_header_value,
@@ -42,8 +45,8 @@ from kiproxy.protocol.records import (
 )
 
 __all__ = ["Aead", "AesGcm", "aes_gcm", "block_carries_header", "block_header_value",
-           "carries_header", "compiled_gcm", "open_block", "open_values", "seal_values",
-           "values_present"]
+           "carries_header", "compiled_gcm", "open_block", "open_blocks", "open_values",
+           "seal_values", "values_present"]
 
 
 class Aead(Protocol):

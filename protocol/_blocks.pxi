@@ -37,6 +37,29 @@ cdef int _walk_block(Cursor* c, Py_ssize_t count, _Span* spans) except -1:
     return 0
 
 
+cdef int _walk_deltas(Cursor* c, Py_ssize_t count, _Span* spans) except -1:
+    """What :func:`block_moved` compares of the ``count`` records at ``c``, each one's
+    timestamp and offset deltas, read without the rest (the block the records came
+    from: what a hook made of it is walked whole); the block must end with the last."""
+    cdef Py_ssize_t i, at, end, outer = c.end
+    cdef int32_t length
+    for i in range(count):
+        at = c.pos
+        length = _read_varint(c, b"record length", i)
+        if length < 1 or length > c.end - c.pos:
+            _bad_record(_BAD_LENGTH, i, 0, length, at - c.origin, c.end - c.pos)
+        end = c.pos + length
+        c.end = end
+        c.pos += 1  # record attributes
+        spans[i].ts_delta = _read_varlong(c, b"timestamp delta", i)
+        spans[i].offset_delta = _read_varint(c, b"offset delta", i)
+        c.end = outer
+        c.pos = end
+    if c.pos != c.end:
+        _fail(f"{c.end - c.pos} bytes left over after {count} records (byte {c.pos})")
+    return 0
+
+
 cdef _Span* _new_spans(Py_ssize_t n) except NULL:
     cdef _Span* spans = <_Span*>PyMem_Malloc(max(n, 1) * sizeof(_Span))
     if spans == NULL:
@@ -78,7 +101,8 @@ def block_moved(const unsigned char[::1] data, const unsigned char[::1] original
     """:func:`check_block` against the block the records came from rather than the
     records: the index of the first record of ``data`` whose offset delta or timestamp
     delta differs from the record at the same index of ``original`` (both of one batch,
-    so one base timestamp), or -1. Both must hold exactly ``count`` valid records:
+    so one base timestamp), or -1. ``data`` must hold exactly ``count`` valid records,
+    and ``original`` ``count`` records whose deltas read (only those are read of it):
     anything else raises ``CorruptBatch``. No record object is built."""
     cdef Py_ssize_t i
     cdef Cursor c, o
@@ -89,7 +113,7 @@ def block_moved(const unsigned char[::1] data, const unsigned char[::1] original
     cdef _Span* spans = _new_spans(count)
     cdef _Span* was = _new_spans(count)
     try:
-        _walk_block(&o, count, was)
+        _walk_deltas(&o, count, was)
         _walk_block(&c, count, spans)
         for i in range(count):
             if (spans[i].offset_delta != was[i].offset_delta
@@ -193,6 +217,79 @@ cdef struct _Opening:
     Py_ssize_t kept_len
     Py_ssize_t kept_count
     Py_ssize_t body          # the opened record's length (after its length varint)
+    Py_ssize_t out_at        # where the opened record starts in the new block
+
+
+cdef Py_ssize_t _plan_opening(const unsigned char[::1] data, Py_ssize_t count, bytes marker,
+                              bytes descriptor, Py_ssize_t nonce_bytes, _Opening* ops
+                              ) except -2:
+    """Walk the block ``data`` (``count`` records, validated whole) filling ``ops``: the
+    size of the opened block, or -1 as soon as a record has another shape than
+    :func:`open_block` opens. Raises ``CorruptBatch`` for a malformed block."""
+    cdef const char* w = PyBytes_AS_STRING(marker)
+    cdef Py_ssize_t wn = PyBytes_GET_SIZE(marker)
+    cdef const char* d = PyBytes_AS_STRING(descriptor)
+    cdef Py_ssize_t dn = PyBytes_GET_SIZE(descriptor)
+    cdef Cursor c
+    cdef _HeaderAt h
+    cdef Py_ssize_t i, j, total = 0
+    cdef _Span* s
+    cdef _Opening* o
+    _cursor_on(&c, data)
+    if count > c.end // 7 + 1:
+        _fail(f"{count} records cannot fit in {c.end} bytes")
+    cdef _Span* spans = _new_spans(count)
+    try:
+        _walk_block(&c, count, spans)
+        for i in range(count):
+            s = &spans[i]
+            o = &ops[i]
+            if s.value_len < nonce_bytes + GCM_TAG_BYTES or s.nh == 0:
+                return -1
+            _headers_of(&c, s)
+            o.kept_at = c.pos
+            for j in range(s.nh):
+                _next_header(&c, &h)
+                if _named(&c, &h, w, wn) and j < s.nh - 1:
+                    return -1  # a second marker: the general path says why
+            if (not _named(&c, &h, w, wn) or h.value_len != dn
+                    or memcmp(c.data + h.value_at, d, dn) != 0):
+                return -1
+            o.head_at = s.body
+            o.head_len = s.value_field - s.body
+            o.sealed_at = s.value_at
+            o.plain_len = s.value_len - nonce_bytes - GCM_TAG_BYTES
+            o.kept_len = h.start - o.kept_at
+            o.kept_count = s.nh - 1
+            o.body = (o.head_len + _field_size(o.plain_len)
+                      + _varint_size(_zigzag64(o.kept_count)) + o.kept_len)
+            o.out_at = total
+            total += _varint_size(_zigzag64(o.body)) + o.body
+        return total
+    finally:
+        PyMem_Free(spans)
+
+
+cdef inline bint _open_one(void* ctx, const unsigned char* src, unsigned char* dst,
+                           _Opening* o, const unsigned char* aad, Py_ssize_t aad_len,
+                           Py_ssize_t nonce_bytes) noexcept nogil:
+    """Write the opened record ``o`` of the block ``src`` at ``dst + o.out_at``: False
+    when its value does not open."""
+    cdef Buffer b
+    b.data = <char*>dst
+    b.size = o.out_at
+    _put_uvarint(&b, _zigzag64(o.body))
+    memcpy(b.data + b.size, src + o.head_at, o.head_len)
+    b.size += o.head_len
+    _put_uvarint(&b, _zigzag64(o.plain_len))
+    if not _gcm_open(ctx, src + o.sealed_at, src + o.sealed_at + nonce_bytes, o.plain_len,
+                     src + o.sealed_at + nonce_bytes + o.plain_len, aad, aad_len,
+                     <unsigned char*>b.data + b.size):
+        return False
+    b.size += o.plain_len
+    _put_uvarint(&b, _zigzag64(o.kept_count))
+    memcpy(b.data + b.size, src + o.kept_at, o.kept_len)
+    return True
 
 
 def open_block(const unsigned char[::1] data, Py_ssize_t count, str marker_key not None,
@@ -211,81 +308,30 @@ def open_block(const unsigned char[::1] data, Py_ssize_t count, str marker_key n
         return None
     if aad is None:
         aad = b""
-    cdef bytes wanted = marker_key.encode()
-    cdef const char* w = PyBytes_AS_STRING(wanted)
-    cdef Py_ssize_t wn = PyBytes_GET_SIZE(wanted)
-    cdef const char* d = PyBytes_AS_STRING(descriptor)
-    cdef Py_ssize_t dn = PyBytes_GET_SIZE(descriptor)
-    cdef Cursor c
-    cdef _HeaderAt h
-    cdef Py_ssize_t i, j, total = 0, pos = 0
-    _cursor_on(&c, data)
-    cdef Py_ssize_t end = c.end
-    if count > end // 7 + 1:
-        _fail(f"{count} records cannot fit in {end} bytes")
-    cdef _Span* spans = _new_spans(count)
+    cdef Py_ssize_t i, total
     cdef _Opening* ops = <_Opening*>PyMem_Malloc(max(count, 1) * sizeof(_Opening))
-    cdef _Span* s
-    cdef _Opening* o
     cdef void* ctx = NULL
     cdef bint ok = True
     cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
     cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
-    cdef Buffer b
     cdef unsigned char* out
-    cdef const unsigned char* src = c.data
+    cdef const unsigned char* src = &data[0] if data.shape[0] else <const unsigned char*>b""
     if ops == NULL:
-        PyMem_Free(spans)
         raise MemoryError()
     try:
-        _walk_block(&c, count, spans)
-        for i in range(count):
-            s = &spans[i]
-            o = &ops[i]
-            if s.value_len < nonce_bytes + GCM_TAG_BYTES or s.nh == 0:
-                return None
-            _headers_of(&c, s)
-            o.kept_at = c.pos
-            for j in range(s.nh):
-                _next_header(&c, &h)
-                if _named(&c, &h, w, wn) and j < s.nh - 1:
-                    return None  # a second marker: the general path says why
-            if (not _named(&c, &h, w, wn) or h.value_len != dn
-                    or memcmp(c.data + h.value_at, d, dn) != 0):
-                return None
-            o.head_at = s.body
-            o.head_len = s.value_field - s.body
-            o.sealed_at = s.value_at
-            o.plain_len = s.value_len - nonce_bytes - GCM_TAG_BYTES
-            o.kept_len = h.start - o.kept_at
-            o.kept_count = s.nh - 1
-            o.body = (o.head_len + _field_size(o.plain_len)
-                      + _varint_size(_zigzag64(o.kept_count)) + o.kept_len)
-            total += _varint_size(_zigzag64(o.body)) + o.body
+        total = _plan_opening(data, count, marker_key.encode(), descriptor, nonce_bytes, ops)
+        if total < 0:
+            return None
         opened = PyBytes_FromStringAndSize(NULL, total)
         out = <unsigned char*>PyBytes_AS_STRING(opened)
-        b.data = <char*>out
-        b.size = 0
         ctx = gcm._borrow(False, nonce_bytes)
         with nogil:
             for i in range(count):
-                o = &ops[i]
-                _put_uvarint(&b, _zigzag64(o.body))
-                memcpy(b.data + b.size, src + o.head_at, o.head_len)
-                b.size += o.head_len
-                _put_uvarint(&b, _zigzag64(o.plain_len))
-                if not _gcm_open(ctx, src + o.sealed_at, src + o.sealed_at + nonce_bytes,
-                                 o.plain_len, src + o.sealed_at + nonce_bytes + o.plain_len,
-                                 aad_at, aad_len, <unsigned char*>b.data + b.size):
+                if not _open_one(ctx, src, out, &ops[i], aad_at, aad_len, nonce_bytes):
                     ok = False
                     break
-                b.size += o.plain_len
-                _put_uvarint(&b, _zigzag64(o.kept_count))
-                memcpy(b.data + b.size, src + o.kept_at, o.kept_len)
-                b.size += o.kept_len
     finally:
         if ctx != NULL:
             gcm._give_back(ctx, False, nonce_bytes)
         PyMem_Free(ops)
-        PyMem_Free(spans)
     return opened if ok else None

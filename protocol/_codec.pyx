@@ -1076,3 +1076,4 @@ def values_present(records):
 # ---------------------------------------------------------------- whole blocks
 
 include "_blocks.pxi"
+include "_parallel.pxi"

@@ -469,6 +469,14 @@ def batch_around(object header, object attributes, object last_offset_delta,
     for a ``block`` (bytes) already compressed as ``attributes`` say; or None when a
     field is not an int that fits its width, where struct.pack would raise.
     """
+    return _pieces_around(header, attributes, last_offset_delta, max_timestamp, count,
+                          block, True)
+
+
+cdef tuple _pieces_around(object header, object attributes, object last_offset_delta,
+                          object max_timestamp, object count, object block, bint crc):
+    """:func:`batch_around`; with ``crc`` False the prefix's CRC is left 0, for the
+    caller to write into the new bytes before they are shared."""
     cdef int64_t v[11]
     cdef unsigned char prefix[21]
     cdef unsigned char after[40]
@@ -497,10 +505,9 @@ def batch_around(object header, object attributes, object last_offset_delta,
     _put_be(after + 32, <uint64_t>v[6], 4)
     _put_be(after + 36, <uint64_t>v[7], 4)
     after_crc = PyBytes_FromStringAndSize(<const char*>after, 40)
-    crc = _crc32c(block, _crc32c(after_crc))
     _put_be(prefix, <uint64_t>v[8], 8)
     _put_be(prefix + 8, <uint64_t>v[10], 4)
     _put_be(prefix + 12, <uint64_t>v[9], 4)
     prefix[16] = 2
-    _put_be(prefix + 17, <uint32_t>crc, 4)
+    _put_be(prefix + 17, <uint32_t>(_crc32c(block, _crc32c(after_crc)) if crc else 0), 4)
     return PyBytes_FromStringAndSize(<const char*>prefix, 21), after_crc, block

@@ -67,18 +67,20 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from kiproxy.interceptors.consume import (
     ConsumeContext,
     ConsumedBatch,
     ConsumedBlock,
     consume_block_hook,
+    consume_blocks_hook,
 )
 from kiproxy.interceptors.consume_verdict import (
     ConsumeRefusal,
     judge_consume,
     judge_consume_block,
+    judge_consume_blocks,
 )
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_parts
@@ -101,6 +103,7 @@ from kiproxy.protocol.fetch_response import (
 from kiproxy.protocol.fetch_splice import splice_fetch_pieces
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.parallel import blocks_around, verify_crcs
 from kiproxy.protocol.partition_batches import PartitionBatches
 from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
@@ -263,47 +266,121 @@ class FetchPipeline:
                        fetched: FetchedRecords, consumers: Sequence[LoadedLink],
                        ctx: ConsumeContext, lease: DecodeLease, started: float
                        ) -> list[bytes | memoryview] | ConsumeRefusal | None:
+        data: list[_Source] = []  # the batches hooks are handed, in log order
+        for batch in fetched.batches:
+            if batch.header is None:
+                self._count(topic, "legacy", 0)
+            elif not batch.header.is_control:
+                data.append(_Source(frame, batch, lease))
+        if not data:
+            return None
+        first: list[bytes | memoryview | ConsumeRefusal | None] = []
+        if consume_blocks_hook(consumers[0].interceptor) is not None:
+            answered = await self._whole(topic, part.partition, data, consumers[0], ctx)
+            if isinstance(answered, ConsumeRefusal):
+                return self._stopped(topic, part.partition, fetched, data[0].batch, [],
+                                     memoryview(frame)[fetched.start:data[0].batch.start],
+                                     replace(answered, message=f"{_at(data[0].header)} "
+                                             f"and later ones: {answered.message}"))
+            first = answered
+        budget = max(link.timeout for link in consumers)
+        changes: list[tuple[_Source, bytes | tuple[Record, ...]]] = []
+        cut: tuple[_Source, ConsumeRefusal | None] | None = None
+        handed = bool(first)
+        for i, source in enumerate(data):
+            header = source.header
+            links, given, blocks = consumers, None, True
+            if i < len(first):  # answered by the first link's on_consume_blocks
+                answer = first[i]
+                if isinstance(answer, ConsumeRefusal):
+                    cut = (source, replace(answer, message=f"{_at(header)}: {answer.message}"))
+                    break
+                if answer is None:
+                    blocks = False  # the same link, with records
+                else:
+                    links = consumers[1:]
+                    given = answer if isinstance(answer, bytes) else None
+            if links:
+                if handed and time.monotonic() - started >= budget:
+                    self._deferred(topic, part.partition, fetched, source.batch, ctx, budget)
+                    cut = (source, None)  # as a broker's answer cut at max_bytes
+                    break
+                handed = True
+            try:
+                outcome = await self._chain(topic, part.partition, source, links, ctx,
+                                            block=given, blocks=blocks) if links else given
+            except CorruptBatch as exc:
+                cut = (source, ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                              f"{_at(header)} cannot be decoded: {exc}",
+                                              "undecodable"))
+                break
+            if isinstance(outcome, ConsumeRefusal):
+                cut = (source, replace(outcome, message=f"{_at(header)}: {outcome.message}"))
+                break
+            if outcome is None:
+                self._count(topic, "unchanged", header.record_count)
+            else:
+                changes.append((source, outcome))
+        return await self._pieces(frame, topic, part.partition, fetched, changes, cut)
+
+    async def _whole(self, topic: str, partition: int, data: list[_Source],
+                     link: LoadedLink, ctx: ConsumeContext
+                     ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
+        """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
+        to the first whose records block cannot be read (that one and the later ones are
+        left to the per-batch path, which says why); the CRCs of the uncompressed ones
+        checked in one call."""
+        plain = [s for s in data if not s.header.attributes & 0x07]
+        bad = verify_crcs(plain[0].frame, [(s.batch.start, s.batch.end) for s in plain]) \
+            if plain else -1
+        blocks: list[ConsumedBlock] = []
+        for source in data:
+            if bad >= 0 and source is plain[bad]:
+                break
+            source.crc_checked = True
+            try:
+                block = await source.block()
+            except CorruptBatch:
+                break
+            header = source.header
+            blocks.append(ConsumedBlock(
+                topic=topic, partition=partition, base_offset=header.base_offset,
+                base_timestamp=header.base_timestamp, record_count=header.record_count,
+                data=block, producer_id=header.producer_id,
+                producer_epoch=header.producer_epoch, transactional=header.is_transactional,
+                compression=_CODEC_NAMES[header.compression]))
+        if not blocks:
+            return []
+        return await judge_consume_blocks(link.interceptor, blocks,
+                                          _with_deadline(ctx, link.timeout), name=link.name,
+                                          timeout=link.timeout)
+
+    async def _pieces(self, frame: bytes, topic: str, partition: int, fetched: FetchedRecords,
+                      changes: list[tuple[_Source, bytes | tuple[Record, ...]]],
+                      cut: tuple[_Source, ConsumeRefusal | None] | None
+                      ) -> list[bytes | memoryview] | ConsumeRefusal | None:
+        """The partition's new ``records`` as pieces: the ``changes`` re-encoded in
+        place, the answer ended before ``cut`` (a refused or deferred batch) when there
+        is one; the refusal itself when it is the answer's first entry."""
+        view = memoryview(frame)
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
-        view = memoryview(frame)
-        budget = max(link.timeout for link in consumers)
-        handed = False
-        for batch in fetched.batches:
-            header = batch.header
-            if header is None:
-                self._count(topic, "legacy", 0)
-                continue
-            if header.is_control:
-                continue
-            if handed and time.monotonic() - started >= budget:
-                pieces.append(view[copied:batch.start])
-                self._deferred(topic, part.partition, fetched, batch, ctx, budget)
-                return pieces  # as a broker's answer cut at max_bytes
-            handed = True
-            source = _Source(frame, batch, lease)
-            try:
-                outcome = await self._chain(topic, part.partition, source, consumers, ctx)
-                if outcome is None:
-                    self._count(topic, "unchanged", header.record_count)
-                    continue
-                if isinstance(outcome, ConsumeRefusal):
-                    outcome = replace(outcome, message=f"{_at(header)}: {outcome.message}")
-                else:
-                    new = await self._encode(source, outcome)
-            except CorruptBatch as exc:
-                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                         f"{_at(header)} cannot be decoded: {exc}",
-                                         "undecodable")
-            except BatchShapeChanged as exc:
-                outcome = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                         f"{_at(header)}: {exc}", "shape_changed")
-            if isinstance(outcome, ConsumeRefusal):
-                return self._stopped(topic, part.partition, fetched, batch, pieces,
-                                     view[copied:batch.start], outcome)
-            self._count(topic, "transformed", header.record_count)
-            pieces.append(view[copied:batch.start])
+        encoded = await self._encode_all(changes)
+        for (source, _), new in zip(changes, encoded, strict=True):
+            if isinstance(new, ConsumeRefusal):
+                cut = (source, new)
+                break
+            self._count(topic, "transformed", source.header.record_count)
+            pieces.append(view[copied:source.batch.start])
             pieces.extend(new)
-            copied = batch.end
+            copied = source.batch.end
+        if cut is not None:
+            source, refusal = cut
+            if refusal is None:  # deferred: nothing from it on, no error
+                pieces.append(view[copied:source.batch.start])
+                return pieces
+            return self._stopped(topic, partition, fetched, source.batch, pieces,
+                                 view[copied:source.batch.start], refusal)
         if not pieces:
             return None
         pieces.append(view[copied:fetched.end])  # later batches and the partial tail
@@ -347,18 +424,19 @@ class FetchPipeline:
             more=" ({count} more since the last line)")
 
     async def _chain(self, topic: str, partition: int, source: _Source,
-                     consumers: Sequence[LoadedLink], ctx: ConsumeContext
+                     consumers: Sequence[LoadedLink], ctx: ConsumeContext, *,
+                     block: bytes | None = None, blocks: bool = True
                      ) -> bytes | tuple[Record, ...] | ConsumeRefusal | None:
         """The batch of ``source`` through the links: None when no link changed it, the
         new records block (bytes) or records, or the refusal. Links with
-        ``on_consume_block`` get the block until a link answers None or has no such
-        hook; from then on every link gets records (the batch is decoded then, and only
-        then when it is uncompressed). Raises ``CorruptBatch``."""
+        ``on_consume_block`` get the block (``block``, when an earlier link changed it)
+        until a link answers None or has no such hook, or from the start when ``blocks``
+        is false; from then on every link gets records (the batch is decoded then, and
+        only then when it is uncompressed). Raises ``CorruptBatch``."""
         header = source.header
         codec = _CODEC_NAMES[header.compression]
         records: tuple[Record, ...] | None = None
-        block: bytes | None = None  # the block a link returned, while links get blocks
-        on_blocks = True
+        on_blocks = blocks
         for link in consumers:
             if on_blocks and consume_block_hook(link.interceptor) is not None:
                 given = ConsumedBlock(
@@ -398,6 +476,28 @@ class FetchPipeline:
         if block is not None:
             return block
         return None if records is None or records is source.records else records
+
+    async def _encode_all(self, changes: list[tuple[_Source, bytes | tuple[Record, ...]]]
+                          ) -> list[tuple[bytes, ...] | ConsumeRefusal]:
+        """Each changed batch written again (:meth:`_encode`): the uncompressed ones with
+        a new block in one call whose CRCs are spread over threads; a batch whose records
+        no longer fit its header is its refusal."""
+        out: list[tuple[bytes, ...] | ConsumeRefusal | None] = [None] * len(changes)
+        together = [i for i, (source, new) in enumerate(changes)
+                    if isinstance(new, bytes) and not source.header.attributes & 0x07]
+        if len(together) > 1:
+            made = blocks_around([changes[i][0].header for i in together],
+                                 [cast(bytes, changes[i][1]) for i in together])
+            for i, pieces in zip(together, made, strict=True):
+                out[i] = pieces
+        for i, (source, new) in enumerate(changes):
+            if out[i] is None:
+                try:
+                    out[i] = await self._encode(source, new)
+                except BatchShapeChanged as exc:
+                    out[i] = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                            f"{_at(source.header)}: {exc}", "shape_changed")
+        return cast("list[tuple[bytes, ...] | ConsumeRefusal]", out)
 
     async def _encode(self, source: _Source, new: bytes | tuple[Record, ...]
                       ) -> tuple[bytes, ...]:
@@ -450,7 +550,7 @@ class _Source:
     checked; that of a compressed one is decompressed, not decoded. A batch that only
     block hooks see is never decoded."""
 
-    __slots__ = ("_block", "_decoded", "batch", "frame", "header", "lease")
+    __slots__ = ("_block", "_decoded", "batch", "crc_checked", "frame", "header", "lease")
 
     def __init__(self, frame: bytes, batch: FetchedBatch, lease: DecodeLease) -> None:
         assert batch.header is not None
@@ -460,6 +560,8 @@ class _Source:
         self.lease = lease
         self._block: bytes | None = None
         self._decoded: DecodedBatch | None = None
+        self.crc_checked = False
+        """The batch's CRC was checked already (with others: :func:`verify_crcs`)."""
 
     @property
     def records(self) -> tuple[Record, ...] | None:
@@ -488,7 +590,8 @@ class _Source:
         if self._decoded is not None:
             return self._decoded.records_block()
         if not self.header.attributes & 0x07:
-            verify_batch_crc(self.frame, self.batch.start, self.header, self.batch.start)
+            if not self.crc_checked:
+                verify_batch_crc(self.frame, self.batch.start, self.header, self.batch.start)
             return memoryview(self.frame)[self.batch.start + BATCH_HEADER_SIZE:self.batch.end]
         if self._block is None:
             self._block = await self.lease.decompress(self.frame, self._batches())

@@ -529,3 +529,47 @@ async def test_a_data_key_that_cannot_be_unwrapped_follows_on_undecryptable_on_b
         assert _metric(reader, "record_encryption_undecryptable", policy="error") == 1
     for reader in _plugin(other, on_undecryptable="pass"):
         assert (await _consume_block(reader, "orders", stored))[0] is None
+
+
+# -- a fetched partition's blocks at once (on_consume_blocks) -------------------------
+
+
+def _blocks(*batches: tuple[str, tuple[Record, ...] | list[Record]]) -> list[ConsumedBlock]:
+    from kiproxy.protocol.records import encode_records
+
+    return [ConsumedBlock(topic=topic, partition=2, base_offset=40 + 10 * i,
+                          base_timestamp=1000, record_count=len(records),
+                          data=memoryview(encode_records(tuple(records), 1000, False)[0]))
+            for i, (topic, records) in enumerate(batches)]
+
+
+@pytest.mark.skipif(not compiled_gcm(), reason="the block path needs OpenSSL bound")
+async def test_a_partitions_blocks_open_together_and_the_rest_go_to_on_consume(
+        key_file: Path, tmp_path: Path) -> None:
+    original = [r for r in _records() if r.value is not None]
+    for plugin in _plugin(key_file, data_keys={"max_encryptions_per_key": 2}):
+        first = (await _produce(plugin, "orders", original)).records      # data key 1
+        second = (await _produce(plugin, "orders", original[:1])).records  # data key 2
+        whole = (await _produce(plugin, "orders", _records())).records    # a tombstone
+        blocks = _blocks(("orders", first), ("orders", _records()), ("orders", second),
+                         ("orders", [_damaged(first[0]), first[1]]), ("orders", whole),
+                         ("orders", first))
+        answers = await plugin.interceptor.on_consume_blocks(blocks, CONTEXT)
+        assert answers[1] is blocks[1].data  # nothing sealed
+        assert answers[3] is None and answers[4] is None  # on_consume says why, or opens
+        for i, plain in ((0, original), (2, original[:1]), (5, original)):
+            assert isinstance(answers[i], bytes)
+            assert _decoded(answers[i], len(plain)) == tuple(plain)
+            assert answers[i] == (await _consume_block(plugin, "orders",
+                                                       _decoded(bytes(blocks[i].data),
+                                                                len(plain))))[0]
+        decrypted = _metric(plugin, "record_encryption_records_decrypted")
+        assert decrypted == 2 * (2 + 1 + 2)  # the three blocks above, twice each
+    # a data key the KMS will not unwrap: None, so that on_consume applies the policy
+    other = tmp_path / "other.yaml"
+    write_key_file(other, {"KEK_orders": (1, {1: os.urandom(32)})})
+    for reader in _plugin(other):
+        assert await reader.interceptor.on_consume_blocks(_blocks(("orders", first)),
+                                                          CONTEXT) == [None]
+        with pytest.raises(RefuseFetch, match="a record does not decrypt"):
+            await _consume(reader, "orders", first)

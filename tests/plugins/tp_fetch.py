@@ -17,12 +17,18 @@
   name contains ``records`` it answers None (records are wanted), on ``same`` it returns
   the block it was given, on ``garbage`` bytes that are no records block, on ``moved``
   a block whose first offset delta moved, on ``short`` one record fewer.
+* ``BlocksReverse`` is ``BlockReverse`` answering a partition's blocks at once
+  (``on_consume_blocks``), each as ``BlockReverse`` would; it records the record counts
+  of each call in ``calls``. On a topic whose name contains ``whole-raise`` it raises,
+  on ``whole-count`` it answers one block too few, on ``whole-odd`` it answers None for
+  every second block (``on_consume`` reverses those).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from kiproxy.interceptors import (
     ConsumeContext,
@@ -98,3 +104,20 @@ class BlockReverse(FetchResponseInterceptor):
         if "short" in block.topic:
             new = new[:-1]
         return encode_records(new, block.base_timestamp, False)[0]
+
+
+class BlocksReverse(BlockReverse):
+    calls: list[list[int]] = []
+
+    async def on_consume_blocks(self, blocks: Sequence[ConsumedBlock], ctx: ConsumeContext
+                                ) -> list[bytes | memoryview | None]:
+        BlocksReverse.calls.append([b.record_count for b in blocks])
+        topic = blocks[0].topic
+        if "whole-raise" in topic:
+            raise RuntimeError("the whole partition broke")
+        answers = [self.on_consume_block(b, ctx) for b in blocks]
+        if "whole-count" in topic:
+            return answers[:-1]
+        if "whole-odd" in topic:
+            return [None if i % 2 else a for i, a in enumerate(answers)]
+        return answers

@@ -173,5 +173,5 @@ def test_block_moved_says_the_same_as_check_block_without_records() -> None:
         with pytest.raises(CorruptBatch):
             block_moved(bad, block, 6)
         with pytest.raises(CorruptBatch):
-            block_moved(block, bad, 6)  # the original is validated too
+            block_moved(block, bad, 6)  # the original's lengths and deltas are read too
 

@@ -61,10 +61,17 @@ def _partitions(pipeline: FetchPipeline, topic: str) -> tuple[object, object]:
 STORED = _values(b"".join(PIECES))
 
 
+@pytest.fixture(params=["tp_fetch:BlockReverse", "tp_fetch:BlocksReverse"])
+def reverse(request: pytest.FixtureRequest) -> str:
+    """The block hook, batch by batch (``on_consume_block``) or a partition's blocks at
+    once (``on_consume_blocks``): every answer below is the same for both."""
+    return str(request.param)
+
+
 @pytest.mark.parametrize("topic", ["b-t", "b-records"])
-def test_a_block_hook_and_its_records_fallback_give_the_same_batches(tmp_path: Path,
-                                                                     topic: str) -> None:
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), topic)
+def test_a_block_hook_and_its_records_fallback_give_the_same_batches(
+        reverse: str, tmp_path: Path, topic: str) -> None:
+    p0, _ = _partitions(_pipeline(tmp_path, reverse), topic)
     assert p0.error_code == ErrorCode.none  # type: ignore[attr-defined]
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
     split = split_fetched_records(p0.records)  # type: ignore[attr-defined]
@@ -83,10 +90,11 @@ def test_a_block_hook_and_its_records_fallback_give_the_same_batches(tmp_path: P
 
 
 @pytest.mark.parametrize("topic", ["b-same", "b-copy"])
-def test_the_given_block_back_keeps_the_brokers_bytes(tmp_path: Path, topic: str) -> None:
+def test_the_given_block_back_keeps_the_brokers_bytes(reverse: str, tmp_path: Path,
+                                                      topic: str) -> None:
     """The block itself, or a copy of its bytes: the answer is the frame itself (no
     batch re-encoded, as for records equal to a batch's)."""
-    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    pipeline = _pipeline(tmp_path, reverse)
     frame = _answer(12, topic)
     assert _rewrite(pipeline, 12, frame) is frame
 
@@ -95,23 +103,22 @@ def test_the_given_block_back_keeps_the_brokers_bytes(tmp_path: Path, topic: str
                                            ("b-short", "not the batch's"),
                                            ("b-moved", "moved the record at offset 0")])
 def test_a_block_that_is_not_the_batchs_records_refuses_the_partition(
-        tmp_path: Path, topic: str, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+        reverse: str, tmp_path: Path, topic: str, reason: str,
+        caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level("WARNING", "kiproxy.fetch"):
-        p0, p1 = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), topic)
+        p0, p1 = _partitions(_pipeline(tmp_path, reverse), topic)
     for p in (p0, p1):
         assert (p.error_code, p.records) == (ErrorCode.unknown_server_error, b"")  # type: ignore[attr-defined]
-    assert reason in caplog.text and "tp_fetch:BlockReverse" in caplog.text
+    assert reason in caplog.text and reverse in caplog.text
 
 
-def test_block_and_record_hooks_mix_in_one_chain(tmp_path: Path) -> None:
+def test_block_and_record_hooks_mix_in_one_chain(reverse: str, tmp_path: Path) -> None:
     # consume runs the chain last link first: BlockReverse on the block, then
     # UpperOnConsume on the records decoded from the block it returned
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume",
-                                  "tp_fetch:BlockReverse"), "b-t")
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume", reverse), "b-t")
     assert _values(p0.records) == [[v[::-1].upper() for v in vs] for vs in STORED]  # type: ignore[attr-defined]
     # two block hooks: the second gets the first one's block
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse",
-                                  "tp_fetch:BlockReverse"), "b-t")
+    p0, _ = _partitions(_pipeline(tmp_path, reverse, reverse), "b-t")
     assert _values(p0.records) == STORED  # type: ignore[attr-defined]
 
 
@@ -139,33 +146,32 @@ def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[i
 
 
 def test_a_batch_only_block_hooks_see_is_never_decoded(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        reverse: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # partition 0 holds a gzip batch (offset 0), an uncompressed one (2) and a zstd one
     # (7); partition 1 the gzip one. The uncompressed block is the answer's own bytes,
     # the compressed ones are decompressed; none is decoded.
     decoded, decompressed = _decoded_offsets(monkeypatch)
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-t")
+    p0, _ = _partitions(_pipeline(tmp_path, reverse), "b-t")
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
     assert (decoded, sorted(decompressed)) == ([], [0, 0, 7])
     # a records hook after it needs records: each batch is decoded then, once
     decoded.clear()
     decompressed.clear()
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume",
-                                  "tp_fetch:BlockReverse"), "b-t")
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:UpperOnConsume", reverse), "b-t")
     assert _values(p0.records) == [[v[::-1].upper() for v in vs] for vs in STORED]  # type: ignore[attr-defined]
     assert sorted(decoded) == [0, 0, 2, 7]
     # a block hook that answers None hands the batch to on_consume, decoded
     decoded.clear()
-    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlockReverse"), "b-records")
+    p0, _ = _partitions(_pipeline(tmp_path, reverse), "b-records")
     assert sorted(decoded) == [0, 0, 2, 7]
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
 
 
 def test_an_undecoded_batch_whose_crc_does_not_hold_never_reaches_a_block_hook(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+        reverse: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     broken = bytearray(PIECES[1])  # the uncompressed transactional batch
     broken[-1] ^= 0xFF  # a byte of its last header's value: the CRC no longer holds
-    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    pipeline = _pipeline(tmp_path, reverse)
     # after another batch: the answer ends before it
     p0 = _hooked_partition(pipeline, b"".join([PIECES[0], bytes(broken), *PIECES[2:]]))
     assert p0.error_code == ErrorCode.none
@@ -186,10 +192,10 @@ def _hooked_partition(pipeline: FetchPipeline, records: bytes) -> Any:
 
 
 def test_a_large_compressed_block_is_decompressed_off_the_loop_and_a_bomb_is_refused(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-        ) -> None:
+        reverse: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
     decoded, decompressed = _decoded_offsets(monkeypatch)
-    pipeline = _pipeline(tmp_path, "tp_fetch:BlockReverse")
+    pipeline = _pipeline(tmp_path, reverse)
     pipeline.offload = BatchOffload(DecompressionLimits(max_bytes=300_000, max_ratio=0))
     # above the inline size compressed (random values do not compress): on a thread
     values = [os.urandom(40_000) for _ in range(3)]
@@ -220,3 +226,60 @@ def test_a_large_compressed_block_is_decompressed_off_the_loop_and_a_bomb_is_ref
     assert "batch at offset 0 cannot be decoded" in caplog.text
     assert "max_decompressed_batch_bytes" in caplog.text
     assert decoded == []
+
+
+def _hook(pipeline: FetchPipeline) -> Any:
+    """The one fetch-side interceptor of ``pipeline``'s one route."""
+    assert pipeline.routes is not None
+    (link,) = next(iter(pipeline.routes._chains.values())).consumers
+    return link.interceptor
+
+
+def test_a_partitions_blocks_reach_on_consume_blocks_in_one_call(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
+    calls = type(_hook(pipeline)).calls
+    calls.clear()
+    p0, _ = _partitions(pipeline, "b-t")
+    # partition 0's three data batches in one call, partition 1's gzip batch in
+    # another: no control or legacy batch among them
+    assert sorted(calls) == [[2], [len(vs) for vs in STORED]] and len(STORED) == 3
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+
+
+def test_blocks_answered_none_go_to_on_consume_of_the_same_link(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    decoded, _ = _decoded_offsets(monkeypatch)
+    p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlocksReverse"), "b-whole-odd")
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+    assert decoded == [2]  # the second data batch of partition 0, and only it
+
+
+@pytest.mark.parametrize("topic, reason", [
+    ("b-whole-raise", "raised RuntimeError: the whole partition broke"),
+    ("b-whole-count", "returned 2 answers for 3 blocks")])
+def test_a_failed_call_for_the_whole_partition_refuses_it(
+        tmp_path: Path, topic: str, reason: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", "kiproxy.fetch"):
+        p0, _ = _partitions(_pipeline(tmp_path, "tp_fetch:BlocksReverse"), topic)
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")  # type: ignore[attr-defined]
+    assert reason in caplog.text
+    assert "batch at offset 0 and later ones" in caplog.text
+
+
+def test_a_bad_answer_for_one_block_ends_the_answer_before_it(tmp_path: Path) -> None:
+    """A later block's answer that is not its records: the batches before it are sent
+    changed; that batch is the consumer's next fetch, refused then."""
+    calls: list[int] = []
+
+    def later_garbage(self: Any, blocks: Any, ctx: Any) -> list[bytes | None]:
+        calls.append(len(blocks))
+        answers = [self.on_consume_block(b, ctx) for b in blocks]
+        return [a if i == 0 else b"\x07not a block" for i, a in enumerate(answers)]
+
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
+    hook = _hook(pipeline)
+    hook.on_consume_blocks = later_garbage.__get__(hook, type(hook))
+    p0 = _hooked_partition(pipeline, b"".join(PIECES))
+    assert p0.error_code == ErrorCode.none
+    assert _values(p0.records) == [[v[::-1] for v in STORED[0]]]
+    assert sorted(calls) == [1, 3]  # partition 1 (one batch), partition 0 (three)

@@ -66,7 +66,13 @@ from dataclasses import dataclass
 from cryptography.exceptions import InvalidTag
 
 from kiproxy.interceptors import Header, Record
-from kiproxy.interceptors.sealing import Aead, open_block, open_values, seal_values
+from kiproxy.interceptors.sealing import (
+    Aead,
+    open_block,
+    open_blocks,
+    open_values,
+    seal_values,
+)
 
 __all__ = [
     "FORMAT_VERSION",
@@ -321,6 +327,15 @@ def open_values_block(data: memoryview, count: int, *, raw_descriptor: bytes, aa
     opened: bytes | None = open_block(data, count, MARKER_HEADER, raw_descriptor,
                                       aead.decrypt, aad, NONCE_BYTES)
     return opened
+
+
+def open_values_blocks(blocks: Sequence[tuple[memoryview, int]], *, raw_descriptor: bytes,
+                       aad: bytes, aead: Aead) -> list[bytes | None]:
+    """:func:`open_values_block` of each ``(data, count)`` of ``blocks``, all sealed
+    under this one descriptor, their cipher calls spread over threads
+    (:func:`~kiproxy.interceptors.sealing.open_blocks`): each opened block, or None."""
+    return open_blocks([data for data, _ in blocks], [count for _, count in blocks],
+                       MARKER_HEADER, raw_descriptor, aead.decrypt, aad, NONCE_BYTES)
 
 
 def open_value(record: Record, *, topic: str, aad: bytes, aead: Aead) -> Record:

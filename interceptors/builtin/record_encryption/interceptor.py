@@ -211,6 +211,21 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             self.counts["decrypted"] += block.record_count
         return opened
 
+    async def on_consume_blocks(self, blocks: Sequence[ConsumedBlock], ctx: ConsumeContext
+                                ) -> list[bytes | memoryview | None]:
+        """:meth:`on_consume_block` of a fetched partition's batches at once: the common
+        ones opened together, over threads; None for every other (and for one whose data
+        key could not be had), which :meth:`on_consume_block` never sees again:
+        :meth:`on_consume` reads it record by record and applies the policies."""
+        if not blocks:
+            return []
+        state = self._configured()
+        opened = await state.cipher.decrypt_blocks(
+            blocks[0].topic, [(b.data, b.record_count) for b in blocks], deadline=ctx.deadline)
+        self.counts["decrypted"] += sum(b.record_count for b, o in zip(blocks, opened, strict=True)
+                                        if o is not None and o is not b.data)
+        return opened
+
     async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
         """``batch`` with every sealed record opened (plaintext records as they are)."""
         state = self._configured()

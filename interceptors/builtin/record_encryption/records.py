@@ -12,7 +12,8 @@ seals more than ``max_encryptions_per_key`` fields.
 :meth:`RecordCipher.decrypt` returns plaintext records (no marker header) unchanged and
 opens the others, unwrapping each distinct data key once (cached; a batch's keys
 concurrently). :meth:`RecordCipher.decrypt_block` opens the common batch as its records
-block, or says to read it record by record. Record count and
+block, or says to read it record by record; :meth:`RecordCipher.decrypt_blocks` does
+so for a fetched partition's batches at once. Record count and
 order, keys, timestamps and offset deltas never change.
 
 Errors: :class:`~.kms.KmsError` (its ``retriable`` says whether to try later) and
@@ -43,6 +44,7 @@ from .envelope import (
     open_record,
     open_value,
     open_values_block,
+    open_values_blocks,
     open_values_fast,
     opens_by_value,
     read_descriptor,
@@ -51,6 +53,7 @@ from .envelope import (
     value_aad,
     value_sealer,
 )
+from .kms import KmsError
 
 __all__ = ["RecordCipher"]
 
@@ -172,6 +175,42 @@ class RecordCipher:
                                               deadline=deadline)
         return open_values_block(data, count, raw_descriptor=raw, aad=value_aad(topic, raw),
                                  aead=aead)
+
+    async def decrypt_blocks(self, topic: str, blocks: Sequence[tuple[memoryview, int]], *,
+                             deadline: float | None = None
+                             ) -> list[bytes | memoryview | None]:
+        """:meth:`decrypt_block` of each ``(data, count)`` of ``blocks`` (a fetched
+        partition's batches), those sealed under one data key opened together, their
+        cipher calls spread over threads (:func:`~kiproxy.protocol.parallel.open_blocks`).
+        A block whose data key cannot be had (the KMS, a key it will not unwrap) is None
+        like any other block :meth:`decrypt_block` does not open: the caller's
+        per-batch path then meets the error itself and applies its policy."""
+        out: list[bytes | memoryview | None] = [None] * len(blocks)
+        sealed: dict[bytes, list[int]] = {}
+        for i, (data, count) in enumerate(blocks):
+            raw = block_header_value(data, MARKER_HEADER)
+            if raw is not None:
+                sealed.setdefault(raw, []).append(i)
+            elif not block_carries_header(data, count, MARKER_HEADER):
+                out[i] = data  # nothing sealed
+        for raw, which in sealed.items():
+            try:
+                descriptor = descriptor_of(raw, topic=topic)
+            except EnvelopeError:
+                continue
+            if not descriptor.value_sealed or descriptor.headers:
+                continue
+            try:
+                aead = await self.keys.decryption_key(descriptor.key_id,
+                                                      descriptor.wrapped_key,
+                                                      deadline=deadline)
+            except KmsError:
+                continue
+            opened = open_values_blocks([blocks[i] for i in which], raw_descriptor=raw,
+                                        aad=value_aad(topic, raw), aead=aead)
+            for i, block in zip(which, opened, strict=True):
+                out[i] = block
+        return out
 
     async def _decrypt_one_key(self, topic: str, records: Sequence[Record],
                                deadline: float | None) -> tuple[Record, ...] | None:

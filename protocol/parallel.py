@@ -1,0 +1,85 @@
+"""A fetched partition's batches worked on at once, spread over threads without the GIL.
+
+Contract. :func:`verify_crcs` checks the CRC-32C of many uncompressed batches of an
+answer, :func:`blocks_around` writes many batches around new records blocks (as
+:func:`~kiproxy.protocol.records.encode_block_parts` writes one), and
+:func:`open_blocks` opens many sealed records blocks (as
+:func:`~kiproxy.protocol.records.open_block` opens one). Each gives the answers the
+one-batch function gives, batch by batch; the work runs on the calling thread and up
+to :data:`THREADS` - 1 threads started for the call and joined before it returns.
+
+Why threads: a consumer waits for its whole Fetch answer, so the CRCs and cipher calls
+of its batches are time on its critical path; spread over the cores, the answer is
+ready sooner (a 64 KiB batch's CRC is a few microseconds, its values' AES-GCM some tens).
+The CRCs are the ``crc32c`` package's own compiled function, bound once here; where it
+cannot be bound they are computed one after the other through its Python function.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import crc32c
+import crc32c._crc32c
+
+from kiproxy.protocol._codec import blocks_around as _blocks_around
+from kiproxy.protocol._codec import load_crc32c
+from kiproxy.protocol._codec import open_blocks as _open_blocks
+from kiproxy.protocol._codec import verify_crcs as _verify_crcs
+from kiproxy.protocol.compression import Compression, compression_from_attributes
+from kiproxy.protocol.records import RecordBatchHeader
+
+__all__ = ["THREADS", "blocks_around", "open_blocks", "verify_crcs"]
+
+log = logging.getLogger("kiproxy.protocol")
+
+THREADS = max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                     else (os.cpu_count() or 1), 4))
+"""Threads one call uses at most: the CPUs this process may run on, up to 4 (a call is
+one partition's answer; more threads than that start more than they save)."""
+
+
+def _bind() -> None:
+    symbol = "_crc32c_hw_adler" if crc32c.hardware_based else "_crc32c_sw_slicing_by_8"
+    try:
+        load_crc32c(crc32c._crc32c.__file__, symbol)
+    except OSError as exc:  # a crc32c release that renamed it: the same CRCs, in turn
+        log.debug("CRC-32C of whole answers computed in turn: %s", exc)
+
+
+_bind()
+
+
+def verify_crcs(frame: bytes, batches: list[tuple[int, int]]) -> int:
+    """The index of the first batch ``frame[start:end]`` of ``batches`` whose CRC is not
+    the one its header holds, or -1."""
+    return int(_verify_crcs(frame, [s for s, _ in batches], [e for _, e in batches],
+                            THREADS))
+
+
+def blocks_around(headers: list[RecordBatchHeader], blocks: list[bytes]
+                  ) -> list[tuple[bytes, bytes, bytes] | None]:
+    """Each batch of ``headers`` around its new uncompressed records block, as
+    :func:`~kiproxy.protocol.records.encode_block_parts` writes it; None for a header
+    whose batch is compressed or whose fields it writes in Python."""
+    plain = [compression_from_attributes(h.attributes) is Compression.NONE for h in headers]
+    out: list[tuple[bytes, bytes, bytes] | None] = [None] * len(headers)
+    chosen = [i for i, p in enumerate(plain) if p]
+    made = _blocks_around([headers[i] for i in chosen], [blocks[i] for i in chosen],
+                          THREADS)
+    for i, pieces in zip(chosen, made, strict=True):
+        out[i] = pieces
+    return out
+
+
+def open_blocks(blocks: list[memoryview | bytes], counts: list[int], marker_key: str,
+                descriptor: bytes, decrypt: object, aad: bytes, nonce_bytes: int
+                ) -> list[bytes | None]:
+    """:func:`~kiproxy.protocol.records.open_block` of each block (``counts[i]``
+    records), all sealed under one ``descriptor``: each opened block, or None where
+    that block must be read record by record (another shape, a value that does not
+    open, a malformed block, or a cipher other than an ``AesGcm``)."""
+    opened: list[bytes | None] = _open_blocks(blocks, counts, marker_key, descriptor,
+                                              decrypt, aad, nonce_bytes, THREADS)
+    return opened
