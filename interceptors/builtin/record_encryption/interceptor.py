@@ -23,11 +23,12 @@ Contract. One configured instance serves both hooks:
     counted and logged;
   - a record that already carries the marker header: INVALID_RECORD.
 
-* **Fetch** (``on_consume_block``, then ``on_consume``): every record carrying the
-  marker header is opened, on any topic; records without it are returned as they are,
-  and a batch with none is returned unchanged. The common batch - every value sealed
-  under one data key - is opened as its records block, without a record object each;
-  any other goes on to ``on_consume``, record by record. A record that does not open
+* **Fetch** (``on_consume_blocks`` or ``on_consume_block``, then ``on_consume``): every
+  record carrying the marker header is opened, on any topic; records without it are
+  returned as they are, and a batch with none is returned unchanged. The common batch -
+  every value sealed under one data key - is opened as its records block, without a
+  record object each (a fetched partition's common batches together, their cipher calls
+  over threads); any other goes on to ``on_consume``, record by record. A record that does not open
   (:class:`~.kms.Undecryptable`, :class:`~.envelope.EnvelopeError`) follows its
   topic's ``on_undecryptable``:
   ``error`` refuses the partition (:class:`~kiproxy.interceptors.RefuseFetch`, a code
