@@ -29,10 +29,11 @@ returns ``cryptography``'s ``AESGCM`` instead - the same bytes, one call per val
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from typing import Protocol, cast
 
-from kiproxy.protocol._codec import AesGcm, load_gcm
+from kiproxy.protocol._codec import AesGcm, load_gcm, load_sodium, sodium_bound
 from kiproxy.protocol.parallel import open_blocks
 from kiproxy.protocol.records import (
     block_carries_header,
@@ -44,9 +45,11 @@ from kiproxy.protocol.records import (
     values_present,
 )
 
+log = logging.getLogger("kiproxy.sealing")
+
 __all__ = ["Aead", "AesGcm", "aes_gcm", "block_carries_header", "block_header_value",
            "carries_header", "compiled_gcm", "open_block", "open_blocks", "open_values",
-           "seal_values", "values_present"]
+           "seal_values", "sodium_gcm", "values_present"]
 
 
 class Aead(Protocol):
@@ -95,7 +98,34 @@ def compiled_gcm() -> str | None:
             return None
     except (OSError, RuntimeError, ValueError):
         return None
+    _bind_sodium()
     return path
+
+
+def sodium_gcm() -> str | None:
+    """The libsodium whose AES-256-GCM :class:`AesGcm` uses for 256-bit keys with 12-byte
+    nonces, or None (OpenSSL then serves those too)."""
+    return _sodium_path if compiled_gcm() is not None and sodium_bound() else None
+
+
+_sodium_path: str | None = None
+
+
+def _bind_sodium() -> None:
+    """Bind libsodium's AES-256-GCM from PyNaCl's own library, when PyNaCl is installed,
+    this CPU runs it and it gives the known answer's bytes (every :class:`AesGcm` made
+    after this uses it); else leave OpenSSL to serve every key."""
+    global _sodium_path
+    try:
+        import nacl._sodium
+    except ImportError:
+        return
+    try:
+        load_sodium(str(nacl._sodium.__file__), _KAT)
+    except (OSError, ValueError) as exc:
+        log.debug("AES-256-GCM through OpenSSL only: %s", exc)
+        return
+    _sodium_path = str(nacl._sodium.__file__)
 
 
 def _libcrypto() -> str | None:

@@ -270,7 +270,7 @@ cdef Py_ssize_t _plan_opening(const unsigned char[::1] data, Py_ssize_t count, b
         PyMem_Free(spans)
 
 
-cdef inline bint _open_one(void* ctx, const unsigned char* src, unsigned char* dst,
+cdef inline bint _open_one(const GcmCtx* ctx, const unsigned char* src, unsigned char* dst,
                            _Opening* o, const unsigned char* aad, Py_ssize_t aad_len,
                            Py_ssize_t nonce_bytes) noexcept nogil:
     """Write the opened record ``o`` of the block ``src`` at ``dst + o.out_at``: False
@@ -310,7 +310,8 @@ def open_block(const unsigned char[::1] data, Py_ssize_t count, str marker_key n
         aad = b""
     cdef Py_ssize_t i, total
     cdef _Opening* ops = <_Opening*>PyMem_Malloc(max(count, 1) * sizeof(_Opening))
-    cdef void* ctx = NULL
+    cdef GcmCtx ctx
+    cdef bint borrowed = False
     cdef bint ok = True
     cdef const unsigned char* aad_at = <const unsigned char*>PyBytes_AS_STRING(aad)
     cdef Py_ssize_t aad_len = PyBytes_GET_SIZE(aad)
@@ -325,13 +326,14 @@ def open_block(const unsigned char[::1] data, Py_ssize_t count, str marker_key n
         opened = PyBytes_FromStringAndSize(NULL, total)
         out = <unsigned char*>PyBytes_AS_STRING(opened)
         ctx = gcm._borrow(False, nonce_bytes)
+        borrowed = True
         with nogil:
             for i in range(count):
-                if not _open_one(ctx, src, out, &ops[i], aad_at, aad_len, nonce_bytes):
+                if not _open_one(&ctx, src, out, &ops[i], aad_at, aad_len, nonce_bytes):
                     ok = False
                     break
     finally:
-        if ctx != NULL:
+        if borrowed:
             gcm._give_back(ctx, False, nonce_bytes)
         PyMem_Free(ops)
     return opened if ok else None

@@ -858,7 +858,8 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
     cdef AesGcm gcm = _gcm_of(encrypt, "encrypt")
     cdef list sealed = []
     cdef _Field* fields = NULL
-    cdef void* ctx = NULL
+    cdef GcmCtx ctx
+    cdef bint borrowed = False
     cdef bint ok = True
     if aad is None:
         aad = b""
@@ -897,15 +898,16 @@ def seal_values(tuple records, object encrypt, bytes aad, Header marker, bytes n
             out.append(c)
         if k:
             ctx = gcm._borrow(True, nonce_bytes)
+            borrowed = True
             with nogil:
                 for i in range(k):
-                    if not _gcm_seal(ctx, fields[i].dst - nonce_bytes, fields[i].src,
+                    if not _gcm_seal(&ctx, fields[i].dst - nonce_bytes, fields[i].src,
                                      fields[i].n, aad_at, aad_len, fields[i].dst,
                                      fields[i].dst + fields[i].n):
                         ok = False
                         break
     finally:
-        if ctx != NULL:
+        if borrowed:
             gcm._give_back(ctx, True, nonce_bytes)
         PyMem_Free(fields)
     if not ok:
@@ -937,7 +939,8 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
         raise ValueError(f"AES-GCM tags are {GCM_TAG_BYTES} bytes, not {tag_bytes}")
     cdef list kept = []
     cdef _Field* fields = NULL
-    cdef void* ctx = NULL
+    cdef GcmCtx ctx
+    cdef bint borrowed = False
     cdef bint ok = True
     if aad is None:
         aad = b""
@@ -987,15 +990,16 @@ def open_values(tuple records, str marker_key, bytes descriptor, object decrypt,
             out.append(c)
         if gcm is not None and n:
             ctx = gcm._borrow(False, nonce_bytes)
+            borrowed = True
             with nogil:
                 for i in range(n):
-                    if not _gcm_open(ctx, fields[i].src, fields[i].src + nonce_bytes,
+                    if not _gcm_open(&ctx, fields[i].src, fields[i].src + nonce_bytes,
                                      fields[i].n, fields[i].src + nonce_bytes + fields[i].n,
                                      aad_at, aad_len, fields[i].dst):
                         ok = False
                         break
     finally:
-        if ctx != NULL:
+        if borrowed:
             gcm._give_back(ctx, False, nonce_bytes)
         PyMem_Free(fields)
     return tuple(out) if ok else None

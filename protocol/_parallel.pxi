@@ -225,7 +225,7 @@ cdef struct _OpenAll:
     const unsigned char** src      # each block's records
     unsigned char** dst            # each opened block (NULL: not opened)
     unsigned char* opened          # each opening: 1 when its value opened
-    void** contexts                # a cipher context per worker
+    GcmCtx* contexts               # what each worker seals or opens with
     Py_ssize_t n_ops
     const unsigned char* aad
     Py_ssize_t aad_len
@@ -238,7 +238,7 @@ cdef void _open_task(void* arg, Py_ssize_t task, int worker) noexcept nogil:
     cdef Py_ssize_t end = min(a.n_ops, (task + 1) * _RECORDS_PER_TASK)
     for i in range(task * _RECORDS_PER_TASK, end):
         b = a.block_of[i]
-        a.opened[i] = _open_one(a.contexts[worker], a.src[b], a.dst[b], &a.ops[i], a.aad,
+        a.opened[i] = _open_one(&a.contexts[worker], a.src[b], a.dst[b], &a.ops[i], a.aad,
                                 a.aad_len, a.nonce_bytes)
 
 
@@ -273,7 +273,7 @@ def open_blocks(list blocks not None, list counts not None, str marker_key not N
     a.src = <const unsigned char**>PyMem_Malloc(n * sizeof(void*))
     a.dst = <unsigned char**>PyMem_Malloc(n * sizeof(void*))
     a.opened = <unsigned char*>PyMem_Malloc(max(n_ops, 1))
-    a.contexts = <void**>PyMem_Malloc(threads * sizeof(void*))
+    a.contexts = <GcmCtx*>PyMem_Malloc(threads * sizeof(GcmCtx))
     a.aad = <const unsigned char*>PyBytes_AS_STRING(aad)
     a.aad_len = PyBytes_GET_SIZE(aad)
     a.nonce_bytes = nonce_bytes
@@ -306,7 +306,7 @@ def open_blocks(list blocks not None, list counts not None, str marker_key not N
         a.contexts[0] = gcm._borrow(False, nonce_bytes)
         made = 1
         while made < threads:
-            a.contexts[made] = gcm._context(False, nonce_bytes)
+            a.contexts[made] = gcm._another(a.contexts[0], False, nonce_bytes)
             made += 1
         with nogil:
             _run_tasks(_open_task, &a, (a.n_ops + _RECORDS_PER_TASK - 1) // _RECORDS_PER_TASK,
@@ -319,7 +319,8 @@ def open_blocks(list blocks not None, list counts not None, str marker_key not N
         if made:
             gcm._give_back(a.contexts[0], False, nonce_bytes)
         for i in range(1, made):
-            _evp.ctx_free(a.contexts[i])
+            if a.contexts[i].evp != NULL:
+                _evp.ctx_free(a.contexts[i].evp)
         PyMem_Free(a.contexts)
         PyMem_Free(a.opened)
         PyMem_Free(a.dst)

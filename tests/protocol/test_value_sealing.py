@@ -225,6 +225,54 @@ def test_a_library_that_fails_the_known_answer_is_not_used(
     assert sealing.compiled_gcm() is not None
 
 
+def test_256_bit_keys_with_12_byte_nonces_run_through_libsodium_here() -> None:
+    from kiproxy.interceptors.sealing import sodium_gcm
+
+    # PyNaCl comes with the encryption extra; this machine's CPU has AES-NI
+    assert (sodium_gcm() or "").endswith(".so") and "nacl" in (sodium_gcm() or "")
+
+
+def _fresh(script: str) -> list[str]:
+    """What ``script`` prints, run in an interpreter of its own (nothing bound yet)."""
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=True).stdout.splitlines()
+
+
+def test_without_pynacl_openssl_seals_and_opens_every_key() -> None:
+    out = _fresh("""
+import sys
+sys.modules["nacl"] = None  # as if PyNaCl were not installed
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from kiproxy.interceptors.sealing import aes_gcm, compiled_gcm, sodium_gcm
+key = AESGCM.generate_key(bit_length=256)
+sealed = AESGCM(key).encrypt(b"n" * 12, b"value" * 200, b"aad")
+ours = aes_gcm(key)
+print(compiled_gcm() is not None, sodium_gcm())
+print(ours.encrypt(b"n" * 12, b"value" * 200, b"aad") == sealed,
+      ours.decrypt(b"n" * 12, sealed, b"aad") == b"value" * 200)
+""")
+    assert out == ["True None", "True True"]
+
+
+def test_a_libsodium_that_fails_the_known_answer_is_not_bound() -> None:
+    out = _fresh("""
+import nacl._sodium
+from kiproxy.interceptors import sealing
+from kiproxy.protocol._codec import load_sodium, sodium_bound
+key, nonce, plain, aad, sealed = sealing._KAT
+wrong = sealed[:-1] + bytes([sealed[-1] ^ 1])
+try:
+    load_sodium(nacl._sodium.__file__, (key, nonce, plain, aad, wrong))
+except OSError as exc:
+    print(exc)
+print(sodium_bound())
+""")
+    assert out[0].endswith("does not give the known answer") and out[1] == "False"
+
+
 def test_openssl_is_looked_for_on_linux_only(monkeypatch: pytest.MonkeyPatch) -> None:
     import kiproxy.interceptors.sealing as sealing
 
