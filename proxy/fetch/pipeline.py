@@ -328,20 +328,28 @@ class FetchPipeline:
                      ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
         """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
         to the first whose records block cannot be read (that one and the later ones are
-        left to the per-batch path, which says why); the CRCs of the uncompressed ones
-        checked in one call."""
+        left to the per-batch path, which says why) or that would take the blocks held
+        decompressed past ``max_decode_memory`` (the later ones are handed one by one);
+        the CRCs of the uncompressed ones checked in one call."""
         plain = [s for s in data if not s.header.attributes & 0x07]
         bad = verify_crcs(plain[0].frame, [(s.batch.start, s.batch.end) for s in plain]) \
             if plain else -1
         blocks: list[ConsumedBlock] = []
+        decompressed = 0
         for source in data:
             if bad >= 0 and source is plain[bad]:
                 break
-            source.crc_checked = True
+            if source.header.attributes & 0x07:
+                if decompressed >= self.offload.budget.capacity:
+                    break
+            else:
+                source.crc_checked = True
             try:
                 block = await source.block()
             except CorruptBatch:
                 break
+            if source.header.attributes & 0x07:
+                decompressed += len(block)
             header = source.header
             blocks.append(ConsumedBlock(
                 topic=topic, partition=partition, base_offset=header.base_offset,

@@ -283,3 +283,17 @@ def test_a_bad_answer_for_one_block_ends_the_answer_before_it(tmp_path: Path) ->
     assert p0.error_code == ErrorCode.none
     assert _values(p0.records) == [[v[::-1] for v in STORED[0]]]
     assert sorted(calls) == [1, 3]  # partition 1 (one batch), partition 0 (three)
+
+
+def test_blocks_past_max_decode_memory_decompressed_are_handed_one_by_one(
+        tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
+    pipeline.offload = BatchOffload(DecompressionLimits(), max_decode_memory=1)
+    calls = type(_hook(pipeline)).calls
+    calls.clear()
+    p0, _ = _partitions(pipeline, "b-t")
+    # partition 0: its first batch (gzip) takes the one byte; the uncompressed one
+    # after it holds nothing decompressed and goes too; the zstd one goes to
+    # on_consume_block alone, as the whole partition's answer would have had it
+    assert sorted(calls) == [[2], [2, 3]]
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
