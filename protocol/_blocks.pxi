@@ -32,29 +32,29 @@ cdef int _walk_block(Cursor* c, Py_ssize_t count, _Span* spans) except -1:
     cdef Py_ssize_t i
     for i in range(count):
         _walk(c, i, &spans[i])
-    if c.pos != c.end:
-        _fail(f"{c.end - c.pos} bytes left over after {count} records (byte {c.pos})")
+    return _walked(c, count)
+
+
+cdef inline int _walk_delta(Cursor* c, Py_ssize_t i, _Span* s) except -1:
+    """What :func:`block_moved` compares of record ``i`` at ``c``, its timestamp and
+    offset deltas, read without the rest (of the block the records came from: what a
+    hook made of it is walked whole), and move ``c`` past it."""
+    cdef Py_ssize_t at = c.pos, end, outer = c.end
+    cdef int32_t length = _read_varint(c, b"record length", i)
+    if length < 1 or length > c.end - c.pos:
+        _bad_record(_BAD_LENGTH, i, 0, length, at - c.origin, c.end - c.pos)
+    end = c.pos + length
+    c.end = end
+    c.pos += 1  # record attributes
+    s.ts_delta = _read_varlong(c, b"timestamp delta", i)
+    s.offset_delta = _read_varint(c, b"offset delta", i)
+    c.end = outer
+    c.pos = end
     return 0
 
 
-cdef int _walk_deltas(Cursor* c, Py_ssize_t count, _Span* spans) except -1:
-    """What :func:`block_moved` compares of the ``count`` records at ``c``, each one's
-    timestamp and offset deltas, read without the rest (the block the records came
-    from: what a hook made of it is walked whole); the block must end with the last."""
-    cdef Py_ssize_t i, at, end, outer = c.end
-    cdef int32_t length
-    for i in range(count):
-        at = c.pos
-        length = _read_varint(c, b"record length", i)
-        if length < 1 or length > c.end - c.pos:
-            _bad_record(_BAD_LENGTH, i, 0, length, at - c.origin, c.end - c.pos)
-        end = c.pos + length
-        c.end = end
-        c.pos += 1  # record attributes
-        spans[i].ts_delta = _read_varlong(c, b"timestamp delta", i)
-        spans[i].offset_delta = _read_varint(c, b"offset delta", i)
-        c.end = outer
-        c.pos = end
+cdef inline int _walked(Cursor* c, Py_ssize_t count) except -1:
+    """The block at ``c`` must end with its ``count``-th record, where ``c`` is now."""
     if c.pos != c.end:
         _fail(f"{c.end - c.pos} bytes left over after {count} records (byte {c.pos})")
     return 0
@@ -113,8 +113,11 @@ def block_moved(const unsigned char[::1] data, const unsigned char[::1] original
     cdef _Span* spans = _new_spans(count)
     cdef _Span* was = _new_spans(count)
     try:
-        _walk_deltas(&o, count, was)
-        _walk_block(&c, count, spans)
+        for i in range(count):  # in step: the two walks' memory reads overlap
+            _walk_delta(&o, i, &was[i])
+            _walk(&c, i, &spans[i])
+        _walked(&o, count)
+        _walked(&c, count)
         for i in range(count):
             if (spans[i].offset_delta != was[i].offset_delta
                     or spans[i].ts_delta != was[i].ts_delta):

@@ -336,19 +336,20 @@ class FetchPipeline:
             if plain else -1
         blocks: list[ConsumedBlock] = []
         decompressed = 0
+        view = memoryview(data[0].frame)
         for source in data:
             if bad >= 0 and source is plain[bad]:
                 break
-            if source.header.attributes & 0x07:
+            if not source.header.attributes & 0x07:  # where it lies, its CRC checked above
+                source.crc_checked = True
+                block = view[source.batch.start + BATCH_HEADER_SIZE:source.batch.end]
+            else:
                 if decompressed >= self.offload.budget.capacity:
                     break
-            else:
-                source.crc_checked = True
-            try:
-                block = await source.block()
-            except CorruptBatch:
-                break
-            if source.header.attributes & 0x07:
+                try:
+                    block = await source.block()
+                except CorruptBatch:
+                    break
                 decompressed += len(block)
             header = source.header
             blocks.append(ConsumedBlock(
