@@ -28,8 +28,9 @@ vectorised library) may also have ``on_consume_blocks(blocks, ctx)``: given ever
 batch of a fetched partition that would be handed to it as a block (in log order, as
 a sequence of :class:`ConsumedBlock`; compressed ones decompressed up to
 ``max_decode_memory`` at once, the later ones handed one by one), it answers a sequence
-with one answer per block, each as ``on_consume_block`` would answer it. The proxy calls it instead of
-``on_consume_block`` when its link is the first of the chain (the last on produce);
+with one answer per block, each as ``on_consume_block`` would answer it. The proxy
+calls it instead of ``on_consume_block`` when its link is the first of the chain (the
+last on produce);
 a block answered None is handed to the same link as records (``on_consume``). A
 raised exception, a missed deadline (``timeout_ms`` for the one call) or an answer
 that is not one per block refuses the partition from its first batch; a single bad

@@ -24,9 +24,10 @@ Fetch-side hooks: :func:`run_consume` hands a
 ``on_consume`` through :func:`~kiproxy.interceptors.consume_verdict.judge_consume`, the
 function the proxy's fetch path calls, and returns the batch a consumer would get or the
 :class:`~kiproxy.interceptors.consume_verdict.ConsumeRefusal` its partition would be
-answered with. A hook with ``on_consume_block`` gets the batch as a records block first,
-as the proxy gives it (judged by ``judge_consume_block``); the block it returns comes
-back decoded as the batch's records.
+answered with. A hook with ``on_consume_blocks`` or ``on_consume_block`` gets the batch
+as a records block first, as the proxy gives it to a chain's first link (judged by
+``judge_consume_blocks``, a partition of this one batch, or ``judge_consume_block``);
+the block it returns comes back decoded as the batch's records.
 
 The pytest fixtures over these (``make_batch``, ``make_record``,
 ``kiproxy_run``, ``kiproxy_load``) are in :mod:`kiproxy.interceptors.pytest_plugin`,
@@ -54,12 +55,14 @@ from kiproxy.interceptors.consume import (
     ConsumedBatch,
     ConsumedBlock,
     consume_block_hook,
+    consume_blocks_hook,
     produce_hook,
 )
 from kiproxy.interceptors.consume_verdict import (
     ConsumeRefusal,
     judge_consume,
     judge_consume_block,
+    judge_consume_blocks,
 )
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
@@ -208,9 +211,11 @@ def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | No
 
 async def _consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *, name: str,
                    timeout: float) -> ConsumedBatch | ConsumeRefusal:
-    """``batch`` through ``interceptor`` as the proxy's fetch path runs one link: as a
-    records block first when it has ``on_consume_block``, else (or on None) as records."""
-    if consume_block_hook(interceptor) is not None and batch.records:
+    """``batch`` through ``interceptor`` as the proxy's fetch path runs a chain's first
+    link: as a records block first when it has ``on_consume_blocks`` (a partition of
+    this one batch) or ``on_consume_block``, else (or on None) as records."""
+    whole = consume_blocks_hook(interceptor) is not None
+    if (whole or consume_block_hook(interceptor) is not None) and batch.records:
         base = batch.records[0].timestamp
         data = encode_records(batch.records, base, False)[0]
         block = ConsumedBlock(
@@ -218,8 +223,14 @@ async def _consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, 
             base_timestamp=base, record_count=len(batch.records), data=memoryview(data),
             producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
             transactional=batch.transactional, compression=batch.compression)
-        answer = await judge_consume_block(interceptor, block, batch.records, ctx, name=name,
-                                           timeout=timeout)
+        answer: bytes | memoryview | ConsumeRefusal | None
+        if whole:
+            answers = await judge_consume_blocks(interceptor, [block], ctx, name=name,
+                                                 timeout=timeout)
+            answer = answers if isinstance(answers, ConsumeRefusal) else answers[0]
+        else:
+            answer = await judge_consume_block(interceptor, block, batch.records, ctx,
+                                               name=name, timeout=timeout)
         if isinstance(answer, ConsumeRefusal):
             return answer
         if answer is block.data:

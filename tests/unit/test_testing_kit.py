@@ -228,3 +228,22 @@ def test_run_consume_given_a_produce_batch_says_so_and_blames_no_plugin() -> Non
         run_consume(Identity(), make_batch("a"))  # type: ignore[arg-type]
     assert run_consume(Identity(), make_consumed_batch(make_batch("a"))).records[0].value \
         == b"a"  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("topic, expected", [
+    ("b-t", "cba"), ("b-whole-odd", "cba"),  # one block: index 0, answered
+    ("b-whole-raise", "raised RuntimeError: the whole partition broke"),
+    ("b-whole-count", "returned 0 answers for 1 blocks")])
+def test_run_consume_hands_on_consume_blocks_the_one_batch_as_the_proxy_would(
+        topic: str, expected: str) -> None:
+    from kiproxy.interceptors.consume_verdict import ConsumeRefusal
+
+    plugin = load("tp_fetch:BlocksReverse", plugins_dir=ROOT / "tests" / "plugins")
+    calls = type(plugin.interceptor).calls
+    calls.clear()
+    out = plugin.consume(make_consumed_batch(make_batch("abc", "def", topic=topic)))
+    if isinstance(out, ConsumeRefusal):
+        assert expected in out.message and "tp_fetch:BlocksReverse" in out.message
+    else:
+        assert [r.value for r in out.records] == [expected.encode(), b"fed"]
+    assert calls == [[2]]
