@@ -26,15 +26,16 @@ chain; after the first that answers None, the rest get records.
 A hook that works best on many blocks at once (a cipher spread over threads, a
 vectorised library) may also have ``on_consume_blocks(blocks, ctx)``: given every
 batch of a fetched partition that would be handed to it as a block (in log order, as
-a sequence of :class:`ConsumedBlock`; compressed ones decompressed up to
-``max_decode_memory`` at once, the later ones handed one by one), it answers a sequence
-with one answer per block, each as ``on_consume_block`` would answer it. The proxy
+a sequence of :class:`ConsumedBlock`; compressed ones decompressed while
+``max_decode_memory`` has room to hold them, the later ones handed one by one), it
+answers a sequence with one answer per block, each as ``on_consume_block`` would
+answer it (or a :class:`RefuseFetch` for a block it would raise it for). The proxy
 calls it instead of ``on_consume_block`` when its link is the first of the chain (the
 last on produce); a block answered None is handed to the same link as records
 (``on_consume``). A raised exception, a missed deadline (``timeout_ms`` for the one
 call) or an answer that is not one per block refuses the partition from its first
-batch; a single bad answer (not the block's records) ends the partition's answer
-before that batch.
+batch; a single bad answer (not the block's records, or a refusal) ends the
+partition's answer before that batch.
 
 What never reaches the hook: control batches (transaction markers), legacy (magic 0
 and 1) message sets, and the partial last batch a broker may send at ``max_bytes``;

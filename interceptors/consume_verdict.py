@@ -80,8 +80,7 @@ async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
     except RefuseFetch as exc:
-        return ConsumeRefusal(exc.error_code, clip(f"{name} refused it: {exc.message}"),
-                              "refused")
+        return _refused(exc, name)
     except TimeoutError:
         return _timed_out(name, timeout)
     except Exception as exc:
@@ -143,8 +142,9 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
         | ConsumeRefusal:
     """``interceptor.on_consume_blocks(blocks, ctx)`` judged: one answer per block, each
     as :func:`judge_consume_block` judges it (a refusal for a block that is not its
-    records); a :class:`ConsumeRefusal` for the whole call when it raised, missed its
-    deadline or did not answer once per block."""
+    records, and for a :class:`RefuseFetch` answered for it); a :class:`ConsumeRefusal`
+    for the whole call when it raised, missed its deadline or did not answer once per
+    block."""
     result = await _called(interceptor.on_consume_blocks, blocks, ctx, name, timeout)
     if isinstance(result, ConsumeRefusal):
         return result
@@ -155,8 +155,15 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
     if len(result) != len(blocks):
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result)} answers for "
                               f"{len(blocks)} blocks", "bad_return")
-    return [_judged_block(answer, block, None, name)
+    return [_refused(answer, name) if isinstance(answer, RefuseFetch)
+            else _judged_block(answer, block, None, name)
             for answer, block in zip(result, blocks, strict=True)]
+
+
+def _refused(exc: RefuseFetch, name: str) -> ConsumeRefusal:
+    """A :class:`RefuseFetch` a hook raised, or answered for one block."""
+    return ConsumeRefusal(exc.error_code, clip(f"{name} refused it: {exc.message}"),
+                          "refused")
 
 
 def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...] | None,

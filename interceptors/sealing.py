@@ -10,7 +10,8 @@ For a fetch-side hook's records block (``on_consume_block``), :func:`open_block`
 :func:`open_values` from block to block, and :func:`block_header_value` and
 :func:`block_carries_header` find the marker without a record object;
 :func:`open_blocks` opens many blocks at once (``on_consume_blocks``: a fetched
-partition's batches), its cipher calls spread over threads. The
+partition's batches), its cipher calls spread over threads. The block functions raise
+:class:`CorruptBatch` for a block that is not well-formed records. The
 nonces are the caller's, and so is the cipher: a callable (``encrypt``/``decrypt``,
 e.g. ``cryptography``'s ``AESGCM``), called once per value, or what :func:`aes_gcm`
 returns. These loops are the record codec's (:mod:`kiproxy.protocol.records`), offered
@@ -34,6 +35,7 @@ import sys
 from typing import Protocol, cast
 
 from kiproxy.protocol._codec import AesGcm, load_gcm, load_sodium, sodium_bound
+from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.parallel import open_blocks
 from kiproxy.protocol.records import (
     block_carries_header,
@@ -47,9 +49,9 @@ from kiproxy.protocol.records import (
 
 log = logging.getLogger("kiproxy.sealing")
 
-__all__ = ["Aead", "AesGcm", "aes_gcm", "block_carries_header", "block_header_value",
-           "carries_header", "compiled_gcm", "open_block", "open_blocks", "open_values",
-           "seal_values", "sodium_gcm", "values_present"]
+__all__ = ["Aead", "AesGcm", "CorruptBatch", "aes_gcm", "block_carries_header",
+           "block_header_value", "carries_header", "compiled_gcm", "open_block",
+           "open_blocks", "open_values", "seal_values", "sodium_gcm", "values_present"]
 
 
 class Aead(Protocol):

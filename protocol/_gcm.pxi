@@ -214,12 +214,16 @@ cdef class AesGcm:
             raise RuntimeError("AES-GCM is not bound to a libcrypto (load_gcm)")
         if PyBytes_GET_SIZE(key) not in (16, 24, 32):
             raise ValueError(f"an AES key is 16, 24 or 32 bytes, not {PyBytes_GET_SIZE(key)}")
+        if self._sealing != NULL or self._opening != NULL or self._state != NULL:
+            raise RuntimeError("an AesGcm is initialised once")
         self._key = key
-        if _sodium_loaded and PyBytes_GET_SIZE(key) == 32 and self._state == NULL:
+        if _sodium_loaded and PyBytes_GET_SIZE(key) == 32:
             if posix_memalign(&self._state, 64, _sodium.state_bytes) != 0:
                 self._state = NULL
                 raise MemoryError()
-            _sodium.before(self._state, <const unsigned char*>PyBytes_AS_STRING(key))
+            if _sodium.before(self._state, <const unsigned char*>PyBytes_AS_STRING(key)) != 0:
+                free(self._state)
+                self._state = NULL  # OpenSSL serves this key
 
     def __dealloc__(self):
         if self._sealing != NULL:

@@ -118,6 +118,12 @@ def load_crc32c(str path, str symbol):
     _crc = found
 
 
+def crc32c_bound():
+    """Whether the CRCs of ``verify_crcs`` and ``blocks_around`` run through the bound
+    function, over threads (``load_crc32c``), rather than in turn."""
+    return _crc != NULL
+
+
 cdef inline uint32_t _crc_of(const unsigned char* data, Py_ssize_t n, uint32_t crc
                              ) noexcept nogil:
     """The CRC-32C of ``data`` continuing ``crc``, as ``crc32c(data, crc)`` gives it."""

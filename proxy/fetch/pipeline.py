@@ -67,7 +67,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from kiproxy.interceptors.consume import (
     ConsumeContext,
@@ -284,9 +284,8 @@ class FetchPipeline:
                                              f"and later ones: {answered.message}"))
             first = answered
         budget = max(link.timeout for link in consumers)
-        changes: list[tuple[_Source, bytes | tuple[Record, ...]]] = []
+        changes: list[tuple[_Source, bytes | tuple[bytes, ...]]] = []
         cut: tuple[_Source, ConsumeRefusal | None] | None = None
-        handed = bool(first)
         for i, source in enumerate(data):
             header = source.header
             links, given, blocks = consumers, None, True
@@ -300,42 +299,56 @@ class FetchPipeline:
                 else:
                     links = consumers[1:]
                     given = answer if isinstance(answer, bytes) else None
-            if links:
-                if handed and time.monotonic() - started >= budget:
-                    self._deferred(topic, part.partition, fetched, source.batch, ctx, budget)
-                    cut = (source, None)  # as a broker's answer cut at max_bytes
-                    break
-                handed = True
+            if links and i and time.monotonic() - started >= budget:  # the first: always
+                self._deferred(topic, part.partition, fetched, source.batch, ctx, budget)
+                cut = (source, None)  # as a broker's answer cut at max_bytes
+                break
+            written: bytes | tuple[bytes, ...] | None = None
             try:
                 outcome = await self._chain(topic, part.partition, source, links, ctx,
                                             block=given, blocks=blocks) if links else given
+                if isinstance(outcome, bytes) and self._together(source, outcome):
+                    written = outcome
+                elif outcome is not None and not isinstance(outcome, ConsumeRefusal):
+                    written = await self._encode(source, outcome)
             except CorruptBatch as exc:
                 cut = (source, ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                               f"{_at(header)} cannot be decoded: {exc}",
                                               "undecodable"))
                 break
+            except BatchShapeChanged as exc:
+                cut = (source, ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                              f"{_at(header)}: {exc}", "shape_changed"))
+                break
             if isinstance(outcome, ConsumeRefusal):
                 cut = (source, replace(outcome, message=f"{_at(header)}: {outcome.message}"))
                 break
-            if outcome is None:
+            if written is None:
                 self._count(topic, "unchanged", header.record_count)
             else:
-                changes.append((source, outcome))
-        return await self._pieces(frame, topic, part.partition, fetched, changes, cut)
+                changes.append((source, written))
+        return self._pieces(frame, topic, part.partition, fetched, changes, cut)
+
+    def _together(self, source: _Source, block: bytes) -> bool:
+        """Whether ``source``'s new ``block`` is written with the others after the hooks
+        (:func:`blocks_around`, the CRCs over threads): that of an uncompressed batch
+        small enough to be written on the loop; any other change is written as the
+        hooks go (:meth:`_encode`), its time counted in the answer's."""
+        return not source.header.attributes & 0x07 \
+            and len(block) <= self.offload.inline_plain_bytes
 
     async def _whole(self, topic: str, partition: int, data: list[_Source],
                      link: LoadedLink, ctx: ConsumeContext
                      ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
         """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
         to the first whose records block cannot be read (that one and the later ones are
-        left to the per-batch path, which says why) or that would take the blocks held
-        decompressed past ``max_decode_memory`` (the later ones are handed one by one);
-        the CRCs of the uncompressed ones checked in one call."""
+        left to the per-batch path, which says why) or is compressed and finds no room
+        in ``max_decode_memory`` to be held decompressed with the others (the later ones
+        are handed one by one); the CRCs of the uncompressed ones checked in one call."""
         plain = [s for s in data if not s.header.attributes & 0x07]
         bad = verify_crcs(plain[0].frame, [(s.batch.start, s.batch.end) for s in plain]) \
             if plain else -1
         blocks: list[ConsumedBlock] = []
-        decompressed = 0
         view = memoryview(data[0].frame)
         for source in data:
             if bad >= 0 and source is plain[bad]:
@@ -344,13 +357,12 @@ class FetchPipeline:
                 source.crc_checked = True
                 block = view[source.batch.start + BATCH_HEADER_SIZE:source.batch.end]
             else:
-                if decompressed >= self.offload.budget.capacity:
-                    break
                 try:
                     block = await source.block()
                 except CorruptBatch:
                     break
-                decompressed += len(block)
+                if not source.lease.keep(len(block)):  # held until the partition is done
+                    break
             header = source.header
             blocks.append(ConsumedBlock(
                 topic=topic, partition=partition, base_offset=header.base_offset,
@@ -364,21 +376,24 @@ class FetchPipeline:
                                           _with_deadline(ctx, link.timeout), name=link.name,
                                           timeout=link.timeout)
 
-    async def _pieces(self, frame: bytes, topic: str, partition: int, fetched: FetchedRecords,
-                      changes: list[tuple[_Source, bytes | tuple[Record, ...]]],
-                      cut: tuple[_Source, ConsumeRefusal | None] | None
-                      ) -> list[bytes | memoryview] | ConsumeRefusal | None:
-        """The partition's new ``records`` as pieces: the ``changes`` re-encoded in
-        place, the answer ended before ``cut`` (a refused or deferred batch) when there
-        is one; the refusal itself when it is the answer's first entry."""
+    def _pieces(self, frame: bytes, topic: str, partition: int, fetched: FetchedRecords,
+                changes: list[tuple[_Source, bytes | tuple[bytes, ...]]],
+                cut: tuple[_Source, ConsumeRefusal | None] | None
+                ) -> list[bytes | memoryview] | ConsumeRefusal | None:
+        """The partition's new ``records`` as pieces: each of ``changes`` in its place (a
+        new block written around now, with the others, or the pieces written already),
+        the answer ended before ``cut`` (a refused or deferred batch) when there is one;
+        the refusal itself when it is the answer's first entry."""
         view = memoryview(frame)
         pieces: list[bytes | memoryview] = []
         copied = fetched.start
-        encoded = await self._encode_all(changes)
-        for (source, _), new in zip(changes, encoded, strict=True):
-            if isinstance(new, ConsumeRefusal):
-                cut = (source, new)
-                break
+        together = [(source, new) for source, new in changes if isinstance(new, bytes)]
+        written = iter(blocks_around([s.header for s, _ in together],
+                                     [new for _, new in together]) if together else ())
+        for source, new in changes:
+            if isinstance(new, bytes):
+                new = next(written) or encode_block_parts(source.header, new,
+                                                          levels=self.levels)
             self._count(topic, "transformed", source.header.record_count)
             pieces.append(view[copied:source.batch.start])
             pieces.extend(new)
@@ -485,28 +500,6 @@ class FetchPipeline:
         if block is not None:
             return block
         return None if records is None or records is source.records else records
-
-    async def _encode_all(self, changes: list[tuple[_Source, bytes | tuple[Record, ...]]]
-                          ) -> list[tuple[bytes, ...] | ConsumeRefusal]:
-        """Each changed batch written again (:meth:`_encode`): the uncompressed ones with
-        a new block in one call whose CRCs are spread over threads; a batch whose records
-        no longer fit its header is its refusal."""
-        out: list[tuple[bytes, ...] | ConsumeRefusal | None] = [None] * len(changes)
-        together = [i for i, (source, new) in enumerate(changes)
-                    if isinstance(new, bytes) and not source.header.attributes & 0x07]
-        if len(together) > 1:
-            made = blocks_around([changes[i][0].header for i in together],
-                                 [cast(bytes, changes[i][1]) for i in together])
-            for i, pieces in zip(together, made, strict=True):
-                out[i] = pieces
-        for i, (source, new) in enumerate(changes):
-            if out[i] is None:
-                try:
-                    out[i] = await self._encode(source, new)
-                except BatchShapeChanged as exc:
-                    out[i] = ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
-                                            f"{_at(source.header)}: {exc}", "shape_changed")
-        return cast("list[tuple[bytes, ...] | ConsumeRefusal]", out)
 
     async def _encode(self, source: _Source, new: bytes | tuple[Record, ...]
                       ) -> tuple[bytes, ...]:

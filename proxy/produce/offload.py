@@ -137,6 +137,14 @@ class MemoryBudget:
             raise
         return nbytes
 
+    def try_acquire(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` now when there is room and nobody waits (True), else
+        reserve nothing (False)."""
+        if self._waiters or self.used + nbytes > self.capacity:
+            return False
+        self.used += nbytes
+        return True
+
     def release(self, nbytes: int) -> None:
         """Give back ``nbytes`` of a reservation."""
         self.used -= nbytes
@@ -287,11 +295,12 @@ def _learns(codec: int, size: int) -> bool:
 class DecodeLease:
     """One partition's share of the budget, from decode to release."""
 
-    __slots__ = ("_held", "_offload")
+    __slots__ = ("_held", "_kept", "_offload")
 
     def __init__(self, offload: BatchOffload) -> None:
         self._offload = offload
         self._held = 0
+        self._kept = 0
 
     async def decode(self, data: bytes, batches: PartitionBatches | None = None
                      ) -> list[DecodedBatch]:
@@ -383,8 +392,17 @@ class DecodeLease:
             return cost.encode(header, records, levels, size_hint)
         return self._offload.submit(cost.encode, header, records, levels, size_hint)
 
+    def keep(self, nbytes: int) -> bool:
+        """Reserve ``nbytes`` more, now, for a block the partition keeps (decompressed)
+        until :meth:`release`: False, reserving nothing, when the budget has no room
+        (the caller then does not keep it)."""
+        if not self._offload.budget.try_acquire(nbytes):
+            return False
+        self._kept += nbytes
+        return True
+
     def release(self) -> None:
         """Give the partition's reservation back."""
-        if self._held:
-            self._offload.budget.release(self._held)
-            self._held = 0
+        if self._held or self._kept:
+            self._offload.budget.release(self._held + self._kept)
+            self._held = self._kept = 0

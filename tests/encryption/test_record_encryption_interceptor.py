@@ -329,6 +329,13 @@ async def test_a_kms_that_cannot_be_reached_refuses_produce_retriably_and_fetch(
         with pytest.raises(RefuseFetch, match="the KMS could not be used"):
             await _consume(reader, topic, stored)  # not undecryptable: unavailable
         assert _metric(reader, "record_encryption_kms_errors", hook="decrypt") == 1
+        # a partition's blocks at once: refused the same way, not handed to on_consume
+        sealed = [r for r in stored if r.value is not None]
+        (answer,) = await reader.interceptor.on_consume_blocks(_blocks((topic, sealed)),
+                                                               CONTEXT)
+        assert isinstance(answer, RefuseFetch) and "the KMS could not be used" in \
+            answer.message
+        assert _metric(reader, "record_encryption_kms_errors", hook="decrypt") == 2
 
 
 @pytest.mark.usefixtures("aws_env", "aws_key_states")
@@ -565,11 +572,24 @@ async def test_a_partitions_blocks_open_together_and_the_rest_go_to_on_consume(
                                                                 len(plain))))[0]
         decrypted = _metric(plugin, "record_encryption_records_decrypted")
         assert decrypted == 2 * (2 + 1 + 2)  # the three blocks above, twice each
-    # a data key the KMS will not unwrap: None, so that on_consume applies the policy
+    # a malformed block: left to the per-batch path, which says what is wrong
+    garbage = ConsumedBlock(topic="orders", partition=2, base_offset=99, base_timestamp=1000,
+                            record_count=2, data=memoryview(b"\x07not a block"))
+    for plugin in _plugin(key_file):
+        answers = await plugin.interceptor.on_consume_blocks(
+            [*_blocks(("orders", first)), garbage], CONTEXT)
+        assert isinstance(answers[0], bytes) and answers[1] is None
+    # a data key the KMS will not unwrap: the policy, as on_consume_block applies it -
+    # refused (one refusal for the partition, counted once), or None under "pass"
     other = tmp_path / "other.yaml"
     write_key_file(other, {"KEK_orders": (1, {1: os.urandom(32)})})
     for reader in _plugin(other):
+        answers = await reader.interceptor.on_consume_blocks(
+            _blocks(("orders", first), ("orders", _records()), ("orders", first)), CONTEXT)
+        assert isinstance(answers[0], RefuseFetch) and answers[2] is answers[0]
+        assert answers[1] is not None  # nothing sealed: its own block
+        assert "a record does not decrypt" in answers[0].message
+        assert _metric(reader, "record_encryption_undecryptable", policy="error") == 1
+    for reader in _plugin(other, on_undecryptable="pass"):
         assert await reader.interceptor.on_consume_blocks(_blocks(("orders", first)),
                                                           CONTEXT) == [None]
-        with pytest.raises(RefuseFetch, match="a record does not decrypt"):
-            await _consume(reader, "orders", first)

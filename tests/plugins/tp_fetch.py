@@ -21,7 +21,8 @@
   (``on_consume_blocks``), each as ``BlockReverse`` would; it records the record counts
   of each call in ``calls``. On a topic whose name contains ``whole-raise`` it raises,
   on ``whole-count`` it answers one block too few, on ``whole-odd`` it answers None for
-  every second block (``on_consume`` reverses those).
+  every second block (``on_consume`` reverses those), on ``whole-refuse`` a
+  ``RefuseFetch`` for the second block.
 """
 
 from __future__ import annotations
@@ -120,4 +121,6 @@ class BlocksReverse(BlockReverse):
             return answers[:-1]
         if "whole-odd" in topic:
             return [None if i % 2 else a for i, a in enumerate(answers)]
+        if "whole-refuse" in topic and len(answers) > 1:
+            return [answers[0], RefuseFetch("not this one"), *answers[2:]]
         return answers

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import crc32c
 import crc32c._crc32c
@@ -38,7 +39,8 @@ from kiproxy.protocol.records import (
 MARKER = "kiproxy.encryption"
 DESCRIPTOR = b"\x01\x01descriptor"
 AAD = b"associated"
-GCM = aes_gcm(AESGCM.generate_key(bit_length=256))
+GCM = aes_gcm(AESGCM.generate_key(bit_length=256))  # libsodium's where it is bound
+GCM128 = aes_gcm(AESGCM.generate_key(bit_length=128))  # OpenSSL's: a context per thread
 BASE = 1_700_000_000_000
 
 needs_compiled = pytest.mark.skipif(not compiled_gcm(), reason="OpenSSL cannot be bound here")
@@ -50,8 +52,9 @@ def _plain(n: int, seed: int) -> tuple[Record, ...]:
                  for i in range(n))
 
 
-def _sealed(plain: tuple[Record, ...], descriptor: bytes = DESCRIPTOR) -> bytes:
-    sealed = seal_values(plain, GCM, AAD, Header(MARKER, descriptor),
+def _sealed(plain: tuple[Record, ...], descriptor: bytes = DESCRIPTOR, gcm: Any = GCM
+            ) -> bytes:
+    sealed = seal_values(plain, gcm, AAD, Header(MARKER, descriptor),
                          os.urandom(12 * len(plain)), 12)
     return encode_records(sealed, BASE, False)[0]
 
@@ -63,24 +66,25 @@ def _tampered(block: bytes) -> bytes:
 
 
 @needs_compiled
+@pytest.mark.parametrize("gcm", [GCM, GCM128], ids=["256-bit", "128-bit"])
 @pytest.mark.parametrize("threads", [1, 2, 3, 16])
-def test_open_blocks_gives_each_block_what_open_block_gives(threads: int) -> None:
+def test_open_blocks_gives_each_block_what_open_block_gives(threads: int, gcm: Any) -> None:
     plains = [_plain(n, seed) for seed, n in enumerate([1, 40, 7, 200, 3, 64])]
-    blocks: list[bytes | memoryview] = [_sealed(p) for p in plains]
+    blocks: list[bytes | memoryview] = [_sealed(p, gcm=gcm) for p in plains]
     counts = [len(p) for p in plains]
     blocks[1] = _tampered(bytes(blocks[1]))             # does not open
-    blocks[2] = _sealed(plains[2], b"\x01\x01another")  # another descriptor
+    blocks[2] = _sealed(plains[2], b"\x01\x01another", gcm=gcm)  # another descriptor
     blocks[4] = b"\x07not a block"                      # malformed
     blocks[5] = memoryview(b"\xff" * 5 + bytes(blocks[5]) + b"\xee")[5:-1]  # a view
-    opened = open_blocks_on(list(blocks), counts, MARKER, DESCRIPTOR, GCM.decrypt, AAD, 12,
+    opened = open_blocks_on(list(blocks), counts, MARKER, DESCRIPTOR, gcm.decrypt, AAD, 12,
                             threads)
     assert [o is None for o in opened] == [False, True, True, False, True, False]
     for i in (0, 3, 5):
         assert opened[i] == open_block(blocks[i], counts[i], MARKER, DESCRIPTOR,
-                                       GCM.decrypt, AAD, 12)
+                                       gcm.decrypt, AAD, 12)
         assert opened[i] == encode_records(plains[i], BASE, False)[0]
     # the module's wrapper, with its own thread count, says the same
-    assert parallel.open_blocks(list(blocks), counts, MARKER, DESCRIPTOR, GCM, AAD,
+    assert parallel.open_blocks(list(blocks), counts, MARKER, DESCRIPTOR, gcm, AAD,
                                 12) == opened
 
 
@@ -104,6 +108,12 @@ def _batches(n: int) -> tuple[bytes, list[tuple[int, int]]]:
         spans.append((len(frame), len(frame) + len(batch)))
         frame += batch
     return frame + b"\x01\x02", spans
+
+
+def test_the_crcs_are_the_packages_compiled_function_here() -> None:
+    from kiproxy.protocol._codec import crc32c_bound
+
+    assert crc32c_bound()  # bound at import; else the tests below run the fallback
 
 
 @pytest.mark.parametrize("threads", [1, 2, 4])

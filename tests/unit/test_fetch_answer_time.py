@@ -190,3 +190,42 @@ def test_an_answer_with_nothing_to_read_for_a_refusal_is_held_as_a_backoff(
     # the refused partition's neighbours have records: not held
     _rewrite(refusing, 12, _answer(12, "s-t", _batch(0, [b"no"])))
     assert sleeps.slept == [0.1]
+
+
+SLOW_WHOLE = '''
+from kiproxy.interceptors import FetchResponseInterceptor
+from kiproxy.proxy.fetch import pipeline
+
+
+class SlowWhole(FetchResponseInterceptor):
+    """A partition's blocks at once: 1.2 s of the test clock, every block answered None
+    (records wanted); then each batch as records upper-cased, 0.6 s each."""
+
+    def on_consume_blocks(self, blocks, ctx):
+        pipeline.time.spent += 1.2
+        return [None] * len(blocks)
+
+    def on_consume(self, batch, ctx):
+        pipeline.time.spent += 0.6
+        return batch.with_records(r.with_value((r.value or b"").upper())
+                                  for r in batch.records)
+'''
+
+
+def test_the_first_batch_is_handed_on_after_a_whole_partition_call_ran_out_the_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The one on_consume_blocks call used the answer's time and left every batch to
+    on_consume: the first is handed all the same (each fetch moves on), the rest wait."""
+    monkeypatch.setattr(fetch_pipeline, "time", _Clock())
+    (tmp_path / "slow_whole.py").write_text(SLOW_WHOLE)
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f'plugins_dir: {tmp_path}\nroutes:\n  - match: {{topic: "s-.*"}}\n'
+                    '    interceptors: [{class: "slow_whole:SlowWhole", timeout_ms: 1000}]\n')
+    slow = FetchPipeline(load_routes(load_config(path, {})), topic_names={})
+    records = b"".join(BATCHES[:2]) + b"".join(BATCHES[3:])
+    out = parse_response(1, 12, _rewrite(slow, 12, _alone(12, records)), len(head(12)))
+    p0 = out.responses[0].partitions[0]
+    assert p0.error_code == ErrorCode.none
+    split = split_fetched_records(p0.records)
+    assert [[r.value for r in decode_batch(p0.records[b.start:b.end]).records]
+            for b in split.batches] == [[b"A0", b"A1"]]

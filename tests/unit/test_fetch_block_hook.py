@@ -287,13 +287,42 @@ def test_a_bad_answer_for_one_block_ends_the_answer_before_it(tmp_path: Path) ->
 
 def test_blocks_past_max_decode_memory_decompressed_are_handed_one_by_one(
         tmp_path: Path) -> None:
+    from kiproxy.protocol.records import decompress_block
+
+    gzip = decode_batch(PIECES[0]).header
+    held = len(decompress_block(PIECES[0], 0, gzip))
     pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
-    pipeline.offload = BatchOffload(DecompressionLimits(), max_decode_memory=1)
+    pipeline.offload = BatchOffload(DecompressionLimits(), max_decode_memory=held)
     calls = type(_hook(pipeline)).calls
     calls.clear()
     p0, _ = _partitions(pipeline, "b-t")
-    # partition 0: its first batch (gzip) takes the one byte; the uncompressed one
-    # after it holds nothing decompressed and goes too; the zstd one goes to
-    # on_consume_block alone, as the whole partition's answer would have had it
+    # partition 0: its first batch (gzip) fills the budget; the uncompressed one after
+    # it holds nothing decompressed and goes too; the zstd one finds no room and goes
+    # to on_consume_block alone. Partition 1 (gzip) after partition 0 gave it back.
     assert sorted(calls) == [[2], [2, 3]]
     assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+    assert pipeline.offload.budget.used == 0
+    # no room at all: every batch one by one, as without on_consume_blocks
+    calls.clear()
+    pipeline.offload = BatchOffload(DecompressionLimits(), max_decode_memory=held - 1)
+    p0, _ = _partitions(pipeline, "b-t")
+    assert calls == []  # the first batch of each partition is compressed and finds none
+    assert _values(p0.records) == [[v[::-1] for v in vs] for vs in STORED]  # type: ignore[attr-defined]
+
+
+def test_a_refusal_answered_for_one_block_ends_the_answer_before_it(tmp_path: Path) -> None:
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
+
+    def fetched(records: bytes) -> Any:
+        out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "b-whole-refuse",
+                                                                  records)), len(head(12)))
+        return out.responses[0].partitions[0]
+
+    # the second data batch (offset 2) refused: the first is sent, changed
+    p0 = fetched(b"".join(PIECES))
+    assert p0.error_code == ErrorCode.none
+    assert _values(p0.records) == [[v[::-1] for v in STORED[0]]]
+    # from offset 2 on: the zstd batch is the second now, so offset 2 goes out
+    p0 = fetched(b"".join(PIECES[1:]))
+    assert p0.error_code == ErrorCode.none
+    assert _values(p0.records) == [[v[::-1] for v in STORED[1]]]

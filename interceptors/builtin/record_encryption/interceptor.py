@@ -213,19 +213,34 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         return opened
 
     async def on_consume_blocks(self, blocks: Sequence[ConsumedBlock], ctx: ConsumeContext
-                                ) -> list[bytes | memoryview | None]:
+                                ) -> list[bytes | memoryview | RefuseFetch | None]:
         """:meth:`on_consume_block` of a fetched partition's batches at once: the common
-        ones opened together, over threads; None for every other (and for one whose data
-        key could not be had), which :meth:`on_consume_block` never sees again:
-        :meth:`on_consume` reads it record by record and applies the policies."""
+        ones opened together (over threads, where there are CPUs to spare), a batch
+        whose data key could not be had refused as :meth:`on_consume_block` refuses it
+        (or, for a key the KMS will not unwrap under ``on_undecryptable: pass``, None);
+        None for any other, which :meth:`on_consume` reads record by record."""
         if not blocks:
             return []
         state = self._configured()
+        topic = blocks[0].topic
         opened = await state.cipher.decrypt_blocks(
-            blocks[0].topic, [(b.data, b.record_count) for b in blocks], deadline=ctx.deadline)
-        self.counts["decrypted"] += sum(b.record_count for b, o in zip(blocks, opened, strict=True)
-                                        if o is not None and o is not b.data)
-        return opened
+            topic, [(b.data, b.record_count) for b in blocks], deadline=ctx.deadline)
+        out: list[bytes | memoryview | RefuseFetch | None] = []
+        refusal: RefuseFetch | None = None  # the answer ends at the first: one counted
+        for block, answer in zip(blocks, opened, strict=True):
+            if isinstance(answer, KmsError):
+                if isinstance(answer, Undecryptable) and \
+                        state.plans.plan(topic).on_undecryptable == "pass":
+                    out.append(None)  # on_consume keeps what does not open as it is
+                    continue
+                if refusal is None:
+                    refusal = self._refusal(topic, _where(block), answer)
+                out.append(refusal)
+                continue
+            if answer is not None and answer is not block.data:
+                self.counts["decrypted"] += block.record_count
+            out.append(answer)
+        return out
 
     async def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
         """``batch`` with every sealed record opened (plaintext records as they are)."""

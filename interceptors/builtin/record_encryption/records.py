@@ -29,6 +29,7 @@ from collections.abc import Collection, Sequence
 from kiproxy.interceptors import Record
 from kiproxy.interceptors.sealing import (
     Aead,
+    CorruptBatch,
     block_carries_header,
     block_header_value,
     carries_header,
@@ -178,21 +179,25 @@ class RecordCipher:
 
     async def decrypt_blocks(self, topic: str, blocks: Sequence[tuple[memoryview, int]], *,
                              deadline: float | None = None
-                             ) -> list[bytes | memoryview | None]:
+                             ) -> list[bytes | memoryview | KmsError | None]:
         """:meth:`decrypt_block` of each ``(data, count)`` of ``blocks`` (a fetched
         partition's batches), those sealed under one data key opened together, their
-        cipher calls spread over threads (:func:`~kiproxy.protocol.parallel.open_blocks`).
-        A block whose data key cannot be had (the KMS, a key it will not unwrap) is None
-        like any other block :meth:`decrypt_block` does not open: the caller's
-        per-batch path then meets the error itself and applies its policy."""
-        out: list[bytes | memoryview | None] = [None] * len(blocks)
+        cipher calls spread over threads (:func:`~kiproxy.protocol.parallel.open_blocks`);
+        for a block whose data key cannot be had, the :class:`~.kms.KmsError` saying why
+        (one KMS wait for all the blocks of that key), for the caller's policy. None, as
+        :meth:`decrypt_block` says it, for any other block, a malformed one included
+        (the caller's per-batch path then says what is wrong with it)."""
+        out: list[bytes | memoryview | KmsError | None] = [None] * len(blocks)
         sealed: dict[bytes, list[int]] = {}
         for i, (data, count) in enumerate(blocks):
-            raw = block_header_value(data, MARKER_HEADER)
+            try:
+                raw = block_header_value(data, MARKER_HEADER)
+                if raw is None and not block_carries_header(data, count, MARKER_HEADER):
+                    out[i] = data  # nothing sealed
+            except CorruptBatch:
+                continue
             if raw is not None:
                 sealed.setdefault(raw, []).append(i)
-            elif not block_carries_header(data, count, MARKER_HEADER):
-                out[i] = data  # nothing sealed
         for raw, which in sealed.items():
             try:
                 descriptor = descriptor_of(raw, topic=topic)
@@ -204,7 +209,9 @@ class RecordCipher:
                 aead = await self.keys.decryption_key(descriptor.key_id,
                                                       descriptor.wrapped_key,
                                                       deadline=deadline)
-            except KmsError:
+            except KmsError as exc:
+                for i in which:
+                    out[i] = exc
                 continue
             opened = open_values_blocks([blocks[i] for i in which], raw_descriptor=raw,
                                         aad=value_aad(topic, raw), aead=aead)
