@@ -115,6 +115,7 @@ from kiproxy.protocol.records import (
     encode_block_parts,
     verify_batch_crc,
 )
+from kiproxy.proxy.fetch.source import BatchSource
 from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease
 
 if TYPE_CHECKING:
@@ -266,12 +267,12 @@ class FetchPipeline:
                        fetched: FetchedRecords, consumers: Sequence[LoadedLink],
                        ctx: ConsumeContext, lease: DecodeLease, started: float
                        ) -> list[bytes | memoryview] | ConsumeRefusal | None:
-        data: list[_Source] = []  # the batches hooks are handed, in log order
+        data: list[BatchSource] = []  # the batches hooks are handed, in log order
         for batch in fetched.batches:
             if batch.header is None:
                 self._count(topic, "legacy", 0)
             elif not batch.header.is_control:
-                data.append(_Source(frame, batch, lease))
+                data.append(BatchSource(frame, batch, lease))
         if not data:
             return None
         first: list[bytes | memoryview | ConsumeRefusal | None] = []
@@ -284,8 +285,8 @@ class FetchPipeline:
                                              f"and later ones: {answered.message}"))
             first = answered
         budget = max(link.timeout for link in consumers)
-        changes: list[tuple[_Source, bytes | tuple[bytes, ...]]] = []
-        cut: tuple[_Source, ConsumeRefusal | None] | None = None
+        changes: list[tuple[BatchSource, bytes | tuple[bytes, ...]]] = []
+        cut: tuple[BatchSource, ConsumeRefusal | None] | None = None
         for i, source in enumerate(data):
             header = source.header
             links, given, blocks = consumers, None, True
@@ -329,7 +330,7 @@ class FetchPipeline:
                 changes.append((source, written))
         return self._pieces(frame, topic, part.partition, fetched, changes, cut)
 
-    def _together(self, source: _Source, block: bytes) -> bool:
+    def _together(self, source: BatchSource, block: bytes) -> bool:
         """Whether ``source``'s new ``block`` is written with the others after the hooks
         (:func:`blocks_around`, the CRCs over threads): that of an uncompressed batch
         small enough to be written on the loop; any other change is written as the
@@ -337,7 +338,7 @@ class FetchPipeline:
         return not source.header.attributes & 0x07 \
             and len(block) <= self.offload.inline_plain_bytes
 
-    async def _whole(self, topic: str, partition: int, data: list[_Source],
+    async def _whole(self, topic: str, partition: int, data: list[BatchSource],
                      link: LoadedLink, ctx: ConsumeContext
                      ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
         """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
@@ -377,8 +378,8 @@ class FetchPipeline:
                                           timeout=link.timeout)
 
     def _pieces(self, frame: bytes, topic: str, partition: int, fetched: FetchedRecords,
-                changes: list[tuple[_Source, bytes | tuple[bytes, ...]]],
-                cut: tuple[_Source, ConsumeRefusal | None] | None
+                changes: list[tuple[BatchSource, bytes | tuple[bytes, ...]]],
+                cut: tuple[BatchSource, ConsumeRefusal | None] | None
                 ) -> list[bytes | memoryview] | ConsumeRefusal | None:
         """The partition's new ``records`` as pieces: each of ``changes`` in its place (a
         new block written around now, with the others, or the pieces written already),
@@ -447,7 +448,7 @@ class FetchPipeline:
             header.base_offset, budget * 1000, len(later),
             more=" ({count} more since the last line)")
 
-    async def _chain(self, topic: str, partition: int, source: _Source,
+    async def _chain(self, topic: str, partition: int, source: BatchSource,
                      consumers: Sequence[LoadedLink], ctx: ConsumeContext, *,
                      block: bytes | None = None, blocks: bool = True
                      ) -> bytes | tuple[Record, ...] | ConsumeRefusal | None:
@@ -501,7 +502,7 @@ class FetchPipeline:
             return block
         return None if records is None or records is source.records else records
 
-    async def _encode(self, source: _Source, new: bytes | tuple[Record, ...]
+    async def _encode(self, source: BatchSource, new: bytes | tuple[Record, ...]
                       ) -> tuple[bytes, ...]:
         """The batch of ``source`` written again with ``new`` (a records block or
         records), its place in the log kept; compressed on a worker thread when large,
@@ -543,61 +544,6 @@ class FetchPipeline:
             "" if route is None else f" on route {route}", topic, partition,
             message, more=" ({count} more since the last line)", exc_info=exception,
             extra=client.log_context)
-
-
-class _Source:
-    """One batch on its way through the chain: where it lies in the response, its
-    records block once a block hook needs it, and its decoded form once a link needs
-    records. The block of an uncompressed batch is the response's own bytes, its CRC
-    checked; that of a compressed one is decompressed, not decoded. A batch that only
-    block hooks see is never decoded."""
-
-    __slots__ = ("_block", "_decoded", "batch", "crc_checked", "frame", "header", "lease")
-
-    def __init__(self, frame: bytes, batch: FetchedBatch, lease: DecodeLease) -> None:
-        assert batch.header is not None
-        self.frame = frame
-        self.batch = batch
-        self.header: RecordBatchHeader = batch.header
-        self.lease = lease
-        self._block: bytes | None = None
-        self._decoded: DecodedBatch | None = None
-        self.crc_checked = False
-        """The batch's CRC was checked already (with others: :func:`verify_crcs`)."""
-
-    @property
-    def records(self) -> tuple[Record, ...] | None:
-        """The batch's records, when it was decoded already."""
-        return None if self._decoded is None else self._decoded.records
-
-    def _batches(self) -> PartitionBatches:
-        batch, header = self.batch, self.header
-        blocks = (header.batch_length + LOG_OVERHEAD - BATCH_HEADER_SIZE,) \
-            if header.attributes & 0x07 else ()
-        return PartitionBatches(start=batch.start, end=batch.end, headers=(header,),
-                                records=header.record_count, compressed_blocks=blocks)
-
-    async def decoded(self) -> DecodedBatch:
-        """The batch decoded (once; on the loop, or on a decode thread within
-        ``max_decode_memory`` when large). Raises ``CorruptBatch``."""
-        if self._decoded is None:
-            (self._decoded,) = await self.lease.decode_partition(self.frame, self._batches())
-            self._block = None  # the decoded batch holds it
-        return self._decoded
-
-    async def block(self) -> memoryview:
-        """The batch's records block: where it lies in the frame when uncompressed (its
-        CRC checked), else decompressed (where and within the budget a decode would
-        run). Raises ``CorruptBatch``."""
-        if self._decoded is not None:
-            return self._decoded.records_block()
-        if not self.header.attributes & 0x07:
-            if not self.crc_checked:
-                verify_batch_crc(self.frame, self.batch.start, self.header, self.batch.start)
-            return memoryview(self.frame)[self.batch.start + BATCH_HEADER_SIZE:self.batch.end]
-        if self._block is None:
-            self._block = await self.lease.decompress(self.frame, self._batches())
-        return memoryview(self._block)
 
 
 def _with_deadline(ctx: ConsumeContext, timeout: float) -> ConsumeContext:
