@@ -140,7 +140,8 @@ plugin test kit."""
 PLUGINS_DIR = Flag("--plugins-dir", metavar="DIR",
                    help="directory searched first for interceptor modules")
 INTERCEPTOR = Flag("--interceptor", metavar="MODULE:CLASS",
-                   help="the interceptor every batch goes through (MODULE:CLASS, found in "
+                   help="the interceptor every batch goes through: produced batches, and "
+                        "fetched ones when it has a fetch-side hook (MODULE:CLASS, found in "
                         "--plugins-dir first, or an entry-point name such as uppercase)")
 INTERCEPTOR_CONFIG = Flag("--interceptor-config", metavar="JSON/FILE",
                           help="the interceptor's configure() argument: a JSON object inline "

@@ -10,7 +10,9 @@ For a fetch-side hook's records block (``on_consume_block``), :func:`open_block`
 :func:`open_values` from block to block, and :func:`block_header_value` and
 :func:`block_carries_header` find the marker without a record object;
 :func:`open_blocks` opens many blocks at once (``on_consume_blocks``: a fetched
-partition's batches), its cipher calls spread over threads. The block functions raise
+partition's batches), its cipher calls spread over threads. :func:`decode_block` reads
+a block's records and :func:`encode_block` writes changed ones back as a block, for a
+block hook that changes a batch it does not seal. The block functions raise
 :class:`CorruptBatch` for a block that is not well-formed records. The
 nonces are the caller's, and so is the cipher: a callable (``encrypt``/``decrypt``,
 e.g. ``cryptography``'s ``AESGCM``), called once per value, or what :func:`aes_gcm`
@@ -32,15 +34,20 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from collections.abc import Iterable
 from typing import Protocol, cast
 
+from kiproxy.interceptors.consume import ConsumedBlock
 from kiproxy.protocol._codec import AesGcm, load_gcm, load_sodium, sodium_bound
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.parallel import open_blocks
 from kiproxy.protocol.records import (
+    Record,
     block_carries_header,
     block_header_value,
     carries_header,
+    decode_records,
+    encode_records,
     open_block,
     open_values,
     seal_values,
@@ -50,8 +57,9 @@ from kiproxy.protocol.records import (
 log = logging.getLogger("kiproxy.sealing")
 
 __all__ = ["Aead", "AesGcm", "CorruptBatch", "aes_gcm", "block_carries_header",
-           "block_header_value", "carries_header", "compiled_gcm", "open_block",
-           "open_blocks", "open_values", "seal_values", "sodium_gcm", "values_present"]
+           "block_header_value", "carries_header", "compiled_gcm", "decode_block",
+           "encode_block", "open_block", "open_blocks", "open_values", "seal_values",
+           "sodium_gcm", "values_present"]
 
 
 class Aead(Protocol):
@@ -102,6 +110,20 @@ def compiled_gcm() -> str | None:
         return None
     _bind_sodium()
     return path
+
+
+def decode_block(block: ConsumedBlock) -> tuple[Record, ...]:
+    """The records of ``block`` (each read lazily from the block, offset deltas and
+    timestamps as stored); ``CorruptBatch`` for a block that is not its records."""
+    data = bytes(block.data)
+    return decode_records(data, 0, len(data), block.record_count, block.base_timestamp)
+
+
+def encode_block(block: ConsumedBlock, records: Iterable[Record]) -> bytes:
+    """``records`` - ``block``'s own, changed: the same count, in order, offset deltas
+    and timestamps kept - as the new records block a block hook returns for it."""
+    block_bytes: bytes = encode_records(tuple(records), block.base_timestamp, False)[0]
+    return block_bytes
 
 
 def sodium_gcm() -> str | None:

@@ -44,7 +44,7 @@ import inspect
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Iterable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -82,6 +82,7 @@ __all__ = [
     "make_context",
     "make_record",
     "run_consume",
+    "run_consume_blocks",
     "run_interceptor",
     "run_interceptor_async",
 ]
@@ -205,40 +206,82 @@ def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | No
     timeout = timeout_ms / 1000
     context = dataclasses.replace(ctx or make_consume_context(),
                                   deadline=time.monotonic() + timeout)
-    return _run_to_end(_consume(interceptor, batch, context,
+    out = _run_to_end(_consume(interceptor, [batch], context,
+                               name=name or type(interceptor).__name__, timeout=timeout))
+    return out if isinstance(out, ConsumeRefusal) else out[0]
+
+
+def run_consume_blocks(interceptor: Any, batches: Sequence[ConsumedBatch],
+                       ctx: ConsumeContext | None = None, *,
+                       timeout_ms: int = DEFAULT_TIMEOUT_MS, name: str | None = None
+                       ) -> list[ConsumedBatch | ConsumeRefusal] | ConsumeRefusal:
+    """Hand ``batches`` (one fetched partition's, in log order) to ``interceptor`` as the
+    proxy hands them to a chain's first link: to ``on_consume_blocks`` all at once when
+    it has one (else each to ``on_consume_block``), and each batch answered None to
+    ``on_consume``. The batch the consumer would get or the refusal, for each batch;
+    or the :class:`ConsumeRefusal` of the whole partition (the call raised, ran out of
+    time or did not answer once per block). Where the proxy ends the partition's answer
+    at the first refused batch, this goes on, so that a test sees every answer."""
+    for batch in batches:
+        if not isinstance(batch, ConsumedBatch):
+            raise TypeError(f"run_consume_blocks takes ConsumedBatch objects, not "
+                            f"{type(batch).__name__}; make_consumed_batch(batch) makes one")
+    if isinstance(interceptor, Plugin):
+        name = name or interceptor.name
+        interceptor = interceptor.interceptor
+    timeout = timeout_ms / 1000
+    context = dataclasses.replace(ctx or make_consume_context(),
+                                  deadline=time.monotonic() + timeout)
+    return _run_to_end(_consume(interceptor, list(batches), context,
                                 name=name or type(interceptor).__name__, timeout=timeout))
 
 
-async def _consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *, name: str,
-                   timeout: float) -> ConsumedBatch | ConsumeRefusal:
-    """``batch`` through ``interceptor`` as the proxy's fetch path runs a chain's first
-    link: as a records block first when it has ``on_consume_blocks`` (a partition of
-    this one batch) or ``on_consume_block``, else (or on None) as records."""
+async def _consume(interceptor: Any, batches: list[ConsumedBatch], ctx: ConsumeContext, *,
+                   name: str, timeout: float
+                   ) -> list[ConsumedBatch | ConsumeRefusal] | ConsumeRefusal:
+    """``batches`` (one partition's) through ``interceptor`` as the proxy's fetch path
+    runs a chain's first link: as records blocks first when it has ``on_consume_blocks``
+    (all in one call) or ``on_consume_block`` (one by one), else (or on None) as
+    records."""
     whole = consume_blocks_hook(interceptor) is not None
-    if (whole or consume_block_hook(interceptor) is not None) and batch.records:
-        base = batch.records[0].timestamp
-        data = encode_records(batch.records, base, False)[0]
-        block = ConsumedBlock(
-            topic=batch.topic, partition=batch.partition, base_offset=batch.base_offset,
-            base_timestamp=base, record_count=len(batch.records), data=memoryview(data),
-            producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
-            transactional=batch.transactional, compression=batch.compression)
-        answer: bytes | memoryview | ConsumeRefusal | None
-        if whole:
-            answers = await judge_consume_blocks(interceptor, [block], ctx, name=name,
-                                                 timeout=timeout)
-            answer = answers if isinstance(answers, ConsumeRefusal) else answers[0]
-        else:
-            answer = await judge_consume_block(interceptor, block, batch.records, ctx,
-                                               name=name, timeout=timeout)
-        if isinstance(answer, ConsumeRefusal):
-            return answer
-        if answer is block.data:
-            return batch
-        if answer is not None:
-            return batch.with_records(decode_records(bytes(answer), 0, len(answer),
-                                                     len(batch.records), base))
-    return await judge_consume(interceptor, batch, ctx, name=name, timeout=timeout)
+    blocks = {i: _block_of(batch) for i, batch in enumerate(batches) if batch.records
+              and (whole or consume_block_hook(interceptor) is not None)}
+    answers: dict[int, bytes | memoryview | ConsumeRefusal | None] = {}
+    if whole and blocks:
+        judged = await judge_consume_blocks(interceptor, list(blocks.values()), ctx,
+                                            name=name, timeout=timeout)
+        if isinstance(judged, ConsumeRefusal):
+            return judged
+        answers = dict(zip(blocks, judged, strict=True))
+    out: list[ConsumedBatch | ConsumeRefusal] = []
+    for i, batch in enumerate(batches):
+        block = blocks.get(i)
+        if block is not None:
+            answer = answers[i] if whole else await judge_consume_block(
+                interceptor, block, batch.records, ctx, name=name, timeout=timeout)
+            if isinstance(answer, ConsumeRefusal):
+                out.append(answer)
+                continue
+            if answer is block.data:
+                out.append(batch)
+                continue
+            if answer is not None:
+                out.append(batch.with_records(decode_records(
+                    bytes(answer), 0, len(answer), len(batch.records), block.base_timestamp)))
+                continue
+        out.append(await judge_consume(interceptor, batch, ctx, name=name, timeout=timeout))
+    return out
+
+
+def _block_of(batch: ConsumedBatch) -> ConsumedBlock:
+    """``batch`` as the records block the proxy hands a block hook."""
+    base = batch.records[0].timestamp
+    return ConsumedBlock(
+        topic=batch.topic, partition=batch.partition, base_offset=batch.base_offset,
+        base_timestamp=base, record_count=len(batch.records),
+        data=memoryview(encode_records(batch.records, base, False)[0]),
+        producer_id=batch.producer_id, producer_epoch=batch.producer_epoch,
+        transactional=batch.transactional, compression=batch.compression)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +302,13 @@ class Plugin:
                 timeout_ms: int = DEFAULT_TIMEOUT_MS) -> ConsumedBatch | ConsumeRefusal:
         """:func:`run_consume` on this plugin."""
         return run_consume(self, batch, ctx, timeout_ms=timeout_ms)
+
+    def consume_blocks(self, batches: Sequence[ConsumedBatch],
+                       ctx: ConsumeContext | None = None, *,
+                       timeout_ms: int = DEFAULT_TIMEOUT_MS
+                       ) -> list[ConsumedBatch | ConsumeRefusal] | ConsumeRefusal:
+        """:func:`run_consume_blocks` on this plugin."""
+        return run_consume_blocks(self, batches, ctx, timeout_ms=timeout_ms)
 
     def close(self) -> None:
         """Run the interceptor's ``close()`` as the proxy does at shutdown: an ``async def

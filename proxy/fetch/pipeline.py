@@ -87,7 +87,6 @@ from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_pa
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression, CompressionLevels
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.fetch_batches import (
-    LOG_OVERHEAD,
     FetchedBatch,
     FetchedRecords,
     split_fetched_records,
@@ -104,16 +103,13 @@ from kiproxy.protocol.fetch_splice import splice_fetch_pieces
 from kiproxy.protocol.framing import parse_response_header
 from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.parallel import blocks_around, verify_crcs
-from kiproxy.protocol.partition_batches import PartitionBatches
 from kiproxy.protocol.records import (
     BATCH_HEADER_SIZE,
     DEFAULT_DECOMPRESSION_LIMITS,
-    DecodedBatch,
     Record,
     RecordBatchHeader,
     decode_records,
     encode_block_parts,
-    verify_batch_crc,
 )
 from kiproxy.proxy.fetch.source import BatchSource
 from kiproxy.proxy.produce.offload import BatchOffload, DecodeLease

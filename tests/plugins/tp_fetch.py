@@ -22,14 +22,14 @@
   of each call in ``calls``. On a topic whose name contains ``whole-raise`` it raises,
   on ``whole-count`` it answers one block too few, on ``whole-odd`` it answers None for
   every second block (``on_consume`` reverses those), on ``whole-refuse`` a
-  ``RefuseFetch`` for the second block.
+  ``RefuseFetch`` for the second block, on ``whole-gen`` its answers as a generator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from kiproxy.interceptors import (
     ConsumeContext,
@@ -111,16 +111,19 @@ class BlocksReverse(BlockReverse):
     calls: list[list[int]] = []
 
     async def on_consume_blocks(self, blocks: Sequence[ConsumedBlock], ctx: ConsumeContext
-                                ) -> list[bytes | memoryview | None]:
+                                ) -> Iterable[bytes | memoryview | RefuseFetch | None]:
         BlocksReverse.calls.append([b.record_count for b in blocks])
         topic = blocks[0].topic
         if "whole-raise" in topic:
             raise RuntimeError("the whole partition broke")
-        answers = [self.on_consume_block(b, ctx) for b in blocks]
+        answers: list[bytes | memoryview | RefuseFetch | None] = [
+            self.on_consume_block(b, ctx) for b in blocks]
         if "whole-count" in topic:
             return answers[:-1]
         if "whole-odd" in topic:
             return [None if i % 2 else a for i, a in enumerate(answers)]
+        if "whole-gen" in topic:
+            return (a for a in answers)
         if "whole-refuse" in topic and len(answers) > 1:
             return [answers[0], RefuseFetch("not this one"), *answers[2:]]
         return answers

@@ -68,7 +68,7 @@ def reverse(request: pytest.FixtureRequest) -> str:
     return str(request.param)
 
 
-@pytest.mark.parametrize("topic", ["b-t", "b-records"])
+@pytest.mark.parametrize("topic", ["b-t", "b-records", "b-whole-gen"])
 def test_a_block_hook_and_its_records_fallback_give_the_same_batches(
         reverse: str, tmp_path: Path, topic: str) -> None:
     p0, _ = _partitions(_pipeline(tmp_path, reverse), topic)

@@ -247,3 +247,59 @@ def test_run_consume_hands_on_consume_blocks_the_one_batch_as_the_proxy_would(
     else:
         assert [r.value for r in out.records] == [expected.encode(), b"fed"]
     assert calls == [[2]]
+
+
+FIRST_ONLY = """
+from kiproxy.interceptors import FetchResponseInterceptor
+
+
+class FirstOnly(FetchResponseInterceptor):
+    def on_consume_blocks(self, blocks, ctx):
+        return (b.data for b in blocks[:1])  # a generator, and one answer too few
+
+    def on_consume(self, batch, ctx):
+        return batch
+"""
+
+
+def test_run_consume_blocks_shows_what_only_a_partition_of_several_batches_shows(
+        tmp_path: Path) -> None:
+    from kiproxy.interceptors.consume_verdict import ConsumeRefusal
+    from kiproxy.interceptors.testing import run_consume_blocks
+
+    (tmp_path / "first_only.py").write_text(FIRST_ONLY)
+    plugin = load("first_only:FirstOnly", plugins_dir=tmp_path)
+    one = make_consumed_batch(make_batch("a"))
+    assert plugin.consume(one) == one  # alone, the batch is answered
+    out = run_consume_blocks(plugin, [one, make_consumed_batch(make_batch("b"),
+                                                               base_offset=1)])
+    assert isinstance(out, ConsumeRefusal) and out.reason == "bad_return"
+    assert out.message == "first_only:FirstOnly returned 1 answers for 2 blocks"
+    # a partition of the built-in test plugin: every batch's own answer, in order
+    blocks = load("tp_fetch:BlocksReverse", plugins_dir=ROOT / "tests" / "plugins")
+    batches = [make_consumed_batch(make_batch("ab", "cd", topic="b-whole-refuse"),
+                                   base_offset=o) for o in (0, 2, 4)]
+    got = blocks.consume_blocks(batches)
+    assert not isinstance(got, ConsumeRefusal)
+    assert [g.records[0].value if isinstance(g, ConsumedBatch) else g.reason
+            for g in got] == [b"ba", "refused", b"ba"]
+
+
+def test_decode_block_and_encode_block_read_and_write_a_block_hooks_records() -> None:
+    from kiproxy.interceptors import ConsumedBlock
+    from kiproxy.interceptors.sealing import CorruptBatch, decode_block, encode_block
+    from kiproxy.protocol.records import encode_records
+
+    records = make_batch("a", "b", "c").records
+    data = encode_records(records, records[0].timestamp, False)[0]
+    block = ConsumedBlock(topic="t", partition=0, base_offset=0,
+                          base_timestamp=records[0].timestamp, record_count=3,
+                          data=memoryview(data))
+    assert decode_block(block) == records
+    upper = [r.with_value((r.value or b"").upper()) for r in decode_block(block)]
+    assert decode_block(ConsumedBlock(**{**{f: getattr(block, f) for f in (
+        "topic", "partition", "base_offset", "base_timestamp", "record_count")},
+        "data": memoryview(encode_block(block, upper))})) == tuple(upper)
+    with pytest.raises(CorruptBatch):
+        decode_block(ConsumedBlock(topic="t", partition=0, base_offset=0, base_timestamp=0,
+                                   record_count=3, data=memoryview(b"\x07no")))
