@@ -23,10 +23,10 @@ caller has them, else against the block it gave (a batch handed on undecoded);
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import time
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +76,7 @@ async def _called(hook: Any, given: Any, ctx: ConsumeContext, name: str,
     :class:`ConsumeRefusal`."""
     try:
         result = hook(given, ctx)
-        if inspect.iscoroutine(result) or isinstance(result, asyncio.Future):  # not a generator
+        if inspect.isawaitable(result):  # a generator is not: on_consume_blocks' answers
             result = await within(result, timeout, name)
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
@@ -149,16 +149,20 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
     result = await _called(interceptor.on_consume_blocks, blocks, ctx, name, timeout)
     if isinstance(result, ConsumeRefusal):
         return result
-    if isinstance(result, (bytes, bytearray, memoryview, str, Mapping)) or \
+    if isinstance(result, (bytes, bytearray, memoryview, str, Mapping, AbstractSet)) or \
             not isinstance(result, Iterable):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "sequence with an answer per block", "bad_return")
     if not isinstance(result, Sequence):  # a generator, say: its answers, in order
         try:
-            result = list(result)
+            result = list(result)  # the hook's own code runs here, as part of the call
+        except RefuseFetch as exc:
+            return _refused(exc, name)
         except Exception as exc:
             return ConsumeRefusal(_RETRIED, clip(f"{name} raised {type(exc).__name__}: "
                                                  f"{exc}"), "plugin_error", exc)
+        if timeout is not None and time.monotonic() > ctx.deadline:
+            return _timed_out(name, timeout)
     if len(result) != len(blocks):
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result)} answers for "
                               f"{len(blocks)} blocks", "bad_return")

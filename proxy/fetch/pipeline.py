@@ -320,6 +320,7 @@ class FetchPipeline:
             if isinstance(outcome, ConsumeRefusal):
                 cut = (source, replace(outcome, message=f"{_at(header)}: {outcome.message}"))
                 break
+            source.done()
             if written is None:
                 self._count(topic, "unchanged", header.record_count)
             else:
@@ -339,9 +340,11 @@ class FetchPipeline:
                      ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
         """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
         to the first whose records block cannot be read (that one and the later ones are
-        left to the per-batch path, which says why) or is compressed and finds no room
-        in ``max_decode_memory`` to be held decompressed with the others (the later ones
-        are handed one by one); the CRCs of the uncompressed ones checked in one call."""
+        left to the per-batch path, which says why) or is compressed and cannot be
+        decompressed at once (too large for the loop, or no room in ``max_decode_memory``
+        now to hold it with the others: the later ones are handed one by one, and wait
+        for the budget as any decode does); the CRCs of the uncompressed ones checked in
+        one call. The decompressed blocks are reserved while the call runs."""
         plain = [s for s in data if not s.header.attributes & 0x07]
         bad = verify_crcs(plain[0].frame, [(s.batch.start, s.batch.end) for s in plain]) \
             if plain else -1
@@ -353,13 +356,14 @@ class FetchPipeline:
             if not source.header.attributes & 0x07:  # where it lies, its CRC checked above
                 source.crc_checked = True
                 block = view[source.batch.start + BATCH_HEADER_SIZE:source.batch.end]
-            else:
+            else:  # decompressed at once, reserved while the call runs; else one by one
                 try:
-                    block = await source.block()
+                    now = source.block_now()
                 except CorruptBatch:
                     break
-                if not source.lease.keep(len(block)):  # held until the partition is done
+                if now is None:
                     break
+                block = now
             header = source.header
             blocks.append(ConsumedBlock(
                 topic=topic, partition=partition, base_offset=header.base_offset,
@@ -369,9 +373,12 @@ class FetchPipeline:
                 compression=_CODEC_NAMES[header.compression]))
         if not blocks:
             return []
-        return await judge_consume_blocks(link.interceptor, blocks,
-                                          _with_deadline(ctx, link.timeout), name=link.name,
-                                          timeout=link.timeout)
+        try:
+            return await judge_consume_blocks(link.interceptor, blocks,
+                                              _with_deadline(ctx, link.timeout),
+                                              name=link.name, timeout=link.timeout)
+        finally:  # the per-batch path that follows reserves what it decodes itself
+            data[0].lease.release_kept()
 
     def _pieces(self, frame: bytes, topic: str, partition: int, fetched: FetchedRecords,
                 changes: list[tuple[BatchSource, bytes | tuple[bytes, ...]]],

@@ -64,6 +64,19 @@ class BatchSource:
             self._block = None  # the decoded batch holds it
         return self._decoded
 
+    def block_now(self) -> memoryview | None:
+        """:meth:`block` of a compressed batch when it can be had at once, without waiting
+        (:meth:`~kiproxy.proxy.produce.offload.DecodeLease.decompress_now`, reserved in
+        the budget); None when it cannot. Raises ``CorruptBatch``."""
+        if self._block is None:
+            self._block = self.lease.decompress_now(self.frame, self._batches())
+        return None if self._block is None else memoryview(self._block)
+
+    def done(self) -> None:
+        """Drop what the batch's way through the hooks kept (its block, its records)."""
+        self._block = None
+        self._decoded = None
+
     async def block(self) -> memoryview:
         """The batch's records block: where it lies in the frame when uncompressed (its
         CRC checked), else decompressed (where and within the budget a decode would

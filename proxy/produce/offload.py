@@ -367,9 +367,15 @@ class DecodeLease:
                         **kwargs: Any) -> _T:
         """``fn(*args, limits=..., **kwargs)`` on a worker thread within the real limits,
         once the worst case (:meth:`BatchOffload.reservation`) is reserved (held until
-        :meth:`_shrink` or :meth:`release`)."""
+        :meth:`_shrink` or :meth:`release`). What the lease holds already counts towards
+        it, and no more is waited for than the budget can give besides: a partition's
+        second batch (the fetch path decompresses one at a time) never waits for the
+        budget its first one holds."""
         offload = self._offload
-        self._held += await offload.budget.acquire(offload.reservation(batches))
+        capacity = offload.budget.capacity
+        want = min(offload.reservation(batches), capacity) - self._held
+        if want > 0:
+            self._held += await offload.budget.acquire(want)
         result: _T = await offload.run(fn, *args, limits=offload.limits, **kwargs)
         return result
 
@@ -392,14 +398,33 @@ class DecodeLease:
             return cost.encode(header, records, levels, size_hint)
         return self._offload.submit(cost.encode, header, records, levels, size_hint)
 
-    def keep(self, nbytes: int) -> bool:
-        """Reserve ``nbytes`` more, now, for a block the partition keeps (decompressed)
-        until :meth:`release`: False, reserving nothing, when the budget has no room
-        (the caller then does not keep it)."""
-        if not self._offload.budget.try_acquire(nbytes):
-            return False
-        self._kept += nbytes
-        return True
+    def decompress_now(self, data: bytes, batches: PartitionBatches) -> bytes | None:
+        """:meth:`decompress` when it can be done at once, on the loop, without waiting:
+        the block when the batch is small enough for the loop, decompresses within the
+        loop's cap and the budget has room now to hold it (reserved until
+        :meth:`release_kept` or :meth:`release`); else None, nothing reserved (the
+        caller then takes :meth:`decompress`). Raises what
+        :func:`~kiproxy.protocol.records.decompress_block` raises for the real bounds."""
+        offload = self._offload
+        if not offload.decodes_inline(batches):
+            return None
+        (header,) = batches.headers
+        try:
+            block = decompress_block(data, batches.start, header, origin=batches.start,
+                                     limits=offload.inline_limits)
+        except DecompressionLimitExceeded as exc:
+            self._past_inline_cap(exc)
+            return None
+        if not offload.budget.try_acquire(len(block)):
+            return None
+        self._kept += len(block)
+        return block
+
+    def release_kept(self) -> None:
+        """Give back what :meth:`decompress_now` reserved."""
+        if self._kept:
+            self._offload.budget.release(self._kept)
+            self._kept = 0
 
     def release(self) -> None:
         """Give the partition's reservation back."""

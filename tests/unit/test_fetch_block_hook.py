@@ -140,8 +140,17 @@ def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[i
         decompressed.extend(h.base_offset for h in batches.headers)
         return await decompress(self, data, batches)
 
+    def counting_now(self: DecodeLease, data: bytes, batches: PartitionBatches
+                     ) -> bytes | None:
+        block = decompress_now(self, data, batches)
+        if block is not None:  # else decompress() follows, and counts it
+            decompressed.extend(h.base_offset for h in batches.headers)
+        return block
+
+    decompress_now = DecodeLease.decompress_now
     monkeypatch.setattr(DecodeLease, "decode_partition", counting)
     monkeypatch.setattr(DecodeLease, "decompress", counting_blocks)
+    monkeypatch.setattr(DecodeLease, "decompress_now", counting_now)
     return decoded, decompressed
 
 
@@ -326,3 +335,24 @@ def test_a_refusal_answered_for_one_block_ends_the_answer_before_it(tmp_path: Pa
     p0 = fetched(b"".join(PIECES[1:]))
     assert p0.error_code == ErrorCode.none
     assert _values(p0.records) == [[v[::-1] for v in STORED[1]]]
+
+
+@pytest.mark.timeout(60)  # the bug this guards against was a fetch that never ended
+def test_two_large_compressed_batches_under_a_small_budget_are_answered(
+        tmp_path: Path, reverse: str) -> None:
+    """A partition's second batch decompressed on a thread waited for the budget its
+    first one still held, for ever, once max_decode_memory was below about one batch's
+    bound (max_decompressed_batch_bytes) and another batch."""
+    values = [os.urandom(200_000) for _ in range(2)]
+    first = build_batch([Record(key=None, value=values[0], timestamp=1)],
+                        compression=Compression.GZIP)
+    second = bytearray(build_batch([Record(key=None, value=values[1], timestamp=1)],
+                                   compression=Compression.GZIP))
+    second[0:8] = (1).to_bytes(8, "big")  # base offset 1 (outside the CRC)
+    pipeline = _pipeline(tmp_path, reverse)
+    pipeline.offload = BatchOffload(DecompressionLimits(), max_decode_memory=int(32.5 * 2**20))
+    assert len(first) > pipeline.offload.inline_bytes  # each decompressed on a thread
+    p0 = _hooked_partition(pipeline, first + bytes(second))
+    assert p0.error_code == ErrorCode.none
+    assert _values(p0.records) == [[values[0][::-1]], [values[1][::-1]]]
+    assert pipeline.offload.budget.used == 0

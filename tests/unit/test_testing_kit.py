@@ -17,6 +17,7 @@ import textwrap
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -303,3 +304,66 @@ def test_decode_block_and_encode_block_read_and_write_a_block_hooks_records() ->
     with pytest.raises(CorruptBatch):
         decode_block(ConsumedBlock(topic="t", partition=0, base_offset=0, base_timestamp=0,
                                    record_count=3, data=memoryview(b"\x07no")))
+
+
+ODD_ANSWERS = """
+import time
+from kiproxy.interceptors import FetchResponseInterceptor, RefuseFetch
+
+
+class OddAnswers(FetchResponseInterceptor):
+    def on_consume_blocks(self, blocks, ctx):
+        kind = blocks[0].topic
+        if kind == "set":
+            return {b.data for b in blocks}
+        return self._each(kind, blocks)
+
+    def _each(self, kind, blocks):
+        for i, block in enumerate(blocks):
+            if i and kind == "refuse":
+                raise RefuseFetch("not the second", "POLICY_VIOLATION")
+            if i and kind == "slow":
+                time.sleep(0.3)
+            yield block.data
+
+    def on_consume(self, batch, ctx):
+        return batch
+"""
+
+
+@pytest.mark.parametrize("topic, code, reason, message", [
+    ("refuse", 44, "refused", "refused it: not the second"),
+    ("slow", -1, "timeout", "did not answer within 200 ms"),
+    ("set", -1, "bad_return", "returned set, not a sequence with an answer per block")])
+def test_a_generators_answers_are_the_call_itself_its_refusals_and_time_included(
+        tmp_path: Path, topic: str, code: int, reason: str, message: str) -> None:
+    from kiproxy.interceptors.consume_verdict import ConsumeRefusal
+    from kiproxy.interceptors.testing import run_consume_blocks
+
+    (tmp_path / "odd_answers.py").write_text(ODD_ANSWERS)
+    plugin = load("odd_answers:OddAnswers", plugins_dir=tmp_path)
+    batches = [make_consumed_batch(make_batch("a", topic=topic), base_offset=o)
+               for o in (0, 1)]
+    out = run_consume_blocks(plugin, batches, timeout_ms=200)
+    assert isinstance(out, ConsumeRefusal)
+    assert (out.code, out.reason) == (code, reason) and message in out.message
+
+
+def test_a_fetch_side_hook_may_return_any_awaitable() -> None:
+    """What the produce side awaits, the fetch side awaits too: an object with
+    ``__await__`` (as a compiled ``async def`` may return), not only a coroutine."""
+
+    class Later:
+        def __init__(self, batch: ConsumedBatch) -> None:
+            self.batch = batch
+
+        def __await__(self) -> Any:
+            yield from asyncio.sleep(0).__await__()
+            return self.batch.with_records(r.with_value(b"later") for r in self.batch.records)
+
+    class Awaits(FetchResponseInterceptor):
+        def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> Any:
+            return Later(batch)
+
+    out = run_consume(Awaits(), make_consumed_batch(make_batch("a")))
+    assert isinstance(out, ConsumedBatch) and out.records[0].value == b"later"

@@ -228,13 +228,15 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         out: list[bytes | memoryview | RefuseFetch | None] = []
         refusal: RefuseFetch | None = None  # the answer ends at the first: one counted
         for block, answer in zip(blocks, opened, strict=True):
+            if refusal is not None:  # not sent: neither counted nor opened again
+                out.append(refusal)
+                continue
             if isinstance(answer, KmsError):
                 if isinstance(answer, Undecryptable) and \
                         state.plans.plan(topic).on_undecryptable == "pass":
                     out.append(None)  # on_consume keeps what does not open as it is
                     continue
-                if refusal is None:
-                    refusal = self._refusal(topic, _where(block), answer)
+                refusal = self._refusal(topic, _where(block), answer)
                 out.append(refusal)
                 continue
             if answer is not None and answer is not block.data:
