@@ -200,14 +200,7 @@ def run_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext | No
     if not isinstance(batch, ConsumedBatch):  # else the plugin is refused for it
         raise TypeError(f"run_consume takes a ConsumedBatch, not {type(batch).__name__}; "
                         "make_consumed_batch(batch) makes one of a batch make_batch built")
-    if isinstance(interceptor, Plugin):
-        name = name or interceptor.name
-        interceptor = interceptor.interceptor
-    timeout = timeout_ms / 1000
-    context = dataclasses.replace(ctx or make_consume_context(),
-                                  deadline=time.monotonic() + timeout)
-    out = _run_to_end(_consume(interceptor, [batch], context,
-                               name=name or type(interceptor).__name__, timeout=timeout))
+    out = run_consume_blocks(interceptor, [batch], ctx, timeout_ms=timeout_ms, name=name)
     return out if isinstance(out, ConsumeRefusal) else out[0]
 
 
