@@ -340,11 +340,11 @@ class FetchPipeline:
                      ) -> list[bytes | memoryview | ConsumeRefusal | None] | ConsumeRefusal:
         """The answers of ``link``'s ``on_consume_blocks`` for the batches of ``data``, up
         to the first whose records block cannot be read (that one and the later ones are
-        left to the per-batch path, which says why) or is compressed and cannot be
-        decompressed at once (too large for the loop, or no room in ``max_decode_memory``
-        now to hold it with the others: the later ones are handed one by one, and wait
-        for the budget as any decode does); the CRCs of the uncompressed ones checked in
-        one call. The decompressed blocks are reserved while the call runs."""
+        left to the per-batch path, which says why) or is compressed and finds no room
+        in ``max_decode_memory`` now to be decompressed and held with the others (the
+        later ones are handed one by one, and wait for the budget as any decode does);
+        the CRCs of the uncompressed ones checked in one call. The decompressed blocks
+        are reserved while the call runs."""
         plain = [s for s in data if not s.header.attributes & 0x07]
         bad = verify_crcs(plain[0].frame, [(s.batch.start, s.batch.end) for s in plain]) \
             if plain else -1
@@ -356,14 +356,14 @@ class FetchPipeline:
             if not source.header.attributes & 0x07:  # where it lies, its CRC checked above
                 source.crc_checked = True
                 block = view[source.batch.start + BATCH_HEADER_SIZE:source.batch.end]
-            else:  # decompressed at once, reserved while the call runs; else one by one
+            else:  # held, reserved while the call runs, when the budget has room now
                 try:
-                    now = source.block_now()
+                    held = await source.block_held()
                 except CorruptBatch:
                     break
-                if now is None:
+                if held is None:
                     break
-                block = now
+                block = held
             header = source.header
             blocks.append(ConsumedBlock(
                 topic=topic, partition=partition, base_offset=header.base_offset,

@@ -64,12 +64,12 @@ class BatchSource:
             self._block = None  # the decoded batch holds it
         return self._decoded
 
-    def block_now(self) -> memoryview | None:
-        """:meth:`block` of a compressed batch when it can be had at once, without waiting
-        (:meth:`~kiproxy.proxy.produce.offload.DecodeLease.decompress_now`, reserved in
-        the budget); None when it cannot. Raises ``CorruptBatch``."""
+    async def block_held(self) -> memoryview | None:
+        """:meth:`block` of a compressed batch without waiting for the budget
+        (:meth:`~kiproxy.proxy.produce.offload.DecodeLease.decompress_held`: held,
+        reserved); None when the budget has no room now. Raises ``CorruptBatch``."""
         if self._block is None:
-            self._block = self.lease.decompress_now(self.frame, self._batches())
+            self._block = await self.lease.decompress_held(self.frame, self._batches())
         return None if self._block is None else memoryview(self._block)
 
     def done(self) -> None:

@@ -398,30 +398,44 @@ class DecodeLease:
             return cost.encode(header, records, levels, size_hint)
         return self._offload.submit(cost.encode, header, records, levels, size_hint)
 
-    def decompress_now(self, data: bytes, batches: PartitionBatches) -> bytes | None:
-        """:meth:`decompress` when it can be done at once, on the loop, without waiting:
-        the block when the batch is small enough for the loop, decompresses within the
-        loop's cap and the budget has room now to hold it (reserved until
-        :meth:`release_kept` or :meth:`release`); else None, nothing reserved (the
-        caller then takes :meth:`decompress`). Raises what
+    async def decompress_held(self, data: bytes, batches: PartitionBatches) -> bytes | None:
+        """:meth:`decompress` without waiting for the budget: the block, held (reserved
+        until :meth:`release_kept` or :meth:`release`), when the budget has room now -
+        for the block itself when it is decompressed on the loop, for the worst case
+        (:meth:`BatchOffload.reservation`) while a worker thread decompresses it - else
+        None, nothing reserved (the caller then takes :meth:`decompress`). Raises what
         :func:`~kiproxy.protocol.records.decompress_block` raises for the real bounds."""
         offload = self._offload
-        if not offload.decodes_inline(batches):
-            return None
+        budget = offload.budget
         (header,) = batches.headers
+        if offload.decodes_inline(batches):
+            try:
+                block = decompress_block(data, batches.start, header, origin=batches.start,
+                                         limits=offload.inline_limits)
+            except DecompressionLimitExceeded as exc:
+                self._past_inline_cap(exc)  # within the real bounds: on a thread, below
+            else:
+                if not budget.try_acquire(len(block)):
+                    return None
+                self._kept += len(block)
+                return block
+        reserved = min(offload.reservation(batches), budget.capacity)
+        if not budget.try_acquire(reserved):
+            return None
         try:
-            block = decompress_block(data, batches.start, header, origin=batches.start,
-                                     limits=offload.inline_limits)
-        except DecompressionLimitExceeded as exc:
-            self._past_inline_cap(exc)
-            return None
-        if not offload.budget.try_acquire(len(block)):
-            return None
-        self._kept += len(block)
-        return block
+            threaded: bytes = await offload.run(decompress_block, data, batches.start,
+                                                header, origin=batches.start,
+                                                limits=offload.limits)
+        except BaseException:
+            budget.release(reserved)
+            raise
+        held = min(len(threaded), reserved)
+        budget.release(reserved - held)  # the worst case, cut to the block
+        self._kept += held
+        return threaded
 
     def release_kept(self) -> None:
-        """Give back what :meth:`decompress_now` reserved."""
+        """Give back what :meth:`decompress_held` reserved."""
         if self._kept:
             self._offload.budget.release(self._kept)
             self._kept = 0

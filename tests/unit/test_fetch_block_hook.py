@@ -140,17 +140,17 @@ def _decoded_offsets(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[i
         decompressed.extend(h.base_offset for h in batches.headers)
         return await decompress(self, data, batches)
 
-    def counting_now(self: DecodeLease, data: bytes, batches: PartitionBatches
-                     ) -> bytes | None:
-        block = decompress_now(self, data, batches)
+    async def counting_held(self: DecodeLease, data: bytes, batches: PartitionBatches
+                            ) -> bytes | None:
+        block = await decompress_held(self, data, batches)
         if block is not None:  # else decompress() follows, and counts it
             decompressed.extend(h.base_offset for h in batches.headers)
         return block
 
-    decompress_now = DecodeLease.decompress_now
+    decompress_held = DecodeLease.decompress_held
     monkeypatch.setattr(DecodeLease, "decode_partition", counting)
     monkeypatch.setattr(DecodeLease, "decompress", counting_blocks)
-    monkeypatch.setattr(DecodeLease, "decompress_now", counting_now)
+    monkeypatch.setattr(DecodeLease, "decompress_held", counting_held)
     return decoded, decompressed
 
 
@@ -355,4 +355,32 @@ def test_two_large_compressed_batches_under_a_small_budget_are_answered(
     p0 = _hooked_partition(pipeline, first + bytes(second))
     assert p0.error_code == ErrorCode.none
     assert _values(p0.records) == [[values[0][::-1]], [values[1][::-1]]]
+    assert pipeline.offload.budget.used == 0
+
+
+def test_large_compressed_batches_reach_on_consume_blocks_decompressed_on_threads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Batches too large to be decompressed on the loop are decompressed on a worker
+    thread for the one call, while the budget has room for their worst case now."""
+    values = [os.urandom(200_000) for _ in range(2)]
+    first = build_batch([Record(key=None, value=values[0], timestamp=1)],
+                        compression=Compression.ZSTD)
+    second = bytearray(build_batch([Record(key=None, value=values[1], timestamp=1)],
+                                   compression=Compression.ZSTD))
+    second[0:8] = (1).to_bytes(8, "big")
+    pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
+    on_threads: list[str] = []
+    run = pipeline.offload.run
+
+    async def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        on_threads.append(fn.__name__)
+        return await run(fn, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.offload, "run", spied)
+    calls = type(_hook(pipeline)).calls
+    calls.clear()
+    p0 = _hooked_partition(pipeline, first + bytes(second))
+    assert _values(p0.records) == [[values[0][::-1]], [values[1][::-1]]]
+    assert [1, 1] in calls  # both in partition 0's one call
+    assert on_threads.count("decompress_block") == 2
     assert pipeline.offload.budget.used == 0
