@@ -193,6 +193,19 @@ def test_an_undecoded_batch_whose_crc_does_not_hold_never_reaches_a_block_hook(
     assert "CRC-32C mismatch" in caplog.text
 
 
+def _on_threads(pipeline: FetchPipeline, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the functions ``pipeline`` runs on its worker threads, as it does."""
+    on_threads: list[str] = []
+    run = pipeline.offload.run
+
+    async def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        on_threads.append(fn.__name__)
+        return await run(fn, *args, **kwargs)
+
+    monkeypatch.setattr(pipeline.offload, "run", spied)
+    return on_threads
+
+
 def _hooked_partition(pipeline: FetchPipeline, records: bytes) -> Any:
     out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "b-t", records)),
                          len(head(12)))
@@ -211,14 +224,7 @@ def test_a_large_compressed_block_is_decompressed_off_the_loop_and_a_bomb_is_ref
     large = build_batch([Record(key=None, value=v, timestamp=1) for v in values],
                         compression=Compression.ZSTD)
     assert len(large) > pipeline.offload.inline_bytes
-    on_threads: list[str] = []
-    run = pipeline.offload.run
-
-    async def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        on_threads.append(fn.__name__)
-        return await run(fn, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline.offload, "run", spied)
+    on_threads = _on_threads(pipeline, monkeypatch)
     p0 = _hooked_partition(pipeline, large)
     assert p0.error_code == ErrorCode.none
     assert _values(p0.records) == [[v[::-1] for v in values]]
@@ -369,14 +375,7 @@ def test_large_compressed_batches_reach_on_consume_blocks_decompressed_on_thread
                                    compression=Compression.ZSTD))
     second[0:8] = (1).to_bytes(8, "big")
     pipeline = _pipeline(tmp_path, "tp_fetch:BlocksReverse")
-    on_threads: list[str] = []
-    run = pipeline.offload.run
-
-    async def spied(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        on_threads.append(fn.__name__)
-        return await run(fn, *args, **kwargs)
-
-    monkeypatch.setattr(pipeline.offload, "run", spied)
+    on_threads = _on_threads(pipeline, monkeypatch)
     calls = type(_hook(pipeline)).calls
     calls.clear()
     p0 = _hooked_partition(pipeline, first + bytes(second))
