@@ -364,13 +364,7 @@ class FetchPipeline:
                 if held is None:
                     break
                 block = held
-            header = source.header
-            blocks.append(ConsumedBlock(
-                topic=topic, partition=partition, base_offset=header.base_offset,
-                base_timestamp=header.base_timestamp, record_count=header.record_count,
-                data=block, producer_id=header.producer_id,
-                producer_epoch=header.producer_epoch, transactional=header.is_transactional,
-                compression=_CODEC_NAMES[header.compression]))
+            blocks.append(_given(topic, partition, source.header, block))
         if not blocks:
             return []
         try:
@@ -467,12 +461,8 @@ class FetchPipeline:
         on_blocks = blocks
         for link in consumers:
             if on_blocks and consume_block_hook(link.interceptor) is not None:
-                given = ConsumedBlock(
-                    topic=topic, partition=partition, base_offset=header.base_offset,
-                    base_timestamp=header.base_timestamp, record_count=header.record_count,
-                    data=await source.block() if block is None else memoryview(block),
-                    producer_id=header.producer_id, producer_epoch=header.producer_epoch,
-                    transactional=header.is_transactional, compression=codec)
+                given = _given(topic, partition, header,
+                               await source.block() if block is None else memoryview(block))
                 answer = await judge_consume_block(
                     link.interceptor, given, source.records, _with_deadline(ctx, link.timeout),
                     name=link.name, timeout=link.timeout)
@@ -547,6 +537,16 @@ class FetchPipeline:
             "" if route is None else f" on route {route}", topic, partition,
             message, more=" ({count} more since the last line)", exc_info=exception,
             extra=client.log_context)
+
+
+def _given(topic: str, partition: int, header: RecordBatchHeader, data: memoryview
+           ) -> ConsumedBlock:
+    """The batch of ``header`` as a block hook is handed it, its records block ``data``."""
+    return ConsumedBlock(
+        topic=topic, partition=partition, base_offset=header.base_offset,
+        base_timestamp=header.base_timestamp, record_count=header.record_count, data=data,
+        producer_id=header.producer_id, producer_epoch=header.producer_epoch,
+        transactional=header.is_transactional, compression=_CODEC_NAMES[header.compression])
 
 
 def _with_deadline(ctx: ConsumeContext, timeout: float) -> ConsumeContext:

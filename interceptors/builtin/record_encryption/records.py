@@ -166,14 +166,9 @@ class RecordCipher:
         raw = block_header_value(data, MARKER_HEADER)
         if raw is None:
             return None if block_carries_header(data, count, MARKER_HEADER) else data
-        try:
-            descriptor = descriptor_of(raw, topic=topic)
-        except EnvelopeError:
+        aead = await self._common_key(topic, raw, deadline)
+        if aead is None:
             return None
-        if not descriptor.value_sealed or descriptor.headers:
-            return None
-        aead = await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key,
-                                              deadline=deadline)
         return open_values_block(data, count, raw_descriptor=raw, aad=value_aad(topic, raw),
                                  aead=aead)
 
@@ -200,24 +195,32 @@ class RecordCipher:
                 sealed.setdefault(raw, []).append(i)
         for raw, which in sealed.items():
             try:
-                descriptor = descriptor_of(raw, topic=topic)
-            except EnvelopeError:
-                continue
-            if not descriptor.value_sealed or descriptor.headers:
-                continue
-            try:
-                aead = await self.keys.decryption_key(descriptor.key_id,
-                                                      descriptor.wrapped_key,
-                                                      deadline=deadline)
+                aead = await self._common_key(topic, raw, deadline)
             except KmsError as exc:
                 for i in which:
                     out[i] = exc
+                continue
+            if aead is None:
                 continue
             opened = open_values_blocks([blocks[i] for i in which], raw_descriptor=raw,
                                         aad=value_aad(topic, raw), aead=aead)
             for i, block in zip(which, opened, strict=True):
                 out[i] = block
         return out
+
+    async def _common_key(self, topic: str, raw: bytes, deadline: float | None
+                          ) -> Aead | None:
+        """The data key of the marker ``raw`` when it describes the common batch's
+        records (the value sealed, no header), else None. Raises what
+        :meth:`~.data_keys.DataKeyCache.decryption_key` raises."""
+        try:
+            descriptor = descriptor_of(raw, topic=topic)
+        except EnvelopeError:
+            return None
+        if not descriptor.value_sealed or descriptor.headers:
+            return None
+        return await self.keys.decryption_key(descriptor.key_id, descriptor.wrapped_key,
+                                              deadline=deadline)
 
     async def _decrypt_one_key(self, topic: str, records: Sequence[Record],
                                deadline: float | None) -> tuple[Record, ...] | None:
