@@ -96,10 +96,19 @@ cdef struct GcmCtx:
     const void* sodium
 
 
-cdef void* _symbol(void* lib, bytes name) except NULL:
+cdef void* _library(str path) except NULL:
+    """The shared library at ``path``, loaded (or found loaded); OSError saying why not."""
+    cdef void* lib = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
+    if lib == NULL:
+        raise OSError(f"cannot load {path}: {(<bytes>dlerror()).decode(errors='replace')}")
+    return lib
+
+
+cdef void* _symbol(void* lib, bytes name, str library) except NULL:
+    """``name`` in ``lib``; OSError naming ``library`` when it has none."""
     cdef void* found = dlsym(lib, name)
     if found == NULL:
-        raise OSError(f"libcrypto has no {name.decode()}")
+        raise OSError(f"{library} has no {name.decode()}")
     return found
 
 
@@ -108,22 +117,20 @@ def load_gcm(str path):
     global _evp, _evp_loaded
     if _evp_loaded:
         return
-    cdef void* lib = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
-    if lib == NULL:
-        raise OSError(f"cannot load {path}: {(<bytes>dlerror()).decode(errors='replace')}")
+    cdef void* lib = _library(path)
     cdef _Evp e
-    e.ctx_new = <_ctx_new_t>_symbol(lib, b"EVP_CIPHER_CTX_new")
-    e.ctx_free = <_ctx_free_t>_symbol(lib, b"EVP_CIPHER_CTX_free")
-    e.gcm128 = <_cipher_t>_symbol(lib, b"EVP_aes_128_gcm")
-    e.gcm192 = <_cipher_t>_symbol(lib, b"EVP_aes_192_gcm")
-    e.gcm256 = <_cipher_t>_symbol(lib, b"EVP_aes_256_gcm")
-    e.ctrl = <_ctrl_t>_symbol(lib, b"EVP_CIPHER_CTX_ctrl")
-    e.encrypt_init = <_init_t>_symbol(lib, b"EVP_EncryptInit_ex")
-    e.encrypt_update = <_update_t>_symbol(lib, b"EVP_EncryptUpdate")
-    e.encrypt_final = <_final_t>_symbol(lib, b"EVP_EncryptFinal_ex")
-    e.decrypt_init = <_init_t>_symbol(lib, b"EVP_DecryptInit_ex")
-    e.decrypt_update = <_update_t>_symbol(lib, b"EVP_DecryptUpdate")
-    e.decrypt_final = <_final_t>_symbol(lib, b"EVP_DecryptFinal_ex")
+    e.ctx_new = <_ctx_new_t>_symbol(lib, b"EVP_CIPHER_CTX_new", "libcrypto")
+    e.ctx_free = <_ctx_free_t>_symbol(lib, b"EVP_CIPHER_CTX_free", "libcrypto")
+    e.gcm128 = <_cipher_t>_symbol(lib, b"EVP_aes_128_gcm", "libcrypto")
+    e.gcm192 = <_cipher_t>_symbol(lib, b"EVP_aes_192_gcm", "libcrypto")
+    e.gcm256 = <_cipher_t>_symbol(lib, b"EVP_aes_256_gcm", "libcrypto")
+    e.ctrl = <_ctrl_t>_symbol(lib, b"EVP_CIPHER_CTX_ctrl", "libcrypto")
+    e.encrypt_init = <_init_t>_symbol(lib, b"EVP_EncryptInit_ex", "libcrypto")
+    e.encrypt_update = <_update_t>_symbol(lib, b"EVP_EncryptUpdate", "libcrypto")
+    e.encrypt_final = <_final_t>_symbol(lib, b"EVP_EncryptFinal_ex", "libcrypto")
+    e.decrypt_init = <_init_t>_symbol(lib, b"EVP_DecryptInit_ex", "libcrypto")
+    e.decrypt_update = <_update_t>_symbol(lib, b"EVP_DecryptUpdate", "libcrypto")
+    e.decrypt_final = <_final_t>_symbol(lib, b"EVP_DecryptFinal_ex", "libcrypto")
     _evp = e
     _evp_loaded = True
 
@@ -142,21 +149,19 @@ def load_sodium(str path, tuple known not None):
             or PyBytes_GET_SIZE(sealed) != PyBytes_GET_SIZE(plain) + GCM_TAG_BYTES:
         raise ValueError("the known answer is a 256-bit key, a 12-byte nonce, a plaintext, "
                          "an aad and the ciphertext with its tag")
-    cdef void* lib = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
-    if lib == NULL:
-        raise OSError(f"cannot load {path}: {(<bytes>dlerror()).decode(errors='replace')}")
+    cdef void* lib = _library(path)
     cdef _Sodium s
-    cdef _sodium_init_t init = <_sodium_init_t>_sodium_symbol(lib, path, b"sodium_init")
-    cdef _sodium_init_t available = <_sodium_init_t>_sodium_symbol(
-        lib, path, b"crypto_aead_aes256gcm_is_available")
-    cdef _sodium_size_t state_bytes = <_sodium_size_t>_sodium_symbol(
-        lib, path, b"crypto_aead_aes256gcm_statebytes")
-    s.before = <_sodium_before_t>_sodium_symbol(lib, path, b"crypto_aead_aes256gcm_beforenm")
-    s.seal = <_sodium_seal_t>_sodium_symbol(lib, path,
-                                    b"crypto_aead_aes256gcm_encrypt_detached_afternm")
-    s.open = <_sodium_open_t>_sodium_symbol(lib, path,
-                                    b"crypto_aead_aes256gcm_decrypt_detached_afternm")
-    s.zero = <_sodium_zero_t>_sodium_symbol(lib, path, b"sodium_memzero")
+    cdef _sodium_init_t init = <_sodium_init_t>_symbol(lib, b"sodium_init", path)
+    cdef _sodium_init_t available = <_sodium_init_t>_symbol(
+        lib, b"crypto_aead_aes256gcm_is_available", path)
+    cdef _sodium_size_t state_bytes = <_sodium_size_t>_symbol(
+        lib, b"crypto_aead_aes256gcm_statebytes", path)
+    s.before = <_sodium_before_t>_symbol(lib, b"crypto_aead_aes256gcm_beforenm", path)
+    s.seal = <_sodium_seal_t>_symbol(
+        lib, b"crypto_aead_aes256gcm_encrypt_detached_afternm", path)
+    s.open = <_sodium_open_t>_symbol(
+        lib, b"crypto_aead_aes256gcm_decrypt_detached_afternm", path)
+    s.zero = <_sodium_zero_t>_symbol(lib, b"sodium_memzero", path)
     if init() < 0:
         raise OSError(f"sodium_init of {path} failed")
     if not available():
@@ -191,13 +196,6 @@ def load_sodium(str path, tuple known not None):
 def sodium_bound():
     """Whether AES-256-GCM with 12-byte nonces runs through libsodium (``load_sodium``)."""
     return _sodium_loaded
-
-
-cdef void* _sodium_symbol(void* lib, str path, bytes name) except NULL:
-    cdef void* found = dlsym(lib, name)
-    if found == NULL:
-        raise OSError(f"{path} has no {name.decode()}")
-    return found
 
 
 cdef class AesGcm:

@@ -103,13 +103,7 @@ def load_crc32c(str path, str symbol):
     global _crc
     if _crc != NULL:
         return
-    cdef void* lib = dlopen(path.encode(), RTLD_NOW | RTLD_LOCAL)
-    if lib == NULL:
-        raise OSError(f"cannot load {path}: {(<bytes>dlerror()).decode(errors='replace')}")
-    cdef void* named = dlsym(lib, symbol.encode())
-    if named == NULL:
-        raise OSError(f"{path} has no {symbol}")
-    cdef _crc_fn_t found = <_crc_fn_t>named
+    cdef _crc_fn_t found = <_crc_fn_t>_symbol(_library(path), symbol.encode(), path)
     cdef bytes sample = bytes(range(256)) * 1031  # long enough for every code path
     if (~found(~(<uint32_t>0), <const unsigned char*>b"123456789", 9) != <uint32_t>0xE3069283
             or ~found(~(<uint32_t>0), <const unsigned char*>PyBytes_AS_STRING(sample),
