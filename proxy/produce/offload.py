@@ -343,18 +343,27 @@ class DecodeLease:
 
         Raises what :func:`~kiproxy.protocol.records.decompress_block` raises.
         """
-        offload = self._offload
-        (header,) = batches.headers
-        if offload.decodes_inline(batches):
-            try:
-                return decompress_block(data, batches.start, header, origin=batches.start,
-                                        limits=offload.inline_limits)
-            except DecompressionLimitExceeded as exc:
-                self._past_inline_cap(exc)
-        block = await self._threaded(batches, decompress_block, data, batches.start, header,
-                                     origin=batches.start)
+        on_loop = self._on_loop(data, batches)
+        if on_loop is not None:
+            return on_loop
+        block = await self._threaded(batches, decompress_block, data, batches.start,
+                                     batches.headers[0], origin=batches.start)
         self._shrink(batches.size + len(block))
         return block
+
+    def _on_loop(self, data: bytes, batches: PartitionBatches) -> bytes | None:
+        """The block of the one compressed batch ``batches`` names, decompressed on the
+        loop when it is small enough and within the loop's cap; else None (a worker
+        thread must). Raises what ``decompress_block`` raises for the real bounds."""
+        offload = self._offload
+        if not offload.decodes_inline(batches):
+            return None
+        try:
+            return decompress_block(data, batches.start, batches.headers[0],
+                                    origin=batches.start, limits=offload.inline_limits)
+        except DecompressionLimitExceeded as exc:
+            self._past_inline_cap(exc)
+            return None
 
     def _past_inline_cap(self, exc: DecompressionLimitExceeded) -> None:
         """Return when work on the loop passed only the inline cap (it runs again on a
@@ -408,17 +417,12 @@ class DecodeLease:
         offload = self._offload
         budget = offload.budget
         (header,) = batches.headers
-        if offload.decodes_inline(batches):
-            try:
-                block = decompress_block(data, batches.start, header, origin=batches.start,
-                                         limits=offload.inline_limits)
-            except DecompressionLimitExceeded as exc:
-                self._past_inline_cap(exc)  # within the real bounds: on a thread, below
-            else:
-                if not budget.try_acquire(len(block)):
-                    return None
-                self._kept += len(block)
-                return block
+        block = self._on_loop(data, batches)
+        if block is not None:
+            if not budget.try_acquire(len(block)):
+                return None
+            self._kept += len(block)
+            return block
         reserved = min(offload.reservation(batches), budget.capacity)
         if not budget.try_acquire(reserved):
             return None
