@@ -18,7 +18,10 @@ returned); an exception is kept on the refusal for the caller to log its traceba
 :func:`judge_consume_block` does the same for ``on_consume_block``, whose block is
 checked record by record (compiled) instead: against the batch's records when the
 caller has them, else against the block it gave (a batch handed on undecoded);
-:func:`judge_consume_blocks` for ``on_consume_blocks``, each answer as a block's.
+:func:`judge_consume_blocks` for ``on_consume_blocks``, each answer as a block's; a
+block the call opened from that very block with
+:func:`~kiproxy.interceptors.sealing.open_blocks` is those records by construction
+and is not walked again (:func:`~kiproxy.protocol.parallel.noting_opened`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from kiproxy.interceptors.consume import (
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import clip
 from kiproxy.protocol.errors import CorruptBatch
+from kiproxy.protocol.parallel import Opened, noting_opened
 from kiproxy.protocol.records import (
     Record,
     block_moved,
@@ -146,6 +150,18 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
     records, and for a :class:`RefuseFetch` answered for it); a :class:`ConsumeRefusal`
     for the whole call when it raised, missed its deadline or did not answer once per
     block."""
+    with noting_opened() as opened:
+        result = await _answers(interceptor, blocks, ctx, name, timeout)
+        if isinstance(result, ConsumeRefusal):
+            return result
+        return [_refused(answer, name) if isinstance(answer, RefuseFetch)
+                else _judged_block(answer, block, None, name, opened)
+                for answer, block in zip(result, blocks, strict=True)]
+
+
+async def _answers(interceptor: Any, blocks: Sequence[ConsumedBlock], ctx: ConsumeContext,
+                   name: str, timeout: float | None) -> Sequence[Any] | ConsumeRefusal:
+    """The answers of ``on_consume_blocks``, one per block, or why the call is refused."""
     result = await _called(interceptor.on_consume_blocks, blocks, ctx, name, timeout)
     if isinstance(result, ConsumeRefusal):
         return result
@@ -163,12 +179,11 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
                                                  f"{exc}"), "plugin_error", exc)
         if timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
-    if len(result) != len(blocks):
-        return ConsumeRefusal(_RETRIED, f"{name} returned {len(result)} answers for "
+    answers: Sequence[Any] = result
+    if len(answers) != len(blocks):
+        return ConsumeRefusal(_RETRIED, f"{name} returned {len(answers)} answers for "
                               f"{len(blocks)} blocks", "bad_return")
-    return [_refused(answer, name) if isinstance(answer, RefuseFetch)
-            else _judged_block(answer, block, None, name)
-            for answer, block in zip(result, blocks, strict=True)]
+    return answers
 
 
 def _refused(exc: RefuseFetch, name: str) -> ConsumeRefusal:
@@ -178,10 +193,16 @@ def _refused(exc: RefuseFetch, name: str) -> ConsumeRefusal:
 
 
 def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...] | None,
-                  name: str) -> bytes | memoryview | ConsumeRefusal | None:
-    """A block hook's ``result`` for ``block`` judged (see :func:`judge_consume_block`)."""
+                  name: str, opened: Opened | None = None
+                  ) -> bytes | memoryview | ConsumeRefusal | None:
+    """A block hook's ``result`` for ``block`` judged (see :func:`judge_consume_block`);
+    ``opened``: the blocks ``open_blocks`` opened during the call."""
     if result is None or result is block.data:
         return result
+    if opened:
+        was = opened.get(id(result))
+        if was is not None and was[0] is result and was[1] is block.data:
+            return result  # opened from this very block: its records by construction
     if not isinstance(result, (bytes, bytearray, memoryview)):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "
                               "records block (bytes) or None", "bad_return")

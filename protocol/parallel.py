@@ -8,6 +8,12 @@ answer, :func:`blocks_around` writes many batches around new records blocks (as
 one-batch function gives, batch by batch; the work runs on the calling thread and up
 to :data:`THREADS` - 1 threads started for the call and joined before it returns.
 
+Within :func:`noting_opened`, each block :func:`open_blocks` opens is noted with the
+block it was opened from: it holds that block's records, each written from its
+record's own bytes (attributes, timestamp and offset deltas, key and the headers kept
+copied as they lie), so whoever judges a hook's answer need not walk it again to learn
+that it is those records.
+
 Why threads: a consumer waits for its whole Fetch answer, so the CRCs and cipher calls
 of its batches are time on its critical path; spread over the cores, the answer is
 ready sooner (a 64 KiB batch's CRC is a few microseconds, its values' AES-GCM some tens).
@@ -20,6 +26,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 
 import crc32c
 import crc32c._crc32c
@@ -31,7 +40,7 @@ from kiproxy.protocol._codec import verify_crcs as _verify_crcs
 from kiproxy.protocol.compression import Compression, compression_from_attributes
 from kiproxy.protocol.records import RecordBatchHeader
 
-__all__ = ["THREADS", "blocks_around", "open_blocks", "verify_crcs"]
+__all__ = ["THREADS", "blocks_around", "noting_opened", "open_blocks", "verify_crcs"]
 
 log = logging.getLogger("kiproxy.protocol")
 
@@ -85,4 +94,28 @@ def open_blocks(blocks: list[memoryview | bytes], counts: list[int], marker_key:
     open, a malformed block, or a cipher other than an ``AesGcm``)."""
     opened: list[bytes | None] = _open_blocks(blocks, counts, marker_key, descriptor,
                                               decrypt, aad, nonce_bytes, THREADS)
+    noted = _OPENED.get()
+    if noted is not None:
+        for block, new in zip(blocks, opened, strict=True):
+            if new is not None:
+                noted[id(new)] = (new, block)
     return opened
+
+
+Opened = dict[int, tuple[bytes, "memoryview | bytes"]]
+"""``id(opened block) -> (opened block, the block it was opened from)``."""
+
+_OPENED: ContextVar[Opened | None] = ContextVar("kiproxy_opened_blocks", default=None)
+
+
+@contextmanager
+def noting_opened() -> Iterator[Opened]:
+    """The blocks :func:`open_blocks` opens while in it (in this context and the tasks
+    and threads started from it), with the block each came from (see the module
+    docstring). Each is held until the block ends."""
+    noted: Opened = {}
+    token = _OPENED.set(noted)
+    try:
+        yield noted
+    finally:
+        _OPENED.reset(token)

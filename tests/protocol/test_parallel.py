@@ -167,3 +167,51 @@ print("bound")
     assert out[1].startswith("refused: ") and out[1].endswith("labs of libc.so.6 is not "
                                                                "CRC-32C")
     assert out[2] == "bound"
+
+
+@needs_compiled
+@pytest.mark.parametrize("swapped", [False, True], ids=["own", "swapped"])
+def test_a_block_is_taken_unwalked_only_as_the_answer_for_the_block_it_was_opened_from(
+        swapped: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Within a judged ``on_consume_blocks`` call, a block ``open_blocks`` opened is its
+    block's records by construction and is not walked again; answered for another block
+    (whose records lie at other timestamps) it is walked, and refused as moved."""
+    import asyncio
+
+    from kiproxy.interceptors import consume_verdict
+    from kiproxy.interceptors.consume import ConsumeContext, ConsumedBlock
+
+    plains = [_plain(4, 1), tuple(Record(key=r.key, value=r.value, timestamp=r.timestamp + 9,
+                                         headers=list(r.headers), offset_delta=r.offset_delta)
+                                  for r in _plain(4, 2))]
+    blocks = [ConsumedBlock(topic="t", partition=0, base_offset=i * 4, base_timestamp=BASE,
+                            record_count=4, data=memoryview(_sealed(p)))
+              for i, p in enumerate(plains)]
+
+    class Opener:
+        def on_consume_blocks(self, given: list[ConsumedBlock], ctx: Any) -> list[Any]:
+            opened = parallel.open_blocks([b.data for b in given], [4, 4], MARKER,
+                                          DESCRIPTOR, GCM, AAD, 12)
+            return opened[::-1] if swapped else opened
+
+    walked: list[int] = []
+    real = consume_verdict.block_moved
+
+    def counting(data: Any, original: Any, count: int) -> int:
+        walked.append(count)
+        return int(real(data, original, count))
+
+    monkeypatch.setattr(consume_verdict, "block_moved", counting)
+    ctx = ConsumeContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                         api_version=12, deadline=float("inf"))
+    answers = asyncio.run(consume_verdict.judge_consume_blocks(
+        Opener(), blocks, ctx, name="opener", timeout=None))
+    assert not isinstance(answers, consume_verdict.ConsumeRefusal)
+    if swapped:
+        assert walked == [4, 4]
+        assert all(isinstance(a, consume_verdict.ConsumeRefusal)
+                   and a.reason == "shape_changed" for a in answers)
+    else:
+        assert walked == []
+        assert answers == [encode_records(p, BASE, False)[0] for p in plains]
+    assert parallel._OPENED.get() is None  # noted only while a call is judged
