@@ -23,16 +23,27 @@ reads a topic from offset 0 to the end, timed, in five ways, interleaved over
   without decrypting them);
 * **decrypt**: ``sealed`` through the ``record_encryption`` proxy.
 
-Figures: the consumer's MB/s of values (wall clock: the machine is shared, so these
-move with its load) and the proxy process's CPU seconds per GB of values
-(``/proc``, the figure that does not), medians over the rounds.
+With ``--consumers N`` the topics have N partitions and N consumers, each in its own
+process and reading one partition, start together: the time is until the last is done.
+One consumer is bound by the time each fetch takes (it sends its next fetch once the
+answer is in), so an answer's work in the proxy is added to every fetch whole; several
+keep the proxy, the broker and each other busy on the shared cores, which is the
+throughput ceiling the CPU sets.
+
+Figures: the consumers' MB/s of values (wall clock: the machine is shared, so these
+move with its load; medians over the rounds), "x direct" and "x passthrough" (the
+median of each round's ratio, the cases of a round being read back to back, which
+cancels most of the machine's drift), and the proxy process's CPU seconds per GB of
+values (``/proc``, the figure that does not move with the load; medians).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -44,6 +55,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from bench.proxy.cpu import process_cpu
 from bench.proxy.scenarios import ROOT, TANSU_NODE_ID
@@ -87,28 +99,43 @@ def _proxy(upstream: str, *flags: str) -> Iterator[tuple[str, int]]:
         proc.wait(20)
 
 
-def _produce(bootstrap: str, topic: str, records: int) -> None:
+def _produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20,
                          "batch.size": 64 * 1024, "compression.type": "none"})
     for i in range(records):
         producer.produce(topic, value=_value(i, VALUE_BYTES), key=b"customer-%07d" % i,
-                         partition=0)
+                         partition=i % partitions)
         if i % 10_000 == 0:
             producer.poll(0)
     assert producer.flush(60) == 0
 
 
-def _consume(bootstrap: str, topic: str, records: int) -> tuple[float, bytes]:
-    """Seconds to read ``records`` records of ``topic`` from offset 0; the first value."""
+def _create_topics(bootstrap: str, partitions: int) -> None:
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    for future in admin.create_topics([NewTopic(t, partitions, 1)
+                                       for t in ("plain", "sealed")]).values():
+        future.result(30)
+
+
+def _consume(bootstrap: str, topic: str, records: int, partition: int = 0,
+             start_at: float | None = None) -> tuple[float, bytes]:
+    """Seconds to read ``records`` records of ``topic``'s ``partition`` from offset 0
+    (from ``start_at``, a ``time.time()``, when given: the partition is assigned then);
+    the first value."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-enc",
                          "enable.auto.commit": False, "fetch.max.bytes": 50 * 1024 * 1024,
                          "max.partition.fetch.bytes": 10 * 1024 * 1024})
     try:
-        consumer.assign([TopicPartition(topic, 0, 0)])
+        if start_at is not None:
+            consumer.list_topics(topic, timeout=30)  # connected before the start
+            time.sleep(max(0.0, start_at - time.time()))
+        consumer.assign([TopicPartition(topic, partition, 0)])
         start, seen, first = time.monotonic(), 0, b""
         while seen < records:
             for msg in consumer.consume(min(1000, records - seen), 5.0):
@@ -124,25 +151,52 @@ def _consume(bootstrap: str, topic: str, records: int) -> tuple[float, bytes]:
         consumer.close()
 
 
+def _consume_at(args: tuple[str, str, int, int, float]) -> tuple[float, bytes]:
+    """:func:`_consume` in a consumer process: seconds from the common start to its end."""
+    bootstrap, topic, records, partition, start_at = args
+    first = _consume(bootstrap, topic, records, partition, start_at)[1]
+    return time.time() - start_at, first
+
+
+def _read(pool: Any, bootstrap: str, topic: str, records: int, consumers: int
+          ) -> tuple[float, bytes]:
+    """Seconds for ``consumers`` consumers at once (one partition each) to read
+    ``records`` records of ``topic`` between them; the first value of partition 0."""
+    if consumers == 1:
+        return _consume(bootstrap, topic, records)
+    start_at = time.time() + 2.0
+    done = pool.map(_consume_at, [(bootstrap, topic, records // consumers, p, start_at)
+                                  for p in range(consumers)])
+    return max(seconds for seconds, _ in done), done[0][1]
+
+
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--records", type=int, default=100_000,
                         help="records of 1 KiB per topic (default 100000)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
+    parser.add_argument("--consumers", type=int, default=1,
+                        help="consumers at once, a partition each (default 1)")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
-    gb = args.records * VALUE_BYTES / 1e9
+    n = args.consumers
+    records = args.records - args.records % n
+    gb = records * VALUE_BYTES / 1e9
     results: dict[str, list[tuple[float, float]]] = {}
-    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
+    with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
+            (multiprocessing.get_context("spawn").Pool(n) if n > 1
+             else contextlib.nullcontext()) as pool:
         keys = Path(tmp) / "keys.yaml"
         write_key_file(keys, {"KEK": (1, {1: os.urandom(32)})})
         config = json.dumps({"kms": {"type": "key_file", "path": str(keys)}, "key": "KEK",
                              "topics": ["sealed"]})
+        if n > 1:
+            _create_topics(broker.bootstrap, n)
         with _proxy(broker.bootstrap, "--interceptor", "record_encryption",
                     "--interceptor-config", config) as (hooked, hooked_pid), \
                 _proxy(broker.bootstrap) as (plain_proxy, plain_pid):
-            _produce(broker.bootstrap, "plain", args.records)
-            _produce(hooked, "sealed", args.records)
+            _produce(broker.bootstrap, "plain", records, n)
+            _produce(hooked, "sealed", records, n)
             cases: dict[str, tuple[str, str, int | None]] = {
                 "direct": (broker.bootstrap, "plain", None),
                 "passthrough": (plain_proxy, "plain", plain_pid),
@@ -153,7 +207,7 @@ def main(argv: list[str] | None = None) -> str:
             for _ in range(args.rounds):
                 for name, (bootstrap, topic, pid) in cases.items():
                     before = process_cpu(pid) if pid else None
-                    seconds, first = _consume(bootstrap, topic, args.records)
+                    seconds, first = _read(pool, bootstrap, topic, records, n)
                     if name != "passthrough, sealed":
                         assert first == _value(0, VALUE_BYTES), f"{name}: not the plaintext"
                     else:
@@ -163,30 +217,35 @@ def main(argv: list[str] | None = None) -> str:
                         else float("nan")
                     results.setdefault(name, []).append((seconds, cpu))
     rows = []
-    direct = statistics.median(s for s, _ in results["direct"])
-    passthrough = statistics.median(s for s, _ in results["passthrough"])
     for name, runs in results.items():
         seconds = statistics.median(s for s, _ in runs)
         cpu = statistics.median(c for _, c in runs)
         cpu_text = "—" if cpu != cpu else f"{cpu / gb:.1f}"
-        rows.append(f"| {name} | {gb * 1000 / seconds:.0f} | {direct / seconds:.2f} | "
-                    f"{passthrough / seconds:.2f} | {cpu_text} |")
+        paired = [statistics.median(against[i][0] / runs[i][0] for i in range(len(runs)))
+                  for against in (results["direct"], results["passthrough"])]
+        rows.append(f"| {name} | {gb * 1000 / seconds:.0f} | {paired[0]:.2f} | "
+                    f"{paired[1]:.2f} | {cpu_text} |")
     load = os.getloadavg()
     text = "\n".join([
         "## record_encryption: a consumer's throughput through the proxy, with and without "
         "decryption",
         "",
-        "Command: `python -m bench.record_encryption_fetch` (from the repository root, "
-        "project virtualenv)",
+        "Command: `python -m bench.record_encryption_fetch"
+        f"{f' --consumers {n}' if n > 1 else ''} --rounds {args.rounds}` (from the "
+        "repository root, project virtualenv)",
         "",
         f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: "
         f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
         f"shared with other work (load average {load[0]:.2f} / {load[1]:.2f} / "
         f"{load[2]:.2f}); broker, proxy and consumer on the same cores.",
-        f"- {args.records:,} records of 1 KiB values (uncompressed, batches of about 64 "
-        "KiB) read from offset 0 by a confluent-kafka consumer; medians of "
-        f"{args.rounds} interleaved rounds; MB/s of values (wall clock), proxy CPU s per "
-        "GB of values (`/proc`).",
+        f"- {records:,} records of 1 KiB values (uncompressed, batches of about 64 "
+        "KiB) read from offset 0 by "
+        + ("a confluent-kafka consumer" if n == 1 else
+           f"{n} confluent-kafka consumers at once, in processes of their own, one "
+           f"partition of {records // n:,} records each")
+        + f"; {args.rounds} interleaved rounds; MB/s of values (wall clock, median), "
+        "x direct and x passthrough (median of the rounds' ratios), proxy CPU s per "
+        "GB of values (`/proc`, median).",
         "",
         "| case | MB/s | x direct | x passthrough | proxy CPU s/GB |",
         "|---|---:|---:|---:|---:|",
@@ -194,7 +253,8 @@ def main(argv: list[str] | None = None) -> str:
     ])
     print(text)
     if not args.no_write:
-        write_results(text, "record-encryption-fetch")
+        write_results(text, "record-encryption-fetch" if n == 1
+                      else "record-encryption-fetch-consumers")
     return text
 
 
