@@ -110,9 +110,9 @@ _OPENED: ContextVar[Opened | None] = ContextVar("kiproxy_opened_blocks", default
 
 @contextmanager
 def noting_opened() -> Iterator[Opened]:
-    """The blocks :func:`open_blocks` opens while in it (in this context and the tasks
-    and threads started from it), with the block each came from (see the module
-    docstring). Each is held until the block ends."""
+    """The blocks :func:`open_blocks` opens while in it (in this context, and in the
+    tasks started from it, which copy it), with the block each came from (see the
+    module docstring). Each is held until the ``with`` block ends."""
     noted: Opened = {}
     token = _OPENED.set(noted)
     try:
