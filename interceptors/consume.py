@@ -34,8 +34,8 @@ calls it instead of ``on_consume_block`` when its link is the first of the chain
 last on produce); a block answered None is handed to the same link as records
 (``on_consume``). A raised exception, a missed deadline (``timeout_ms`` for the one
 call) or an answer that is not one per block refuses the partition from its first
-batch; a single bad answer (not the block's records, or a refusal) ends the
-partition's answer before that batch.
+batch; a single bad answer (a block without the batch's record count, offset deltas
+and timestamps, or a refusal) ends the partition's answer before that batch.
 
 What never reaches the hook: control batches (transaction markers), legacy (magic 0
 and 1) message sets, and the partial last batch a broker may send at ``max_bytes``;
@@ -67,29 +67,36 @@ __all__ = ["ConsumeContext", "ConsumedBatch", "ConsumedBlock", "FetchResponseInt
 
 
 class RefuseFetch(Exception):
-    """Raise from ``on_consume`` to answer the whole partition with ``error`` and no
+    """Raise from ``on_consume`` or ``on_consume_block`` (or answer it for one block from
+    ``on_consume_blocks``) to end the partition's answer before this batch: the
+    batches before it are sent, and the consumer fetches from this one next. When it
+    is the answer's first batch, the partition is answered with ``error`` and no
     records (the consumer fetches the same offset again after its backoff).
 
     The default, UNKNOWN_SERVER_ERROR (-1), is retried by the Java client,
-    librdkafka, kafka-python and aiokafka with a warning. ``error`` is a name or a code
-    of :class:`~kiproxy.interceptors.errors.ErrorCode`; any other code is refused
-    (ValueError), because a consumer may move its position on it and skip records
-    (OFFSET_OUT_OF_RANGE, 1, resets its offset). A Fetch response has no error message
-    field: ``message`` goes to the proxy's log.
+    librdkafka, kafka-python and aiokafka with a warning. ``error`` is a name or the
+    number of one of :class:`~kiproxy.interceptors.errors.ErrorCode`; any other is
+    refused (ValueError), because a consumer may move its position on another code and
+    skip records (OFFSET_OUT_OF_RANGE, 1, resets its offset). A Fetch response has no
+    error message field: ``message`` goes to the proxy's log.
     """
 
     def __init__(self, message: str, error: str | int = "UNKNOWN_SERVER_ERROR") -> None:
         super().__init__(message)
         self.message = message
-        self.error_code = error_code(error)
-        if self.error_code == 0:
+        try:
+            code: int | None = error_code(error)
+        except ValueError:
+            code = None
+        if code == 0:
             raise ValueError("RefuseFetch needs an error code; 0 (NONE) means success")
-        if self.error_code not in _REFUSAL_CODES:
+        if code is None or code not in _REFUSAL_CODES:
             raise ValueError(
                 f"RefuseFetch(error={error!r}): a fetch refusal carries one of "
-                f"{', '.join(e.name for e in ErrorCode)} (or its code); a consumer may "
-                "move its position on another code and skip records (OFFSET_OUT_OF_RANGE, "
-                "1, resets its offset)")
+                f"{', '.join(f'{e.name} ({int(e)})' for e in ErrorCode)}, by name or "
+                "number; a consumer may move its position on another code and skip "
+                "records (OFFSET_OUT_OF_RANGE, 1, resets its offset)")
+        self.error_code = code
 
 
 _REFUSAL_CODES = frozenset(int(e) for e in ErrorCode)

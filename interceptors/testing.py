@@ -139,8 +139,11 @@ def make_batch(
 
     Positional ``values`` become records (a value as bytes or text, or a
     :class:`Record`), numbered by offset delta 0, 1, ... and stamped with one
-    timestamp; or pass ``records``. With neither, the batch holds one record.
-    The producer fields default to a plain (not idempotent) producer's.
+    timestamp; or pass ``records``. A :class:`Record` keeps its offset delta, unless
+    every record of the batch has 0 (:func:`make_record`'s default, which no batch of
+    two records or more has in Kafka): then they are numbered 0, 1, ... With neither,
+    the batch holds one record. The producer fields default to a plain (not
+    idempotent) producer's.
     """
     if records is None:
         stamp = _now_ms()
@@ -149,7 +152,10 @@ def make_batch(
                    for i, v in enumerate(values or (b"value",))]
     elif values:
         raise TypeError("make_batch takes values or records=, not both")
-    return RecordBatch(topic=topic, partition=partition, records=tuple(records),
+    records = tuple(records)
+    if len(records) > 1 and not any(r.offset_delta for r in records):
+        records = tuple(r.with_offset_delta(i) for i, r in enumerate(records))
+    return RecordBatch(topic=topic, partition=partition, records=records,
                        producer_id=producer_id, producer_epoch=producer_epoch,
                        base_sequence=base_sequence, transactional=transactional,
                        compression=compression)

@@ -110,13 +110,19 @@ def test_a_fetch_refusal_takes_the_codes_of_the_rejection_table(error: str | int
     assert RefuseFetch("no", error=error).error_code in (-1, 29, 44)
 
 
-@pytest.mark.parametrize("error", [1, 3, 6, 9999, -2])
-def test_a_fetch_refusal_with_another_code_is_a_mistake_that_says_why(error: int) -> None:
+@pytest.mark.parametrize("error", [1, 3, 6, 9999, -2, "NOT_LEADER_OR_FOLLOWER",
+                                   "offset_out_of_range"])
+def test_a_fetch_refusal_with_another_code_is_a_mistake_that_says_why(
+        error: int | str) -> None:
     """OFFSET_OUT_OF_RANGE (1) makes librdkafka and kafka-python reset the offset and
-    skip the records; other codes move consumers in other ways, or are not Kafka's."""
+    skip the records; other codes move consumers in other ways, or are not Kafka's. The
+    message lists what a refusal takes, by name and number, whether the code was given
+    by name or by number."""
     with pytest.raises(ValueError, match="skip records") as caught:
         RefuseFetch("no", error=error)
-    assert "UNKNOWN_SERVER_ERROR" in str(caught.value)
+    assert "UNKNOWN_SERVER_ERROR (-1)" in str(caught.value)
+    assert "POLICY_VIOLATION (44)" in str(caught.value)
+    assert "numeric code" not in str(caught.value)
 
 
 def test_a_fetch_refusals_reason_is_cut_for_the_log() -> None:

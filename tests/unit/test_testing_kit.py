@@ -89,6 +89,19 @@ def test_make_batch_numbers_its_records_and_defaults_to_a_plain_producer() -> No
         make_batch("a", records=[make_record()])
 
 
+def test_make_batch_numbers_records_that_all_have_the_default_offset_delta() -> None:
+    """Records made with make_record all have offset delta 0, which no batch of two
+    records has: numbered 0, 1, ... as values are; records that say their own deltas
+    keep them, and so does a lone record."""
+    made = [make_record("a"), make_record("b"), make_record("c")]
+    assert [r.offset_delta for r in make_batch(records=made).records] == [0, 1, 2]
+    assert [r.offset_delta for r in make_batch(*made).records] == [0, 1, 2]
+    assert [r.value for r in make_batch(records=made).records] == [b"a", b"b", b"c"]
+    given = [make_record("a", offset_delta=0), make_record("b", offset_delta=5)]
+    assert [r.offset_delta for r in make_batch(records=given).records] == [0, 5]
+    assert make_batch(records=[make_record("x", offset_delta=7)]).records[0].offset_delta == 7
+
+
 def test_each_kind_of_outcome() -> None:
     batch = make_batch("a", "b")
     transformed = run_interceptor(Upper(), batch)
