@@ -30,6 +30,11 @@ answer is in), so an answer's work in the proxy is added to every fetch whole; s
 keep the proxy, the broker and each other busy on the shared cores, which is the
 throughput ceiling the CPU sets.
 
+With ``--pin`` the proxies run on a CPU of their own and the broker and the consumers
+on another (the first two this process may use), as a proxy deployed with its own CPU
+budget runs beside the cluster and its clients: the proxy's work then costs the
+consumers time only where they wait for it.
+
 Figures: the consumers' MB/s of values (wall clock: the machine is shared, so these
 move with its load; medians over the rounds), "x direct" and "x passthrough" (the
 median of each round's ratio, the cases of a round being read back to back, which
@@ -58,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.proxy.cpu import process_cpu
+from bench.proxy.run import pinned
 from bench.proxy.scenarios import ROOT, TANSU_NODE_ID
 from bench.record_encryption import _value
 from bench.results import write_results
@@ -70,7 +76,8 @@ VALUE_BYTES = 1024
 
 
 @contextmanager
-def _proxy(upstream: str, *flags: str) -> Iterator[tuple[str, int]]:
+def _proxy(upstream: str, *flags: str, cpus: set[int] | None = None
+           ) -> Iterator[tuple[str, int]]:
     listen = free_port()
     start = next(p - TANSU_NODE_ID for p in iter(free_port, 0) if p - TANSU_NODE_ID > 1024)
     proc = subprocess.Popen(
@@ -78,7 +85,8 @@ def _proxy(upstream: str, *flags: str) -> Iterator[tuple[str, int]]:
          "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
          "--log-level", "WARNING", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=pinned(cpus))
     ready, lines = threading.Event(), []
 
     def pump() -> None:
@@ -177,9 +185,18 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3)")
     parser.add_argument("--consumers", type=int, default=1,
                         help="consumers at once, a partition each (default 1)")
+    parser.add_argument("--pin", action="store_true",
+                        help="the proxies on a CPU of their own, the rest on another")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     n = args.consumers
+    proxy_cpus: set[int] | None = None
+    if args.pin:
+        usable = sorted(os.sched_getaffinity(0))
+        if len(usable) < 2:
+            parser.error("--pin needs two CPUs")
+        os.sched_setaffinity(0, {usable[0]})  # the broker and consumers started from here
+        proxy_cpus = {usable[1]}
     records = args.records - args.records % n
     gb = records * VALUE_BYTES / 1e9
     results: dict[str, list[tuple[float, float]]] = {}
@@ -193,8 +210,8 @@ def main(argv: list[str] | None = None) -> str:
         if n > 1:
             _create_topics(broker.bootstrap, n)
         with _proxy(broker.bootstrap, "--interceptor", "record_encryption",
-                    "--interceptor-config", config) as (hooked, hooked_pid), \
-                _proxy(broker.bootstrap) as (plain_proxy, plain_pid):
+                    "--interceptor-config", config, cpus=proxy_cpus) as (hooked, hooked_pid), \
+                _proxy(broker.bootstrap, cpus=proxy_cpus) as (plain_proxy, plain_pid):
             _produce(broker.bootstrap, "plain", records, n)
             _produce(hooked, "sealed", records, n)
             cases: dict[str, tuple[str, str, int | None]] = {
@@ -231,13 +248,15 @@ def main(argv: list[str] | None = None) -> str:
         "decryption",
         "",
         "Command: `python -m bench.record_encryption_fetch"
-        f"{f' --consumers {n}' if n > 1 else ''} --rounds {args.rounds}` (from the "
-        "repository root, project virtualenv)",
+        f"{f' --consumers {n}' if n > 1 else ''}{' --pin' if args.pin else ''} "
+        f"--rounds {args.rounds}` (from the repository root, project virtualenv)",
         "",
         f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; machine: "
         f"{os.cpu_count()} CPUs, {platform.machine()}, Python {platform.python_version()}; "
         f"shared with other work (load average {load[0]:.2f} / {load[1]:.2f} / "
-        f"{load[2]:.2f}); broker, proxy and consumer on the same cores.",
+        f"{load[2]:.2f}); "
+        + ("the proxy on a CPU of its own, the broker and the consumers on another."
+           if args.pin else "broker, proxy and consumers on the same cores."),
         f"- {records:,} records of 1 KiB values (uncompressed, batches of about 64 "
         "KiB) read from offset 0 by "
         + ("a confluent-kafka consumer" if n == 1 else
@@ -253,8 +272,8 @@ def main(argv: list[str] | None = None) -> str:
     ])
     print(text)
     if not args.no_write:
-        write_results(text, "record-encryption-fetch" if n == 1
-                      else "record-encryption-fetch-consumers")
+        write_results(text, "record-encryption-fetch" + ("" if n == 1 else "-consumers")
+                      + ("-pinned" if args.pin else ""))
     return text
 
 
