@@ -63,7 +63,6 @@ from pathlib import Path
 from typing import Any
 
 from bench.proxy.cpu import process_cpu
-from bench.proxy.run import pinned
 from bench.proxy.scenarios import ROOT, TANSU_NODE_ID
 from bench.record_encryption import _value
 from bench.results import write_results
@@ -80,13 +79,13 @@ def _proxy(upstream: str, *flags: str, cpus: set[int] | None = None
            ) -> Iterator[tuple[str, int]]:
     listen = free_port()
     start = next(p - TANSU_NODE_ID for p in iter(free_port, 0) if p - TANSU_NODE_ID > 1024)
+    pin = ["taskset", "--cpu-list", ",".join(map(str, sorted(cpus)))] if cpus else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
+        [*pin, sys.executable, "-m", "kiproxy", "run", "--upstream", upstream,
          "--listen", f"127.0.0.1:{listen}", "--broker-port-start", str(start),
          "--log-level", "WARNING", *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=pinned(cpus))
+        stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     ready, lines = threading.Event(), []
 
     def pump() -> None:
@@ -131,9 +130,10 @@ def _create_topics(bootstrap: str, partitions: int) -> None:
 
 def _consume(bootstrap: str, topic: str, records: int, partition: int = 0,
              start_at: float | None = None) -> tuple[float, bytes]:
-    """Seconds to read ``records`` records of ``topic``'s ``partition`` from offset 0
-    (from ``start_at``, a ``time.time()``, when given: the partition is assigned then);
-    the first value."""
+    """Seconds to read ``records`` records of ``topic``'s ``partition`` from offset 0,
+    up to its last record (the consumer's close is not counted); the first value.
+    With ``start_at`` (a ``time.time()``) the partition is assigned then, and the
+    seconds are counted from it (a consumer not ready by then is an error)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-enc",
@@ -142,7 +142,11 @@ def _consume(bootstrap: str, topic: str, records: int, partition: int = 0,
     try:
         if start_at is not None:
             consumer.list_topics(topic, timeout=30)  # connected before the start
-            time.sleep(max(0.0, start_at - time.time()))
+            early = start_at - time.time()
+            if early < 0:
+                raise RuntimeError(f"consumer of {topic}-{partition} ready {-early:.2f} s "
+                                   "after the common start")
+            time.sleep(early)
         consumer.assign([TopicPartition(topic, partition, 0)])
         start, seen, first = time.monotonic(), 0, b""
         while seen < records:
@@ -154,25 +158,26 @@ def _consume(bootstrap: str, topic: str, records: int, partition: int = 0,
                 seen += 1
             if time.monotonic() - start > 300:
                 raise RuntimeError(f"read {seen} of {records} records in 300 s")
+        if start_at is not None:
+            return time.time() - start_at, first
         return time.monotonic() - start, first
     finally:
         consumer.close()
 
 
 def _consume_at(args: tuple[str, str, int, int, float]) -> tuple[float, bytes]:
-    """:func:`_consume` in a consumer process: seconds from the common start to its end."""
-    bootstrap, topic, records, partition, start_at = args
-    first = _consume(bootstrap, topic, records, partition, start_at)[1]
-    return time.time() - start_at, first
+    """:func:`_consume` from a common start, in a consumer process."""
+    return _consume(*args)
 
 
 def _read(pool: Any, bootstrap: str, topic: str, records: int, consumers: int
           ) -> tuple[float, bytes]:
     """Seconds for ``consumers`` consumers at once (one partition each) to read
-    ``records`` records of ``topic`` between them; the first value of partition 0."""
+    ``records`` records of ``topic`` between them, from their common start to the last
+    one's last record; the first value of partition 0."""
     if consumers == 1:
         return _consume(bootstrap, topic, records)
-    start_at = time.time() + 2.0
+    start_at = time.time() + 3.0
     done = pool.map(_consume_at, [(bootstrap, topic, records // consumers, p, start_at)
                                   for p in range(consumers)])
     return max(seconds for seconds, _ in done), done[0][1]
@@ -186,7 +191,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--consumers", type=int, default=1,
                         help="consumers at once, a partition each (default 1)")
     parser.add_argument("--pin", action="store_true",
-                        help="the proxies on a CPU of their own, the rest on another")
+                        help="the proxies on a CPU of their own (taskset), the rest on "
+                        "another")
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
     n = args.consumers

@@ -201,7 +201,8 @@ def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...]
         return result
     if opened:
         was = opened.get(id(result))
-        if was is not None and was[0] is result and was[1] is block.data:
+        if was is not None and was[0] is result and was[1] is block.data \
+                and was[2] == block.record_count:
             return result  # opened from this very block: its records by construction
     if not isinstance(result, (bytes, bytearray, memoryview)):
         return ConsumeRefusal(_RETRIED, f"{name} returned {type(result).__name__}, not a "

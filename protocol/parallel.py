@@ -96,14 +96,14 @@ def open_blocks(blocks: list[memoryview | bytes], counts: list[int], marker_key:
                                               decrypt, aad, nonce_bytes, THREADS)
     noted = _OPENED.get()
     if noted is not None:
-        for block, new in zip(blocks, opened, strict=True):
+        for block, count, new in zip(blocks, counts, opened, strict=True):
             if new is not None:
-                noted[id(new)] = (new, block)
+                noted[id(new)] = (new, block, count)
     return opened
 
 
-Opened = dict[int, tuple[bytes, "memoryview | bytes"]]
-"""``id(opened block) -> (opened block, the block it was opened from)``."""
+Opened = dict[int, tuple[bytes, "memoryview | bytes", int]]
+"""``id(opened block) -> (opened block, the block it was opened from, its records)``."""
 
 _OPENED: ContextVar[Opened | None] = ContextVar("kiproxy_opened_blocks", default=None)
 
@@ -111,11 +111,13 @@ _OPENED: ContextVar[Opened | None] = ContextVar("kiproxy_opened_blocks", default
 @contextmanager
 def noting_opened() -> Iterator[Opened]:
     """The blocks :func:`open_blocks` opens while in it (in this context, and in the
-    tasks started from it, which copy it), with the block each came from (see the
-    module docstring). Each is held until the ``with`` block ends."""
+    tasks started from it, which copy it), with the block each came from and the
+    number of records it was opened as (see the module docstring). They are let go
+    when the ``with`` block ends, even by a task that outlives it."""
     noted: Opened = {}
     token = _OPENED.set(noted)
     try:
         yield noted
     finally:
         _OPENED.reset(token)
+        noted.clear()

@@ -214,4 +214,50 @@ def test_a_block_is_taken_unwalked_only_as_the_answer_for_the_block_it_was_opene
     else:
         assert walked == []
         assert answers == [encode_records(p, BASE, False)[0] for p in plains]
-    assert parallel._OPENED.get() is None  # noted only while a call is judged
+
+
+@needs_compiled
+def test_noting_opened_names_each_opened_block_with_its_source_and_lets_go_after() -> None:
+    """Within ``noting_opened``, each block ``open_blocks`` opens is noted with the
+    block it came from and its record count (not a block it could not open); the notes
+    are let go when the block ends, even where a task kept the context."""
+    plains = [_plain(3, 1), _plain(5, 2)]
+    blocks: list[bytes | memoryview] = [memoryview(_sealed(p)) for p in plains]
+    blocks.append(_tampered(bytes(blocks[1])))
+    with parallel.noting_opened() as noted:
+        opened = parallel.open_blocks(blocks, [3, 5, 5], MARKER, DESCRIPTOR, GCM, AAD, 12)
+        assert opened[2] is None
+        assert sorted(noted) == sorted(id(o) for o in opened[:2])
+        for new, block, count in zip(opened[:2], blocks[:2], [3, 5], strict=True):
+            assert noted[id(new)] == (new, block, count)
+            assert noted[id(new)][1] is block
+    assert noted == {}
+    parallel.open_blocks(blocks[:1], [3], MARKER, DESCRIPTOR, GCM, AAD, 12)
+    assert noted == {}  # nothing is noted outside it
+
+
+@needs_compiled
+def test_a_block_opened_as_fewer_records_than_its_batch_says_is_walked_and_refused() -> None:
+    """A batch whose header counts 5 records over a block of 4: a hook that opens the
+    block as the 4 it holds gets a block of 4, which is not the batch's records."""
+    import asyncio
+
+    from kiproxy.interceptors import consume_verdict
+    from kiproxy.interceptors.consume import ConsumeContext, ConsumedBlock
+
+    block = ConsumedBlock(topic="t", partition=0, base_offset=0, base_timestamp=BASE,
+                          record_count=5, data=memoryview(_sealed(_plain(4, 1))))
+
+    class Opener:
+        def on_consume_blocks(self, given: list[ConsumedBlock], ctx: Any) -> list[Any]:
+            return parallel.open_blocks([b.data for b in given], [4], MARKER, DESCRIPTOR,
+                                        GCM, AAD, 12)
+
+    ctx = ConsumeContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                         api_version=12, deadline=float("inf"))
+    answers = asyncio.run(consume_verdict.judge_consume_blocks(
+        Opener(), [block], ctx, name="opener", timeout=None))
+    assert not isinstance(answers, consume_verdict.ConsumeRefusal)
+    (answer,) = answers
+    assert isinstance(answer, consume_verdict.ConsumeRefusal)
+    assert answer.reason == "bad_return"
