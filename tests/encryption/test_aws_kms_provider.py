@@ -282,6 +282,9 @@ def test_settings_name_the_key_that_is_wrong(tmp_path: Any) -> None:
         AwsKmsSettings.from_config({"endpoint": "127.0.0.1:4566"})
     for endpoint in ("http://127.0.0.1:4566", "https://kms.eu-west-1.amazonaws.com"):
         assert AwsKmsSettings.from_config({"endpoint": endpoint}).endpoint == endpoint
+    with pytest.raises(ValueError, match=r"^kms\.region: 'us east 1' is not a region name"):
+        AwsKmsSettings.from_config({"region": "us east 1"})
+    assert AwsKmsSettings.from_config({"region": "eu-west-1"}).region == "eu-west-1"
     with pytest.raises(ValueError, match=r"^kms\.ca_bundle: no file"):
         AwsKmsSettings.from_config({"ca_bundle": str(tmp_path / "ca.pem")})
     settings = AwsKmsSettings.from_config({"connect_timeout_ms": 100, "read_timeout_ms": 200,
@@ -326,5 +329,28 @@ async def test_a_kms_that_hangs_past_the_batchs_deadline_gets_the_kms_policy_not
             await plugin.interceptor.on_consume(ConsumedBatch(
                 topic="orders", partition=0, base_offset=0,
                 records=(_sealed_under_an_aws_key(),)), consumer)
+    finally:
+        plugin.close()
+
+
+async def test_a_malformed_region_from_the_environment_is_never_stored_around(
+        moto_kms: str, kek: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A region the SDK refuses (here from AWS_DEFAULT_REGION, which the settings cannot
+    check) is a setting to fix, not a KMS that is down: not retriable, so even
+    ``on_kms_unavailable: pass`` refuses the batch rather than storing it in clear."""
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us east 1")
+    provider = aws_provider(moto_kms)
+    with pytest.raises(KmsError, match=r"InvalidRegionError.*fix them") as caught:
+        await provider.resolve_key(kek[0])
+    assert not caught.value.retriable
+    await provider.close()
+    plugin = load("record_encryption", config={
+        "kms": {"type": "aws", "endpoint": moto_kms}, "key": "alias/KEK_${topic}",
+        "on_kms_unavailable": "pass"})
+    try:
+        outcome = await run_interceptor_async(
+            plugin, make_batch(records=[Record(key=b"k", value=b"card 4111")], topic="orders"))
+        assert outcome.kind == "rejected"
+        assert plugin.interceptor.counts["kms_unavailable_passed"] == 0
     finally:
         plugin.close()

@@ -206,6 +206,20 @@ async def test_a_record_already_marked_is_refused_as_invalid(plugin: Plugin) -> 
     assert "already carries" in outcome.message
 
 
+@pytest.mark.parametrize("config", [{"topics": ["orders"]}, {"unresolved_key": "pass"}],
+                         ids=["not-encrypted", "no-key-passed"])
+async def test_a_record_already_marked_is_refused_on_a_topic_stored_as_it_came(
+        key_file: Path, config: dict[str, Any]) -> None:
+    """The fetch side opens a marked record on any topic: stored on a topic the proxy
+    does not encrypt, a forged marker would hold every consumer at that offset."""
+    for plugin in _plugin(key_file, **config):
+        forged = Record(value=b"x", headers=[Header(MARKER_HEADER, b"\x01junk")])
+        outcome = await _produce(plugin, "clicks", [_records()[0], forged])
+        assert (outcome.kind, outcome.error) == ("rejected", "INVALID_RECORD")
+        assert "already carries" in outcome.message
+        assert (await _produce(plugin, "clicks", _records())).kind == "unchanged"
+
+
 def _damaged(record: Record) -> Record:
     assert record.value is not None
     value = bytearray(record.value)

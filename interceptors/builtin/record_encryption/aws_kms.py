@@ -33,10 +33,10 @@ Errors: ``NotFoundException``, ``DisabledException``, ``KMSInvalidStateException
 and ``InvalidKeyUsageException`` are :class:`~.kms.UnresolvedKey` when encrypting
 and :class:`~.kms.Undecryptable` when decrypting, as are ``InvalidCiphertextException``
 and ``IncorrectKeyException``; throttling, KMS-internal and 5xx answers, timeouts,
-refused or broken connections and malformed answers are
-:class:`~.kms.KmsUnavailable` (retriable); refused credentials, a missing region
-and a certificate the CA bundle does not trust are a plain :class:`~.kms.KmsError`
-naming what to set.
+refused or broken connections, a credential source that cannot be reached and
+malformed answers are :class:`~.kms.KmsUnavailable` (retriable); refused credentials,
+a missing or malformed region, any other setting the SDK refuses and a certificate the
+CA bundle does not trust are a plain :class:`~.kms.KmsError` naming what to set.
 
 Why boto3 in threads rather than aiobotocore: aiobotocore pins botocore to a narrow
 range (an installation with boto3 elsewhere breaks), and KMS is called once per data
@@ -58,6 +58,7 @@ from typing import Annotated, Any
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.utils
 import pydantic
 from pydantic import Field, field_validator
 
@@ -163,6 +164,17 @@ class AwsKmsSettings(PluginSettings):
     """Attempts per call, the first included (botocore's ``standard`` retries)."""
     max_calls_in_flight: Annotated[int, Field(ge=1, le=64)] = 4
     """Threads (and HTTP connections) for KMS calls; more calls wait for one."""
+
+    @field_validator("region")
+    @classmethod
+    def _region_has_the_form(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                botocore.utils.validate_region_name(value)
+            except botocore.exceptions.InvalidRegionError:
+                raise ValueError(f"{value!r} is not a region name (letters, digits and "
+                                 "dashes, such as eu-west-1)") from None
+        return value
 
     @field_validator("endpoint")
     @classmethod
@@ -325,8 +337,22 @@ class AwsKmsProvider(KmsProvider):
             raise KmsError(f"{what}: the TLS handshake failed ({exc}); set kms.ca_bundle "
                            "(or AWS_CA_BUNDLE) to the CA that signed the endpoint's "
                            "certificate") from None
-        except botocore.exceptions.BotoCoreError as exc:  # timeouts, connections, parsing
+        except _TRANSIENT as exc:  # timeouts, refused or broken connections, cut answers
             raise KmsUnavailable(f"{what}: {type(exc).__name__}: {exc}") from None
+        except botocore.exceptions.BotoCoreError as exc:  # the settings: a bad region, ...
+            raise KmsError(f"{what}: {type(exc).__name__}: {exc}; the SDK refused the "
+                           "settings of kms (or the AWS_* variables): fix them") from None
+
+
+_TRANSIENT = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
+              botocore.exceptions.IncompleteReadError,
+              botocore.exceptions.CredentialRetrievalError,
+              botocore.exceptions.MetadataRetrievalError)
+"""What botocore raises for a KMS (or a credential source) it could not reach or
+that did not answer whole: :class:`~.kms.KmsUnavailable`. Any other of its errors
+says the settings are wrong (a malformed region, an endpoint it cannot resolve,
+partial credentials): a plain :class:`~.kms.KmsError`, never retried into storing
+plaintext (``on_kms_unavailable: pass`` applies to the first kind only)."""
 
 
 def _client_error(exc: botocore.exceptions.ClientError, what: str,

@@ -139,7 +139,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
         topic, where = batch.topic, f"{batch.topic}[{batch.partition}]"
         reference = state.plans.plan(topic).reference
         if reference is None:
-            return batch
+            return self._as_is(batch, where)
         try:
             records = await state.cipher.encrypt(topic, batch.records, key_reference=reference,
                                                  header_names=state.headers,
@@ -154,7 +154,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                                   "(on_kms_unavailable: pass; %d records of this topic so "
                                   "far): %s", where, self._count("kms", topic, len(batch.records)),
                                   exc)
-                return batch
+                return self._as_is(batch, where)
             self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
                               "not be used: %s", where, exc)
             raise RejectBatch(f"{where} could not be encrypted, the KMS could not be used "
@@ -184,6 +184,17 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                           "UNENCRYPTED, %s (unresolved_key: pass; %d records of this topic "
                           "so far)", batch.topic, unusable,
                           self._count("unresolved", batch.topic, len(batch.records)))
+        return self._as_is(batch, where)
+
+    @staticmethod
+    def _as_is(batch: RecordBatch, where: str) -> RecordBatch:
+        """``batch`` to be stored as it came (a topic not encrypted, or a policy's
+        ``pass``), unless a record carries the marker header: the fetch side would take
+        it for sealed on any topic, so a producer never passes a record off as sealed."""
+        if carries_header(batch.records, MARKER_HEADER):
+            raise RejectBatch(f"{where}: a record already carries the {MARKER_HEADER} "
+                              "header, which only the proxy writes; nothing was stored",
+                              "INVALID_RECORD")
         return batch
 
     def _count(self, cause: str, topic: str, records: int) -> int:
