@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
@@ -354,3 +355,21 @@ async def test_a_malformed_region_from_the_environment_is_never_stored_around(
         assert plugin.interceptor.counts["kms_unavailable_passed"] == 0
     finally:
         plugin.close()
+
+
+@pytest.mark.parametrize(("kms", "key", "problem"), [
+    ({"region": REGION}, "KEK_${topic}",
+     "'KEK_t' is neither an alias (alias/...) nor an alias ARN"),
+    ({"region": "us east 1"}, "alias/KEK_${topic}",
+     "kms.region: 'us east 1' is not a region name"),
+], ids=["template-not-an-alias", "malformed-region"])
+def test_settings_no_topic_could_use_are_refused_at_load(
+        moto_kms: str, kms: dict[str, Any], key: str, problem: str) -> None:
+    """Found at load (and so at a reload, which keeps the running configuration),
+    rather than at each producer's first batch as a retriable error."""
+    with pytest.raises(Exception, match=re.escape(problem)):
+        load("record_encryption", config={
+            "kms": {"type": "aws", "endpoint": moto_kms, **kms}, "key": key})
+    load("record_encryption", config={
+        "kms": {"type": "aws", "endpoint": moto_kms, "region": REGION},
+        "key": "arn:aws:kms:eu-west-1:111122223333:alias/KEK_${topic}"}).close()

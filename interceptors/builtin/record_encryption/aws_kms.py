@@ -238,7 +238,14 @@ class AwsKmsProvider(KmsProvider):
         return alias_problem(reference)
 
     def form_problem(self, reference: str) -> str | None:
-        """An alias that AWS KMS would refuse as a name, as :meth:`reference_problem`."""
+        """What a key template makes for a topic (``reference``) must be an alias, or an
+        alias ARN, that AWS KMS accepts as a name: a key id or a key's ARN names one
+        key whatever the topic."""
+        if not reference.startswith("alias/") and not (
+                reference.startswith("arn:") and ":alias/" in reference):
+            return (f"{reference!r} is neither an alias (alias/...) nor an alias ARN; a key "
+                    "template names each topic's key by its alias, such as "
+                    "alias/KEK_${topic}")
         return alias_problem(reference)
 
     async def resolve_key(self, reference: str) -> str:
