@@ -154,7 +154,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                                   "(on_kms_unavailable: pass; %d records of this topic so "
                                   "far): %s", where, self._count("kms", topic, len(batch.records)),
                                   exc)
-                return self._as_is(batch, where)
+                return batch  # encrypt() refused a marked record before any KMS call
             self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
                               "not be used: %s", where, exc)
             raise RejectBatch(f"{where} could not be encrypted, the KMS could not be used "
@@ -184,13 +184,14 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                           "UNENCRYPTED, %s (unresolved_key: pass; %d records of this topic "
                           "so far)", batch.topic, unusable,
                           self._count("unresolved", batch.topic, len(batch.records)))
-        return self._as_is(batch, where)
+        return batch  # encrypt() refused a marked record before resolving the key
 
     @staticmethod
     def _as_is(batch: RecordBatch, where: str) -> RecordBatch:
-        """``batch`` to be stored as it came (a topic not encrypted, or a policy's
-        ``pass``), unless a record carries the marker header: the fetch side would take
-        it for sealed on any topic, so a producer never passes a record off as sealed."""
+        """``batch`` of a topic not encrypted, to be stored as it came, unless a record
+        carries the marker header: the fetch side would take it for sealed on any topic,
+        so a producer never passes a record off as sealed (on an encrypted topic,
+        :meth:`~.records.RecordCipher.encrypt` refuses it, whatever the policies)."""
         if carries_header(batch.records, MARKER_HEADER):
             raise RejectBatch(f"{where}: a record already carries the {MARKER_HEADER} "
                               "header, which only the proxy writes; nothing was stored",
