@@ -165,11 +165,6 @@ def _consume(bootstrap: str, topic: str, records: int, partition: int = 0,
         consumer.close()
 
 
-def _consume_at(args: tuple[str, str, int, int, float]) -> tuple[float, bytes]:
-    """:func:`_consume` from a common start, in a consumer process."""
-    return _consume(*args)
-
-
 def _read(pool: Any, bootstrap: str, topic: str, records: int, consumers: int
           ) -> tuple[float, bytes]:
     """Seconds for ``consumers`` consumers at once (one partition each) to read
@@ -178,8 +173,8 @@ def _read(pool: Any, bootstrap: str, topic: str, records: int, consumers: int
     if consumers == 1:
         return _consume(bootstrap, topic, records)
     start_at = time.time() + 3.0
-    done = pool.map(_consume_at, [(bootstrap, topic, records // consumers, p, start_at)
-                                  for p in range(consumers)])
+    done = pool.starmap(_consume, [(bootstrap, topic, records // consumers, p, start_at)
+                                   for p in range(consumers)])
     return max(seconds for seconds, _ in done), done[0][1]
 
 
