@@ -108,7 +108,8 @@ class HttpsFront:
     ``require_client_cert``: the TLS handshake needs a certificate the CA signed;
     ``basic``/``bearer``: requests without those credentials get 401. ``seen`` lists
     the Authorization headers received; ``delay`` holds each answer that many seconds,
-    and ``peak`` is the most requests the front was answering at once."""
+    and ``peak`` is the most requests the front held at once (received, not yet
+    answered)."""
 
     def __init__(self, upstream: str, pki: Pki, *, require_client_cert: bool = False,
                  basic: tuple[str, str] | None = None, bearer: str | None = None,
@@ -132,22 +133,24 @@ class HttpsFront:
                     front.peak = max(front.peak, answering)
                 try:
                     time.sleep(delay)
-                    self._get()
+                    status, body = self._get()
                 finally:
+                    # Counted down before the answer goes out: once the client has it,
+                    # it may send its next request while this thread is still here.
                     with lock:
                         answering -= 1
+                self._answer(status, body)
 
-            def _get(self) -> None:
+            def _get(self) -> tuple[int, bytes]:
                 auth = self.headers.get("Authorization")
                 front.seen.append(auth)
                 if want is not None and auth != want:
-                    self._answer(401, b'{"error_code":401,"message":"Unauthorized"}')
-                    return
+                    return 401, b'{"error_code":401,"message":"Unauthorized"}'
                 try:
                     with urllib.request.urlopen(upstream + self.path, timeout=10) as resp:
-                        self._answer(resp.status, resp.read())
+                        return resp.status, resp.read()
                 except urllib.error.HTTPError as exc:
-                    self._answer(exc.code, exc.read())
+                    return exc.code, exc.read()
 
             def _answer(self, status: int, body: bytes) -> None:
                 self.send_response(status)
