@@ -143,6 +143,10 @@ class AnswerSide:
         self._read_task: asyncio.Task[None] | None = None
         """The task reading the client's requests: cancelled when the broker side ends."""
         self._up_task: asyncio.Task[None] | None = None
+        # What _answers_arrived, in the upstream's receive callback, leaves _read_upstream:
+        self._answer_fault: Exception | None = None  # matching failed: raised there
+        self._client_left = False  # the client's socket failed: closed quietly there
+        self._delivery_owed = False  # sent, the client's socket is full: drained there
         limit = services.generations.current.config.max_buffered_bytes
         self._writer.set_write_buffer_limits(high=limit, low=limit // 4)
 
@@ -286,26 +290,67 @@ class AnswerSide:
 
     # ------------------------------------------------------------------ from the broker
 
+    def _answers_arrived(self, frames: list[Frame]) -> bool:
+        """The broker stream's :attr:`~kiproxy.proxy.net.frame_stream.FrameStream.on_frames`:
+        answers matched and sent in the receive callback when nothing needs waiting for
+        (no node to settle, the client's socket takes what it is given), so that the
+        common answer costs no wake-up of :meth:`_read_upstream`; anything else is left
+        to it as it stands (see the attributes it reads)."""
+        if self._closed or self._services.nodes.unsettled or not self._client.drained:
+            return False
+        try:
+            ready = self._matched(frames)
+        except Exception as exc:  # raised by _read_upstream, as if it had matched them
+            self._answer_fault = exc
+            frames.clear()
+            return False
+        frames.clear()
+        for slot, frame in ready:
+            slot.frame = frame
+            slot.done = True
+        try:
+            self._send_ready()
+        except (ConnectionError, OSError, TimeoutError):
+            self._client_left = True
+            return False
+        if self._client.drained:
+            return True
+        self._delivery_owed = True
+        return False
+
+    def _matched(self, frames: list[Frame]) -> list[tuple[AnswerSlot, Frame]]:
+        ready = []
+        for frame in frames:
+            matched = self._match_response(frame)
+            if matched is not None:
+                ready.append(matched)
+        return ready
+
     async def _read_upstream(self) -> None:
         upstream = self._upstream
         assert upstream is not None
+        upstream.on_frames = self._answers_arrived
         reason: str | None = "closed the connection"
         try:
             while not self._closed:
                 frames = await upstream.read()
-                if not frames:
+                fault, self._answer_fault = self._answer_fault, None
+                if fault is not None:
+                    raise fault
+                if self._client_left:
+                    reason = None  # the client went away, not the broker: close quietly
                     break
-                ready = []
-                for frame in frames:
-                    matched = self._match_response(frame)
-                    if matched is not None:
-                        ready.append(matched)
-                nodes = self._services.nodes
-                if nodes.unsettled:
-                    await nodes.settle()
-                for slot, frame in ready:
-                    slot.frame = frame
-                    slot.done = True
+                if frames:
+                    ready = self._matched(frames)
+                    nodes = self._services.nodes
+                    if nodes.unsettled:
+                        await nodes.settle()
+                    for slot, frame in ready:
+                        slot.frame = frame
+                        slot.done = True
+                elif not self._delivery_owed:
+                    break  # the end of the stream
+                self._delivery_owed = False
                 # _deliver() without its coroutine when the client's socket takes it all.
                 try:
                     self._send_ready()

@@ -36,6 +36,12 @@ back to the client, are in :mod:`kiproxy.proxy.answers`):
 Both sockets are read by a :class:`~kiproxy.proxy.net.frame_stream.FrameStream`, whose
 frames are ``bytes``, received where they are handed out (kio and the record codec read
 ``bytes``; records are decoded where they lie in the frame).
+
+* Requests that need no waiting (a pass-through Produce request with room in flight)
+  are handled in the client socket's receive callback (its ``on_frames``), and answers
+  in the broker socket's, so the common request and answer wake no task. The first
+  request that must wait, and every frame after it, is left to the connection's reader
+  task, which finishes it before it reads on: the order above holds either way.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import struct
 import time
 from collections.abc import Coroutine
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo
@@ -75,6 +81,16 @@ class _UpstreamLost(Exception):
     """The broker connection broke while a request was being written to it."""
 
 
+class _Rest(NamedTuple):
+    """What is left of a request that must wait for something (:meth:`_handle_request`)."""
+
+    work: Coroutine[Any, Any, None]
+    """Awaited at once by the reader of requests, before any later request."""
+    generation: Generation | None
+    """The configuration generation ``work`` releases when done; released by whoever
+    drops ``work`` unstarted (the connection closing first)."""
+
+
 class ClientConnection(AnswerSide):
     """Carries one client's traffic to its broker and back, in order."""
 
@@ -88,9 +104,13 @@ class ClientConnection(AnswerSide):
         self._stopping = False
         self._slot_taken = False
         self._in_read = False
+        # What _requests_arrived, in the client's receive callback, leaves _read_client:
+        self._rest: _Rest | None = None  # awaited there before the frames left
+        self._raised: Exception | None = None  # raised there, as if it had handled them
         self._tried = ""
         """The upstream address tried last (named when none could be reached)."""
-        self.last_activity = asyncio.get_running_loop().time()
+        self._loop = asyncio.get_running_loop()
+        self.last_activity = self._loop.time()
         """Loop time of the last whole request or response (a trickle of bytes is no activity)."""
 
     def routes(self, table: RouteTable) -> ClientRoutes:
@@ -164,19 +184,54 @@ class ClientConnection(AnswerSide):
     @property
     def idle(self) -> bool:
         """No response is owed to the client and no request is being handled."""
-        return not self._slots and not self._handling
+        return not self._slots and not self._handling and self._rest is None
 
     async def stop_reading(self) -> None:
         """Stop reading new requests; the connection closes once owed responses are sent."""
         self._stopping = True
-        if self._in_read and self._read_task is not None:
+        # A request already begun in the receive callback is finished first.
+        if self._in_read and self._read_task is not None and self._rest is None:
             self._read_task.cancel()
 
     # ------------------------------------------------------------------ client side
 
+    def _requests_arrived(self, frames: list[Frame]) -> bool:
+        """The client stream's :attr:`~kiproxy.proxy.net.frame_stream.FrameStream.on_frames`:
+        requests handled in the receive callback, in order, while each is done at once
+        (:meth:`_handle_request`), so that the common request costs no wake-up of
+        :meth:`_read_client`; the first that must wait, what a request raised and the
+        frames after them are left to it."""
+        if self._closed or self._stopping or not self._client.drained:
+            return False
+        self.last_activity = self._loop.time()
+        while frames:
+            try:
+                rest = self._handle_request(frames.pop(0))
+            except Exception as exc:
+                self._raised = exc
+                return False
+            if rest is not None:
+                self._rest = rest
+                return False
+            if self._closed:
+                return False
+        return True
+
     async def _read_client(self) -> None:
         client = self._client
-        loop = asyncio.get_running_loop()
+        client.on_frames = self._requests_arrived
+        try:
+            await self._read_requests(client)
+        finally:
+            rest = self._rest
+            if rest is not None:  # begun in the receive callback, never to be finished
+                self._rest = None
+                rest.work.close()
+                if rest.generation is not None:
+                    self._services.generations.release(rest.generation)
+
+    async def _read_requests(self, client: FrameStream) -> None:
+        loop = self._loop
         while not self._closed and not self._stopping:
             self._in_read = True
             try:
@@ -192,17 +247,25 @@ class ClientConnection(AnswerSide):
                 return
             finally:
                 self._in_read = False
-            if not frames:
+            rest, self._rest = self._rest, None
+            raised, self._raised = self._raised, None
+            if not frames and rest is None and raised is None:
                 return
             self.last_activity = loop.time()
             try:
+                if raised is not None:
+                    raise raised
+                if rest is not None:
+                    await rest.work
+                    if self._closed:
+                        return
                 # Taken out of the list one by one: a frame turned into bytes for
                 # decoding leaves no second copy alive here while it is handled.
                 frames.reverse()
                 while frames:
                     rest = self._handle_request(frames.pop())
                     if rest is not None:
-                        await rest
+                        await rest.work
                     if self._closed:
                         return
             except ProtocolError as exc:
@@ -222,15 +285,15 @@ class ClientConnection(AnswerSide):
         log.warning("closing client %s (client_id %r): %s",
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
-    def _handle_request(self, frame: Frame) -> Coroutine[Any, Any, None] | None:
+    def _handle_request(self, frame: Frame) -> _Rest | None:
         """Handle one request: in this call when nothing in it waits (a pass-through
         Produce request with room in flight, forwarded to a drained upstream); else
-        returns the coroutine of the rest (:meth:`_handle_rest`), which the caller awaits
-        at once, and which then owns the generation."""
+        returns the rest (:meth:`_handle_rest`), which the caller awaits at once, and
+        which then owns the generation."""
         generations = self._services.generations
         generation = generations.acquire()
         self._slot_taken = False
-        rest: Coroutine[Any, Any, None] | None = None
+        rest: _Rest | None = None
         try:
             header = parse_request_header(frame)
             if header.client_id is not None and header.client_id != self.identity.client_id:
@@ -259,17 +322,19 @@ class ClientConnection(AnswerSide):
                        if len(self._slots) < generation.config.max_in_flight
                        and not self._closed else None)
             if forward is None:
-                rest = self._handle_rest(generation, header, request, api, t0, info)
+                rest = _Rest(self._handle_rest(generation, header, request, api, t0, info),
+                             generation)
                 return rest
             self._forward(generation, header, forward, api, t0, info)
             assert self._upstream is not None
             if not self._upstream.drained:
-                rest = self._drain_upstream()
+                rest = _Rest(self._drain_upstream(), None)
             return rest
         finally:
             # A slot taken for the answer holds the generation until the answer leaves
-            # (or the connection closes); otherwise the request is done with it here.
-            if rest is None and not self._slot_taken:
+            # (or the connection closes); otherwise the request is done with it here,
+            # unless the rest is the request's own (waiting for upstream room is not).
+            if (rest is None or rest.generation is None) and not self._slot_taken:
                 generations.release(generation)
 
     async def _handle_rest(self, generation: Generation, header: RequestHeader,

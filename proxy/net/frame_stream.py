@@ -11,7 +11,10 @@ frame's buffer whole as soon as its length prefix arrives, as Kafka's clients
 allocate a response, and hands that buffer over with no join: the broker is the
 cluster the proxy serves, and its answers are bounded by ``max_response_size``.
 The socket is read only while its owner waits in :meth:`FrameStream.read`, so
-while the owner handles what it got, TCP pushes back. With a receive budget
+while the owner handles what it got, TCP pushes back. An owner may also set
+:attr:`FrameStream.on_frames`: frames that arrive while it waits are then handed to
+that function first, in the receive callback, and the owner wakes only for what the
+function leaves it (see there). With a receive budget
 (client sockets), the bytes of a partial frame count against the process-wide
 :class:`~kiproxy.proxy.net.buffers.ReceiveBudget`, which may hold the socket back.
 
@@ -136,6 +139,15 @@ class FrameStream(asyncio.BufferedProtocol):
         self._reading = True
         self._write_paused = False
         self._pause_check = False  # _pause_unless_waiting is queued
+        self.on_frames: Callable[[list[Frame]], bool] | None = None
+        """Set by the owner: called with the frames that arrive while the owner waits in
+        :meth:`read` (none kept for it), before it is woken. It takes from the front of
+        the list the frames it handles; it answers True when it took them all and the
+        owner may go on waiting (the socket is still read), False to wake the owner,
+        whose :meth:`read` returns what is left - ``[]`` when it left none, for the
+        owner to tell from the end of the stream by what the function left it. It
+        must not raise: what the owner should raise, it keeps for the owner."""
+        self._handed = False  # on_frames woke the owner: read() returns even with no frame
         self._offered = 0  # length of the buffer the last get_buffer() handed out
         self._waiter: asyncio.Future[None] | None = None
         self._drain_waiters: deque[asyncio.Future[None]] = deque()
@@ -198,8 +210,15 @@ class FrameStream(asyncio.BufferedProtocol):
                 self._budget_held = held
                 self._budget.update(self, held)
         if frames:
-            self._frames.extend(frames)
             waiter = self._waiter
+            handler = self.on_frames
+            if handler is not None and waiter is not None and not waiter.done() \
+                    and not self._frames:
+                # Handled in this callback: no wake-up of the owner, no pause.
+                if handler(frames):
+                    return
+                self._handed = True  # the owner is woken, as for frames
+            self._frames.extend(frames)
             if filled or waiter is None or waiter.done():
                 self._pause()
                 self._wake()
@@ -315,13 +334,15 @@ class FrameStream(asyncio.BufferedProtocol):
     # -------------------------------------------------------------- the owner's side
 
     async def read(self) -> list[Frame]:
-        """The frames received since the last call, waiting for one; ``[]`` at end of stream.
+        """The frames received since the last call, waiting for one; ``[]`` at end of stream
+        (or when :attr:`on_frames` woke the owner and left it no frame).
 
         Raises the :class:`ProtocolError` of a bad length prefix, or the error that
         broke the connection.
         """
         while True:
-            if self._frames:
+            if self._frames or self._handed:
+                self._handed = False
                 frames, self._frames = self._frames, []
                 return frames
             if self._error is not None:

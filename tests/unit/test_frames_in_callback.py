@@ -1,0 +1,178 @@
+"""Requests and answers handled in the sockets' receive callbacks, over socket pairs.
+
+A request that must wait is left to the connection's reader, and one the reader never
+gets to (the connection closed first) gives its configuration generation back and leaves
+no coroutine that Python reports as never awaited. Answers matched there reach the
+client; an answer that matches no request closes the connection with the same warning
+as before, and a client that left is closed quietly."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import socket
+import struct
+import warnings
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+
+from kiproxy.interceptors.identity import ClientIdentity
+from kiproxy.protocol.framing import encode_request_header
+from kiproxy.protocol.messages import ApiKey
+from kiproxy.proxy.config.model import ProxyConfig
+from kiproxy.proxy.connection import ClientConnection
+from kiproxy.proxy.net.frame_stream import FrameStream
+from kiproxy.proxy.server import ProxyServer
+
+PRODUCE_V9 = b"\x00\x00\x01\x00\x00\x03\xe8\x01\x00"
+"""A Produce v9 body: no transactional id, acks 1, timeout 1000 ms, no topics."""
+
+
+def _framed(payload: bytes) -> bytes:
+    return struct.pack(">i", len(payload)) + payload
+
+
+def _recv_frame(sock: socket.socket) -> bytes:
+    def exactly(n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = sock.recv(n - len(out))
+            if not chunk:
+                return out
+            out += chunk
+        return out
+
+    head = exactly(4)
+    return exactly(struct.unpack(">i", head)[0]) if len(head) == 4 else b""
+
+
+@asynccontextmanager
+async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
+                                               socket.socket]]:
+    """A connection whose client and broker are the far ends of two socket pairs, its
+    reader and its answer reader running."""
+    loop = asyncio.get_running_loop()
+    server = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
+    client_ours, client = socket.socketpair()
+    broker_ours, broker = socket.socketpair()
+    for s in (client, broker):
+        s.settimeout(5)
+    client_stream, upstream = FrameStream(1 << 20), FrameStream(1 << 20, whole_frames=True)
+    transports = [(await loop.connect_accepted_socket(lambda: client_stream, client_ours))[0],
+                  (await loop.connect_accepted_socket(lambda: upstream, broker_ours))[0]]
+    conn = ClientConnection(server.services, client_stream, None,
+                            ClientIdentity(client_host="127.0.0.1", client_port=1))
+    conn._upstream = upstream
+    conn._up_task = asyncio.create_task(conn._read_upstream())
+    conn._read_task = asyncio.create_task(conn._read_client())
+    try:
+        yield conn, client, broker
+    finally:
+        await conn.close()
+        for t in transports:
+            t.close()
+        client.close()
+        broker.close()
+
+
+async def test_answers_matched_in_the_callback_reach_the_client_in_order() -> None:
+    async with _connection() as (_, client, broker):
+        for cid in (5, 6):
+            client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, cid, "unit", 2)
+                                   + PRODUCE_V9))
+        got = [await asyncio.to_thread(_recv_frame, broker) for _ in range(2)]
+        assert [struct.unpack_from(">i", f, 4)[0] for f in got] == [5, 6]
+        answers = [struct.pack(">i", cid) + b"\x00answer %d" % cid for cid in (5, 6)]
+        broker.sendall(b"".join(map(_framed, answers)))
+        assert [await asyncio.to_thread(_recv_frame, client) for _ in range(2)] == answers
+
+
+async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kiproxy")
+    async with _connection() as (conn, client, broker):
+        client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, 5, "unit", 2)
+                               + PRODUCE_V9))
+        await asyncio.to_thread(_recv_frame, broker)
+        broker.sendall(_framed(struct.pack(">i", 99) + b"\x00answer"))
+        assert await asyncio.to_thread(_recv_frame, client) == b""  # closed
+        assert conn._up_task is not None
+        await asyncio.wait_for(asyncio.shield(conn._up_task), 5)
+    warnings_ = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warnings_) == 1, warnings_
+    assert ("sent a response the proxy cannot carry: response correlation id 99 where 5 "
+            "was next; closing client 127.0.0.1:1") in warnings_[0]
+
+
+async def test_an_answer_for_a_client_that_left_closes_the_connection_quietly(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kiproxy")
+    async with _connection() as (conn, client, broker):
+        client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, 5, "unit", 2)
+                               + PRODUCE_V9))
+        await asyncio.to_thread(_recv_frame, broker)
+        client.close()
+        await asyncio.sleep(0.05)
+        broker.sendall(_framed(struct.pack(">i", 5) + b"\x00answer"))
+        assert conn._up_task is not None
+        await asyncio.wait_for(asyncio.shield(conn._up_task), 5)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
+async def test_a_request_begun_in_the_callback_and_never_finished_gives_its_generation_back(
+        ) -> None:
+    server = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
+    ours, peer = socket.socketpair()
+    stream = FrameStream(1 << 20)
+    transport, _ = await asyncio.get_running_loop().connect_accepted_socket(
+        lambda: stream, ours)
+    conn = ClientConnection(server.services, stream, None,
+                            ClientIdentity(client_host="127.0.0.1", client_port=1))
+    reader = asyncio.create_task(conn._read_client())
+    await asyncio.sleep(0)  # the reader waits for frames
+    generation = server.generations.current
+    metadata = encode_request_header(ApiKey.METADATA, 12, 7, "unit", 2) + b"\x00\x00\x00\x00"
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # A Metadata request is dispatched by the reader: left to it, holding the
+            # generation it was read under.
+            assert conn._requests_arrived([metadata]) is False
+            assert server.generations.in_use(generation) == 1
+            assert not conn.idle
+            reader.cancel()  # the connection closes before the reader ran it
+            with contextlib.suppress(asyncio.CancelledError):
+                await reader
+            gc.collect()
+        assert server.generations.in_use(generation) == 0
+        assert conn.idle
+        assert not [w for w in caught if "never awaited" in str(w.message)], [
+            str(w.message) for w in caught]
+    finally:
+        transport.close()
+        peer.close()
+
+
+async def test_an_acks_0_request_waiting_for_broker_room_holds_no_generation() -> None:
+    """acks=0: no answer slot; the request is done with its generation once forwarded,
+    even when the broker's socket is full and the reader waits for it to drain."""
+    async with _connection() as (conn, client, broker):
+        assert conn._upstream is not None
+        conn._upstream.transport.set_write_buffer_limits(high=1024)
+        generations = conn._services.generations
+        generation = generations.current
+        acks_0 = b"\x00\x00\x00\x00\x00\x03\xe8\x01\x00" + b"\x00" * (512 * 1024)
+        sending = asyncio.create_task(asyncio.to_thread(client.sendall, _framed(
+            encode_request_header(ApiKey.PRODUCE, 9, 5, "unit", 2) + acks_0)))
+        for _ in range(200):
+            if not conn._upstream.drained:
+                break
+            await asyncio.sleep(0.005)
+        assert not conn._upstream.drained  # the broker reads nothing yet
+        assert generations.in_use(generation) == 0
+        assert len(await asyncio.to_thread(_recv_frame, broker)) > 512 * 1024
+        await sending
