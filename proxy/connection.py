@@ -37,7 +37,8 @@ Both sockets are read by a :class:`~kiproxy.proxy.net.frame_stream.FrameStream`,
 frames are ``bytes``, received where they are handed out (kio and the record codec read
 ``bytes``; records are decoded where they lie in the frame).
 
-* Requests that need no waiting (a pass-through Produce request with room in flight)
+* Requests that need no waiting (with room in flight, a pass-through Produce request
+  or one forwarded as opaque bytes: :meth:`~kiproxy.proxy.dispatch.RequestDispatcher.at_once`)
   are handled in the client socket's receive callback (its ``on_frames``), and answers
   in the broker socket's, so the common request and answer wake no task. The first
   request that must wait, and every frame after it, is left to the connection's reader
@@ -286,8 +287,8 @@ class ClientConnection(AnswerSide):
                     self.client_address, self.client_id, exc, extra=self.log_context)
 
     def _handle_request(self, frame: Frame) -> _Rest | None:
-        """Handle one request: in this call when nothing in it waits (a pass-through
-        Produce request with room in flight, forwarded to a drained upstream); else
+        """Handle one request: in this call when nothing in it waits (with room in flight,
+        what the dispatcher decides at once, forwarded to a drained upstream); else
         returns the rest (:meth:`_handle_rest`), which the caller awaits at once, and
         which then owns the generation."""
         generations = self._services.generations

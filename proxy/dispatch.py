@@ -21,6 +21,10 @@ Contract:
   SaslAuthenticate pass (:class:`~kiproxy.protocol.errors.SaslStateError`
   otherwise), as the broker would have it.
 
+- What needs no waiting is decided by a plain call, :meth:`RequestDispatcher.at_once`
+  (a pass-through Produce request, and every request forwarded as opaque bytes), the
+  same decision and the same refusals as :meth:`RequestDispatcher.dispatch`'s.
+
 The dispatcher holds no connection: it is handed the requesting client (a
 :class:`RequestingClient`) and the generation the request runs under.
 """
@@ -84,15 +88,22 @@ class RequestDispatcher:
 
     def at_once(self, client: RequestingClient, generation: Generation,
                 header: RequestHeader, frame: bytes) -> Forward | None:
-        """What to do with ``frame`` when that needs no waiting: a Produce request the
-        pipeline forwards as it came (no route, no tally; only its acks are read), as
-        :meth:`dispatch` would decide it. ``None`` for everything else: the caller
-        awaits :meth:`dispatch`, which also raises what a request is refused with.
+        """What to do with ``frame`` when that needs no waiting, as :meth:`dispatch` would
+        decide it: a Produce request the pipeline forwards as it came (no route, no tally;
+        only its acks are read), and a request forwarded as opaque bytes (every API
+        without a handler of its own, and Fetch and ShareFetch with no fetch-side hook),
+        raising what such a request is refused with. ``None`` for everything else: the
+        caller awaits :meth:`dispatch`.
 
         A plain call where the common pass-through would otherwise cost a coroutine."""
-        if header.api_key != ApiKey.PRODUCE or client.sasl.awaiting_verdict:
+        if client.sasl.awaiting_verdict:
             return None
-        return generation.produce.forward_as_received(header, frame, self._nodes.seen)
+        key = header.api_key
+        if key == ApiKey.PRODUCE:
+            return generation.produce.forward_as_received(header, frame, self._nodes.seen)
+        if key not in _HANDLERS or (key in _OPAQUE_UNHOOKED and not generation.fetch.hooks):
+            return self._opaque(generation, header, frame)
+        return None
 
     def rewriter(self, generation: Generation,
                  header: RequestHeader) -> Callable[[bytes], bytes] | None:
@@ -169,6 +180,10 @@ class RequestDispatcher:
 
     async def _other(self, client: RequestingClient, generation: Generation,
                      header: RequestHeader, frame: bytes) -> Disposition:
+        return self._opaque(generation, header, frame)
+
+    def _opaque(self, generation: Generation, header: RequestHeader, frame: bytes) -> Forward:
+        """``frame`` forwarded as opaque bytes, with what its answer needs rewritten."""
         if known_version_range(header.api_key) is None:
             # Never offered (ApiVersions lists only the keys the proxy knows): a broker
             # closes the connection for it, which would read as the broker failing.
@@ -192,6 +207,10 @@ _HANDLERS: dict[int, _Handler] = {
     ApiKey.SASL_AUTHENTICATE: RequestDispatcher._sasl_authenticate,
 }
 """API key -> handler; every other key is :meth:`RequestDispatcher._other`."""
+
+_OPAQUE_UNHOOKED = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
+"""Keys whose handler forwards them as :meth:`RequestDispatcher._other` does when no
+fetch-side hook is configured."""
 
 
 def unrewritable_message(header: RequestHeader) -> str:

@@ -36,11 +36,20 @@ from kiproxy.proxy.server import ProxyServer
 
 _Client = Client
 
-def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b"") -> Any:
+def _handle(server: ProxyServer, api_key: int, api_version: int, body: bytes = b"",
+            way: str = "dispatch") -> Any:
+    """The dispatcher's decision; ``way="at_once"``: the one the connection asks for first
+    (no coroutine), which must decide (or refuse) a request forwarded as opaque bytes
+    exactly as ``dispatch`` does."""
     header_version = request_header_version(api_key, api_version) or 1
     frame = encode_request_header(api_key, api_version, 5, "unit", header_version) + body
     header = parse_request_header(frame)
+    if way == "at_once":
+        return server.dispatcher.at_once(_Client(), server.generation, header, frame)  # type: ignore[arg-type]
     return asyncio.run(server.dispatcher.dispatch(_Client(), server.generation, header, frame))  # type: ignore[arg-type]
+
+
+WAYS = pytest.mark.parametrize("way", ["dispatch", "at_once"])
 
 
 @pytest.fixture
@@ -115,11 +124,12 @@ def test_the_pipeline_refuses_without_a_server() -> None:
     (ApiKey.DESCRIBE_CLUSTER, 99), (ApiKey.FETCH, 99), (ApiKey.SHARE_FETCH, 0),
     (ApiKey.SHARE_ACKNOWLEDGE, 99),
 ])
+@WAYS
 def test_a_request_whose_answer_cannot_be_rewritten_is_refused(
-        server: ProxyServer, api_key: int, version: int) -> None:
+        server: ProxyServer, api_key: int, version: int, way: str) -> None:
     assert not rewritable(api_key, version)
     with pytest.raises(UnsupportedVersion) as info:
-        _handle(server, api_key, version, b"\x00" * 20)
+        _handle(server, api_key, version, b"\x00" * 20, way)
     message = str(info.value)
     assert f"request v{version} refused" in message
     assert "broker addresses" in message and "it reads" in message
@@ -129,21 +139,25 @@ def test_a_request_whose_answer_cannot_be_rewritten_is_refused(
     (ApiKey.METADATA, 12), (ApiKey.FETCH, 3), (ApiKey.FETCH, 16), (ApiKey.DESCRIBE_CLUSTER, 0),
     (ApiKey.FIND_COORDINATOR, 6),
 ])
+@WAYS
 def test_requests_the_proxy_can_carry_are_forwarded(server: ProxyServer, api_key: int,
-                                                    version: int) -> None:
+                                                    version: int, way: str) -> None:
     assert rewritable(api_key, version)
-    assert isinstance(_handle(server, api_key, version), Forward)
+    forward = _handle(server, api_key, version, way=way)
+    assert isinstance(forward, Forward) and forward.expect_response
+    assert (forward.on_response is None) == (api_key == ApiKey.FETCH and version < 12)
 
 
+@WAYS
 @pytest.mark.parametrize("api_key", [32_000, 999, 7])  # 7: ControlledShutdown, brokers'
 def test_a_request_with_an_api_key_the_proxy_has_no_schema_for_is_refused(
-        server: ProxyServer, api_key: int) -> None:
+        server: ProxyServer, api_key: int, way: str) -> None:
     """ApiVersions never offers it; forwarded, the broker hung up on the connection and
     the proxy counted that as the broker failing."""
     assert rewritable(api_key, 0)  # its answer would name no broker: not the reason
     with pytest.raises(UnsupportedVersion, match=f"a request with API key {api_key} "
                        "refused: the proxy has no schema for that API"):
-        _handle(server, api_key, 0)
+        _handle(server, api_key, 0, way=way)
 
 
 def test_rewriting_a_response_at_an_unknown_version_raises_unsupported_version() -> None:
@@ -173,3 +187,10 @@ def test_the_cut_drops_versions_older_than_every_schema_when_answers_name_broker
     }
     for key, (lo, hi) in got.items():
         assert all(rewritable(key, v) for v in range(lo, hi + 1)), key
+
+
+@pytest.mark.parametrize("api_key", [ApiKey.API_VERSIONS, ApiKey.SASL_HANDSHAKE,
+                                     ApiKey.SASL_AUTHENTICATE])
+def test_requests_with_a_handler_of_their_own_are_left_to_dispatch(
+        server: ProxyServer, api_key: int) -> None:
+    assert _handle(server, api_key, 1, way="at_once") is None
