@@ -19,6 +19,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
+from hardening.raw_kafka import closed_by_peer, recv_frame
 
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.framing import encode_request_header
@@ -36,18 +37,13 @@ def _framed(payload: bytes) -> bytes:
     return struct.pack(">i", len(payload)) + payload
 
 
-def _recv_frame(sock: socket.socket) -> bytes:
-    def exactly(n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = sock.recv(n - len(out))
-            if not chunk:
-                return out
-            out += chunk
-        return out
-
-    head = exactly(4)
-    return exactly(struct.unpack(">i", head)[0]) if len(head) == 4 else b""
+async def _produce_forwarded(client: socket.socket, broker: socket.socket,
+                             correlation_id: int) -> None:
+    """The client sends a Produce request; the broker receives it."""
+    client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, correlation_id, "unit", 2)
+                           + PRODUCE_V9))
+    frame = await asyncio.to_thread(recv_frame, broker)
+    assert struct.unpack_from(">i", frame, 4)[0] == correlation_id
 
 
 @asynccontextmanager
@@ -82,24 +78,19 @@ async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
 async def test_answers_matched_in_the_callback_reach_the_client_in_order() -> None:
     async with _connection() as (_, client, broker):
         for cid in (5, 6):
-            client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, cid, "unit", 2)
-                                   + PRODUCE_V9))
-        got = [await asyncio.to_thread(_recv_frame, broker) for _ in range(2)]
-        assert [struct.unpack_from(">i", f, 4)[0] for f in got] == [5, 6]
+            await _produce_forwarded(client, broker, cid)
         answers = [struct.pack(">i", cid) + b"\x00answer %d" % cid for cid in (5, 6)]
         broker.sendall(b"".join(map(_framed, answers)))
-        assert [await asyncio.to_thread(_recv_frame, client) for _ in range(2)] == answers
+        assert [await asyncio.to_thread(recv_frame, client) for _ in range(2)] == answers
 
 
 async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
     async with _connection() as (conn, client, broker):
-        client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, 5, "unit", 2)
-                               + PRODUCE_V9))
-        await asyncio.to_thread(_recv_frame, broker)
+        await _produce_forwarded(client, broker, 5)
         broker.sendall(_framed(struct.pack(">i", 99) + b"\x00answer"))
-        assert await asyncio.to_thread(_recv_frame, client) == b""  # closed
+        assert await asyncio.to_thread(closed_by_peer, client, 5)
         assert conn._up_task is not None
         await asyncio.wait_for(asyncio.shield(conn._up_task), 5)
     warnings_ = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -112,9 +103,7 @@ async def test_an_answer_for_a_client_that_left_closes_the_connection_quietly(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
     async with _connection() as (conn, client, broker):
-        client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 9, 5, "unit", 2)
-                               + PRODUCE_V9))
-        await asyncio.to_thread(_recv_frame, broker)
+        await _produce_forwarded(client, broker, 5)
         client.close()
         await asyncio.sleep(0.05)
         broker.sendall(_framed(struct.pack(">i", 5) + b"\x00answer"))
@@ -174,5 +163,5 @@ async def test_an_acks_0_request_waiting_for_broker_room_holds_no_generation() -
             await asyncio.sleep(0.005)
         assert not conn._upstream.drained  # the broker reads nothing yet
         assert generations.in_use(generation) == 0
-        assert len(await asyncio.to_thread(_recv_frame, broker)) > 512 * 1024
+        assert len(await asyncio.to_thread(recv_frame, broker)) > 512 * 1024
         await sending
