@@ -145,6 +145,7 @@ class AnswerSide:
         self._up_task: asyncio.Task[None] | None = None
         # What _answers_arrived, in the upstream's receive callback, leaves _read_upstream:
         self._answer_fault: Exception | None = None  # matching failed: raised there
+        self._answers_owed: list[tuple[AnswerSlot, Frame]] = []  # matched: a node to settle
         self._client_left = False  # the client's socket failed: closed quietly there
         self._delivery_owed = False  # sent, the client's socket is full: drained there
         limit = services.generations.current.config.max_buffered_bytes
@@ -296,7 +297,8 @@ class AnswerSide:
         (no node to settle, the client's socket takes what it is given), so that the
         common answer costs no wake-up of :meth:`_read_upstream`; anything else is left
         to it as it stands (see the attributes it reads)."""
-        if self._closed or self._services.nodes.unsettled or not self._client.drained:
+        nodes = self._services.nodes
+        if self._closed or nodes.unsettled or not self._client.drained:
             return False
         try:
             ready = self._matched(frames)
@@ -305,6 +307,11 @@ class AnswerSide:
             frames.clear()
             return False
         frames.clear()
+        if nodes.unsettled:
+            # An answer named a node whose listener is still opening: no answer leaves
+            # before it is open (clients connect to the addresses they are given).
+            self._answers_owed = ready
+            return False
         for slot, frame in ready:
             slot.frame = frame
             slot.done = True
@@ -312,6 +319,9 @@ class AnswerSide:
             self._send_ready()
         except (ConnectionError, OSError, TimeoutError):
             self._client_left = True
+            return False
+        except Exception as exc:  # raised by _read_upstream, as if it had sent them
+            self._answer_fault = exc
             return False
         if self._client.drained:
             return True
@@ -340,17 +350,18 @@ class AnswerSide:
                 if self._client_left:
                     reason = None  # the client went away, not the broker: close quietly
                     break
+                ready, self._answers_owed = self._answers_owed, []
                 if frames:
-                    ready = self._matched(frames)
-                    nodes = self._services.nodes
-                    if nodes.unsettled:
-                        await nodes.settle()
-                    for slot, frame in ready:
-                        slot.frame = frame
-                        slot.done = True
-                elif not self._delivery_owed:
+                    ready += self._matched(frames)
+                elif not ready and not self._delivery_owed:
                     break  # the end of the stream
                 self._delivery_owed = False
+                nodes = self._services.nodes
+                if nodes.unsettled:
+                    await nodes.settle()
+                for slot, frame in ready:
+                    slot.frame = frame
+                    slot.done = True
                 # _deliver() without its coroutine when the client's socket takes it all.
                 try:
                     self._send_ready()

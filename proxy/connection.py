@@ -205,18 +205,22 @@ class ClientConnection(AnswerSide):
         if self._closed or self._stopping or not self._client.drained:
             return False
         self.last_activity = self._loop.time()
-        while frames:
-            try:
-                rest = self._handle_request(frames.pop(0))
-            except Exception as exc:
-                self._raised = exc
-                return False
-            if rest is not None:
-                self._rest = rest
-                return False
-            if self._closed:
-                return False
-        return True
+        frames.reverse()  # taken from the end; what is left is put back in order
+        try:
+            while frames:
+                try:
+                    rest = self._handle_request(frames.pop())
+                except Exception as exc:
+                    self._raised = exc
+                    return False
+                if rest is not None:
+                    self._rest = rest
+                    return False
+                if self._closed:
+                    return False
+            return True
+        finally:
+            frames.reverse()
 
     async def _read_client(self) -> None:
         client = self._client

@@ -46,11 +46,24 @@ async def _produce_forwarded(client: socket.socket, broker: socket.socket,
     assert struct.unpack_from(">i", frame, 4)[0] == correlation_id
 
 
+def _count_returns(stream: FrameStream, name: str, returns: dict[str, int]) -> None:
+    """Count in ``returns[name]`` the times ``stream.read()`` returns to its owner."""
+    read = stream.read
+
+    async def counted() -> list[bytes]:
+        frames = await read()
+        returns[name] += 1
+        return frames
+
+    stream.read = counted  # type: ignore[method-assign]
+
+
 @asynccontextmanager
 async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
-                                               socket.socket]]:
+                                               socket.socket, dict[str, int]]]:
     """A connection whose client and broker are the far ends of two socket pairs, its
-    reader and its answer reader running."""
+    reader and its answer reader running; the last item counts the times each of them
+    was woken with frames (``client``, ``broker``)."""
     loop = asyncio.get_running_loop()
     server = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
     client_ours, client = socket.socketpair()
@@ -62,11 +75,14 @@ async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
                   (await loop.connect_accepted_socket(lambda: upstream, broker_ours))[0]]
     conn = ClientConnection(server.services, client_stream, None,
                             ClientIdentity(client_host="127.0.0.1", client_port=1))
+    returns = {"client": 0, "broker": 0}
+    _count_returns(client_stream, "client", returns)
+    _count_returns(upstream, "broker", returns)
     conn._upstream = upstream
     conn._up_task = asyncio.create_task(conn._read_upstream())
     conn._read_task = asyncio.create_task(conn._read_client())
     try:
-        yield conn, client, broker
+        yield conn, client, broker, returns
     finally:
         await conn.close()
         for t in transports:
@@ -76,18 +92,46 @@ async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
 
 
 async def test_answers_matched_in_the_callback_reach_the_client_in_order() -> None:
-    async with _connection() as (_, client, broker):
+    async with _connection() as (_, client, broker, returns):
         for cid in (5, 6):
             await _produce_forwarded(client, broker, cid)
         answers = [struct.pack(">i", cid) + b"\x00answer %d" % cid for cid in (5, 6)]
         broker.sendall(b"".join(map(_framed, answers)))
         assert [await asyncio.to_thread(recv_frame, client) for _ in range(2)] == answers
+        # Forwarded and answered in the receive callbacks: no task was woken.
+        assert returns == {"client": 0, "broker": 0}
+
+
+async def test_an_answer_naming_a_new_node_leaves_once_its_listener_is_open() -> None:
+    """A client connects to the broker addresses an answer gives it: the proxy's listener
+    for a node the answer names first must be open by then."""
+    async with _connection() as (conn, client, broker, _):
+        nodes = conn._services.nodes
+        opened: list[int] = []
+
+        async def open_slowly(node_id: int, port: int) -> None:
+            await asyncio.sleep(0.3)
+            opened.append(node_id)
+
+        nodes._open_listener = open_slowly  # type: ignore[method-assign]
+        await _produce_forwarded(client, broker, 5)
+        cid, slot, _, transform = conn._pending[0]
+
+        def names_a_node(frame: bytes) -> bytes:  # as a Metadata answer's rewriter does
+            nodes.seen(1, "127.0.0.1", 9)
+            return frame
+
+        conn._pending[0] = (cid, slot, names_a_node, transform)
+        answer = struct.pack(">i", 5) + b"\x00answer"
+        broker.sendall(_framed(answer))
+        assert await asyncio.to_thread(recv_frame, client) == answer
+        assert opened == [1]  # it left once the listener was open, not before
 
 
 async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
-    async with _connection() as (conn, client, broker):
+    async with _connection() as (conn, client, broker, _):
         await _produce_forwarded(client, broker, 5)
         broker.sendall(_framed(struct.pack(">i", 99) + b"\x00answer"))
         assert await asyncio.to_thread(closed_by_peer, client, 5)
@@ -102,7 +146,7 @@ async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
 async def test_an_answer_for_a_client_that_left_closes_the_connection_quietly(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
-    async with _connection() as (conn, client, broker):
+    async with _connection() as (conn, client, broker, _):
         await _produce_forwarded(client, broker, 5)
         client.close()
         await asyncio.sleep(0.05)
@@ -149,7 +193,7 @@ async def test_a_request_begun_in_the_callback_and_never_finished_gives_its_gene
 async def test_an_acks_0_request_waiting_for_broker_room_holds_no_generation() -> None:
     """acks=0: no answer slot; the request is done with its generation once forwarded,
     even when the broker's socket is full and the reader waits for it to drain."""
-    async with _connection() as (conn, client, broker):
+    async with _connection() as (conn, client, broker, _):
         assert conn._upstream is not None
         conn._upstream.transport.set_write_buffer_limits(high=1024)
         generations = conn._services.generations
