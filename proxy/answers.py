@@ -185,6 +185,7 @@ class AnswerSide:
             return
         self._closed = True
         self._room.set()
+        self._answers_owed = []
         while self._slots:  # answers that will never leave hold no generation
             self._services.generations.release(self._slots.popleft().generation)
         if self._up_task is not None and self._up_task is not asyncio.current_task():
@@ -307,6 +308,8 @@ class AnswerSide:
             frames.clear()
             return False
         frames.clear()
+        if not ready:  # acks=0 answers dropped, or answers whose transform fills them
+            return True
         if nodes.unsettled:
             # An answer named a node whose listener is still opening: no answer leaves
             # before it is open (clients connect to the addresses they are given).

@@ -143,6 +143,41 @@ async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
             "was next; closing client 127.0.0.1:1") in warnings_[0]
 
 
+async def test_an_answer_a_transform_fills_after_naming_a_new_node_keeps_the_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A Fetch answer through a fetch-side hook: its rewriter names a new node and its
+    transform fills the slot later. Nothing is left for the reader, which must not take
+    that for the broker closing; the answer leaves once the listener is open."""
+    caplog.set_level(logging.INFO, "kiproxy")
+    async with _connection() as (conn, client, broker, _):
+        nodes = conn._services.nodes
+        opened: list[int] = []
+
+        async def open_slowly(node_id: int, port: int) -> None:
+            await asyncio.sleep(0.3)
+            opened.append(node_id)
+
+        nodes._open_listener = open_slowly  # type: ignore[method-assign]
+        await _produce_forwarded(client, broker, 5)
+        cid, slot, _, _ = conn._pending[0]
+
+        def names_a_node(frame: bytes) -> bytes:
+            nodes.seen(1, "127.0.0.1", 9)
+            return frame
+
+        async def hooked(frame: bytes) -> bytes:
+            await asyncio.sleep(0)
+            return frame + b" hooked"
+
+        conn._pending[0] = (cid, slot, names_a_node, hooked)
+        answer = struct.pack(">i", 5) + b"\x00answer"
+        broker.sendall(_framed(answer))
+        assert await asyncio.to_thread(recv_frame, client) == answer + b" hooked"
+        assert opened == [1]
+        assert conn._up_task is not None and not conn._up_task.done()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
+
+
 async def test_an_answer_for_a_client_that_left_closes_the_connection_quietly(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
