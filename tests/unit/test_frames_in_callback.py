@@ -15,7 +15,7 @@ import logging
 import socket
 import struct
 import warnings
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import pytest
@@ -102,30 +102,61 @@ async def test_answers_matched_in_the_callback_reach_the_client_in_order() -> No
         assert returns == {"client": 0, "broker": 0}
 
 
+async def _answer_names_a_slow_node(
+        conn: ClientConnection, client: socket.socket, broker: socket.socket,
+        transform: Callable[[bytes], Awaitable[bytes]] | None = None) -> list[int]:
+    """Forward a Produce request (correlation id 5) whose answer's rewriter names node 1,
+    as a Metadata answer's does, and whose listener takes 0.3 s to open; the node ids
+    whose listener opened are appended to the list returned."""
+    nodes = conn._services.nodes
+    opened: list[int] = []
+
+    async def open_slowly(node_id: int, port: int) -> None:
+        await asyncio.sleep(0.3)
+        opened.append(node_id)
+
+    nodes._open_listener = open_slowly  # type: ignore[method-assign]
+    await _produce_forwarded(client, broker, 5)
+    cid, slot, _, _ = conn._pending[0]
+
+    def names_a_node(frame: bytes) -> bytes:
+        nodes.seen(1, "127.0.0.1", 9)
+        return frame
+
+    conn._pending[0] = (cid, slot, names_a_node, transform)
+    return opened
+
+
 async def test_an_answer_naming_a_new_node_leaves_once_its_listener_is_open() -> None:
     """A client connects to the broker addresses an answer gives it: the proxy's listener
     for a node the answer names first must be open by then."""
     async with _connection() as (conn, client, broker, _):
-        nodes = conn._services.nodes
-        opened: list[int] = []
-
-        async def open_slowly(node_id: int, port: int) -> None:
-            await asyncio.sleep(0.3)
-            opened.append(node_id)
-
-        nodes._open_listener = open_slowly  # type: ignore[method-assign]
-        await _produce_forwarded(client, broker, 5)
-        cid, slot, _, transform = conn._pending[0]
-
-        def names_a_node(frame: bytes) -> bytes:  # as a Metadata answer's rewriter does
-            nodes.seen(1, "127.0.0.1", 9)
-            return frame
-
-        conn._pending[0] = (cid, slot, names_a_node, transform)
+        opened = await _answer_names_a_slow_node(conn, client, broker)
         answer = struct.pack(">i", 5) + b"\x00answer"
         broker.sendall(_framed(answer))
         assert await asyncio.to_thread(recv_frame, client) == answer
         assert opened == [1]  # it left once the listener was open, not before
+
+
+async def test_an_answer_a_transform_fills_after_naming_a_new_node_keeps_the_connection(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A Fetch answer through a fetch-side hook: its rewriter names a new node and its
+    transform fills the slot later. Nothing is left for the reader, which must not take
+    that for the broker closing; the answer leaves once the listener is open."""
+    caplog.set_level(logging.INFO, "kiproxy")
+
+    async def hooked(frame: bytes) -> bytes:
+        await asyncio.sleep(0)
+        return frame + b" hooked"
+
+    async with _connection() as (conn, client, broker, _):
+        opened = await _answer_names_a_slow_node(conn, client, broker, hooked)
+        answer = struct.pack(">i", 5) + b"\x00answer"
+        broker.sendall(_framed(answer))
+        assert await asyncio.to_thread(recv_frame, client) == answer + b" hooked"
+        assert opened == [1]
+        assert conn._up_task is not None and not conn._up_task.done()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
@@ -141,41 +172,6 @@ async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
     assert len(warnings_) == 1, warnings_
     assert ("sent a response the proxy cannot carry: response correlation id 99 where 5 "
             "was next; closing client 127.0.0.1:1") in warnings_[0]
-
-
-async def test_an_answer_a_transform_fills_after_naming_a_new_node_keeps_the_connection(
-        caplog: pytest.LogCaptureFixture) -> None:
-    """A Fetch answer through a fetch-side hook: its rewriter names a new node and its
-    transform fills the slot later. Nothing is left for the reader, which must not take
-    that for the broker closing; the answer leaves once the listener is open."""
-    caplog.set_level(logging.INFO, "kiproxy")
-    async with _connection() as (conn, client, broker, _):
-        nodes = conn._services.nodes
-        opened: list[int] = []
-
-        async def open_slowly(node_id: int, port: int) -> None:
-            await asyncio.sleep(0.3)
-            opened.append(node_id)
-
-        nodes._open_listener = open_slowly  # type: ignore[method-assign]
-        await _produce_forwarded(client, broker, 5)
-        cid, slot, _, _ = conn._pending[0]
-
-        def names_a_node(frame: bytes) -> bytes:
-            nodes.seen(1, "127.0.0.1", 9)
-            return frame
-
-        async def hooked(frame: bytes) -> bytes:
-            await asyncio.sleep(0)
-            return frame + b" hooked"
-
-        conn._pending[0] = (cid, slot, names_a_node, hooked)
-        answer = struct.pack(">i", 5) + b"\x00answer"
-        broker.sendall(_framed(answer))
-        assert await asyncio.to_thread(recv_frame, client) == answer + b" hooked"
-        assert opened == [1]
-        assert conn._up_task is not None and not conn._up_task.done()
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
 async def test_an_answer_for_a_client_that_left_closes_the_connection_quietly(
