@@ -83,8 +83,7 @@ class RequestDispatcher:
                 f"{api_name(header.api_key)} request before its SASL "
                 f"{client.sasl.mechanism} authentication succeeded (the broker would refuse "
                 "it: ILLEGAL_SASL_STATE)")
-        handler: _Handler = _HANDLERS.get(header.api_key, RequestDispatcher._other)
-        return handler(self, client, generation, header, frame)
+        return _handler(header.api_key, generation)(self, client, generation, header, frame)
 
     def at_once(self, client: RequestingClient, generation: Generation,
                 header: RequestHeader, frame: bytes) -> Forward | None:
@@ -101,7 +100,7 @@ class RequestDispatcher:
         key = header.api_key
         if key == ApiKey.PRODUCE:
             return generation.produce.forward_as_received(header, frame, self._nodes.seen)
-        if key not in _HANDLERS or (key in _OPAQUE_UNHOOKED and not generation.fetch.hooks):
+        if _handler(key, generation) is RequestDispatcher._other:
             return self._opaque(generation, header, frame)
         return None
 
@@ -131,8 +130,6 @@ class RequestDispatcher:
     async def _fetch(self, client: RequestingClient, generation: Generation,
                      header: RequestHeader, frame: bytes) -> Disposition:
         fetch = generation.fetch
-        if not fetch.hooks:
-            return await self._other(client, generation, header, frame)
         low, high = FETCH_VERSIONS[0], fetch.max_version
         if not low <= header.api_version <= high:
             raise UnsupportedVersion(
@@ -144,11 +141,10 @@ class RequestDispatcher:
 
     async def _share_fetch(self, client: RequestingClient, generation: Generation,
                            header: RequestHeader, frame: bytes) -> Disposition:
-        if generation.fetch.hooks:
-            refusal = share_fetch_refusal(generation.fetch, client, header, frame)
-            if refusal is not None:
-                return Answer(refusal)
-        return await self._other(client, generation, header, frame)
+        refusal = share_fetch_refusal(generation.fetch, client, header, frame)
+        if refusal is not None:
+            return Answer(refusal)
+        return self._opaque(generation, header, frame)
 
     async def _api_versions(self, client: RequestingClient, generation: Generation,
                             header: RequestHeader, frame: bytes) -> Disposition:
@@ -208,9 +204,16 @@ _HANDLERS: dict[int, _Handler] = {
 }
 """API key -> handler; every other key is :meth:`RequestDispatcher._other`."""
 
-_OPAQUE_UNHOOKED = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
-"""Keys whose handler forwards them as :meth:`RequestDispatcher._other` does when no
-fetch-side hook is configured."""
+_HOOKED = frozenset({ApiKey.FETCH, ApiKey.SHARE_FETCH})
+"""Keys whose handler is theirs only while a fetch-side hook is configured."""
+
+
+def _handler(key: int, generation: Generation) -> _Handler:
+    """The handler of ``key`` under ``generation``: Fetch and ShareFetch are forwarded as
+    opaque bytes (:meth:`RequestDispatcher._other`) when no fetch-side hook is configured."""
+    if key in _HOOKED and not generation.fetch.hooks:
+        return RequestDispatcher._other
+    return _HANDLERS.get(key, RequestDispatcher._other)
 
 
 def unrewritable_message(header: RequestHeader) -> str:
