@@ -298,8 +298,7 @@ class AnswerSide:
         (no node to settle, the client's socket takes what it is given), so that the
         common answer costs no wake-up of :meth:`_read_upstream`; anything else is left
         to it as it stands (see the attributes it reads)."""
-        nodes = self._services.nodes
-        if self._closed or nodes.unsettled or not self._client.drained:
+        if self._closed or not self._client.drained:
             return False
         try:
             ready = self._matched(frames)
@@ -310,14 +309,12 @@ class AnswerSide:
         frames.clear()
         if not ready:  # acks=0 answers dropped, or answers whose transform fills them
             return True
-        if nodes.unsettled:
-            # An answer named a node whose listener is still opening: no answer leaves
-            # before it is open (clients connect to the addresses they are given).
+        if self._services.nodes.unsettled:
+            # A node (perhaps one these answers name) has its listener still opening: no
+            # answer leaves before it is open (clients connect to the addresses given).
             self._answers_owed = ready
             return False
-        for slot, frame in ready:
-            slot.frame = frame
-            slot.done = True
+        _fill(ready)
         try:
             self._send_ready()
         except (ConnectionError, OSError, TimeoutError):
@@ -362,9 +359,7 @@ class AnswerSide:
                 nodes = self._services.nodes
                 if nodes.unsettled:
                     await nodes.settle()
-                for slot, frame in ready:
-                    slot.frame = frame
-                    slot.done = True
+                _fill(ready)
                 # _deliver() without its coroutine when the client's socket takes it all.
                 try:
                     self._send_ready()
@@ -491,3 +486,10 @@ class AnswerSide:
         slot.done = True
         if not await self._deliver():
             await self.close()  # the client went away
+
+
+def _fill(ready: list[tuple[AnswerSlot, Frame]]) -> None:
+    """Each slot of ``ready`` filled with its answer."""
+    for slot, frame in ready:
+        slot.frame = frame
+        slot.done = True
