@@ -292,10 +292,10 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
     pin = pinned(proxy_cpus)
     broker_port = _free_port()
     advertised = broker_port
-    hap_port = None
-    if scenario.kind == "haproxy":
-        hap_port = _free_port()
-        advertised = hap_port
+    hop_port = None
+    if scenario.kind in ("haproxy", "forwarder"):  # a hop the broker must advertise
+        hop_port = _free_port()
+        advertised = hop_port
     setup = Setup(bootstrap=f"127.0.0.1:{broker_port}", pids={})
     log = open(workdir / "broker.log", "ab")  # noqa: SIM115 - closed below
     try:
@@ -310,16 +310,28 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
         setup.pids["broker"] = broker.pid
         _wait_listening(broker_port, broker, "the Tansu broker")
         if scenario.kind == "haproxy":
-            assert hap_port is not None
+            assert hop_port is not None
             cfg = workdir / "haproxy.cfg"
-            cfg.write_text(haproxy_config(hap_port, broker_port))
+            cfg.write_text(haproxy_config(hop_port, broker_port))
             hap = subprocess.Popen([haproxy_binary() or "haproxy", "-f", str(cfg), "-db"],
                                    stdout=log, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, preexec_fn=pin)
             setup.processes.append(hap)
             setup.pids["proxy"] = hap.pid
-            _wait_listening(hap_port, hap, "haproxy")
-            setup.bootstrap = f"127.0.0.1:{hap_port}"
+            _wait_listening(hop_port, hap, "haproxy")
+            setup.bootstrap = f"127.0.0.1:{hop_port}"
+        elif scenario.kind == "forwarder":
+            assert hop_port is not None
+            fwd = subprocess.Popen(
+                [sys.executable, "-m", "bench.proxy.forwarder", str(hop_port), str(broker_port)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                stdin=subprocess.DEVNULL, preexec_fn=pin)
+            setup.processes.append(fwd)
+            tail = _Tail(fwd, "ready")
+            if not tail.ready.wait(30) or fwd.poll() is not None:
+                raise RuntimeError(f"the uvloop forwarder did not start:\n{tail.text}")
+            setup.pids["proxy"] = fwd.pid
+            setup.bootstrap = f"127.0.0.1:{hop_port}"
         elif scenario.kind == "kiproxy":
             listen = _free_port()
             cmd = [sys.executable, "-m", "kiproxy", "run",

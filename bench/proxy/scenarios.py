@@ -42,7 +42,7 @@ class Scenario:
 
     name: str
     kind: str
-    """``direct``, ``haproxy`` or ``kiproxy``."""
+    """``direct``, ``haproxy``, ``forwarder`` (:mod:`bench.proxy.forwarder`) or ``kiproxy``."""
     description: str
     interceptor: str | None = None
     """``MODULE:CLASS`` for ``kiproxy run --interceptor``."""
@@ -61,6 +61,9 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in (
     Scenario(name="direct", kind="direct", description="producer to broker, no hop"),
     Scenario(name="haproxy", kind="haproxy",
              description="haproxy 'mode tcp', nbthread 1, broker advertises haproxy's port"),
+    Scenario(name="uvloop", kind="forwarder", by_default=False,
+             description="bench/proxy/forwarder.py: bytes copied both ways by a bare uvloop "
+                         "process, the floor of a Python proxy; broker advertises its port"),
     Scenario(name="passthrough", kind="kiproxy", description="kiproxy, no interceptor"),
     Scenario(name="identity", kind="kiproxy", interceptor="identity:Identity",
              plugins_dir=PLUGINS,

@@ -164,7 +164,7 @@ def test_rotated_starts_each_round_elsewhere() -> None:
 
 def test_every_scenario_is_described() -> None:
     assert next(iter(SCENARIOS)) == "direct"
-    assert {s.kind for s in SCENARIOS.values()} == {"direct", "haproxy", "kiproxy"}
+    assert {s.kind for s in SCENARIOS.values()} == {"direct", "haproxy", "forwarder", "kiproxy"}
     assert all(s.description for s in SCENARIOS.values())
 
 
@@ -459,3 +459,43 @@ def test_the_results_section_is_the_report_without_its_details() -> None:
     assert full.startswith(short.rstrip("\n"))
     assert "| passthrough |" in short and "Command: `python -m bench.proxy`" in short
     assert "Targets" in full and "Targets" not in short
+
+
+def test_the_uvloop_forwarder_copies_both_ways_and_closes_the_other_side(
+        tmp_path: Path) -> None:
+    """bench.proxy.forwarder joins each client to a new upstream connection: bytes sent
+    before the upstream answered reach it, answers come back, and a client that closes
+    closes its upstream connection."""
+    import socket
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    listen = socket.create_server(("127.0.0.1", 0))
+    port = listen.getsockname()[1]
+    listen.close()  # the forwarder takes the port
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy.forwarder", str(port),
+         str(upstream.getsockname()[1])],
+        cwd=support.bench.ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        client = socket.create_connection(("127.0.0.1", port), timeout=10)
+        client.sendall(b"early")  # before the forwarder's upstream connection is accepted
+        upstream.settimeout(10)
+        broker, _ = upstream.accept()
+        broker.settimeout(10)
+        got = b""
+        while len(got) < 5:
+            got += broker.recv(100)
+        assert got == b"early"
+        broker.sendall(b"x" * 300_000)
+        received = 0
+        while received < 300_000:
+            received += len(client.recv(65536))
+        assert received == 300_000
+        client.close()
+        assert broker.recv(100) == b""  # the client's close reached the broker's side
+        broker.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        upstream.close()
