@@ -67,13 +67,18 @@ class NodeRegistry:
             if previous is not None:
                 log.info("node %d moved from %s:%d to %s:%d", node_id, *previous, host, port)
         if node_id not in self._opening or self._failed(node_id):
-            proxy_port = self.port_for(node_id)
-            log.info("node %d (%s:%d) gets listener port %d", node_id, host, port, proxy_port)
-            self._opening[node_id] = asyncio.ensure_future(
-                self._open_listener(node_id, proxy_port)
-            )
-            self._settled = False
+            log.info("node %d (%s:%d) gets listener port %d", node_id, host, port,
+                     self.port_for(node_id))
+            self._open(node_id)
         return self.advertised_host, self.port_for(node_id)
+
+    def _open(self, node_id: int) -> None:
+        """Start opening ``node_id``'s listener. Its outcome is kept for :attr:`unopened`,
+        and its error counts as retrieved whoever waits for it, or if nobody does."""
+        task = asyncio.ensure_future(self._open_listener(node_id, self.port_for(node_id)))
+        task.add_done_callback(_failed_to_open)
+        self._opening[node_id] = task
+        self._settled = False
 
     def _failed(self, node_id: int) -> bool:
         """The node's listener could not be opened (port taken): try again when it is next seen."""
@@ -93,16 +98,18 @@ class NodeRegistry:
     async def reopen_failed(self) -> None:
         """Try again to open every listener that could not be opened; wait for the tries."""
         for node_id in list(self.unopened):
-            self._opening[node_id] = asyncio.ensure_future(
-                self._open_listener(node_id, self.port_for(node_id)))
-            self._settled = False
+            self._open(node_id)
         await self.settle()
 
     async def settle(self) -> None:
-        """Wait until every listener announced so far is open (or failed to open)."""
+        """Wait until every listener announced so far is open (or failed to open).
+
+        Several connections may wait for the same listener. One whose wait is cancelled
+        (its client left) leaves the opening running for the others: ``asyncio.wait``,
+        unlike ``gather``, does not cancel what it waits for."""
         pending = [t for t in self._opening.values() if not t.done()]
         if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
+            await asyncio.wait(pending)
 
     @property
     def unsettled(self) -> bool:
