@@ -384,7 +384,7 @@ class ClientConnection(AnswerSide):
         assert self._upstream is not None
         try:
             await self._upstream.drain()
-        except ConnectionError as exc:
+        except OSError as exc:  # reset, but also timed out or unreachable (ETIMEDOUT, ...)
             raise _UpstreamLost(str(exc) or type(exc).__name__) from exc
 
     def _forward(self, generation: Generation, header: RequestHeader, disposition: Forward,

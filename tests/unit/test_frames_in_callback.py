@@ -240,3 +240,27 @@ async def test_an_acks_0_request_waiting_for_broker_room_holds_no_generation() -
         assert generations.in_use(generation) == 0
         assert len(await asyncio.to_thread(recv_frame, broker)) > 512 * 1024
         await sending
+
+
+async def test_a_broker_socket_that_times_out_while_a_request_waits_is_one_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A request forwarded to a full broker socket waits for room; the socket then fails
+    with an error that is not a ConnectionError (ETIMEDOUT): the reader ends with the
+    usual one-line upstream warning (its caller then closes the client), and nothing
+    escapes it."""
+    async with _connection() as (conn, client, broker, _):
+        upstream = conn._upstream
+        assert upstream is not None
+
+        async def timed_out() -> None:
+            raise TimeoutError(110, "Connection timed out")
+
+        upstream._write_paused = True  # the request waits for room after it is written
+        upstream.drain = timed_out  # type: ignore[method-assign]
+        with caplog.at_level(logging.WARNING, logger="kiproxy.connection"):
+            await _produce_forwarded(client, broker, 7)
+            read_task = conn._read_task
+            assert read_task is not None
+            await asyncio.wait_for(read_task, 5)  # raises what escaped the reader
+        assert "upstream broker connection failed: [Errno 110] Connection timed out; " \
+               "closing client" in caplog.text
