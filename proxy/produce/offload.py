@@ -375,16 +375,26 @@ class DecodeLease:
     async def _threaded(self, batches: PartitionBatches, fn: Callable[..., _T], *args: Any,
                         **kwargs: Any) -> _T:
         """``fn(*args, limits=..., **kwargs)`` on a worker thread within the real limits,
-        once the worst case (:meth:`BatchOffload.reservation`) is reserved (held until
-        :meth:`_shrink` or :meth:`release`). What the lease holds already counts towards
-        it, and no more is waited for than the budget can give besides: a partition's
-        second batch (the fetch path decompresses one at a time) never waits for the
-        budget its first one holds."""
+        once the worst case (:meth:`BatchOffload.reservation`, cut to the capacity) is
+        reserved (held until :meth:`_shrink` or :meth:`release`).
+
+        What the lease holds already counts towards it. A lease never waits while it
+        holds anything: when the rest is not there now, what it holds is given back
+        first and the whole reservation waited for. The fetch path decodes a
+        partition's batches one at a time, so what a lease holds then is the batch
+        before, done with; and a lease that waited holding it could wait for ever
+        behind one that waits for it (the budget serves its waiters in order)."""
         offload = self._offload
-        capacity = offload.budget.capacity
-        want = min(offload.reservation(batches), capacity) - self._held
-        if want > 0:
-            self._held += await offload.budget.acquire(want)
+        budget = offload.budget
+        want = min(offload.reservation(batches), budget.capacity)
+        if want > self._held:
+            if budget.try_acquire(want - self._held):
+                self._held = want
+            else:
+                if self._held:
+                    budget.release(self._held)
+                    self._held = 0
+                self._held = await budget.acquire(want)
         result: _T = await offload.run(fn, *args, limits=offload.limits, **kwargs)
         return result
 

@@ -10,6 +10,7 @@ reaches block hooks undecoded (uncompressed: its CRC checked; compressed: decomp
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
@@ -383,3 +384,38 @@ def test_large_compressed_batches_reach_on_consume_blocks_decompressed_on_thread
     assert [1, 1] in calls  # both in partition 0's one call
     assert on_threads.count("decompress_block") == 2
     assert pipeline.offload.budget.used == 0
+
+
+async def _decompressed(lease: DecodeLease, batch: bytes) -> int:
+    return len(await lease.decompress(batch, PartitionBatches.read(batch)))
+
+
+def test_two_partitions_under_a_small_budget_do_not_wait_for_each_other() -> None:
+    """Partition B's first batch is decompressed on a thread and B keeps its share; A's
+    first batch then waits for the whole budget (its worst case); B asks for its second
+    batch. B waited behind A while holding what A waited for: neither ever went on, and
+    every later decode in the process waited behind them."""
+    batches = [build_batch([Record(key=None, value=os.urandom(100_000), timestamp=1)],
+                           compression=Compression.GZIP) for _ in range(3)]
+    offload = BatchOffload(DecompressionLimits(), max_decode_memory=10 * 2**20)
+    assert len(batches[0]) > offload.inline_bytes  # decompressed on a thread
+    budget = offload.budget
+
+    async def run() -> None:
+        lease_a, lease_b = offload.lease(), offload.lease()
+        await _decompressed(lease_b, batches[0])
+        assert budget.used > 0  # B holds its first batch's share
+        first_of_a = asyncio.ensure_future(_decompressed(lease_a, batches[1]))
+        await asyncio.sleep(0.01)
+        assert budget._waiters  # A waits for the whole budget
+        second_of_b = asyncio.ensure_future(_decompressed(lease_b, batches[2]))
+        assert await asyncio.wait_for(first_of_a, 5) > 100_000
+        lease_a.release()
+        assert await asyncio.wait_for(second_of_b, 5) > 0
+        lease_b.release()
+        assert budget.used == 0
+
+    try:
+        asyncio.run(run())
+    finally:
+        offload.close()
