@@ -120,7 +120,7 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
                               "removed", "record_count")
     moved = first_moved(batch.records, result.records)
     if moved >= 0:
-        return _moved(name, batch.base_offset + batch.records[moved].offset_delta)
+        return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
     return batch.with_records(result.records)  # where it lies and its producer: the log's
 
 
@@ -217,13 +217,16 @@ def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...]
                               f"batch's {block.record_count} records: {exc}", "bad_return")
     if moved >= 0:
         if records is None:  # rare: the records, to name the one that moved
-            records = decode_records(bytes(block.data), 0, len(block.data),
-                                     block.record_count, block.base_timestamp)
-        return _moved(name, block.base_offset + records[moved].offset_delta)
+            try:
+                records = decode_records(bytes(block.data), 0, len(block.data),
+                                         block.record_count, block.base_timestamp)
+            except (CorruptBatch, ValueError):  # the log's own block (a header key that
+                # is not UTF-8, which brokers store): named by its place in the batch
+                return _moved(name, f"{moved} of the batch at offset {block.base_offset}")
+        return _moved(name, f"at offset {block.base_offset + records[moved].offset_delta}")
     return result if type(result) is bytes else bytes(result)
 
 
-def _moved(name: str, offset: int) -> ConsumeRefusal:
-    return ConsumeRefusal(_RETRIED, f"{name} moved the record at offset {offset} (its "
-                          "offset delta or timestamp changed; they are the log's)",
-                          "shape_changed")
+def _moved(name: str, which: str) -> ConsumeRefusal:
+    return ConsumeRefusal(_RETRIED, f"{name} moved the record {which} (its offset delta or "
+                          "timestamp changed; they are the log's)", "shape_changed")

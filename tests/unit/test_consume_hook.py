@@ -324,3 +324,35 @@ def test_fetch_versions_offered_with_a_hook_follow_the_worker_count(
         assert not generation.produce.intercepts  # a fetch-side-only hook decodes no produce
     finally:
         asyncio.run(close_generation(generation))
+
+
+def _zigzag(n: int) -> bytes:
+    n, out = (n << 1) ^ (n >> 63), bytearray()
+    while True:
+        if n < 0x80:
+            return bytes(out + bytes([n]))
+        out.append(n & 0x7F | 0x80)
+        n >>= 7
+
+
+def _record(offset_delta: int, header_key: bytes) -> bytes:
+    """One record of a records block: value b"v", one header whose key is ``header_key``."""
+    body = (b"\x00" + _zigzag(0) + _zigzag(offset_delta) + _zigzag(-1) + _zigzag(1) + b"v"
+            + _zigzag(1) + _zigzag(len(header_key)) + header_key + _zigzag(-1))
+    return _zigzag(len(body)) + body
+
+
+def test_a_moved_record_in_a_block_with_a_header_key_that_is_not_utf8_refuses_the_batch(
+        ) -> None:
+    """Brokers store a header key that is not UTF-8. A block hook that moves a record of
+    such a batch gets the batch refused, named by the record's place: naming it by
+    offset decoded the log's own block, whose error then closed the connection."""
+    from kiproxy.interceptors.consume import ConsumedBlock
+    from kiproxy.interceptors.consume_verdict import _judged_block
+
+    original = _record(0, b"\xff\xfe")
+    block = ConsumedBlock(topic="t", partition=0, base_offset=40, base_timestamp=0,
+                          record_count=1, data=memoryview(original))
+    verdict = _judged_block(_record(3, b"ok"), block, None, "mover")  # key mended, moved
+    assert isinstance(verdict, ConsumeRefusal)
+    assert "mover moved the record 0 of the batch at offset 40" in verdict.message
