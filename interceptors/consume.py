@@ -74,7 +74,10 @@ class RefuseFetch(Exception):
     records (the consumer fetches the same offset again after its backoff).
 
     The default, UNKNOWN_SERVER_ERROR (-1), is retried by the Java client,
-    librdkafka, kafka-python and aiokafka with a warning. ``error`` is a name or the
+    librdkafka, kafka-python and aiokafka with a warning. The Java client throws
+    IllegalStateException from ``poll()`` on most other codes (POLICY_VIOLATION
+    included; see docs/interceptors.md): keep the default on a topic a Java consumer
+    reads. ``error`` is a name or the
     number of one of :class:`~kiproxy.interceptors.errors.ErrorCode`; any other is
     refused (ValueError), because a consumer may move its position on another code and
     skip records (OFFSET_OUT_OF_RANGE, 1, resets its offset). A Fetch response has no
