@@ -59,7 +59,8 @@ class RejectBatch(Exception):
         record_errors: Sequence[tuple[int, str | None]] = (),
     ) -> None:
         super().__init__(message)
-        self.message = message
+        self.message = message if isinstance(message, str) else str(message)
+        """The reason (``RejectBatch(exc)`` gives the exception's text)."""
         self.error_code = error_code(error)
         if self.error_code == 0:
             # Code 0 is success: the producer would be told its records were stored.

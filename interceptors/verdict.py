@@ -59,6 +59,7 @@ if any, to call once the broker answered.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import operator
@@ -340,7 +341,7 @@ def _timed_out(name: str, timeout: float | None) -> Rejected:
     return fault_rejection("timeout", name, f"did not finish{within}")
 
 
-def _exception_verdict(exc: Exception, batch: RecordBatch, name: str,
+def _exception_verdict(exc: BaseException, batch: RecordBatch, name: str,
                        timeout: float | None) -> Rejected:
     if isinstance(exc, Judged):
         return exc.verdict
@@ -348,7 +349,7 @@ def _exception_verdict(exc: Exception, batch: RecordBatch, name: str,
         sent, stray = _record_errors(exc.record_errors, len(batch.records))
         if stray:
             _warn_stray(name, batch, stray)
-        return Rejected(code=exc.error_code, message=clip(exc.message), record_errors=sent,
+        return Rejected(code=exc.error_code, message=clip(str(exc.message)), record_errors=sent,
                         stray_record_errors=stray,
                         fault=exc.fault if isinstance(exc, PluginFault) else None)
     if isinstance(exc, TimeoutError):
@@ -477,6 +478,7 @@ _Pending = tuple[Awaitable[Any], float | None]
 """An ``async def intercept``'s awaitable and the seconds it may take (None: no limit)."""
 
 
+
 def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: str,
              timeout: float | None, limits: OutputLimits) -> Generator[_Pending, Any, Verdict]:
     """The one body of :func:`judge` and :func:`judge_sync`, without the waiting.
@@ -491,13 +493,18 @@ def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: 
             result = yield result, remaining
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
-    except Exception as exc:
+    except (Exception, asyncio.CancelledError, SystemExit, KeyboardInterrupt) as exc:
+        # All the plugin's fault: a plain intercept cannot be cancelled by the proxy (it
+        # does not await), an awaited one is told apart by judge(); the proxy stops on
+        # signals it handles itself, never on a KeyboardInterrupt. Escaping, these would
+        # close the client's connection silently, or stop the event loop.
         return _exception_verdict(exc, batch, name, timeout)
     return _result_verdict(batch, result, name, limits)
 
 
+
 def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
-             error: Exception | None) -> Verdict:
+             error: BaseException | None) -> Verdict:
     """Hand the awaited ``result`` (or ``error``) back to :func:`_judging`: its verdict."""
     try:
         if error is None:
@@ -532,7 +539,12 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
             return verdict
         try:
             result = await within(awaitable, remaining, name)
-        except Exception as exc:
+        except asyncio.CancelledError as exc:
+            task = asyncio.current_task()
+            if task is None or task.cancelling():
+                raise  # the proxy's own (the client left, a shutdown): not a verdict
+            return _resumed(judging, None, exc)  # a future the plugin awaited was cancelled
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
             return _resumed(judging, None, exc)
         return _resumed(judging, result, None)
     finally:

@@ -239,3 +239,54 @@ def test_an_async_plugin_that_swallows_its_cancellation_is_timed_out() -> None:
 
     assert asyncio.run(main()) == Rejected(
         code=7, message="interceptor p did not finish within 50 ms", fault="timeout")
+
+
+async def test_reject_batch_of_an_exception_gives_its_text() -> None:
+    """``raise RejectBatch(exc)`` is common; its message was not a string, and judging
+    it raised TypeError, which closed the client's connection."""
+    verdict = await judge(_Answer(RejectBatch(ValueError("not a number: 'x'"))), BATCH,
+                          _ctx(), name="p", timeout=1)
+    assert isinstance(verdict, Rejected)
+    assert verdict.message == "not a number: 'x'"
+    assert verdict.code == ErrorCode.POLICY_VIOLATION
+
+
+class _AwaitsACancelledFuture(ProduceRequestInterceptor):
+    """An async plugin awaiting a future that someone else cancels (a shared lookup
+    whose owner was cancelled): the CancelledError is the plugin's, not the proxy's."""
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> Any:
+        future = asyncio.get_running_loop().create_future()
+        asyncio.get_running_loop().call_soon(future.cancel)
+        await future
+        return batch
+
+
+@pytest.mark.parametrize("plugin", [
+    _AwaitsACancelledFuture(), _Answer(asyncio.CancelledError()), _Answer(SystemExit(3)),
+    _Answer(KeyboardInterrupt()),
+], ids=["awaited-cancelled-future", "raises-cancelled", "sys-exit", "keyboard-interrupt"])
+async def test_a_plugin_raising_a_base_exception_is_a_fault_of_its_own(plugin: Any) -> None:
+    """These escaped the verdict: a CancelledError closed the client's connection with
+    no line logged, a SystemExit would stop the event loop."""
+    verdict = await judge(plugin, BATCH, _ctx(), name="p", timeout=1)
+    assert isinstance(verdict, Rejected)
+    assert verdict.fault == "raised"
+    assert "interceptor p failed: " in verdict.message
+
+
+async def test_the_proxys_own_cancellation_still_cancels_an_async_plugin() -> None:
+    """A request cancelled by the proxy (its client left, a shutdown) is not a verdict."""
+    started = asyncio.Event()
+
+    class _Waits(ProduceRequestInterceptor):
+        async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> Any:
+            started.set()
+            await asyncio.sleep(10)
+            return batch
+
+    task = asyncio.ensure_future(judge(_Waits(), BATCH, _ctx(), name="p", timeout=5))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
