@@ -45,7 +45,7 @@ from kiproxy.protocol.errors import (
     UnsupportedMagic,
 )
 from kiproxy.protocol.log_limit import RateLimitedLog
-from kiproxy.protocol.records import CompressionLevels, DecodedBatch
+from kiproxy.protocol.records import CompressionLevels, DecodedBatch, Record
 from kiproxy.proxy.produce.job import FORWARDED, Decision, PartitionJob
 from kiproxy.proxy.produce.response import Observation, Rejection
 from kiproxy.proxy.routes.chain import ChainResult, run_chain
@@ -99,6 +99,9 @@ class _Encoding(NamedTuple):
 
     pieces: list[Piece]
     decision: Decision
+    sent: tuple[Record, ...]
+    """The partition's records as the producer sent them, when the route keeps refused
+    records (``dead_letter``): what a refusal for unencodable records copies."""
 
 
 class PartitionHandler:
@@ -161,7 +164,7 @@ class PartitionHandler:
                 try:
                     out.append(await piece)
                 except Exception as exc:
-                    return self._unencodable(job, exc)
+                    return self._unencodable(job, exc, encoding.sent)
             decision = encoding.decision
             return Decision(records=b"".join(out), changed=True,
                             acknowledged=decision.acknowledged, observed=decision.observed,
@@ -246,13 +249,13 @@ class PartitionHandler:
             verdict = decided.verdict
             if observing:  # recorded; the batch goes on exactly as it came
                 if not isinstance(verdict, Unchanged):
-                    link = links[decided.rejected_by or len(links) - 1].name
+                    link = links[len(links) - 1 if decided.rejected_by is None
+                                 else decided.rejected_by].name
                     observed.append(_observation(link, verdict, view, copy))
                 verdict = Unchanged(view)
             if isinstance(verdict, Rejected):
                 _discard(out)
-                records = (tuple(r for b in batches if not b.header.is_control
-                                 for r in b.records) if keep else ())
+                records = _sent(batches) if keep else ()
                 return Decision(rejection=Rejection(
                     topic=job.topic_key, partition=partition, error_code=verdict.code,
                     message=verdict.message,
@@ -270,7 +273,7 @@ class PartitionHandler:
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return self._unencodable(job, exc)
+                    return self._unencodable(job, exc, _sent(batches) if keep else ())
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
@@ -287,7 +290,7 @@ class PartitionHandler:
         joined = None if threaded else b"".join(cast("list[bytes | memoryview]", out))
         decision = Decision(records=joined, changed=True, acknowledged=tuple(acked),
                             observed=tuple(observed), watched=watched)
-        return _Encoding(out, decision) if threaded else decision
+        return _Encoding(out, decision, _sent(batches) if keep else ()) if threaded else decision
 
     def _warn_limit(self, job: PartitionJob, exc: DecompressionLimitExceeded) -> None:
         """One WARNING per client host per interval: a bomb, or a limit set too low."""
@@ -322,10 +325,13 @@ class PartitionHandler:
             metrics.interceptor_errors.labels(fault, route).inc()
         return decided
 
-    def _unencodable(self, job: PartitionJob, exc: Exception) -> Decision:
+    def _unencodable(self, job: PartitionJob, exc: Exception,
+                     sent: tuple[Record, ...]) -> Decision:
         """Records the plugin returned that cannot be encoded (not Records, a header key
         that is not UTF-8, a timestamp out of range): the plugin's fault, so the
-        partition is rejected like a raise, and counted as its ``return_type`` fault."""
+        partition is rejected like a raise, and counted as its ``return_type`` fault;
+        ``sent`` (the records as the producer sent them, or none) is what a dead-letter
+        copy holds."""
         assert job.chain is not None
         if self.metrics is not None:
             self.metrics.interceptor_errors.labels("return_type", job.chain.route.name).inc()
@@ -334,7 +340,12 @@ class PartitionHandler:
                    f"be encoded: {type(exc).__name__}: {exc}")
         return Decision(rejection=Rejection(
             topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
-            message=message, route=job.route, link=name, fault="encode"))
+            message=message, route=job.route, link=name, fault="encode", records=sent))
+
+
+def _sent(batches: list[DecodedBatch]) -> tuple[Record, ...]:
+    """A partition's records as the producer sent them (its data batches'), in order."""
+    return tuple(r for b in batches if not b.header.is_control for r in b.records)
 
 
 DECODE_LINK = "(decode)"

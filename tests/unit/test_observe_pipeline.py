@@ -4,13 +4,19 @@ byte, whatever the rule or the proxy's own decoding would have done."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from support.client import Client
 from support.produce_requests import produce_frame
 
-from kiproxy.interceptors import InterceptContext, ProduceRequestInterceptor, RecordBatch
+from kiproxy.interceptors import (
+    InterceptContext,
+    ProduceRequestInterceptor,
+    RecordBatch,
+    RejectBatch,
+)
 from kiproxy.protocol.framing import parse_request_header
-from kiproxy.protocol.records import Record, build_batch
+from kiproxy.protocol.records import Header, Record, build_batch
 from kiproxy.proxy.config.routes import MatchSettings
 from kiproxy.proxy.observe.metrics import Metrics
 from kiproxy.proxy.produce.disposition import Forward
@@ -33,10 +39,17 @@ def _frame(corrupt: bool = False) -> bytes:
     return produce_frame(batch)
 
 
-def _pipeline(observe: bool, metrics: Metrics) -> ProducePipeline:
+class Refuse(ProduceRequestInterceptor):
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        raise RejectBatch("no")
+
+
+def _pipeline(observe: bool, metrics: Metrics,
+              links: tuple[LoadedLink, ...] = (LoadedLink("upper", Upper(), 5.0),)
+              ) -> ProducePipeline:
     route = Route(index=0, name="watch", match=CompiledMatch.of(MatchSettings()), links=(),
                   observe=observe)
-    chain = LoadedChain(route, (LoadedLink("upper", Upper(), 5.0),), ())
+    chain = LoadedChain(route, links, ())
     return ProducePipeline(routes=LoadedRoutes(RouteTable([route]), {0: chain}),
                            metrics=metrics, tallies=True)
 
@@ -69,3 +82,52 @@ def test_what_decoding_would_refuse_is_forwarded_as_received_in_observe_mode() -
         "forwarded", "rejected", "(decode)")
     assert _sample(metrics, "kiproxy_would_reject_batches_total", route="watch",
                    link="(decode)", reason="corrupt") == 1
+
+
+def test_the_first_link_that_would_refuse_is_the_one_named_in_observe_mode() -> None:
+    """Link 0's index read as false, so the last link was named instead: in the tally,
+    the would_reject metric's ``link`` label and the observed dead-letter copy."""
+    metrics = Metrics()
+    links = (LoadedLink("refuser", Refuse(), 5.0), LoadedLink("upper", Upper(), 5.0))
+    outcome = _handle(_pipeline(True, metrics, links), _frame())
+    assert outcome.produce is not None
+    [tally] = outcome.produce
+    assert (tally.observed_outcome, tally.observed_link) == ("rejected", "refuser")
+    assert _sample(metrics, "kiproxy_would_reject_batches_total", route="watch",
+                   link="refuser", reason="POLICY_VIOLATION") == 1
+
+
+class _BadHeaderKey(ProduceRequestInterceptor):
+    """Returns records whose header key cannot be encoded (a lone surrogate)."""
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        return batch.with_records(r.with_headers((Header("\udc80", b"x"),))
+                                  for r in batch.records)
+
+
+class _Sink:
+    def __init__(self) -> None:
+        self.copies: list[Any] = []
+
+    def offer(self, copy: Any) -> None:
+        self.copies.append(copy)
+
+
+def test_a_partition_refused_for_unencodable_records_is_copied_to_the_dead_letter_topic(
+        ) -> None:
+    """The route copies every partition it refuses; this one was refused (INVALID_RECORD)
+    and not copied."""
+    route = Route(index=0, name="r", match=CompiledMatch.of(MatchSettings()), links=(),
+                  dead_letter="refused")
+    chain = LoadedChain(route, (LoadedLink("bad", _BadHeaderKey(), 5.0),), ())
+    sink = _Sink()
+    pipeline = ProducePipeline(routes=LoadedRoutes(RouteTable([route]), {0: chain}),
+                               tallies=True, dead_letter=sink)  # type: ignore[arg-type]
+    frame = _frame()
+    outcome = asyncio.run(pipeline.handle(Client(), parse_request_header(frame), frame,
+                                          None))  # type: ignore[arg-type]
+    [tally] = outcome.produce or ()
+    assert tally.outcome == "rejected"
+    [copy] = sink.copies
+    assert (copy.topic, copy.link, copy.error_name) == ("refused", "bad", "INVALID_RECORD")
+    assert [r.value for r in copy.records] == [b"v0", b"v1", b"v2"]  # as the producer sent
