@@ -485,3 +485,38 @@ async def test_a_schema_the_proxy_cannot_compile_is_not_the_records_fault(
     refusal = await check.check(batch("orders", framed(17, b"\x02")))
     # compiled: a record that does not match is the record's fault
     assert refusal is not None and refusal.code == ErrorCode.INVALID_RECORD
+
+
+class _Unreadable(FakeRegistry):
+    """A registry whose answer for id 21 has a field of the wrong type (``"references":
+    5``): the client raises what parsing it raises."""
+
+    async def schema_by_id(self, schema_id: int, *, fresh: bool = False) -> Schema:
+        if schema_id == 21:
+            self.calls.append(("schema", schema_id))
+            raise TypeError("'int' object is not iterable")
+        return await super().schema_by_id(schema_id, fresh=fresh)
+
+
+async def test_an_answer_the_proxy_cannot_read_is_retried_later_not_refused_for_good() -> None:
+    """It escaped the check as the plugin's failure: INVALID_RECORD, which producers do
+    not retry (the records were lost), and it was asked again for every batch."""
+    base = registry()
+    fake = _Unreadable(schemas=base.schemas, subjects=base.subjects, latest=base.latest)
+    check = checker(ORDERS, fake, negative_ttl_s=30)
+    for _ in range(2):
+        refusal = await check.check(batch("orders", framed(21, GOOD[5:])))
+        assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+        assert "the registry's answer cannot be read (TypeError: " in refusal.message
+    assert fake.calls.count(("schema", 21)) == 1  # remembered for negative_ttl_s
+
+
+async def test_a_schema_nested_past_the_recursion_limit_is_uncompilable_not_bad_data(
+        ) -> None:
+    deep = '{"type": "array", "items": ' * 1200 + '"int"' + "}" * 1200
+    fake = registry()
+    fake.schemas[22] = Schema(22, "AVRO", deep)
+    fake.subjects[22] = ["orders-value"]
+    refusal = await checker(ORDERS, fake).check(batch("orders", framed(22, b"\x00")))
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    assert "the proxy cannot compile its schema (RecursionError" in refusal.message

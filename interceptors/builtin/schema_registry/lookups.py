@@ -24,10 +24,10 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from kiproxy.interceptors.builtin.schema_registry.formats import (
     CompiledSchema,
@@ -40,6 +40,8 @@ from kiproxy.interceptors.builtin.schema_registry.lookup_cache import LookupCach
 from kiproxy.interceptors.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 
 __all__ = ["Lookups", "Missing", "Unavailable"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("kiproxy.schema_registry")
 
@@ -126,18 +128,36 @@ class Lookups:
             return Unavailable(str(found))
         return found
 
+    async def _read(self, what: str, answer: Awaitable[_T]) -> _T:
+        """``answer``, a lookup of ``what`` from the registry; what else it raises than the
+        registry's own answers (no such id, unavailable) is an answer the proxy cannot
+        read (a field of the wrong type, nesting past Python's recursion limit): the
+        registry is taken as unavailable, which producers retry and the caches remember
+        for ``registry.negative_ttl_s``, rather than the records' fault."""
+        try:
+            return await answer
+        except (self._unknown_id, self._unavailable):
+            raise
+        except Exception as exc:
+            raise self._unavailable(
+                f"schema registry: {what}: the registry's answer cannot be read "
+                f"({type(exc).__name__}: {exc})") from exc
+
     async def _load(self, schema_id: int) -> CompiledSchema:
         assert self.client is not None
         # fresh: this cache keeps the compiled schema; a second copy in the client's
         # cache would double a large schema's memory and outlive this cache's lifetimes
-        source = await self.client.schema_by_id(schema_id, fresh=True)
+        source = await self._read(f"schema id {schema_id}",
+                                  self.client.schema_by_id(schema_id, fresh=True))
         if self._threads is None:
             self._threads = ThreadPoolExecutor(self._compile_threads,
                                                thread_name_prefix="schema-compile")
         loop = asyncio.get_running_loop()
         try:
             return await loop.run_in_executor(self._threads, self._compile, source)
-        except SchemaCompileError as exc:
+        except Exception as exc:  # SchemaCompileError, or what a compiler let out
+            if not isinstance(exc, SchemaCompileError):  # nesting too deep, a bad name...
+                exc = SchemaCompileError(f"{type(exc).__name__}: {exc}")
             self.uncompilable += 1
             self._warn.warning(("uncompilable", schema_id),
                                "schema registry: schema id %d cannot be compiled by the "
@@ -173,7 +193,8 @@ class Lookups:
 
     async def _load_global(self, global_id: int) -> int:
         assert self.global_ids is not None
-        return await self.global_ids.registry_id(global_id)
+        return await self._read(f"globalId {global_id}",
+                                self.global_ids.registry_id(global_id))
 
     # -- subjects and latest versions --------------------------------------------------
 
@@ -195,7 +216,8 @@ class Lookups:
                              fresh: bool = False) -> tuple[frozenset[str], float]:
         assert self.client is not None
         try:
-            pairs = await self.client.subjects_of(schema_id, fresh=fresh)
+            pairs = await self._read(f"the subjects of schema id {schema_id}",
+                                     self.client.subjects_of(schema_id, fresh=fresh))
         except self._unknown_id:
             pairs = ()
         return frozenset(s for s, _ in pairs), time.monotonic()
@@ -215,6 +237,7 @@ class Lookups:
     async def _load_latest(self, subject: str) -> int:
         assert self.client is not None
         try:
-            return await self.client.latest_id(subject)
+            return await self._read(f"the latest version of {subject!r}",
+                                    self.client.latest_id(subject))
         except self._unknown_id:
             return -1  # no version at all: no id is the latest

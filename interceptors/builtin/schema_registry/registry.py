@@ -211,18 +211,27 @@ class SchemaRegistryClient:
         return tuple((str(item["subject"]), int(item["version"])) for item in body
                      if isinstance(item, dict) and "subject" in item and "version" in item)
 
-    async def _version(self, subject: str, version: int, depth: int) -> RegisteredSchema:
+    async def _version(self, subject: str, version: int, depth: int,
+                       chain: tuple[tuple[str, int], ...]) -> RegisteredSchema:
+        if (subject, version) in chain:
+            # Its lookup is the one in flight up the chain: joining it would wait for itself.
+            cycle = " -> ".join(f"{s} v{v}" for s, v in (*chain, (subject, version)))
+            raise RegistryUnavailable(f"schema registry {self._base}: references form a "
+                                      f"cycle: {cycle}")
+
         async def fetch() -> RegisteredSchema:
             body = await self.http.get_json(
                 f"/subjects/{quote(subject, safe='')}/versions/{int(version)}",
                 what=f"{subject} version {version}",
                 unknown=lambda: UnknownSubject(
                     f"referenced subject {subject!r} version {version} is not registered"))
-            return await self._build(_int_field(body, "id", self._base), body, depth)
+            return await self._build(_int_field(body, "id", self._base), body, depth,
+                                     (*chain, (subject, version)))
 
         return await self._versions.get(("version", subject, version), fetch)
 
-    async def _build(self, schema_id: int, body: Any, depth: int) -> RegisteredSchema:
+    async def _build(self, schema_id: int, body: Any, depth: int,
+                     chain: tuple[tuple[str, int], ...] = ()) -> RegisteredSchema:
         if not isinstance(body, dict) or not isinstance(body.get("schema"), str):
             raise RegistryUnavailable(f"schema registry {self._base}: schema {schema_id}: the "
                                       "answer has no `schema` text")
@@ -244,7 +253,8 @@ class SchemaRegistryClient:
                                           f"a reference is not name/subject/version: {ref!r}"
                                           ) from exc
             refs.append(SchemaReference(name=name, subject=subject, version=version,
-                                        schema=await self._version(subject, version, depth + 1)))
+                                        schema=await self._version(subject, version, depth + 1,
+                                                                   chain)))
         return RegisteredSchema(schema_id=schema_id, schema_type=schema_type,
                                 schema=body["schema"], references=tuple(refs))
 

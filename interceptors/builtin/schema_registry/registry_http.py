@@ -170,6 +170,9 @@ class RegistryHttp:
         except ValueError as exc:
             raise self._failed("not json", url, "the answer is not JSON",
                                "registry.url, is it the API's base URL?") from exc
+        except RecursionError as exc:  # [[[...]]] nested past Python's recursion limit
+            raise self._failed("not json", url, "the answer is JSON nested too deep to "
+                               "read", "registry.url, is it the API's base URL?") from exc
 
     async def _take_turn(self, gate: asyncio.Semaphore, url: str) -> None:
         """Wait for one of the ``max_requests_in_flight`` turns, at most ``timeout_ms`` (as

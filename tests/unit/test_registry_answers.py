@@ -1,0 +1,80 @@
+"""The registry client against a registry that answers what it should not: a reference
+cycle, JSON nested past Python's recursion limit. Each is the registry being unavailable
+(producers retry), named, and never a lookup that waits for ever."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+
+import pytest
+from aiohttp import web
+
+from kiproxy.interceptors.builtin.schema_registry.registry import (
+    RegistryUnavailable,
+    SchemaRegistryClient,
+)
+from kiproxy.interceptors.builtin.schema_registry.registry_config import RegistrySettings
+
+INNER = json.dumps({"type": "record", "name": "A", "fields": [{"name": "x", "type": "int"}]})
+OUTER = json.dumps({"type": "record", "name": "O", "fields": [{"name": "a", "type": "A"}]})
+
+
+@asynccontextmanager
+async def _registry(answers: Mapping[str, bytes | object]) -> AsyncIterator[str]:
+    """An HTTP registry on loopback answering each path with its JSON (or bytes), and
+    404 with Confluent's error body otherwise; yields its URL."""
+    async def answer(request: web.Request) -> web.Response:
+        body = answers.get(request.path)
+        if body is None:
+            return web.json_response({"error_code": 40403, "message": "not found"},
+                                     status=404)
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        return web.Response(body=raw, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize("versions", [
+    {"/subjects/a/versions/1": {"id": 2, "schema": INNER, "references": [
+        {"name": "A", "subject": "a", "version": 1}]}},
+    {"/subjects/a/versions/1": {"id": 2, "schema": INNER, "references": [
+        {"name": "B", "subject": "b", "version": 1}]},
+     "/subjects/b/versions/1": {"id": 3, "schema": INNER, "references": [
+         {"name": "A", "subject": "a", "version": 1}]}},
+], ids=["itself", "through-another"])
+async def test_a_reference_cycle_is_named_and_the_lookup_ends(
+        versions: dict[str, object]) -> None:
+    """The inner lookup joined the outer one, in flight for the same subject version,
+    and waited for itself for good: no timeout applied, and the id was never asked again."""
+    answers = {"/schemas/ids/1": {"schema": OUTER, "references": [
+        {"name": "A", "subject": "a", "version": 1}]}, **versions}
+    async with _registry(answers) as url:
+        client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+        try:
+            with pytest.raises(RegistryUnavailable, match=r"references form a cycle: a v1 -> "):
+                await asyncio.wait_for(client.schema_by_id(1), 5)
+        finally:
+            await client.close()
+
+
+async def test_json_nested_past_the_recursion_limit_is_a_registry_fault() -> None:
+    async with _registry({"/schemas/ids/1": b"[" * 200_000 + b"]" * 200_000}) as url:
+        client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+        try:
+            with pytest.raises(RegistryUnavailable, match="nested too deep"):
+                await asyncio.wait_for(client.schema_by_id(1), 5)
+        finally:
+            await client.close()
