@@ -15,6 +15,7 @@ from aiohttp import web
 from kiproxy.interceptors.builtin.schema_registry.registry import (
     RegistryUnavailable,
     SchemaRegistryClient,
+    UnknownSchemaId,
 )
 from kiproxy.interceptors.builtin.schema_registry.registry_config import RegistrySettings
 
@@ -76,5 +77,39 @@ async def test_json_nested_past_the_recursion_limit_is_a_registry_fault() -> Non
         try:
             with pytest.raises(RegistryUnavailable, match="nested too deep"):
                 await asyncio.wait_for(client.schema_by_id(1), 5)
+        finally:
+            await client.close()
+
+
+async def test_a_404_that_is_not_the_registrys_answer_is_the_registry_unavailable() -> None:
+    """An ingress's 404 page (or a URL that is not the API's) meant "not registered":
+    INVALID_RECORD for the records, and a cached schema replaced by that answer."""
+
+    async def page(request: web.Request) -> web.Response:
+        return web.Response(status=404, text="<html><body>404 Not Found</body></html>",
+                            content_type="text/html")
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", page)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+    try:
+        with pytest.raises(RegistryUnavailable, match="HTTP 404 without the registry's "
+                                                      "error answer: <html>"):
+            await client.schema_by_id(1)
+    finally:
+        await client.close()
+        await runner.cleanup()
+
+
+async def test_the_registrys_own_404_is_an_unknown_id() -> None:
+    async with _registry({}) as url:  # every path: 404 {"error_code": 40403, ...}
+        client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+        try:
+            with pytest.raises(UnknownSchemaId, match="schema id 1 is not registered"):
+                await client.schema_by_id(1)
         finally:
             await client.close()

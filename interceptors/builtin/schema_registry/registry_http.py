@@ -120,6 +120,12 @@ class RegistryHttp:
         try:
             status, reason, body = await self._fetch(pool, url, headers, what)
             if status == 404:
+                if not _registry_error(body):
+                    # Not the registry saying it has no such thing: an ingress or a load
+                    # balancer in front of it, or a URL that is not the API's.
+                    raise self._failed("http 404", url, "HTTP 404 without the registry's "
+                                       f"error answer: {body[:200].decode('utf-8', 'replace')}",
+                                       "registry.url, is it the API's base URL?")
                 raise unknown()
             if status != 200:
                 setting = {401: "registry.basic_auth / registry.bearer_token / "
@@ -378,3 +384,17 @@ def _classify(exc: BaseException, *, tls: bool) -> tuple[str, str]:
     if isinstance(exc, TimeoutError):
         return "timeout", "registry.timeout_ms"
     return "connect", "registry.url"
+
+
+def _registry_error(body: bytearray) -> bool:
+    """Whether a 404's body is a registry's own error answer: a JSON object (Confluent's
+    and its API's ``{"error_code": 40403, ...}``, Apicurio's ``{"status": 404, ...}``), not
+    an ingress's page."""
+    try:
+        return isinstance(json.loads(body), dict) if len(body) <= _ERROR_BODY_BYTES else False
+    except (ValueError, RecursionError):
+        return False
+
+
+_ERROR_BODY_BYTES = 64 * 1024
+"""A registry's error answer is small; a larger 404 body is not read as one."""
