@@ -520,3 +520,33 @@ async def test_a_schema_nested_past_the_recursion_limit_is_uncompilable_not_bad_
     refusal = await checker(ORDERS, fake).check(batch("orders", framed(22, b"\x00")))
     assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
     assert "the proxy cannot compile its schema (RecursionError" in refusal.message
+
+
+async def test_a_batch_of_many_unknown_ids_starts_a_bounded_number_of_lookups() -> None:
+    """Values not framed by a serializer (raw numbers after a 0 byte) read as many made-up
+    ids: every one was looked up at once, filling the registry's request slots that other
+    producers wait on (one batch of 0.5 MB took 800 MB). A batch now starts at most
+    LOOKUPS_PER_BATCH lookups and is refused with a code producers retry; the retry does
+    the next ones, so a batch of real ids gets checked in the end."""
+    from kiproxy.interceptors.builtin.schema_registry.contract import LOOKUPS_PER_BATCH
+
+    fake = registry()
+    check = checker(ORDERS, fake)
+    made_up = [framed(1000 + i, b"\x02") for i in range(200)]
+    refusal = await check.check(batch("orders", *made_up))
+    assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+    assert "needs 200 schema registry lookups" in refusal.message
+    assert len(fake.calls) == LOOKUPS_PER_BATCH
+    assert check.rejections["too_many_lookups"] == 1
+
+    real = registry()
+    for i in range(100):  # 100 real ids (and their subjects) in one batch
+        real.schemas[100 + i] = Schema(100 + i, "AVRO", json.dumps(ORDER))
+        real.subjects[100 + i] = ["orders-value"]
+    check = checker(ORDERS, real)
+    values = [framed(100 + i, GOOD[5:]) for i in range(100)]
+    outcomes = [await check.check(batch("orders", *values)) for _ in range(3)]
+    assert all(o is not None and o.code == ErrorCode.REQUEST_TIMED_OUT for o in outcomes[:-1])
+    assert outcomes[-1] is None  # 200 lookups, at most 64 a pass: checked on the third try
+    for kind in ("schema", "subjects"):  # each asked once
+        assert sorted(sid for k, sid in real.calls if k == kind) == list(range(100, 200))

@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -68,8 +69,16 @@ __all__ = ["CHECKS", "ContractCheck", "Refusal",
 log = logging.getLogger("kiproxy.schema_registry")
 
 CHECKS = ("unframed", "unknown_id", "subject", "latest", "payload", "rule",
-          "tombstone", "registry_unavailable")
+          "tombstone", "registry_unavailable", "too_many_lookups")
 """The checks a record can fail, as ``rejections{check}`` counts them."""
+
+LOOKUPS_PER_BATCH = 64
+"""Registry lookups (schema ids, subjects, latest versions not cached) one batch may start.
+A batch that needs more - values not framed by a serializer, whose bytes read as many
+made-up ids - has that many done and is refused with REQUEST_TIMED_OUT: its retry finds
+them cached and starts the next ones. Real ids are all checked in the end, and a stream of
+made-up ones costs each batch a bounded number of requests instead of filling the
+registry's request slots (and the memory) that other producers wait on."""
 
 _MAX_ERRORS = 1000
 _RECHECK_S = 1.0
@@ -165,18 +174,20 @@ class ContractCheck:
             if side.header is None or side.header.id == "registry":
                 ids |= read
                 continue
-            new = [gid for gid in read if self.lookups.global_id(gid) is None]
-            if new:
-                looked_global.update(zip(new, await asyncio.gather(
-                    *(self.lookups.lookup_global(gid) for gid in new)), strict=True))
+            new = sorted(gid for gid in read if self.lookups.global_id(gid) is None)
+            refusal = await self._look_up(batch, [self.lookups.relook_global(gid, looked_global)
+                                                  for gid in new])
+            if refusal is not None:
+                return refusal
             for gid in read:
                 mapped = self.lookups.global_id(gid) or looked_global.get(gid)
                 if isinstance(mapped, int):
                     ids.add(mapped)
-        missing = [sid for sid in ids if self.lookups.compiled(sid) is None]
-        if missing:
-            results = await asyncio.gather(*(self.lookups.lookup(sid) for sid in missing))
-            looked.update(zip(missing, results, strict=True))
+        missing = sorted(sid for sid in ids if self.lookups.compiled(sid) is None)
+        refusal = await self._look_up(batch, [self.lookups.relook(sid, looked)
+                                              for sid in missing])
+        if refusal is not None:
+            return refusal
         down: dict[tuple[str, object], str] = {}
         for _ in range(4):
             state = _Pass(looked, down, [], collections.Counter(), collections.Counter(), [],
@@ -186,8 +197,34 @@ class ContractCheck:
                 self.rejections.update(state.counts)
                 self.rule_rejections.update(state.rules)
                 return outcome
-            await asyncio.gather(*state.pending)
-        raise RuntimeError("schema lookups did not settle after 4 passes")  # pragma: no cover
+            refusal = await self._look_up(batch, state.pending)
+            if refusal is not None:
+                return refusal
+        self.rejections["too_many_lookups"] += 1
+        return Refusal(int(ErrorCode.REQUEST_TIMED_OUT),
+                       f"the registry's answers for {batch.topic}[{batch.partition}] did not "
+                       "all stay cached while it was checked (registry.compiled_cache_size "
+                       "is below the schemas one batch uses); the batch was not stored, retry",
+                       ())
+
+    async def _look_up(self, batch: RecordBatch,
+                       lookups: list[Awaitable[None]]) -> Refusal | None:
+        """Run ``lookups`` (coroutines); None, or the refusal of a batch that needs more
+        than :data:`LOOKUPS_PER_BATCH` (the first ones run, the rest are dropped)."""
+        if len(lookups) <= LOOKUPS_PER_BATCH:
+            if lookups:
+                await asyncio.gather(*lookups)
+            return None
+        for later in lookups[LOOKUPS_PER_BATCH:]:
+            if inspect.iscoroutine(later):
+                later.close()  # never started
+        await asyncio.gather(*lookups[:LOOKUPS_PER_BATCH])
+        self.rejections["too_many_lookups"] += 1
+        return Refusal(int(ErrorCode.REQUEST_TIMED_OUT),
+                       f"{batch.topic}[{batch.partition}] needs {len(lookups)} schema registry "
+                       f"lookups (ids, subjects or latest versions not cached); a batch starts "
+                       f"at most {LOOKUPS_PER_BATCH}, the rest when it is retried (values not "
+                       "framed by a schema-registry serializer read as many ids)", ())
 
     def _ids(self, records: Sequence[Record], side: SideCheck) -> set[int]:
         """The schema ids the records carry on ``side`` (each distinct frame read once)."""
