@@ -220,3 +220,29 @@ def test_references_compile_as_named_types() -> None:
     check.check(payload)
     with pytest.raises(PayloadError, match=r"field home.zip: expected string"):
         check.check(payload[:-1])
+
+
+def _doubling(depth: int, last: Any) -> dict[str, Any]:
+    """Records R0..R{depth}, each naming the next twice (inline, then by name); the last is
+    a record of one field of type ``last``."""
+    node: dict[str, Any] = {"type": "record", "name": f"R{depth}",
+                            "fields": [{"name": "n", "type": last}]}
+    for d in range(depth - 1, -1, -1):
+        node = {"type": "record", "name": f"R{d}",
+                "fields": [{"name": "a", "type": node}, {"name": "b", "type": f"R{d + 1}"}]}
+    return node
+
+
+def test_records_that_name_the_next_twice_compile_and_check_in_linear_time() -> None:
+    """A 4 KB schema whose every record names the next twice took time doubling with each
+    level: at depth 20, 4 s to compile and 17 ms to check an empty payload, holding the
+    GIL; at depth 40 it never ends. Each record's width is now decided once, and a
+    record written in no bytes is not walked."""
+    empty = compile_avro(RegisteredSchema(schema_id=1, schema_type="AVRO", references=(),
+                                          schema=json.dumps(_doubling(40, "null"))))
+    empty.check(b"")  # nulls all the way down: no bytes, valid
+    with pytest.raises(PayloadError):
+        empty.check(b"\x00")  # a byte more than the datum
+    ints = compile_avro(RegisteredSchema(schema_id=2, schema_type="AVRO", references=(),
+                                         schema=json.dumps(_doubling(3, "int"))))
+    ints.check(b"\x02" * 2 ** 3)  # 8 ints: a datum that really is exponential in size

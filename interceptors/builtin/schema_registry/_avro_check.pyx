@@ -319,6 +319,8 @@ cdef class Checker:
                 return self._fail(f"an int out of 32-bit range ({v})")
             return 0
         if kind == K_RECORD:
+            if node.zero:  # nulls, records of nulls: written in no bytes, nothing to walk
+                return 0  # (walking them could take time exponential in their nesting)
             cur.depth += 1
             if cur.depth > C_MAX_DEPTH:
                 return self._fail(f"records nested deeper than {MAX_DEPTH} levels")

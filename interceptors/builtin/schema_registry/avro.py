@@ -76,7 +76,7 @@ class AvroSchema:
         self._parsed = parsed
         self._named = named
         self._name = parsed.get("name") if isinstance(parsed, dict) else None
-        self._checker = Checker(_node(parsed, named, {}))
+        self._checker = Checker(_node(parsed, named, {}, {}))
 
     def check(self, payload: bytes | memoryview, indexes: tuple[int, ...] = (),
               start: int = 0) -> None:
@@ -126,10 +126,11 @@ _PRIMITIVES = frozenset(("null", "boolean", "int", "long", "float", "double", "b
                          "string"))
 
 
-def _node(schema: Any, named: dict[str, Any], made: dict[str, Node]) -> Node:
+def _node(schema: Any, named: dict[str, Any], made: dict[str, Node],
+          empty: dict[str, bool]) -> Node:
     """The checker's node for ``schema`` (named types built once, so they may recurse)."""
     if isinstance(schema, list):
-        branches = tuple(_node(s, named, made) for s in schema)
+        branches = tuple(_node(s, named, made, empty) for s in schema)
         node = Node("union", _type_name(schema))
         node.set(branches, size=len(branches))
         return node
@@ -142,53 +143,62 @@ def _node(schema: Any, named: dict[str, Any], made: dict[str, Node]) -> Node:
             return made[schema]
         if schema not in named:
             raise SchemaCompileError(f"unknown Avro type {schema!r}")
-        return _node(named[schema], named, made)
+        return _node(named[schema], named, made, empty)
     kind = schema["type"]
     if not isinstance(kind, str):  # {"type": {"type": "array", ...}}
-        return _node(kind, named, made)
+        return _node(kind, named, made, empty)
     desc = _type_name(schema)
     if kind in _PRIMITIVES:  # logical types are checked as the type they annotate
-        return _node(kind, named, made)
+        return _node(kind, named, made, empty)
     node = Node("record" if kind == "error" else kind, desc)
     if "name" in schema:
         made[schema["name"]] = node
     if kind in ("record", "error"):
         fields = schema.get("fields", ())
-        children = tuple(_node(f["type"], named, made) for f in fields)
+        children = tuple(_node(f["type"], named, made, empty) for f in fields)
         node.set(children, tuple(f["name"] for f in fields),
-                 zero=_empty(schema, named, frozenset()))
+                 zero=_empty(schema, named, frozenset(), empty))
     elif kind == "enum":
         node.set(size=len(schema["symbols"]))
     elif kind == "fixed":
         node.set(size=int(schema["size"]), zero=int(schema["size"]) == 0)
     elif kind == "array":
-        node.set((_node(schema["items"], named, made),))
+        node.set((_node(schema["items"], named, made, empty),))
     elif kind == "map":
-        node.set((_node(schema["values"], named, made),))
+        node.set((_node(schema["values"], named, made, empty),))
     else:
         raise SchemaCompileError(f"unknown Avro type {kind!r}")
     return node
 
 
-def _empty(schema: Any, named: dict[str, Any], inside: frozenset[str]) -> bool:
-    """True when every datum of ``schema`` is written in no bytes (null, records of such)."""
+def _empty(schema: Any, named: dict[str, Any], inside: frozenset[str],
+           known: dict[str, bool]) -> bool:
+    """True when every datum of ``schema`` is written in no bytes (null, records of such).
+    ``known``: the named records decided so far (each is decided once, or a schema whose
+    records name the next one twice would take time exponential in its depth)."""
     if isinstance(schema, str):
         if schema in _PRIMITIVES:
             return schema == "null"
         if schema in inside or schema not in named:  # a record within itself takes bytes
             return False
-        return _empty(named[schema], named, inside)
+        return _empty(named[schema], named, inside, known)
     if not isinstance(schema, dict):
         return False  # a union writes its branch index
     kind = schema["type"]
     if kind in ("record", "error"):
-        inside = inside | {schema.get("name", "")}
-        return all(_empty(f["type"], named, inside) for f in schema.get("fields", ()))
+        name = schema.get("name", "")
+        if name in known:
+            return known[name]
+        decided = all(_empty(f["type"], named, inside | {name}, known)
+                      for f in schema.get("fields", ()))
+        if name:
+            known[name] = decided
+        return decided
     if kind == "fixed":
         return int(schema["size"]) == 0
     if isinstance(kind, str):
         return kind == "null"
-    return _empty(kind, named, inside)
+    return _empty(kind, named, inside, known)
 
 
 def _cause(exc: BaseException) -> str:
