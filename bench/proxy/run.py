@@ -322,15 +322,9 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
             setup.bootstrap = f"127.0.0.1:{hop_port}"
         elif scenario.kind == "forwarder":
             assert hop_port is not None
-            fwd = subprocess.Popen(
-                [sys.executable, "-m", "bench.proxy.forwarder", str(hop_port), str(broker_port)],
-                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-                stdin=subprocess.DEVNULL, preexec_fn=pin)
-            setup.processes.append(fwd)
-            tail = _Tail(fwd, "ready")
-            if not tail.ready.wait(30) or fwd.poll() is not None:
-                raise RuntimeError(f"the uvloop forwarder did not start:\n{tail.text}")
-            setup.pids["proxy"] = fwd.pid
+            _hop(setup, [sys.executable, "-m", "bench.proxy.forwarder", str(hop_port),
+                         str(broker_port)], "ready", "the uvloop forwarder", 30,
+                 cwd=ROOT, preexec_fn=pin)
             setup.bootstrap = f"127.0.0.1:{hop_port}"
         elif scenario.kind == "kiproxy":
             listen = _free_port()
@@ -349,20 +343,26 @@ def started(scenario: Scenario, workdir: Path, proxy_flags: Sequence[str],
             env = {**os.environ, "PYTHONUNBUFFERED": "1"}
             if tree != ROOT:  # `-m kiproxy` imports from the working directory first
                 env["PYTHONPATH"] = str(tree)
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    text=True, cwd=tree, stdin=subprocess.DEVNULL,
-                                    env=env, preexec_fn=pin)
-            setup.processes.append(proc)
-            tail = _Tail(proc, "bootstrap address")
-            if not tail.ready.wait(60) or proc.poll() is not None:
-                raise RuntimeError(f"kiproxy did not start:\n{tail.text}")
-            setup.pids["proxy"] = proc.pid
+            _hop(setup, cmd, "bootstrap address", "kiproxy", 60, cwd=tree, env=env,
+                 preexec_fn=pin)
             setup.bootstrap = f"127.0.0.1:{listen}"
         yield setup
     finally:
         for proc in reversed(setup.processes):
             _stop(proc)
         log.close()
+
+
+def _hop(setup: Setup, cmd: list[str], marker: str, what: str, timeout: float,
+         **popen: Any) -> None:
+    """Start ``cmd``, the hop, kept in ``setup``; return once it printed ``marker``."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            stdin=subprocess.DEVNULL, **popen)
+    setup.processes.append(proc)
+    tail = _Tail(proc, marker)
+    if not tail.ready.wait(timeout) or proc.poll() is not None:
+        raise RuntimeError(f"{what} did not start:\n{tail.text}")
+    setup.pids["proxy"] = proc.pid
 
 
 def haproxy_binary() -> str | None:
