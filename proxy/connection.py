@@ -281,7 +281,7 @@ class ClientConnection(AnswerSide):
                 # upstream reader may not have noticed yet. Same line, same counter.
                 self._upstream_failed(f"connection failed: {exc}")
                 return
-            except ConnectionError:
+            except OSError:  # reset, but also timed out (ETIMEDOUT, ...)
                 return  # the client went away while its answer was being written
 
     def _bad_client(self, exc: ProtocolError) -> None:

@@ -264,3 +264,23 @@ async def test_a_broker_socket_that_times_out_while_a_request_waits_is_one_warni
             await asyncio.wait_for(read_task, 5)  # raises what escaped the reader
         assert "upstream broker connection failed: [Errno 110] Connection timed out; " \
                "closing client" in caplog.text
+
+
+async def test_a_client_socket_that_times_out_under_the_proxys_own_answer_is_a_quiet_close(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The proxy answers a Produce v2 request itself (old message format); the client's
+    socket then fails with an error that is not a reset (ETIMEDOUT) while that answer is
+    written: the reader ends as for a client that left, and nothing escapes it."""
+    async with _connection() as (conn, client, _, _):
+        client_stream = conn._client
+
+        async def timed_out() -> None:
+            raise TimeoutError(110, "Connection timed out")
+
+        client_stream.drain = timed_out  # type: ignore[method-assign]
+        v2 = b"\x00\x01\x00\x00\x03\xe8\x00\x00\x00\x00"  # acks 1, timeout 1000, no topics
+        client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 2, 9, "unit", 1) + v2))
+        read_task = conn._read_task
+        assert read_task is not None
+        await asyncio.wait_for(read_task, 5)  # raises what escaped the reader
+        assert "Traceback" not in caplog.text
