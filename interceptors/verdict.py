@@ -493,11 +493,12 @@ def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: 
             result = yield result, remaining
         elif timeout is not None and time.monotonic() > ctx.deadline:
             return _timed_out(name, timeout)
-    except (Exception, asyncio.CancelledError, SystemExit, KeyboardInterrupt) as exc:
-        # All the plugin's fault: a plain intercept cannot be cancelled by the proxy (it
-        # does not await), an awaited one is told apart by judge(); the proxy stops on
-        # signals it handles itself, never on a KeyboardInterrupt. Escaping, these would
-        # close the client's connection silently, or stop the event loop.
+    except (Exception, asyncio.CancelledError, SystemExit) as exc:
+        # All the plugin's fault: a plain intercept cannot be cancelled by its caller (it
+        # does not await), an awaited one is told apart by judge(). Escaping, these would
+        # close the client's connection silently, or stop the event loop. (A
+        # KeyboardInterrupt is the plugin's only where the proxy handles SIGINT itself:
+        # judge(); a replay or `kiproxy check` stops on Ctrl-C.)
         return _exception_verdict(exc, batch, name, timeout)
     return _result_verdict(batch, result, name, limits)
 
@@ -537,6 +538,8 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
         except StopIteration as done:  # a plain intercept: judged without waiting
             verdict: Verdict = done.value
             return verdict
+        except KeyboardInterrupt as exc:  # the plugin's: the proxy handles SIGINT itself
+            return _exception_verdict(exc, batch, name, timeout)
         try:
             result = await within(awaitable, remaining, name)
         except asyncio.CancelledError as exc:
@@ -544,7 +547,10 @@ async def judge(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
             if task is None or task.cancelling():
                 raise  # the proxy's own (the client left, a shutdown): not a verdict
             return _resumed(judging, None, exc)  # a future the plugin awaited was cancelled
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+        except KeyboardInterrupt as exc:
+            judging.close()
+            return _exception_verdict(exc, batch, name, timeout)
+        except (Exception, SystemExit) as exc:
             return _resumed(judging, None, exc)
         return _resumed(judging, result, None)
     finally:
@@ -572,7 +578,7 @@ def judge_sync(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, *,
             return verdict
         try:
             result = run(awaitable, remaining)
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError, SystemExit) as exc:  # as judge() does
             return _resumed(judging, None, exc)
         return _resumed(judging, result, None)
     finally:

@@ -281,8 +281,10 @@ class ClientConnection(AnswerSide):
                 # upstream reader may not have noticed yet. Same line, same counter.
                 self._upstream_failed(f"connection failed: {exc}")
                 return
-            except OSError:  # reset, but also timed out (ETIMEDOUT, ...)
-                return  # the client went away while its answer was being written
+            except OSError:
+                if self._client.drained:
+                    raise  # not the client's socket: reported as any other failure
+                return  # the client went away (reset, timed out) while its answer was written
 
     def _bad_client(self, exc: ProtocolError) -> None:
         if self._services.metrics is not None:

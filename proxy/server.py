@@ -566,6 +566,7 @@ class ProxyServer:
         for task in (self._discovery, self._reopening):
             if task is not None:
                 task.cancel()
+        self.nodes.stop_opening()
         for server in self._servers.values():
             server.close()
         if self._sweeper is not None:

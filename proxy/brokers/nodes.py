@@ -101,6 +101,12 @@ class NodeRegistry:
             self._open(node_id)
         await self.settle()
 
+    def stop_opening(self) -> None:
+        """Cancel every listener still being opened (the server is stopping: a waiter no
+        longer cancels them, see :meth:`settle`)."""
+        for task in self._opening.values():
+            task.cancel()
+
     async def settle(self) -> None:
         """Wait until every listener announced so far is open (or failed to open).
 

@@ -275,8 +275,10 @@ async def test_a_client_socket_that_times_out_under_the_proxys_own_answer_is_a_q
         client_stream = conn._client
 
         async def timed_out() -> None:
-            raise TimeoutError(110, "Connection timed out")
+            client_stream._error = error  # what the socket's failure leaves on its stream
+            raise error
 
+        error = TimeoutError(110, "Connection timed out")
         client_stream.drain = timed_out  # type: ignore[method-assign]
         v2 = b"\x00\x01\x00\x00\x03\xe8\x00\x00\x00\x00"  # acks 1, timeout 1000, no topics
         client.sendall(_framed(encode_request_header(ApiKey.PRODUCE, 2, 9, "unit", 1) + v2))

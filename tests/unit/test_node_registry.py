@@ -53,3 +53,16 @@ async def test_a_listener_that_fails_is_named_and_its_error_counts_as_retrieved(
     gc.collect()
     await asyncio.sleep(0)
     assert "never retrieved" not in caplog.text
+
+
+async def test_stopping_cancels_the_listeners_still_being_opened() -> None:
+    """A waiter going away no longer cancels an opening, so the server stopping must: a
+    listener opened after the others were closed would outlive the proxy's stop."""
+    opened: list[int] = []
+    registry = _registry(opened, delay=0.05)
+    registry.seen(1, "10.0.0.1", 9092)
+    registry.stop_opening()
+    await registry.settle()
+    await asyncio.sleep(0.1)
+    assert opened == []
+    assert registry.unopened == {1: (9101, "cancelled")}

@@ -550,3 +550,12 @@ async def test_a_batch_of_many_unknown_ids_starts_a_bounded_number_of_lookups() 
     assert outcomes[-1] is None  # 200 lookups, at most 64 a pass: checked on the third try
     for kind in ("schema", "subjects"):  # each asked once
         assert sorted(sid for k, sid in real.calls if k == kind) == list(range(100, 200))
+
+
+async def test_many_records_of_one_new_id_ask_once_and_pass_first_time() -> None:
+    """Each record waiting for the same answer counted as a lookup of its own, so a batch
+    of 65 records of a new id was refused as needing 65 lookups."""
+    fake = registry()
+    check = checker(ORDERS, fake)
+    assert await check.check(batch("orders", *[GOOD] * 200)) is None
+    assert sorted(fake.calls) == [("schema", 17), ("subjects", 17)]

@@ -290,3 +290,37 @@ async def test_the_proxys_own_cancellation_still_cancels_an_async_plugin() -> No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+class _AsyncRaises(ProduceRequestInterceptor):
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> Any:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [asyncio.CancelledError(), SystemExit(3)],
+                         ids=["cancelled", "sys-exit"])
+def test_judge_sync_judges_an_async_plugins_base_exception_as_judge_does(
+        error: BaseException) -> None:
+    """An isolation worker and a dry run judge with judge_sync: the same verdict as in the
+    proxy, not a worker that dies or a replay that stops."""
+    verdict = judge_sync(_AsyncRaises(error), BATCH, _ctx(), name="p", timeout=1,
+                         run=lambda awaitable, seconds: asyncio.run(awaitable))
+    assert isinstance(verdict, Rejected) and verdict.fault == "raised"
+
+
+def test_ctrl_c_in_a_plugin_stops_a_replay() -> None:
+    """Outside the proxy (a replay, ``kiproxy check``) SIGINT is Python's own: a
+    KeyboardInterrupt that lands in plugin code stops the run, as the user asked, rather
+    than being judged a rejection of that batch."""
+    with pytest.raises(KeyboardInterrupt):
+        judge_sync(_Answer(KeyboardInterrupt()), BATCH, _ctx(), name="p", timeout=1,
+                   run=lambda awaitable, seconds: asyncio.run(awaitable))
+
+
+async def test_an_async_plugins_keyboard_interrupt_is_its_fault_in_the_proxy() -> None:
+    verdict = await judge(_AsyncRaises(KeyboardInterrupt()), BATCH, _ctx(), name="p",
+                          timeout=1)
+    assert isinstance(verdict, Rejected) and verdict.fault == "raised"

@@ -116,13 +116,20 @@ class _Pass:
     """Ids looked up for this batch: compiled, Missing or Unavailable."""
     down: dict[tuple[str, object], str]
     """Lookups the registry could not answer for this batch, with its message."""
-    pending: list[Awaitable[None]]
+    pending: dict[tuple[str, object], Awaitable[None]]
+    """The lookups this pass asked for, one per thing looked up (many records of one new
+    id ask once)."""
     counts: collections.Counter[str]
     rules: collections.Counter[str]
     unavailable: list[str]
     looked_global: dict[int, Any] = field(default_factory=dict)
     """Apicurio globalIds looked up for this batch: the registry's id, Missing or
     Unavailable."""
+
+    def ask(self, key: tuple[str, object], lookup: Callable[[], Awaitable[None]]) -> None:
+        """Ask for ``key`` once in this pass (``lookup`` is called the first time only)."""
+        if key not in self.pending:
+            self.pending[key] = lookup()
     good_frames: dict[tuple[str, bytes], CompiledSchema] = field(default_factory=dict)
     """Frames (side, 5 bytes) whose id and subject checks held in this pass: the records
     that carry them only need their payload decoded."""
@@ -190,14 +197,14 @@ class ContractCheck:
             return refusal
         down: dict[tuple[str, object], str] = {}
         for _ in range(4):
-            state = _Pass(looked, down, [], collections.Counter(), collections.Counter(), [],
+            state = _Pass(looked, down, {}, collections.Counter(), collections.Counter(), [],
                           looked_global)
             outcome = self._evaluate(batch, policy, state)
             if not state.pending:
                 self.rejections.update(state.counts)
                 self.rule_rejections.update(state.rules)
                 return outcome
-            refusal = await self._look_up(batch, state.pending)
+            refusal = await self._look_up(batch, list(state.pending.values()))
             if refusal is not None:
                 return refusal
         self.rejections["too_many_lookups"] += 1
@@ -450,7 +457,8 @@ class ContractCheck:
             return "down"
         known = self.lookups.subjects(schema_id)
         if known is None:
-            state.pending.append(self.lookups.fetch_subjects(schema_id, state.down))
+            state.ask(("subjects", schema_id),
+                      lambda: self.lookups.fetch_subjects(schema_id, state.down))
             return "pending"
         if subject not in known[0]:
             # Registered there since? Ask once, then at most every second per (id, subject).
@@ -459,7 +467,8 @@ class ContractCheck:
                 if len(self._rechecked) >= self.settings.compiled_cache_size:
                     self._rechecked.clear()
                 self._rechecked[(schema_id, subject)] = now
-                state.pending.append(self.lookups.fetch_subjects(schema_id, state.down, fresh=True))
+                state.ask(("subjects", schema_id), lambda: self.lookups.fetch_subjects(
+                    schema_id, state.down, fresh=True))
                 return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
@@ -473,7 +482,8 @@ class ContractCheck:
                 return "down"
             latest = self.lookups.latest(subject)
             if latest is None:
-                state.pending.append(self.lookups.fetch_latest(subject, state.down))
+                state.ask(("latest", subject),
+                          lambda: self.lookups.fetch_latest(subject, state.down))
                 return "pending"
             if latest != schema_id:
                 return "latest", (f"schema id {schema_id} is not the latest version of "
@@ -503,7 +513,7 @@ def _settled(found: Any, label: str, where: str, what: str, state: _Pass,
         state.counts[found.check] += 1
         return None
     if found is None:
-        state.pending.append(relook())
+        state.ask(("relook", label), relook)
     return found
 
 
