@@ -559,3 +559,23 @@ async def test_many_records_of_one_new_id_ask_once_and_pass_first_time() -> None
     check = checker(ORDERS, fake)
     assert await check.check(batch("orders", *[GOOD] * 200)) is None
     assert sorted(fake.calls) == [("schema", 17), ("subjects", 17)]
+
+
+async def test_a_subjects_lookup_the_registry_could_not_answer_is_remembered_a_while(
+        ) -> None:
+    """An id's subjects (and a subject's latest version) the registry could not give were
+    asked again for every batch while it was down, not once per negative_ttl_s as an id
+    is (and as the page says)."""
+    fake = registry()
+    check = checker(ORDERS, fake, negative_ttl_s=0.2)
+    await check.lookups.lookup(17)  # the schema is cached; its subjects are not
+    fake.down = True
+    for _ in range(3):
+        refusal = await check.check(batch("orders", GOOD))
+        assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
+        assert "subjects of schema id 17" in refusal.message
+    assert fake.calls.count(("subjects", 17)) == 1
+    fake.down = False
+    await asyncio.sleep(0.25)  # negative_ttl_s: asked again, and now answered
+    assert await check.check(batch("orders", GOOD)) is None
+    assert fake.calls.count(("subjects", 17)) == 2

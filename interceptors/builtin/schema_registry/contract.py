@@ -456,6 +456,9 @@ class ContractCheck:
             state.unavailable.append(f"subjects of schema id {schema_id}: {down}")
             return "down"
         known = self.lookups.subjects(schema_id)
+        if isinstance(known, Unavailable):  # remembered: not asked again before its time
+            state.unavailable.append(f"subjects of schema id {schema_id}: {known}")
+            return "down"
         if known is None:
             state.ask(("subjects", schema_id),
                       lambda: self.lookups.fetch_subjects(schema_id, state.down))
@@ -481,6 +484,9 @@ class ContractCheck:
                 state.unavailable.append(f"latest version of {subject}: {down}")
                 return "down"
             latest = self.lookups.latest(subject)
+            if isinstance(latest, Unavailable):
+                state.unavailable.append(f"latest version of {subject}: {latest}")
+                return "down"
             if latest is None:
                 state.ask(("latest", subject),
                           lambda: self.lookups.fetch_latest(subject, state.down))

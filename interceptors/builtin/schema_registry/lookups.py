@@ -85,11 +85,11 @@ class Lookups:
             remember=(unknown_id, unavailable), keep_stale_on=(unavailable,))
         self._subjects: LookupCache[tuple[frozenset[str], float]] = LookupCache(
             size=size, ttl_s=lookup_ttl_s, negative_ttl_s=negative_ttl_s,
-            keep_stale_on=(unavailable,))
+            remember=(unavailable,), keep_stale_on=(unavailable,))
         """id -> (subjects, fetched at)."""
         self._latest: LookupCache[int] = LookupCache(
             size=size, ttl_s=lookup_ttl_s, negative_ttl_s=negative_ttl_s,
-            keep_stale_on=(unavailable,))
+            remember=(unavailable,), keep_stale_on=(unavailable,))
         self._compile_threads = compile_threads
         self._threads: ThreadPoolExecutor | None = None
         self._warn = RateLimitedLog(log)
@@ -198,10 +198,12 @@ class Lookups:
 
     # -- subjects and latest versions --------------------------------------------------
 
-    def subjects(self, schema_id: int) -> tuple[frozenset[str], float] | None:
-        """``schema_id``'s subjects and when they were fetched, if known now."""
+    def subjects(self, schema_id: int) -> tuple[frozenset[str], float] | Unavailable | None:
+        """``schema_id``'s subjects and when they were fetched, if known now; or why the
+        registry could not say, remembered for ``negative_ttl_s`` (not asked again
+        meanwhile, as for an id)."""
         found = self._subjects.peek(schema_id, lambda: self._load_subjects(schema_id))
-        return found if isinstance(found, tuple) else None
+        return found if isinstance(found, tuple) else self._down(found)
 
     async def fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
                              fresh: bool = False) -> None:
@@ -222,10 +224,14 @@ class Lookups:
             pairs = ()
         return frozenset(s for s, _ in pairs), time.monotonic()
 
-    def latest(self, subject: str) -> int | None:
-        """The id of ``subject``'s latest version (-1: none), if known now."""
+    def latest(self, subject: str) -> int | Unavailable | None:
+        """The id of ``subject``'s latest version (-1: none), if known now; or why the
+        registry could not say, remembered as :meth:`subjects` remembers it."""
         found = self._latest.peek(subject, lambda: self._load_latest(subject))
-        return found if isinstance(found, int) else None
+        return found if isinstance(found, int) else self._down(found)
+
+    def _down(self, found: object) -> Unavailable | None:
+        return Unavailable(str(found)) if isinstance(found, self._unavailable) else None
 
     async def fetch_latest(self, subject: str, down: dict[tuple[str, object], str]) -> None:
         """Ask the registry for ``subject``'s latest id now; its failure into ``down``."""
