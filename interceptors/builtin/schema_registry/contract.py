@@ -34,11 +34,11 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import inspect
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from kiproxy.interceptors.api import Record, RecordBatch
@@ -116,23 +116,22 @@ class _Pass:
     """Ids looked up for this batch: compiled, Missing or Unavailable."""
     down: dict[tuple[str, object], str]
     """Lookups the registry could not answer for this batch, with its message."""
-    pending: dict[tuple[str, object], Awaitable[None]]
-    """The lookups this pass asked for, one per thing looked up (many records of one new
-    id ask once)."""
+    pending: dict[tuple[str, object], Callable[[], Awaitable[None]]]
+    """The lookups this pass asks for, one per thing looked up (many records of one new
+    id ask once), started by :meth:`ContractCheck._look_up`."""
     counts: collections.Counter[str]
     rules: collections.Counter[str]
     unavailable: list[str]
     looked_global: dict[int, Any] = field(default_factory=dict)
     """Apicurio globalIds looked up for this batch: the registry's id, Missing or
     Unavailable."""
-
-    def ask(self, key: tuple[str, object], lookup: Callable[[], Awaitable[None]]) -> None:
-        """Ask for ``key`` once in this pass (``lookup`` is called the first time only)."""
-        if key not in self.pending:
-            self.pending[key] = lookup()
     good_frames: dict[tuple[str, bytes], CompiledSchema] = field(default_factory=dict)
     """Frames (side, 5 bytes) whose id and subject checks held in this pass: the records
     that carry them only need their payload decoded."""
+
+    def ask(self, key: tuple[str, object], lookup: Callable[[], Awaitable[None]]) -> None:
+        """Ask for ``key`` once in this pass."""
+        self.pending.setdefault(key, lookup)
 
 
 class ContractCheck:
@@ -182,8 +181,8 @@ class ContractCheck:
                 ids |= read
                 continue
             new = sorted(gid for gid in read if self.lookups.global_id(gid) is None)
-            refusal = await self._look_up(batch, [self.lookups.relook_global(gid, looked_global)
-                                                  for gid in new])
+            refusal = await self._look_up(batch, [partial(self.lookups.relook_global, gid,
+                                                          looked_global) for gid in new])
             if refusal is not None:
                 return refusal
             for gid in read:
@@ -191,7 +190,7 @@ class ContractCheck:
                 if isinstance(mapped, int):
                     ids.add(mapped)
         missing = sorted(sid for sid in ids if self.lookups.compiled(sid) is None)
-        refusal = await self._look_up(batch, [self.lookups.relook(sid, looked)
+        refusal = await self._look_up(batch, [partial(self.lookups.relook, sid, looked)
                                               for sid in missing])
         if refusal is not None:
             return refusal
@@ -215,17 +214,13 @@ class ContractCheck:
                        ())
 
     async def _look_up(self, batch: RecordBatch,
-                       lookups: list[Awaitable[None]]) -> Refusal | None:
-        """Run ``lookups`` (coroutines); None, or the refusal of a batch that needs more
-        than :data:`LOOKUPS_PER_BATCH` (the first ones run, the rest are dropped)."""
+                       lookups: Sequence[Callable[[], Awaitable[None]]]) -> Refusal | None:
+        """Start ``lookups`` and wait for them; None, or the refusal of a batch that needs
+        more than :data:`LOOKUPS_PER_BATCH` (the first ones run, the rest are not started)."""
+        if lookups:
+            await asyncio.gather(*(start() for start in lookups[:LOOKUPS_PER_BATCH]))
         if len(lookups) <= LOOKUPS_PER_BATCH:
-            if lookups:
-                await asyncio.gather(*lookups)
             return None
-        for later in lookups[LOOKUPS_PER_BATCH:]:
-            if inspect.iscoroutine(later):
-                later.close()  # never started
-        await asyncio.gather(*lookups[:LOOKUPS_PER_BATCH])
         self.rejections["too_many_lookups"] += 1
         return Refusal(int(ErrorCode.REQUEST_TIMED_OUT),
                        f"{batch.topic}[{batch.partition}] needs {len(lookups)} schema registry "
@@ -461,7 +456,7 @@ class ContractCheck:
             return "down"
         if known is None:
             state.ask(("subjects", schema_id),
-                      lambda: self.lookups.fetch_subjects(schema_id, state.down))
+                      partial(self.lookups.fetch_subjects, schema_id, state.down))
             return "pending"
         if subject not in known[0]:
             # Registered there since? Ask once, then at most every second per (id, subject).
@@ -470,8 +465,8 @@ class ContractCheck:
                 if len(self._rechecked) >= self.settings.compiled_cache_size:
                     self._rechecked.clear()
                 self._rechecked[(schema_id, subject)] = now
-                state.ask(("subjects", schema_id), lambda: self.lookups.fetch_subjects(
-                    schema_id, state.down, fresh=True))
+                state.ask(("subjects", schema_id), partial(self.lookups.fetch_subjects,
+                                                           schema_id, state.down, fresh=True))
                 return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"
@@ -489,7 +484,7 @@ class ContractCheck:
                 return "down"
             if latest is None:
                 state.ask(("latest", subject),
-                          lambda: self.lookups.fetch_latest(subject, state.down))
+                          partial(self.lookups.fetch_latest, subject, state.down))
                 return "pending"
             if latest != schema_id:
                 return "latest", (f"schema id {schema_id} is not the latest version of "

@@ -121,7 +121,10 @@ class Lookups:
         """:meth:`lookup` into ``looked``."""
         looked[schema_id] = await self.lookup(schema_id)
 
-    def _answer(self, schema_id: int, found: Any) -> Any:
+    def _answer(self, schema_id: object, found: Any) -> Any:
+        """What a cache holds for ``schema_id`` (or a subject), as the check reads it: a
+        value, None, :class:`Missing` (an id the registry does not know) or
+        :class:`Unavailable` (a failure remembered for ``negative_ttl_s``)."""
         if isinstance(found, self._unknown_id):
             return Missing("unknown_id", f"schema id {schema_id} is not registered")
         if isinstance(found, BaseException):
@@ -203,7 +206,7 @@ class Lookups:
         registry could not say, remembered for ``negative_ttl_s`` (not asked again
         meanwhile, as for an id)."""
         found = self._subjects.peek(schema_id, lambda: self._load_subjects(schema_id))
-        return found if isinstance(found, tuple) else self._down(found)
+        return found if isinstance(found, tuple) else self._answer(schema_id, found)
 
     async def fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
                              fresh: bool = False) -> None:
@@ -228,10 +231,7 @@ class Lookups:
         """The id of ``subject``'s latest version (-1: none), if known now; or why the
         registry could not say, remembered as :meth:`subjects` remembers it."""
         found = self._latest.peek(subject, lambda: self._load_latest(subject))
-        return found if isinstance(found, int) else self._down(found)
-
-    def _down(self, found: object) -> Unavailable | None:
-        return Unavailable(str(found)) if isinstance(found, self._unavailable) else None
+        return found if isinstance(found, int) else self._answer(subject, found)
 
     async def fetch_latest(self, subject: str, down: dict[tuple[str, object], str]) -> None:
         """Ask the registry for ``subject``'s latest id now; its failure into ``down``."""
