@@ -478,7 +478,6 @@ _Pending = tuple[Awaitable[Any], float | None]
 """An ``async def intercept``'s awaitable and the seconds it may take (None: no limit)."""
 
 
-
 def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: str,
              timeout: float | None, limits: OutputLimits) -> Generator[_Pending, Any, Verdict]:
     """The one body of :func:`judge` and :func:`judge_sync`, without the waiting.
@@ -501,7 +500,6 @@ def _judging(interceptor: Any, batch: RecordBatch, ctx: InterceptContext, name: 
         # judge(); a replay or `kiproxy check` stops on Ctrl-C.)
         return _exception_verdict(exc, batch, name, timeout)
     return _result_verdict(batch, result, name, limits)
-
 
 
 def _resumed(judging: Generator[_Pending, Any, Verdict], result: Any,
