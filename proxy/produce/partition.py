@@ -99,9 +99,9 @@ class _Encoding(NamedTuple):
 
     pieces: list[Piece]
     decision: Decision
-    sent: tuple[Record, ...]
-    """The partition's records as the producer sent them, when the route keeps refused
-    records (``dead_letter``): what a refusal for unencodable records copies."""
+    kept: list[DecodedBatch]
+    """The partition's batches when the route keeps refused records (``dead_letter``),
+    else none: what a refusal for unencodable records copies."""
 
 
 class PartitionHandler:
@@ -164,7 +164,7 @@ class PartitionHandler:
                 try:
                     out.append(await piece)
                 except Exception as exc:
-                    return self._unencodable(job, exc, encoding.sent)
+                    return self._unencodable(job, exc, encoding.kept)
             decision = encoding.decision
             return Decision(records=b"".join(out), changed=True,
                             acknowledged=decision.acknowledged, observed=decision.observed,
@@ -273,7 +273,7 @@ class PartitionHandler:
                                                self.compression_levels, decoded.block_size)
                 except Exception as exc:
                     _discard(out)
-                    return self._unencodable(job, exc, _sent(batches) if keep else ())
+                    return self._unencodable(job, exc, batches if keep else [])
                 out.append(piece)
                 threaded = threaded or not isinstance(piece, bytes)
                 changed = transformed = True
@@ -290,7 +290,7 @@ class PartitionHandler:
         joined = None if threaded else b"".join(cast("list[bytes | memoryview]", out))
         decision = Decision(records=joined, changed=True, acknowledged=tuple(acked),
                             observed=tuple(observed), watched=watched)
-        return _Encoding(out, decision, _sent(batches) if keep else ()) if threaded else decision
+        return _Encoding(out, decision, batches if keep else []) if threaded else decision
 
     def _warn_limit(self, job: PartitionJob, exc: DecompressionLimitExceeded) -> None:
         """One WARNING per client host per interval: a bomb, or a limit set too low."""
@@ -326,12 +326,12 @@ class PartitionHandler:
         return decided
 
     def _unencodable(self, job: PartitionJob, exc: Exception,
-                     sent: tuple[Record, ...]) -> Decision:
+                     kept: list[DecodedBatch]) -> Decision:
         """Records the plugin returned that cannot be encoded (not Records, a header key
         that is not UTF-8, a timestamp out of range): the plugin's fault, so the
         partition is rejected like a raise, and counted as its ``return_type`` fault;
-        ``sent`` (the records as the producer sent them, or none) is what a dead-letter
-        copy holds."""
+        the records of ``kept`` (the batches as the producer sent them, or none) are what
+        a dead-letter copy holds."""
         assert job.chain is not None
         if self.metrics is not None:
             self.metrics.interceptor_errors.labels("return_type", job.chain.route.name).inc()
@@ -340,7 +340,7 @@ class PartitionHandler:
                    f"be encoded: {type(exc).__name__}: {exc}")
         return Decision(rejection=Rejection(
             topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
-            message=message, route=job.route, link=name, fault="encode", records=sent))
+            message=message, route=job.route, link=name, fault="encode", records=_sent(kept)))
 
 
 def _sent(batches: list[DecodedBatch]) -> tuple[Record, ...]:
