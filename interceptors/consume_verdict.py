@@ -220,8 +220,8 @@ def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...]
             try:
                 records = decode_records(bytes(block.data), 0, len(block.data),
                                          block.record_count, block.base_timestamp)
-            except (CorruptBatch, ValueError):  # the log's own block (a header key that
-                # is not UTF-8, which brokers store): named by its place in the batch
+            except (CorruptBatch, ValueError):  # the log's own block, unreadable: the
+                # record named by its place in the batch
                 return _moved(name, f"{moved} of the batch at offset {block.base_offset}")
         return _moved(name, f"at offset {block.base_offset + records[moved].offset_delta}")
     return result if type(result) is bytes else bytes(result)

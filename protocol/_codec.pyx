@@ -8,8 +8,7 @@ and back, because that loop runs once per record and dominates the cost.
 All varints are zigzag-encoded (Kafka's ``varint``/``varlong``). Every length
 read from the wire is checked against the bytes that remain before it is used.
 
-Decoding validates every record completely (lengths, varints, header keys' UTF-8)
-but builds a record's key, value and headers only when they are first read: a
+Decoding validates every record completely (lengths, varints) but builds a record's key, value and headers only when they are first read: a
 decoded ``Record`` holds the records block and where its fields lie. An
 interceptor that returns the batch untouched never pays for them, and encoding
 copies a field nobody read straight from the block it came from.
@@ -47,9 +46,12 @@ cdef object _as_bytes(object value, str what):
 @cython.no_gc
 @cython.freelist(64)
 cdef class Header:
-    """Header(key, value): one record header (KIP-82), a UTF-8 key and a nullable byte value.
+    """Header(key, value): one record header (KIP-82), a text key and a nullable byte value.
 
-    Keys may repeat within a record and their order is kept end to end.
+    Keys may repeat within a record and their order is kept end to end. A key is UTF-8
+    on the wire; brokers store whatever bytes a client sent, and the bytes of a stored
+    key that are not UTF-8 are read as lone surrogates (``surrogateescape``, as
+    :func:`os.fsdecode` reads file names) and written back as those same bytes.
     """
 
     cdef readonly str key
@@ -404,7 +406,7 @@ cdef tuple _decode_headers(bytes block, Py_ssize_t at, Py_ssize_t end):
     cdef Header h
     for j in range(nh):
         klen = _read_varint(&c, b"header key length", 0)
-        key = PyUnicode_DecodeUTF8(<const char*>c.data + c.pos, klen, NULL)
+        key = PyUnicode_DecodeUTF8(<const char*>c.data + c.pos, klen, "surrogateescape")
         c.pos += klen
         vlen = _skip_bytes(&c, b"header value", 0, &vat)
         h = _new_header(key, None if vlen < 0 else
@@ -435,7 +437,6 @@ cdef enum:
     _BAD_ATTRIBUTES = 2
     _BAD_HEADER_COUNT = 3
     _BAD_KEY_LENGTH = 4
-    _BAD_KEY_UTF8 = 5
     _BAD_END = 6
 
 
@@ -451,13 +452,11 @@ cdef int _bad_record(int what, Py_ssize_t i, Py_ssize_t j, Py_ssize_t n, Py_ssiz
         _fail(f"record {i}: header count {n} at byte {at} is impossible")
     if what == _BAD_KEY_LENGTH:
         _fail(f"record {i}: header {j} key length {n} at byte {at} is impossible")
-    if what == _BAD_KEY_UTF8:
-        _fail(f"record {i}: header {j} key at byte {at} is not valid UTF-8")
     _fail(f"record {i}: declared length {n} at byte {at} but its fields end at byte {other}")
 
 
 cdef inline int _walk(Cursor* c, Py_ssize_t i, _Span* s) except -1:
-    """Check record ``i`` at ``c.pos`` completely (lengths, varints, header keys' UTF-8),
+    """Check record ``i`` at ``c.pos`` completely (lengths, varints),
     say where its fields lie in ``s`` and move ``c`` past it."""
     cdef Py_ssize_t outer = c.end, j, hstart, at
     cdef int32_t length, klen
@@ -487,8 +486,6 @@ cdef inline int _walk(Cursor* c, Py_ssize_t i, _Span* s) except -1:
         klen = _read_varint(c, b"header key length", i)
         if klen < 0 or klen > c.end - c.pos:
             _bad_record(_BAD_KEY_LENGTH, i, j, klen, hstart - c.origin, 0)
-        if not _utf8_valid(c.data + c.pos, klen):
-            _bad_record(_BAD_KEY_UTF8, i, j, 0, c.pos - c.origin, 0)
         c.pos += klen
         _skip_bytes(c, b"header value", i, &at)
     if c.pos != s.end:
@@ -626,10 +623,20 @@ cdef Py_ssize_t _record_body(Record r, int64_t ts_delta, int32_t off) except -1:
         return body + r._headers_end - r._headers_at
     body += _varint_size(_zigzag64(len(r._headers)))
     for h in r._headers:
-        PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+        try:
+            PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+        except UnicodeEncodeError:
+            hk_len = PyBytes_GET_SIZE(_escaped_key(h.key))
         hv_len = _bytes_len(h.value)
         body += _varint_size(_zigzag64(hk_len)) + hk_len + _field_size(hv_len)
     return body
+
+
+cdef bytes _escaped_key(str key):
+    """The bytes of a header key that is not UTF-8 text: its lone surrogates U+DC80 to
+    U+DCFF written as the bytes they stand for (how a stored key that is not UTF-8 is
+    read); any other surrogate raises UnicodeEncodeError, as ``str.encode`` does."""
+    return key.encode("utf-8", "surrogateescape")
 
 
 cdef int _write_record(char* out, Py_ssize_t* pos, Record r, Py_ssize_t body,
@@ -639,6 +646,7 @@ cdef int _write_record(char* out, Py_ssize_t* pos, Record r, Py_ssize_t body,
     cdef Header h
     cdef Py_ssize_t hk_len
     cdef const char* hk
+    cdef bytes escaped
     cdef const char* block = NULL
     if r._lazy:
         block = PyBytes_AS_STRING(r._block)
@@ -663,7 +671,12 @@ cdef int _write_record(char* out, Py_ssize_t* pos, Record r, Py_ssize_t body,
     else:
         _put_uvarint(&b, _zigzag64(len(r._headers)))
         for h in r._headers:
-            hk = PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+            try:
+                hk = PyUnicode_AsUTF8AndSize(h.key, &hk_len)
+            except UnicodeEncodeError:
+                escaped = _escaped_key(h.key)
+                hk = PyBytes_AS_STRING(escaped)
+                hk_len = PyBytes_GET_SIZE(escaped)
             _put_uvarint(&b, _zigzag64(hk_len))
             memcpy(b.data + b.size, hk, hk_len)
             b.size += hk_len

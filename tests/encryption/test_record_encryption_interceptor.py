@@ -526,6 +526,39 @@ async def test_a_block_with_nothing_sealed_is_returned_as_given(plugin: Plugin) 
     assert _metric(plugin, "record_encryption_records_decrypted") == 0
 
 
+def _stored_key_not_utf8() -> list[Record]:
+    """Records as a client that writes raw header keys stores them (brokers keep any
+    bytes): the key ``b"\\xff\\xfe"``, read as lone surrogates."""
+    key = b"\xff\xfe".decode("utf-8", "surrogateescape")
+    return [Record(key=b"k", value=b"v%d" % i, timestamp=1000, offset_delta=i,
+                   headers=[Header(key, b"x"), Header("a", b"1")]) for i in range(2)]
+
+
+async def test_a_header_key_that_is_not_utf8_neither_blocks_nor_changes_a_partition(
+        plugin: Plugin) -> None:
+    """A batch whose header key is not UTF-8 (stored as sent) is handed over as it lies
+    when nothing in it is sealed, and sealed and opened back to the same bytes when its
+    producer came through the proxy: it once made the hook give up on the batch, whose
+    partition then could not be read past it."""
+    from kiproxy.protocol.records import encode_records
+
+    plain = _stored_key_not_utf8()
+    assert b"\xff\xfe" in encode_records(tuple(plain), 1000, False)[0]
+    (block,) = _blocks(("orders", plain))
+    assert (await plugin.interceptor.on_consume_blocks([block], CONTEXT)) == [block.data]
+    opened_one, given = await _consume_block(plugin, "orders", plain)
+    assert opened_one is given.data
+
+    stored = (await _produce(plugin, "orders", plain)).records
+    assert [h.key for h in stored[0].headers][:2] == [plain[0].headers[0].key, "a"]
+    (sealed,) = _blocks(("orders", stored))
+    (opened,) = await plugin.interceptor.on_consume_blocks([sealed], CONTEXT)
+    if opened is None:  # no compiled cipher here: the per-batch path opens it
+        assert (await _consume(plugin, "orders", stored)).records == tuple(plain)
+    else:
+        assert bytes(opened) == encode_records(tuple(plain), 1000, False)[0]
+
+
 async def test_any_other_block_is_handed_to_on_consume(plugin: Plugin) -> None:
     stored = (await _produce(plugin, "orders", _records())).records  # a tombstone among them
     assert (await _consume_block(plugin, "orders", stored))[0] is None

@@ -35,4 +35,4 @@ class BadRecords(ProduceRequestInterceptor):
             return batch
         if self.mode == "tuples":
             return batch.with_records((r.key, r.value) for r in batch.records)  # type: ignore[misc]
-        return batch.with_records(r.with_header("\udc80", b"x") for r in batch.records)
+        return batch.with_records(r.with_header("\ud800", b"x") for r in batch.records)

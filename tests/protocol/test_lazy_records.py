@@ -3,8 +3,8 @@
 ``decode_records`` checks every record completely (the validity pass) and builds a
 record's key, value and headers only when they are read. Whatever fields a plugin
 reads, and whatever it changes, the records compare, hash, pickle and encode
-exactly as records built from the same values; a header key that is not UTF-8 is
-refused by the validity pass just as Python's strict decoder refuses it.
+exactly as records built from the same values; a header key that is not UTF-8 (which
+brokers store) is read with ``surrogateescape`` and written back as the same bytes.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from kiproxy.protocol._codec import (
     encode_records,
     upper_values,
 )
-from kiproxy.protocol.errors import CorruptBatch
 
 NULLABLE = st.none() | st.binary(max_size=40)
 HEADERS = st.lists(st.tuples(st.text(max_size=8), NULLABLE), max_size=3)
@@ -97,26 +96,34 @@ def test_decoded_records_equal_hash_and_pickle_like_the_originals(
 
 @settings(max_examples=500, deadline=None)
 @given(key=st.binary(max_size=12))
-def test_header_keys_are_checked_as_python_decodes_utf8(key: bytes) -> None:
+def test_header_keys_are_read_as_text_and_written_back_as_the_same_bytes(key: bytes) -> None:
+    """Brokers store a header key whatever its bytes: UTF-8 is read as Python decodes
+    it, anything else as lone surrogates standing for the bytes (``surrogateescape``),
+    and a record rebuilt from what was read is written back byte for byte."""
     body = b"\x00\x00\x00\x01\x01\x02" + bytes([len(key) << 1]) + key + b"\x01"
     block = bytes([len(body) << 1]) + body
-    try:
-        expected = key.decode("utf-8")
-    except UnicodeDecodeError:
-        with pytest.raises(CorruptBatch, match="not valid UTF-8"):
-            decode_records(block, 0, len(block), 1, 0)
-        return
     (record,) = decode_records(block, 0, len(block), 1, 0)
-    assert record.headers == (Header(expected, None),)
+    assert record.headers == (Header(key.decode("utf-8", "surrogateescape"), None),)
+    rebuilt = Record(key=record.key, value=record.value, timestamp=record.timestamp,
+                     headers=tuple(Header(h.key, h.value) for h in record.headers))
+    assert encode_records((rebuilt,), 0, False)[0] == block
 
 
 @pytest.mark.parametrize("key", [b"\xed\xa0\x80", b"\xc0\xaf", b"\xf4\x90\x80\x80",
                                  b"\xe0\x80\xaf", b"\xf0\x80\x80\xaf", b"\xff", b"\xc3"])
-def test_surrogates_overlongs_and_truncations_are_refused(key: bytes) -> None:
+def test_surrogates_overlongs_and_truncations_in_a_key_are_kept_as_bytes(key: bytes) -> None:
     body = b"\x00\x00\x00\x01\x01\x02" + bytes([len(key) << 1]) + key + b"\x01"
     block = bytes([len(body) << 1]) + body
-    with pytest.raises(CorruptBatch, match="not valid UTF-8"):
-        decode_records(block, 0, len(block), 1, 0)
+    (record,) = decode_records(block, 0, len(block), 1, 0)
+    (header,) = record.headers
+    assert all(0xDC80 <= ord(ch) <= 0xDCFF for ch in header.key)
+    assert header.key.encode("utf-8", "surrogateescape") == key
+
+
+def test_a_key_with_a_surrogate_that_stands_for_no_byte_is_not_encodable() -> None:
+    with pytest.raises(UnicodeEncodeError):
+        encode_records((Record(key=None, value=b"v", headers=(Header("\ud800", b"x"),)),),
+                       0, False)
 
 
 def test_a_record_read_in_full_lets_go_of_its_block() -> None:

@@ -302,8 +302,6 @@ BAD_RECORDS = {
                                "header count 1000"),
     "header key length negative": (record_bytes(*good_record_fields()[:-1], varint(1),
                                                 varint(-1)), "header 0 key length -1"),
-    "header key not utf-8": (record_bytes(*good_record_fields()[:-1], varint(1), varint(2),
-                                          b"\xc3\x28", varint(-1)), "not valid UTF-8"),
     "header value past the record": (record_bytes(*good_record_fields()[:-1], varint(1),
                                                   varint(1), b"h", varint(7)),
                                      "header value length 7"),

@@ -345,8 +345,8 @@ def _record(offset_delta: int, header_key: bytes) -> bytes:
 def test_a_moved_record_in_a_block_with_a_header_key_that_is_not_utf8_refuses_the_batch(
         ) -> None:
     """Brokers store a header key that is not UTF-8. A block hook that moves a record of
-    such a batch gets the batch refused, named by the record's place: naming it by
-    offset decoded the log's own block, whose error then closed the connection."""
+    such a batch gets the batch refused, the record named by its offset (the log's own
+    block is read, its key as lone surrogates)."""
     from kiproxy.interceptors.consume import ConsumedBlock
     from kiproxy.interceptors.consume_verdict import _judged_block
 
@@ -355,4 +355,4 @@ def test_a_moved_record_in_a_block_with_a_header_key_that_is_not_utf8_refuses_th
                           record_count=1, data=memoryview(original))
     verdict = _judged_block(_record(3, b"ok"), block, None, "mover")  # key mended, moved
     assert isinstance(verdict, ConsumeRefusal)
-    assert "mover moved the record 0 of the batch at offset 40" in verdict.message
+    assert "mover moved the record at offset 40" in verdict.message

@@ -102,6 +102,22 @@ def test_non_utf8_is_refused_or_passed_as_base64(extism_plugins: dict[str, Path]
         assert p.run(batch).kind == "unchanged"
 
 
+def test_a_stored_header_key_that_is_not_utf8_is_refused_in_either_rule(
+        extism_plugins: dict[str, Path]) -> None:
+    """Brokers store header keys whatever their bytes; the record contract gives keys as
+    text, so a key that is not UTF-8 (read as lone surrogates) is refused by name rather
+    than failing in the JSON writer."""
+    key = b"\xffk".decode("utf-8", "surrogateescape")
+    batch = make_batch(b"fine", make_record(b"abc", headers=[(key, b"v"), ("h", b"w")]),
+                       topic=TOPIC)
+    for binary in ("refuse", "base64"):
+        with plugin(extism_plugins, "uppercase", binary=binary) as p:
+            out = p.run(batch)
+        assert (out.kind, out.error) == ("rejected", "INVALID_RECORD")
+        assert out.record_errors == ((1, f"header key {key!r} not valid UTF-8"),)
+        assert "header keys reach the plugin as text" in (out.message or "")
+
+
 def test_a_topic_in_the_answer_must_be_the_batchs(extism_plugins: dict[str, Path]) -> None:
     from kiproxy.interceptors.builtin.extism.records import ContractError, decode_records
 

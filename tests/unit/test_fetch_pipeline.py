@@ -198,6 +198,38 @@ def test_an_undecodable_batch_refuses_its_partition(tmp_path: Path) -> None:
     assert p1.error_code == ErrorCode.none
 
 
+def _with_stored_key(batch: bytes, placeholder: bytes, key: bytes) -> bytes:
+    """``batch`` with the header key ``placeholder`` written as ``key`` (same length),
+    its CRC-32C recomputed: a batch as a client that writes raw header keys stores it."""
+    import crc32c
+
+    assert len(placeholder) == len(key) and batch.count(placeholder) == 1
+    data = bytearray(batch.replace(placeholder, key))
+    data[17:21] = struct.pack(">I", crc32c.crc32c(bytes(data[21:])))
+    return bytes(data)
+
+
+def test_a_header_key_that_is_not_utf8_is_handed_to_the_hook_and_kept(tmp_path: Path
+                                                                       ) -> None:
+    """Brokers store header keys whatever their bytes. A batch holding one is handed to
+    the partition's hooks (the key as lone surrogates) and its bytes are written back
+    as they were: such a batch once refused its partition at every fetch, so that the
+    consumer could not read past it."""
+    records = [Record(key=b"k", value=b"abc", timestamp=1000,
+                      headers=[("ZZ", b"1"), ("h", b"2")])]
+    stored = _with_stored_key(build_batch(records, base_offset=0), b"ZZ", b"\xff\xfe")
+    pipeline = _pipeline(tmp_path, "tp_fetch:Reverse", {TOPIC_ID: "rev-t", PLAIN_ID: "plain"})
+    out = parse_response(1, 13, _rewrite(pipeline, 13, _answer(13, "rev-t", stored)),
+                         len(head(13)))
+    (p0, _), _ = (t.partitions for t in out.responses)
+    assert p0.error_code == ErrorCode.none
+    (record,) = decode_batch(bytes(p0.records)).records
+    assert record.value == b"cba"
+    assert [(h.key.encode("utf-8", "surrogateescape"), h.value) for h in record.headers] \
+        == [(b"\xff\xfe", b"1"), (b"h", b"2")]
+    assert b"\xff\xfe" in bytes(p0.records)
+
+
 class _Every:
     """Names every topic id ``rev-<id>`` so that every topic of a drawn answer is hooked."""
 

@@ -101,7 +101,7 @@ class _BadHeaderKey(ProduceRequestInterceptor):
     """Returns records whose header key cannot be encoded (a lone surrogate)."""
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
-        return batch.with_records(r.with_headers((Header("\udc80", b"x"),))
+        return batch.with_records(r.with_headers((Header("\ud800", b"x"),))
                                   for r in batch.records)
 
 

@@ -99,7 +99,7 @@ class _Upper(ProduceRequestInterceptor):
         if self.on_last is not None and batch.partition == PARTITIONS - 1:
             self.on_last.set()
         if batch.partition == self.unencodable:
-            return batch.with_records(r.with_header("\udc80", b"x") for r in batch.records)
+            return batch.with_records(r.with_header("\ud800", b"x") for r in batch.records)
         return batch.with_upper_case()
 
 

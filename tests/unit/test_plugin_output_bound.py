@@ -165,7 +165,7 @@ def test_an_answer_holding_a_list_of_records_is_measured_like_a_tuple() -> None:
 def test_a_header_key_that_cannot_be_encoded_is_left_to_the_encoder() -> None:
     class BadKey:
         def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
-            return batch.with_records(r.with_headers([("\udc80", b"v")]) for r in batch.records)
+            return batch.with_records(r.with_headers([("\ud800", b"v")]) for r in batch.records)
 
     verdict = asyncio.run(judge(BadKey(), _batch(b"a"), _ctx(), name="p", timeout=5))
     assert isinstance(verdict, Transformed)  # not a crash: encoding refuses it, naming it

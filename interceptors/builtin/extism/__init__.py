@@ -80,6 +80,7 @@ from kiproxy.interceptors import (
     InterceptContext,
     PluginSettings,
     ProduceRequestInterceptor,
+    Record,
     RecordBatch,
     RejectBatch,
     TopicPattern,
@@ -278,6 +279,7 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
             return batch
         if plugin.spec.binary == "refuse":
             _refuse_non_utf8(batch)
+        _refuse_stored_keys(batch)
         assert self._host is not None
         cancel = _plugin_module().Cancel()
         return self._host.call(partial(plugin.run, batch, cancel), ctx.deadline, cancel.fire)
@@ -286,6 +288,30 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
         """Stop the worker threads (a running call is stopped by its deadline)."""
         if self._host is not None:
             self._host.close()
+
+
+def _refuse_stored_keys(batch: RecordBatch) -> None:
+    """Header keys are text in the record contract whatever ``binary`` says: a key that
+    is not UTF-8 (stored as a client sent it, read as lone surrogates) cannot be given."""
+    problems = [(i, f"header key {key!r} not valid UTF-8")
+                for i, r in enumerate(batch.records) if (key := _stored_key(r)) is not None]
+    if problems:
+        raise RejectBatch(
+            f"extism: {len(problems)} record(s) of {batch.topic}[{batch.partition}] have a "
+            f"header key that is not valid UTF-8 (first, record {problems[0][0]}: "
+            f"{problems[0][1]}); header keys reach the plugin as text", "INVALID_RECORD",
+            problems[:50])
+
+
+def _stored_key(record: Record) -> str | None:
+    """The first header key of ``record`` that is not UTF-8 text, or None."""
+    for header in record.headers:
+        if not header.key.isascii():
+            try:
+                header.key.encode()
+            except UnicodeEncodeError:
+                return header.key
+    return None
 
 
 def _refuse_non_utf8(batch: RecordBatch) -> None:
