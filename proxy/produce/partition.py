@@ -328,19 +328,23 @@ class PartitionHandler:
     def _unencodable(self, job: PartitionJob, exc: Exception,
                      kept: list[DecodedBatch]) -> Decision:
         """Records the plugin returned that cannot be encoded (not Records, a header key
-        that is not UTF-8, a timestamp out of range): the plugin's fault, so the
-        partition is rejected like a raise, and counted as its ``return_type`` fault;
-        the records of ``kept`` (the batches as the producer sent them, or none) are what
-        a dead-letter copy holds."""
-        assert job.chain is not None
+        with a surrogate that stands for no byte, a timestamp out of range): the plugin's
+        fault, so the partition is rejected like a raise, and counted as its
+        ``return_type`` fault; the records of ``kept`` (the batches as the producer sent
+        them, or none) are what a dead-letter copy holds. The chain's records are
+        encoded once all its links have run, so the refusal names a link only when the
+        chain has one."""
+        chain = job.chain
+        assert chain is not None
         if self.metrics is not None:
-            self.metrics.interceptor_errors.labels("return_type", job.chain.route.name).inc()
-        name = job.chain.links[0].name if job.route is None else f"of route {job.chain.name}"
+            self.metrics.interceptor_errors.labels("return_type", chain.route.name).inc()
+        link = chain.links[0].name if len(chain.links) == 1 else None
+        name = link if job.route is None and link is not None else f"of route {chain.name}"
         message = (f"interceptor {name} returned records that cannot "
                    f"be encoded: {type(exc).__name__}: {exc}")
         return Decision(rejection=Rejection(
             topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
-            message=message, route=job.route, link=name, fault="encode", records=_sent(kept)))
+            message=message, route=job.route, link=link, fault="encode", records=_sent(kept)))
 
 
 def _sent(batches: list[DecodedBatch]) -> tuple[Record, ...]:

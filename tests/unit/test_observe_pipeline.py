@@ -131,3 +131,23 @@ def test_a_partition_refused_for_unencodable_records_is_copied_to_the_dead_lette
     [copy] = sink.copies
     assert (copy.topic, copy.link, copy.error_name) == ("refused", "bad", "INVALID_RECORD")
     assert [r.value for r in copy.records] == [b"v0", b"v1", b"v2"]  # as the producer sent
+
+
+def test_an_unencodable_refusal_of_a_chain_of_two_names_no_link() -> None:
+    """A chain's records are encoded once every link has run, so which link returned
+    what cannot be encoded is not known: the copy names none, rather than the first."""
+    from kiproxy.interceptors.builtin.uppercase import Uppercase
+
+    route = Route(index=0, name="r", match=CompiledMatch.of(MatchSettings()), links=(),
+                  dead_letter="refused")
+    chain = LoadedChain(route, (LoadedLink("first", Uppercase(), 5.0),
+                                LoadedLink("bad", _BadHeaderKey(), 5.0)), ())
+    sink = _Sink()
+    pipeline = ProducePipeline(routes=LoadedRoutes(RouteTable([route]), {0: chain}),
+                               tallies=True, dead_letter=sink)  # type: ignore[arg-type]
+    frame = _frame()
+    asyncio.run(pipeline.handle(Client(), parse_request_header(frame), frame,
+                                None))  # type: ignore[arg-type]
+    [copy] = sink.copies
+    assert (copy.link, copy.error_name) == (None, "INVALID_RECORD")
+    assert "cannot be encoded" in copy.reason
