@@ -197,9 +197,18 @@ _json_bytes = spell_bytes("tagged")
 """Bytes as the Wasm JSON encoding spells them (text, else ``{"b64": ...}``)."""
 
 
+def _header_key(key: str) -> Any:
+    """A header key as text, or spelled as its bytes when it is not UTF-8 (a key stored
+    as a client sent it is read as lone surrogates, which no output stream can write)."""
+    if key.isascii():
+        return key
+    return _json_bytes(key.encode("utf-8", "surrogateescape"))
+
+
 def _record_line(record: Record) -> str:
     return json.dumps({"key": _json_bytes(record.key), "value": _json_bytes(record.value),
-                       "headers": [[h.key, _json_bytes(h.value)] for h in record.headers],
+                       "headers": [[_header_key(h.key), _json_bytes(h.value)]
+                                   for h in record.headers],
                        "timestamp": record.timestamp}, ensure_ascii=False)
 
 

@@ -316,3 +316,18 @@ def test_a_failing_fetch_side_hook_fails_the_check_and_a_refusal_is_an_answer(
     if code == 0:
         assert main(["check", "tp_fetch:RefuseOnConsume", "--plugins-dir", str(TEST_PLUGINS),
                      "--topic", topic, "--fail-on-reject"]) == 2
+
+
+def test_a_header_key_that_is_not_utf8_is_printed_as_its_bytes() -> None:
+    """A header key that is not UTF-8 (as brokers store one, read as lone surrogates)
+    is spelled as its bytes, as values are: printed as text it would stop the report."""
+    import io
+    import json
+
+    from kiproxy.interceptors.check import _record_line
+    from kiproxy.interceptors.testing import make_record
+
+    key = b"\xffk".decode("utf-8", "surrogateescape")
+    line = _record_line(make_record(b"v", headers=[(key, b"1"), ("caf\u00e9", b"2")]))
+    io.TextIOWrapper(io.BytesIO(), encoding="utf-8").write(line)  # writable as UTF-8
+    assert json.loads(line)["headers"] == [[{"b64": "/2s="}, "1"], ["caf\u00e9", "2"]]
