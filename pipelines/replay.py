@@ -173,6 +173,13 @@ class _Producer:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def send(self, partition: int, record: Any) -> None:
+        key = _stored_key(record)
+        if key is not None:  # confluent-kafka would write garbage or crash on it
+            if len(self.errors) < 10:
+                self.errors.append(
+                    f"{self.topic}[{partition}]: header key {key!r} is not UTF-8, and "
+                    "confluent-kafka writes header keys as text: that record was not copied")
+            return
         headers = [(h.key, h.value) for h in record.headers]
         while True:
             try:
@@ -191,6 +198,18 @@ class _Producer:
         if self.errors:
             raise PipelineError(f"writing to --output-topic {self.topic} failed: "
                                 + "; ".join(self.errors))
+
+
+def _stored_key(record: Any) -> str | None:
+    """The first header key of ``record`` that is not UTF-8 text (stored as a client
+    sent it, read as lone surrogates), or None."""
+    for header in record.headers:
+        if not header.key.isascii():
+            try:
+                header.key.encode()
+            except UnicodeEncodeError:
+                return str(header.key)
+    return None
 
 
 def producer_config(bootstrap: str, security: ClientSecurity) -> dict[str, Any]:

@@ -335,3 +335,25 @@ def test_an_empty_fetch_below_the_partitions_end_is_asked_again(
     # a broker that keeps answering empty: the last answer, for the caller to name
     client, pauses = _client_answering([empty] * 5, monkeypatch)
     assert client.fetch("t", 0, 14) is empty and len(pauses) == 4
+
+
+def test_a_backfill_names_a_header_key_that_is_not_utf8_and_copies_the_rest(
+        broker: Any) -> None:
+    """A stored header key that is not UTF-8 is read as lone surrogates, which the
+    backfill's confluent-kafka producer cannot write (given them in a ``str`` it crashes
+    the process; as bytes it writes their ``repr``): that record is not copied and the
+    backfill fails naming it, the others copied."""
+    from kiproxy.interceptors.testing import make_record
+    from kiproxy.pipelines.client_security import PLAINTEXT
+    from kiproxy.pipelines.replay import _Producer
+
+    key = b"\xff\xfeid".decode("utf-8", "surrogateescape")
+    topic = "backfill-stored-key"
+    producer = _Producer(broker.bootstrap, topic, PLAINTEXT)
+    producer.send(0, make_record(b"v1", headers=[(key, b"1"), ("h", b"2")]))
+    producer.send(0, make_record(b"v2", headers=[("caf\u00e9", b"3")]))
+    with pytest.raises(PipelineError, match=r"header key '\\udcff\\udcfeid' is not UTF-8"):
+        producer.close()
+    fetched = FetchClient(broker.bootstrap).fetch(topic, 0, 0)
+    (stored,) = [r for b in fetched.batches for r in b.records]
+    assert (stored.value, stored.headers[0].key) == (b"v2", "caf\u00e9")
