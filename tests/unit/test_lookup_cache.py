@@ -129,3 +129,23 @@ def test_each_event_loop_gets_its_own_lookup() -> None:
     assert asyncio.run(c.get("k", s.fetch)) == "v1"
     assert asyncio.run(c.refresh("k", s.fetch)) == "v1"
     assert s.calls == 2
+
+
+async def test_get_own_asks_on_its_own_account_and_keeps_the_answer_as_get_does() -> None:
+    """A lookup in flight is not joined (its caller may be waiting on this one); the
+    answer is kept, a remembered negative one raised again without asking."""
+    c, held, own = cache(), Service("held"), Service("own")
+    held.gate = asyncio.Event()
+    waiting = asyncio.ensure_future(c.get("k", held.fetch))
+    await settle()
+    assert await asyncio.wait_for(c.get_own("k", own.fetch), 1) == "own"
+    assert await c.get("k", held.fetch) == "own"  # kept: no second call
+    held.gate.set()
+    assert await waiting == "held"
+    c.drop("k")
+    down = Service(Down("registry down"))
+    with pytest.raises(Down):
+        await c.get_own("k", down.fetch)
+    with pytest.raises(Down):
+        await c.get_own("k", down.fetch)
+    assert down.calls == 1

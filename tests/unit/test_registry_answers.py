@@ -24,10 +24,13 @@ OUTER = json.dumps({"type": "record", "name": "O", "fields": [{"name": "a", "typ
 
 
 @asynccontextmanager
-async def _registry(answers: Mapping[str, bytes | object]) -> AsyncIterator[str]:
+async def _registry(answers: Mapping[str, bytes | object], delay_s: float = 0.0
+                    ) -> AsyncIterator[str]:
     """An HTTP registry on loopback answering each path with its JSON (or bytes), and
-    404 with Confluent's error body otherwise; yields its URL."""
+    404 with Confluent's error body otherwise, each ``delay_s`` after it is asked; yields
+    its URL."""
     async def answer(request: web.Request) -> web.Response:
+        await asyncio.sleep(delay_s)
         body = answers.get(request.path)
         if body is None:
             return web.json_response({"error_code": 40403, "message": "not found"},
@@ -67,6 +70,32 @@ async def test_a_reference_cycle_is_named_and_the_lookup_ends(
         try:
             with pytest.raises(RegistryUnavailable, match=r"references form a cycle: a v1 -> "):
                 await asyncio.wait_for(client.schema_by_id(1), 5)
+        finally:
+            await client.close()
+
+
+async def test_two_ids_entering_a_reference_cycle_at_two_points_at_once_both_end() -> None:
+    """Ids 1 and 2 reference the two subjects of a cycle, one each, and are looked up at
+    once: the lookup of ``a`` (for id 1) reached ``b`` while the lookup of ``b`` (for
+    id 2) was in flight and joined it, which had joined the lookup of ``a``: each waited
+    for the other for good, and so did every later lookup of either id."""
+    answers = {
+        "/schemas/ids/1": {"schema": OUTER, "references": [
+            {"name": "A", "subject": "a", "version": 1}]},
+        "/schemas/ids/2": {"schema": OUTER, "references": [
+            {"name": "A", "subject": "b", "version": 1}]},
+        "/subjects/a/versions/1": {"id": 3, "schema": INNER, "references": [
+            {"name": "B", "subject": "b", "version": 1}]},
+        "/subjects/b/versions/1": {"id": 4, "schema": INNER, "references": [
+            {"name": "A", "subject": "a", "version": 1}]}}
+    async with _registry(answers, delay_s=0.05) as url:  # both first steps before either next
+        client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+        try:
+            one, two = await asyncio.wait_for(asyncio.gather(
+                client.schema_by_id(1), client.schema_by_id(2), return_exceptions=True), 5)
+            for answer in (one, two):
+                assert isinstance(answer, RegistryUnavailable)
+                assert "references form a cycle" in str(answer)
         finally:
             await client.close()
 

@@ -14,8 +14,9 @@ Contract, for :meth:`LookupCache.get` (``fetch`` asks the service):
   with an exception in ``keep_stale_on`` (the service is down) keeps the old answer and
   tries again after ``negative_ttl_s``; one that fails otherwise replaces it.
   :meth:`LookupCache.refresh` asks now and waits, for a caller that must know.
-* While a lookup of a key is in flight, every caller of the same key awaits that one.
-  A caller that is cancelled does not cancel the lookup.
+* While a lookup of a key is in flight, every caller of the same key awaits that one
+  (:meth:`LookupCache.get_own` asks on its own account instead). A caller that is
+  cancelled does not cancel the lookup.
 * At most ``size`` keys are kept, the least recently used going first.
 
 :meth:`LookupCache.peek` is the synchronous view of the same rules for code that judges
@@ -129,6 +130,24 @@ class LookupCache(Generic[_V]):
             counts.hits += 1  # joins the lookup in flight: no request of its own
         task = self._task(key, fetch)
         return await asyncio.shield(task)
+
+    async def get_own(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
+        """:meth:`get`, except that a key with no answer to give is asked on the caller's
+        own account, not by joining the lookup of it in flight: for a lookup that the
+        lookup in flight may itself be waiting on (one step of a chain of lookups, when
+        two chains may each reach the other's step). The answer is kept as :meth:`get`
+        keeps it."""
+        known = self.peek(key, fetch)
+        if isinstance(known, BaseException):
+            self.counts.lookups += 1
+            self.counts.unknown += 1
+            raise known
+        self.counts.lookups += 1
+        if known is not None:
+            self.counts.hits += 1
+            return known
+        self.counts.misses += 1
+        return await self._settle(key, fetch)
 
     async def refresh(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
         """Ask the service now (joining a lookup in flight) and wait for its answer, which

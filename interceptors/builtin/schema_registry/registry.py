@@ -228,7 +228,10 @@ class SchemaRegistryClient:
             return await self._build(_int_field(body, "id", self._base), body, depth,
                                      (*chain, (subject, version)))
 
-        return await self._versions.get(("version", subject, version), fetch)
+        # Asked on this chain's own account: the lookup of it in flight may be another
+        # chain's that waits on this one (two ids entering a reference cycle at two
+        # points, looked up at once, would each wait for the other for good).
+        return await self._versions.get_own(("version", subject, version), fetch)
 
     async def _build(self, schema_id: int, body: Any, depth: int,
                      chain: tuple[tuple[str, int], ...] = ()) -> RegisteredSchema:
