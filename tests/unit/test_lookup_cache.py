@@ -131,21 +131,25 @@ def test_each_event_loop_gets_its_own_lookup() -> None:
     assert s.calls == 2
 
 
-async def test_get_own_asks_on_its_own_account_and_keeps_the_answer_as_get_does() -> None:
-    """A lookup in flight is not joined (its caller may be waiting on this one); the
-    answer is kept, a remembered negative one raised again without asking."""
+async def test_flight_hands_over_the_lookup_in_flight_and_get_own_does_not_join_it(
+        ) -> None:
+    """``flight`` gives the answer known, or the lookup in flight (started if none) for
+    the caller to join or leave; ``get_own`` asks on its own account (the lookup in
+    flight may be waiting on its caller) and keeps the answer as ``get`` does."""
     c, held, own = cache(), Service("held"), Service("own")
     held.gate = asyncio.Event()
-    waiting = asyncio.ensure_future(c.get("k", held.fetch))
+    task = c.flight("k", held.fetch)
+    assert isinstance(task, asyncio.Task) and c.flight("k", own.fetch) is task
+    assert (c.counts.misses, c.counts.hits) == (1, 1)
     await settle()
     assert await asyncio.wait_for(c.get_own("k", own.fetch), 1) == "own"
-    assert await c.get("k", held.fetch) == "own"  # kept: no second call
+    assert c.flight("k", held.fetch) == "own" and held.calls == 1  # kept, asked once
     held.gate.set()
-    assert await waiting == "held"
+    assert await task == "held"
     c.drop("k")
     down = Service(Down("registry down"))
     with pytest.raises(Down):
         await c.get_own("k", down.fetch)
-    with pytest.raises(Down):
-        await c.get_own("k", down.fetch)
+    with pytest.raises(Down):  # remembered: not asked again
+        c.flight("k", down.fetch)
     assert down.calls == 1

@@ -24,12 +24,14 @@ OUTER = json.dumps({"type": "record", "name": "O", "fields": [{"name": "a", "typ
 
 
 @asynccontextmanager
-async def _registry(answers: Mapping[str, bytes | object], delay_s: float = 0.0
-                    ) -> AsyncIterator[str]:
+async def _registry(answers: Mapping[str, bytes | object], delay_s: float = 0.0,
+                    asked: list[str] | None = None) -> AsyncIterator[str]:
     """An HTTP registry on loopback answering each path with its JSON (or bytes), and
-    404 with Confluent's error body otherwise, each ``delay_s`` after it is asked; yields
-    its URL."""
+    404 with Confluent's error body otherwise, each ``delay_s`` after it is asked (the
+    paths asked appended to ``asked``); yields its URL."""
     async def answer(request: web.Request) -> web.Response:
+        if asked is not None:
+            asked.append(request.path)
         await asyncio.sleep(delay_s)
         body = answers.get(request.path)
         if body is None:
@@ -98,6 +100,29 @@ async def test_two_ids_entering_a_reference_cycle_at_two_points_at_once_both_end
                 assert "references form a cycle" in str(answer)
         finally:
             await client.close()
+
+
+async def test_ids_sharing_a_referenced_version_looked_up_at_once_ask_for_it_once() -> None:
+    """A referenced version's lookup in flight is joined by every other id that needs
+    it (as an id's is): 20 new ids sharing a chain of two references make one request
+    for each reference, not 20."""
+    inner_ref = [{"name": "A", "subject": "a", "version": 1}]
+    answers: dict[str, object] = {
+        **{f"/schemas/ids/{i}": {"schema": OUTER, "references": [
+            {"name": "A", "subject": "b", "version": 1}]} for i in range(1, 21)},
+        "/subjects/b/versions/1": {"id": 30, "schema": OUTER, "references": inner_ref},
+        "/subjects/a/versions/1": {"id": 31, "schema": INNER}}
+    asked: list[str] = []
+    async with _registry(answers, delay_s=0.02, asked=asked) as url:
+        client = SchemaRegistryClient(RegistrySettings.from_config({"url": url}))
+        try:
+            found = await asyncio.wait_for(asyncio.gather(
+                *(client.schema_by_id(i) for i in range(1, 21))), 10)
+        finally:
+            await client.close()
+    assert all(f.references[0].schema.references[0].subject == "a" for f in found)
+    assert sorted(p for p in asked if p.startswith("/subjects/")) == [
+        "/subjects/a/versions/1", "/subjects/b/versions/1"]
 
 
 async def test_json_nested_past_the_recursion_limit_is_a_registry_fault() -> None:

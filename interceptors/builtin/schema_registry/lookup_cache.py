@@ -15,7 +15,8 @@ Contract, for :meth:`LookupCache.get` (``fetch`` asks the service):
   tries again after ``negative_ttl_s``; one that fails otherwise replaces it.
   :meth:`LookupCache.refresh` asks now and waits, for a caller that must know.
 * While a lookup of a key is in flight, every caller of the same key awaits that one
-  (:meth:`LookupCache.get_own` asks on its own account instead). A caller that is
+  (:meth:`LookupCache.flight` hands it over instead, for a caller that must not join it,
+  which then asks on its own account with :meth:`LookupCache.get_own`). A caller that is
   cancelled does not cancel the lookup.
 * At most ``size`` keys are kept, the least recently used going first.
 
@@ -131,22 +132,30 @@ class LookupCache(Generic[_V]):
         task = self._task(key, fetch)
         return await asyncio.shield(task)
 
-    async def get_own(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
-        """:meth:`get`, except that a key with no answer to give is asked on the caller's
-        own account, not by joining the lookup of it in flight: for a lookup that the
-        lookup in flight may itself be waiting on (one step of a chain of lookups, when
-        two chains may each reach the other's step). The answer is kept as :meth:`get`
-        keeps it."""
+    def flight(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]
+               ) -> _V | asyncio.Task[_V]:
+        """:meth:`get` up to the wait: the answer known now (a remembered negative one
+        raised), else the lookup in flight, started if there is none, for the caller to
+        await (through :func:`asyncio.shield`) or to leave for :meth:`get_own`."""
+        counts = self.counts
         known = self.peek(key, fetch)
+        counts.lookups += 1
         if isinstance(known, BaseException):
-            self.counts.lookups += 1
-            self.counts.unknown += 1
+            counts.unknown += 1
             raise known
-        self.counts.lookups += 1
         if known is not None:
-            self.counts.hits += 1
+            counts.hits += 1
             return known
-        self.counts.misses += 1
+        if self._live(key) is None:
+            counts.misses += 1
+        else:
+            counts.hits += 1
+        return self._task(key, fetch)
+
+    async def get_own(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
+        """Ask the service on the caller's own account, not by joining the lookup in
+        flight (which may be waiting on the caller), and keep the answer as :meth:`get`
+        keeps it."""
         return await self._settle(key, fetch)
 
     async def refresh(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:

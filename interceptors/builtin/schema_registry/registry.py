@@ -10,7 +10,11 @@ Contract:
   each): a schema for ``cache_ttl_s``, an ID's subjects and a subject's latest ID for
   ``subject_ttl_s``; past that, the next lookup refreshes it in the background while the
   old answer serves. While one lookup of a key is in flight, every other caller awaits
-  the same one: N concurrent lookups of a new ID make one HTTP request.
+  the same one: N concurrent lookups of a new ID make one HTTP request. A referenced
+  version's lookup in flight is joined too, unless it waits (through the references it
+  joined) on the joiner: two IDs entering a reference cycle at two points at once would
+  then wait for each other for good, so the joiner asks on its own account and finds
+  the cycle.
 * When the registry cannot be reached (timeout, refused, 5xx, refused credentials, an
   answer over ``max_response_bytes`` or not JSON), an answer still in the cache keeps
   serving, even past its TTL (counted as ``stale``), and is tried again after
@@ -33,6 +37,7 @@ connections.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
@@ -129,6 +134,8 @@ class SchemaRegistryClient:
         self._latest: LookupCache[int] = cache(s.subject_ttl_s)
         self._versions: LookupCache[RegisteredSchema] = cache(s.cache_ttl_s, CacheCounts())
         """Referenced schemas by (subject, version); not counted as lookups."""
+        self._waiting: dict[asyncio.Task[Any], asyncio.Task[Any]] = {}
+        """Task resolving references -> the lookup of a referenced version it joined."""
 
     # -- public API ---------------------------------------------------------------------
 
@@ -228,10 +235,31 @@ class SchemaRegistryClient:
             return await self._build(_int_field(body, "id", self._base), body, depth,
                                      (*chain, (subject, version)))
 
-        # Asked on this chain's own account: the lookup of it in flight may be another
-        # chain's that waits on this one (two ids entering a reference cycle at two
-        # points, looked up at once, would each wait for the other for good).
-        return await self._versions.get_own(("version", subject, version), fetch)
+        key = ("version", subject, version)
+        found = self._versions.flight(key, fetch)
+        if not isinstance(found, asyncio.Task):
+            return found
+        me = asyncio.current_task()
+        if me is None or self._waits_on(found, me):
+            # That lookup waits on this one (two ids entering a reference cycle at two
+            # points at once): joining it would wait for good, so ask on our own.
+            return await self._versions.get_own(key, fetch)
+        self._waiting[me] = found
+        try:
+            return await asyncio.shield(found)
+        finally:
+            del self._waiting[me]
+
+    def _waits_on(self, task: asyncio.Task[Any], me: asyncio.Task[Any]) -> bool:
+        """Whether ``task`` waits, through the reference lookups it joined, on ``me``."""
+        seen: set[asyncio.Task[Any]] = set()
+        at: asyncio.Task[Any] | None = task
+        while at is not None and at not in seen:
+            if at is me:
+                return True
+            seen.add(at)
+            at = self._waiting.get(at)
+        return False
 
     async def _build(self, schema_id: int, body: Any, depth: int,
                      chain: tuple[tuple[str, int], ...] = ()) -> RegisteredSchema:
