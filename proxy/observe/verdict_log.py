@@ -79,10 +79,10 @@ class VerdictLog:
 
     def fault(self, subject: Subject, kind: str, message: str,
               exception: BaseException | None = None) -> None:
-        """A WARNING for a plugin bug, unless one for ``(subject.link, kind)`` was written
-        lately."""
+        """A WARNING for a plugin bug, unless one for ``(subject.route, subject.link,
+        kind)`` was written lately (a fault no link is named for is its route's)."""
         route = subject.route
-        self._faults.warning((subject.link or "", kind),
+        self._faults.warning((route, subject.link or "", kind),
                              "rejected %s from %s (client_id %r)%s: %s", subject.where,
                              subject.client_address, subject.client_id, _on(route), message,
                              more=" ({count} more like it in the last {interval:.0f} s not logged)",

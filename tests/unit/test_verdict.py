@@ -324,3 +324,18 @@ async def test_an_async_plugins_keyboard_interrupt_is_its_fault_in_the_proxy() -
     verdict = await judge(_AsyncRaises(KeyboardInterrupt()), BATCH, _ctx(), name="p",
                           timeout=1)
     assert isinstance(verdict, Rejected) and verdict.fault == "raised"
+
+
+def test_a_fault_naming_no_link_is_rate_limited_per_route(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A chain of several links whose records cannot be encoded names no link: two
+    routes' faults, each the first of its route, are both logged (one route's once held
+    the other's back)."""
+    from kiproxy.proxy.observe.verdict_log import Subject
+
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"))
+    with caplog.at_level(logging.WARNING, "kiproxy.test.verdicts"):
+        for route in ("alice", "bob", "alice"):
+            log.fault(Subject("t[0]", "127.0.0.1:5", None, None, route, None), "encode",
+                      "returned records that cannot be encoded")
+    assert [getattr(r, "route", None) for r in caplog.records] == ["alice", "bob"]
