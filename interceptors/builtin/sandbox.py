@@ -60,7 +60,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from kiproxy.interceptors.api import RecordBatch
+from kiproxy.interceptors.api import Record, RecordBatch, RejectBatch
 from kiproxy.interceptors.json_spelling import (
     SPELLINGS,
     Spelling,
@@ -76,7 +76,7 @@ if TYPE_CHECKING:
 __all__ = ["BACKOFF_AFTER", "BACKOFF_FIRST_S", "BACKOFF_MAX_S", "DEFAULT_MAX_MEMORY_BYTES",
            "SPELLINGS", "Backoff", "FileWatch", "InstancePool", "SandboxHost", "Spelling",
            "file_or_settings", "inherited", "json_bytes", "mib", "out_of_memory", "read_bytes",
-           "runtime_module", "spell_bytes"]
+           "refuse_stored_keys", "runtime_module", "spell_bytes"]
 
 DEFAULT_MAX_MEMORY_BYTES = 256 * 2**20
 """Linear memory of one Wasm instance, at most, unless its config says otherwise."""
@@ -87,6 +87,32 @@ BACKOFF_FIRST_S = 0.1
 """The first backoff period; each further crash doubles it."""
 BACKOFF_MAX_S = 5.0
 """The longest backoff period."""
+
+
+def refuse_stored_keys(batch: RecordBatch, runtime: str) -> None:
+    """Raise a ``RejectBatch`` (INVALID_RECORD, a record error per record) when a header
+    key of ``batch`` is not UTF-8: brokers store such keys as a client sent them, and
+    they are read as lone surrogates, but a Wasm plugin's record contract gives header
+    keys as text whatever its ``binary``/``encoding`` says."""
+    problems = [(i, f"header key {key!r} not valid UTF-8")
+                for i, r in enumerate(batch.records) if (key := _stored_key(r)) is not None]
+    if problems:
+        raise RejectBatch(
+            f"{runtime}: {len(problems)} record(s) of {batch.topic}[{batch.partition}] have "
+            f"a header key that is not valid UTF-8 (first, record {problems[0][0]}: "
+            f"{problems[0][1]}); header keys reach the plugin as text", "INVALID_RECORD",
+            problems[:50])
+
+
+def _stored_key(record: Record) -> str | None:
+    """The first header key of ``record`` that is not UTF-8 text, or None."""
+    for header in record.headers:
+        if not header.key.isascii():
+            try:
+                header.key.encode()
+            except UnicodeEncodeError:
+                return header.key
+    return None
 
 
 def runtime_module(module: str, runtimes: tuple[str, ...], install: str) -> Any:

@@ -131,6 +131,22 @@ def test_reject_shouting_example(function: str, abi: int) -> None:
     assert run(plugin, calm) is calm
 
 
+def test_a_stored_header_key_that_is_not_utf8_is_refused_by_name() -> None:
+    """Brokers store header keys whatever their bytes; the record contract gives keys as
+    text in either encoding, so a key that is not UTF-8 (read as lone surrogates) is
+    refused by name before the call: it failed in the encoder, a plugin crash that cost
+    an instance."""
+    plugin = wasm(module=UPPERCASE, encoding="binary")
+    key = b"\xffk".decode("utf-8", "surrogateescape")
+    bad = batch((RECORDS[0], RECORDS[1].with_headers((Header(key, b"v"),))))
+    exc = rejection(plugin, bad)
+    assert exc.error_code == INVALID_RECORD
+    assert exc.record_errors == ((1, f"header key {key!r} not valid UTF-8"),)
+    assert "header keys reach the plugin as text" in exc.message
+    assert plugin.programs[0].faults == 0
+    assert [r.value for r in run(plugin, batch(RECORDS[:1])).records] == [b"HELLO WORLD"]
+
+
 def test_rejection_error_code_is_configurable() -> None:
     plugin = wasm(module=REJECT_SHOUTING, encoding="binary", error="POLICY_VIOLATION")
     assert rejection(plugin, batch((Record(value=b"NO"),))).error_code == POLICY_VIOLATION

@@ -80,7 +80,6 @@ from kiproxy.interceptors import (
     InterceptContext,
     PluginSettings,
     ProduceRequestInterceptor,
-    Record,
     RecordBatch,
     RejectBatch,
     TopicPattern,
@@ -92,6 +91,7 @@ from kiproxy.interceptors.builtin.sandbox import (
     SandboxHost,
     file_or_settings,
     inherited,
+    refuse_stored_keys,
     runtime_module,
 )
 from kiproxy.interceptors.settings import ErrorName, SettingsError, parse_settings
@@ -279,7 +279,7 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
             return batch
         if plugin.spec.binary == "refuse":
             _refuse_non_utf8(batch)
-        _refuse_stored_keys(batch)
+        refuse_stored_keys(batch, "extism")
         assert self._host is not None
         cancel = _plugin_module().Cancel()
         return self._host.call(partial(plugin.run, batch, cancel), ctx.deadline, cancel.fire)
@@ -288,30 +288,6 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
         """Stop the worker threads (a running call is stopped by its deadline)."""
         if self._host is not None:
             self._host.close()
-
-
-def _refuse_stored_keys(batch: RecordBatch) -> None:
-    """Header keys are text in the record contract whatever ``binary`` says: a key that
-    is not UTF-8 (stored as a client sent it, read as lone surrogates) cannot be given."""
-    problems = [(i, f"header key {key!r} not valid UTF-8")
-                for i, r in enumerate(batch.records) if (key := _stored_key(r)) is not None]
-    if problems:
-        raise RejectBatch(
-            f"extism: {len(problems)} record(s) of {batch.topic}[{batch.partition}] have a "
-            f"header key that is not valid UTF-8 (first, record {problems[0][0]}: "
-            f"{problems[0][1]}); header keys reach the plugin as text", "INVALID_RECORD",
-            problems[:50])
-
-
-def _stored_key(record: Record) -> str | None:
-    """The first header key of ``record`` that is not UTF-8 text, or None."""
-    for header in record.headers:
-        if not header.key.isascii():
-            try:
-                header.key.encode()
-            except UnicodeEncodeError:
-                return header.key
-    return None
 
 
 def _refuse_non_utf8(batch: RecordBatch) -> None:

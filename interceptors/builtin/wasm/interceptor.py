@@ -108,6 +108,7 @@ from kiproxy.interceptors.builtin.sandbox import (
     SandboxHost,
     file_or_settings,
     inherited,
+    refuse_stored_keys,
     runtime_module,
 )
 from kiproxy.interceptors.builtin.wasm.abi import (
@@ -266,6 +267,7 @@ class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
         program = self._program_for(batch.topic)
         if program is None or not batch.records:
             return batch
+        refuse_stored_keys(batch, "wasm")
         assert self._host is not None
         # No stop: epoch interruption ends a call at the deadline inside the engine.
         return self._host.call(partial(program.run, batch, ctx.deadline), ctx.deadline)
