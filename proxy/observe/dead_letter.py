@@ -8,8 +8,10 @@ producer of the refused records gets (see :mod:`kiproxy.proxy.observe.kafka_sink
 for its bounds and drop reasons). The sink never creates a dead-letter topic.
 
 Each written record keeps the original key, value, headers (in order) and
-timestamp, and gets these headers after the original ones (UTF-8 text; a null
-value where the proxy does not know the fact):
+timestamp - but for a header key that is not UTF-8 (brokers store what a client sent;
+it is read as lone surrogates), written with the bytes that are not as ``\\xNN`` escapes, as
+the sink's producer writes keys as text only - and gets these headers after the
+original ones (UTF-8 text; a null value where the proxy does not know the fact):
 
 =========================  ============================================================
 ``kiproxy.topic``          the topic the record was produced to
@@ -96,7 +98,18 @@ class DeadLetterCopy:
 
 
 def _text(value: object) -> bytes | None:
-    return None if value is None else str(value).encode()
+    return None if value is None else str(value).encode("utf-8", "backslashreplace")
+
+
+def _key(key: str) -> str:
+    """A header key as the sink's producer can write it (see the module docstring)."""
+    if key.isascii():
+        return key
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return key
 
 
 def copy_headers(copy: DeadLetterCopy, index: int) -> list[tuple[str, bytes | None]]:
@@ -105,5 +118,5 @@ def copy_headers(copy: DeadLetterCopy, index: int) -> list[tuple[str, bytes | No
     facts = (copy.source_topic, copy.partition, copy.route, copy.link, copy.error_code,
              copy.error_name, copy.record_reasons.get(index, copy.reason), copy.client_id,
              copy.principal, copy.time_ms, "true" if copy.observed else "false")
-    return [(h.key, h.value) for h in record.headers] + \
+    return [(_key(h.key), h.value) for h in record.headers] + \
         [(name, _text(value)) for name, value in zip(HEADERS, facts, strict=True)]

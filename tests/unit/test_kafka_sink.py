@@ -134,3 +134,27 @@ def test_drops_held_back_are_reported_at_close(caplog: pytest.LogCaptureFixture)
     assert asyncio.run(run()) == 3  # one line at once; 30 s have not passed
     dropped = sample(metrics, "kiproxy_sink_dropped_total", sink="audit", reason="queue_full")
     assert dropped == _dropped_in_lines(caplog, "queue_full") == 15
+
+
+def test_a_dead_letter_copy_writes_a_header_key_that_is_not_utf8_escaped() -> None:
+    """A stored header key that is not UTF-8 is read as lone surrogates, which the sink's
+    producer (aiokafka) cannot write: every copy holding one was dropped as refused. It
+    is written with its bytes escaped, every other header as it came."""
+    from aiokafka.record.default_records import DefaultRecordBatchBuilder
+
+    from kiproxy.interceptors.testing import make_record
+    from kiproxy.proxy.observe.dead_letter import DeadLetterCopy, copy_headers
+
+    key = b"\xff\xfeid".decode("utf-8", "surrogateescape")
+    copy = DeadLetterCopy(
+        topic="dlq", source_topic="t", partition=0, route="r", link=None, error_code=87,
+        error_name="INVALID_RECORD", reason="refused \udcff", client_id=None,
+        principal=None, time_ms=1, observed=False,
+        records=(make_record(b"v", headers=[(key, b"1"), ("caf\u00e9", b"2")]),))
+    headers = copy_headers(copy, 0)
+    assert headers[:2] == [("\\xff\\xfeid", b"1"), ("caf\u00e9", b"2")]
+    assert dict(headers)["kiproxy.reason"] == b"refused \\udcff"
+    builder = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                        producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                        batch_size=1 << 16)
+    assert builder.append(0, timestamp=1, key=None, value=b"v", headers=headers) is not None
