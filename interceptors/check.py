@@ -79,6 +79,7 @@ from kiproxy.interceptors.testing import (
     run_interceptor,
 )
 from kiproxy.interceptors.verdict import Rejected, stray_text
+from kiproxy.protocol.records import header_key_text
 
 __all__ = ["COMMANDS", "CheckFailed", "add_parsers", "read_samples", "run"]
 
@@ -197,17 +198,9 @@ _json_bytes = spell_bytes("tagged")
 """Bytes as the Wasm JSON encoding spells them (text, else ``{"b64": ...}``)."""
 
 
-def _header_key(key: str) -> Any:
-    """A header key as text, or spelled as its bytes when it is not UTF-8 (a key stored
-    as a client sent it is read as lone surrogates, which no output stream can write)."""
-    if key.isascii():
-        return key
-    return _json_bytes(key.encode("utf-8", "surrogateescape"))
-
-
 def _record_line(record: Record) -> str:
     return json.dumps({"key": _json_bytes(record.key), "value": _json_bytes(record.value),
-                       "headers": [[_header_key(h.key), _json_bytes(h.value)]
+                       "headers": [[header_key_text(h.key), _json_bytes(h.value)]
                                    for h in record.headers],
                        "timestamp": record.timestamp}, ensure_ascii=False)
 

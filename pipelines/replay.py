@@ -71,6 +71,7 @@ from kiproxy.pipelines.sources import (
     stored_batches,
 )
 from kiproxy.pipelines.tally import ReplayTally, build_summary
+from kiproxy.protocol.records import header_key_text
 
 log = logging.getLogger("kiproxy.replay")
 
@@ -146,7 +147,8 @@ class _ExecutorJob:
 
 def _output_row(batch: SourceBatch, offset: int, record: Any) -> tuple[Any, ...]:
     return ("record", batch.topic, batch.partition, offset, record.timestamp, record.key,
-            record.value, [(h.key, h.value) for h in record.headers], None, None, None, None)
+            record.value, [(header_key_text(h.key), h.value) for h in record.headers], None,
+            None, None, None)
 
 
 def _rejected_rows(batch: SourceBatch, error_code: int, message: str,
@@ -173,14 +175,15 @@ class _Producer:
             self.errors.append(f"{msg.topic()}[{msg.partition()}]: {err}")
 
     def send(self, partition: int, record: Any) -> None:
-        key = _stored_key(record)
-        if key is not None:  # confluent-kafka would write garbage or crash on it
-            if len(self.errors) < 10:
-                self.errors.append(
-                    f"{self.topic}[{partition}]: header key {key!r} is not UTF-8, and "
-                    "confluent-kafka writes header keys as text: that record was not copied")
-            return
         headers = [(h.key, h.value) for h in record.headers]
+        for key, _ in headers:
+            if (text := header_key_text(key)) != key:  # confluent-kafka would crash on it
+                if len(self.errors) < 10:
+                    self.errors.append(
+                        f"{self.topic}[{partition}]: header key {text!r} is not UTF-8, and "
+                        "confluent-kafka writes header keys as text: that record was not "
+                        "copied")
+                return
         while True:
             try:
                 self.producer.produce(self.topic, value=record.value, key=record.key,
@@ -198,18 +201,6 @@ class _Producer:
         if self.errors:
             raise PipelineError(f"writing to --output-topic {self.topic} failed: "
                                 + "; ".join(self.errors))
-
-
-def _stored_key(record: Any) -> str | None:
-    """The first header key of ``record`` that is not UTF-8 text (stored as a client
-    sent it, read as lone surrogates), or None."""
-    for header in record.headers:
-        if not header.key.isascii():
-            try:
-                header.key.encode()
-            except UnicodeEncodeError:
-                return str(header.key)
-    return None
 
 
 def producer_config(bootstrap: str, security: ClientSecurity) -> dict[str, Any]:

@@ -82,6 +82,7 @@ __all__ = [
     "encode_block_parts",
     "encode_records",
     "first_moved",
+    "header_key_text",
     "open_block",
     "open_values",
     "read_batch_headers",
@@ -194,6 +195,22 @@ class DecodedBatch:
 # field is set here, so the value is the same one __init__ would make.
 _new = object.__new__
 _set = object.__setattr__
+
+
+def header_key_text(key: str) -> str:
+    """A header key as text that any output can write: the key itself when it is UTF-8
+    text, else (a key stored as bytes that are not UTF-8, read as lone surrogates: see
+    :class:`Header`) with those bytes written as ``\\xNN`` escapes."""
+    if key.isascii():
+        return key
+    try:
+        key.encode()
+    except UnicodeEncodeError:
+        try:
+            return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+        except UnicodeEncodeError:  # a surrogate that stands for no byte
+            return key.encode("utf-8", "backslashreplace").decode()
+    return key
 
 
 def _read_header(data: bytes | bytearray, start: int, end: int, origin: int = 0

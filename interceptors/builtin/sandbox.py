@@ -60,7 +60,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from kiproxy.interceptors.api import Record, RecordBatch, RejectBatch
+from kiproxy.interceptors.api import RecordBatch, RejectBatch
 from kiproxy.interceptors.json_spelling import (
     SPELLINGS,
     Spelling,
@@ -69,6 +69,7 @@ from kiproxy.interceptors.json_spelling import (
     spell_bytes,
 )
 from kiproxy.interceptors.topics import TopicPattern, TopicSelector
+from kiproxy.protocol.records import header_key_text
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -94,25 +95,19 @@ def refuse_stored_keys(batch: RecordBatch, runtime: str) -> None:
     key of ``batch`` is not UTF-8: brokers store such keys as a client sent them, and
     they are read as lone surrogates, but a Wasm plugin's record contract gives header
     keys as text whatever its ``binary``/``encoding`` says."""
-    problems = [(i, f"header key {key!r} not valid UTF-8")
-                for i, r in enumerate(batch.records) if (key := _stored_key(r)) is not None]
+    problems: list[tuple[int, str]] = []
+    for i, record in enumerate(batch.records):
+        for header in record.headers:
+            text = header_key_text(header.key)
+            if text != header.key:
+                problems.append((i, f"header key {text!r} not valid UTF-8"))
+                break
     if problems:
         raise RejectBatch(
             f"{runtime}: {len(problems)} record(s) of {batch.topic}[{batch.partition}] have "
             f"a header key that is not valid UTF-8 (first, record {problems[0][0]}: "
             f"{problems[0][1]}); header keys reach the plugin as text", "INVALID_RECORD",
             problems[:50])
-
-
-def _stored_key(record: Record) -> str | None:
-    """The first header key of ``record`` that is not UTF-8 text, or None."""
-    for header in record.headers:
-        if not header.key.isascii():
-            try:
-                header.key.encode()
-            except UnicodeEncodeError:
-                return header.key
-    return None
 
 
 def runtime_module(module: str, runtimes: tuple[str, ...], install: str) -> Any:

@@ -34,7 +34,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from kiproxy.interceptors import Record
-from kiproxy.protocol.records import records_size
+from kiproxy.protocol.records import header_key_text, records_size
 from kiproxy.proxy.observe.kafka_sink import SinkRecord
 
 __all__ = ["HEADERS", "DeadLetterCopy", "copy_headers"]
@@ -101,16 +101,6 @@ def _text(value: object) -> bytes | None:
     return None if value is None else str(value).encode("utf-8", "backslashreplace")
 
 
-def _key(key: str) -> str:
-    """A header key as the sink's producer can write it (see the module docstring)."""
-    if key.isascii():
-        return key
-    try:
-        key.encode()
-    except UnicodeEncodeError:
-        return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-    return key
-
 
 def copy_headers(copy: DeadLetterCopy, index: int) -> list[tuple[str, bytes | None]]:
     """Record ``index``'s original headers followed by the sink's :data:`HEADERS`."""
@@ -118,5 +108,5 @@ def copy_headers(copy: DeadLetterCopy, index: int) -> list[tuple[str, bytes | No
     facts = (copy.source_topic, copy.partition, copy.route, copy.link, copy.error_code,
              copy.error_name, copy.record_reasons.get(index, copy.reason), copy.client_id,
              copy.principal, copy.time_ms, "true" if copy.observed else "false")
-    return [(_key(h.key), h.value) for h in record.headers] + \
+    return [(header_key_text(h.key), h.value) for h in record.headers] + \
         [(name, _text(value)) for name, value in zip(HEADERS, facts, strict=True)]

@@ -352,8 +352,22 @@ def test_a_backfill_names_a_header_key_that_is_not_utf8_and_copies_the_rest(
     producer = _Producer(broker.bootstrap, topic, PLAINTEXT)
     producer.send(0, make_record(b"v1", headers=[(key, b"1"), ("h", b"2")]))
     producer.send(0, make_record(b"v2", headers=[("caf\u00e9", b"3")]))
-    with pytest.raises(PipelineError, match=r"header key '\\udcff\\udcfeid' is not UTF-8"):
+    with pytest.raises(PipelineError, match=r"header key '\\\\xff\\\\xfeid' is not UTF-8"):
         producer.close()
     fetched = FetchClient(broker.bootstrap).fetch(topic, 0, 0)
     (stored,) = [r for b in fetched.batches for r in b.records]
     assert (stored.value, stored.headers[0].key) == (b"v2", "caf\u00e9")
+
+
+def test_an_output_row_writes_a_header_key_that_is_not_utf8_escaped() -> None:
+    """Spark hands text to the JVM, which wrote a lone surrogate as U+FFFD without a
+    word: a row (Parquet, a report) holds the key with its bytes as ``\\xNN`` escapes."""
+    from types import SimpleNamespace
+
+    from kiproxy.interceptors.testing import make_record
+    from kiproxy.pipelines.replay import _output_row
+
+    key = b"\xff\xfeid".decode("utf-8", "surrogateescape")
+    row = _output_row(SimpleNamespace(topic="t", partition=0), 7,  # type: ignore[arg-type]
+                      make_record(b"v", headers=[(key, b"1"), ("caf\u00e9", b"2")]))
+    assert row[7] == [("\\xff\\xfeid", b"1"), ("caf\u00e9", b"2")]
