@@ -429,7 +429,8 @@ def result_fault(batch: RecordBatch, result: Any, name: str) -> Rejected | None:
 
 def _encoded_size(records: Sequence[Record]) -> int | None:
     """Bytes ``records`` take encoded; None when a record cannot be encoded at all (a header
-    key that is not UTF-8): encoding refuses the batch next, naming the record."""
+    key holding a surrogate that stands for no byte): encoding refuses the batch next,
+    naming the record."""
     if type(records) is not tuple:  # a plugin may build its batch with a list of records
         records = tuple(records)
     try:
@@ -444,8 +445,8 @@ def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
 
     The returned records are measured in compiled code (no Python loop per record);
     the batch received only when the ratio is to be checked. Records that cannot be
-    encoded at all (a header key that is not UTF-8) are not measured: encoding them
-    refuses the batch next, naming the record.
+    encoded at all (a header key holding a surrogate that stands for no byte) are not
+    measured: encoding them refuses the batch next, naming the record.
     """
     size = _encoded_size(result.records)
     if size is None:

@@ -4,7 +4,8 @@ from typing import Any, TypeVar
 _H = TypeVar("_H")
 
 class Header:
-    """One record header (KIP-82): a UTF-8 key and a nullable byte value."""
+    """One record header (KIP-82): a text key and a nullable byte value (a stored key
+    that is not UTF-8 is read as lone surrogates and written back as the same bytes)."""
 
     @property
     def key(self) -> str: ...
