@@ -219,7 +219,14 @@ def consumer_chunks(bootstrap: str, task: ReplayTask, chunk_records: int,
             if offset >= task.end:
                 return
             _, ts = msg.timestamp()
-            headers = [Header(k, v) for k, v in (msg.headers() or [])]
+            try:
+                read = msg.headers()
+            except (SystemError, UnicodeDecodeError) as exc:  # how it fails on such a key
+                raise PipelineError(
+                    f"{task.topic}[{task.partition}] at offset {offset}: confluent-kafka "
+                    f"cannot read the record's headers ({exc.__cause__ or exc}), as for a "
+                    "header key that is not UTF-8; --reader fetch reads every key") from None
+            headers = [Header(k, v) for k, v in (read or [])]
             yield offset, Record(key=msg.key(), value=msg.value(), headers=headers,
                                  timestamp=ts)
             if offset + 1 >= task.end:

@@ -371,3 +371,36 @@ def test_an_output_row_writes_a_header_key_that_is_not_utf8_escaped() -> None:
     row = _output_row(SimpleNamespace(topic="t", partition=0), 7,  # type: ignore[arg-type]
                       make_record(b"v", headers=[(key, b"1"), ("caf\u00e9", b"2")]))
     assert row[7] == [("\\xff\\xfeid", b"1"), ("caf\u00e9", b"2")]
+
+
+def test_the_consumer_reader_names_a_header_key_it_cannot_read(broker: Any) -> None:
+    """confluent-kafka cannot read a header key that is not UTF-8 (brokers store what a
+    client sent): it raised a bare SystemError out of the Spark task. The reader says
+    where, and which reader reads every key; that one reads it."""
+    import time
+
+    from support.raw_client import RawClient
+
+    from kiproxy.pipelines.offsets import ReplayTask
+    from kiproxy.pipelines.sources import consumer_chunks
+    from kiproxy.protocol.records import Header
+
+    topic = "consumer-reader-stored-key"
+    key = b"\xff\xfeid".decode("utf-8", "surrogateescape")
+    batch = build_batch([Record(key=b"k", value=b"v", timestamp=int(time.time() * 1000),
+                                headers=(Header(key, b"1"),))])
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    with RawClient(broker.bootstrap) as client:
+        client.send(RawClient.produce(9, [(topic, batch)], acks=1, correlation_id=1))
+        _, answer = client.read_produce(9)
+    assert [p.error_code for t in answer.responses for p in t.partition_responses] == [0]
+    task = ReplayTask(topic=topic, partition=0, range_start=0, range_end=1, start=0, end=1)
+    with pytest.raises(PipelineError, match=rf"{topic}\[0\] at offset 0: confluent-kafka "
+                       r"cannot read the record's headers .* --reader fetch reads every key"):
+        list(consumer_chunks(broker.bootstrap, task, 10, poll_timeout=10))
+    fetched = FetchClient(broker.bootstrap).fetch(topic, 0, 0)
+    (stored,) = [r for b in fetched.batches for r in b.records]
+    assert stored.headers == (Header(key, b"1"),)
