@@ -741,6 +741,45 @@ def records_size(tuple records):
 
 # ---------------------------------------------------------------- per-record built-ins
 
+cdef inline bint _digit(unsigned char c) noexcept:
+    return <unsigned char>(c - 48) <= 9
+
+
+cdef inline bint _big_exponent(const unsigned char* v, Py_ssize_t j, Py_ssize_t n) noexcept:
+    """Whether the exponent after the ``e`` at ``j - 1`` is 100 or more, spelled as
+    ``\\+?0*[1-9][0-9]{2}``."""
+    if j < n and v[j] == 43:  # +
+        j += 1
+    while j < n and v[j] == 48:  # leading zeros
+        j += 1
+    return j + 2 < n and 49 <= v[j] <= 57 and _digit(v[j + 1]) and _digit(v[j + 2])
+
+
+def json_number_may_overflow(bytes value not None):
+    """Whether ``value`` holds what may be a JSON number beyond a double's range, as the
+    regular expression ``[0-9.][eE]\\+?0*[1-9][0-9]{2}|[0-9]{200}`` finds it: an exponent
+    of 100 or more, or 200 digits in a row (also inside a string: the caller lets the
+    full parser decide). For ``json_schema``'s typed path, which skips the fields it does
+    not check: one pass in C where the expression read a value byte by byte."""
+    cdef const unsigned char* v = <const unsigned char*>PyBytes_AS_STRING(value)
+    cdef Py_ssize_t n = PyBytes_GET_SIZE(value), i, run = 0
+    cdef unsigned char c
+    for i in range(n):
+        c = v[i]
+        if _digit(c):
+            run += 1
+            if run >= 200:
+                return True
+        elif c == 46:  # .
+            run = 0
+        else:
+            run = 0
+            continue
+        if i + 1 < n and (v[i + 1] | 0x20) == 101 and _big_exponent(v, i + 2, n):  # e, E
+            return True
+    return False
+
+
 cdef inline object _ascii_upper(const unsigned char* s, Py_ssize_t n):
     """``bytes.upper()`` of ``s[:n]`` (ASCII a-z only), or None when nothing changes."""
     cdef Py_ssize_t i
