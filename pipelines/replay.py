@@ -180,7 +180,7 @@ class _Producer:
             if (text := header_key_text(key)) != key:  # confluent-kafka would crash on it
                 if len(self.errors) < 10:
                     self.errors.append(
-                        f"{self.topic}[{partition}]: header key {text!r} is not UTF-8, and "
+                        f"{self.topic}[{partition}]: header key '{text}' is not UTF-8, and "
                         "confluent-kafka writes header keys as text: that record was not "
                         "copied")
                 return

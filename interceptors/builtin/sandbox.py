@@ -100,7 +100,7 @@ def refuse_stored_keys(batch: RecordBatch, runtime: str) -> None:
         for header in record.headers:
             text = header_key_text(header.key)
             if text != header.key:
-                problems.append((i, f"header key {text!r} not valid UTF-8"))
+                problems.append((i, f"header key '{text}' not valid UTF-8"))
                 break
     if problems:
         raise RejectBatch(

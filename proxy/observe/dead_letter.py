@@ -101,7 +101,6 @@ def _text(value: object) -> bytes | None:
     return None if value is None else str(value).encode("utf-8", "backslashreplace")
 
 
-
 def copy_headers(copy: DeadLetterCopy, index: int) -> list[tuple[str, bytes | None]]:
     """Record ``index``'s original headers followed by the sink's :data:`HEADERS`."""
     record = copy.records[index]

@@ -10,7 +10,7 @@ in the next one, so a retry loop costs a line per interval, not one per attempt.
 
 A plugin bug (an exception, a wrong return type, a broken record-count rule,
 a missed deadline, records that cannot be encoded) is a WARNING, rate-limited
-per plugin and kind of fault: the first occurrence is logged (with the
+per route, plugin and kind of fault: the first occurrence is logged (with the
 plugin's traceback for an exception), then at most one line per
 :data:`WARNING_INTERVAL` seconds, saying how many were suppressed since the
 last line. A plugin failing on every batch therefore costs a line every 10 s,

@@ -114,7 +114,7 @@ def test_a_stored_header_key_that_is_not_utf8_is_refused_in_either_rule(
         with plugin(extism_plugins, "uppercase", binary=binary) as p:
             out = p.run(batch)
         assert (out.kind, out.error) == ("rejected", "INVALID_RECORD")
-        assert out.record_errors == ((1, "header key '\\\\xffk' not valid UTF-8"),)
+        assert out.record_errors == ((1, "header key '\\xffk' not valid UTF-8"),)
         assert "header keys reach the plugin as text" in (out.message or "")
 
 
