@@ -28,6 +28,7 @@ from kiproxy.interceptors.api import (
     RecordBatch,
     RejectBatch,
     error_code,
+    header_key_text,
 )
 from kiproxy.interceptors.consume import (
     ConsumeContext,
@@ -60,4 +61,5 @@ __all__ = [
     "TopicPattern",
     "TopicSelector",
     "error_code",
+    "header_key_text",
 ]

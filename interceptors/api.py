@@ -19,7 +19,7 @@ from typing_extensions import TypeVar
 from kiproxy.interceptors.errors import ERROR_CODES, ErrorCode, error_code
 from kiproxy.interceptors.identity import UNKNOWN_CLIENT, ClientIdentity
 from kiproxy.interceptors.settings import PluginSettings, parse_settings, settings_model
-from kiproxy.protocol.records import Header, Record, upper_values
+from kiproxy.protocol.records import Header, Record, header_key_text, upper_values
 
 __all__ = [
     "ERROR_CODES",
@@ -36,6 +36,7 @@ __all__ = [
     "RecordBatch",
     "RejectBatch",
     "error_code",
+    "header_key_text",
 ]
 
 class RejectBatch(Exception):

@@ -54,7 +54,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from kiproxy.interceptors.api import Record, RecordBatch
+from kiproxy.interceptors.api import Record, RecordBatch, header_key_text
 from kiproxy.interceptors.consume import ConsumedBatch, consume_hook, produce_hook
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.flags import (
@@ -79,7 +79,6 @@ from kiproxy.interceptors.testing import (
     run_interceptor,
 )
 from kiproxy.interceptors.verdict import Rejected, stray_text
-from kiproxy.protocol.records import header_key_text
 
 __all__ = ["COMMANDS", "CheckFailed", "add_parsers", "read_samples", "run"]
 

@@ -31,7 +31,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from kiproxy.protocol._codec import json_number_may_overflow
+from kiproxy.interceptors.json_numbers import json_number_may_overflow
 
 __all__ = ["typed_check"]
 

@@ -60,7 +60,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
-from kiproxy.interceptors.api import RecordBatch, RejectBatch
+from kiproxy.interceptors.api import RecordBatch, RejectBatch, header_key_text
 from kiproxy.interceptors.json_spelling import (
     SPELLINGS,
     Spelling,
@@ -69,7 +69,6 @@ from kiproxy.interceptors.json_spelling import (
     spell_bytes,
 )
 from kiproxy.interceptors.topics import TopicPattern, TopicSelector
-from kiproxy.protocol.records import header_key_text
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
