@@ -43,7 +43,7 @@ from support.registry import registry_jar_or_skip
 from kiproxy_dev.apicurio import ApicurioRegistry
 from kiproxy_dev.kafka_cluster import KafkaCluster
 from kiproxy_dev.processes import stop_process
-from kiproxy_dev.tansu import EmbeddedBroker, free_port
+from kiproxy_dev.tansu import EmbeddedBroker, free_port, hand_out
 
 TESTS = Path(__file__).parent
 ROOT = TESTS.parent
@@ -147,10 +147,13 @@ def _port_free(port: int) -> bool:
 
 
 def broker_port_start(node_ids: tuple[int, ...] = (TANSU_NODE_ID,)) -> int:
-    """A ``--broker-port-start`` under which every node of ``node_ids`` gets a free port."""
+    """A ``--broker-port-start`` under which every node of ``node_ids`` gets a free port,
+    none handed out before (a metrics port chosen earlier and not bound yet looks free)."""
     for _ in range(50):
-        start = free_port() - min(node_ids)
-        if start > 1024 and all(_port_free(start + n) for n in node_ids):
+        first = free_port()
+        start = first - min(node_ids)
+        others = [start + n for n in node_ids if start + n != first]
+        if start > 1024 and all(_port_free(p) for p in others) and all(map(hand_out, others)):
             return start
     raise RuntimeError("no free port found")
 

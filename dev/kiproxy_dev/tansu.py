@@ -18,7 +18,7 @@ from pathlib import Path
 from kiproxy.interceptors.extras import missing_companion
 from kiproxy_dev.processes import port_free, stop_process
 
-__all__ = ["BrokerBinaryMissing", "BrokerPortTaken", "EmbeddedBroker", "free_port"]
+__all__ = ["BrokerBinaryMissing", "BrokerPortTaken", "EmbeddedBroker", "free_port", "hand_out"]
 
 
 class BrokerBinaryMissing(RuntimeError):
@@ -29,11 +29,30 @@ class BrokerPortTaken(RuntimeError):
     """Something already listens on the broker's port."""
 
 
+_HANDED_OUT: set[int] = set()
+"""Ports :func:`free_port` gave, or :func:`hand_out` marked, in this process."""
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+    """A TCP port that is free on ``host`` right now and that this process was not handed
+    before: a port handed out but not bound yet looks free again, and two listeners
+    started from one process (a proxy's metrics and one of its broker ports) could
+    otherwise get the same one."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = int(s.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+
+
+def hand_out(port: int) -> bool:
+    """Mark ``port`` as handed out (see :func:`free_port`); False if it was already."""
+    if port in _HANDED_OUT:
+        return False
+    _HANDED_OUT.add(port)
+    return True
 
 
 def broker_binary() -> str:

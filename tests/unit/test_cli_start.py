@@ -174,3 +174,18 @@ def test_without_uvloop_the_coroutine_runs_on_asyncio(monkeypatch: pytest.Monkey
 
     run_loop(serve())
     assert loops == ["asyncio.unix_events"]
+
+
+def test_free_port_hands_a_port_out_once_per_process() -> None:
+    """A port handed out and not bound yet looks free again: two listeners of one test
+    (a proxy's metrics and one of its broker ports) got the same port, and clients of
+    that broker reached the metrics server."""
+    from kiproxy_dev.tansu import free_port, hand_out
+
+    ports = [free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert not hand_out(ports[0])
+    spare = max(ports) + 1
+    while spare in ports:
+        spare += 1
+    assert hand_out(spare) and not hand_out(spare) and free_port() != spare
