@@ -8,7 +8,8 @@ and back, because that loop runs once per record and dominates the cost.
 All varints are zigzag-encoded (Kafka's ``varint``/``varlong``). Every length
 read from the wire is checked against the bytes that remain before it is used.
 
-Decoding validates every record completely (lengths, varints) but builds a record's key, value and headers only when they are first read: a
+Decoding validates every record completely (lengths, varints) but builds a
+record's key, value and headers only when they are first read: a
 decoded ``Record`` holds the records block and where its fields lie. An
 interceptor that returns the batch untouched never pays for them, and encoding
 copies a field nobody read straight from the block it came from.
