@@ -108,6 +108,16 @@ class LookupCache(Generic[_V]):
 
     async def get(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
         """The answer for ``key``, from the cache or from ``fetch`` (see the module)."""
+        found = self.flight(key, fetch)
+        if isinstance(found, asyncio.Task):
+            return await asyncio.shield(found)
+        return found
+
+    def flight(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]
+               ) -> _V | asyncio.Task[_V]:
+        """:meth:`get` up to the wait: the answer known now (a remembered negative one
+        raised), else the lookup in flight, started if there is none, for the caller to
+        await (through :func:`asyncio.shield`) or to leave for :meth:`get_own`."""
         counts = self.counts
         counts.lookups += 1
         entry = self._data.get(key)
@@ -129,27 +139,6 @@ class LookupCache(Generic[_V]):
             counts.misses += 1
         else:
             counts.hits += 1  # joins the lookup in flight: no request of its own
-        task = self._task(key, fetch)
-        return await asyncio.shield(task)
-
-    def flight(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]
-               ) -> _V | asyncio.Task[_V]:
-        """:meth:`get` up to the wait: the answer known now (a remembered negative one
-        raised), else the lookup in flight, started if there is none, for the caller to
-        await (through :func:`asyncio.shield`) or to leave for :meth:`get_own`."""
-        counts = self.counts
-        known = self.peek(key, fetch)
-        counts.lookups += 1
-        if isinstance(known, BaseException):
-            counts.unknown += 1
-            raise known
-        if known is not None:
-            counts.hits += 1
-            return known
-        if self._live(key) is None:
-            counts.misses += 1
-        else:
-            counts.hits += 1
         return self._task(key, fetch)
 
     async def get_own(self, key: Hashable, fetch: Callable[[], Awaitable[_V]]) -> _V:
