@@ -190,8 +190,10 @@ class ClientConnection(AnswerSide):
     async def stop_reading(self) -> None:
         """Stop reading new requests; the connection closes once owed responses are sent."""
         self._stopping = True
-        # A request already begun in the receive callback is finished first.
-        if self._in_read and self._read_task is not None and self._rest is None:
+        # A request already begun in the receive callback is finished first, and one
+        # that raised there is reported, as the reader does when nothing stops.
+        if (self._in_read and self._read_task is not None and self._rest is None
+                and self._raised is None):
             self._read_task.cancel()
 
     # ------------------------------------------------------------------ client side

@@ -286,3 +286,21 @@ async def test_a_client_socket_that_times_out_under_the_proxys_own_answer_is_a_q
         assert read_task is not None
         await asyncio.wait_for(read_task, 5)  # raises what escaped the reader
         assert "Traceback" not in caplog.text
+
+
+async def test_a_bad_request_met_in_the_callback_is_still_reported_when_reading_stops(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The proxy stops reading (a shutdown) after a request that could not be read was
+    met in the receive callback but before the reader ran: the client is still told off
+    in the log, as it is when nothing stops."""
+    caplog.set_level(logging.INFO, "kiproxy")
+    async with _connection() as (conn, _, _, _):
+        await asyncio.sleep(0)  # the reader waits for frames
+        stream = conn._client
+        stream._received([b"\x00\x12"])  # as the transport hands a frame: no header in it
+        assert conn._raised is not None
+        await conn.stop_reading()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(conn._read_task), 5)
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and warned[0].startswith("closing client"), warned
