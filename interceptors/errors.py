@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from enum import IntEnum
 from types import MappingProxyType
 
+from kiproxy.protocol.messages import kafka_error_codes
+
 __all__ = ["ERROR_CODES", "ErrorCode", "error_code", "error_name"]
 
 
@@ -43,8 +45,14 @@ ERROR_CODES: Mapping[str, int] = MappingProxyType({e.name: int(e) for e in Error
 
 
 def error_code(error: str | int) -> int:
-    """The numeric Kafka error code for a name such as ``"POLICY_VIOLATION"`` (or a code)."""
+    """The numeric Kafka error code for a name such as ``"POLICY_VIOLATION"``, or a code
+    Kafka defines given as a number; ValueError for any other (a response cannot carry
+    it)."""
     if isinstance(error, int):
+        if int(error) not in kafka_error_codes():
+            raise ValueError(
+                f"unknown Kafka error code {int(error)}: a response carries only codes Kafka "
+                f"defines; use one of {', '.join(sorted(ERROR_CODES))} or such a code")
         return int(error)
     try:
         return int(ErrorCode[error.upper()])

@@ -24,6 +24,7 @@ __all__ = [
     "API_NAMES",
     "ApiKey",
     "api_name",
+    "kafka_error_codes",
     "parse_request",
     "parse_response",
     "request_type",
@@ -33,6 +34,15 @@ __all__ = [
     "serialize",
 ]
 
+
+
+@cache
+def kafka_error_codes() -> frozenset[int]:
+    """Every error code Kafka defines (0, NONE, included): what a response's
+    ``error_code`` can carry."""
+    from kio.schema.errors import ErrorCode as KioErrorCode
+
+    return frozenset(int(code) for code in KioErrorCode)
 
 class ApiKey:
     """API keys the proxy treats specially."""

@@ -290,6 +290,15 @@ def test_error_names_map_to_kafka_codes(name: str, code: int) -> None:
 def test_error_code_passes_numbers_through() -> None:
     assert error_code(44) == 44
     assert RejectBatch("m", error=87).error_code == 87
+    assert error_code(3) == 3  # UNKNOWN_TOPIC_OR_PARTITION: Kafka's, not in the table
+
+
+def test_a_number_kafka_does_not_define_is_a_clear_value_error() -> None:
+    """A response could not carry it: refused where the plugin names it, not replaced
+    by another code on the way to the producer."""
+    for number in (9999, 40000, -2):
+        with pytest.raises(ValueError, match=f"unknown Kafka error code {number}:"):
+            RejectBatch("m", error=number)
 
 
 def test_unknown_error_name_is_a_clear_value_error() -> None:
