@@ -66,7 +66,7 @@ from kiproxy.interceptors.consume_verdict import (
 )
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
 from kiproxy.interceptors.loader import load_interceptor
-from kiproxy.interceptors.verdict import Mode, Outcome, judge
+from kiproxy.interceptors.verdict import Mode, Outcome, encodable, judge
 from kiproxy.protocol.records import decode_records, encode_records
 
 __all__ = [
@@ -354,6 +354,8 @@ async def run_interceptor_async(
     plugin, batch, context, label, timeout = _judge_args(interceptor, batch, ctx, timeout_ms,
                                                          name)
     verdict = await judge(plugin, batch, context, name=label, timeout=timeout)
+    if mode == "enforce":  # observed, a batch goes on as it came: nothing is encoded
+        verdict = encodable(verdict, batch, label)
     return Outcome.of(verdict, mode, batch)
 
 

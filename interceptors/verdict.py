@@ -81,7 +81,7 @@ from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.errors import ErrorCode, error_name
 from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
 from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
-from kiproxy.protocol.records import records_size
+from kiproxy.protocol.records import encode_records, records_size
 
 __all__ = [
     "DEFAULT_MAX_PLUGIN_OUTPUT_BYTES",
@@ -103,6 +103,8 @@ __all__ = [
     "Verdict",
     "acknowledgement_hook",
     "clip",
+    "encodable",
+    "encoding_fault",
     "fault_rejection",
     "judge",
     "judge_sync",
@@ -321,6 +323,29 @@ def fault_rejection(kind: Fault, name: str, detail: str, *,
     return Rejected(code=int(code), message=clip(f"interceptor {name} {detail}"), fault=kind,
                     exception=exception)
 
+
+
+def encoding_fault(name: str, exc: Exception) -> Rejected:
+    """The rejection of records a plugin returned that cannot be encoded (not Records, a
+    header key holding a surrogate that stands for no byte, a timestamp out of range),
+    ``exc`` being what encoding them raised: a ``return_type`` fault."""
+    return fault_rejection("return_type", name, "returned records that cannot be encoded: "
+                           f"{type(exc).__name__}: {exc}")
+
+
+def encodable(verdict: Verdict, given: RecordBatch, name: str) -> Verdict:
+    """``verdict``, or its :func:`encoding_fault` when it transforms ``given`` into records
+    that cannot be encoded: the proxy finds that out when it re-encodes the batch, and
+    the test kit, ``kiproxy check`` and replay by encoding the records once here."""
+    if not isinstance(verdict, Transformed):
+        return verdict
+    records = verdict.batch.records
+    base = given.records[0].timestamp if given.records else 0
+    try:
+        encode_records(records if type(records) is tuple else tuple(records), base, True)
+    except Exception as exc:
+        return encoding_fault(name, exc)
+    return verdict
 
 MAX_MESSAGE_CHARS = 1024
 """A rejection's message and each record's error are cut to this many characters."""

@@ -51,7 +51,7 @@ from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, consume_
 from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
-from kiproxy.interceptors.verdict import Fault, Outcome, Rejected, judge_sync
+from kiproxy.interceptors.verdict import Fault, Outcome, Rejected, encodable, judge_sync
 from kiproxy.pipelines.sources import SourceBatch
 
 __all__ = ["InterceptorRunner", "InterceptorSpec", "error_name", "runner_for"]
@@ -143,8 +143,9 @@ class InterceptorRunner:
             proxy_host=self._host,
             extra={"replay": True, "offsets": (batch.offsets[0], batch.offsets[-1])},
         )
-        return Outcome.of(judge_sync(self.interceptor, view, ctx, name=self.name,
-                                     timeout=self.timeout, run=self._run))
+        return Outcome.of(encodable(judge_sync(self.interceptor, view, ctx, name=self.name,
+                                               timeout=self.timeout, run=self._run),
+                                    view, self.name))
 
 
     def _read_through(self, batch: SourceBatch) -> ConsumedBatch | ConsumeRefusal:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NamedTuple, cast
 
 from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged
+from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, encoding_fault
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
 from kiproxy.protocol.errors import (
     CorruptBatch,
@@ -340,11 +340,11 @@ class PartitionHandler:
             self.metrics.interceptor_errors.labels("return_type", chain.route.name).inc()
         link = chain.links[0].name if len(chain.links) == 1 else None
         name = link if job.route is None and link is not None else f"of route {chain.name}"
-        message = (f"interceptor {name} returned records that cannot "
-                   f"be encoded: {type(exc).__name__}: {exc}")
+        rejected = encoding_fault(name, exc)
         return Decision(rejection=Rejection(
-            topic=job.topic_key, partition=job.partition, error_code=INVALID_RECORD,
-            message=message, route=job.route, link=link, fault="encode", records=_sent(kept)))
+            topic=job.topic_key, partition=job.partition, error_code=rejected.code,
+            message=rejected.message, route=job.route, link=link, fault="encode",
+            records=_sent(kept)))
 
 
 def _sent(batches: list[DecodedBatch]) -> tuple[Record, ...]:

@@ -41,7 +41,7 @@ SPEC = "tp_parity:Parity"
 TIMEOUT_MS = 300
 STAMP = 1_763_848_800_000
 CASES = ["same", "copy", "upper", "offsets", "reject", "shrink", "raise", "none", "async",
-         "slow"]
+         "slow", "bytes", "surrogate"]
 EXPECTED_KIND = {"same": "unchanged", "copy": "unchanged", "upper": "transformed",
                  "offsets": "transformed", "async": "transformed"}
 
@@ -149,6 +149,11 @@ def test_proxy_replay_and_test_kit_agree(proxy: tuple[ProxyProcess, str],
         "raise": (87, f"interceptor {SPEC} failed: ValueError: cannot handle {topic}", ()),
         "none": (87, f"interceptor {SPEC} returned NoneType, not a RecordBatch", ()),
         "slow": (7, f"interceptor {SPEC} did not finish within {TIMEOUT_MS} ms", ()),
+        "bytes": (87, f"interceptor {SPEC} returned records that cannot be encoded: "
+                      "TypeError: record 0 is a bytes, not a Record", ()),
+        "surrogate": (87, f"interceptor {SPEC} returned records that cannot be encoded: "
+                          "UnicodeEncodeError: 'utf-8' codec can't encode character '\\ud800' "
+                          "in position 0: surrogates not allowed", ()),
     }
     if case in expected_rejection:
         assert (inline["code"], inline["message"], inline["record_errors"]) == \

@@ -8,7 +8,9 @@ batch (``tests/integration/test_verdict_parity.py``):
 (nothing else changes); ``reject-`` raises RejectBatch (POLICY_VIOLATION, a
 record error on record 1); ``shrink-`` drops a record; ``raise-`` raises
 ValueError; ``none-`` returns None; ``async-`` upper-cases in an
-``async def``; ``slow-`` sleeps 3 s in an ``async def``.
+``async def``; ``slow-`` sleeps 3 s in an ``async def``; ``bytes-`` returns a batch of
+values rather than Records; ``surrogate-`` adds a header whose key holds a lone
+surrogate (text no bytes stand for). The last two cannot be encoded.
 """
 
 from __future__ import annotations
@@ -55,6 +57,10 @@ class Parity(ProduceRequestInterceptor):
             return self._upper_later(batch)
         if word == "slow":
             return self._sleep(batch)
+        if word == "bytes":
+            return batch.with_records([r.value for r in batch.records])  # type: ignore[misc]
+        if word == "surrogate":
+            return batch.with_records(r.with_header("\ud800", b"v") for r in batch.records)
         return batch
 
     async def _upper_later(self, batch: RecordBatch) -> RecordBatch:

@@ -331,3 +331,27 @@ def test_a_header_key_that_is_not_utf8_is_printed_escaped() -> None:
     line = _record_line(make_record(b"v", headers=[(key, b"1"), ("caf\u00e9", b"2")]))
     io.TextIOWrapper(io.BytesIO(), encoding="utf-8").write(line)  # writable as UTF-8
     assert json.loads(line)["headers"] == [["\\xffk", "1"], ["caf\u00e9", "2"]]
+
+
+def test_records_that_cannot_be_encoded_are_the_rejection_the_proxy_answers(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Values instead of Records, or a header key no bytes stand for: the proxy refuses
+    the batch when it encodes it, and check says so instead of "transformed"."""
+    plugins = plugin_dir(tmp_path, "unencodable", """
+        class Values:
+            def intercept(self, batch, ctx):
+                return batch.with_records([r.value for r in batch.records])
+
+        class Surrogate:
+            def intercept(self, batch, ctx):
+                return batch.with_records(r.with_header("\\ud800", b"v")
+                                          for r in batch.records)
+        """)
+    for cls, why in [("Values", "TypeError: record 0 is a bytes, not a Record"),
+                     ("Surrogate", "UnicodeEncodeError: ")]:
+        code, out, err = check(capsys, f"unencodable:{cls}", "--plugins-dir", str(plugins))
+        assert code == 2, (out, err)
+        assert out.splitlines()[0].startswith(
+            "batch 1: check[0], 5 records: rejected with INVALID_RECORD (87): interceptor "
+            f"unencodable:{cls} returned records that cannot be encoded: {why}"), out
+        assert "Traceback" not in out + err
