@@ -14,18 +14,22 @@ per route, plugin and kind of fault: the first occurrence is logged (with the
 plugin's traceback for an exception), then at most one line per
 :data:`WARNING_INTERVAL` seconds, saying how many were suppressed since the
 last line. A plugin failing on every batch therefore costs a line every 10 s,
-not one per batch.
+not one per batch. Lines held back are not left to a next one that may never come:
+on the event loop, :data:`WARNING_INTERVAL` seconds after the first held back, one
+summary line counts them and names the last (its topic-partition, client and
+message), so every fault the producers were told of reaches the log within 10 s.
 
 What a route or link in observe mode would have done (rejected or
 transformed a batch that was forwarded as received) is an INFO line,
-rate-limited the same way per route, link and outcome.
+rate-limited the same way per route, link and outcome, summary included.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from kiproxy.interceptors.verdict import Rejected
@@ -62,6 +66,9 @@ class VerdictLog:
         self.log = log
         self.interval = interval
         self._faults = RateLimitedLog(log, interval, clock=clock)
+        self._last_held: dict[Hashable, tuple[int, Subject, str]] = {}
+        """Key -> (level, subject, text) of the last line held back, while a summary of
+        them is due (see :meth:`_held_back`)."""
 
     def policy(self, subject: Subject, code: int, message: str) -> None:
         """One INFO line for a batch rejected by policy (or as undecodable), unless the same
@@ -82,19 +89,23 @@ class VerdictLog:
         """A WARNING for a plugin bug, unless one for ``(subject.route, subject.link,
         kind)`` was written lately (a fault no link is named for is its route's)."""
         route = subject.route
-        self._faults.warning((route, subject.link or "", kind),
-                             "rejected %s from %s (client_id %r)%s: %s", subject.where,
-                             subject.client_address, subject.client_id, _on(route), message,
-                             more=" ({count} more like it in the last {interval:.0f} s not logged)",
-                             exc_info=exception, extra=_with_route(subject.extra, route))
+        key = (route, subject.link or "", kind)
+        if not self._faults.warning(
+                key, "rejected %s from %s (client_id %r)%s: %s", subject.where,
+                subject.client_address, subject.client_id, _on(route), message,
+                more=" ({count} more like it in the last {interval:.0f} s not logged)",
+                exc_info=exception, extra=_with_route(subject.extra, route)):
+            self._held_back(key, logging.WARNING, subject, message)
 
     def observed(self, subject: Subject, outcome: str, detail: str) -> None:
         """An INFO line for a batch a route or link in observe mode would have rejected or
         transformed (it was forwarded), rate-limited per route, link and outcome like a
         fault."""
         route, link = subject.route, subject.link
-        suppressed = self._faults.allow(("observe", route, link, outcome))
+        key = ("observe", route, link, outcome)
+        suppressed = self._faults.allow(key)
         if suppressed is None:
+            self._held_back(key, logging.INFO, subject, f"would have {outcome} it{detail}")
             return
         note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
                 if suppressed else "")
@@ -102,6 +113,34 @@ class VerdictLog:
                       "(observe mode: forwarded as received)%s%s", outcome, subject.where,
                       subject.client_address, subject.client_id, route, link, detail, note,
                       extra=_with_route(subject.extra, route))
+
+    def _held_back(self, key: Hashable, level: int, subject: Subject, text: str) -> None:
+        """Remember the line held back for ``key``; the first one held back since the last
+        line or summary has the summary written :attr:`interval` seconds later (on the
+        running event loop; without one the count waits for the key's next line)."""
+        due = key in self._last_held
+        self._last_held[key] = (level, subject, text)
+        if due:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            del self._last_held[key]
+            return
+        loop.call_later(self.interval, self._summarize, key)
+
+    def _summarize(self, key: Hashable) -> None:
+        """One line counting what ``key`` held back, naming the last of it."""
+        last = self._last_held.pop(key, None)
+        held = self._faults.summary(key)
+        if last is None or not held:
+            return
+        level, subject, text = last
+        route = subject.route
+        self.log.log(level, "%d more like it in the last %.0f s not logged%s; the last: %s "
+                     "from %s (client_id %r): %s", held, self.interval, _on(route),
+                     subject.where, subject.client_address, subject.client_id, text,
+                     extra=_with_route(subject.extra, route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
                  client_id: str | None, extra: Mapping[str, object] | None = None, *,

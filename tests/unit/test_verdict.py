@@ -173,6 +173,31 @@ def test_plugin_faults_and_repeated_rejections_are_rate_limited(
     ]
 
 
+
+async def test_faults_held_back_are_summarized_without_waiting_for_another(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The second fault of a plugin within the interval, on another topic with another
+    message, reaches the log once the interval has passed, though no third one comes."""
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"), interval=0.05)
+    listed = Rejected(code=87, message="interceptor p returned list, not a RecordBatch",
+                      fault="return_type")
+    none = Rejected(code=87, message="interceptor p returned NoneType, not a RecordBatch",
+                    fault="return_type")
+    with caplog.at_level(logging.INFO, "kiproxy.test.verdicts"):
+        log.rejected(listed, "p", "rawlist[0]", "127.0.0.1:1", "c")
+        log.rejected(none, "p", "none[0]", "127.0.0.1:2", "d")
+        await asyncio.sleep(0.2)
+        log.rejected(none, "p", "none[1]", "127.0.0.1:2", "d")  # a line again, at once
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "rejected rawlist[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned list, "
+        "not a RecordBatch",
+        "1 more like it in the last 0 s not logged; the last: none[0] from 127.0.0.1:2 "
+        "(client_id 'd'): interceptor p returned NoneType, not a RecordBatch",
+        "rejected none[1] from 127.0.0.1:2 (client_id 'd'): interceptor p returned NoneType, "
+        "not a RecordBatch",
+    ]
+
 THREE = RecordBatch(topic="orders", partition=2, records=tuple(
     Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(3)))
 
