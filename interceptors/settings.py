@@ -233,8 +233,13 @@ def describe(error: ValidationError, model: type[BaseModel],
     one of them says so, since the file does not contain it.
     """
     lines = []
-    for item in error.errors():
+    errors = error.errors()
+    for item in errors:
         loc = item["loc"]
+        if item["type"] == "too_short" and any(
+                other["loc"][:len(loc)] == loc and len(other["loc"]) > len(loc)
+                for other in errors):
+            continue  # counted after validation: an item of it failed, and is named
         where = key_path(loc[:-2] if loc and loc[-1] == "[key]" else loc)
         what = _problem(model, item)
         line = f"{where}: {what}" if where else what

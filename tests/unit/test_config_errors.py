@@ -45,6 +45,11 @@ def _errors(tmp_path: Path, text: str, **overrides: object) -> list[str]:
      "observers[0].confg: unknown key; did you mean observers[0].config?"),
     ("upstream_tls:\n  zzz: 1\n",
      "upstream_tls.zzz: unknown key; valid keys here: enabled, ca, cert, key, verify_hostname"),
+    # a route's one link is wrong, not its list: no second line saying the list is short
+    ("routes:\n  - name: r\n    match: {topic: x}\n    interceptors:\n"
+     "      - {class: uppercase, timeout: 100}\n",
+     "routes[0].interceptors[0].timeout: unknown key; did you mean "
+     "routes[0].interceptors[0].timeout_ms?"),
 ])
 def test_one_problem_is_one_line_naming_file_key_and_what_is_wrong(
         tmp_path: Path, text: str, line: str) -> None:
