@@ -141,9 +141,11 @@ async def test_a_data_key_whose_kms_key_is_retired_is_undecryptable(
     with pytest.raises(Undecryptable, match=arn) as caught:
         await reader.decrypt("orders", sealed)
     assert not caught.value.retriable
-    with pytest.raises(UnresolvedKey, match=r"Disabled|PendingDeletion"):
+    with pytest.raises(UnresolvedKey, match=r"it is (Disabled|PendingDeletion)"
+                       r"(, for ENCRYPT_DECRYPT)?; enable it") as unresolved:
         await RecordCipher(DataKeyCache(reader_kms)).encrypt("orders", _records(1),
                                                              key_reference=alias)
+    assert "None" not in str(unresolved.value)  # a key usage the KMS did not give
     provider = aws_provider(moto_kms)
     with pytest.raises(UnresolvedKey, match=r"DisabledException|KMSInvalidStateException"):
         await provider.generate_data_key(arn)

@@ -259,9 +259,10 @@ class AwsKmsProvider(KmsProvider):
                                  "without the key's ARN")
         state, usage = meta.get("KeyState"), meta.get("KeyUsage")
         if state != "Enabled" or usage not in (None, "ENCRYPT_DECRYPT"):
+            what = f"{state}, for {usage}" if usage is not None else str(state)
             raise UnresolvedKey(f"KMS key {reference!r} ({meta['Arn']}) cannot wrap data "
-                                f"keys: it is {state}, for {usage}; enable it or name an "
-                                "enabled symmetric key")
+                                f"keys: it is {what}; enable it or name an enabled "
+                                "symmetric key")
         return str(meta["Arn"])
 
     async def generate_data_key(self, key_id: str) -> DataKey:

@@ -238,10 +238,12 @@ def descriptor_of(raw: bytes, *, topic: str) -> Descriptor:
 @functools.lru_cache(maxsize=256)  # the same few per data key: built once
 def _parse_descriptor(raw: bytes, topic: str) -> Descriptor:
     where = f"topic {topic!r}: the {MARKER_HEADER} header"
-    if not raw or raw[0] != FORMAT_VERSION:
-        version = raw[0] if raw else None
-        raise EnvelopeError(f"{where} has format version {version}; this kiproxy reads "
-                            f"version {FORMAT_VERSION} (upgrade kiproxy to read newer records)")
+    if not raw:
+        raise EnvelopeError(f"{where} is empty: cut or damaged")
+    if raw[0] != FORMAT_VERSION:
+        raise EnvelopeError(f"{where} has format version {raw[0]}, which this kiproxy (format "
+                            f"version {FORMAT_VERSION}) does not read: the header is damaged, "
+                            "or the record was sealed by a newer kiproxy (upgrade to read it)")
     try:
         flags = raw[1]
         (n,) = _U16.unpack_from(raw, 2)
