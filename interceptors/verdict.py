@@ -324,7 +324,6 @@ def fault_rejection(kind: Fault, name: str, detail: str, *,
                     exception=exception)
 
 
-
 def encoding_fault(name: str, exc: Exception) -> Rejected:
     """The rejection of records a plugin returned that cannot be encoded (not Records, a
     header key holding a surrogate that stands for no byte, a timestamp out of range),
@@ -346,6 +345,7 @@ def encodable(verdict: Verdict, given: RecordBatch, name: str) -> Verdict:
     except Exception as exc:
         return encoding_fault(name, exc)
     return verdict
+
 
 MAX_MESSAGE_CHARS = 1024
 """A rejection's message and each record's error are cut to this many characters."""

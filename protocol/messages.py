@@ -35,7 +35,6 @@ __all__ = [
 ]
 
 
-
 @cache
 def kafka_error_codes() -> frozenset[int]:
     """Every error code Kafka defines (0, NONE, included): what a response's
@@ -43,6 +42,7 @@ def kafka_error_codes() -> frozenset[int]:
     from kio.schema.errors import ErrorCode as KioErrorCode
 
     return frozenset(int(code) for code in KioErrorCode)
+
 
 class ApiKey:
     """API keys the proxy treats specially."""
