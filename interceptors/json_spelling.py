@@ -12,7 +12,6 @@ and ``kiproxy check``'s sample lines use these; nothing else spells bytes in JSO
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
@@ -74,6 +73,6 @@ def read_bytes(value: Any, spelling: Spelling, where: str,
     if spelling == "base64":
         try:
             return base64.b64decode(value, validate=True)
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, and a ValueError for non-ASCII text
             raise error(f"{where} is not base64 ({exc})") from None
     return value.encode()

@@ -117,7 +117,9 @@ def test_bytes_are_spelled_and_read_back(spelling: Spelling, data: bytes | None,
 @pytest.mark.parametrize(("spelling", "value", "message"), [
     ("text", 1, "value must be a string or null, not int"),
     ("base64", "***", "value is not base64"),
+    ("base64", "\"é\"", "value is not base64 (string argument should contain only ASCII"),
     ("tagged", {"b64": "***"}, "value is not valid base64"),
+    ("tagged", {"b64": "é"}, "value is not valid base64"),
     ("tagged", [1], 'value must be null, a string or {"b64": "..."}, not list'),
 ])
 def test_bytes_spelled_wrong_name_the_field(spelling: Spelling, value: object,
