@@ -212,6 +212,9 @@ def test_json_result_fields_left_out_are_kept() -> None:
     # ignored before (the record stayed where it was, and nothing said so)
     (1, "json", b'\x00{"topic": "elsewhere"}', "names topic 'elsewhere', not 'orders'"),
     (2, "json", b'\x00{"records": [{"partition": 3}]}', "names partition 3, not 0"),
+    # accepted before: a v2 result's own fields were not looked at beside its records
+    (2, "json", b'\x00{"records": [{}], "topic": "zzz"}', "result names topic 'zzz', not"),
+    (2, "json", b'\x00{"records": [{}], "x": 1}', "the result has unknown field(s) x"),
     (1, "binary", b"\x00\x01\x02", "runs past the end"),
     (1, "binary", b"", "empty"),
     (1, "binary", b"\x09", "unknown status byte 9"),

@@ -285,6 +285,22 @@ def _json_to_record(doc: Any, original: Record, index: int,
     return _rebuilt(original, key, value, headers, timestamp)
 
 
+_JSON_BATCH_KEYS = {"records", "topic", "partition"}
+
+
+def _check_batch_fields(doc: Mapping[str, Any], place: tuple[str, int] | None) -> None:
+    """A v2 JSON result's own fields: ``records``, and ``topic`` and ``partition`` as given
+    (a module may return its input changed); anything else is malformed, as in a record."""
+    unknown = set(doc) - _JSON_BATCH_KEYS
+    if unknown:
+        raise Malformed(f"the result has unknown field(s) {', '.join(sorted(unknown))} "
+                        "(allowed: records; topic and partition as given)")
+    if place is not None:
+        for field, given in zip(("topic", "partition"), place, strict=True):
+            if field in doc and doc[field] != given:
+                raise Malformed(f"the result names {field} {doc[field]!r}, not {given!r}: a "
+                                "batch stays in its topic-partition")
+
 def decode_result(
     abi: int, encoding: str, result: bytes, originals: Sequence[Record], *,
     place: tuple[str, int] | None = None,
@@ -314,6 +330,7 @@ def decode_result(
             return (_json_to_record(doc, originals[0], 0, place),)
         if not isinstance(doc, Mapping) or not isinstance(doc.get("records"), list):
             raise Malformed('a v2 result must be a JSON object {"records": [...]}')
+        _check_batch_fields(doc, place)
         items = doc["records"]
         if len(items) != len(originals):
             raise Malformed(f"the result holds {len(items)} records for a batch of "
