@@ -63,6 +63,8 @@ class FakeRegistry:
     subjects: dict[int, list[str]] = field(default_factory=dict)
     latest: dict[str, int] = field(default_factory=dict)
     down: bool = False
+    stale_latest: dict[str, int] = field(default_factory=dict)
+    """What a cache in the client still answers for a subject unless asked ``fresh``."""
     calls: list[tuple[str, object]] = field(default_factory=list)
     gate: asyncio.Event | None = None
 
@@ -83,11 +85,12 @@ class FakeRegistry:
             raise Down("connection refused")
         return tuple((s, 1) for s in self.subjects.get(schema_id, ()))
 
-    async def latest_id(self, subject: str) -> int:
+    async def latest_id(self, subject: str, *, fresh: bool = False) -> int:
         self.calls.append(("latest", subject))
         if self.down:
             raise Down("connection refused")
-        return self.latest[subject]
+        return self.latest[subject] if fresh else self.stale_latest.get(subject,
+                                                                        self.latest[subject])
 
 
 ORDER = {"type": "record", "name": "Order", "namespace": "shop", "fields": [
@@ -215,6 +218,25 @@ async def test_latest_version() -> None:
     assert refusal is not None
     assert refusal.record_errors[0][1] == ("record 0: schema id 19 is not the latest version "
                                            "of orders-value (schema id 17 is)")
+
+
+async def test_a_new_latest_version_is_taken_once_lookup_ttl_s_has_passed() -> None:
+    """The lookups are the cache: past ``lookup_ttl_s`` they ask the registry, not a cache
+    of the client's, which would keep the old answer as long again."""
+    fake = registry()
+    fake.schemas[19] = Schema(19, "AVRO", json.dumps(ORDER))
+    fake.subjects[19] = ["orders-value"]
+    check = checker({"lookup_ttl_s": 0.05,
+                     "topics": {"orders": {"value": "payload", "require_latest": True}}}, fake)
+    assert await check.check(batch("orders", GOOD)) is None
+    fake.latest["orders-value"] = 19
+    fake.stale_latest["orders-value"] = 17
+    await asyncio.sleep(0.1)
+    newer = batch("orders", framed(19, GOOD[5:]))
+    deadline = asyncio.get_running_loop().time() + 5
+    while (refusal := await check.check(newer)) is not None:
+        assert asyncio.get_running_loop().time() < deadline, refusal
+        await asyncio.sleep(0.02)
 
 
 async def test_keys_headers_unframed_and_tombstones() -> None:

@@ -466,7 +466,7 @@ class ContractCheck:
                     self._rechecked.clear()
                 self._rechecked[(schema_id, subject)] = now
                 state.ask(("subjects", schema_id), partial(self.lookups.fetch_subjects,
-                                                           schema_id, state.down, fresh=True))
+                                                           schema_id, state.down))
                 return "pending"
             if not known[0]:
                 return "subject", f"schema id {schema_id} is registered under no subject"

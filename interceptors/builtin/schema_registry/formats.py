@@ -115,8 +115,8 @@ class SchemaLookup(Protocol):
     async def subjects_of(self, schema_id: int, *,
                           fresh: bool = False) -> tuple[tuple[str, int], ...]:
         """``(subject, version)`` pairs the id is registered under (``fresh``: not cached)."""
-    async def latest_id(self, subject: str) -> int:
-        """The id of the subject's latest version."""
+    async def latest_id(self, subject: str, *, fresh: bool = False) -> int:
+        """The id of the subject's latest version (``fresh``: not cached)."""
 
 
 class GlobalIdLookup(Protocol):

@@ -208,21 +208,21 @@ class Lookups:
         found = self._subjects.peek(schema_id, lambda: self._load_subjects(schema_id))
         return found if isinstance(found, tuple) else self._answer(schema_id, found)
 
-    async def fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str], *,
-                             fresh: bool = False) -> None:
+    async def fetch_subjects(self, schema_id: int, down: dict[tuple[str, object], str]
+                             ) -> None:
         """Ask the registry for ``schema_id``'s subjects now; its failure into ``down``."""
         try:
-            await self._subjects.refresh(
-                schema_id, lambda: self._load_subjects(schema_id, fresh=fresh))
+            await self._subjects.refresh(schema_id, lambda: self._load_subjects(schema_id))
         except self._unavailable as exc:
             down[("subjects", schema_id)] = str(exc)
 
-    async def _load_subjects(self, schema_id: int, *,
-                             fresh: bool = False) -> tuple[frozenset[str], float]:
+    async def _load_subjects(self, schema_id: int) -> tuple[frozenset[str], float]:
+        # Asked of the registry (fresh): these lookups are the cache, kept lookup_ttl_s;
+        # the client's own cache under them would keep an old answer as long again.
         assert self.client is not None
         try:
             pairs = await self._read(f"the subjects of schema id {schema_id}",
-                                     self.client.subjects_of(schema_id, fresh=fresh))
+                                     self.client.subjects_of(schema_id, fresh=True))
         except self._unknown_id:
             pairs = ()
         return frozenset(s for s, _ in pairs), time.monotonic()
@@ -244,6 +244,6 @@ class Lookups:
         assert self.client is not None
         try:
             return await self._read(f"the latest version of {subject!r}",
-                                    self.client.latest_id(subject))
+                                    self.client.latest_id(subject, fresh=True))
         except self._unknown_id:
             return -1  # no version at all: no id is the latest

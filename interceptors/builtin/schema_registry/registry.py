@@ -161,8 +161,9 @@ class SchemaRegistryClient:
         return await self._lookup(self._subjects, ("subjects", schema_id), fresh,
                                   lambda: self._fetch_subjects(schema_id))
 
-    async def latest_id(self, subject: str) -> int:
-        """The schema ID of ``subject``'s latest version, kept ``subject_ttl_s``.
+    async def latest_id(self, subject: str, *, fresh: bool = False) -> int:
+        """The schema ID of ``subject``'s latest version, kept ``subject_ttl_s``;
+        ``fresh`` asks the registry now.
 
         Raises :class:`UnknownSubject` or :class:`RegistryUnavailable`."""
         async def fetch() -> int:
@@ -172,7 +173,7 @@ class SchemaRegistryClient:
                 unknown=lambda: UnknownSubject(f"subject {subject!r} is not registered"))
             return _int_field(body, "id", self._base)
 
-        return await self._lookup(self._latest, ("latest", subject), False, fetch)
+        return await self._lookup(self._latest, ("latest", subject), fresh, fetch)
 
     def stats(self) -> RegistryStats:
         """The counters so far (a snapshot)."""
