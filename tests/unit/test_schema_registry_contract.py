@@ -9,6 +9,7 @@ checks against a real Apicurio Registry with confluent-kafka's serializers.
 from __future__ import annotations
 
 import asyncio
+import base64
 import io
 import json
 import re
@@ -278,6 +279,34 @@ async def test_protobuf_nested_type_and_unknown_fields() -> None:
     assert refusal is not None and "has only 1" in refusal.record_errors[0][1]
 
 
+
+async def test_a_descriptor_importing_well_known_types_builds() -> None:
+    """As confluent-kafka's ProtobufSerializer registers a message holding a Timestamp: a
+    base64 FileDescriptorProto importing google/protobuf/timestamp.proto, no reference."""
+    from google.protobuf import descriptor_pb2
+
+    field = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(
+        name="ev.proto", package="shop", syntax="proto3",
+        dependency=["google/protobuf/timestamp.proto", "google/protobuf/wrappers.proto"])
+    message = fdp.message_type.add(name="Ev")
+    message.field.add(name="id", number=1, type=field.TYPE_STRING, label=field.LABEL_OPTIONAL)
+    message.field.add(name="at", number=2, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                      type_name=".google.protobuf.Timestamp")
+    message.field.add(name="n", number=3, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                      type_name=".google.protobuf.Int32Value")
+    fake = registry()
+    fake.schemas[41] = Schema(41, "PROTOBUF",
+                              base64.b64encode(fdp.SerializeToString()).decode())
+    fake.subjects[41] = ["evs-value"]
+    check = checker({"topics": {"evs": {"value": "payload"}}}, fake)
+    event = b"\x0a\x02e1" + b"\x12\x02\x08\x05" + b"\x1a\x02\x08\x07"  # at 5 s, n 7
+    assert await check.check(batch("evs", framed(41, b"\x00" + event))) is None
+    refusal = await check.check(batch("evs", framed(41, b"\x00" + b"\x12\x02\x58\x05")))
+    assert refusal is not None  # a field a Timestamp does not have (number 11)
+    assert refusal.record_errors[0][1].startswith(
+        "record 0: field number 11 in at (varint) is not in the schema (shop.Ev")
+
 async def test_json_schema_payload() -> None:
     check = checker({"topics": {"events": {"value": "payload"}}})
     assert await check.check(batch("events", framed(30, b'{"kind": "a"}'))) is None
@@ -415,7 +444,7 @@ async def test_registry_down_policy_and_cached_ids() -> None:
     new = framed(20, GOOD[5:])
     refusal = await check.check(batch("orders", new))
     assert refusal is not None and refusal.code == ErrorCode.REQUEST_TIMED_OUT
-    assert "could not be reached" in refusal.message
+    assert "could not check orders[0] against the schema registry" in refusal.message
     passing = checker({**ORDERS, "on_registry_unavailable": "pass"}, fake)
     assert await passing.check(batch("orders", new)) is None
     assert passing.unavailable_passed == 1

@@ -340,8 +340,8 @@ class ContractCheck:
         if state.unavailable and self.settings.on_registry_unavailable == "reject":
             state.counts["registry_unavailable"] += 1
             return Refusal(int(ErrorCode.REQUEST_TIMED_OUT),
-                           f"the schema registry could not be reached to check "
-                           f"{batch.topic}[{batch.partition}] ({state.unavailable[0]}); the "
+                           f"the proxy could not check {batch.topic}[{batch.partition}] "
+                           f"against the schema registry ({state.unavailable[0]}); the "
                            "batch was not stored, retry", ())
         if state.unavailable:
             self._passed_unchecked(len(state.unavailable), state.unavailable[0])

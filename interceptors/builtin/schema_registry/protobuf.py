@@ -5,7 +5,10 @@ references into a descriptor pool of its own. The registry may hold either form
 a producer registered: ``.proto`` text (compiled by the ``protoc`` bundled in
 ``grpcio-tools``, in process, with the well-known ``google/protobuf/*.proto``
 files on its include path; no ``protoc`` on PATH needed), or a base64-encoded
-``FileDescriptorProto``, the form some serializers register. The frame's
+``FileDescriptorProto``, the form some serializers register (confluent-kafka's
+``ProtobufSerializer`` registers one importing a well-known type, such as
+``google/protobuf/timestamp.proto``, with no reference for it: the protobuf runtime's
+own copy of that file is added). The frame's
 message indexes choose the message type (``[0]`` the file's first message,
 ``[1, 0]`` the first message nested in the second), and the payload must parse
 as that type with nothing left unexplained:
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import os
 import tempfile
 import threading
@@ -90,6 +94,45 @@ def _protoc(files: dict[str, str], main: str) -> list[descriptor_pb2.FileDescrip
         fds = descriptor_pb2.FileDescriptorSet.FromString(Path(out).read_bytes())
     return list(fds.file)
 
+
+_WELL_KNOWN = "google/protobuf/"
+
+
+def _well_known(name: str) -> descriptor_pb2.FileDescriptorProto | None:
+    """The well-known file ``name`` (``google/protobuf/timestamp.proto``) as the protobuf
+    runtime holds it, or None for any other name."""
+    stem = name.removeprefix(_WELL_KNOWN).removesuffix(".proto")
+    if not name.startswith(_WELL_KNOWN) or not name.endswith(".proto") or \
+            not stem.isidentifier():
+        return None
+    try:
+        importlib.import_module(f"google.protobuf.{stem}_pb2")
+        found = descriptor_pool.Default().FindFileByName(name)
+    except (ImportError, KeyError):
+        return None
+    fdp = descriptor_pb2.FileDescriptorProto()
+    found.CopyToProto(fdp)
+    return fdp
+
+
+def _with_well_known(protos: list[descriptor_pb2.FileDescriptorProto]
+                     ) -> list[descriptor_pb2.FileDescriptorProto]:
+    """``protos`` after the well-known files they import and do not hold (and those
+    files' own imports), dependencies first."""
+    have = {p.name for p in protos}
+    added: list[descriptor_pb2.FileDescriptorProto] = []
+    wanted = [d for p in protos for d in p.dependency if d not in have]
+    while wanted:
+        name = wanted.pop()
+        if name in have:
+            continue
+        fdp = _well_known(name)
+        if fdp is None:
+            continue  # the pool names it when it cannot build without it
+        have.add(name)
+        added.insert(0, fdp)
+        wanted.extend(d for d in fdp.dependency if d not in have)
+    return [*added, *protos]
 
 class ProtobufSchema:
     """One Protobuf schema id: its pool and the message classes its indexes reach."""
@@ -246,7 +289,7 @@ def compile_protobuf(source: SchemaSource) -> ProtobufSchema:
             protos.append(main)
         pool = descriptor_pool.DescriptorPool()
         added: set[str] = set()
-        for fdp in protos:
+        for fdp in _with_well_known(protos):
             if fdp.name not in added:
                 pool.Add(fdp)
                 added.add(fdp.name)
