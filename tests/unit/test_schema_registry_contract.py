@@ -299,9 +299,13 @@ async def test_a_descriptor_importing_well_known_types_builds() -> None:
     fake.schemas[41] = Schema(41, "PROTOBUF",
                               base64.b64encode(fdp.SerializeToString()).decode())
     fake.subjects[41] = ["evs-value"]
-    check = checker({"topics": {"evs": {"value": "payload"}}}, fake)
+    rules = [{"name": "typed", "expr": "value.at > timestamp('1970-01-01T00:00:01Z') && "
+                                       "value.n == 7"}]
+    check = checker({"topics": {"evs": {"value": "payload", "rules": rules}}}, fake)
     event = b"\x0a\x02e1" + b"\x12\x02\x08\x05" + b"\x1a\x02\x08\x07"  # at 5 s, n 7
     assert await check.check(batch("evs", framed(41, b"\x00" + event))) is None
+    refusal = await check.check(batch("evs", framed(41, b"\x00\x1a\x02\x08\x08")))  # n 8
+    assert refusal is not None and "rule typed failed" in refusal.record_errors[0][1]
     refusal = await check.check(batch("evs", framed(41, b"\x00" + b"\x12\x02\x58\x05")))
     assert refusal is not None  # a field a Timestamp does not have (number 11)
     assert refusal.record_errors[0][1].startswith(
@@ -338,6 +342,37 @@ async def test_rules_over_decoded_and_plain_json_values() -> None:
     assert "rule has_kind could not be evaluated" in errors[0] or "failed" in errors[0]
     assert errors[1].startswith("record 1: not JSON")
 
+
+
+async def test_rules_read_avro_timestamps_as_cel_timestamps() -> None:
+    """timestamp-millis, -micros and local-timestamp-millis, nullable or not, as docs say."""
+    import datetime
+
+    def stamp(logical: str) -> dict[str, str]:
+        return {"type": "long", "logicalType": logical}
+
+    event = {"type": "record", "name": "Ev", "namespace": "shop", "fields": [
+        {"name": "at", "type": ["null", stamp("timestamp-millis")], "default": None},
+        {"name": "us", "type": stamp("timestamp-micros")},
+        {"name": "local", "type": stamp("local-timestamp-millis")}]}
+    fake = registry()
+    fake.schemas[42] = Schema(42, "AVRO", json.dumps(event))
+    fake.subjects[42] = ["evs-value"]
+    rules = [{"name": "recent", "expr": "value.at == null || value.at > "
+                                        "timestamp('2023-01-01T00:00:00Z')"},
+             {"name": "ordered", "expr": "value.us <= value.local + duration('1h')"}]
+    check = checker({"topics": {"evs": {"value": "payload", "rules": rules}}}, fake)
+    utc = datetime.UTC
+    when = datetime.datetime(2024, 5, 1, 12, tzinfo=utc)
+    good = {"at": when, "us": when, "local": datetime.datetime(2024, 5, 1, 12)}
+    old = {**good, "at": datetime.datetime(2020, 1, 1, tzinfo=utc)}
+    unset = {**good, "at": None}
+    refusal = await check.check(batch("evs", *(framed(42, avro(event, d))
+                                               for d in (good, unset, old))))
+    assert refusal is not None
+    assert refusal.record_errors == ((2, "record 2: rule recent failed: value.at == null || "
+                                         "value.at > timestamp('2023-01-01T00:00:00Z') is "
+                                         "false"),)
 
 async def test_allowed_unframed_values_go_through_the_rules_as_json() -> None:
     rules = [{"name": "positive_amount", "expr": "value.amount > 0.0"}]

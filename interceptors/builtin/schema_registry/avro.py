@@ -31,9 +31,10 @@ from typing import TYPE_CHECKING, Any
 try:
     import fastavro
     from fastavro.schema import SchemaParseException, UnknownType
+    from google.protobuf.timestamp_pb2 import Timestamp
 except ModuleNotFoundError as exc:  # pragma: no cover - the extra is installed in CI
-    raise ImportError("the schema_registry interceptor needs fastavro: pip install "
-                      "'.[schema-registry]' (from a kiproxy checkout)") from exc
+    raise ImportError("the schema_registry interceptor needs fastavro and protobuf: pip "
+                      "install '.[schema-registry]' (from a kiproxy checkout)") from exc
 
 from kiproxy.interceptors.builtin.schema_registry._avro_check import (
     AvroCheckError,
@@ -227,7 +228,9 @@ def compile_avro(source: SchemaSource) -> AvroSchema:
 
 
 def plain(value: Any) -> Any:
-    """``value`` with Avro's logical-type objects as CEL reads them (float, str, int)."""
+    """``value`` with Avro's logical-type objects as CEL reads them: a decimal as a float,
+    a uuid, date or time as text, a timestamp as a ``google.protobuf.Timestamp`` (a CEL
+    timestamp; a ``datetime`` inside a map is no CEL value), a local one read as UTC."""
     if isinstance(value, dict):
         return {k: plain(v) for k, v in value.items()}
     if isinstance(value, list):
@@ -237,7 +240,9 @@ def plain(value: Any) -> Any:
     if isinstance(value, uuid.UUID):
         return str(value)
     if isinstance(value, datetime.datetime):
-        return value if value.tzinfo else value.replace(tzinfo=datetime.UTC)
+        stamp = Timestamp()
+        stamp.FromDatetime(value if value.tzinfo else value.replace(tzinfo=datetime.UTC))
+        return stamp
     if isinstance(value, datetime.date):
         return value.isoformat()
     if isinstance(value, datetime.time):

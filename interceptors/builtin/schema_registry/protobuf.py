@@ -236,9 +236,22 @@ def _unknown(message: Message, path: str) -> str | None:
     return None
 
 
+_CEL_NATIVE = frozenset(f"google.protobuf.{name}" for name in (
+    "Timestamp", "Duration", "Struct", "Value", "ListValue", "DoubleValue", "FloatValue",
+    "Int64Value", "UInt64Value", "Int32Value", "UInt32Value", "BoolValue", "StringValue",
+    "BytesValue"))
+"""Well-known message types CEL reads as its own values (a timestamp, a duration, JSON,
+the wrapped scalar): handed over as messages, not as maps of their fields."""
+
+
+def _cel_value(message: Message) -> Any:
+    return message if message.DESCRIPTOR.full_name in _CEL_NATIVE else to_map(message)
+
+
 def to_map(message: Message) -> dict[str, Any]:
     """A message as CEL reads it: every field by its proto name (unset scalars at their
-    defaults, unset message fields and oneof members absent), enums as numbers."""
+    defaults, unset message fields and oneof members absent), enums as numbers, a
+    well-known type as CEL's own value (``google.protobuf.Timestamp`` a timestamp)."""
     out: dict[str, Any] = {}
     for fd in message.DESCRIPTOR.fields:
         if fd.has_presence and not message.HasField(fd.name):
@@ -248,11 +261,11 @@ def to_map(message: Message) -> dict[str, Any]:
             map_value = _map_value(fd)
             if map_value is not None:
                 is_msg = map_value.type == FieldDescriptor.TYPE_MESSAGE
-                out[fd.name] = {k: to_map(v) if is_msg else v for k, v in value.items()}
+                out[fd.name] = {k: _cel_value(v) if is_msg else v for k, v in value.items()}
             elif fd.is_repeated:
-                out[fd.name] = [to_map(v) for v in value]
+                out[fd.name] = [_cel_value(v) for v in value]
             else:
-                out[fd.name] = to_map(value)
+                out[fd.name] = _cel_value(value)
         elif fd.is_repeated:
             out[fd.name] = list(value)
         else:
