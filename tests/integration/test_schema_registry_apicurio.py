@@ -14,6 +14,7 @@ producer's callback reads (InvalidRecordException).
 
 from __future__ import annotations
 
+import io
 import json
 import struct
 import urllib.request
@@ -137,3 +138,37 @@ def test_content_ids_in_headers(producer: ApicurioProducer, proxy: ProxyProcess,
     assert run.result(1) == {"event": "error", "index": 1, "error": INVALID_RECORD,
                              "message": "record 0: schema id 987654321 is not registered"}
     _check_stored(run, broker, CONTENT, [0])
+
+
+def _new_version(url: str, artifact: str, body: str) -> int:
+    """Register ``body`` as a new version of ``artifact`` (created if missing): its globalId."""
+    request = urllib.request.Request(
+        f"{url}/groups/default/artifacts?ifExists=UPDATE", data=body.encode(), method="POST",
+        headers={"Content-Type": "application/json", "X-Registry-ArtifactId": artifact,
+                 "X-Registry-ArtifactType": "AVRO"})
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        global_id: int = json.load(resp)["globalId"]
+    return global_id
+
+
+def test_a_global_id_of_an_older_version_is_found(proxy: ProxyProcess,
+                                                  registry_url: str) -> None:
+    """Producers still on the version before the latest, as in a rolling upgrade: Apicurio's
+    search by globalId finds only an artifact's latest version."""
+    import fastavro
+    from confluent_kafka import Producer
+
+    artifact = f"{GLOBAL}-value"  # the topic's subject, which the check holds it to
+    older = _new_version(native(registry_url), artifact, COMPACT)
+    newer = {**ORDER, "fields": [*ORDER["fields"],
+                                 {"name": "note", "type": "string", "default": ""}]}
+    _new_version(native(registry_url), artifact, json.dumps(newer, separators=(",", ":")))
+    payload = io.BytesIO()
+    fastavro.schemaless_writer(payload, fastavro.parse_schema(ORDER), {"id": "r1", "amount": 1.0})
+    errors: list[Any] = []
+    p = Producer({"bootstrap.servers": proxy.bootstrap, "message.timeout.ms": 20000})
+    p.produce(GLOBAL, payload.getvalue(),
+              headers=[("apicurio.value.globalId", struct.pack(">q", older))],
+              on_delivery=lambda err, _msg: errors.append(err))
+    p.flush(30)
+    assert [None if e is None else e.str() for e in errors] == [None]

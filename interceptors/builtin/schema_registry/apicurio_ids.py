@@ -13,9 +13,14 @@ Contract: :meth:`GlobalIds.registry_id` finds the artifact version a globalId na
 the native API beside the configured ccompat URL (``/apis/registry/v2/search/artifacts?globalId=``,
 then that artifact's versions), and returns the id of the same subject version on the
 Confluent-compatible API (``/subjects/{artifactId}/versions/{version}``), so the answer is right
-whichever numbering that API uses. Raises ``UnknownSchemaId`` when no version has that
-globalId, or when it lies outside the default group (which the Confluent-compatible API does
-not serve), and ``RegistryUnavailable`` when the registry cannot answer. A globalId names one
+whichever numbering that API uses. Apicurio 2.x's search by globalId finds an artifact by its
+latest version only; a globalId it does not find but the registry holds
+(``/ids/globalIds/{id}``) is an older version, looked for among the artifacts its content
+names (an Avro record's name, a JSON Schema's title: what Apicurio takes as an artifact's
+name), then among the :data:`_RECENT` most recently created artifacts of the default
+group. Raises ``UnknownSchemaId`` when no version has that globalId (or none found so), or
+when it lies outside the default group (which the Confluent-compatible API does not serve),
+and ``RegistryUnavailable`` when the registry cannot answer. A globalId names one
 immutable version, so callers may keep the answer for as long as they like (the contract
 check keeps it in a :class:`~.lookup_cache.LookupCache`). The HTTP requests are bounded
 as the registry client's (``registry_http.py``) and use the ``registry:`` settings'
@@ -24,6 +29,7 @@ connection, credentials and TLS.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 from urllib.parse import quote
@@ -36,6 +42,9 @@ __all__ = ["GlobalIds"]
 
 _PAGE = 500
 _MAX_PAGES = 20
+_RECENT = 100
+"""Artifacts whose versions are looked through for an older version's globalId when its
+content names none that holds it (one request each)."""
 _CCOMPAT = re.compile(r"(?P<root>.+/apis)(?P<ccompat>/ccompat/v[0-9]+)/?")
 
 
@@ -56,27 +65,51 @@ class GlobalIds:
         def unknown(where: str = "") -> UnknownSchemaId:
             return UnknownSchemaId(f"Apicurio global id {global_id} is not registered{where}")
 
-        found = await self._get(f"/registry/v2/search/artifacts?globalId={int(global_id)}"
-                                "&limit=1", unknown)
-        artifacts = found.get("artifacts") if isinstance(found, dict) else None
-        if not isinstance(artifacts, list):
-            raise self._odd("search/artifacts", found)
-        if not artifacts:
-            raise unknown()
-        artifact = artifacts[0]
-        if not isinstance(artifact, dict) or not isinstance(artifact.get("id"), str):
-            raise self._odd("search/artifacts", found)
-        group = artifact.get("groupId") or "default"
-        if group != "default":
-            raise unknown(f" in the default group (it is artifact {artifact['id']} of group "
-                          f"{group}, which the Confluent-compatible API does not serve)")
-        version = await self._version(artifact["id"], global_id, unknown)
-        body = await self._get(f"{self._ccompat}/subjects/{quote(artifact['id'], safe='')}"
+        artifacts = await self._search(f"globalId={int(global_id)}&limit=1")
+        if artifacts:  # its latest version
+            artifact = artifacts[0]
+            group = artifact.get("groupId") or "default"
+            if group != "default":
+                raise unknown(f" in the default group (it is artifact {artifact['id']} of "
+                              f"group {group}, which the Confluent-compatible API does not "
+                              "serve)")
+            name, version = artifact["id"], await self._version(artifact["id"], global_id,
+                                                                unknown)
+        else:
+            name, version = await self._older(global_id, unknown)
+        body = await self._get(f"{self._ccompat}/subjects/{quote(name, safe='')}"
                                f"/versions/{quote(version, safe='')}", unknown)
         schema_id = body.get("id") if isinstance(body, dict) else None
         if not isinstance(schema_id, int):
             raise self._odd("subjects/.../versions", body)
         return schema_id
+
+    async def _search(self, query: str) -> list[dict[str, Any]]:
+        found = await self._get(f"/registry/v2/search/artifacts?{query}", UnknownSchemaId)
+        artifacts = found.get("artifacts") if isinstance(found, dict) else None
+        if not isinstance(artifacts, list) or not all(
+                isinstance(a, dict) and isinstance(a.get("id"), str) for a in artifacts):
+            raise self._odd("search/artifacts", found)
+        return artifacts
+
+    async def _older(self, global_id: int, unknown: Any) -> tuple[str, str]:
+        """The artifact and version of ``global_id`` when it is not an artifact's latest
+        version (see the module docstring)."""
+        content = await self._get(f"/registry/v2/ids/globalIds/{int(global_id)}", unknown,
+                                  parse=False)
+        looked: set[str] = set()
+        for query in (*_named(content), f"orderby=createdOn&order=desc&limit={_RECENT}"):
+            for artifact in await self._search(f"group=default&{query}"):
+                if artifact["id"] in looked:
+                    continue
+                looked.add(artifact["id"])
+                try:
+                    return artifact["id"], await self._version(artifact["id"], global_id,
+                                                               UnknownSchemaId)
+                except UnknownSchemaId:
+                    continue
+        raise unknown(f" as a version of the artifacts its content names or the {_RECENT} "
+                      "most recently created ones of the default group")
 
     async def _version(self, artifact: str, global_id: int, unknown: Any) -> str:
         path = f"/registry/v2/groups/default/artifacts/{quote(artifact, safe='')}/versions"
@@ -92,8 +125,8 @@ class GlobalIds:
                 break
         raise unknown()
 
-    async def _get(self, path: str, unknown: Any) -> Any:
-        return await self._http.get_json(path, unknown=unknown)
+    async def _get(self, path: str, unknown: Any, *, parse: bool = True) -> Any:
+        return await self._http.get_json(path, unknown=unknown, parse=parse)
 
     def _odd(self, what: str, body: Any) -> RegistryUnavailable:
         return RegistryUnavailable(f"Apicurio Registry {self._http.settings.url}: the answer "
@@ -108,3 +141,15 @@ class GlobalIds:
     async def close(self) -> None:
         """Close the HTTP connections."""
         await self._http.close()
+
+
+def _named(content: bytes) -> list[str]:
+    """Search queries for the artifacts a schema's text names: an Avro record's name, a JSON
+    Schema's title (Apicurio's artifact name for them); none for other text."""
+    try:
+        doc = json.loads(content)
+    except ValueError:
+        return []
+    name = doc.get("name") if isinstance(doc, dict) and doc.get("type") == "record" \
+        else doc.get("title") if isinstance(doc, dict) else None
+    return [f"name={quote(name, safe='')}&limit={_PAGE}"] if isinstance(name, str) else []

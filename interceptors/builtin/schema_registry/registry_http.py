@@ -106,9 +106,10 @@ class RegistryHttp:
     # -- requests -----------------------------------------------------------------------
 
     async def get_json(self, path: str, *, unknown: Callable[[], Exception],
-                       what: str = "") -> Any:
+                       what: str = "", parse: bool = True) -> Any:
         """The parsed JSON answer of ``GET base + path`` (see the module docstring);
-        ``what`` names the lookup in a warning ("schema id 7")."""
+        ``what`` names the lookup in a warning ("schema id 7"); without ``parse``, the
+        answer's bytes."""
         url = self.base + path
         what = what or path
         headers = {}
@@ -136,7 +137,7 @@ class RegistryHttp:
                 text = body[:200].decode("utf-8", "replace")
                 raise self._failed(f"http {status}", url, f"HTTP {status} {reason}: {text}",
                                    setting)
-            return await self._parse(body, url)
+            return await self._parse(body, url) if parse else bytes(body)
         finally:
             pool.gate.release()
 
