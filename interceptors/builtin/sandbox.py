@@ -11,7 +11,8 @@ Contract:
 * :class:`SandboxHost` - per-topic plugin selection and the calls: each distinct
   plugin spec is loaded once (:meth:`SandboxHost.load`), topics pick one through the
   shared :class:`~kiproxy.interceptors.topics.TopicSelector`, and a batch's call runs
-  on one of ``workers`` threads (the runtimes release the GIL) or inline. At the
+  on one of its plugin's own ``workers`` threads (the runtimes release the GIL; a
+  plugin busy on all of its threads holds up no other plugin) or inline. At the
   batch deadline the wait is given up and the adapter's ``stop`` is fired; the
   call's outcome is then dropped. :meth:`SandboxHost.files` are the plugin files.
 * :class:`InstancePool` - idle instances reused across batches, one call each at a
@@ -367,13 +368,25 @@ class SandboxHost(Generic[K, P]):
         """Every plugin, by the spec it was loaded from."""
         self.topics: TopicSelector[P] = TopicSelector(())
         """Each topic's plugin (:meth:`route`)."""
-        self._executor = (concurrent.futures.ThreadPoolExecutor(
-            max_workers=workers, thread_name_prefix=thread_name) if threaded else None)
+        self._workers = workers
+        self._thread_name = thread_name
+        self._threaded = threaded
+        self._executors: dict[int, concurrent.futures.ThreadPoolExecutor] = {}
+        """Each plugin's own worker threads (by the plugin's id; the plugins are kept in
+        :attr:`loaded`): a plugin that loops holds its own threads, not another's."""
 
     @property
     def threaded(self) -> bool:
         """Whether calls run on worker threads (else inline, on the caller's thread)."""
-        return self._executor is not None
+        return self._threaded
+
+    def _executor_of(self, plugin: P) -> concurrent.futures.ThreadPoolExecutor:
+        executor = self._executors.get(id(plugin))
+        if executor is None:
+            executor = self._executors[id(plugin)] = concurrent.futures.ThreadPoolExecutor(
+                max_workers=self._workers,
+                thread_name_prefix=f"{self._thread_name}-{len(self._executors)}")
+        return executor
 
     def load(self, spec: K) -> P:
         """The plugin of ``spec``, loaded the first time it is asked for."""
@@ -391,21 +404,22 @@ class SandboxHost(Generic[K, P]):
         """Every plugin's files."""
         return tuple(f for plugin in self.loaded.values() for f in plugin.files)
 
-    def call(self, run: Callable[[], RecordBatch], deadline: float,
+    def call(self, plugin: P, run: Callable[[], RecordBatch], deadline: float,
              stop: Callable[[], None] | None = None) -> RecordBatch | Awaitable[RecordBatch]:
-        """``run()``'s batch: inline, or awaited on a worker thread; ``stop`` is fired at
-        ``deadline`` (``time.monotonic``) or when the caller gives up."""
-        if self._executor is None:
+        """``run()``'s batch (a call of ``plugin``): inline, or awaited on one of
+        ``plugin``'s worker threads; ``stop`` is fired at ``deadline``
+        (``time.monotonic``) or when the caller gives up."""
+        if not self._threaded:
             return run()
-        return self._threaded(run, deadline, stop)
+        return self._on_thread(self._executor_of(plugin), run, deadline, stop)
 
-    async def _threaded(self, run: Callable[[], RecordBatch], deadline: float,
-                        stop: Callable[[], None] | None) -> RecordBatch:
-        assert self._executor is not None
+    async def _on_thread(self, executor: concurrent.futures.ThreadPoolExecutor,
+                         run: Callable[[], RecordBatch], deadline: float,
+                         stop: Callable[[], None] | None) -> RecordBatch:
         loop = asyncio.get_running_loop()
         # In a copy of the caller's context, as asyncio.to_thread runs a call: the verdict's
         # output_limits() reach the plugin on the thread.
-        future = loop.run_in_executor(self._executor, contextvars.copy_context().run, run)
+        future = loop.run_in_executor(executor, contextvars.copy_context().run, run)
         if stop is None:
             return await future
         timer = loop.call_later(max(deadline - time.monotonic(), 0), stop)
@@ -422,7 +436,7 @@ class SandboxHost(Generic[K, P]):
     def close(self) -> None:
         """Stop the worker threads (a running call is stopped by its deadline) and free
         the plugins."""
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        for executor in self._executors.values():
+            executor.shutdown(wait=False, cancel_futures=True)
         for plugin in self.loaded.values():
             plugin.close()

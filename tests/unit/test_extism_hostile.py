@@ -5,6 +5,7 @@ threads or instances without bound."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -42,6 +43,17 @@ def test_the_cap_is_max_memory_bytes_or_max_pages(extism_plugins: dict[str, Path
     with plugin(extism_plugins, "grow", max_pages=100) as p:
         assert "ran out of memory (limit 6400 KiB, setting max_pages;" in (
             p.run(make_batch(b"a", topic=TOPIC)).message or "")
+
+
+def test_a_manifests_own_smaller_cap_is_the_one_named(extism_plugins: dict[str, Path],
+                                                      tmp_path: Path) -> None:
+    manifest = tmp_path / "grow.json"
+    manifest.write_text(json.dumps({"wasm": [{"path": str(extism_plugins["grow"])}],
+                                    "memory": {"max_pages": 8}}))
+    config = {"topics": {TOPIC: {"plugin": str(manifest), "max_memory_bytes": 2**30}}}
+    with load("extism", config=config) as p:
+        message = p.run(make_batch(b"a", topic=TOPIC)).message or ""
+    assert "ran out of memory (limit 512 KiB, setting memory.max_pages of grow.json;" in message
 
 
 def test_a_50_mib_answer_is_refused_by_the_output_bound(extism_plugins: dict[str, Path]) -> None:

@@ -1,8 +1,15 @@
-"""The Wasm hosts' shared backoff (``interceptors/builtin/sandbox.py``), on a fake clock."""
+"""The Wasm hosts' shared backoff (``interceptors/builtin/sandbox.py``), on a fake clock, and
+their worker threads."""
 
 from __future__ import annotations
 
-from kiproxy.interceptors.builtin.sandbox import Backoff, mib
+import asyncio
+import threading
+import time
+from typing import Any
+
+from kiproxy.interceptors.builtin.sandbox import Backoff, SandboxHost, mib
+from kiproxy.interceptors.testing import make_batch
 
 
 def test_backoff_starts_at_the_third_crash_doubles_and_is_capped() -> None:
@@ -37,3 +44,33 @@ def test_an_answer_ends_the_backoff() -> None:
 
 def test_sizes_are_written_as_people_read_them() -> None:
     assert (mib(256 * 2**20), mib(6400 * 1024), mib(100)) == ("256 MiB", "6400 KiB", "100 bytes")
+
+
+async def test_a_plugin_busy_on_all_its_threads_holds_up_no_other_plugin() -> None:
+    """Each plugin has its own worker threads: two batches of a looping plugin, on a host
+    of one thread per plugin, leave another plugin's batch to run at once."""
+    release = threading.Event()
+    class Plugin:
+        def close(self) -> None:
+            pass
+
+    host: SandboxHost[str, Any] = SandboxHost(lambda spec: Plugin(), 1, thread_name="t")
+    looping, other = host.load("looping"), host.load("other")
+    batch = make_batch(b"v")
+
+    def loop_until_released() -> Any:
+        release.wait(10)
+        return batch
+
+    deadline = time.monotonic() + 10
+    busy = [asyncio.ensure_future(host.call(looping, loop_until_released, deadline))
+            for _ in range(2)]
+    try:
+        answered = host.call(other, lambda: batch, deadline)
+        assert not isinstance(answered, type(batch))
+        assert await asyncio.wait_for(answered, 5) is batch  # not after the loop ends
+        assert not any(task.done() for task in busy)
+    finally:
+        release.set()
+        await asyncio.gather(*busy)
+        host.close()

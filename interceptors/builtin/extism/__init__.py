@@ -31,7 +31,7 @@ Config (every key: ``docs/builtin-settings.md``, from :class:`ExtismSettings`)::
         # max_pages: 4096               # or the cap in 64 KiB pages (manifest memory.max_pages)
         binary: refuse                  # non-UTF-8 bytes: refuse the batch, or base64
         error: POLICY_VIOLATION         # the code of a batch the plugin refuses
-        pool_size: 2                    # worker threads (and instances per plugin)
+        pool_size: 2                    # worker threads of each plugin (and its instances)
 
 A plugin is a ``.wasm`` file or an Extism manifest (``.json``). Topics that match
 nothing pass untouched. Relative paths are resolved against the proxy's working
@@ -53,13 +53,14 @@ Extism's cancel handle (REQUEST_TIMED_OUT). Returning another number of records,
 or more bytes than the proxy's ``max_plugin_output_*`` allow, is the verdict's
 rejection, as for every interceptor.
 
-Threads: calls run on ``pool_size`` worker threads of the Wasm host that the
-``wasm`` built-in runs on too
+Threads: each plugin's calls run on ``pool_size`` worker threads of its own, in the Wasm
+host that the ``wasm`` built-in runs on too
 (:class:`~kiproxy.interceptors.builtin.sandbox.SandboxHost`; the Extism runtime releases
-the GIL), so a slow plugin never holds the event loop and other connections
-keep being served. Each plugin keeps at most ``pool_size`` instances, reused
-across batches, each compiled once (:mod:`.plugin`); an instance serves one batch
-at a time. Memory held by a plugin is therefore at most ``pool_size`` times its cap.
+the GIL), so a slow plugin never holds the event loop, other connections keep being
+served, and a plugin busy on all its threads holds up no other plugin's topics. Each
+plugin keeps at most ``pool_size`` instances, reused across batches, each compiled once
+(:mod:`.plugin`); an instance serves one batch at a time. Memory held by a plugin is
+therefore at most ``pool_size`` times its cap.
 
 Reload: the plugin files are compiled at configure. A proxy reload (file watch
 - the plugin and properties files are watched - SIGHUP or ``POST /reload``)
@@ -185,7 +186,7 @@ class ExtismSettings(ExtismTarget, ExtismTopics):
     properties: str | None = None
     """A broker-style ``.properties`` file of topics (``topics`` wins over it)."""
     pool_size: int = Field(default=2, gt=0, strict=True)
-    """Worker threads, and instances per plugin."""
+    """Worker threads of each plugin, and its instances."""
 
     @model_validator(mode="after")
     def _plugins(self) -> ExtismSettings:
@@ -282,7 +283,8 @@ class ExtismInterceptor(ProduceRequestInterceptor[ExtismSettings]):
         refuse_stored_keys(batch, "extism")
         assert self._host is not None
         cancel = _plugin_module().Cancel()
-        return self._host.call(partial(plugin.run, batch, cancel), ctx.deadline, cancel.fire)
+        return self._host.call(plugin, partial(plugin.run, batch, cancel), ctx.deadline,
+                               cancel.fire)
 
     def close(self) -> None:
         """Stop the worker threads (a running call is stopped by its deadline)."""

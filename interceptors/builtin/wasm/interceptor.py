@@ -25,7 +25,7 @@ Config (every key: ``docs/builtin-settings.md``, from :class:`WasmSettings`)::
         error: INVALID_RECORD                 # error code of rejections the module asks for
         reload_interval_ms: 1000              # stat the file this often; 0: every batch; -1: never
         threaded: true                        # run Wasm on worker threads (see below)
-        workers: 1                            # worker threads = instances per module
+        workers: 1                            # worker threads of each module = its instances
 
 Topics that match neither ``topics`` nor a default ``module`` pass untouched.
 Relative paths are resolved against the proxy's working directory.
@@ -198,7 +198,7 @@ class WasmSettings(WasmTarget):
     threaded: bool = True
     """Run Wasm on worker threads (``false``: inline on the event loop)."""
     workers: int = Field(default=1, gt=0, strict=True)
-    """Worker threads, and instances per module."""
+    """Worker threads of each module, and its instances."""
 
     @model_validator(mode="after")
     def _modules(self) -> WasmSettings:
@@ -270,7 +270,7 @@ class WasmInterceptor(ProduceRequestInterceptor[WasmSettings]):
         refuse_stored_keys(batch, "wasm")
         assert self._host is not None
         # No stop: epoch interruption ends a call at the deadline inside the engine.
-        return self._host.call(partial(program.run, batch, ctx.deadline), ctx.deadline)
+        return self._host.call(program, partial(program.run, batch, ctx.deadline), ctx.deadline)
 
     def close(self) -> None:
         """Stop the worker threads and the epoch clock."""
