@@ -69,6 +69,9 @@ class VerdictLog:
         self._last_held: dict[Hashable, tuple[int, Subject, str]] = {}
         """Key -> (level, subject, text) of the last line held back, while a summary of
         them is due (see :meth:`_held_back`)."""
+        self._summaries: dict[Hashable, asyncio.TimerHandle] = {}
+        """Key -> its summary's timer, cancelled when a line for the key is written first
+        (that line counts what was held back)."""
 
     def policy(self, subject: Subject, code: int, message: str) -> None:
         """One INFO line for a batch rejected by policy (or as undecodable), unless the same
@@ -90,11 +93,13 @@ class VerdictLog:
         kind)`` was written lately (a fault no link is named for is its route's)."""
         route = subject.route
         key = (route, subject.link or "", kind)
-        if not self._faults.warning(
+        if self._faults.warning(
                 key, "rejected %s from %s (client_id %r)%s: %s", subject.where,
                 subject.client_address, subject.client_id, _on(route), message,
                 more=" ({count} more like it in the last {interval:.0f} s not logged)",
                 exc_info=exception, extra=_with_route(subject.extra, route)):
+            self._written(key)
+        else:
             self._held_back(key, logging.WARNING, subject, message)
 
     def observed(self, subject: Subject, outcome: str, detail: str) -> None:
@@ -107,6 +112,7 @@ class VerdictLog:
         if suppressed is None:
             self._held_back(key, logging.INFO, subject, f"would have {outcome} it{detail}")
             return
+        self._written(key)
         note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
                 if suppressed else "")
         self.log.info("would have %s %s from %s (client_id %r) on route %s, link %s "
@@ -118,22 +124,31 @@ class VerdictLog:
         """Remember the line held back for ``key``; the first one held back since the last
         line or summary has the summary written :attr:`interval` seconds later (on the
         running event loop; without one the count waits for the key's next line)."""
-        due = key in self._last_held
         self._last_held[key] = (level, subject, text)
-        if due:
+        if key in self._summaries:
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:
             del self._last_held[key]
             return
-        loop.call_later(self.interval, self._summarize, key)
+        self._summaries[key] = loop.call_later(self.interval, self._summarize, key)
+
+    def _written(self, key: Hashable) -> None:
+        """A line for ``key`` was written, counting what it held back: no summary of it."""
+        timer = self._summaries.pop(key, None)
+        if timer is not None:
+            timer.cancel()
+        self._last_held.pop(key, None)
 
     def _summarize(self, key: Hashable) -> None:
         """One line counting what ``key`` held back, naming the last of it."""
+        self._summaries.pop(key, None)
         last = self._last_held.pop(key, None)
+        if last is None:
+            return
         held = self._faults.summary(key)
-        if last is None or not held:
+        if not held:
             return
         level, subject, text = last
         route = subject.route

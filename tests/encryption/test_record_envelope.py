@@ -139,7 +139,9 @@ def test_an_unknown_version_a_cut_marker_or_two_markers_are_named() -> None:
                          (marker[:-1], "cut or damaged"), (marker + b"\x00", "cut or damaged"),
                          (b"", "is empty: cut or damaged"),
                          (b"junk", "format version 106, which this kiproxy .* does not read: "
-                                   "the header is damaged, or the record was sealed by a newer")]:
+                                   "the header is damaged, or the record was sealed by a newer"),
+                         (b"\x00" + marker[1:], "format version 0, which this kiproxy .* does "
+                                                 "not read: the header is damaged$")]:
         with pytest.raises(EnvelopeError, match=why):
             unseal(sealed.with_headers([Header(MARKER_HEADER, changed)]))
     with pytest.raises(EnvelopeError, match="twice"):

@@ -306,6 +306,17 @@ async def test_a_descriptor_importing_well_known_types_builds() -> None:
     assert await check.check(batch("evs", framed(41, b"\x00" + event))) is None
     refusal = await check.check(batch("evs", framed(41, b"\x00\x1a\x02\x08\x08")))  # n 8
     assert refusal is not None and "rule typed failed" in refusal.record_errors[0][1]
+    # type.proto imports any.proto and source_context.proto: each added after its imports
+    deep = descriptor_pb2.FileDescriptorProto(
+        name="t.proto", package="shop", syntax="proto3",
+        dependency=["google/protobuf/type.proto", "google/protobuf/any.proto"])
+    holder = deep.message_type.add(name="Holder")
+    holder.field.add(name="t", number=1, type=field.TYPE_MESSAGE, label=field.LABEL_OPTIONAL,
+                     type_name=".google.protobuf.Type")
+    fake.schemas[43] = Schema(43, "PROTOBUF", base64.b64encode(deep.SerializeToString()).decode())
+    fake.subjects[43] = ["deep-value"]
+    deep_check = checker({"topics": {"deep": {"value": "payload"}}}, fake)
+    assert await deep_check.check(batch("deep", framed(43, b"\x00\x0a\x03\x0a\x01x"))) is None
     refusal = await check.check(batch("evs", framed(41, b"\x00" + b"\x12\x02\x58\x05")))
     assert refusal is not None  # a field a Timestamp does not have (number 11)
     assert refusal.record_errors[0][1].startswith(

@@ -198,6 +198,31 @@ async def test_faults_held_back_are_summarized_without_waiting_for_another(
         "not a RecordBatch",
     ]
 
+
+async def test_a_line_written_for_the_key_cancels_its_summary(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A plugin failing on every batch: the line after the interval counts what was held
+    back, and no summary doubles it."""
+    now = [0.0]
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"), interval=0.1,
+                     clock=lambda: now[0])
+    fault = Rejected(code=87, message="interceptor p returned NoneType, not a RecordBatch",
+                     fault="return_type")
+    with caplog.at_level(logging.INFO, "kiproxy.test.verdicts"):
+        log.rejected(fault, "p", "t[0]", "a", "c")
+        log.rejected(fault, "p", "t[0]", "a", "c")  # held back: a summary is due
+        now[0] = 0.2  # the window has passed on the limiter's clock
+        log.rejected(fault, "p", "t[0]", "a", "c")
+        await asyncio.sleep(0.3)  # past the summary's time on the loop's clock
+        log.rejected(fault, "p", "t[0]", "a", "c")  # within the new window: held back
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
+        "not a RecordBatch",
+        "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
+        "not a RecordBatch (1 more like it in the last 0 s not logged)",
+    ]
+
 THREE = RecordBatch(topic="orders", partition=2, records=tuple(
     Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(3)))
 

@@ -212,6 +212,7 @@ class ExtismPlugin:
         self.backoff = Backoff()
         try:
             self._manifest = spec.manifest()
+            self._memory = spec.memory_setting  # as compiled: the file may change later
             probe = _Slot(self._compile())
             instance = probe.ready()
         except (OSError, ValueError, extism.Error) as exc:
@@ -324,7 +325,7 @@ class ExtismPlugin:
             return _Crash(self._crash(f"ran past its timeout_ms ({self.spec.timeout_ms} ms)",
                                       text, batch, indices.start, function))
         if _OUT_OF_MEMORY.search(text):
-            setting, cap = self.spec.memory_setting
+            setting, cap = self._memory
             return _Crash(self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
                                       indices.start, function), out_of_memory=True)
         if _TRAP.search(text):

@@ -241,9 +241,11 @@ def _parse_descriptor(raw: bytes, topic: str) -> Descriptor:
     if not raw:
         raise EnvelopeError(f"{where} is empty: cut or damaged")
     if raw[0] != FORMAT_VERSION:
+        newer = (", or the record was sealed by a newer kiproxy (upgrade to read it)"
+                 if raw[0] > FORMAT_VERSION else "")
         raise EnvelopeError(f"{where} has format version {raw[0]}, which this kiproxy (format "
-                            f"version {FORMAT_VERSION}) does not read: the header is damaged, "
-                            "or the record was sealed by a newer kiproxy (upgrade to read it)")
+                            f"version {FORMAT_VERSION}) does not read: the header is "
+                            f"damaged{newer}")
     try:
         flags = raw[1]
         (n,) = _U16.unpack_from(raw, 2)

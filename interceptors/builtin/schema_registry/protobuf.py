@@ -121,17 +121,21 @@ def _with_well_known(protos: list[descriptor_pb2.FileDescriptorProto]
     files' own imports), dependencies first."""
     have = {p.name for p in protos}
     added: list[descriptor_pb2.FileDescriptorProto] = []
-    wanted = [d for p in protos for d in p.dependency if d not in have]
-    while wanted:
-        name = wanted.pop()
+
+    def add(name: str) -> None:  # its imports first (the well-known ones are few and shallow)
         if name in have:
-            continue
+            return
         fdp = _well_known(name)
         if fdp is None:
-            continue  # the pool names it when it cannot build without it
+            return  # the pool names it when it cannot build without it
         have.add(name)
-        added.insert(0, fdp)
-        wanted.extend(d for d in fdp.dependency if d not in have)
+        for dependency in fdp.dependency:
+            add(dependency)
+        added.append(fdp)
+
+    for proto in protos:
+        for dependency in proto.dependency:
+            add(dependency)
     return [*added, *protos]
 
 class ProtobufSchema:
