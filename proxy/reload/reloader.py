@@ -221,20 +221,23 @@ def _reason(exc: BaseException) -> str:
 _SECRET_WORDS = ("password", "secret", "token", "key")
 
 
-def redacted(value: Any, key: str = "") -> Any:
+def redacted(value: Any, key: str = "", secret: bool = False) -> Any:
     """``value`` with every setting whose name suggests a secret replaced by ``***``.
 
     File paths of TLS keys are kept (they are not secrets); values of keys
     named like ``password``, ``secret``, ``token`` or ``*_key`` inside
-    interceptor configs are hidden.
+    interceptor configs are hidden, and so is every value below such a key (the
+    ``signer``'s ``keys: {id: secret}``, the ``header_token_authorizer``'s ``tokens``),
+    their own names kept.
     """
-    if isinstance(value, dict):
-        return {k: redacted(v, str(k)) for k, v in value.items()}
-    if isinstance(value, list):
-        return [redacted(v, key) for v in value]
     lowered = key.lower()
-    if lowered not in ("key", "tls_key") and any(w in lowered for w in _SECRET_WORDS) \
-            and isinstance(value, str | bytes | int):
+    secret = secret or (lowered not in ("key", "tls_key")
+                        and any(w in lowered for w in _SECRET_WORDS))
+    if isinstance(value, dict):
+        return {k: redacted(v, str(k), secret) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key, secret) for v in value]
+    if secret and isinstance(value, str | bytes | int):
         return "***"
     return value
 

@@ -205,7 +205,13 @@ def test_redacted_hides_secret_looking_values_but_not_key_paths() -> None:
     assert out["interceptor"]["config"]["password"] == "***"
     assert out["interceptor"]["config"]["api_token"] == "***"
     assert out["interceptor"]["config"]["limit"] == 3
+    assert out["interceptor"]["config"]["keys"] == {"k1": "***"}  # names kept, values not
     assert out["tls"]["key"] == "/etc/kiproxy/tls.key"
+    tokens = {"routes": [{"interceptors": [{"class": "header_token_authorizer", "config": {
+        "tokens": {"orders": "orders-token", "*": ["tok-a", "tok-b"]}}}]}]}
+    assert redacted(tokens)["routes"][0]["interceptors"][0] == {
+        "class": "header_token_authorizer", "config": {"tokens": {"orders": "***",
+                                                                   "*": ["***", "***"]}}}
 
 
 def test_watched_paths_name_the_config_file_plugins_dir_and_tls_files(tmp_path: Path) -> None:
