@@ -79,11 +79,16 @@ class AdminGuard:
     def _token(self) -> str | None:
         assert self.token_file is not None
         try:
-            return Path(self.token_file).read_text(encoding="utf-8").strip() or None
+            token = Path(self.token_file).read_text(encoding="utf-8").strip() or None
+            problem = None if token else "it is empty"
         except (OSError, UnicodeDecodeError) as exc:
-            log.warning("admin.token_file %s cannot be read (%s); admin actions are refused "
-                        "until it can", self.token_file, exc)
-            return None
+            token, problem = None, str(exc)
+        if problem is not None:  # asked once a request: at most one line an interval
+            self._log.warning(("token_file", problem),
+                              "admin.token_file %s cannot be read (%s); admin actions are "
+                              "refused until it can", self.token_file, problem,
+                              more=" ({count} more times in the last {interval:g} s)")
+        return token
 
     def _count(self, peer: str, refusal: Refusal) -> None:
         status, _ = refusal
