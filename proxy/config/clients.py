@@ -147,8 +147,11 @@ class KafkaSinkSettings(_Strict):
     linger_ms: int = Field(default=20, ge=0)
     """How long the producer waits to fill a batch."""
     request_timeout_ms: int = Field(default=10_000, gt=0)
-    """How long connecting, asking for a topic, or a write may take (retries included)
-    before its records are dropped and counted as ``unavailable``."""
+    """How long connecting, asking for a topic, or a write may take (retries included):
+    records handed to the producer and not acknowledged by then are dropped and counted as
+    ``unavailable``; while the cluster cannot be reached at all, copies wait in the queue
+    (tried again every second) until it is full (``queue_full``) or the proxy stops
+    (``closed``)."""
     close_timeout_ms: int = Field(default=5_000, ge=0)
     """At shutdown, how long queued records may take to be written; the rest are counted
     as ``closed``."""

@@ -57,6 +57,7 @@ from kiproxy.proxy.config.clients import (
 )
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
+    OBSERVE_SAMPLE_NEEDS_OBSERVE,
     DefaultRouteSettings,
     Mode,
     RouteSettings,
@@ -197,6 +198,12 @@ class InterceptorSettings(_Strict):
     @classmethod
     def _module_colon_class(cls, value: str | None) -> str | None:
         return None if value is None else _plugin_spec(value)
+
+    @model_validator(mode="after")
+    def _sample_only_when_observing(self) -> InterceptorSettings:
+        if self.observe_sample != 1.0 and self.mode != "observe":
+            raise ValueError(OBSERVE_SAMPLE_NEEDS_OBSERVE)
+        return self
 
 
 class ReloadSettings(_Strict):

@@ -168,6 +168,11 @@ class DeadLetterSettings(_Strict):
     """The dead-letter topic, on the cluster of ``dead_letter_sink`` (it is not created)."""
 
 
+
+OBSERVE_SAMPLE_NEEDS_OBSERVE = ("observe_sample applies in mode: observe only (an enforcing "
+                                "chain judges every batch); set mode: observe, or remove it")
+"""A sample set where nothing samples: refused rather than ignored."""
+
 class _RolloutSettings(_Strict):
     """How a route's verdicts take effect: enforced or observed, and copied when refused."""
 
@@ -187,6 +192,8 @@ class _RolloutSettings(_Strict):
 
     @model_validator(mode="after")
     def _observed_copies_need_a_topic(self) -> _RolloutSettings:
+        if self.observe_sample != 1.0 and self.mode != "observe":
+            raise ValueError(OBSERVE_SAMPLE_NEEDS_OBSERVE)
         if self.dead_letter_observed and self.dead_letter is None:
             raise ValueError("dead_letter_observed: true needs dead_letter: {topic: ...} on "
                              "the same route")

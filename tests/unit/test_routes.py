@@ -266,6 +266,11 @@ def test_the_shorthand_takes_a_mode(tmp_path: Path) -> None:
      "routes[0].interceptors[0].mode"),
     ("routes: [{interceptors: [{class: uppercase}], observe_sample: 0}]",
      "routes[0].observe_sample"),
+    # accepted before, and every batch judged: a sample only an observing route takes
+    ("routes: [{interceptors: [{class: uppercase}], observe_sample: 0.1}]",
+     "routes[0]: observe_sample applies in mode: observe only"),
+    ("interceptor: {class: uppercase, observe_sample: 0.1}",
+     "interceptor: observe_sample applies in mode: observe only"),
     ("routes: [{interceptors: [{class: uppercase}], dead_letter_observed: true}]",
      "dead_letter_observed: true needs dead_letter"),
     ("routes: [{interceptors: [{class: uppercase}], dead_letter: {}}]",
