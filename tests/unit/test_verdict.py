@@ -174,6 +174,10 @@ def test_plugin_faults_and_repeated_rejections_are_rate_limited(
 
 
 
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
 async def test_faults_held_back_are_summarized_without_waiting_for_another(
         caplog: pytest.LogCaptureFixture) -> None:
     """The second fault of a plugin within the interval, on another topic with another
@@ -188,8 +192,7 @@ async def test_faults_held_back_are_summarized_without_waiting_for_another(
         log.rejected(none, "p", "none[0]", "127.0.0.1:2", "d")
         await asyncio.sleep(0.2)
         log.rejected(none, "p", "none[1]", "127.0.0.1:2", "d")  # a line again, at once
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [
+    assert _warnings(caplog) == [
         "rejected rawlist[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned list, "
         "not a RecordBatch",
         "1 more like it in the last 0 s not logged; the last: none[0] from 127.0.0.1:2 "
@@ -215,13 +218,13 @@ async def test_a_line_written_for_the_key_cancels_its_summary(
         log.rejected(fault, "p", "t[0]", "a", "c")
         await asyncio.sleep(0.3)  # past the summary's time on the loop's clock
         log.rejected(fault, "p", "t[0]", "a", "c")  # within the new window: held back
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert warnings == [
+    assert _warnings(caplog) == [
         "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
         "not a RecordBatch",
         "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
         "not a RecordBatch (1 more like it in the last 0 s not logged)",
     ]
+
 
 THREE = RecordBatch(topic="orders", partition=2, records=tuple(
     Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(3)))

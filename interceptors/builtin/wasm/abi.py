@@ -251,16 +251,8 @@ def _json_to_record(doc: Any, original: Record, index: int,
     where = f"record {index}"
     if not isinstance(doc, Mapping):
         raise Malformed(f"{where} must be a JSON object, not {type(doc).__name__}")
-    unknown = set(doc) - _JSON_RECORD_KEYS
-    if unknown:
-        raise Malformed(f"{where} has unknown field(s) {', '.join(sorted(unknown))} "
-                         "(allowed: key, value, headers, timestamp; topic and partition "
-                         "as given)")
-    if place is not None:
-        for field, given in zip(("topic", "partition"), place, strict=True):
-            if field in doc and doc[field] != given:
-                raise Malformed(f"{where} names {field} {doc[field]!r}, not {given!r}: a "
-                                 "record stays in its topic-partition")
+    _check_fields(doc, _JSON_RECORD_KEYS, place, where,
+                  "key, value, headers, timestamp; topic and partition as given", "record")
     key = _from_json_bytes(doc["key"], f"{where} key") if "key" in doc else original.key
     value = _from_json_bytes(doc["value"], f"{where} value") if "value" in doc else original.value
     timestamp = original.timestamp
@@ -288,18 +280,19 @@ def _json_to_record(doc: Any, original: Record, index: int,
 _JSON_BATCH_KEYS = {"records", "topic", "partition"}
 
 
-def _check_batch_fields(doc: Mapping[str, Any], place: tuple[str, int] | None) -> None:
-    """A v2 JSON result's own fields: ``records``, and ``topic`` and ``partition`` as given
-    (a module may return its input changed); anything else is malformed, as in a record."""
-    unknown = set(doc) - _JSON_BATCH_KEYS
+def _check_fields(doc: Mapping[str, Any], allowed: set[str], place: tuple[str, int] | None,
+                  where: str, listed: str, kind: str) -> None:
+    """A JSON record's (or v2 result's) fields: only ``allowed`` (``listed`` says which),
+    ``topic`` and ``partition`` as given (a module may return its input changed)."""
+    unknown = set(doc) - allowed
     if unknown:
-        raise Malformed(f"the result has unknown field(s) {', '.join(sorted(unknown))} "
-                        "(allowed: records; topic and partition as given)")
+        raise Malformed(f"{where} has unknown field(s) {', '.join(sorted(unknown))} "
+                        f"(allowed: {listed})")
     if place is not None:
         for field, given in zip(("topic", "partition"), place, strict=True):
             if field in doc and doc[field] != given:
-                raise Malformed(f"the result names {field} {doc[field]!r}, not {given!r}: a "
-                                "batch stays in its topic-partition")
+                raise Malformed(f"{where} names {field} {doc[field]!r}, not {given!r}: a "
+                                f"{kind} stays in its topic-partition")
 
 def decode_result(
     abi: int, encoding: str, result: bytes, originals: Sequence[Record], *,
@@ -330,7 +323,8 @@ def decode_result(
             return (_json_to_record(doc, originals[0], 0, place),)
         if not isinstance(doc, Mapping) or not isinstance(doc.get("records"), list):
             raise Malformed('a v2 result must be a JSON object {"records": [...]}')
-        _check_batch_fields(doc, place)
+        _check_fields(doc, _JSON_BATCH_KEYS, place, "the result",
+                      "records; topic and partition as given", "batch")
         items = doc["records"]
         if len(items) != len(originals):
             raise Malformed(f"the result holds {len(items)} records for a batch of "
