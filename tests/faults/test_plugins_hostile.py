@@ -166,6 +166,9 @@ def test_an_answer_without_value_stores_nothing(extism_proxy: ProxyProcess,
 
 def test_a_plugin_trapping_on_every_call_leaks_no_threads_and_floods_no_log(
         extism_proxy: ProxyProcess, extism_plugins: dict[str, Path]) -> None:
+    # Each plugin has worker threads of its own, started on its first batches: counted
+    # from there, the flood of traps below must bring no thread more for good.
+    produce_many(extism_proxy.bootstrap, TOPICS["trap"], producers=POOL, per_producer=2)
     watch = Watch(extism_proxy)
     lines = len(extism_proxy.lines)
     errors = produce_many(extism_proxy.bootstrap, TOPICS["trap"], producers=8,
