@@ -99,51 +99,32 @@ class PluginSpec:
     error: str = "POLICY_VIOLATION"
     """The error code of a batch the plugin refuses (its own error)."""
 
-    @property
-    def memory_setting(self) -> tuple[str, int]:
-        """The setting that caps memory and the cap in bytes: ``("max_pages", bytes)``
-        when ``max_pages`` is set; else the manifest's own ``memory.max_pages`` when it is
-        the smaller; else ``("max_memory_bytes", bytes)``."""
-        if self.max_pages is not None:
-            return "max_pages", self.max_pages * _PAGE
-        own = self._own_pages(self._file_manifest())
-        if own is not None and own * _PAGE < self.max_memory_bytes:
-            return f"memory.max_pages of {Path(self.source).name}", own * _PAGE
-        return "max_memory_bytes", self.max_memory_bytes
-
-    def _file_manifest(self) -> dict[str, Any] | None:
-        """The ``.json`` manifest the plugin is, None for a ``.wasm``."""
-        path = Path(self.source)
-        if path.suffix != ".json":
-            return None
-        manifest = json.loads(path.read_text())
-        if not isinstance(manifest, dict) or "wasm" not in manifest:
-            raise ValueError(f"{path}: an Extism manifest is a JSON object with \"wasm\"")
-        return manifest
-
-    @staticmethod
-    def _own_pages(manifest: dict[str, Any] | None) -> int | None:
-        """A manifest's own ``memory.max_pages``, when it sets one."""
-        memory = (manifest or {}).get("memory")
-        own = memory.get("max_pages") if isinstance(memory, dict) else None
-        return own if isinstance(own, int) and not isinstance(own, bool) and own > 0 else None
-
-    def manifest(self) -> dict[str, Any]:
+    def manifest(self) -> tuple[dict[str, Any], tuple[str, int]]:
         """The Extism manifest: the file's own (a ``.json`` manifest) or one around the
-        ``.wasm``, with this spec's config and limits over it."""
-        manifest = self._file_manifest() or {"wasm": [{"data": Path(self.source).read_bytes()}]}
+        ``.wasm``, with this spec's config and limits over it; and the setting that caps
+        its memory with the cap in bytes: ``max_pages`` when set, else the manifest's own
+        ``memory.max_pages`` when it is the smaller, else ``max_memory_bytes``."""
+        path = Path(self.source)
+        if path.suffix == ".json":
+            manifest: dict[str, Any] = json.loads(path.read_text())
+            if not isinstance(manifest, dict) or "wasm" not in manifest:
+                raise ValueError(f"{path}: an Extism manifest is a JSON object with \"wasm\"")
+        else:
+            manifest = {"wasm": [{"data": path.read_bytes()}]}
         config = {**manifest.get("config", {}), **dict(self.config)}
         if config:
             manifest["config"] = config
         if self.timeout_ms is not None:
             manifest["timeout_ms"] = self.timeout_ms
         memory = dict(manifest.get("memory") or {})
-        own = self._own_pages(manifest)
-        pages = (self.max_pages if self.max_pages is not None
-                 else min(own or self.max_memory_bytes // _PAGE,
-                          self.max_memory_bytes // _PAGE))
-        manifest["memory"] = {**memory, "max_pages": max(pages, 1)}
-        return manifest
+        own = memory.get("max_pages")
+        cap = ("max_memory_bytes", self.max_memory_bytes)
+        if self.max_pages is not None:
+            cap = ("max_pages", self.max_pages * _PAGE)
+        elif isinstance(own, int) and 0 < own * _PAGE < self.max_memory_bytes:
+            cap = (f"memory.max_pages of {path.name}", own * _PAGE)  # the manifest's own
+        manifest["memory"] = {**memory, "max_pages": max(cap[1] // _PAGE, 1)}
+        return manifest, cap
 
 
 @dataclass(slots=True)
@@ -211,8 +192,8 @@ class ExtismPlugin:
         self.pool_size = pool_size
         self.backoff = Backoff()
         try:
-            self._manifest = spec.manifest()
-            self._memory = spec.memory_setting  # as compiled: the file may change later
+            # The cap as compiled: the file may change later.
+            self._manifest, self._memory = spec.manifest()
             probe = _Slot(self._compile())
             instance = probe.ready()
         except (OSError, ValueError, extism.Error) as exc:
