@@ -150,6 +150,7 @@ def _named(content: bytes) -> list[str]:
         doc = json.loads(content)
     except ValueError:
         return []
-    name = doc.get("name") if isinstance(doc, dict) and doc.get("type") == "record" \
-        else doc.get("title") if isinstance(doc, dict) else None
+    if not isinstance(doc, dict):
+        return []
+    name = doc.get("name" if doc.get("type") == "record" else "title")
     return [f"name={quote(name, safe='')}&limit={_PAGE}"] if isinstance(name, str) else []

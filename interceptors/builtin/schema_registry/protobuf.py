@@ -138,6 +138,7 @@ def _with_well_known(protos: list[descriptor_pb2.FileDescriptorProto]
             add(dependency)
     return [*added, *protos]
 
+
 class ProtobufSchema:
     """One Protobuf schema id: its pool and the message classes its indexes reach."""
 
