@@ -58,7 +58,10 @@ class ListenerTls:
     to the current context. A reload builds a whole new context first
     (:func:`client_context`: the certificate, its key and the client CA must
     load and match) and only then switches to it with :meth:`use`: handshakes after
-    that see the new certificate; established connections keep theirs.
+    that see the new certificate and the new ``min_version``; established connections
+    keep theirs. (The protocol versions a handshake may use are fixed when its
+    connection is accepted, from :attr:`front`, before the SNI callback runs: so
+    :meth:`use` sets them there.)
     """
 
     def __init__(self, context: ssl.SSLContext) -> None:
@@ -70,6 +73,7 @@ class ListenerTls:
 
     def use(self, context: ssl.SSLContext) -> None:
         """Serve new handshakes with ``context``."""
+        self.front.minimum_version = context.minimum_version
         self.current = context
 
     def _hand_over(self, sslobj: ssl.SSLObject, _name: str | None,

@@ -462,6 +462,42 @@ def _read(sock: Any, n: int) -> bytes:
     return data
 
 
+def test_a_reloaded_min_version_holds_for_new_handshakes(tmp_path: Path,
+                                                         broker: EmbeddedBroker) -> None:
+    import shutil
+    import socket
+    import ssl
+
+    pki = _pki(tmp_path)
+    cert, key = tmp_path / "tls.pem", tmp_path / "tls.key"
+    shutil.copy(pki["a.pem"], cert)
+    shutil.copy(pki["a.key"], key)
+    tls = {"cert": str(cert), "key": str(key)}
+    proxy, plugins, config, metrics = _start(tmp_path, broker, tls=tls)
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    tls12 = ssl.create_default_context(cafile=str(pki["ca"]))
+    tls12.check_hostname = False
+    tls12.maximum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        old = tls12.wrap_socket(socket.create_connection((host, int(port)), 10))
+        assert old.version() == "TLSv1.2" and _api_versions(old, 1) == 1
+        _config(config, broker.bootstrap, plugins, metrics,
+                tls={**tls, "min_version": "TLSv1.3"})
+        status, answer = _http("POST", f"http://{metrics}/reload")
+        assert status == 200 and answer["ok"], answer
+        with pytest.raises(ssl.SSLError):
+            tls12.wrap_socket(socket.create_connection((host, int(port)), 10)).close()
+        assert _api_versions(old, 2) == 2  # the open connection keeps its TLS 1.2
+        old.close()
+        _config(config, broker.bootstrap, plugins, metrics, tls=tls)
+        status, answer = _http("POST", f"http://{metrics}/reload")
+        assert status == 200 and answer["ok"], answer
+        with tls12.wrap_socket(socket.create_connection((host, int(port)), 10)) as again:
+            assert again.version() == "TLSv1.2"
+    finally:
+        assert proxy.stop() == 0
+
+
 def test_a_certificate_rotates_by_reload_without_touching_open_connections(
         tmp_path: Path, broker: EmbeddedBroker) -> None:
     import shutil
