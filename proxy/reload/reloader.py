@@ -288,6 +288,9 @@ class FileWatch:
         self._task: asyncio.Task[None] | None = None
         self._applied: dict[str, str] | None = None
         """What the watched files held when the running configuration read them."""
+        self._tried: dict[str, str] | None = None
+        """What the watch last reloaded from, since the running configuration was read:
+        a reload that failed is not tried again while the files stay so."""
 
     def start(self) -> None:
         """Begin watching (from the current contents)."""
@@ -308,6 +311,7 @@ class FileWatch:
         """A reload by any trigger built the running configuration from files holding
         ``snapshot`` (taken before it read them): changes count from there."""
         self._applied = snapshot
+        self._tried = None
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -320,8 +324,12 @@ class FileWatch:
             if now != seen:
                 seen, since = now, loop.time()
                 continue
-            if now != self._applied and loop.time() - since >= self._debounce:
-                self._applied = now
+            # Counted from the running configuration's files (set by applied() when a
+            # reload succeeds): files put back as they were after a failed reload are
+            # what runs, and nothing is reloaded.
+            if (now != self._applied and now != self._tried
+                    and loop.time() - since >= self._debounce):
+                self._tried = now
                 try:
                     await self._trigger()
                 except Exception:

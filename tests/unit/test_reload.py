@@ -275,6 +275,39 @@ async def test_the_file_watch_counts_from_what_a_reload_by_another_trigger_read(
     assert fired == ["v1"]
 
 
+async def test_files_put_back_after_a_failed_watch_reload_reload_nothing(
+        tmp_path: Path) -> None:
+    # v1 runs; v2 fails to load (the trigger applies nothing) and is not tried again
+    # while it stays; v1 written back is what runs: no reload. v3 then applies.
+    watched = tmp_path / "proxy.yaml"
+    watched.write_text("v1")
+    fired: list[str] = []
+    watch: FileWatch
+
+    async def trigger() -> None:
+        fired.append(watched.read_text())
+        if fired[-1] != "v2":
+            watch.applied(watch.snapshot())
+
+    watch = FileWatch(lambda: [tmp_path], trigger, interval=0.02, debounce=0.05)
+    watch.start()
+    await asyncio.sleep(0.1)
+    watched.write_text("v2")
+    await _until_fired(fired)
+    await asyncio.sleep(0.3)
+    assert fired == ["v2"]
+    watched.write_text("v1")
+    await asyncio.sleep(0.5)
+    assert fired == ["v2"]
+    watched.write_text("v3")
+    for _ in range(200):
+        if len(fired) > 1:
+            break
+        await asyncio.sleep(0.02)
+    await watch.stop()
+    assert fired == ["v2", "v3"]
+
+
 async def test_the_file_watch_sees_a_symlink_swap(tmp_path: Path) -> None:
     # How a Kubernetes ConfigMap volume updates: ..data points at a new directory.
     for name, text in (("v1", "a"), ("v2", "b")):
