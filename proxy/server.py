@@ -330,7 +330,7 @@ class ProxyServer:
         if self.config.broker_port_start is None and self.config.listen_address[1] == 0:
             self.nodes.broker_port_start = self._listen_port + 1
         self.started_at = time.time()
-        log.info("kiproxy listening on %s (upstream %s)", self.bootstrap_address,
+        log.info("kiproxy %s (upstream %s)", self._listening(server),
                  ", ".join(self.config.upstream))
         if self._watch is not None:
             self._watch.start()
@@ -432,6 +432,20 @@ class ProxyServer:
                 await writer.wait_closed()
             return None
         return "no upstream broker reachable (" + "; ".join(errors) + ")"
+
+    def _listening(self, server: asyncio.Server) -> str:
+        """What the start-up line says of the bootstrap listener: the address it is bound
+        to, with TLS or mTLS, and the bootstrap address clients are given when that is
+        another one (``advertised_host``)."""
+        host, port = server.sockets[0].getsockname()[:2]
+        bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        tls = self.config.tls
+        said = f"listening on {bound}"
+        if self._listener_tls is not None:
+            said += " with mTLS" if tls.client_ca is not None else " with TLS"
+        if self.bootstrap_address != bound:
+            said += f", bootstrap address {self.bootstrap_address}"
+        return said
 
     @property
     def bootstrap_address(self) -> str:

@@ -351,3 +351,19 @@ class Suffix(ProduceRequestInterceptor):
         assert second.intercept(batch, ctx).records[0].value == b"v-B"
     finally:
         forget_plugin_modules(tmp_path)
+
+
+async def test_the_start_up_line_names_the_bound_address_and_the_advertised_one(
+        caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    server = ProxyServer(_config(listen="127.0.0.1:0", advertised_host="127.0.0.2"))
+    with caplog.at_level(logging.INFO, logger="kiproxy"):
+        await server.start()
+    try:
+        port = server.bootstrap_address.rsplit(":", 1)[1]
+        said = [r.getMessage() for r in caplog.records if "listening on" in r.getMessage()]
+        assert said == [f"kiproxy listening on 127.0.0.1:{port}, bootstrap address "
+                        f"127.0.0.2:{port} (upstream 127.0.0.1:9092)"], said
+    finally:
+        await server.stop(grace=0)
