@@ -15,8 +15,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing
+import os
 import socket
 import sys
+import threading
 from functools import cache
 from multiprocessing.context import ForkServerContext, SpawnContext
 from multiprocessing.process import BaseProcess
@@ -131,10 +133,39 @@ def preload() -> list[str]:
                       and not name.startswith(main_name + ".")]
 
 
+_starting = threading.Lock()
+
+
 @cache
 def process_context() -> ForkServerContext | SpawnContext:
     if "forkserver" in multiprocessing.get_all_start_methods():
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(preload())
+        with _starting:
+            _start_fork_server()
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def _start_fork_server() -> None:
+    """Start the fork server now, with ``PYTHONSAFEPATH`` set for it alone.
+
+    multiprocessing starts it as ``python -c ...``, which puts the working directory
+    first on ``sys.path``, and Python 3.11's fork server does not take the proxy's path
+    instead: a directory named ``kiproxy`` where the proxy was started (a clone of this
+    repository, say) would then be imported as an empty namespace package in every
+    worker, before the installed one. With ``PYTHONSAFEPATH`` (Python 3.11+) nothing is
+    put first, and workers import what the proxy imports. (Should the fork server die,
+    multiprocessing starts another without it.)
+    """
+    from multiprocessing import forkserver
+
+    saved = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONSAFEPATH"]
+        else:
+            os.environ["PYTHONSAFEPATH"] = saved
