@@ -292,3 +292,27 @@ def test_config_examples_validate(block: Block, tmp_path: Path,
         close = getattr(plugin, "close", None)
         if close is not None:
             close()
+    # Every route's links load with the settings the block gives them: the built-ins
+    # always, a plugin of the reader's own when the block names a plugins dir that has it
+    # (a secret the block reads from the environment is the reader's: set here).
+    for name in re.findall(r"\{env: (\w+)\}", block.code):
+        monkeypatch.setenv(name, "s" * 32)
+    links = [link for route in (*config.routes, *filter(None, [config.default]))
+             for link in route.interceptors]
+    for link in links:
+        if not _loadable_here(link.class_name, config.plugins_dir):
+            continue
+        plugin = load_interceptor(link.class_name, config.plugins_dir, link.config)
+        close = getattr(plugin, "close", None)
+        if close is not None:
+            close()
+
+
+def _loadable_here(spec: str, plugins_dir: str | None) -> bool:
+    """A built-in, or a module the block's own plugins dir holds."""
+    module = spec.partition(":")[0]
+    if module.startswith("kiproxy.") or ":" not in spec:
+        return True
+    return plugins_dir is not None and any(
+        (Path(plugins_dir) / f"{module.replace('.', '/')}{suffix}").exists()
+        for suffix in (".py", "/__init__.py"))
