@@ -49,10 +49,12 @@ from kiproxy.protocol.records import (
     block_moved,
     check_block,
     decode_records,
+    encode_records,
     first_moved,
 )
 
-__all__ = ["ConsumeRefusal", "judge_consume", "judge_consume_block", "judge_consume_blocks"]
+__all__ = ["ConsumeRefusal", "consume_encodable", "judge_consume", "judge_consume_block",
+           "judge_consume_blocks", "unencodable"]
 
 _RETRIED = ErrorCode.UNKNOWN_SERVER_ERROR
 
@@ -118,10 +120,38 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result.records)} records for "
                               f"{len(batch.records)}: records can be changed, not added or "
                               "removed", "record_count")
+    stranger = next((i for i, r in enumerate(result.records) if not isinstance(r, Record)), -1)
+    if stranger >= 0:
+        return unencodable(name, TypeError(
+            f"record {stranger} is a {type(result.records[stranger]).__name__}, not a Record"))
     moved = first_moved(batch.records, result.records)
     if moved >= 0:
         return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
     return batch.with_records(result.records)  # where it lies and its producer: the log's
+
+
+def unencodable(name: str, exc: Exception) -> ConsumeRefusal:
+    """The refusal of records a hook returned that cannot be encoded (not Records, a
+    header key holding a surrogate that stands for no byte, a timestamp out of range),
+    ``exc`` being what encoding them raised: a ``bad_return``, as the produce side
+    refuses such records."""
+    return ConsumeRefusal(_RETRIED, clip(f"{name} returned records that cannot be encoded: "
+                                         f"{type(exc).__name__}: {exc}"), "bad_return")
+
+
+def consume_encodable(judged: ConsumedBatch | ConsumeRefusal, given: ConsumedBatch,
+                      name: str) -> ConsumedBatch | ConsumeRefusal:
+    """``judged``, or its :func:`unencodable` refusal when it holds records that cannot be
+    encoded: the proxy finds that out when it writes the batch again, and the test kit,
+    ``kiproxy check`` and replay by encoding the records once here."""
+    if isinstance(judged, ConsumeRefusal) or judged.records is given.records:
+        return judged
+    base = given.records[0].timestamp if given.records else 0
+    try:
+        encode_records(tuple(judged.records), base, False)
+    except Exception as exc:
+        return unencodable(name, exc)
+    return judged
 
 
 async def judge_consume_block(interceptor: Any, block: ConsumedBlock,

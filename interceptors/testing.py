@@ -60,6 +60,7 @@ from kiproxy.interceptors.consume import (
 )
 from kiproxy.interceptors.consume_verdict import (
     ConsumeRefusal,
+    consume_encodable,
     judge_consume,
     judge_consume_block,
     judge_consume_blocks,
@@ -268,7 +269,8 @@ async def _consume(interceptor: Any, batches: list[ConsumedBatch], ctx: ConsumeC
                 out.append(batch.with_records(decode_records(
                     bytes(answer), 0, len(answer), len(batch.records), block.base_timestamp)))
                 continue
-        out.append(await judge_consume(interceptor, batch, ctx, name=name, timeout=timeout))
+        out.append(consume_encodable(await judge_consume(interceptor, batch, ctx, name=name,
+                                                         timeout=timeout), batch, name))
     return out
 
 

@@ -48,7 +48,11 @@ from typing import Any
 from kiproxy.interceptors.api import InterceptContext, RecordBatch
 from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.consume import ConsumeContext, ConsumedBatch, consume_hook
-from kiproxy.interceptors.consume_verdict import ConsumeRefusal, judge_consume
+from kiproxy.interceptors.consume_verdict import (
+    ConsumeRefusal,
+    consume_encodable,
+    judge_consume,
+)
 from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.loader import PluginLoadError, load_interceptor
 from kiproxy.interceptors.verdict import Fault, Outcome, Rejected, encodable, judge_sync
@@ -161,8 +165,9 @@ class InterceptorRunner:
                              extra={"replay": True})
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
-        return self._loop.run_until_complete(judge_consume(
-            self.reader, fetched, ctx, name=self.spec.fetch_hook or "", timeout=self.timeout))
+        name = self.spec.fetch_hook or ""
+        return consume_encodable(self._loop.run_until_complete(judge_consume(
+            self.reader, fetched, ctx, name=name, timeout=self.timeout)), fetched, name)
 
 
 _FAULTS: dict[str, Fault | None] = {"refused": None, "timeout": "timeout",

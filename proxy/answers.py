@@ -54,6 +54,7 @@ from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.proxy.net.frame_stream import Frame, FramePieces, FrameStream
 
 if TYPE_CHECKING:
@@ -64,6 +65,9 @@ if TYPE_CHECKING:
     from kiproxy.proxy.observe.metrics import Metrics
 
 log = logging.getLogger("kiproxy.connection")
+_failures = RateLimitedLog(log)
+"""Answers the proxy failed on (a fault of its own): one traceback per exception type per
+interval, however many clients meet it."""
 
 __all__ = ["JOIN_BELOW", "UNANSWERED_KEPT", "AnswerSide", "AnswerSlot", "ConnectionServices"]
 
@@ -472,10 +476,13 @@ class AnswerSide:
                 return
             if isinstance(exc, ProtocolError):
                 reason = f"sent a response the proxy cannot carry: {exc}"
-            else:
-                log.exception("answer from %s to client %s could not be handled; closing it",
+            else:  # the proxy's own fault: its traceback, once per kind per interval
+                held = _failures.allow(type(exc).__name__)
+                if held is not None:
+                    log.error("answer from %s to client %s could not be handled; closing it%s",
                               self._upstream_name(), self.client_address,
-                              extra=self.log_context)
+                              f" ({held} more since the last line)" if held else "",
+                              exc_info=exc, extra=self.log_context)
                 reason = f"sent a response the proxy failed on: {exc!r}"
             self._upstream_failed(reason)
             await self.close()

@@ -81,6 +81,7 @@ from kiproxy.interceptors.consume_verdict import (
     judge_consume,
     judge_consume_block,
     judge_consume_blocks,
+    unencodable,
 )
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.protocol.batch_reencode import BatchShapeChanged, reencode_batch_parts
@@ -307,7 +308,12 @@ class FetchPipeline:
                 if isinstance(outcome, bytes) and self._together(source, outcome):
                     written = outcome
                 elif outcome is not None and not isinstance(outcome, ConsumeRefusal):
-                    written = await self._encode(source, outcome)
+                    try:
+                        written = await self._encode(source, outcome)
+                    except (CorruptBatch, BatchShapeChanged):
+                        raise  # the broker's batch, or its shape: said below
+                    except Exception as exc:  # what the hooks returned cannot be written
+                        outcome = unencodable(_names(links or consumers[:1]), exc)
             except CorruptBatch as exc:
                 cut = (source, ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,
                                               f"{_at(header)} cannot be decoded: {exc}",
@@ -557,6 +563,12 @@ def _with_deadline(ctx: ConsumeContext, timeout: float) -> ConsumeContext:
         api_version=ctx.api_version, deadline=time.monotonic() + timeout,
         proxy_host=ctx.proxy_host,
         extra=ctx.extra, identity=ctx.identity)
+
+
+def _names(links: Sequence[LoadedLink]) -> str:
+    """How a refusal names the links whose records it is about."""
+    return links[0].name if len(links) == 1 else "the fetch-side hooks " + ", ".join(
+        link.name for link in links)
 
 
 def _at(header: RecordBatchHeader) -> str:

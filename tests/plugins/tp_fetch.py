@@ -6,8 +6,10 @@
 * ``UpperOnConsume`` is a fetch-side-only hook: values read through the proxy are
   upper-cased; produce passes through.
 * ``RefuseOnConsume`` refuses every batch of a topic whose name contains ``refuse``
-  (RefuseFetch), raises on ``raise``, returns one record too many on ``grow`` and
-  sleeps past its deadline on ``slow``; other topics pass unchanged.
+  (RefuseFetch), raises on ``raise``, returns one record too many on ``grow``, tuples
+  instead of records on ``tuples``, records with a header key that cannot be encoded
+  on ``surrogate``, and sleeps past its deadline on ``slow``; other topics pass
+  unchanged.
 * ``PlainOnConsume`` is a plain (not ``async``) hook: on a topic whose name contains
   ``slow`` it sleeps 0.6 s (past the tests' 300 ms deadline) and returns the batch; it
   raises ``KeyError('boom')`` on a batch holding a record whose value is ``poison``;
@@ -68,6 +70,10 @@ class RefuseOnConsume(FetchResponseInterceptor):
             raise RuntimeError("the hook broke")
         if "grow" in batch.topic:
             return batch.with_records((*batch.records, batch.records[0]))
+        if "tuples" in batch.topic:  # not Records
+            return batch.with_records([("k", "v")] * len(batch.records))  # type: ignore[misc]
+        if "surrogate" in batch.topic:  # a header key that stands for no byte
+            return batch.with_records(r.with_header("\ud800x", b"v") for r in batch.records)
         if "slow" in batch.topic:
             await asyncio.sleep(5)
         return batch

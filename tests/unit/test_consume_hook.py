@@ -60,6 +60,10 @@ class Hooks(FetchResponseInterceptor):
             return batch.records
         if kind == "grow":
             return batch.with_records((*batch.records, batch.records[0]))
+        if kind == "tuples":
+            return batch.with_records([("k", "v")] * len(batch.records))
+        if kind == "surrogate":
+            return batch.with_records(r.with_header("\ud800x", b"v") for r in batch.records)
         if kind == "move":
             return batch.with_records(r.with_timestamp(r.timestamp + 1) for r in batch.records)
         if kind == "slow":
@@ -89,6 +93,8 @@ class Hooks(FetchResponseInterceptor):
     ("raise", -1, "plugin_error"),
     ("reset", -1, "plugin_error"),
     ("type", -1, "bad_return"),
+    ("tuples", -1, "bad_return"),
+    ("surrogate", -1, "bad_return"),
     ("grow", -1, "record_count"),
     ("move", -1, "shape_changed"),
     ("rebase", -1, "shape_changed"),

@@ -169,7 +169,8 @@ def test_no_hooked_partition_is_the_frame_itself(tmp_path: Path) -> None:
     assert pipeline.rewrite(_Client(), 12, frame) is frame  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("topic", ["bad-refuse", "bad-raise", "bad-grow", "bad-slow"])
+@pytest.mark.parametrize("topic", ["bad-refuse", "bad-raise", "bad-grow", "bad-slow",
+                                   "bad-tuples", "bad-surrogate"])
 def test_a_refusal_answers_its_partition_only(tmp_path: Path, topic: str) -> None:
     pipeline = _pipeline(tmp_path, "tp_fetch:RefuseOnConsume")
     frame = _answer(12, topic)
@@ -178,6 +179,24 @@ def test_a_refusal_answers_its_partition_only(tmp_path: Path, topic: str) -> Non
     assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
     assert (p1.error_code, p1.records) == (ErrorCode.unknown_server_error, b"")
     assert (plain.error_code, plain.records) == (ErrorCode.none, PIECES[0])
+
+
+@pytest.mark.parametrize(("topic", "said"), [
+    ("bad-tuples", "TypeError: record 0 is a tuple, not a Record"),
+    ("bad-surrogate", "UnicodeEncodeError"),
+])
+def test_records_a_hook_returns_that_cannot_be_written_refuse_its_partition(
+        tmp_path: Path, topic: str, said: str, caplog: pytest.LogCaptureFixture) -> None:
+    # Refused as the produce side refuses them (a bad_return), never an exception that
+    # would close the consumer's connection.
+    pipeline = _pipeline(tmp_path, "tp_fetch:RefuseOnConsume")
+    with caplog.at_level(logging.WARNING):
+        out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, topic)), len(head(12)))
+    (p0, _), (plain,) = (t.partitions for t in out.responses)
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
+    assert plain.records == PIECES[0]
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "returned records that cannot be encoded" in logged and said in logged, logged
 
 
 def test_an_unknown_topic_id_is_answered_unknown_topic_id(tmp_path: Path) -> None:

@@ -159,6 +159,32 @@ async def test_an_answer_a_transform_fills_after_naming_a_new_node_keeps_the_con
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
 
 
+async def test_answers_the_proxy_fails_on_log_one_traceback_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A fault of the proxy's own on an answer closes that client's connection; a client
+    that reconnects and meets it again does not write another traceback within the
+    interval (one such client wrote over a thousand a second)."""
+    from kiproxy.proxy import answers
+
+    caplog.set_level(logging.INFO, "kiproxy")
+    answers._failures._windows.clear()
+
+    async def broken(frame: bytes) -> bytes:
+        raise AttributeError("a fault of the proxy's own")
+
+    for _ in range(3):
+        async with _connection() as (conn, client, broker, _):
+            await _produce_forwarded(client, broker, 5)
+            cid, slot, rewrite, _ = conn._pending[0]
+            conn._pending[0] = (cid, slot, rewrite, broken)
+            broker.sendall(_framed(struct.pack(">i", 5) + b"\x00answer"))
+            assert await asyncio.to_thread(closed_by_peer, client, 5)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and errors[0].exc_info is not None, caplog.text
+    closed = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(closed) == 3 and all("failed on: AttributeError" in m for m in closed), closed
+
+
 async def test_an_answer_to_no_request_closes_the_connection_with_one_warning(
         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, "kiproxy")
