@@ -415,8 +415,10 @@ class ProxyServer:
         """``None`` when ready to carry traffic, else why not: the interceptor is not
         loaded, a known broker node has no listener, or no upstream broker accepts a
         connection."""
-        if self.config.interceptor.class_name and not self.generation.produce.intercepts:
-            return "the interceptor is not loaded"
+        generation = self.generation
+        if self.config.interceptor.class_name and not (generation.produce.intercepts
+                                                       or generation.fetch.hooks):
+            return "the interceptor is not loaded"  # on neither side (a fetch-only one: fetch)
         unopened = self.listener_problem()
         if unopened is not None:
             return unopened

@@ -8,12 +8,16 @@ The metrics listener that serves them (``/metrics``, health checks, admin action
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from kiproxy.interceptors.api import MetricSample
+from kiproxy.protocol.log_limit import RateLimitedLog
 
 log = logging.getLogger("kiproxy.metrics")
 
@@ -267,10 +271,45 @@ def _samples(name: str, interceptor: Any) -> list[Any]:
     if collect is None:
         return []
     try:
-        return list(collect())
+        samples = list(collect())
     except Exception:
         log.exception("interceptor %s: metrics() failed", name)
         return []
+    kept = []
+    for sample in samples:
+        wrong = _wrong(sample)
+        if wrong is None:
+            kept.append(sample)
+            continue
+        # A scrape every few seconds: said once per plugin per interval, the rest served.
+        _refused_samples.warning(name, "interceptor %s: metrics() gave %s; left out of "
+                                 "/metrics (give MetricSample(name, kind, help, labels, "
+                                 "value))", name, wrong)
+    return kept
+
+
+_refused_samples = RateLimitedLog(log, 60.0)
+_METRIC_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+
+
+def _wrong(sample: Any) -> str | None:
+    """What is wrong with one item a plugin's ``metrics()`` gave, or None."""
+    if not isinstance(sample, MetricSample):
+        return f"a {type(sample).__name__}, not a MetricSample"
+    if not isinstance(sample.name, str) or not _METRIC_NAME.fullmatch(sample.name):
+        return f"the metric name {sample.name!r} (it must match [a-z_][a-z0-9_]*)"
+    if not isinstance(sample.help, str):
+        return f"the help {sample.help!r} for {sample.name} (a str)"
+    if sample.kind not in ("counter", "gauge"):
+        return f"the kind {sample.kind!r} for {sample.name} (counter or gauge)"
+    labels = sample.labels
+    if not isinstance(labels, Mapping) or not all(
+            isinstance(k, str) and _METRIC_NAME.fullmatch(k) and isinstance(v, str)
+            for k, v in labels.items()):
+        return f"labels {labels!r} for {sample.name} (names [a-z_][a-z0-9_]*, values str)"
+    if isinstance(sample.value, bool) or not isinstance(sample.value, (int, float)):
+        return f"the value {sample.value!r} for {sample.name} (a number)"
+    return None
 
 
 def _series(name: str, sample: Any) -> _Series:

@@ -105,3 +105,41 @@ def test_an_instance_whose_metrics_fail_at_close_carries_nothing_and_breaks_noth
     metrics.interceptors_replaced([("tally", old)])
     metrics.interceptors_closed([("tally", old)])
     assert _value(metrics, 'kiproxy_interceptor_tally_seen_total{interceptor="tally"}') == 2
+
+
+class Careless(ProduceRequestInterceptor):
+    """Gives what a plugin should not, beside one good sample."""
+
+    def intercept(self, batch: RecordBatch, ctx: Any) -> RecordBatch:
+        return batch
+
+    def metrics(self) -> Iterable[Any]:
+        yield {"name": "as_a_dict", "value": 1}
+        yield "just a string"
+        yield MetricSample(name="Bad-Name", kind="counter", help="x", labels={}, value=1)
+        yield MetricSample(name="odd_kind", kind="histogram", help="x",  # type: ignore[arg-type]
+                           labels={}, value=1)
+        yield MetricSample(name="odd_labels", kind="gauge", help="x",
+                           labels={"n": 3}, value=1)  # type: ignore[dict-item]
+        yield MetricSample(name="odd_value", kind="gauge", help="x", labels={},
+                           value="many")  # type: ignore[arg-type]
+        yield MetricSample(name="fine", kind="gauge", help="Fine", labels={}, value=4)
+
+
+def test_what_a_plugins_metrics_get_wrong_is_left_out_and_the_rest_is_served(
+        caplog: Any) -> None:
+    import logging
+
+    metrics = Metrics()
+    links: list[tuple[str, Any]] = [("careless", Careless()), ("counting", Counting())]
+    metrics.watch_interceptors(lambda: links)
+    with caplog.at_level(logging.WARNING, "kiproxy.metrics"):
+        text = metrics.render().decode()
+        metrics.render()  # scraped again: not said again
+    assert 'kiproxy_interceptor_fine{interceptor="careless"} 4.0' in text
+    assert ('kiproxy_interceptor_widgets_seen_total{colour="red",interceptor="counting"} 3.0'
+            in text)
+    for name in ("as_a_dict", "Bad-Name", "odd_kind", "odd_labels", "odd_value"):
+        assert name not in text
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "interceptor careless: metrics() gave a dict" in said[0], said
