@@ -157,7 +157,7 @@ def resolve_class(
     if ":" not in spec:
         try:
             obj = _from_entry_points(spec)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
             raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
             names = _builtin_names()
@@ -176,7 +176,7 @@ def resolve_class(
         places.append(f"plugins dir {directory}")
         try:
             module = _load_from_dir(directory.resolve(), module_name)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
             raise _import_failed(f"{module_name!r} from {directory}", exc) from exc
     if module is None:
         places.append("sys.path")
@@ -188,13 +188,13 @@ def resolve_class(
                 module = None  # the module (or its package) does not exist
             else:
                 raise _import_failed(repr(module_name), exc, spec) from exc
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
             raise _import_failed(repr(module_name), exc, spec) from exc
     if module is None:
         places.append(f"entry points ({ENTRY_POINT_GROUP})")
         try:
             obj = _from_entry_points(spec)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
             raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
             nearby = _plugin_modules(Path(plugins_dir)) if plugins_dir is not None else []
@@ -273,7 +273,7 @@ def _takes_plugins(configure: Callable[..., Any]) -> bool:
         inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
 
 
-def _call_failed(what: str, spec: str, exc: Exception) -> PluginLoadError:
+def _call_failed(what: str, spec: str, exc: BaseException) -> PluginLoadError:
     # A built-in that imports its extra's package when configured (wasm, extism) says
     # what to install, as when the import of its module fails.
     missing = _missing_extra(spec) if isinstance(exc, ImportError) else None
@@ -284,7 +284,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                  plugins: PluginFactory | None = None) -> Any:
     try:
         instance = cls()
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise _call_failed(f"creating {spec}", spec, exc) from exc
     _refuse_async_hooks(spec, instance)
     configure = getattr(instance, "configure", None)
@@ -302,7 +302,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                 configure(settings, plugins=plugins)
             else:
                 configure(settings)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise _call_failed(f"{spec}.configure()", spec, exc) from exc
     return instance
 

@@ -239,6 +239,29 @@ def test_configure_raising() -> None:
     assert isinstance(info.value.__cause__, ValueError)
 
 
+@pytest.mark.parametrize("where", ["module", "init", "configure"])
+def test_a_plugin_calling_sys_exit_while_loading_is_a_load_error(tmp_path: Path,
+                                                                  where: str) -> None:
+    # A reload that loads it must fail as any other broken plugin, not stop the proxy.
+    exits = {where: '__import__("sys").exit("plugin exits")'}
+    (tmp_path / "exits_on_load.py").write_text(f"""
+from kiproxy.interceptors import ProduceRequestInterceptor
+{exits.get("module", "")}
+
+class Exits(ProduceRequestInterceptor):
+    def __init__(self):
+        {exits.get("init", "pass")}
+
+    def configure(self, config):
+        {exits.get("configure", "pass")}
+
+    def intercept(self, batch, ctx):
+        return batch
+""")
+    with pytest.raises(PluginLoadError, match="SystemExit: plugin exits"):
+        load_interceptor("exits_on_load:Exits", tmp_path)
+
+
 @pytest.mark.parametrize(("cls", "method"), [("AsyncConfigure", "configure"),
                                              ("AsyncAcknowledgement", "on_acknowledgement")])
 def test_an_async_hook_the_proxy_does_not_await_is_refused(
