@@ -88,8 +88,19 @@ def parse_settings(model: type[M], config: Mapping[str, Any] | M | None) -> M:
     """
     if isinstance(config, model):
         return config
+    given = dict(config or {})
+    # Text converts to what a key declares ("5" to 5: a properties file holds only text),
+    # but `true` or `false` where a number is declared is a mistake, not 1 or 0. (Strict
+    # mode as a whole would refuse that text, and a list where a tuple is declared.)
     try:
-        return model.model_validate(dict(config or {}))
+        model.model_validate(given, strict=True)
+    except ValidationError as exc:
+        numbers = [item for item in exc.errors() if item["type"] in ("int_type", "float_type")
+                   and isinstance(item["input"], bool)]
+        if numbers:
+            raise SettingsError(_lines(numbers, model)) from None
+    try:
+        return model.model_validate(given)
     except ValidationError as exc:
         raise SettingsError(describe(exc, model)) from None
 
@@ -232,8 +243,12 @@ def describe(error: ValidationError, model: type[BaseModel],
     ``from_flags`` holds the dotted keys set on the command line; a problem with
     one of them says so, since the file does not contain it.
     """
+    return _lines(error.errors(), model, from_flags)
+
+
+def _lines(errors: list[ErrorDetails], model: type[BaseModel],
+           from_flags: frozenset[str] = frozenset()) -> list[str]:
     lines = []
-    errors = error.errors()
     for item in errors:
         loc = item["loc"]
         if item["type"] == "too_short" and any(

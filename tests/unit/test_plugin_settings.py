@@ -152,3 +152,11 @@ def test_a_table_of_names_matches_names_exactly_with_a_wildcard_default() -> Non
 def test_a_topic_selector_refuses_a_bad_regex() -> None:
     with pytest.raises(ValueError, match="'\\(' is not a regular expression"):
         TopicSelector([("(", 1)])
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_true_or_false_where_a_number_is_declared_is_a_wrong_type(plugins: Path,
+                                                                  value: bool) -> None:
+    # Text converts (a properties file holds only text); a boolean is no count of records.
+    assert _problems(plugins, {"max_records": value}) == (
+        f"max_records: expected an integer, got {str(value).lower()}",)
