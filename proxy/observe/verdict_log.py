@@ -4,9 +4,10 @@ A policy rejection (the plugin raised ``RejectBatch``, or the proxy could not
 decode the partition) is one INFO line naming the client address, client id,
 topic-partition, the route (when routes are configured), error code and
 reason: it is what the producer was told. The same line again (same client
-host, topic-partition, route, code and reason: a producer retrying a batch that
-will never pass) is held back for :data:`WARNING_INTERVAL` seconds and counted
-in the next one, so a retry loop costs a line per interval, not one per attempt.
+host and client id, topic-partition, route, code and reason: a producer retrying a
+batch that will never pass) is held back for :data:`WARNING_INTERVAL` seconds and
+counted in the next one, or in a summary line once the interval has passed (below),
+so a retry loop costs a line per interval, not one per attempt.
 
 A plugin bug (an exception, a wrong return type, a broken record-count rule,
 a missed deadline, records that cannot be encoded) is a WARNING, rate-limited
@@ -78,9 +79,12 @@ class VerdictLog:
         line for the same client host was written lately (see the module docstring)."""
         address, route = subject.client_address, subject.route
         host = address.rpartition(":")[0] or address
-        held = self._faults.allow(("policy", host, subject.where, route, code, message))
+        key = ("policy", host, subject.client_id, subject.where, route, code, message)
+        held = self._faults.allow(key)
         if held is None:
+            self._held_back(key, logging.INFO, subject, f"error {code}: {message}")
             return
+        self._written(key)
         note = (f" ({held} more like it in the last {self.interval:.0f} s not logged)"
                 if held else "")
         self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s%s", subject.where,

@@ -202,6 +202,27 @@ async def test_faults_held_back_are_summarized_without_waiting_for_another(
     ]
 
 
+async def test_policy_rejections_name_each_client_and_what_was_held_back_is_summarized(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Three clients on one host refused alike each get their line (the page sends an
+    aiokafka user, whose client shows no message, to the log); a retry held back reaches
+    the log once the interval has passed, though no other line comes."""
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"), interval=0.05)
+    policy = Rejected(code=44, message="1 record(s) lack 'id'")
+    with caplog.at_level(logging.INFO, "kiproxy.test.verdicts"):
+        for client, port in (("rdkafka", 1), ("kafka-python", 2), ("aiokafka", 3)):
+            log.rejected(policy, "p", "t[0]", f"127.0.0.1:{port}", client)
+        log.rejected(policy, "p", "t[0]", "127.0.0.1:3", "aiokafka")  # its retry
+        await asyncio.sleep(0.2)
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == [
+        f"rejected t[0] from 127.0.0.1:{port} (client_id '{client}'): error 44: "
+        "1 record(s) lack 'id'"
+        for client, port in (("rdkafka", 1), ("kafka-python", 2), ("aiokafka", 3))] + [
+        "1 more like it in the last 0 s not logged; the last: t[0] from 127.0.0.1:3 "
+        "(client_id 'aiokafka'): error 44: 1 record(s) lack 'id'"]
+
+
 async def test_a_line_written_for_the_key_cancels_its_summary(
         caplog: pytest.LogCaptureFixture) -> None:
     """A plugin failing on every batch: the line after the interval counts what was held
