@@ -41,7 +41,12 @@ from kiproxy.interceptors.consume import (
     RefuseFetch,
 )
 from kiproxy.interceptors.errors import ErrorCode
-from kiproxy.interceptors.verdict import clip
+from kiproxy.interceptors.verdict import (
+    DEFAULT_OUTPUT_LIMITS,
+    OutputLimits,
+    clip,
+    oversized,
+)
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.parallel import Opened, noting_opened
 from kiproxy.protocol.records import (
@@ -51,6 +56,7 @@ from kiproxy.protocol.records import (
     decode_records,
     encode_records,
     first_moved,
+    records_size,
 )
 
 __all__ = ["ConsumeRefusal", "consume_encodable", "judge_consume", "judge_consume_block",
@@ -68,8 +74,8 @@ class ConsumeRefusal:
     message: str
     """What happened, naming the hook (for the proxy's log: Fetch has no message field)."""
     reason: str
-    """``refused``, ``plugin_error``, ``bad_return``, ``record_count``, ``shape_changed``
-    or ``timeout``."""
+    """``refused``, ``plugin_error``, ``bad_return``, ``record_count``, ``shape_changed``,
+    ``output_size`` or ``timeout``."""
     exception: BaseException | None = field(default=None, compare=False, repr=False)
     """The exception a ``plugin_error`` came from (its traceback, for the log)."""
 
@@ -102,8 +108,11 @@ def _timed_out(name: str, timeout: float | None) -> ConsumeRefusal:
 
 
 async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeContext, *,
-                        name: str, timeout: float | None) -> ConsumedBatch | ConsumeRefusal:
-    """``interceptor.on_consume(batch, ctx)`` judged (see the module docstring)."""
+                        name: str, timeout: float | None,
+                        limits: OutputLimits = DEFAULT_OUTPUT_LIMITS
+                        ) -> ConsumedBatch | ConsumeRefusal:
+    """``interceptor.on_consume(batch, ctx)`` judged (see the module docstring); ``limits``
+    bound the bytes of records it may return, as on the produce side."""
     result = await _called(interceptor.on_consume, batch, ctx, name, timeout)
     if isinstance(result, ConsumeRefusal):
         return result
@@ -127,7 +136,18 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     moved = first_moved(batch.records, result.records)
     if moved >= 0:
         return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
+    try:
+        size = records_size(tuple(result.records))
+    except UnicodeEncodeError:
+        size = 0  # not measured: writing the batch refuses it, naming the record
+    detail = oversized(size, lambda: records_size(batch.records), limits)
+    if detail is not None:
+        return _too_large(name, detail)
     return batch.with_records(result.records)  # where it lies and its producer: the log's
+
+
+def _too_large(name: str, detail: str) -> ConsumeRefusal:
+    return ConsumeRefusal(_RETRIED, clip(f"{name} {detail}"), "output_size")
 
 
 def unencodable(name: str, exc: Exception) -> ConsumeRefusal:
@@ -156,7 +176,8 @@ def consume_encodable(judged: ConsumedBatch | ConsumeRefusal, given: ConsumedBat
 
 async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
                               records: tuple[Record, ...] | None, ctx: ConsumeContext, *,
-                              name: str, timeout: float | None
+                              name: str, timeout: float | None,
+                              limits: OutputLimits = DEFAULT_OUTPUT_LIMITS
                               ) -> bytes | memoryview | ConsumeRefusal | None:
     """``interceptor.on_consume_block(block, ctx)`` judged: ``block.data`` itself
     (unchanged, also for a block of the same bytes), a new block that holds the same
@@ -168,11 +189,12 @@ async def judge_consume_block(interceptor: Any, block: ConsumedBlock,
     result = await _called(interceptor.on_consume_block, block, ctx, name, timeout)
     if isinstance(result, ConsumeRefusal):
         return result
-    return _judged_block(result, block, records, name)
+    return _judged_block(result, block, records, name, limits)
 
 
 async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock],
-                               ctx: ConsumeContext, *, name: str, timeout: float | None
+                               ctx: ConsumeContext, *, name: str, timeout: float | None,
+                               limits: OutputLimits = DEFAULT_OUTPUT_LIMITS
                                ) -> list[bytes | memoryview | ConsumeRefusal | None] \
         | ConsumeRefusal:
     """``interceptor.on_consume_blocks(blocks, ctx)`` judged: one answer per block, each
@@ -185,7 +207,7 @@ async def judge_consume_blocks(interceptor: Any, blocks: Sequence[ConsumedBlock]
         if isinstance(result, ConsumeRefusal):
             return result
         return [_refused(answer, name) if isinstance(answer, RefuseFetch)
-                else _judged_block(answer, block, None, name, opened)
+                else _judged_block(answer, block, None, name, limits, opened)
                 for answer, block in zip(result, blocks, strict=True)]
 
 
@@ -223,7 +245,8 @@ def _refused(exc: RefuseFetch, name: str) -> ConsumeRefusal:
 
 
 def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...] | None,
-                  name: str, opened: Opened | None = None
+                  name: str, limits: OutputLimits = DEFAULT_OUTPUT_LIMITS,
+                  opened: Opened | None = None
                   ) -> bytes | memoryview | ConsumeRefusal | None:
     """A block hook's ``result`` for ``block`` judged (see :func:`judge_consume_block`);
     ``opened``: the blocks ``open_blocks`` opened during the call."""
@@ -239,6 +262,9 @@ def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...]
                               "records block (bytes) or None", "bad_return")
     if len(result) == len(block.data) and bytes(result) == block.data.tobytes():
         return block.data  # the same bytes: unchanged, as records equal to a batch are
+    detail = oversized(len(result), lambda: len(block.data), limits)
+    if detail is not None:
+        return _too_large(name, detail)
     try:
         moved = (block_moved(result, block.data, block.record_count) if records is None
                  else check_block(result, block.base_timestamp, records))

@@ -111,6 +111,7 @@ __all__ = [
     "output_fault",
     "output_limits",
     "output_size",
+    "oversized",
     "result_fault",
     "stray_text",
 ]
@@ -476,17 +477,22 @@ def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
     size = _encoded_size(result.records)
     if size is None:
         return None
+    detail = oversized(size, lambda: _encoded_size(batch.records) or 0, limits)
+    return None if detail is None else fault_rejection("output_size", name, detail)
+
+
+def oversized(size: int, given: Callable[[], int], limits: OutputLimits) -> str | None:
+    """Why ``size`` bytes of records returned for a batch of ``given()`` bytes (asked only
+    when needed) are past ``limits`` (``returned ...``, the plugin's name left to the
+    caller), else None: the one rule of both hooks' output."""
     if size > limits.max_bytes:
-        given = _encoded_size(batch.records) or 0
-        return fault_rejection("output_size", name, (
-            f"returned {size} bytes of records for {given} bytes received; the limit is "
-            f"max_plugin_output_bytes ({limits.max_bytes})"))
+        return (f"returned {size} bytes of records for {given()} bytes received; the limit "
+                f"is max_plugin_output_bytes ({limits.max_bytes})")
     if limits.max_ratio and size > RATIO_CHECKED_FROM:
-        given = _encoded_size(batch.records) or 0
-        if size > given * limits.max_ratio:
-            return fault_rejection("output_size", name, (
-                f"returned {size} bytes of records for {given} bytes received, more than "
-                f"max_plugin_output_ratio ({limits.max_ratio}) times as many"))
+        received = given()
+        if size > received * limits.max_ratio:
+            return (f"returned {size} bytes of records for {received} bytes received, more "
+                    f"than max_plugin_output_ratio ({limits.max_ratio}) times as many")
     return None
 
 

@@ -172,6 +172,7 @@ class InterceptorRunner:
 
 _FAULTS: dict[str, Fault | None] = {"refused": None, "timeout": "timeout",
                                     "record_count": "record_count",
+                                    "output_size": "output_size",
                                     "bad_return": "return_type"}
 """A fetch-side refusal's reason as the report's fault (None: refused by policy)."""
 

@@ -376,7 +376,8 @@ class FetchPipeline:
         try:
             return await judge_consume_blocks(link.interceptor, blocks,
                                               _with_deadline(ctx, link.timeout),
-                                              name=link.name, timeout=link.timeout)
+                                              name=link.name, timeout=link.timeout,
+                                              limits=link.limits)
         finally:  # the per-batch path that follows reserves what it decodes itself
             data[0].lease.release_kept()
 
@@ -471,7 +472,7 @@ class FetchPipeline:
                                await source.block() if block is None else memoryview(block))
                 answer = await judge_consume_block(
                     link.interceptor, given, source.records, _with_deadline(ctx, link.timeout),
-                    name=link.name, timeout=link.timeout)
+                    name=link.name, timeout=link.timeout, limits=link.limits)
                 if isinstance(answer, ConsumeRefusal):
                     return answer
                 if answer is not None:
@@ -493,7 +494,7 @@ class FetchPipeline:
                 compression=codec)
             result = await judge_consume(link.interceptor, batch,
                                          _with_deadline(ctx, link.timeout), name=link.name,
-                                         timeout=link.timeout)
+                                         timeout=link.timeout, limits=link.limits)
             if isinstance(result, ConsumeRefusal):
                 return result
             records = result.records

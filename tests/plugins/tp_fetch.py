@@ -8,8 +8,8 @@
 * ``RefuseOnConsume`` refuses every batch of a topic whose name contains ``refuse``
   (RefuseFetch), raises on ``raise``, returns one record too many on ``grow``, tuples
   instead of records on ``tuples``, records with a header key that cannot be encoded
-  on ``surrogate``, and sleeps past its deadline on ``slow``; other topics pass
-  unchanged.
+  on ``surrogate``, values a thousand times as long on ``inflate``, and sleeps past its
+  deadline on ``slow``; other topics pass unchanged.
 * ``PlainOnConsume`` is a plain (not ``async``) hook: on a topic whose name contains
   ``slow`` it sleeps 0.6 s (past the tests' 300 ms deadline) and returns the batch; it
   raises ``KeyError('boom')`` on a batch holding a record whose value is ``poison``;
@@ -72,6 +72,9 @@ class RefuseOnConsume(FetchResponseInterceptor):
             return batch.with_records((*batch.records, batch.records[0]))
         if "tuples" in batch.topic:  # not Records
             return batch.with_records([("k", "v")] * len(batch.records))  # type: ignore[misc]
+        if "inflate" in batch.topic:  # every value a thousand times as long
+            return batch.with_records(r.with_value((r.value or b"") * 1000)
+                                      for r in batch.records)
         if "surrogate" in batch.topic:  # a header key that stands for no byte
             return batch.with_records(r.with_header("\ud800x", b"v") for r in batch.records)
         if "slow" in batch.topic:

@@ -110,6 +110,54 @@ def test_what_the_judge_refuses(topic: str, code: int, reason: str) -> None:
     assert "Hooks" in verdict.message
 
 
+async def test_a_hook_returning_more_than_the_output_limits_is_refused() -> None:
+    from kiproxy.interceptors.consume_verdict import judge_consume
+    from kiproxy.interceptors.verdict import OutputLimits
+
+    class Inflate(FetchResponseInterceptor):
+        def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+            return batch.with_records(r.with_value((r.value or b"") * 100)
+                                      for r in batch.records)
+
+    batch = make_consumed_batch(make_batch(b"a" * 50, b"b" * 50), base_offset=10)
+    ctx = ConsumeContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                         api_version=12, deadline=time.monotonic() + 5)
+    verdict = await judge_consume(Inflate(), batch, ctx, name="inflate", timeout=None,
+                                  limits=OutputLimits(max_bytes=5000, max_ratio=0))
+    assert isinstance(verdict, ConsumeRefusal) and verdict.reason == "output_size"
+    assert verdict.message.startswith("inflate returned 10")
+    assert "the limit is max_plugin_output_bytes (5000)" in verdict.message
+    fits = await judge_consume(Inflate(), batch, ctx, name="inflate", timeout=None,
+                               limits=OutputLimits(max_bytes=50_000, max_ratio=0))
+    assert isinstance(fits, ConsumedBatch)
+
+
+async def test_a_block_hook_returning_more_than_the_output_limits_is_refused() -> None:
+    from kiproxy.interceptors.consume_verdict import judge_consume_block
+    from kiproxy.interceptors.testing import _block_of
+    from kiproxy.interceptors.verdict import OutputLimits
+    from kiproxy.protocol.records import decode_records, encode_records
+
+    class InflateBlock(FetchResponseInterceptor):
+        def on_consume_block(self, block: Any, ctx: ConsumeContext) -> bytes:
+            records = decode_records(bytes(block.data), 0, len(block.data),
+                                     block.record_count, block.base_timestamp)
+            return encode_records(tuple(r.with_value((r.value or b"") * 100) for r in records),
+                                  block.base_timestamp, False)[0]
+
+        def on_consume(self, batch: ConsumedBatch, ctx: ConsumeContext) -> ConsumedBatch:
+            return batch
+
+    batch = make_consumed_batch(make_batch(b"a" * 50, b"b" * 50), base_offset=10)
+    ctx = ConsumeContext(client_id="c", client_address="127.0.0.1:1", principal=None,
+                         api_version=12, deadline=time.monotonic() + 5)
+    verdict = await judge_consume_block(InflateBlock(), _block_of(batch), None, ctx,
+                                        name="inflate", timeout=None,
+                                        limits=OutputLimits(max_bytes=5000, max_ratio=0))
+    assert isinstance(verdict, ConsumeRefusal) and verdict.reason == "output_size"
+    assert "the limit is max_plugin_output_bytes (5000)" in verdict.message
+
+
 @pytest.mark.parametrize("error", ["UNKNOWN_SERVER_ERROR", -1, "topic_authorization_failed",
                                    29, 44])
 def test_a_fetch_refusal_takes_the_codes_of_the_rejection_table(error: str | int) -> None:

@@ -199,6 +199,23 @@ def test_records_a_hook_returns_that_cannot_be_written_refuse_its_partition(
     assert "returned records that cannot be encoded" in logged and said in logged, logged
 
 
+def test_max_plugin_output_bytes_bounds_what_a_fetch_side_hook_returns(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "kiproxy.yaml"
+    path.write_text(f"plugins_dir: {PLUGINS}\nmax_plugin_output_bytes: 2000\nroutes:\n"
+                    '  - match: {topic: "bad-.*"}\n'
+                    '    interceptors: [{class: "tp_fetch:RefuseOnConsume"}]\n')
+    pipeline = FetchPipeline(load_routes(load_config(path, {})), topic_names={})
+    with caplog.at_level(logging.WARNING):
+        out = parse_response(1, 12, _rewrite(pipeline, 12, _answer(12, "bad-inflate")),
+                             len(head(12)))
+    (p0, _), (plain,) = (t.partitions for t in out.responses)
+    assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
+    assert plain.records == PIECES[0]
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "the limit is max_plugin_output_bytes (2000)" in logged, logged
+
+
 def test_an_unknown_topic_id_is_answered_unknown_topic_id(tmp_path: Path) -> None:
     pipeline = _pipeline(tmp_path, "tp_fetch:Reverse", {})
     out = parse_response(1, 13, _rewrite(pipeline, 13, _answer(13, "rev-t")), len(head(13)))
