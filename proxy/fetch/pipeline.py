@@ -298,7 +298,8 @@ class FetchPipeline:
                     links = consumers[1:]
                     given = answer if isinstance(answer, bytes) else None
             if links and i and time.monotonic() - started >= budget:  # the first: always
-                self._deferred(topic, part.partition, fetched, source.batch, ctx, budget)
+                self._deferred(topic, part.partition, fetched, source.batch, ctx, budget,
+                               time.monotonic() - started)
                 cut = (source, None)  # as a broker's answer cut at max_bytes
                 break
             written: bytes | tuple[bytes, ...] | None = None
@@ -429,15 +430,17 @@ class FetchPipeline:
             if refusal.reason != "undecodable":
                 self._count(topic, "refused", header.record_count)
             return refusal
-        log.debug("%s-%d answered up to offset %d, where its next fetch is refused: %s",
+        log.debug("%s[%d] answered up to offset %d, where its next fetch is refused: %s",
                   topic, partition, header.base_offset, refusal.message)
         pieces.append(kept)
         return pieces
 
     def _deferred(self, topic: str, partition: int, fetched: FetchedRecords,
-                  batch: FetchedBatch, ctx: ConsumeContext, budget: float) -> None:
+                  batch: FetchedBatch, ctx: ConsumeContext, budget: float,
+                  elapsed: float) -> None:
         """Count and log the batches from ``batch`` on, left for the consumer's next
-        fetch because the answer's hooks have had their time."""
+        fetch because the answer's hooks (every partition's: ``elapsed`` seconds since
+        they started) have had their time, ``budget``."""
         header = batch.header
         assert header is not None
         later = [b.header for b in fetched.batches
@@ -445,11 +448,11 @@ class FetchPipeline:
         for h in later:
             self._count(topic, "deferred", h.record_count)
         self._refusals.warning(
-            (topic, "deferred"), "fetch from %s (client_id %r): %s-%d answered up to offset "
-            "%d: its fetch-side hooks had run for %.0f ms of this answer (the longest "
-            "timeout_ms of their links); %d batches from there wait for the consumer's "
-            "next fetch", ctx.client_address, ctx.client_id, topic, partition,
-            header.base_offset, budget * 1000, len(later),
+            (topic, "deferred"), "fetch from %s (client_id %r): %s[%d] answered up to offset "
+            "%d: the fetch-side hooks of this answer (all its partitions) had run for %.0f "
+            "ms, past %.0f ms (the longest timeout_ms of their links); %d batches from there "
+            "wait for the consumer's next fetch", ctx.client_address, ctx.client_id, topic,
+            partition, header.base_offset, elapsed * 1000, budget * 1000, len(later),
             more=" ({count} more since the last line)")
 
     async def _chain(self, topic: str, partition: int, source: BatchSource,
@@ -539,7 +542,7 @@ class FetchPipeline:
         """A WARNING (with the hook's traceback when it raised), naming the route whose
         hooks ran, unless one for ``topic`` and ``reason`` was written lately."""
         self._refusals.warning(
-            (topic, reason), "fetch from %s (client_id %r)%s: %s-%d answered with an error: %s",
+            (topic, reason), "fetch from %s (client_id %r)%s: %s[%d] answered with an error: %s",
             client.identity.client_address, client.identity.client_id,
             "" if route is None else f" on route {route}", topic, partition,
             message, more=" ({count} more since the last line)", exc_info=exception,

@@ -235,7 +235,7 @@ def test_a_plain_hook_that_returns_past_its_deadline_costs_its_partition(
     got = _read(proxy.bootstrap, [slow, good], 4, timeout=8)
     assert sorted((m.topic(), m.value()) for m in got) == [(good, b"one"), (good, b"two")]
     assert wait_until(lambda: any(  # the route named, as a produce-side rejection names it
-        f"on route plain: {slow}-0 answered with an error: batch at offset 0: "
+        f"on route plain: {slow}[0] answered with an error: batch at offset 0: "
         "tp_fetch:PlainOnConsume did not answer within 300 ms" in line
         for line in proxy.lines[seen:]), 5), proxy.log
     assert len(_read(upstream.bootstrap, [slow], 2)) == 2
@@ -354,7 +354,7 @@ def test_a_batch_a_hook_fails_on_stops_the_consumer_there(
     assert position == 10
     assert "UNKNOWN" in str(error).upper(), error
     assert wait_until(lambda: any(
-        f"{topic}-0 answered with an error: batch at offset 10: tp_fetch:PlainOnConsume "
+        f"{topic}[0] answered with an error: batch at offset 10: tp_fetch:PlainOnConsume "
         "raised KeyError: 'boom'" in line for line in proxy.lines[seen:]), 5), proxy.log
     assert wait_until(lambda: any(_traceback(line, "KeyError: 'boom'")
                                   for line in proxy.lines[seen:]), 5), proxy.log

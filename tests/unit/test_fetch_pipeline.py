@@ -402,7 +402,7 @@ def test_a_refused_batch_ends_its_partitions_answer_and_the_next_fetch_is_refuse
     p0 = out.responses[0].partitions[0]
     assert (p0.error_code, p0.records) == (ErrorCode.unknown_server_error, b"")
     (line,) = _fetch_warnings(caplog)
-    assert "rev-t-0 answered with an error: batch at offset 7: " in line.getMessage()
+    assert "rev-t[0] answered with an error: batch at offset 7: " in line.getMessage()
     assert "raised KeyError: 'boom'" in line.getMessage()
     assert line.exc_info is not None and line.exc_info[0] is KeyError  # its traceback
     assert _refused(pipeline) == 1
