@@ -35,7 +35,7 @@ from functools import partial
 from typing import Any, NoReturn
 
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
-from kiproxy.proxy.reload.reloader import restart_only_changes
+from kiproxy.proxy.reload.reloader import config_hash, restart_only_changes
 from kiproxy.proxy.serve import print_ready, run_loop, serve
 
 log = logging.getLogger("kiproxy")
@@ -59,7 +59,9 @@ def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
     if config.audit.path is not None:
         update["audit"] = config.audit.model_copy(
             update={"path": f"{config.audit.path}.w{index}"})
-    return config.model_copy(update=update)
+    derived = config.model_copy(update=update)
+    derived._as_written = config_hash(config)
+    return derived
 
 
 def _worker_load(config_file: str | None, overrides: dict[str, Any],

@@ -16,6 +16,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     ValidationError,
     field_validator,
     model_validator,
@@ -182,7 +183,8 @@ class InterceptorSettings(_Strict):
     isolation: Annotated[Literal["inline", "process"],
                 Flag("--interceptor-isolation", metavar="MODE")] = "inline"
     """``inline``: on the event loop (fastest); ``process``: in worker processes that are
-    killed at the deadline or when they crash, and replaced (see ``proxy.isolation``)."""
+    killed at the deadline or when they crash, and replaced (see "Plugin isolation" in the
+    interceptors page)."""
     workers: Annotated[int,
                 Flag("--interceptor-workers", metavar="N")] = Field(default=2, gt=0, le=256)
     """Plugin worker processes when ``isolation`` is ``process`` (per proxy process)."""
@@ -190,7 +192,7 @@ class InterceptorSettings(_Strict):
     """Compression levels of the batches the interceptor changed."""
     mode: Mode = "enforce"
     """``enforce``, or ``observe``: the verdict is recorded and every batch forwarded as
-    received (as on a route; see ``proxy.routes``)."""
+    received (as on a route; see the routing page)."""
     observe_sample: float = Field(default=1.0, gt=0, le=1)
     """In observe mode, the fraction of batches evaluated, chosen per batch."""
 
@@ -219,8 +221,10 @@ class ReloadSettings(_Strict):
 
 
 class AdminSettings(_Strict):
-    """Who may use the metrics listener's admin actions (``POST /reload``); see
-    ``proxy.admin.guard``. ``/metrics``, ``/healthz``, ``/livez`` and ``/readyz`` stay open."""
+    """Who may use the metrics listener's admin actions (``POST /reload``); see "The admin
+    surface" in the deployment page. ``/metrics``, ``/healthz``, ``/livez``, ``/readyz``
+    and ``/config`` (read-only, secrets redacted) stay open to whoever reaches the
+    listener: bind ``metrics_listen`` where only trusted callers do."""
 
     token_file: str | None = None
     """File holding the bearer token ``POST /reload`` needs (``Authorization: Bearer
@@ -337,6 +341,10 @@ class ListenerSettings(_Strict):
 class ProxyConfig(_Strict):
     """Every setting of ``kiproxy run``; docs/configuration.md is generated from this model."""
 
+    _as_written: str | None = PrivateAttr(default=None)
+    """The hash of the configuration a worker's settings were derived from (its own
+    metrics port and audit file), so that every worker reports the same ``config_hash``."""
+
     listen: Annotated[str, Flag(metavar="HOST:PORT")] = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""
     advertised_host: Annotated[str | None, Flag(metavar="HOST")] = None
@@ -357,7 +365,7 @@ class ProxyConfig(_Strict):
     """The one interceptor for every batch: shorthand for one route that matches everything.
     Without ``class`` it still sets ``workers`` and ``compression`` for the routes."""
     routes: tuple[RouteSettings, ...] = ()
-    """Ordered; the first whose ``match`` holds runs its chain (see ``proxy.routes``)."""
+    """Ordered; the first whose ``match`` holds runs its chain (see the routing page)."""
     default: DefaultRouteSettings | None = None
     """The chain for batches no route matched; unset: they pass through untouched."""
     listener: ListenerSettings = Field(default_factory=ListenerSettings)

@@ -243,7 +243,10 @@ def redacted(value: Any, key: str = "", secret: bool = False) -> Any:
 
 
 def config_hash(config: ProxyConfig) -> str:
-    """A short, stable hash of the configuration (shown by ``/config`` and ``/healthz``)."""
+    """A short, stable hash of the configuration (shown by ``/config`` and ``/healthz``): of
+    the file and flags as written, the same in every worker of a ``workers`` proxy."""
+    if config._as_written is not None:
+        return config._as_written
     text = config.model_dump_json(by_alias=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

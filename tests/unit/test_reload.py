@@ -367,3 +367,19 @@ async def test_the_start_up_line_names_the_bound_address_and_the_advertised_one(
                         f"127.0.0.2:{port} (upstream 127.0.0.1:9092)"], said
     finally:
         await server.stop(grace=0)
+
+
+def test_every_worker_reports_the_hash_of_the_configuration_as_written() -> None:
+    # Each worker derives its own metrics port and audit file; the hash compared across
+    # workers to confirm a rollout is the configuration's, not the derived copy's.
+    from kiproxy.proxy.reload.reloader import config_hash
+    from kiproxy.proxy.workers import worker_config
+
+    written = _config(metrics_listen="127.0.0.1:9404", workers=3,
+                      **{"audit.path": "/tmp/kiproxy-audit.jsonl"})
+    workers = [worker_config(written, i) for i in range(3)]
+    assert [w.metrics_listen for w in workers] == [
+        "127.0.0.1:9404", "127.0.0.1:9405", "127.0.0.1:9406"]
+    assert {config_hash(w) for w in workers} == {config_hash(written)}
+    assert config_hash(_config(metrics_listen="127.0.0.1:9404", workers=3)) != \
+        config_hash(written)
