@@ -5,6 +5,8 @@ opened, rotation, unusable keys, and a KMS that is gone, hangs or answers garbag
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 import os
 import re
 import socket
@@ -265,13 +267,32 @@ def _http(status: str, body: bytes, content_type: bytes = b"application/x-amz-js
     (_http("400 Bad Request", b'{"__type": "ThrottlingException", "message": "slow down"}'),
      "ThrottlingException"),
     (_answer(b"\x00\x01 not HTTP at all\r\n\r\n"), "Error"),
-], ids=["html", "short-key", "503", "throttled", "not-http"])
+    # What the SDK cannot read at all (it raises no error of its own for these).
+    (_http("200 OK", b'{"Plaintext": "abcdefghi", "KeyId": "k"}'),
+     "the answer is not one of AWS KMS .*Error"),
+    (_http("200 OK", b"[1, 2]"), "the answer is not one of AWS KMS .*AttributeError"),
+    (_http("200 OK", b'{"Plaintext": 7, "KeyId": "k"}'), "the answer is not one of AWS KMS"),
+], ids=["html", "short-key", "503", "throttled", "not-http", "bad-base64", "json-list",
+        "number-blob"])
 async def test_a_kms_that_answers_garbage_is_unavailable(
         stand_in: Make, answer: Callable[[socket.socket], None], cause: str) -> None:
     provider = aws_provider(stand_in(answer).url)
     with pytest.raises(KmsUnavailable, match=cause) as caught:
         await provider.decrypt_data_key("arn:aws:kms:eu-west-1:1:key/k", b"wrapped")
     assert caught.value.retriable
+    await provider.close()
+
+
+async def test_a_generated_data_key_of_the_wrong_size_is_named_by_its_sizes(
+        stand_in: Make) -> None:
+    big = base64.b64encode(b"w" * 200_000).decode()
+    key = base64.b64encode(b"k" * 32).decode()
+    answer = _http("200 OK", json.dumps(
+        {"Plaintext": key, "CiphertextBlob": big, "KeyId": "k"}).encode())
+    provider = aws_provider(stand_in(answer).url)
+    with pytest.raises(KmsUnavailable, match=r"with a 32-byte Plaintext and a 200000-byte "
+                                               r"CiphertextBlob \(AWS KMS gives 32 bytes"):
+        await provider.generate_data_key("arn:aws:kms:eu-west-1:1:key/k")
     await provider.close()
 
 

@@ -51,7 +51,6 @@ import re
 import threading
 import urllib.parse
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -62,6 +61,7 @@ import botocore.utils
 import pydantic
 from pydantic import Field, field_validator
 
+from kiproxy.interceptors.builtin._daemon_threads import DaemonThreads
 from kiproxy.interceptors.settings import PluginSettings
 
 from .kms import (
@@ -227,8 +227,9 @@ class AwsKmsProvider(KmsProvider):
 
     def __init__(self, settings: AwsKmsSettings) -> None:
         self.settings = settings
-        self._pool = ThreadPoolExecutor(max_workers=settings.max_calls_in_flight,
-                                        thread_name_prefix=f"kiproxy-kms-{id(self):x}")
+        # Daemon threads: a call hung on a KMS that stopped answering must not hold a
+        # stopping proxy's process open until its socket times out.
+        self._pool = DaemonThreads(settings.max_calls_in_flight, f"kiproxy-kms-{id(self):x}")
         self._client: Any = None
         self._client_lock = threading.Lock()
         self._where = settings.endpoint or f"AWS KMS ({settings.region or 'SDK region'})"
@@ -255,8 +256,9 @@ class AwsKmsProvider(KmsProvider):
         answer = await self._call("DescribeKey", reference, UnresolvedKey, KeyId=reference)
         meta = answer.get("KeyMetadata")
         if not isinstance(meta, Mapping) or not isinstance(meta.get("Arn"), str):
-            raise KmsUnavailable(f"{self._where} answered DescribeKey {reference!r} "
-                                 "without the key's ARN")
+            raise KmsUnavailable(f"{self._where} answered DescribeKey {reference!r} with no "
+                                 "KeyMetadata.Arn: not an answer of AWS KMS (is kms.endpoint "
+                                 "a KMS?)")
         state, usage = meta.get("KeyState"), meta.get("KeyUsage")
         if state != "Enabled" or usage not in (None, "ENCRYPT_DECRYPT"):
             what = f"{state}, for {usage}" if usage is not None else str(state)
@@ -272,7 +274,9 @@ class AwsKmsProvider(KmsProvider):
         if (not isinstance(plaintext, bytes) or len(plaintext) != DATA_KEY_BYTES
                 or not isinstance(wrapped, bytes) or not 0 < len(wrapped) <= MAX_WRAPPED_BYTES):
             raise KmsUnavailable(f"{self._where} answered GenerateDataKey for {key_id!r} "
-                                 "with no 32-byte key and wrapped key")
+                                 f"with {_sized(plaintext)} Plaintext and {_sized(wrapped)} "
+                                 f"CiphertextBlob (AWS KMS gives {DATA_KEY_BYTES} bytes and "
+                                 f"1..{MAX_WRAPPED_BYTES} bytes)")
         return DataKey(key_id=key_id, plaintext=plaintext, wrapped=wrapped)
 
     async def decrypt_data_key(self, key_id: str, wrapped: bytes) -> bytes:
@@ -333,7 +337,14 @@ class AwsKmsProvider(KmsProvider):
             if not operation:  # only the client was asked for
                 return {}
             method = getattr(client, botocore.xform_name(operation))
-            answer: dict[str, Any] = method(**params)
+            try:
+                answer: dict[str, Any] = method(**params)
+            except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError):
+                raise  # said below
+            except Exception as exc:  # the SDK could not read what the endpoint answered
+                raise KmsUnavailable(f"{what}: the answer is not one of AWS KMS "
+                                     f"({type(exc).__name__}: {exc}); is kms.endpoint a KMS?"
+                                     ) from None
             return answer
         except botocore.exceptions.ClientError as exc:
             raise _client_error(exc, what, key_error) from None
@@ -350,6 +361,13 @@ class AwsKmsProvider(KmsProvider):
         except botocore.exceptions.BotoCoreError as exc:  # the settings: a bad region, ...
             raise KmsError(f"{what}: {type(exc).__name__}: {exc}; the SDK refused the "
                            "settings of kms (or the AWS_* variables): fix them") from None
+
+
+def _sized(value: object) -> str:
+    """``a 40-byte`` value, or what it is instead (``no``: missing)."""
+    if value is None:
+        return "no"
+    return f"a {len(value)}-byte" if isinstance(value, bytes) else f"a {type(value).__name__}"
 
 
 _TRANSIENT = (botocore.exceptions.ConnectionError, botocore.exceptions.HTTPClientError,
