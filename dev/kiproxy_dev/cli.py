@@ -19,6 +19,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -121,11 +122,36 @@ def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]
     if not settings.kms:
         return _dev_registry(config, config_file, overrides, settings)
     try:
-        with _kms(settings.kms_port, settings.kms_key):
+        with _kms(settings.kms_port, settings.kms_key) as kms:
+            for problem in kms_endpoint_problems(config, kms.url):
+                print(f"kiproxy: warning: {problem}", file=sys.stderr, flush=True)
             return _dev_registry(config, config_file, overrides, settings)
     except KmsLaunchError as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1
+
+
+def kms_endpoint_problems(config: ProxyConfig, url: str) -> list[str]:
+    """Why the interceptors ``config`` loads would not call the KMS stand-in at ``url``:
+    an AWS ``kms`` whose ``endpoint`` is another address, or unset (AWS itself)."""
+    chains = [route.interceptors for route in config.routes]
+    if config.default is not None:
+        chains.append(config.default.interceptors)
+    links = [(config.interceptor.class_name, config.interceptor.config)] + [
+        (link.class_name, link.config) for chain in chains for link in chain]
+    problems = []
+    for name, settings in links:
+        kms = settings.get("kms") if isinstance(settings, dict) else None
+        if not isinstance(kms, dict) or kms.get("type") != "aws":
+            continue
+        endpoint = kms.get("endpoint")
+        if endpoint is None:
+            problems.append(f"{name}'s kms.endpoint is unset, so it calls AWS itself, not "
+                            f"the stand-in at {url}; set \"endpoint\": \"{url}\"")
+        elif urlsplit(str(endpoint)).netloc != urlsplit(url).netloc:
+            problems.append(f"{name}'s kms.endpoint is {endpoint}, not the stand-in at {url} "
+                            "(--kms-port); set one to the other")
+    return problems
 
 
 @contextlib.contextmanager

@@ -40,6 +40,7 @@ def test_dev_with_a_kms_creates_its_keys_and_the_proxy_encrypts_with_them(
         assert ("kiproxy: the proxy uses these credentials; a client of the stand-in needs "
                 "them too: export AWS_ACCESS_KEY_ID=test AWS_SECRET_ACCESS_KEY=test "
                 "AWS_DEFAULT_REGION=us-east-1") in dev.lines
+        assert "kms.endpoint" not in dev.output  # the proxy calls the stand-in: no warning
 
         producer = KafkaProducer(bootstrap_servers=bootstrap)
         producer.send("orders", b"card 4111", key=b"o1").get(timeout=30)

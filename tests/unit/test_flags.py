@@ -309,3 +309,24 @@ def test_a_bad_server_in_the_list_is_named(value: str, message: str) -> None:
     with pytest.raises(ConfigError) as refused:
         load_config(None, {"upstream": [value]})
     assert refused.value.message == message
+
+
+@pytest.mark.parametrize(("kms", "said"), [
+    ({"type": "aws", "endpoint": "http://127.0.0.1:24566", "region": "us-east-1"}, []),
+    ({"type": "aws", "endpoint": "http://127.0.0.1:4566", "region": "us-east-1"},
+     ["record_encryption's kms.endpoint is http://127.0.0.1:4566, not the stand-in at "
+      "http://127.0.0.1:24566 (--kms-port); set one to the other"]),
+    ({"type": "aws", "region": "us-east-1"},
+     ["record_encryption's kms.endpoint is unset, so it calls AWS itself, not the stand-in "
+      'at http://127.0.0.1:24566; set "endpoint": "http://127.0.0.1:24566"']),
+    ({"type": "key_file", "path": "keys.yaml"}, []),
+])
+def test_dev_kms_says_when_the_proxy_would_not_call_its_stand_in(
+        kms: dict[str, str], said: list[str]) -> None:
+    from kiproxy.proxy.config.model import load_config
+    from kiproxy_dev.cli import kms_endpoint_problems
+
+    config = load_config(None, {"upstream": ["127.0.0.1:9092"],
+                                "interceptor.class": "record_encryption",
+                                "interceptor.config": {"kms": kms, "key": "alias/KEK"}})
+    assert kms_endpoint_problems(config, "http://127.0.0.1:24566") == said
