@@ -197,9 +197,21 @@ _json_bytes = spell_bytes("tagged")
 """Bytes as the Wasm JSON encoding spells them (text, else ``{"b64": ...}``)."""
 
 
+SHOWN_BYTES = 1024
+"""Bytes of a key, value or header value a record line shows; the rest is counted."""
+
+
+def _shown(data: bytes | None) -> object:
+    """``data`` as a record line spells it, cut to :data:`SHOWN_BYTES` (a plugin's output may
+    be megabytes: the line says how many bytes were left out)."""
+    if data is None or len(data) <= SHOWN_BYTES:
+        return _json_bytes(data)
+    return {"first": _json_bytes(data[:SHOWN_BYTES]), "bytes": len(data)}
+
+
 def _record_line(record: Record) -> str:
-    return json.dumps({"key": _json_bytes(record.key), "value": _json_bytes(record.value),
-                       "headers": [[header_key_text(h.key), _json_bytes(h.value)]
+    return json.dumps({"key": _shown(record.key), "value": _shown(record.value),
+                       "headers": [[header_key_text(h.key), _shown(h.value)]
                                    for h in record.headers],
                        "timestamp": record.timestamp}, ensure_ascii=False)
 

@@ -355,3 +355,19 @@ def test_records_that_cannot_be_encoded_are_the_rejection_the_proxy_answers(
             "batch 1: check[0], 5 records: rejected with INVALID_RECORD (87): interceptor "
             f"unencodable:{cls} returned records that cannot be encoded: {why}"), out
         assert "Traceback" not in out + err
+
+
+def test_a_large_value_is_shown_cut_with_its_size(capsys: pytest.CaptureFixture[str],
+                                                   tmp_path: Path) -> None:
+    plugins = plugin_dir(tmp_path, "balloon", """
+        from kiproxy.interceptors import ProduceRequestInterceptor
+
+        class Balloon(ProduceRequestInterceptor):
+            def intercept(self, batch, ctx):
+                return batch.with_records(r.with_value(b"x" * 100_000) for r in batch.records)
+    """)
+    code, out, err = check(capsys, "balloon:Balloon", "--plugins-dir", str(plugins))
+    assert (code, err) == (0, "")
+    shown = [line for line in out.splitlines() if line.startswith("  record 0: ")]
+    assert shown and all(len(line) < 4000 for line in shown), [len(x) for x in shown]
+    assert f'"value": {{"first": "{"x" * 1024}", "bytes": 100000}}' in shown[0]
