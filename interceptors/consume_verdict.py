@@ -129,11 +129,15 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
         return ConsumeRefusal(_RETRIED, f"{name} returned {len(result.records)} records for "
                               f"{len(batch.records)}: records can be changed, not added or "
                               "removed", "record_count")
-    stranger = next((i for i, r in enumerate(result.records) if not isinstance(r, Record)), -1)
-    if stranger >= 0:
+    try:
+        moved = first_moved(batch.records, result.records)
+    except (AttributeError, TypeError):  # something other than Records: found only now
+        stranger = next((i for i, r in enumerate(result.records)
+                         if not isinstance(r, Record)), None)
+        if stranger is None:
+            raise
         return unencodable(name, TypeError(
             f"record {stranger} is a {type(result.records[stranger]).__name__}, not a Record"))
-    moved = first_moved(batch.records, result.records)
     if moved >= 0:
         return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
     try:
