@@ -313,7 +313,10 @@ class FetchPipeline:
                         written = await self._encode(source, outcome)
                     except (CorruptBatch, BatchShapeChanged):
                         raise  # the broker's batch, or its shape: said below
-                    except Exception as exc:  # what the hooks returned cannot be written
+                    except (ValueError, TypeError, OverflowError) as exc:
+                        # What the hooks returned cannot be written (a str where bytes
+                        # go, a header key no UTF-8 spells, a timestamp out of range);
+                        # anything else is the proxy's own fault, and closes as such.
                         outcome = unencodable(_names(links or consumers[:1]), exc)
             except CorruptBatch as exc:
                 cut = (source, ConsumeRefusal(ErrorCode.UNKNOWN_SERVER_ERROR,

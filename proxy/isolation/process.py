@@ -148,24 +148,36 @@ def process_context() -> ForkServerContext | SpawnContext:
 
 
 def _start_fork_server() -> None:
-    """Start the fork server now, with ``PYTHONSAFEPATH`` set for it alone.
+    """Start the fork server now, with ``PYTHONSAFEPATH`` set for it and its workers.
 
     multiprocessing starts it as ``python -c ...``, which puts the working directory
     first on ``sys.path``, and Python 3.11's fork server does not take the proxy's path
     instead: a directory named ``kiproxy`` where the proxy was started (a clone of this
     repository, say) would then be imported as an empty namespace package in every
     worker, before the installed one. With ``PYTHONSAFEPATH`` (Python 3.11+) nothing is
-    put first, and workers import what the proxy imports. (Should the fork server die,
-    multiprocessing starts another without it.)
+    put first, and workers import what the proxy imports; each worker then removes it
+    (:func:`drop_safe_path`). (Should the fork server die, multiprocessing starts another
+    without it.)
     """
     from multiprocessing import forkserver
 
-    saved = os.environ.get("PYTHONSAFEPATH")
-    os.environ["PYTHONSAFEPATH"] = "1"
+    if os.environ.get("PYTHONSAFEPATH"):  # the operator's own: the fork server has it
+        forkserver.ensure_running()
+        return
+    os.environ["PYTHONSAFEPATH"] = SAFE_PATH_OURS  # its value says whose it is
     try:
         forkserver.ensure_running()
     finally:
-        if saved is None:
-            del os.environ["PYTHONSAFEPATH"]
-        else:
-            os.environ["PYTHONSAFEPATH"] = saved
+        del os.environ["PYTHONSAFEPATH"]
+
+
+SAFE_PATH_OURS = "kiproxy-fork-server"
+"""``PYTHONSAFEPATH`` as the fork server is given it (any non-empty value turns it on):
+a worker forked from it removes it from its environment (:func:`drop_safe_path`), so
+that processes a plugin starts see the proxy's environment."""
+
+
+def drop_safe_path() -> None:
+    """In a worker: forget the ``PYTHONSAFEPATH`` :func:`_start_fork_server` set."""
+    if os.environ.get("PYTHONSAFEPATH") == SAFE_PATH_OURS:
+        del os.environ["PYTHONSAFEPATH"]

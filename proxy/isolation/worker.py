@@ -35,6 +35,7 @@ from kiproxy.interceptors.verdict import (
     acknowledgement_hook,
     judge_sync,
 )
+from kiproxy.proxy.isolation.process import drop_safe_path
 from kiproxy.proxy.isolation.wire import (
     decode_request,
     frame,
@@ -140,6 +141,7 @@ def worker_main(sock: socket.socket, spec: str, plugins_dir: str | None,
     """Entry point of a worker process: load the plugin, then answer requests until EOF
     (judged with ``limits``, so an oversized answer is refused before it is sent)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    drop_safe_path()
     _drop_fork_server_pipe()
     _die_with_parent()
     if log_setup is not None:

@@ -161,3 +161,40 @@ def test_a_plugin_that_cannot_load_in_a_worker_stops_the_proxy_at_start(
                      plugins_dir=PLUGINS, interceptor="iso_plugins:BadConfigure")
     assert ("kiproxy: plugin error: iso_plugins:BadConfigure.configure() failed: "
             "ValueError: setting 'url' is required") in str(caught.value)
+
+
+def test_workers_import_the_installed_package_whatever_the_working_directory_holds(
+        tmp_path: Path) -> None:
+    # `kiproxy dev` started where a directory is named ``kiproxy`` (a clone of the
+    # repository, say): the fork server's ``python -c`` would put that directory first
+    # on sys.path and every worker would import it as an empty namespace package.
+    import subprocess
+    import sys
+
+    from kiproxy_dev.tansu import free_port
+
+    (tmp_path / "kiproxy").mkdir()
+    command = [str(Path(sys.executable).with_name("kiproxy")), "dev",
+               "--listen", f"127.0.0.1:{free_port()}", "--plugins-dir", str(PLUGINS),
+               "--interceptor", "iso_plugins:Same", "--interceptor-isolation", "process",
+               "--interceptor-workers", "1"]
+    proxy = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    said: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:  # a thread: the test waits for it with a deadline
+        assert proxy.stdout is not None
+        for line in proxy.stdout:
+            said.append(line)
+            if "bootstrap address" in line or "error" in line:
+                break
+        done.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        done.wait(120)
+    finally:
+        proxy.terminate()
+        proxy.wait(30)
+    assert any("loaded in 1 worker process" in line for line in said), "".join(said)

@@ -172,3 +172,17 @@ class ExitOnConfigure(ProduceRequestInterceptor):
 
     def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         return batch
+
+
+class Environ(ProduceRequestInterceptor):
+    """Puts the worker's value of the environment variable ``config["name"]`` in every
+    record's value (``-`` when unset)."""
+
+    def configure(self, config: Mapping[str, Any]) -> None:
+        self.name = str(config["name"])
+
+    def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+        import os
+
+        seen = os.environ.get(self.name, "-").encode()
+        return batch.with_records(r.with_value(seen) for r in batch.records)
