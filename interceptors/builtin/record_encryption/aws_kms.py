@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import re
 import threading
 import urllib.parse
@@ -57,6 +58,7 @@ from typing import Annotated, Any
 import boto3
 import botocore.config
 import botocore.exceptions
+import botocore.parsers
 import botocore.utils
 import pydantic
 from pydantic import Field, field_validator
@@ -74,6 +76,8 @@ from .kms import (
     Undecryptable,
     UnresolvedKey,
 )
+
+log = logging.getLogger(__name__)
 
 __all__ = ["AwsKmsProvider", "AwsKmsSettings", "alias_problem", "alias_safe"]
 
@@ -341,7 +345,11 @@ class AwsKmsProvider(KmsProvider):
                 answer: dict[str, Any] = method(**params)
             except (botocore.exceptions.ClientError, botocore.exceptions.BotoCoreError):
                 raise  # said below
-            except Exception as exc:  # the SDK could not read what the endpoint answered
+            except (ValueError, TypeError, AttributeError, KeyError,
+                    botocore.parsers.ResponseParserError) as exc:
+                # The SDK could not read what the endpoint answered (bad base64, a list
+                # where a structure goes): its parser raises these, none of its own.
+                log.debug("%s: the SDK could not read the answer", what, exc_info=exc)
                 raise KmsUnavailable(f"{what}: the answer is not one of AWS KMS "
                                      f"({type(exc).__name__}: {exc}); is kms.endpoint a KMS?"
                                      ) from None
