@@ -206,7 +206,10 @@ def _shown(data: bytes | None) -> object:
     be megabytes: the line says how many bytes were left out)."""
     if data is None or len(data) <= SHOWN_BYTES:
         return _json_bytes(data)
-    return {"first": _json_bytes(data[:SHOWN_BYTES]), "bytes": len(data)}
+    cut = SHOWN_BYTES
+    while cut > SHOWN_BYTES - 3 and data[cut] & 0xC0 == 0x80:  # not inside a UTF-8 character
+        cut -= 1
+    return {"first": _json_bytes(data[:cut]), "bytes": len(data)}
 
 
 def _record_line(record: Record) -> str:

@@ -90,19 +90,33 @@ def parse_settings(model: type[M], config: Mapping[str, Any] | M | None) -> M:
         return config
     given = dict(config or {})
     # Text converts to what a key declares ("5" to 5: a properties file holds only text),
-    # but `true` or `false` where a number is declared is a mistake, not 1 or 0. (Strict
-    # mode as a whole would refuse that text, and a list where a tuple is declared.)
-    try:
-        model.model_validate(given, strict=True)
-    except ValidationError as exc:
-        numbers = [item for item in exc.errors() if item["type"] in ("int_type", "float_type")
-                   and isinstance(item["input"], bool)]
-        if numbers:
-            raise SettingsError(_lines(numbers, model)) from None
+    # but `true` or `false` where a number is declared is a mistake, not 1 or 0. Strict
+    # mode says where (as a whole it would refuse that text too, and a list where a tuple
+    # is declared: so the lists are also tried as tuples, to reach a tuple's items).
+    numbers: dict[tuple[int | str, ...], ErrorDetails] = {}
+    for shape in (given, _tupled(given)):
+        try:
+            model.model_validate(shape, strict=True)
+        except ValidationError as exc:
+            numbers.update((item["loc"], item) for item in exc.errors()
+                           if item["type"] in ("int_type", "float_type")
+                           and isinstance(item["input"], bool))
+    if numbers:
+        raise SettingsError(_lines([numbers[loc] for loc in sorted(numbers, key=str)],
+                                   model)) from None
     try:
         return model.model_validate(given)
     except ValidationError as exc:
         raise SettingsError(describe(exc, model)) from None
+
+
+def _tupled(value: Any) -> Any:
+    """``value`` with every list in it a tuple."""
+    if isinstance(value, dict):
+        return {k: _tupled(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return tuple(_tupled(v) for v in value)
+    return value
 
 
 _EXPECTED = {

@@ -66,8 +66,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy.connection")
 _failures = RateLimitedLog(log)
-"""Answers the proxy failed on (a fault of its own): one traceback per exception type per
-interval, however many clients meet it."""
+"""Answers the proxy failed on (a fault of its own): one traceback per fault (its type and
+where it was raised) per interval, however many clients meet it."""
+
+
+def _where(exc: BaseException) -> tuple[str, str, int]:
+    """A fault's type and the file and line it was raised at: what tells two apart."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return type(exc).__name__, "", 0
+    return type(exc).__name__, tb.tb_frame.f_code.co_filename, tb.tb_lineno
 
 __all__ = ["JOIN_BELOW", "UNANSWERED_KEPT", "AnswerSide", "AnswerSlot", "ConnectionServices"]
 
@@ -477,7 +487,7 @@ class AnswerSide:
             if isinstance(exc, ProtocolError):
                 reason = f"sent a response the proxy cannot carry: {exc}"
             else:  # the proxy's own fault: its traceback, once per kind per interval
-                held = _failures.allow(type(exc).__name__)
+                held = _failures.allow(_where(exc))
                 if held is not None:
                     log.error("answer from %s to client %s could not be handled; closing it%s",
                               self._upstream_name(), self.client_address,

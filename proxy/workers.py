@@ -60,7 +60,7 @@ def worker_config(config: ProxyConfig, index: int) -> ProxyConfig:
         update["audit"] = config.audit.model_copy(
             update={"path": f"{config.audit.path}.w{index}"})
     derived = config.model_copy(update=update)
-    derived._as_written = config_hash(config)
+    derived._as_written = config_hash(config)  # set after the copy, which forgets it
     return derived
 
 

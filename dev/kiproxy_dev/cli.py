@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,14 +145,30 @@ def kms_endpoint_problems(config: ProxyConfig, url: str) -> list[str]:
         kms = settings.get("kms") if isinstance(settings, dict) else None
         if not isinstance(kms, dict) or kms.get("type") != "aws":
             continue
-        endpoint = kms.get("endpoint")
+        # An unset endpoint is the SDK's: AWS_ENDPOINT_URL_KMS or AWS_ENDPOINT_URL, as
+        # every AWS SDK reads them, else AWS itself.
+        source, endpoint = next(((where, value) for where, value in (
+            (f"{name}'s kms.endpoint", kms.get("endpoint")),
+            ("AWS_ENDPOINT_URL_KMS", os.environ.get("AWS_ENDPOINT_URL_KMS")),
+            ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL"))) if value),
+            (f"{name}'s kms.endpoint", None))
         if endpoint is None:
-            problems.append(f"{name}'s kms.endpoint is unset, so it calls AWS itself, not "
-                            f"the stand-in at {url}; set \"endpoint\": \"{url}\"")
-        elif urlsplit(str(endpoint)).netloc != urlsplit(url).netloc:
-            problems.append(f"{name}'s kms.endpoint is {endpoint}, not the stand-in at {url} "
+            problems.append(f"{source} is unset, so it calls AWS itself, not the stand-in "
+                            f"at {url}; set \"endpoint\": \"{url}\"")
+        elif _place(str(endpoint)) != _place(url):
+            problems.append(f"{source} is {endpoint}, not the stand-in at {url} "
                             "(--kms-port); set one to the other")
     return problems
+
+
+_LOOPBACK = {"localhost", "127.0.0.1", "::1"}
+
+
+def _place(url: str) -> tuple[str, int | None]:
+    """Where ``url`` connects: its host (any loopback name as one) and port."""
+    parts = urlsplit(url)
+    host = (parts.hostname or "").lower()
+    return ("loopback" if host in _LOOPBACK else host), parts.port
 
 
 @contextlib.contextmanager

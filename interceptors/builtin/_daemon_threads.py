@@ -17,6 +17,7 @@ from __future__ import annotations
 import concurrent.futures
 import queue
 import threading
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -42,6 +43,8 @@ class DaemonThreads(concurrent.futures.Executor):
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # Dropped without shutdown(): its idle threads end (they hold the queue, not this).
+        weakref.finalize(self, _stop, self._work, self._threads)
 
     def submit(self, fn: Callable[..., _T], /, *args: Any,
                **kwargs: Any) -> concurrent.futures.Future[_T]:
@@ -52,25 +55,12 @@ class DaemonThreads(concurrent.futures.Executor):
             future: concurrent.futures.Future[_T] = concurrent.futures.Future()
             self._work.put((future, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
-                thread = threading.Thread(target=self._run, daemon=True,
+                thread = threading.Thread(target=_run, args=(self._work, self._idle),
+                                          daemon=True,
                                           name=f"{self._name}_{len(self._threads)}")
                 thread.start()
                 self._threads.append(thread)
             return future
-
-    def _run(self) -> None:
-        while True:
-            item = self._work.get()
-            if item is None:
-                return
-            future, fn, args, kwargs = item
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(fn(*args, **kwargs))
-                except BaseException as exc:  # the caller's to see, as with any executor
-                    future.set_exception(exc)
-            del item, future  # nothing of the call kept alive while the thread waits
-            self._idle.release()
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """No new calls; ``cancel_futures`` cancels those not started; ``wait`` waits for
@@ -91,3 +81,24 @@ class DaemonThreads(concurrent.futures.Executor):
         if wait:
             for thread in threads:
                 thread.join()
+
+
+def _run(work: queue.SimpleQueue[_Work | None], idle: threading.Semaphore) -> None:
+    """One thread of the pool: calls until told to stop (None)."""
+    while True:
+        item = work.get()
+        if item is None:
+            return
+        future, fn, args, kwargs = item
+        if future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the caller's to see, as with any executor
+                future.set_exception(exc)
+        del item, future  # nothing of the call kept alive while the thread waits
+        idle.release()
+
+
+def _stop(work: queue.SimpleQueue[_Work | None], threads: list[threading.Thread]) -> None:
+    for _ in threads:
+        work.put(None)

@@ -8,8 +8,9 @@ to a default), and every error names the key.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 import yaml
 from pydantic import (
@@ -343,7 +344,17 @@ class ProxyConfig(_Strict):
 
     _as_written: str | None = PrivateAttr(default=None)
     """The hash of the configuration a worker's settings were derived from (its own
-    metrics port and audit file), so that every worker reports the same ``config_hash``."""
+    metrics port and audit file), so that every worker reports the same ``config_hash``;
+    a copy with other values is another configuration, and hashes itself."""
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None,
+                   deep: bool = False) -> Self:
+        """A copy (:meth:`pydantic.BaseModel.model_copy`); one with ``update`` values
+        forgets the hash it was derived from."""
+        copy = super().model_copy(update=update, deep=deep)
+        if update:
+            copy._as_written = None
+        return copy
 
     listen: Annotated[str, Flag(metavar="HOST:PORT")] = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""

@@ -228,7 +228,7 @@ class _InterceptorCollector(Collector):
                 if sample.kind == "counter":
                     series = _series(name, sample)
                     help_text, value = carried.get(series, (sample.help, 0.0))
-                    carried[series] = (help_text, value + sample.value)
+                    carried[series] = (help_text, value + float(sample.value))
         self._carried, self._replaced = carried, replaced
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
@@ -250,11 +250,11 @@ class _InterceptorCollector(Collector):
         replaced = [pair for key, pair in self._replaced.items() if key not in running]
         for name, interceptor in current:
             for sample in _samples(name, interceptor):
-                add(_series(name, sample), sample.kind, sample.help, sample.value)
+                add(_series(name, sample), sample.kind, sample.help, float(sample.value))
         for name, interceptor in replaced:
             for sample in _samples(name, interceptor):
                 if sample.kind == "counter" and name in names:
-                    add(_series(name, sample), "counter", sample.help, sample.value)
+                    add(_series(name, sample), "counter", sample.help, float(sample.value))
         for series, (help_text, value) in self._carried.items():
             if dict(series[1])["interceptor"] in names:
                 add(series, "counter", help_text, value)
@@ -289,7 +289,10 @@ def _samples(name: str, interceptor: Any) -> list[Any]:
 
 
 _refused_samples = RateLimitedLog(log, 60.0)
-_METRIC_NAME = re.compile(r"[a-z_][a-z0-9_]*")
+_METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
+_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
+"""Prometheus' own rules: what would break /metrics for every scraper is left out, no
+more (the API asks for lower case; upper case still renders)."""
 
 
 def _wrong(sample: Any) -> str | None:
@@ -297,17 +300,19 @@ def _wrong(sample: Any) -> str | None:
     if not isinstance(sample, MetricSample):
         return f"a {type(sample).__name__}, not a MetricSample"
     if not isinstance(sample.name, str) or not _METRIC_NAME.fullmatch(sample.name):
-        return f"the metric name {sample.name!r} (it must match [a-z_][a-z0-9_]*)"
+        return f"the metric name {sample.name!r} (Prometheus takes [a-zA-Z_:][a-zA-Z0-9_:]*)"
     if not isinstance(sample.help, str):
         return f"the help {sample.help!r} for {sample.name} (a str)"
     if sample.kind not in ("counter", "gauge"):
         return f"the kind {sample.kind!r} for {sample.name} (counter or gauge)"
     labels = sample.labels
     if not isinstance(labels, Mapping) or not all(
-            isinstance(k, str) and _METRIC_NAME.fullmatch(k) and isinstance(v, str)
+            isinstance(k, str) and _LABEL_NAME.fullmatch(k) and isinstance(v, str)
             for k, v in labels.items()):
-        return f"labels {labels!r} for {sample.name} (names [a-z_][a-z0-9_]*, values str)"
-    if isinstance(sample.value, bool) or not isinstance(sample.value, (int, float)):
+        return f"labels {labels!r} for {sample.name} (names [a-zA-Z_][a-zA-Z0-9_]*, values str)"
+    try:
+        float(sample.value)
+    except (TypeError, ValueError):
         return f"the value {sample.value!r} for {sample.name} (a number)"
     return None
 

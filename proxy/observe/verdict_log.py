@@ -76,7 +76,8 @@ class VerdictLog:
 
     def policy(self, subject: Subject, code: int, message: str) -> None:
         """One INFO line for a batch rejected by policy (or as undecodable), unless the same
-        line for the same client host was written lately (see the module docstring)."""
+        line for the same client host and client id was written lately (then counted, and
+        summarized if no other line comes; see the module docstring)."""
         address, route = subject.client_address, subject.route
         host = address.rpartition(":")[0] or address
         key = ("policy", host, subject.client_id, subject.where, route, code, message)

@@ -371,3 +371,13 @@ def test_a_large_value_is_shown_cut_with_its_size(capsys: pytest.CaptureFixture[
     shown = [line for line in out.splitlines() if line.startswith("  record 0: ")]
     assert shown and all(len(line) < 4000 for line in shown), [len(x) for x in shown]
     assert f'"value": {{"first": "{"x" * 1024}", "bytes": 100000}}' in shown[0]
+
+
+def test_a_cut_value_ends_before_a_character_it_would_split() -> None:
+    from kiproxy.interceptors.check import _shown
+
+    text = "x" * 1023 + "é" * 10  # é is two bytes: byte 1024 is inside the first one
+    assert _shown(text.encode()) == {"first": "x" * 1023, "bytes": 1043}
+    binary = _shown(b"\xff" * 2000)  # not text: cut where it is, spelled in base64
+    assert isinstance(binary, dict) and binary["bytes"] == 2000
+    assert binary["first"] == _shown(b"\xff" * 1024)

@@ -72,3 +72,17 @@ def test_a_hung_call_does_not_hold_the_process_at_exit() -> None:
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=30)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_pool_dropped_without_shutdown_lets_its_threads_end() -> None:
+    import gc
+
+    pool = DaemonThreads(2, "t-dropped")
+    assert [pool.submit(pow, 2, i).result(5) for i in range(4)] == [1, 2, 4, 8]
+    threads = [t for t in threading.enumerate() if t.name.startswith("t-dropped_")]
+    assert threads
+    del pool
+    gc.collect()
+    for thread in threads:
+        thread.join(5)
+    assert not any(t.is_alive() for t in threads)

@@ -320,13 +320,33 @@ def test_a_bad_server_in_the_list_is_named(value: str, message: str) -> None:
      ["record_encryption's kms.endpoint is unset, so it calls AWS itself, not the stand-in "
       'at http://127.0.0.1:24566; set "endpoint": "http://127.0.0.1:24566"']),
     ({"type": "key_file", "path": "keys.yaml"}, []),
+    ({"type": "aws", "endpoint": "http://localhost:24566"}, []),  # the same place
 ])
 def test_dev_kms_says_when_the_proxy_would_not_call_its_stand_in(
-        kms: dict[str, str], said: list[str]) -> None:
+        kms: dict[str, str], said: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from kiproxy.proxy.config.model import load_config
     from kiproxy_dev.cli import kms_endpoint_problems
+
+    monkeypatch.delenv("AWS_ENDPOINT_URL_KMS", raising=False)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
 
     config = load_config(None, {"upstream": ["127.0.0.1:9092"],
                                 "interceptor.class": "record_encryption",
                                 "interceptor.config": {"kms": kms, "key": "alias/KEK"}})
     assert kms_endpoint_problems(config, "http://127.0.0.1:24566") == said
+
+
+def test_dev_kms_takes_the_endpoint_the_sdk_reads_from_the_environment(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from kiproxy.proxy.config.model import load_config
+    from kiproxy_dev.cli import kms_endpoint_problems
+
+    monkeypatch.setenv("AWS_ENDPOINT_URL_KMS", "http://127.0.0.1:24566")
+    config = load_config(None, {"upstream": ["127.0.0.1:9092"],
+                                "interceptor.class": "record_encryption",
+                                "interceptor.config": {"kms": {"type": "aws"},
+                                                       "key": "alias/KEK"}})
+    assert kms_endpoint_problems(config, "http://127.0.0.1:24566") == []
+    assert kms_endpoint_problems(config, "http://127.0.0.1:4566") == [
+        "AWS_ENDPOINT_URL_KMS is http://127.0.0.1:24566, not the stand-in at "
+        "http://127.0.0.1:4566 (--kms-port); set one to the other"]

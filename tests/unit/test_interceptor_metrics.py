@@ -116,7 +116,7 @@ class Careless(ProduceRequestInterceptor):
     def metrics(self) -> Iterable[Any]:
         yield {"name": "as_a_dict", "value": 1}
         yield "just a string"
-        yield MetricSample(name="Bad-Name", kind="counter", help="x", labels={}, value=1)
+        yield MetricSample(name="bad-name", kind="counter", help="x", labels={}, value=1)
         yield MetricSample(name="odd_kind", kind="histogram", help="x",  # type: ignore[arg-type]
                            labels={}, value=1)
         yield MetricSample(name="odd_labels", kind="gauge", help="x",
@@ -139,7 +139,24 @@ def test_what_a_plugins_metrics_get_wrong_is_left_out_and_the_rest_is_served(
     assert 'kiproxy_interceptor_fine{interceptor="careless"} 4.0' in text
     assert ('kiproxy_interceptor_widgets_seen_total{colour="red",interceptor="counting"} 3.0'
             in text)
-    for name in ("as_a_dict", "Bad-Name", "odd_kind", "odd_labels", "odd_value"):
+    for name in ("as_a_dict", "bad-name", "odd_kind", "odd_labels", "odd_value"):
         assert name not in text
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1 and "interceptor careless: metrics() gave a dict" in said[0], said
+
+
+def test_what_prometheus_takes_is_served_as_it_was() -> None:
+    from decimal import Decimal
+
+    class Loose(ProduceRequestInterceptor):
+        def intercept(self, batch: RecordBatch, ctx: Any) -> RecordBatch:
+            return batch
+
+        def metrics(self) -> Iterable[MetricSample]:
+            yield MetricSample(name="Seen_Upper", kind="gauge", help="h", labels={"A": "x"},
+                               value=Decimal("2.5"))  # type: ignore[arg-type]
+
+    metrics = Metrics()
+    metrics.watch_interceptors(lambda: [("loose", Loose())])
+    assert ('kiproxy_interceptor_Seen_Upper{A="x",interceptor="loose"} 2.5'
+            in metrics.render().decode())

@@ -160,3 +160,19 @@ def test_true_or_false_where_a_number_is_declared_is_a_wrong_type(plugins: Path,
     # Text converts (a properties file holds only text); a boolean is no count of records.
     assert _problems(plugins, {"max_records": value}) == (
         f"max_records: expected an integer, got {str(value).lower()}",)
+
+
+def test_true_or_false_inside_a_tuple_list_or_mapping_of_numbers_is_named_too() -> None:
+    from kiproxy.interceptors.settings import PluginSettings, SettingsError, parse_settings
+
+    class Numbers(PluginSettings):
+        sizes: tuple[int, ...] = ()
+        """Tuples come from lists in YAML and JSON."""
+        weights: dict[str, float] = {}
+        """A mapping of numbers."""
+
+    with pytest.raises(SettingsError) as caught:
+        parse_settings(Numbers, {"sizes": [1, True], "weights": {"a": False}})
+    assert caught.value.problems == ("sizes[1]: expected an integer, got true",
+                                     "weights.a: expected a number, got false")
+    assert parse_settings(Numbers, {"sizes": [1, "2"]}).sizes == (1, 2)  # text converts

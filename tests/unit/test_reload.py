@@ -383,3 +383,12 @@ def test_every_worker_reports_the_hash_of_the_configuration_as_written() -> None
     assert {config_hash(w) for w in workers} == {config_hash(written)}
     assert config_hash(_config(metrics_listen="127.0.0.1:9404", workers=3)) != \
         config_hash(written)
+
+
+def test_a_changed_copy_of_a_workers_settings_hashes_itself() -> None:
+    from kiproxy.proxy.reload.reloader import config_hash
+    from kiproxy.proxy.workers import worker_config
+
+    written = _config(metrics_listen="127.0.0.1:9404", workers=2)
+    changed = worker_config(written, 1).model_copy(update={"max_in_flight": 7})
+    assert config_hash(changed) != config_hash(written)
