@@ -60,6 +60,8 @@ class RejectBatch(Exception):
         record_errors: Sequence[tuple[int, str | None]] = (),
     ) -> None:
         super().__init__(message)
+        if message is None:  # "None" would be what the producer is told
+            raise TypeError("RejectBatch needs a message: the reason the producer is told")
         self.message = message if isinstance(message, str) else str(message)
         """The reason (``RejectBatch(exc)`` gives the exception's text)."""
         self.error_code = error_code(error)

@@ -325,6 +325,17 @@ async def test_reject_batch_of_an_exception_gives_its_text() -> None:
     assert verdict.code == ErrorCode.POLICY_VIOLATION
 
 
+async def test_reject_batch_without_a_message_is_the_plugins_fault_not_none_sent() -> None:
+    class NoReason(ProduceRequestInterceptor):
+        def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
+            raise RejectBatch(None)  # type: ignore[arg-type]
+
+    verdict = await judge(NoReason(), BATCH, _ctx(), name="p", timeout=1)
+    assert isinstance(verdict, Rejected) and verdict.fault == "raised"
+    assert verdict.code == ErrorCode.INVALID_RECORD
+    assert "TypeError: RejectBatch needs a message" in verdict.message
+
+
 class _AwaitsACancelledFuture(ProduceRequestInterceptor):
     """An async plugin awaiting a future that someone else cancels (a shared lookup
     whose owner was cancelled): the CancelledError is the plugin's, not the proxy's."""
