@@ -7,6 +7,10 @@
   (``mode="observe"``: as a route in observe mode, the verdict in ``Outcome.would``).
 * ``kiproxy_load``: :func:`~kiproxy.interceptors.testing.load` - a plugin loaded
   by spec as the proxy loads it; every plugin it loaded is closed after the test.
+* ``make_consumed_batch`` and ``kiproxy_consume``: the fetch side's
+  :func:`~kiproxy.interceptors.testing.make_consumed_batch` and
+  :func:`~kiproxy.interceptors.testing.run_consume` - what a consumer through the proxy
+  would read of a batch, or the partition's refusal.
 
 Loaded by every pytest run where kiproxy is installed, so this module imports
 nothing of kiproxy until a test asks for one of its fixtures. Turn it off
@@ -20,7 +24,8 @@ from typing import Any
 
 import pytest
 
-__all__ = ["kiproxy_load", "kiproxy_run", "make_batch", "make_record"]
+__all__ = ["kiproxy_consume", "kiproxy_load", "kiproxy_run", "make_batch",
+           "make_consumed_batch", "make_record"]
 
 
 @pytest.fixture
@@ -47,6 +52,25 @@ def kiproxy_run() -> Callable[..., Any]:
     from kiproxy.interceptors.testing import run_interceptor
 
     return run_interceptor
+
+
+@pytest.fixture
+def make_consumed_batch() -> Callable[..., Any]:
+    """A batch as a fetch-side hook gets it: ``make_consumed_batch(make_batch("a"),
+    base_offset=40)``."""
+    from kiproxy.interceptors.testing import make_consumed_batch as build
+
+    return build
+
+
+@pytest.fixture
+def kiproxy_consume() -> Callable[..., Any]:
+    """Run a fetch-side hook on a batch by the proxy's rules (block hooks first):
+    ``kiproxy_consume(plugin, batch)``, the ``ConsumedBatch`` a consumer would read or
+    the ``ConsumeRefusal`` of its partition."""
+    from kiproxy.interceptors.testing import run_consume
+
+    return run_consume
 
 
 @pytest.fixture

@@ -228,6 +228,22 @@ def test_the_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
     assert "1 passed" in done.stdout
 
 
+def test_the_fetch_side_fixtures_in_a_pytest_run(tmp_path: Path) -> None:
+    (tmp_path / "test_hook.py").write_text(textwrap.dedent(f"""
+        def test_fetch_fixtures(kiproxy_load, kiproxy_consume, make_batch,
+                                make_consumed_batch):
+            plugin = kiproxy_load("tp_fetch:UpperOnConsume",
+                                  plugins_dir={str(ROOT / "tests" / "plugins")!r})
+            fetched = kiproxy_consume(plugin, make_consumed_batch(make_batch("abc"),
+                                                                  base_offset=40))
+            assert [r.value for r in fetched.records] == [b"ABC"]
+            assert fetched.base_offset == 40
+    """))
+    done = _pytest(tmp_path / "test_hook.py", tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed" in done.stdout
+
+
 def test_run_consume_given_a_produce_batch_says_so_and_blames_no_plugin() -> None:
     """A test that hands ``run_consume`` a ``RecordBatch`` (what ``make_batch`` builds)
     is told how to make a fetched batch of it, instead of the plugin being refused for
