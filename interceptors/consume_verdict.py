@@ -45,7 +45,9 @@ from kiproxy.interceptors.verdict import (
     DEFAULT_OUTPUT_LIMITS,
     OutputLimits,
     clip,
+    encoding_problem,
     oversized,
+    unencodable_detail,
 )
 from kiproxy.protocol.errors import CorruptBatch
 from kiproxy.protocol.parallel import Opened, noting_opened
@@ -54,7 +56,6 @@ from kiproxy.protocol.records import (
     block_moved,
     check_block,
     decode_records,
-    encode_records,
     first_moved,
     records_size,
 )
@@ -159,23 +160,17 @@ def unencodable(name: str, exc: Exception) -> ConsumeRefusal:
     header key holding a surrogate that stands for no byte, a timestamp out of range),
     ``exc`` being what encoding them raised: a ``bad_return``, as the produce side
     refuses such records."""
-    return ConsumeRefusal(_RETRIED, clip(f"{name} returned records that cannot be encoded: "
-                                         f"{type(exc).__name__}: {exc}"), "bad_return")
+    return ConsumeRefusal(_RETRIED, clip(f"{name} {unencodable_detail(exc)}"), "bad_return")
 
 
 def consume_encodable(judged: ConsumedBatch | ConsumeRefusal, given: ConsumedBatch,
                       name: str) -> ConsumedBatch | ConsumeRefusal:
     """``judged``, or its :func:`unencodable` refusal when it holds records that cannot be
-    encoded: the proxy finds that out when it writes the batch again, and the test kit,
-    ``kiproxy check`` and replay by encoding the records once here."""
+    encoded (:func:`~kiproxy.interceptors.verdict.encoding_problem`)."""
     if isinstance(judged, ConsumeRefusal) or judged.records is given.records:
         return judged
-    base = given.records[0].timestamp if given.records else 0
-    try:
-        encode_records(tuple(judged.records), base, False)
-    except Exception as exc:
-        return unencodable(name, exc)
-    return judged
+    problem = encoding_problem(judged.records, given.records)
+    return judged if problem is None else unencodable(name, problem)
 
 
 async def judge_consume_block(interceptor: Any, block: ConsumedBlock,

@@ -105,6 +105,7 @@ __all__ = [
     "clip",
     "encodable",
     "encoding_fault",
+    "encoding_problem",
     "fault_rejection",
     "judge",
     "judge_sync",
@@ -114,6 +115,7 @@ __all__ = [
     "oversized",
     "result_fault",
     "stray_text",
+    "unencodable_detail",
 ]
 
 log = logging.getLogger("kiproxy.interceptors")
@@ -325,27 +327,38 @@ def fault_rejection(kind: Fault, name: str, detail: str, *,
                     exception=exception)
 
 
+def unencodable_detail(exc: Exception) -> str:
+    """How a rejection says a plugin's records cannot be encoded (not Records, a header key
+    holding a surrogate that stands for no byte, a timestamp out of range), ``exc`` being
+    what encoding them raised; the produce and fetch sides say it alike."""
+    return f"returned records that cannot be encoded: {type(exc).__name__}: {exc}"
+
+
 def encoding_fault(name: str, exc: Exception) -> Rejected:
-    """The rejection of records a plugin returned that cannot be encoded (not Records, a
-    header key holding a surrogate that stands for no byte, a timestamp out of range),
-    ``exc`` being what encoding them raised: a ``return_type`` fault."""
-    return fault_rejection("return_type", name, "returned records that cannot be encoded: "
-                           f"{type(exc).__name__}: {exc}")
+    """The rejection of records a plugin returned that cannot be encoded: a
+    ``return_type`` fault (:func:`unencodable_detail`)."""
+    return fault_rejection("return_type", name, unencodable_detail(exc))
+
+
+def encoding_problem(records: Sequence[Record], given: Sequence[Record]) -> Exception | None:
+    """What encoding ``records`` (a plugin's answer for ``given``) raises, or None: the
+    proxy finds it out when it writes the batch again; the test kit, ``kiproxy check`` and
+    replay, which write nothing, by encoding the records once here."""
+    base = given[0].timestamp if given else 0
+    try:
+        encode_records(records if type(records) is tuple else tuple(records), base, True)
+    except Exception as exc:
+        return exc
+    return None
 
 
 def encodable(verdict: Verdict, given: RecordBatch, name: str) -> Verdict:
     """``verdict``, or its :func:`encoding_fault` when it transforms ``given`` into records
-    that cannot be encoded: the proxy finds that out when it re-encodes the batch, and
-    the test kit, ``kiproxy check`` and replay by encoding the records once here."""
+    that cannot be encoded (:func:`encoding_problem`)."""
     if not isinstance(verdict, Transformed):
         return verdict
-    records = verdict.batch.records
-    base = given.records[0].timestamp if given.records else 0
-    try:
-        encode_records(records if type(records) is tuple else tuple(records), base, True)
-    except Exception as exc:
-        return encoding_fault(name, exc)
-    return verdict
+    problem = encoding_problem(verdict.batch.records, given.records)
+    return verdict if problem is None else encoding_fault(name, problem)
 
 
 MAX_MESSAGE_CHARS = 1024
