@@ -162,8 +162,7 @@ def build_observers(config: ProxyConfig, metrics: Metrics | None,
 
 def uses_dead_letter(config: ProxyConfig) -> bool:
     """Some route of ``config`` copies refused records to a dead-letter topic."""
-    routes = (*config.routes, *([config.default] if config.default is not None else []))
-    return any(route.dead_letter is not None for route in routes)
+    return any(route.dead_letter is not None for route in config.every_route)
 
 
 def dead_letter_sink(config: ProxyConfig, metrics: Metrics | None) -> KafkaSink:

@@ -135,11 +135,9 @@ def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]
 def kms_endpoint_problems(config: ProxyConfig, url: str) -> list[str]:
     """Why the interceptors ``config`` loads would not call the KMS stand-in at ``url``:
     an AWS ``kms`` whose ``endpoint`` is another address, or unset (AWS itself)."""
-    chains = [route.interceptors for route in config.routes]
-    if config.default is not None:
-        chains.append(config.default.interceptors)
     links = [(config.interceptor.class_name, config.interceptor.config)] + [
-        (link.class_name, link.config) for chain in chains for link in chain]
+        (link.class_name, link.config) for route in config.every_route
+        for link in route.interceptors]
     problems = []
     for name, settings in links:
         kms = settings.get("kms") if isinstance(settings, dict) else None

@@ -356,6 +356,11 @@ class ProxyConfig(_Strict):
             copy._as_written = None
         return copy
 
+    @property
+    def every_route(self) -> tuple[RouteSettings | DefaultRouteSettings, ...]:
+        """The routes in order, then ``default`` when there is one."""
+        return self.routes if self.default is None else (*self.routes, self.default)
+
     listen: Annotated[str, Flag(metavar="HOST:PORT")] = "127.0.0.1:9192"
     """``HOST:PORT`` of the bootstrap listener."""
     advertised_host: Annotated[str | None, Flag(metavar="HOST")] = None

@@ -297,8 +297,7 @@ def test_config_examples_validate(block: Block, tmp_path: Path,
     # (a secret the block reads from the environment is the reader's: set here).
     for name in re.findall(r"\{env: (\w+)\}", block.code):
         monkeypatch.setenv(name, "s" * 32)
-    links = [link for route in (*config.routes, *filter(None, [config.default]))
-             for link in route.interceptors]
+    links = [link for route in config.every_route for link in route.interceptors]
     for link in links:
         if not _loadable_here(link.class_name, config.plugins_dir):
             continue
