@@ -68,10 +68,10 @@ class RateLimitedLog:
         self._windows[key] = [self._clock(), 0]
         return held
 
-    def warning(self, key: Hashable, msg: str, *args: object, more: str = "",
-                exc_info: BaseException | None = None,
-                extra: Mapping[str, object] | None = None) -> bool:
-        """Write ``msg % args`` at WARNING unless held back; ``True`` if it was written.
+    def log(self, level: int, key: Hashable, msg: str, *args: object, more: str = "",
+            exc_info: BaseException | None = None,
+            extra: Mapping[str, object] | None = None) -> bool:
+        """Write ``msg % args`` at ``level`` unless held back; ``True`` if it was written.
 
         ``more`` (a ``str.format`` template with ``{count}`` and ``{interval}``) is appended
         when lines were held back since the last one; ``exc_info`` adds that exception's
@@ -82,5 +82,12 @@ class RateLimitedLog:
             return False
         if held and more:
             msg += more.format(count=held, interval=self.interval).replace("%", "%%")
-        self.logger.warning(msg, *args, exc_info=exc_info, extra=extra)
+        self.logger.log(level, msg, *args, exc_info=exc_info, extra=extra)
         return True
+
+    def warning(self, key: Hashable, msg: str, *args: object, more: str = "",
+                exc_info: BaseException | None = None,
+                extra: Mapping[str, object] | None = None) -> bool:
+        """:meth:`log` at WARNING."""
+        return self.log(logging.WARNING, key, msg, *args, more=more, exc_info=exc_info,
+                        extra=extra)

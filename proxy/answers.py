@@ -487,12 +487,11 @@ class AnswerSide:
             if isinstance(exc, ProtocolError):
                 reason = f"sent a response the proxy cannot carry: {exc}"
             else:  # the proxy's own fault: its traceback, once per kind per interval
-                held = _failures.allow(_where(exc))
-                if held is not None:
-                    log.error("answer from %s to client %s could not be handled; closing it%s",
+                _failures.log(logging.ERROR, _where(exc),
+                              "answer from %s to client %s could not be handled; closing it",
                               self._upstream_name(), self.client_address,
-                              f" ({held} more since the last line)" if held else "",
-                              exc_info=exc, extra=self.log_context)
+                              more=" ({count} more since the last line)", exc_info=exc,
+                              extra=self.log_context)
                 reason = f"sent a response the proxy failed on: {exc!r}"
             self._upstream_failed(reason)
             await self.close()

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 
 log = logging.getLogger("kiproxy.admin")
 
@@ -87,7 +87,7 @@ class AdminGuard:
             self._log.warning(("token_file", problem),
                               "admin.token_file %s cannot be read (%s); admin actions are "
                               "refused until it can", self.token_file, problem,
-                              more=" ({count} more times in the last {interval:g} s)")
+                              more=MORE_IN_INTERVAL)
         return token
 
     def _count(self, peer: str, refusal: Refusal) -> None:

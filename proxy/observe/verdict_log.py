@@ -59,6 +59,13 @@ class Subject:
     """The link whose verdict it is (a fault's plugin, an observed verdict's link)."""
 
 
+_Text = tuple[str, tuple[object, ...]]
+"""What a summary says of the last line held back: a format and its arguments (formatted
+only when the summary is written, not for every batch held back)."""
+
+_MORE = " ({count} more like it in the last {interval:.0f} s not logged)"
+
+
 class VerdictLog:
     """Writes the proxy's rejection lines to ``log`` (see the module docstring)."""
 
@@ -67,7 +74,7 @@ class VerdictLog:
         self.log = log
         self.interval = interval
         self._faults = RateLimitedLog(log, interval, clock=clock)
-        self._last_held: dict[Hashable, tuple[int, Subject, str]] = {}
+        self._last_held: dict[Hashable, tuple[int, Subject, _Text]] = {}
         """Key -> (level, subject, text) of the last line held back, while a summary of
         them is due (see :meth:`_held_back`)."""
         self._summaries: dict[Hashable, asyncio.TimerHandle] = {}
@@ -80,64 +87,53 @@ class VerdictLog:
         summarized if no other line comes; see the module docstring)."""
         address, route = subject.client_address, subject.route
         host = address.rpartition(":")[0] or address
-        key = ("policy", host, subject.client_id, subject.where, route, code, message)
-        held = self._faults.allow(key)
-        if held is None:
-            self._held_back(key, logging.INFO, subject, f"error {code}: {message}")
-            return
-        self._written(key)
-        note = (f" ({held} more like it in the last {self.interval:.0f} s not logged)"
-                if held else "")
-        self.log.info("rejected %s from %s (client_id %r)%s: error %d: %s%s", subject.where,
-                      address, subject.client_id, _on(route), code, message, note,
-                      extra=_with_route(subject.extra, route))
+        self._line(("policy", host, subject.client_id, subject.where, route, code, message),
+                   logging.INFO, subject, ("error %d: %s", (code, message)),
+                   "rejected %s from %s (client_id %r)%s: error %d: %s", subject.where,
+                   address, subject.client_id, _on(route), code, message)
 
     def fault(self, subject: Subject, kind: str, message: str,
               exception: BaseException | None = None) -> None:
         """A WARNING for a plugin bug, unless one for ``(subject.route, subject.link,
         kind)`` was written lately (a fault no link is named for is its route's)."""
         route = subject.route
-        key = (route, subject.link or "", kind)
-        if self._faults.warning(
-                key, "rejected %s from %s (client_id %r)%s: %s", subject.where,
-                subject.client_address, subject.client_id, _on(route), message,
-                more=" ({count} more like it in the last {interval:.0f} s not logged)",
-                exc_info=exception, extra=_with_route(subject.extra, route)):
-            self._written(key)
-        else:
-            self._held_back(key, logging.WARNING, subject, message)
+        self._line((route, subject.link or "", kind), logging.WARNING, subject,
+                   ("%s", (message,)), "rejected %s from %s (client_id %r)%s: %s",
+                   subject.where, subject.client_address, subject.client_id, _on(route),
+                   message, exception=exception)
 
     def observed(self, subject: Subject, outcome: str, detail: str) -> None:
         """An INFO line for a batch a route or link in observe mode would have rejected or
         transformed (it was forwarded), rate-limited per route, link and outcome like a
         fault."""
         route, link = subject.route, subject.link
-        key = ("observe", route, link, outcome)
-        suppressed = self._faults.allow(key)
-        if suppressed is None:
-            self._held_back(key, logging.INFO, subject, f"would have {outcome} it{detail}")
-            return
-        self._written(key)
-        note = (f" ({suppressed} more like it in the last {self.interval:.0f} s not logged)"
-                if suppressed else "")
-        self.log.info("would have %s %s from %s (client_id %r) on route %s, link %s "
-                      "(observe mode: forwarded as received)%s%s", outcome, subject.where,
-                      subject.client_address, subject.client_id, route, link, detail, note,
-                      extra=_with_route(subject.extra, route))
+        self._line(("observe", route, link, outcome), logging.INFO, subject,
+                   ("would have %s it%s", (outcome, detail)),
+                   "would have %s %s from %s (client_id %r) on route %s, link %s "
+                   "(observe mode: forwarded as received)%s", outcome, subject.where,
+                   subject.client_address, subject.client_id, route, link, detail)
 
-    def _held_back(self, key: Hashable, level: int, subject: Subject, text: str) -> None:
+    def _line(self, key: Hashable, level: int, subject: Subject, held_text: _Text, msg: str,
+              *args: object, exception: BaseException | None = None) -> None:
+        """Write ``msg % args`` for ``key`` at ``level`` (counting what it held back), or
+        hold it back, ``held_text`` being what a summary says of it."""
+        if self._faults.log(level, key, msg, *args, more=_MORE, exc_info=exception,
+                            extra=_with_route(subject.extra, subject.route)):
+            self._written(key)
+        else:
+            self._held_back(key, level, subject, held_text)
+
+    def _held_back(self, key: Hashable, level: int, subject: Subject, text: _Text) -> None:
         """Remember the line held back for ``key``; the first one held back since the last
         line or summary has the summary written :attr:`interval` seconds later (on the
         running event loop; without one the count waits for the key's next line)."""
+        if key not in self._summaries:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            self._summaries[key] = loop.call_later(self.interval, self._summarize, key)
         self._last_held[key] = (level, subject, text)
-        if key in self._summaries:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            del self._last_held[key]
-            return
-        self._summaries[key] = loop.call_later(self.interval, self._summarize, key)
 
     def _written(self, key: Hashable) -> None:
         """A line for ``key`` was written, counting what it held back: no summary of it."""
@@ -155,7 +151,8 @@ class VerdictLog:
         held = self._faults.summary(key)
         if not held:
             return
-        level, subject, text = last
+        level, subject, (text, text_args) = last
+        text = text % text_args  # formatted once, for the one line that says it
         route = subject.route
         self.log.log(level, "%d more like it in the last %.0f s not logged%s; the last: %s "
                      "from %s (client_id %r): %s", held, self.interval, _on(route),
