@@ -46,6 +46,7 @@ from kiproxy.interceptors.verdict import (
     OutputLimits,
     clip,
     encoding_problem,
+    output_size,
     oversized,
     unencodable_detail,
 )
@@ -57,7 +58,6 @@ from kiproxy.protocol.records import (
     check_block,
     decode_records,
     first_moved,
-    records_size,
 )
 
 __all__ = ["ConsumeRefusal", "consume_encodable", "judge_consume", "judge_consume_block",
@@ -133,19 +133,13 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
     try:
         moved = first_moved(batch.records, result.records)
     except (AttributeError, TypeError):  # something other than Records: found only now
-        stranger = next((i for i, r in enumerate(result.records)
-                         if not isinstance(r, Record)), None)
-        if stranger is None:
+        problem = encoding_problem(result.records, batch.records)  # names the record
+        if problem is None:
             raise
-        return unencodable(name, TypeError(
-            f"record {stranger} is a {type(result.records[stranger]).__name__}, not a Record"))
+        return unencodable(name, problem)
     if moved >= 0:
         return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
-    try:
-        size = records_size(tuple(result.records))
-    except UnicodeEncodeError:
-        size = 0  # not measured: writing the batch refuses it, naming the record
-    detail = oversized(size, lambda: records_size(batch.records), limits)
+    detail = oversized(output_size(result.records), lambda: output_size(batch.records), limits)
     if detail is not None:
         return _too_large(name, detail)
     return batch.with_records(result.records)  # where it lies and its producer: the log's

@@ -57,6 +57,11 @@ class PluginSettingsError(PluginLoadError):
         self.problems = problems
 
 
+_PLUGIN_FAULTS = (Exception, SystemExit)
+"""What a plugin's code may raise while it is imported, created or configured: its
+fault, a load error (a ``sys.exit()`` in it included, which would stop the proxy)."""
+
+
 def _plugin_file(plugins_dir: Path, module: str) -> tuple[Path, bool] | None:
     base = plugins_dir.joinpath(*module.split("."))
     if base.with_suffix(".py").is_file():
@@ -157,7 +162,7 @@ def resolve_class(
     if ":" not in spec:
         try:
             obj = _from_entry_points(spec)
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
+        except _PLUGIN_FAULTS as exc:
             raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
             names = _builtin_names()
@@ -176,7 +181,7 @@ def resolve_class(
         places.append(f"plugins dir {directory}")
         try:
             module = _load_from_dir(directory.resolve(), module_name)
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
+        except _PLUGIN_FAULTS as exc:
             raise _import_failed(f"{module_name!r} from {directory}", exc) from exc
     if module is None:
         places.append("sys.path")
@@ -188,13 +193,13 @@ def resolve_class(
                 module = None  # the module (or its package) does not exist
             else:
                 raise _import_failed(repr(module_name), exc, spec) from exc
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
+        except _PLUGIN_FAULTS as exc:
             raise _import_failed(repr(module_name), exc, spec) from exc
     if module is None:
         places.append(f"entry points ({ENTRY_POINT_GROUP})")
         try:
             obj = _from_entry_points(spec)
-        except (Exception, SystemExit) as exc:  # a plugin's sys.exit() is its fault
+        except _PLUGIN_FAULTS as exc:
             raise _import_failed(f"for entry point {spec!r}", exc, spec) from exc
         if obj is None:
             nearby = _plugin_modules(Path(plugins_dir)) if plugins_dir is not None else []
@@ -284,7 +289,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                  plugins: PluginFactory | None = None) -> Any:
     try:
         instance = cls()
-    except (Exception, SystemExit) as exc:
+    except _PLUGIN_FAULTS as exc:
         raise _call_failed(f"creating {spec}", spec, exc) from exc
     _refuse_async_hooks(spec, instance)
     configure = getattr(instance, "configure", None)
@@ -302,7 +307,7 @@ def _instantiate(spec: str, cls: type[Any], config: Mapping[str, Any] | None,
                 configure(settings, plugins=plugins)
             else:
                 configure(settings)
-        except (Exception, SystemExit) as exc:
+        except _PLUGIN_FAULTS as exc:
             raise _call_failed(f"{spec}.configure()", spec, exc) from exc
     return instance
 

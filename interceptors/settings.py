@@ -94,7 +94,7 @@ def parse_settings(model: type[M], config: Mapping[str, Any] | M | None) -> M:
     # mode says where (as a whole it would refuse that text too, and a list where a tuple
     # is declared: so the lists are also tried as tuples, to reach a tuple's items).
     numbers: dict[tuple[int | str, ...], ErrorDetails] = {}
-    for shape in (given, _tupled(given)):
+    for shape in (given, _tupled(given)) if _holds_bool(given) else ():
         try:
             model.model_validate(shape, strict=True)
         except ValidationError as exc:
@@ -108,6 +108,15 @@ def parse_settings(model: type[M], config: Mapping[str, Any] | M | None) -> M:
         return model.model_validate(given)
     except ValidationError as exc:
         raise SettingsError(describe(exc, model)) from None
+
+
+def _holds_bool(value: Any) -> bool:
+    """``value`` is or holds a ``bool``: only then is there a boolean to look for."""
+    if isinstance(value, bool):
+        return True
+    if isinstance(value, dict):
+        return any(map(_holds_bool, value.values()))
+    return isinstance(value, (list, tuple)) and any(map(_holds_bool, value))
 
 
 def _tupled(value: Any) -> Any:
