@@ -145,11 +145,11 @@ def kms_endpoint_problems(config: ProxyConfig, url: str) -> list[str]:
             continue
         # An unset endpoint is the SDK's: AWS_ENDPOINT_URL_KMS or AWS_ENDPOINT_URL, as
         # every AWS SDK reads them, else AWS itself.
-        source, endpoint = next(((where, value) for where, value in (
-            (f"{name}'s kms.endpoint", kms.get("endpoint")),
-            ("AWS_ENDPOINT_URL_KMS", os.environ.get("AWS_ENDPOINT_URL_KMS")),
-            ("AWS_ENDPOINT_URL", os.environ.get("AWS_ENDPOINT_URL"))) if value),
-            (f"{name}'s kms.endpoint", None))
+        source, endpoint = f"{name}'s kms.endpoint", kms.get("endpoint")
+        for variable in () if endpoint else ("AWS_ENDPOINT_URL_KMS", "AWS_ENDPOINT_URL"):
+            if os.environ.get(variable):
+                source, endpoint = variable, os.environ[variable]
+                break
         if endpoint is None:
             problems.append(f"{source} is unset, so it calls AWS itself, not the stand-in "
                             f"at {url}; set \"endpoint\": \"{url}\"")

@@ -59,10 +59,10 @@ from kiproxy.proxy.config.clients import (
 )
 from kiproxy.proxy.config.networks import network
 from kiproxy.proxy.config.routes import (
-    OBSERVE_SAMPLE_NEEDS_OBSERVE,
     DefaultRouteSettings,
     Mode,
     RouteSettings,
+    check_observe_sample,
     plugin_spec,
     route_features,
     route_warnings,
@@ -204,8 +204,7 @@ class InterceptorSettings(_Strict):
 
     @model_validator(mode="after")
     def _sample_only_when_observing(self) -> InterceptorSettings:
-        if self.observe_sample != 1.0 and self.mode != "observe":
-            raise ValueError(OBSERVE_SAMPLE_NEEDS_OBSERVE)
+        check_observe_sample(self.mode, self.observe_sample)
         return self
 
 

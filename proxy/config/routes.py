@@ -59,6 +59,7 @@ __all__ = [
     "MatchSettings",
     "Mode",
     "RouteSettings",
+    "check_observe_sample",
     "plugin_spec",
     "route_features",
     "route_warnings",
@@ -168,10 +169,17 @@ class DeadLetterSettings(_Strict):
     """The dead-letter topic, on the cluster of ``dead_letter_sink`` (it is not created)."""
 
 
-
 OBSERVE_SAMPLE_NEEDS_OBSERVE = ("observe_sample applies in mode: observe only (an enforcing "
                                 "chain judges every batch); set mode: observe, or remove it")
 """A sample set where nothing samples: refused rather than ignored."""
+
+
+def check_observe_sample(mode: Mode, observe_sample: float) -> None:
+    """Refuse a sample where nothing samples (:data:`OBSERVE_SAMPLE_NEEDS_OBSERVE`): the
+    rule of a route, of ``default`` and of the top-level ``interceptor:``."""
+    if observe_sample != 1.0 and mode != "observe":
+        raise ValueError(OBSERVE_SAMPLE_NEEDS_OBSERVE)
+
 
 class _RolloutSettings(_Strict):
     """How a route's verdicts take effect: enforced or observed, and copied when refused."""
@@ -192,8 +200,7 @@ class _RolloutSettings(_Strict):
 
     @model_validator(mode="after")
     def _observed_copies_need_a_topic(self) -> _RolloutSettings:
-        if self.observe_sample != 1.0 and self.mode != "observe":
-            raise ValueError(OBSERVE_SAMPLE_NEEDS_OBSERVE)
+        check_observe_sample(self.mode, self.observe_sample)
         if self.dead_letter_observed and self.dead_letter is None:
             raise ValueError("dead_letter_observed: true needs dead_letter: {topic: ...} on "
                              "the same route")

@@ -297,9 +297,10 @@ class FetchPipeline:
                 else:
                     links = consumers[1:]
                     given = answer if isinstance(answer, bytes) else None
-            if links and i and time.monotonic() - started >= budget:  # the first: always
+            if links and i and (elapsed := time.monotonic() - started) >= budget:
+                # (the first batch is handed to the hooks whatever the time)
                 self._deferred(topic, part.partition, fetched, source.batch, ctx, budget,
-                               time.monotonic() - started)
+                               elapsed)
                 cut = (source, None)  # as a broker's answer cut at max_bytes
                 break
             written: bytes | tuple[bytes, ...] | None = None

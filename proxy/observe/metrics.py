@@ -289,10 +289,10 @@ def _samples(name: str, interceptor: Any) -> list[Any]:
 
 
 _refused_samples = RateLimitedLog(log, 60.0)
+# Prometheus' own rules: what would break /metrics for every scraper is left out, no
+# more (the API asks for lower case; upper case still renders).
 _METRIC_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
 _LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-"""Prometheus' own rules: what would break /metrics for every scraper is left out, no
-more (the API asks for lower case; upper case still renders)."""
 
 
 def _wrong(sample: Any) -> str | None:
@@ -300,7 +300,7 @@ def _wrong(sample: Any) -> str | None:
     if not isinstance(sample, MetricSample):
         return f"a {type(sample).__name__}, not a MetricSample"
     if not isinstance(sample.name, str) or not _METRIC_NAME.fullmatch(sample.name):
-        return f"the metric name {sample.name!r} (Prometheus takes [a-zA-Z_:][a-zA-Z0-9_:]*)"
+        return f"the metric name {sample.name!r} (Prometheus takes {_METRIC_NAME.pattern})"
     if not isinstance(sample.help, str):
         return f"the help {sample.help!r} for {sample.name} (a str)"
     if sample.kind not in ("counter", "gauge"):
@@ -309,7 +309,7 @@ def _wrong(sample: Any) -> str | None:
     if not isinstance(labels, Mapping) or not all(
             isinstance(k, str) and _LABEL_NAME.fullmatch(k) and isinstance(v, str)
             for k, v in labels.items()):
-        return f"labels {labels!r} for {sample.name} (names [a-zA-Z_][a-zA-Z0-9_]*, values str)"
+        return f"labels {labels!r} for {sample.name} (names {_LABEL_NAME.pattern}, values str)"
     try:
         float(sample.value)
     except (TypeError, ValueError):

@@ -19,6 +19,7 @@ from typing import Any
 import psutil
 import pytest
 from conftest import consume, high_watermark, launch_proxy
+from support.dev_mode import DevMode
 
 from kiproxy_dev.tansu import EmbeddedBroker
 
@@ -178,23 +179,11 @@ def test_workers_import_the_installed_package_whatever_the_working_directory_hol
                "--listen", f"127.0.0.1:{free_port()}", "--plugins-dir", str(PLUGINS),
                "--interceptor", "iso_plugins:Same", "--interceptor-isolation", "process",
                "--interceptor-workers", "1"]
-    proxy = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    said: list[str] = []
-    done = threading.Event()
-
-    def read() -> None:  # a thread: the test waits for it with a deadline
-        assert proxy.stdout is not None
-        for line in proxy.stdout:
-            said.append(line)
-            if "bootstrap address" in line or "error" in line:
-                break
-        done.set()
-
-    threading.Thread(target=read, daemon=True).start()
+    dev = DevMode(subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True))
     try:
-        done.wait(120)
+        dev.wait_bootstrap(120)
     finally:
-        proxy.terminate()
-        proxy.wait(30)
-    assert any("loaded in 1 worker process" in line for line in said), "".join(said)
+        dev.kill()
+    assert any("loaded in 1 worker process" in line for line in dev.lines), dev.output
