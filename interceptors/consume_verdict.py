@@ -139,7 +139,7 @@ async def judge_consume(interceptor: Any, batch: ConsumedBatch, ctx: ConsumeCont
         return unencodable(name, problem)
     if moved >= 0:
         return _moved(name, f"at offset {batch.base_offset + batch.records[moved].offset_delta}")
-    detail = oversized(output_size(result.records), lambda: output_size(batch.records), limits)
+    detail = oversized(output_size(result.records), output_size, batch.records, limits)
     if detail is not None:
         return _too_large(name, detail)
     return batch.with_records(result.records)  # where it lies and its producer: the log's
@@ -255,7 +255,7 @@ def _judged_block(result: Any, block: ConsumedBlock, records: tuple[Record, ...]
                               "records block (bytes) or None", "bad_return")
     if len(result) == len(block.data) and bytes(result) == block.data.tobytes():
         return block.data  # the same bytes: unchanged, as records equal to a batch are
-    detail = oversized(len(result), lambda: len(block.data), limits)
+    detail = oversized(len(result), len, block.data, limits)
     if detail is not None:
         return _too_large(name, detail)
     try:

@@ -67,7 +67,7 @@ import time
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kiproxy.interceptors.api import (
     AcknowledgedBatch,
@@ -490,19 +490,24 @@ def output_fault(batch: RecordBatch, result: RecordBatch, name: str,
     size = _encoded_size(result.records)
     if size is None:
         return None
-    detail = oversized(size, lambda: _encoded_size(batch.records) or 0, limits)
+    detail = oversized(size, output_size, batch.records, limits)
     return None if detail is None else fault_rejection("output_size", name, detail)
 
 
-def oversized(size: int, given: Callable[[], int], limits: OutputLimits) -> str | None:
-    """Why ``size`` bytes of records returned for a batch of ``given()`` bytes (asked only
-    when needed) are past ``limits`` (``returned ...``, the plugin's name left to the
-    caller), else None: the one rule of both hooks' output."""
+_M = TypeVar("_M")
+
+
+def oversized(size: int, measure: Callable[[_M], int], given: _M,
+              limits: OutputLimits) -> str | None:
+    """Why ``size`` bytes of records returned for ``given`` (``measure(given)`` bytes,
+    asked only when needed: nothing is measured or made for an answer within bounds) are
+    past ``limits`` (``returned ...``, the plugin's name left to the caller), else None:
+    the one rule of both hooks' output."""
     if size > limits.max_bytes:
-        return (f"returned {size} bytes of records for {given()} bytes received; the limit "
-                f"is max_plugin_output_bytes ({limits.max_bytes})")
+        return (f"returned {size} bytes of records for {measure(given)} bytes received; the "
+                f"limit is max_plugin_output_bytes ({limits.max_bytes})")
     if limits.max_ratio and size > RATIO_CHECKED_FROM:
-        received = given()
+        received = measure(given)
         if size > received * limits.max_ratio:
             return (f"returned {size} bytes of records for {received} bytes received, more "
                     f"than max_plugin_output_ratio ({limits.max_ratio}) times as many")
