@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 RUN_STAMP := $(VENV)/.installed-run
 TEST_STAMP := $(VENV)/.installed-test
-SOURCES := pyproject.toml setup.py protocol/_codec.pyx protocol/_frames.pxi protocol/_produce.pxi protocol/_gcm.pxi protocol/_blocks.pxi protocol/_parallel.pxi \
+SOURCES := pyproject.toml setup.py protocol/_codec.pyx protocol/_frames.pxi protocol/_produce.pxi protocol/_gcm.pxi protocol/_blocks.pxi protocol/_parallel.pxi protocol/_slots.pxi \
 	interceptors/builtin/schema_registry/_avro_check.pyx kiproxy/__init__.py dev/pyproject.toml
 RUN_FLAGS ?= --plugins-dir plugins --interceptor mask_card_numbers:MaskCardNumbers
 # Compiled extensions, kept by the hash of what their compilation reads (setup.py): the

@@ -45,6 +45,7 @@ from kiproxy.interceptors.verdict import (
     Verdict,
     judge,
 )
+from kiproxy.protocol._codec import SlotsMaker
 
 __all__ = ["ChainResult", "Judge", "LoadedLink", "Observed", "Step", "run_chain", "run_links"]
 
@@ -118,6 +119,10 @@ class ChainResult:
         return self.given if isinstance(self.verdict, Rejected) else self.verdict.batch
 
 
+_result_from_fields = SlotsMaker(ChainResult)
+"""A ChainResult from every field, in order (the common case's, per batch: see SlotsMaker)."""
+
+
 Step = Callable[[int, LoadedLink, RecordBatch, InterceptContext],
                "Verdict | Awaitable[Verdict]"]
 """How :func:`run_links` asks for a link's verdict: ``step(index, link, batch, ctx)``."""
@@ -169,8 +174,9 @@ async def run_chain(route: str, links: Sequence[LoadedLink], batch: RecordBatch,
         link = links[0]
         verdict = await judge(link.interceptor, batch, ctx, name=link.name,
                               timeout=link.timeout, limits=link.limits)
-        return ChainResult(route=route, verdict=verdict, given=batch,
-                           rejected_by=0 if isinstance(verdict, Rejected) else None)
+        result: ChainResult = _result_from_fields(
+            route, verdict, batch, 0 if isinstance(verdict, Rejected) else None, ())
+        return result
 
     def step(index: int, link: LoadedLink, given: RecordBatch,
              link_ctx: InterceptContext) -> Awaitable[Verdict]:

@@ -79,6 +79,7 @@ from kiproxy.interceptors.api import (
 )
 from kiproxy.interceptors.awaiting import within
 from kiproxy.interceptors.errors import ErrorCode, error_name
+from kiproxy.protocol._codec import SlotsMaker
 from kiproxy.protocol.compression import DEFAULT_MAX_DECOMPRESSED_BATCH_BYTES
 from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.protocol.records import encode_records, records_size
@@ -189,6 +190,11 @@ class Transformed:
 
     batch: RecordBatch
     """The batch the plugin returned."""
+
+
+_unchanged = SlotsMaker(Unchanged)
+_transformed = SlotsMaker(Transformed)
+"""Each batch's verdict, made without the frozen ``__init__`` (see SlotsMaker)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -520,8 +526,13 @@ def _result_verdict(batch: RecordBatch, result: Any, name: str,
     if fault is not None:
         return fault
     if result.records is batch.records or result.records == batch.records:
-        return Unchanged(batch)
-    return output_fault(batch, result, name, limits) or Transformed(result)
+        unchanged: Unchanged = _unchanged(batch)
+        return unchanged
+    fault = output_fault(batch, result, name, limits)
+    if fault is not None:
+        return fault
+    transformed: Transformed = _transformed(result)
+    return transformed
 
 
 _Pending = tuple[Awaitable[Any], float | None]

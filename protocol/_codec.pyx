@@ -549,6 +549,7 @@ def decode_records(bytes data, Py_ssize_t start, Py_ssize_t end, Py_ssize_t coun
 
 include "_frames.pxi"
 include "_produce.pxi"
+include "_slots.pxi"
 
 
 # ---------------------------------------------------------------- encoding

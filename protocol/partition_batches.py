@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kiproxy.protocol._codec import SlotsMaker
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.records import BATCH_HEADER_SIZE, RecordBatchHeader, read_batch_headers
 
 __all__ = ["PartitionBatches"]
 
 _LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
-_new = object.__new__
-_set = object.__setattr__
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,14 +60,9 @@ class PartitionBatches:
             records += h.record_count
             if h.attributes & 0x07:
                 blocks.append(h.batch_length + _LOG_OVERHEAD - BATCH_HEADER_SIZE)
-        # Every field set, as the frozen __init__ would (which costs twice as much).
-        view: PartitionBatches = _new(cls)
-        _set(view, "start", start)
-        _set(view, "end", stop)
-        _set(view, "headers", tuple(headers))
-        _set(view, "records", records)
-        _set(view, "compressed_blocks", tuple(blocks))
-        _set(view, "error", None)
+        # Every field given, in order, without the frozen __init__ (see SlotsMaker).
+        view: PartitionBatches = _from_fields(start, stop, tuple(headers), records,
+                                              tuple(blocks), None)
         return view
 
     @property
@@ -85,3 +79,6 @@ class PartitionBatches:
     def compressed(self) -> bool:
         """Some batch's records block is compressed."""
         return bool(self.compressed_blocks)
+
+
+_from_fields = SlotsMaker(PartitionBatches)

@@ -34,7 +34,13 @@ import socket
 import time
 from typing import TYPE_CHECKING, NamedTuple, cast
 
-from kiproxy.interceptors.api import AcknowledgedBatch, InterceptContext, RecordBatch
+from kiproxy.interceptors.api import (
+    AcknowledgedBatch,
+    InterceptContext,
+    RecordBatch,
+    batch_from_fields,
+    context_from_fields,
+)
 from kiproxy.interceptors.errors import ErrorCode
 from kiproxy.interceptors.verdict import Rejected, Transformed, Unchanged, encoding_fault
 from kiproxy.protocol.compression import DEFAULT_LEVELS, Compression
@@ -228,19 +234,13 @@ class PartitionHandler:
                 out.append(decoded.raw)
                 record_offset += len(decoded.records)
                 continue
-            view = RecordBatch(
-                topic=topic, partition=partition, records=decoded.records,
-                producer_id=h.producer_id, producer_epoch=h.producer_epoch,
-                base_sequence=h.base_sequence, transactional=h.is_transactional,
-                compression=_CODEC_NAMES[h.compression],
-            )
-            ctx = InterceptContext(
-                client_id=who.client_id, client_address=who.client_address,
-                principal=who.principal, api_version=facts.version, acks=facts.acks,
-                transactional_id=facts.transactional_id,
-                deadline=time.monotonic() + timeout, received_at_ms=facts.received_at_ms,
-                proxy_host=self.proxy_host, identity=who,
-            )
+            view = batch_from_fields(topic, partition, decoded.records, h.producer_id,
+                                     h.producer_epoch, h.base_sequence, h.is_transactional,
+                                     _CODEC_NAMES[h.compression])
+            ctx = context_from_fields(who.client_id, who.client_address, who.principal,
+                                      facts.version, facts.acks, facts.transactional_id,
+                                      time.monotonic() + timeout, facts.received_at_ms,
+                                      self.proxy_host, {}, who)
             decided = await self._run(chain, view, ctx)
             watched = watched or watching
             if decided.observed:
