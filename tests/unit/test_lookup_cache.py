@@ -153,3 +153,24 @@ async def test_flight_hands_over_the_lookup_in_flight_and_get_own_does_not_join_
     with pytest.raises(Down):  # remembered: not asked again
         c.flight("k", down.fetch)
     assert down.calls == 1
+
+
+def test_adopt_takes_the_answers_with_their_time_left_and_not_the_negative_ones() -> None:
+    earlier: LookupCache[str] = LookupCache(size=3, ttl_s=60, negative_ttl_s=5,
+                                            remember=(KeyError,))
+    earlier.put("fresh", "a")
+    earlier.put("stale", "b", ttl_s=-1)  # past its lifetime: still served, refreshed
+    earlier.put("missing", KeyError("no such id"))
+    later: LookupCache[str] = LookupCache(size=3, ttl_s=60, negative_ttl_s=5,
+                                          remember=(KeyError,))
+    later.put("fresh", "own")
+
+    later.adopt(earlier)
+
+    assert later.peek("fresh", _never) == "own"  # its own answer is kept
+    assert "stale" in later and "missing" not in later
+    assert later._data["stale"].expires == earlier._data["stale"].expires
+
+
+async def _never() -> str:
+    raise AssertionError("not asked")

@@ -39,6 +39,8 @@ framing (``wire.py``; Apicurio globalIds carried in headers are translated by
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import weakref
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,12 +52,17 @@ from kiproxy.interceptors.api import (
     RejectBatch,
 )
 from kiproxy.interceptors.builtin.schema_registry.contract import CHECKS, ContractCheck
+from kiproxy.interceptors.builtin.schema_registry.lookups import Lookups
 from kiproxy.interceptors.builtin.schema_registry.settings import (
     SchemaRegistrySettings,
     Settings,
 )
 
 __all__ = ["SchemaRegistryValidator"]
+
+_LATEST: weakref.WeakValueDictionary[str, Lookups] = weakref.WeakValueDictionary()
+"""The caches of the check configured last for each registry (by a digest of its
+``registry`` settings): what a reload's new instance takes over (see ``configure``)."""
 
 
 class _NoRegistry(Exception):
@@ -71,7 +78,9 @@ class SchemaRegistryValidator(ProduceRequestInterceptor[SchemaRegistrySettings])
         self._global_ids: Any = None
 
     def configure(self, config: SchemaRegistrySettings) -> None:
-        """Take the validated settings. The registry is not contacted yet."""
+        """Take the validated settings. The registry is not contacted yet; what the
+        instance configured last with the same ``registry`` settings knows of it (a
+        reload's predecessor) is taken over, each answer with the lifetime it has left."""
         settings = Settings.of(config)
         client: Any = None
         unknown: type[Exception] = _NoRegistry
@@ -99,6 +108,16 @@ class SchemaRegistryValidator(ProduceRequestInterceptor[SchemaRegistrySettings])
         self._check = ContractCheck(settings, client, unknown_id=unknown,
                                     unavailable=unavailable, global_ids=global_ids,
                                     **lifetimes)
+        if registry is not None:
+            # A reload configures a new instance: with the same registry settings it takes
+            # what the one it replaces knows (Lookups.adopt), so that producers whose ids
+            # were served keep being served if the registry is unreachable right then.
+            key = hashlib.sha256(registry.model_dump_json().encode()
+                                 + (b"\0globalids" if settings.global_ids else b"")).hexdigest()
+            earlier = _LATEST.get(key)
+            if earlier is not None:
+                self._check.lookups.adopt(earlier)
+            _LATEST[key] = self._check.lookups
 
     async def intercept(self, batch: RecordBatch, ctx: InterceptContext) -> RecordBatch:
         """Return ``batch`` unchanged, or raise RejectBatch naming every bad record."""

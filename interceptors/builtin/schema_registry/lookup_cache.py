@@ -161,6 +161,16 @@ class LookupCache(Generic[_V]):
         while len(self._data) > self.size:
             self._data.popitem(last=False)
 
+    def adopt(self, other: LookupCache[_V]) -> None:
+        """Take ``other``'s answers that this cache has none of, each with the lifetime it
+        has left - not its negative ones, which are asked again (see :meth:`Lookups.adopt
+        <kiproxy.interceptors.builtin.schema_registry.lookups.Lookups.adopt>`)."""
+        for key, entry in other._data.items():
+            if key not in self._data and not isinstance(entry.value, BaseException):
+                self._data[key] = _Entry(entry.value, entry.expires)
+        while len(self._data) > self.size:
+            self._data.popitem(last=False)
+
     def drop(self, key: Hashable) -> None:
         """Forget ``key``'s answer: the next lookup asks the service."""
         self._data.pop(key, None)

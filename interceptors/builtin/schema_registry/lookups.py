@@ -96,6 +96,17 @@ class Lookups:
         self.uncompilable = 0
         """Lookups whose schema could not be compiled here."""
 
+    def adopt(self, earlier: Lookups) -> None:
+        """Take what ``earlier`` (a check of the same registry, replaced by a reload) knows:
+        its compiled schemas, subjects, latest ids and globalIds, each with the lifetime
+        it has left, so a reload while the registry is unreachable keeps serving what was
+        served before it; a stale answer is refreshed in the background as any other.
+        Its negative answers are not taken: they are asked again."""
+        self._compiled.adopt(earlier._compiled)
+        self._global.adopt(earlier._global)
+        self._subjects.adopt(earlier._subjects)
+        self._latest.adopt(earlier._latest)
+
     def close(self) -> None:
         """Stop the compiling threads (a compile under way finishes on its own)."""
         threads, self._threads = self._threads, None

@@ -81,8 +81,10 @@ class RegistrySettings(PluginSettings):
     """An id the registry does not know, whose schema the proxy cannot compile, or that the
     registry could not be asked about, is asked again after this many seconds."""
     subject_ttl_s: float = Field(default=1.0, ge=0)
-    """How long the client keeps an id's subjects and a subject's latest id (they change as
-    schemas are registered)."""
+    """How long the registry client keeps an id's subjects and a subject's latest id (they
+    change as schemas are registered). The check keeps its own answers ``lookup_ttl_s``
+    above this cache, and the two add up: ``lookup_ttl_s`` decides how soon a new latest
+    version is seen."""
     max_connections: int = Field(default=10, gt=0)
     """Concurrent HTTP connections to the registry."""
     max_requests_in_flight: int = Field(default=2, gt=0)
