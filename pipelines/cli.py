@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from typing import Any, TypeVar
 
@@ -127,7 +128,9 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def _spark_failure(exc: BaseException) -> str:
-    """The line of a failed Spark job that says what went wrong (not the JVM stack)."""
+    """The line of a failed Spark job that says what went wrong (not the JVM stack): a
+    kiproxy error's message, else the first line with, when a Python worker raised, the
+    worker's exception (the last line of its traceback) after it."""
     text = str(exc)
     for line in reversed(text.splitlines()):
         line = line.strip()
@@ -135,7 +138,20 @@ def _spark_failure(exc: BaseException) -> str:
                             "kiproxy.interceptors.loader.")):
             return line.split(": ", 1)[-1]
     lines = [ln for ln in text.splitlines() if ln.strip()]
-    return lines[0][:500] if lines else type(exc).__name__
+    if not lines:
+        return type(exc).__name__
+    first = lines[0].strip()
+    if "Traceback (most recent call last)" in text:
+        raised = next((ln.strip() for ln in reversed(lines) if _RAISED.match(ln.strip())), None)
+        if raised is not None and raised not in first:
+            # PySpark's "... Python worker. Please see the stack trace below." then the type
+            first = first.split(" Please see the stack trace below")[0].rstrip(".: ")
+            first = f"{first}: {raised}"
+    return first[:500]
+
+
+_RAISED = re.compile(r"[A-Za-z_][\w.]*(Error|Exception|Exit|Interrupt|Warning)(: .*)?$")
+"""The last line of a Python traceback: the exception's type, and its message."""
 
 
 def run(args: argparse.Namespace) -> int:

@@ -183,6 +183,10 @@ def spark_session(app_name: str, master: str | None = None,
             "spark.sql.shuffle.partitions": "4",
             "spark.pyspark.python": sys.executable,
             "spark.pyspark.driver.python": sys.executable,
+            # The Python workers start in the current directory, which Python would put
+            # first on their path: run from a source checkout, its kiproxy/ folder (no
+            # compiled codec there) would be imported instead of the installed package.
+            "spark.executorEnv.PYTHONSAFEPATH": "1",
         })
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     quiet_dir = Path(tempfile.mkdtemp(prefix="kiproxy-spark-")) if quiet else None

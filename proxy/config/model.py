@@ -597,6 +597,8 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
     """Read the YAML file at ``path`` (if any), apply ``overrides`` and validate.
 
     ``overrides`` uses the config's keys; nested keys are written ``interceptor.class``.
+    A file that holds no settings (empty, or comments only) is refused, as one caught
+    half written would otherwise drop every setting it had, at start or at a reload.
     Raises :class:`ConfigError` with one line per problem, each naming the key path,
     what is wrong and, for an unknown key, the closest valid one - or naming each extra
     that a feature in use needs and that is not installed, with what to install.
@@ -611,8 +613,11 @@ def load_config(path: str | Path | None, overrides: dict[str, Any]) -> ProxyConf
         except yaml.YAMLError as exc:
             flat = " ".join(str(exc).split())
             raise ConfigError(f"not valid YAML: {flat}", path) from None
-        if loaded is None:
-            loaded = {}
+        if loaded is None:  # empty, or comments only: a file half written, or the wrong one
+            raise ConfigError("the file holds no settings (it is empty, or only comments); "
+                              "a configuration file names at least one, so that a file "
+                              "caught while it is being rewritten is not read as every "
+                              "setting's default", path)
         if not isinstance(loaded, dict):
             raise ConfigError("the file must be a mapping of settings (KEY: VALUE lines), "
                               f"not {type(loaded).__name__}", path)

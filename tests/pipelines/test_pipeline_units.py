@@ -404,3 +404,19 @@ def test_the_consumer_reader_names_a_header_key_it_cannot_read(broker: Any) -> N
     fetched = FetchClient(broker.bootstrap).fetch(topic, 0, 0)
     (stored,) = [r for b in fetched.batches for r in b.records]
     assert stored.headers == (Header(key, b"1"),)
+
+
+def test_a_python_workers_failure_names_its_exception() -> None:
+    from kiproxy.pipelines.cli import _spark_failure
+
+    worker = Exception(
+        "An exception was thrown from the Python worker. Please see the stack trace below.\n"
+        "Traceback (most recent call last):\n"
+        '  File "/x/pyspark/worker.py", line 1, in main\n'
+        "    import kiproxy.protocol._codec\n"
+        "ModuleNotFoundError: No module named 'kiproxy.protocol._codec'\n"
+        "\n\tat org.apache.spark.api.python.BasePythonRunner.handle(PythonRunner.scala:572)\n")
+    assert _spark_failure(worker) == (
+        "An exception was thrown from the Python worker: "
+        "ModuleNotFoundError: No module named 'kiproxy.protocol._codec'")
+    assert _spark_failure(Exception("Job aborted\n\tat org.x")) == "Job aborted"

@@ -556,3 +556,21 @@ def test_run_does_not_import_pyspark() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True, cwd=Path(__file__).parents[2])
     assert done.stdout.strip() == "False"
+
+
+def test_replay_run_from_a_folder_holding_a_kiproxy_package_uses_the_installed_one(
+        broker: EmbeddedBroker, produced_topic: tuple[str, Any], tmp_path: Path) -> None:
+    # A source checkout's root holds a kiproxy/ folder without the compiled codec (pip
+    # installed the package elsewhere): Spark's Python workers, started in the current
+    # directory, must not import it in place of the installed package.
+    topic, _ = produced_topic
+    shadow = tmp_path / "checkout" / "kiproxy"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError('the checkout, not the install')\n")
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "kiproxy"), "replay", "--bootstrap",
+         broker.bootstrap, "--topic", topic, "--interceptor", "replay_rules:RejectBad",
+         "--plugins-dir", str(PLUGINS), "--report", str(tmp_path / "r")],
+        capture_output=True, text=True, timeout=300, cwd=shadow.parent, env=runtime_env())
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "r" / "summary.json").is_file()

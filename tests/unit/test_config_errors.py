@@ -92,6 +92,16 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     assert "line 2" in broken
 
 
+@pytest.mark.parametrize("text", ["", "\n", "# every line commented out\n# upstream: [b:9092]\n"])
+def test_a_file_that_holds_no_settings_is_refused(tmp_path: Path, text: str) -> None:
+    # A file caught while it is being rewritten (truncated, then written) must not be read
+    # as every setting's default: a reload would drop the interceptor and say "applied".
+    assert _errors(tmp_path, text) == [
+        "kiproxy: config error in proxy.yaml: the file holds no settings (it is empty, or "
+        "only comments); a configuration file names at least one, so that a file caught "
+        "while it is being rewritten is not read as every setting's default"]
+
+
 def test_the_command_prints_the_lines_and_exits_2(tmp_path: Path,
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     # The command's main, in this process: a config error is answered before anything is set up.

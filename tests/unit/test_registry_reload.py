@@ -13,10 +13,10 @@ import pytest
 from aiohttp import web
 
 from kiproxy.interceptors import Record, RecordBatch, RejectBatch
-from kiproxy.interceptors.testing import make_context
 from kiproxy.interceptors.builtin.schema_registry import SchemaRegistryValidator
 from kiproxy.interceptors.builtin.schema_registry.settings import SchemaRegistrySettings
 from kiproxy.interceptors.errors import ErrorCode
+from kiproxy.interceptors.testing import make_context
 
 ORDER = {"type": "record", "name": "Order", "fields": [{"name": "id", "type": "string"}]}
 
