@@ -70,6 +70,11 @@ class PartitionSummary:
     """The error message it would have got."""
     observed_link: str | None = None
     """The link whose verdict ``observed_outcome`` is."""
+    observe_mode: bool = False
+    """The route is in observe mode (``mode: observe``): it forwarded the partition as
+    received, whatever its chain made of it, and whether or not ``observe_sample`` had the
+    chain judge it (``observed_outcome`` None: not judged). False on an enforcing route,
+    including one whose links observe."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

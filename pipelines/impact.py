@@ -99,9 +99,14 @@ class LiveFigures:
     would_reject_records: int
     """Records it would have refused (observe mode)."""
     observed_records: int
-    """Records the route saw in observe mode (the would-reject rate's base)."""
+    """Records judged in observe mode, by the route or a link (the would-reject rate's
+    base)."""
+    enforced_records: int
+    """Records of the route when it was not in observe mode (the rejected rate's base)."""
     first_ts: int | None
     last_ts: int | None
+    enforced_from: int | None = None
+    """The first event of the route enforcing (None: it never did)."""
 
 
 def pick_route(spec: ReplaySpec, replay: ReplaySummary,
@@ -151,8 +156,10 @@ def compare(replay: ReplaySummary, live: LiveFigures) -> dict[str, Any]:
         parts.append(f"live {since} it would have refused "
                      f"{_pct(live.would_reject_records, live.observed_records)} "
                      f"({live.would_reject_records:,} of {live.observed_records:,} records)")
-    enforced = live.records - live.observed_records
+    enforced = live.enforced_records
     if enforced or not parts:
+        if live.enforced_from is not None:
+            since = f"since {_minute(live.enforced_from)}"
         parts.append(f"live {since} it refused {_pct(live.rejected_records, enforced)} "
                      f"({live.rejected_records:,} of {enforced:,} records)")
     return {

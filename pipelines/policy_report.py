@@ -24,8 +24,10 @@ Tables (CSV beside the others; the five roll-ups are one Parquet table,
 - ``policy_replay``: with ``--replay``, a replay dry run beside the live figures
   of the route on the same topics (:mod:`kiproxy.pipelines.impact`).
 
-Rates are fractions (0.0038 is 0.38%): rejected over the route's records in
-enforce mode, would-reject over its records in observe mode.
+Rates are fractions (0.0038 is 0.38%): rejected over the records the route enforced
+(``enforced_records``: a route not in observe mode, whether or not some link of it
+observes), would-reject over the records judged in observe mode (``observed_records``: by
+the route or by a link; batches an ``observe_sample`` left unjudged count in neither).
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def _base(F: Any, produce: Any) -> Any:
     """One row per produce event a route handled, with the verdict columns."""
     observed = F.col("observed_outcome")
     refused = F.col("outcome") == "rejected"
+    # The route enforced unless it is in observe mode (older audit logs, without
+    # observe_mode: unless something observed the partition).
+    enforced = ~F.coalesce(F.col("observe_mode"), observed.isNotNull())
     records = F.coalesce("records", F.lit(0))
 
     def count(cond: Any) -> Any:
@@ -78,6 +83,7 @@ def _base(F: Any, produce: Any) -> Any:
         F.coalesce("principal", F.lit("")).alias("principal"),
         records.alias("records"),
         count(observed.isNotNull()).alias("observed_records"),
+        count(enforced).alias("enforced_records"),
         count(refused).alias("rejected_records"),
         count(observed == "rejected").alias("would_reject_records"),
         count(observed == "transformed").alias("would_transform_records"),
@@ -96,13 +102,14 @@ def _base(F: Any, produce: Any) -> Any:
 def _metrics(F: Any) -> list[Any]:
     return [F.count(F.lit(1)).alias("events"), F.sum("records").alias("records"),
             F.sum("observed_records").alias("observed_records"),
+            F.sum("enforced_records").alias("enforced_records"),
             F.sum("rejected_records").alias("rejected_records"),
             F.sum("would_reject_records").alias("would_reject_records"),
             F.sum("would_transform_records").alias("would_transform_records")]
 
 
 def _with_rates(F: Any, df: Any) -> Any:
-    enforced = F.col("records") - F.col("observed_records")
+    enforced = F.col("enforced_records")
     return df.select(
         "*",
         F.round(F.when(enforced > 0, F.col("rejected_records") / enforced), 6)
@@ -122,8 +129,8 @@ _ROLLUPS: dict[str, tuple[str, ...]] = {
 """Each roll-up table and its keys; all are computed in one Spark job (``policy_rollups``)."""
 ROLLUP_TABLES = tuple(_ROLLUPS)
 _KEYS = ("route", "link", "principal", "client_id", "topic", "hour")
-_COUNTS = ("events", "records", "observed_records", "rejected_records", "would_reject_records",
-           "would_transform_records")
+_COUNTS = ("events", "records", "observed_records", "enforced_records", "rejected_records",
+           "would_reject_records", "would_transform_records")
 
 
 def _rollups(F: Any, base: Any) -> Any:
@@ -206,7 +213,8 @@ def aggregate_policy(spark: Any, F: Any, produce: Any, write: WriteTable,
     base.unpersist()
     columns, data = rows["policy_by_route"]
     routes = {r["route"]: {k: r[k] for k in ("events", "records", "observed_records",
-                                             "rejected_records", "would_reject_records",
+                                             "enforced_records", "rejected_records",
+                                             "would_reject_records",
                                              "would_transform_records", "rejected_rate",
                                              "would_reject_rate", "first_ts", "last_ts")}
               for r in (dict(zip(columns, row, strict=True)) for row in data)}
@@ -225,14 +233,18 @@ def _compare(F: Any, base: Any, spec: ReplaySpec) -> dict[str, Any]:
     replay = read_replay(spec)
     per_route = {r["route"]: r for r in base.where(F.col("topic").isin(list(replay.topics)))
                  .groupBy("route").agg(*_metrics(F), F.min("ts").alias("first"),
-                                       F.max("ts").alias("last")).collect()}
+                                       F.max("ts").alias("last"),
+                                       F.min(F.when(F.col("enforced_records") > 0, F.col("ts")))
+                                       .alias("enforced_first")).collect()}
     route = pick_route(spec, replay, {name: r["events"] for name, r in per_route.items()})
     t = per_route[route]
     live = LiveFigures(route=route, records=int(t["records"] or 0),
                        rejected_records=int(t["rejected_records"] or 0),
                        would_reject_records=int(t["would_reject_records"] or 0),
                        observed_records=int(t["observed_records"] or 0),
-                       first_ts=t["first"], last_ts=t["last"])
+                       enforced_records=int(t["enforced_records"] or 0),
+                       first_ts=t["first"], last_ts=t["last"],
+                       enforced_from=t["enforced_first"])
     return compare(replay, live)
 
 

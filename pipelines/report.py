@@ -144,6 +144,7 @@ def audit_files(patterns: Sequence[str]) -> list[str]:
 
 def _schema() -> Any:
     from pyspark.sql.types import (
+        BooleanType,
         DoubleType,
         IntegerType,
         LongType,
@@ -164,6 +165,7 @@ def _schema() -> Any:
               ("route", StringType()), ("link", StringType()),
               ("observed_outcome", StringType()), ("observed_error_code", IntegerType()),
               ("observed_error_message", StringType()), ("observed_link", StringType()),
+              ("observe_mode", BooleanType()),
               ("_corrupt_record", StringType())]
     return StructType([StructField(n, t, True) for n, t in fields])
 

@@ -91,9 +91,11 @@ def produce_events(info: ResponseInfo) -> list[dict[str, Any]]:
 
 
 def _verdict_fields(p: PartitionSummary, event: dict[str, Any]) -> dict[str, Any]:
-    """``link`` when a link refused the partition; ``observed_outcome`` (with the would-be
-    error and link) beside the real ``outcome`` when a route or link in observe mode
-    judged it."""
+    """``observe_mode`` for a partition a route handled; ``link`` when a link refused the
+    partition; ``observed_outcome`` (with the would-be error and link) beside the real
+    ``outcome`` when a route or link in observe mode judged it."""
+    if p.route is not None:
+        event["observe_mode"] = p.observe_mode
     if p.link is not None:
         event["link"] = p.link
     if p.observed_outcome is not None:

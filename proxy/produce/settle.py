@@ -55,7 +55,8 @@ def summarize(job: PartitionJob, decision: Decision) -> PartitionSummary:
         error_code=rejection.error_code if rejection is not None else 0,
         error_message=rejection.message if rejection is not None else None,
         route=job.chain.name if job.chain is not None else None,
-        link=rejection.link if rejection is not None else None, **observed)
+        link=rejection.link if rejection is not None else None,
+        observe_mode=job.chain is not None and job.chain.route.observe, **observed)
 
 
 class Settler:

@@ -49,7 +49,10 @@ _NATIVE = {f.name for f in dataclasses.fields(PartitionSummary)}
 
 def live_events(history_topic: str) -> list[dict[str, Any]]:
     """Three hours of produce events: route ``watch`` observes ``history_topic`` and
-    ``trial``, route ``guard`` enforces on ``payments``, ``other`` matches no route."""
+    ``trial``, route ``guard`` enforces on ``payments``, route ``layered`` enforces on
+    ``ledger`` with a link of its own in observe mode, route ``sampled`` observes
+    ``clicks`` with ``observe_sample`` (every other batch judged), ``other`` matches no
+    route."""
     out: list[dict[str, Any]] = []
     for h in range(3):
         for j in range(4):
@@ -57,7 +60,8 @@ def live_events(history_topic: str) -> list[dict[str, Any]]:
                 ts = LIVE_START + h * HOUR + j * 60_000 + c
                 common = {"ts": ts, "client_id": client, "principal": principal}
                 watch: dict[str, Any] = {**common, "route": "watch", "records": 5 + j,
-                                         "outcome": "forwarded", "observed_outcome": "unchanged"}
+                                         "outcome": "forwarded", "observed_outcome": "unchanged",
+                                         "observe_mode": True}
                 if (h + j) % 4 == 0:
                     watch.update(observed_outcome="rejected", observed_error_code=44,
                                  observed_link=AMOUNT[0], observed_error_message=AMOUNT[1])
@@ -75,6 +79,25 @@ def live_events(history_topic: str) -> list[dict[str, Any]]:
                     guard.update(outcome="rejected", error_code=87, link=AMOUNT[0],
                                  error_message=AMOUNT[1])
                 out.append(guard)
+                layered: dict[str, Any] = {**common, "route": "layered", "topic": "ledger",
+                                           "records": 2, "outcome": "forwarded",
+                                           "observed_outcome": "unchanged"}
+                if j == 1:  # the enforcing link refuses; the observing one saw it first
+                    layered.update(outcome="rejected", error_code=87, link=AMOUNT[0],
+                                   error_message=AMOUNT[1])
+                elif j == 3:
+                    layered.update(observed_outcome="rejected", observed_error_code=87,
+                                   observed_link=CURRENCY[0],
+                                   observed_error_message=CURRENCY[1])
+                out.append(layered)
+                sampled: dict[str, Any] = {**common, "route": "sampled", "topic": "clicks",
+                                           "records": 4, "outcome": "forwarded",
+                                           "observe_mode": True}
+                if j % 2 == 0:  # judged; the others were left out by observe_sample
+                    sampled.update(observed_outcome="rejected", observed_error_code=87,
+                                   observed_link=CURRENCY[0],
+                                   observed_error_message=CURRENCY[1])
+                out.append(sampled)
                 out.append({**common, "route": None, "topic": "other", "records": 7,
                             "outcome": "forwarded"})
     return out
@@ -150,6 +173,7 @@ def test_the_policy_section_counts_what_the_routes_did_and_would_have_done(
         return {
             "records": sum(e["records"] for e in rows),
             "observed_records": sum(e["records"] for e in observed),
+            "enforced_records": sum(e["records"] for e in rows if not e.get("observe_mode")),
             "rejected_records": sum(e["records"] for e in rows if e["outcome"] == "rejected"),
             "would_reject_records": sum(e["records"] for e in observed
                                         if e["observed_outcome"] == "rejected"),
@@ -160,20 +184,27 @@ def test_the_policy_section_counts_what_the_routes_did_and_would_have_done(
     def check(row: dict[str, str], want: dict[str, int]) -> None:
         for k, v in want.items():
             assert int(row[k]) == v, (k, row)
-        enforced = want["records"] - want["observed_records"]
+        enforced = want["enforced_records"]
         assert row["rejected_rate"] == ("" if not enforced else
                                         str(rate(want["rejected_records"], enforced)))
         assert row["would_reject_rate"] == ("" if not want["observed_records"] else str(
             rate(want["would_reject_records"], want["observed_records"])))
 
     by_route = {r["route"]: r for r in read_csv(out / "policy_by_route.csv")}
-    assert set(by_route) == {"watch", "guard"}  # the unrouted topic is not a policy's
+    assert set(by_route) == {"watch", "guard", "layered", "sampled"}  # not the unrouted one
     for route in by_route:
         mine = [e for e in routed if e["route"] == route]
         check(by_route[route], counts(mine))
         assert int(by_route[route]["first_ts"]) == min(e["ts"] for e in mine)
         assert summary["policy"]["routes"][route]["records"] == counts(mine)["records"]
     assert counts([e for e in routed if e["route"] == "watch"])["would_reject_records"] > 0
+    # An enforcing route whose link observes: its refusals over all its records.
+    layered = by_route["layered"]
+    assert int(layered["enforced_records"]) == int(layered["records"]) > 0
+    assert float(layered["rejected_rate"]) == 0.25
+    # An observing route with observe_sample: no rejected rate; would-reject over judged.
+    sampled = by_route["sampled"]
+    assert sampled["rejected_rate"] == "" and float(sampled["would_reject_rate"]) == 1.0
 
     keyed = [("policy_by_client", ("route", "principal", "client_id")),
              ("policy_by_topic", ("route", "topic"))]
@@ -184,9 +215,10 @@ def test_the_policy_section_counts_what_the_routes_did_and_would_have_done(
         for r in rows:
             check(r, counts([e for e in routed if all(e[k] == r[k] for k in keys)]))
     hours = read_csv(out / "policy_by_hour.csv")
+    routes = ("guard", "layered", "sampled", "watch")
     assert [(r["hour"], r["route"]) for r in hours] == [
-        (f"2025-11-22T{8 + h:02d}:00Z", route) for h in range(3) for route in ("guard", "watch")]
-    for h, r in zip([h for h in range(3) for _ in range(2)], hours, strict=True):
+        (f"2025-11-22T{8 + h:02d}:00Z", route) for h in range(3) for route in routes]
+    for h, r in zip([h for h in range(3) for _ in routes], hours, strict=True):
         check(r, counts([e for e in routed if e["route"] == r["route"]
                          and LIVE_START + h * HOUR <= e["ts"] < LIVE_START + (h + 1) * HOUR]))
 
@@ -236,7 +268,7 @@ def test_the_policy_section_counts_what_the_routes_did_and_would_have_done(
            f"2025-11-22 08:00 UTC it would have refused {live_pct}" in sentence
     page = (out / "index.html").read_text()
     assert live_pct in page and "Route watch over time" in page
-    for route in ("watch", "guard"):
+    for route in routes:
         assert (out / f"policy_{route}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -256,11 +288,21 @@ def test_replay_arguments_and_the_route_they_compare_with(tmp_path: Path) -> Non
         pick_route(ReplaySpec(directory=Path("r"), route="c"), replay, {"a": 3})
     row = compare(replay, LiveFigures(route="b", records=5000, rejected_records=0,
                                       would_reject_records=19, observed_records=5000,
-                                      first_ts=LIVE_START, last_ts=LIVE_START + DAY))
+                                      enforced_records=0, first_ts=LIVE_START,
+                                      last_ts=LIVE_START + DAY))
     assert row["sentence"] == (
         "Route b on t: over the history from earliest to latest it would have refused 0.40% "
         "(4 of 1,000 records); live since 2025-11-22 08:00 UTC it would have refused 0.38% "
         "(19 of 5,000 records).")
+    # Moved to enforce later: its refusals are counted from then, and said so.
+    moved = compare(replay, LiveFigures(route="b", records=5000, rejected_records=3,
+                                        would_reject_records=19, observed_records=4000,
+                                        enforced_records=1000, first_ts=LIVE_START,
+                                        last_ts=LIVE_START + DAY,
+                                        enforced_from=LIVE_START + 2 * HOUR))
+    assert moved["sentence"].endswith(
+        "live since 2025-11-22 08:00 UTC it would have refused 0.47% (19 of 4,000 records); "
+        "live since 2025-11-22 10:00 UTC it refused 0.30% (3 of 1,000 records).")
 
 
 def test_a_replay_directory_without_a_summary_is_refused_before_spark_starts(
