@@ -192,7 +192,8 @@ class Backoff:
                     f"batches are refused without running it for {left:.1f} s more)")
 
     def crashed(self, reason: str) -> None:
-        """The plugin crashed with ``reason`` (what the producer was told)."""
+        """The plugin crashed with ``reason``: what happened, not on which batch (the
+        batches refused while it is backed off are told it, and may be another topic's)."""
         with self._lock:
             self._crashes += 1
             self._reason = reason

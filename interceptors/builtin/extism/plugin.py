@@ -176,10 +176,14 @@ class _Slot:
 class _Crash(Exception):
     """A call the runtime stopped: the instance is not reused."""
 
-    def __init__(self, fault: PluginFault | RejectBatch, out_of_memory: bool = False) -> None:
+    def __init__(self, fault: PluginFault | RejectBatch, out_of_memory: bool = False,
+                 what: str | None = None) -> None:
         super().__init__(str(fault))
         self.fault = fault
         self.out_of_memory = out_of_memory
+        self.what = what
+        """What happened, without the batch it happened on (the plugin, the fault, the
+        export): what the batches refused during the back-off are told."""
 
 
 class ExtismPlugin:
@@ -229,7 +233,7 @@ class ExtismPlugin:
         except _Crash as crash:
             slot.drop_instance()
             if isinstance(crash.fault, PluginFault):
-                self.backoff.crashed(crash.fault.message)
+                self.backoff.crashed(crash.what or crash.fault.message)
             raise crash.fault from None
         except (RejectBatch, PluginFault):  # it answered: its own error, or unreadable
             self.backoff.answered()
@@ -265,7 +269,7 @@ class ExtismPlugin:
         try:
             instance = slot.ready()
         except extism.Error as exc:
-            raise _Crash(self._crash("could not be instantiated", str(exc), batch, 0)) from None
+            raise self._crash("could not be instantiated", str(exc), batch, 0) from None
         cancel.attach(instance.cancel_handle())
         try:
             if self.spec.batch_function is not None:
@@ -303,27 +307,28 @@ class ExtismPlugin:
         if text == "timeout":
             if cancel.fired:
                 return _Crash(_deadline(where, batch, indices))
-            return _Crash(self._crash(f"ran past its timeout_ms ({self.spec.timeout_ms} ms)",
-                                      text, batch, indices.start, function))
+            return self._crash(f"ran past its timeout_ms ({self.spec.timeout_ms} ms)", text,
+                               batch, indices.start, function)
         if _OUT_OF_MEMORY.search(text):
             setting, cap = self._memory
-            return _Crash(self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
-                                      indices.start, function), out_of_memory=True)
+            return self._crash(out_of_memory(cap, setting, "plugin"), text, batch,
+                               indices.start, function, out_of_memory=True)
         if _TRAP.search(text):
-            return _Crash(self._crash("crashed (a WebAssembly trap)", text, batch,
-                                      indices.start, function))
+            return self._crash("crashed (a WebAssembly trap)", text, batch, indices.start,
+                               function)
         # The plugin's own error (error_set and a non-zero return): its message, as is.
         # A batch export's error concerns the batch: every record (up to 50) carries it.
         return RejectBatch(text, self.spec.error, [(i, text) for i in indices[:50]])
 
     def _crash(self, what: str, raw: str, batch: RecordBatch, index: int,
-               function: str | None = None) -> PluginFault:
+               function: str | None = None, out_of_memory: bool = False) -> _Crash:
         call = f" in {function}" if function else ""
         at = (f"record {index} of " if self.spec.batch_function is None else "") + (
             f"{batch.topic}[{batch.partition}]")
         message = f"{self.name} {what}{call} on {at}"
         log.debug("%s; the runtime said: %s", message, raw)
-        return PluginFault(message, [(index, message)])
+        return _Crash(PluginFault(message, [(index, message)]), out_of_memory,
+                      what=f"{self.name} {what}{call}")
 
     def close(self) -> None:
         """Free the idle slots' instances and compiled copies."""

@@ -534,5 +534,5 @@ class Program:
         records = [] if index is None else [(index, message)]
         if fault.malformed:
             return PluginFault(message, records, fault="return_type")
-        self.backoff.crashed(message)
+        self.backoff.crashed(f"{self.name} {fault.reason}")  # not where: another batch's
         return PluginFault(message, records)
