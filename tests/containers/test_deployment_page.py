@@ -83,8 +83,9 @@ def test_the_podman_lines_run_as_written(image: Image, broker: EmbeddedBroker,
     for page_address, address in _addresses(block, broker).items():
         block = block.replace(page_address, address)
     # The container's state after `podman stop`, read before the block's `podman rm`.
-    block = block.replace("podman rm kiproxy", "podman inspect --format '{{json .State}}' kiproxy "
-                          f"> {tmp_path / 'state.json'}\npodman rm kiproxy")
+    assert "podman rm -v kiproxy" in block, "the page's block no longer removes the container"
+    block = block.replace("podman rm -v kiproxy", "podman inspect --format '{{json .State}}' "
+                          f"kiproxy > {tmp_path / 'state.json'}\npodman rm -v kiproxy")
     env = {k: v for k, v in os.environ.items() if k != "CONTAINERS_CONF"}
     done = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", block], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
