@@ -7,6 +7,6 @@ shipping plugins), :mod:`pipelines.offsets` (what to read),
 :mod:`pipelines.fetch_client` (stored batches over the Kafka protocol),
 :mod:`pipelines.sources` (readers), :mod:`pipelines.apply` (the interceptor, with
 the proxy's rules), :mod:`pipelines.tally` (counts), :mod:`pipelines.charts` and
-:mod:`pipelines.html` (the reports), :mod:`pipelines.progress` (the console bar).
+:mod:`pipelines.html_pages` (the reports), :mod:`pipelines.progress` (the console bar).
 Nothing here is imported by ``kiproxy run``.
 """

@@ -90,10 +90,10 @@ def _replay(args: argparse.Namespace) -> int:
           f"{summary['transformed_records']} transformed, {summary['rejected_records']} "
           f"rejected in {summary['rejected_batches']} batches; "
           f"{summary['written_records']} written"
-          + (f"; {summary['aborted_records_skipped']} aborted records skipped"
-             if summary["aborted_records_skipped"] else "")
           + (f" to {settings.output_topic or settings.output_path}"
              if summary["output"] else "")
+          + (f"; {summary['aborted_records_skipped']} aborted records skipped"
+             if summary["aborted_records_skipped"] else "")
           + f"; {summary['records_per_s']} records/s")
     print(f"kiproxy replay: report in {settings.report.resolve() / 'index.html'}")
     return 0

@@ -42,7 +42,7 @@ from typing import Any
 
 from kiproxy.interceptors.api import ERROR_CODES
 from kiproxy.pipelines.charts import line_chart
-from kiproxy.pipelines.html import table
+from kiproxy.pipelines.html_pages import table
 from kiproxy.pipelines.impact import (
     COLUMNS,
     LiveFigures,

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from kiproxy.pipelines.charts import bar_chart
-from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.html_pages import page, table
 
 __all__ = ["write_replay_report"]
 

@@ -47,7 +47,7 @@ from kiproxy.pipelines.charts import bar_chart, line_chart
 from kiproxy.pipelines.client_security import PLAINTEXT, ClientSecurity
 from kiproxy.pipelines.errors import PipelineError
 from kiproxy.pipelines.fetch_client import BrokerError, FetchClient
-from kiproxy.pipelines.html import page, table
+from kiproxy.pipelines.html_pages import page, table
 from kiproxy.pipelines.impact import ReplaySpec, read_replay
 from kiproxy.pipelines.offsets import OffsetBound, plan_ranges, split_ranges
 from kiproxy.pipelines.policy_report import (

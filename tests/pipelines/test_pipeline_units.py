@@ -10,6 +10,8 @@ import json
 import os
 import stat
 import struct
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +422,24 @@ def test_a_python_workers_failure_names_its_exception() -> None:
         "An exception was thrown from the Python worker: "
         "ModuleNotFoundError: No module named 'kiproxy.protocol._codec'")
     assert _spark_failure(Exception("Job aborted\n\tat org.x")) == "Job aborted"
+
+
+def test_no_module_of_the_package_a_script_runs_from_hides_a_standard_one() -> None:
+    # spark-submit runs kiproxy/pipelines/__main__.py as a script: its folder comes first
+    # on sys.path, where pipelines/html.py once hid the standard library's html (and with
+    # it matplotlib, which the command then said was not installed).
+    import kiproxy.pipelines
+
+    folder = Path(kiproxy.pipelines.__file__).parent
+    assert sorted(p.name for p in folder.glob("*.py")
+                  if p.stem in sys.stdlib_module_names) == []
+
+
+def test_the_command_runs_as_the_script_spark_submit_is_given(tmp_path: Path) -> None:
+    import kiproxy.pipelines.__main__ as script
+
+    done = subprocess.run([sys.executable, script.__file__, "report", "--audit",
+                           str(tmp_path / "none.jsonl"), "--out", str(tmp_path / "out")],
+                          capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "no file matches" in done.stderr, done.stderr  # it got as far as the input

@@ -188,12 +188,14 @@ def test_dry_run_counts_what_a_read_committed_consumer_sees(
 
 def test_backfill_writes_exactly_the_committed_records(
         kafka: KafkaCluster, transactional: TransactionalTopic, spark: Any,
-        tmp_path: Path) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     committed = consume_all(kafka.bootstrap, transactional.topic, 2, "read_committed")
     out = tmp_path / "out.parquet"
     summary = replay(kafka.bootstrap, transactional.topic, tmp_path / "fill",
                      "--output-path", str(out), "--max-records-per-task", "7")
     assert summary["written_records"] == len(committed)
+    assert f"{len(committed)} written to {out}; {transactional.aborted} aborted records " \
+        "skipped; " in capsys.readouterr().out
     rows = spark.read.parquet(out.as_uri()).select("partition", "offset", "key", "value") \
         .collect()
     written = sorted((r.partition, r.offset, r.key, r.value) for r in rows)

@@ -1,4 +1,7 @@
-"""Small, dependency-free HTML pages for the reports: headings, tables and images."""
+"""Small, dependency-free HTML pages for the reports: headings, tables and images.
+
+(Not ``html.py``: ``spark-submit .../kiproxy/pipelines/__main__.py`` puts this folder
+first on ``sys.path``, where a module named like the standard library's hides it.)"""
 
 from __future__ import annotations
 
