@@ -181,8 +181,9 @@ def test_a_plugin_trapping_on_every_call_leaks_no_threads_and_floods_no_log(
     print("\n".join(logged))
     assert len(errors) == 8 * 40
     assert {None if e is None else e.code() for e in errors} == {INVALID_RECORD}
+    # The crash itself ("... on record 0 of TOPIC[P]"), or, backed off, what it was.
     assert f"extism plugin {extism_plugins['trap']} crashed (a WebAssembly trap) in " \
-        "transform on record 0 of" in message
+        "transform" in message
     assert "backtrace" not in message and "wasm function" not in message
     assert after[1] <= watch.threads_before + POOL, "threads come back to where they were"
     assert len(logged) <= 3, "\n".join(logged)
@@ -235,7 +236,7 @@ def test_a_kiproxy_abi_module_trapping_on_every_call_is_named_and_leaks_nothing(
         print(f"wasm trap: {len(logged)} log lines: {message}")
         assert {None if e is None else e.code() for e in errors} == {INVALID_RECORD}
         assert f"wasm module {module} (trap, abi v1) trapped: wasm trap: integer divide by " \
-            "zero on record 0 of" in message
+            "zero" in message  # the crash on a record, or (backed off) what it was
         assert after[1] <= watch.threads_before + 2  # its worker thread and epoch clock
         assert len(logged) <= 3, "\n".join(logged)
     finally:
