@@ -18,7 +18,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, consume, launch_proxy
+from conftest import ROOT, TANSU_NODE_ID, consume, launch_proxy
 from support.dev_mode import running_dev
 
 from kiproxy_dev.tansu import EmbeddedBroker, free_port
@@ -50,7 +50,10 @@ def test_the_wasm_example_upper_cases_through_kiproxy_dev() -> None:
     argv = shlex.split(line)
     assert argv[:2] == ["kiproxy", "dev"] and "--listen" not in argv, line
     listen = f"127.0.0.1:{free_port()}"
-    with running_dev(*argv[2:], "--listen", listen) as dev:
+    # The broker's node port free as well (by default the listen port + 1 + its node id,
+    # which another test's server may hold).
+    with running_dev(*argv[2:], "--listen", listen,
+                     "--broker-port-start", str(free_port() - TANSU_NODE_ID)) as dev:
         dev.wait_bootstrap(90)
         from confluent_kafka import Producer
 
