@@ -458,7 +458,8 @@ class ProxyConfig(_Strict):
     max_client_buffered_bytes: Annotated[int,
                 Flag(metavar="BYTES")] = Field(default=256 * 2**20, gt=0, strict=True)
     """Process-wide bytes of partial request frames held (256 MiB); past it a connection
-    receiving more is paused, except the one holding the most."""
+    receiving more is paused, except one: the one holding the most (the first to get
+    there, among clients sending at the same pace)."""
     idle_timeout_ms: Annotated[int, Flag(metavar="MS")] = Field(default=600_000, ge=0)
     """Close client connections with no traffic and nothing owed for this long (0: never)."""
     tls: TlsSettings = Field(default_factory=TlsSettings)

@@ -11,10 +11,12 @@ Contract:
   ``max_frame_size`` limit hit.
 * Across connections, :class:`ReceiveBudget` (``max_client_buffered_bytes``) bounds
   the bytes of partial frames held. Past it, a connection that keeps receiving is
-  paused (its socket is not read; TCP pushes back) unless it holds the most: that one
-  keeps reading, completes its frame and frees room, so the process always makes
-  progress. Paused connections resume, oldest first, once the total is back under
-  the limit. Every pause counts as a ``max_client_buffered_bytes`` limit hit.
+  paused (its socket is not read; TCP pushes back) unless it holds more than every
+  other connection still reading: that one keeps reading, completes its frame and
+  frees room, so the process always makes progress, and the bytes held stay within
+  the limit plus that one frame however many clients send at the same pace. Paused
+  connections resume, oldest first, once the total is back under the limit. Every
+  pause counts as a ``max_client_buffered_bytes`` limit hit.
 * :class:`HeapTrimmer` returns freed heap memory to the system with glibc's
   ``malloc_trim(0)``, on a worker thread, after large frames or decoded batches
   are released and the heap holds at least :data:`TRIM_FREE_BYTES` free
@@ -92,8 +94,13 @@ class ReceiveBudget:
         if before - held >= _LARGE:
             self.released += before - held
         if held > before and self.used > self.capacity and receiver not in self._paused:
-            if held < max(self._held.values()):
-                self._paused[receiver] = None
+            paused = self._paused
+            # Only one reads on past the capacity: the largest holder still reading. One
+            # that grows to a size another reader holds already waits (a tie would let
+            # every client sending at the same pace read on).
+            if any(h >= held for r, h in self._held.items()
+                   if r is not receiver and r not in paused):
+                paused[receiver] = None
                 self.pauses += 1
                 receiver.hold_back()
         elif held < before:
