@@ -56,6 +56,7 @@ from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, Respons
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.proxy.net.frame_stream import Frame, FramePieces, FrameStream
+from kiproxy.proxy.net.sasl import SaslTracker
 
 if TYPE_CHECKING:
     from kiproxy.proxy.brokers.nodes import NodeRegistry
@@ -152,6 +153,8 @@ class AnswerSide:
         self._transforms: set[asyncio.Task[None]] = set()
         self._room = asyncio.Event()
         self._room.set()
+        self.sasl = SaslTracker()
+        """The connection's SASL bookkeeping (a failed login's close is expected)."""
         self._closed = False
         self._upstream_reported = False
         self._read_task: asyncio.Task[None] | None = None
@@ -408,7 +411,10 @@ class AnswerSide:
         broken = reason != "closed the connection" or bool(self._slots)
         if broken and self._services.metrics is not None:
             self._services.metrics.upstream_errors.labels("broken").inc()
-        log.log(logging.WARNING if broken else logging.INFO,
+        # A broker closes the connection of a failed SASL login, which was logged (once
+        # per client and interval) already: a client retrying would repeat this line.
+        quiet = logging.DEBUG if self.sasl.failed else logging.INFO
+        log.log(logging.WARNING if broken else quiet,
                 "upstream %s %s; closing client %s (client_id %r)",
                 self._upstream_name(), reason, self.client_address, self.client_id,
                 extra=self.log_context)

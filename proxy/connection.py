@@ -60,11 +60,12 @@ from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import RequestInfo
 from kiproxy.protocol.errors import ProtocolError
 from kiproxy.protocol.framing import RequestHeader, parse_request_header
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.protocol.messages import api_name
 from kiproxy.proxy.answers import JOIN_BELOW, AnswerSide, AnswerSlot, ConnectionServices
 from kiproxy.proxy.brokers.failures import connect_error
 from kiproxy.proxy.net.frame_stream import Frame, FrameStream
-from kiproxy.proxy.net.sasl import SaslRound, SaslTracker, identity_after_sasl
+from kiproxy.proxy.net.sasl import SaslRound, identity_after_sasl
 from kiproxy.proxy.produce.disposition import Answer, Forward
 
 if TYPE_CHECKING:
@@ -72,6 +73,9 @@ if TYPE_CHECKING:
     from kiproxy.proxy.routes.table import ClientRoutes, RouteTable
 
 log = logging.getLogger("kiproxy.connection")
+_closings = RateLimitedLog(log)
+"""Clients closed for a request the proxy cannot carry: the same refusal from one host
+is written once per interval, with how many were held back."""
 
 __all__ = ["ClientConnection", "ConnectionServices"]
 
@@ -98,8 +102,6 @@ class ClientConnection(AnswerSide):
     def __init__(self, services: ConnectionServices, client: FrameStream, node_id: int | None,
                  identity: ClientIdentity) -> None:
         super().__init__(services, client, node_id, identity)
-        self.sasl = SaslTracker()
-        """The connection's SASL bookkeeping."""
         self._routes: tuple[ClientIdentity, RouteTable, ClientRoutes] | None = None
         self._handling = False
         self._stopping = False
@@ -291,8 +293,11 @@ class ClientConnection(AnswerSide):
     def _bad_client(self, exc: ProtocolError) -> None:
         if self._services.metrics is not None:
             self._services.metrics.client_errors.inc()
-        log.warning("closing client %s (client_id %r): %s",
-                    self.client_address, self.client_id, exc, extra=self.log_context)
+        # A client retrying the same refused request (a frame over max_frame_size) on
+        # every reconnect: the same line from one host is written once per interval.
+        _closings.warning((self.identity.client_host, str(exc)),
+                          "closing client %s (client_id %r): %s", self.client_address,
+                          self.client_id, exc, more=MORE_IN_INTERVAL, extra=self.log_context)
 
     def _handle_request(self, frame: Frame) -> _Rest | None:
         """Handle one request: in this call when nothing in it waits (with room in flight,

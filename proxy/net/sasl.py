@@ -113,7 +113,8 @@ class SaslVerdict:
 class SaslTracker:
     """Per-connection state of a SASL exchange."""
 
-    __slots__ = ("_decided", "_exchange", "_pending", "candidate", "mechanism", "principal")
+    __slots__ = ("_decided", "_exchange", "_pending", "candidate", "failed", "mechanism",
+                 "principal")
 
     def __init__(self) -> None:
         self.mechanism: str | None = None
@@ -121,6 +122,8 @@ class SaslTracker:
         """The user the exchange in progress names (from its first client message)."""
         self.principal: str | None = None
         """The principal the last decided exchange confirmed (kept by the server)."""
+        self.failed = False
+        """The last decided exchange failed (a broker then closes the connection)."""
         self._exchange = 0
         self._decided = 0
         self._pending = False
@@ -217,6 +220,7 @@ class SaslTracker:
         else:
             return None
         self._decided = round_.exchange     # this exchange is over: no second verdict
+        self.failed = not verdict.succeeded
         if verdict.succeeded:
             self._pending = False
         if round_.exchange == self._exchange:
