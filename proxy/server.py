@@ -371,10 +371,11 @@ class ProxyServer:
                     "retrying, and node listeners open as clients fetch metadata", reason)
             return False
         unopened = self.nodes.unopened
+        opened = ", ".join(f"{n}->{p}" for n, p in sorted(
+            (k, v) for k, v in self.listener_ports.items() if k is not None))
         log.log(logging.WARNING if unopened else logging.INFO,
-                "learned %d broker node(s) from upstream; node listeners %s%s", count,
-                ", ".join(f"{n}->{p}" for n, p in sorted(
-                    (k, v) for k, v in self.listener_ports.items() if k is not None)),
+                "learned %d broker node(s) from upstream; %s%s", count,
+                f"node listeners {opened}" if opened else "no node listener open",
                 "".join(f"; node {n} has none (port {p} could not be opened)"
                         for n, (p, _) in sorted(unopened.items())))
         return True

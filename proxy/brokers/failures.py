@@ -36,6 +36,10 @@ def connect_error(exc: BaseException, timeout: float | None = None) -> str:
         return "connection refused"
     if isinstance(exc, TimeoutError):
         return f"no answer within {timeout:g} s" if timeout is not None else "no answer"
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        # The reason OpenSSL gives (a host name the certificate does not name, an unknown
+        # CA, an expired certificate), not only CERTIFICATE_VERIFY_FAILED.
+        return f"TLS handshake failed ({exc.reason or exc}: {exc.verify_message})"
     if isinstance(exc, ssl.SSLError):
         return f"TLS handshake failed ({exc.reason or exc})"
     if isinstance(exc, OSError) and exc.strerror:

@@ -297,8 +297,24 @@ def test_an_untrusted_upstream_stops_the_proxy_at_start(pki: Pki, tls_broker: Tl
     assert done.returncode == 1
     assert done.stderr == (
         f"kiproxy: upstream 127.0.0.1:{tls_broker.port}: TLS handshake failed "
-        "(CERTIFICATE_VERIFY_FAILED) (tried for 1 s); start the cluster, fix --upstream, "
-        "or pass --wait-for-upstream\n")
+        "(CERTIFICATE_VERIFY_FAILED: unable to get local issuer certificate) (tried for 1 s); "
+        "start the cluster, fix --upstream, or pass --wait-for-upstream\n")
+
+
+async def test_a_broker_certificate_for_another_host_is_named_as_such(
+        pki: Pki, tls_broker: TlsRelay) -> None:
+    """A certificate from a trusted CA that does not name the host dialled reads as a host
+    name mismatch, not as the bare CERTIFICATE_VERIFY_FAILED of an unknown CA."""
+    from kiproxy.proxy.brokers.failures import connect_error
+
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+    with pytest.raises(ssl.SSLCertVerificationError) as failed:
+        _, writer = await asyncio.open_connection("127.0.0.1", tls_broker.port, ssl=ctx,
+                                                  server_hostname="broker-1.example")
+        writer.close()
+    assert connect_error(failed.value) == (
+        "TLS handshake failed (CERTIFICATE_VERIFY_FAILED: Hostname mismatch, certificate "
+        "is not valid for 'broker-1.example'.)")
 
 
 def test_tls_settings_are_validated(tmp_path: Path, broker: EmbeddedBroker) -> None:
