@@ -66,6 +66,7 @@ from kiproxy.interceptors.consume_verdict import (
     judge_consume_blocks,
 )
 from kiproxy.interceptors.flags import DEFAULT_TIMEOUT_MS as DEFAULT_TIMEOUT_MS
+from kiproxy.interceptors.loader import PluginLoadError as PluginLoadError
 from kiproxy.interceptors.loader import load_interceptor
 from kiproxy.interceptors.verdict import Mode, Outcome, encodable, judge
 from kiproxy.protocol.records import decode_records, encode_records
@@ -76,6 +77,7 @@ __all__ = [
     "Mode",
     "Outcome",
     "Plugin",
+    "PluginLoadError",
     "load",
     "make_batch",
     "make_consume_context",

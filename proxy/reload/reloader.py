@@ -11,8 +11,9 @@ Contract:
   ``apply`` switch to it. Any failure on the way leaves the running
   configuration untouched, and the reason is returned, logged and counted.
 - Reloads never run concurrently. A trigger that arrives while a reload runs is
-  coalesced into one more reload after it (a storm of 100 triggers costs at
-  most two builds), and its caller gets that reload's result.
+  coalesced into one more reload after it (100 triggers while one build runs cost
+  two builds; triggers spaced wider than a build each cost one), and its caller
+  gets that reload's result.
 - The file watch (:class:`FileWatch`) polls content hashes, so it sees a
   Kubernetes ConfigMap update (a symlink swap) as well as an edit in place, and
   it waits until the watched files have stopped changing for ``debounce``

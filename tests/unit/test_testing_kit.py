@@ -31,9 +31,9 @@ from kiproxy.interceptors import (
     RecordBatch,
     RejectBatch,
 )
-from kiproxy.interceptors.loader import PluginLoadError
 from kiproxy.interceptors.testing import (
     Plugin,
+    PluginLoadError,
     load,
     make_batch,
     make_consumed_batch,
