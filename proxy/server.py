@@ -150,7 +150,11 @@ class ProxyServer:
             dead_letter=self.dead_letter, audit_sink=self.audit_sink))
         """The configuration generation in force, and the older ones still in use."""
         first_tls = self.generations.current.client_tls
-        self._listener_tls = ListenerTls(first_tls) if first_tls is not None else None
+        tls_failures = None if metrics is None else metrics.client_tls_failures
+        self._listener_tls = (
+            ListenerTls(first_tls, None if tls_failures is None
+                        else lambda reason: tls_failures.labels(reason).inc())
+            if first_tls is not None else None)
         self.upstreams = Upstreams(config.upstream_addresses, self.nodes,
                                    upstream_context(config.upstream_tls),
                                    config.upstream_connect_timeout_ms / 1000)

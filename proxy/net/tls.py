@@ -7,17 +7,42 @@ order, as Kafka names SSL principals). Upstream: certificates are verified
 against ``upstream_tls.ca`` (or the system store) with host-name checking on
 unless turned off; an optional client certificate is presented to brokers that
 require mTLS. The minimum version defaults to TLS 1.2.
+
+A client handshake the proxy refuses (no client certificate where one is required,
+one ``tls.client_ca`` did not sign, TLS versions below ``min_version``, a plaintext
+client) is closed by the event loop before any connection object exists, without a
+TLS alert: the client is not told why. The listeners' handshakes report each such
+refusal (:class:`ListenerTls`): a WARNING once per reason and interval, saying
+what to fix, and ``kiproxy_client_tls_failures_total{reason}``. The client's address
+is not known there.
 """
 
 from __future__ import annotations
 
+import logging
 import ssl
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.proxy.config.clients import TlsFiles
 from kiproxy.proxy.config.model import ConfigError, TlsSettings, UpstreamTlsSettings
 
-__all__ = ["ListenerTls", "client_context", "principal_from_peercert", "upstream_context"]
+__all__ = ["ListenerTls", "client_context", "handshake_refusal", "principal_from_peercert",
+           "upstream_context"]
+
+log = logging.getLogger("kiproxy.tls")
+_refusals = RateLimitedLog(log)
+
+_NOT_TLS = frozenset({"WRONG_VERSION_NUMBER", "HTTP_REQUEST", "HTTPS_PROXY_REQUEST",
+                      "PACKET_LENGTH_TOO_LONG", "RECORD_LAYER_FAILURE"})
+_HINTS = {
+    "PEER_DID_NOT_RETURN_A_CERTIFICATE": "the client sent no certificate, and "
+                                         "tls.client_ca requires one",
+    "UNSUPPORTED_PROTOCOL": "the client offers only TLS versions below tls.min_version",
+    "NO_SHARED_CIPHER": "the client offers no cipher the proxy accepts",
+}
 
 _VERSIONS = {"TLSv1.2": ssl.TLSVersion.TLSv1_2, "TLSv1.3": ssl.TLSVersion.TLSv1_3}
 _SHORT = {
@@ -64,12 +89,14 @@ class ListenerTls:
     :meth:`use` sets them there.)
     """
 
-    def __init__(self, context: ssl.SSLContext) -> None:
+    def __init__(self, context: ssl.SSLContext,
+                 count: Callable[[str], None] | None = None) -> None:
         self.current = context
         self.front = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         self.front.minimum_version = context.minimum_version
         self.front.verify_mode = context.verify_mode
         self.front.sni_callback = self._hand_over
+        self.front.sslobject_class = _watched(partial(_refused, count))
 
     def use(self, context: ssl.SSLContext) -> None:
         """Serve new handshakes with ``context``."""
@@ -79,6 +106,42 @@ class ListenerTls:
     def _hand_over(self, sslobj: ssl.SSLObject, _name: str | None,
                    _ctx: ssl.SSLContext) -> None:
         sslobj.context = self.current
+
+
+def handshake_refusal(exc: ssl.SSLError) -> tuple[str, str]:
+    """The reason code of a refused client handshake and what it means, in plain words."""
+    reason = exc.reason or type(exc).__name__
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return reason, ("the client's certificate does not verify against tls.client_ca: "
+                        f"{exc.verify_message}")
+    if reason in _NOT_TLS:
+        return reason, "the client does not speak TLS (a plaintext client on a TLS listener?)"
+    return reason, _HINTS.get(reason, str(exc))
+
+
+def _refused(count: Callable[[str], None] | None, exc: ssl.SSLError) -> None:
+    reason, what = handshake_refusal(exc)
+    if count is not None:
+        count(reason)
+    _refusals.warning(reason, "a client's TLS handshake was refused: %s (%s); the client is "
+                      "closed without being told why", what, reason, more=MORE_IN_INTERVAL)
+
+
+def _watched(refused: Callable[[ssl.SSLError], None]) -> type[ssl.SSLObject]:
+    """An ``SSLObject`` class whose failed handshakes are handed to ``refused`` (the
+    listener's context makes its handshakes' objects of it)."""
+
+    class Watched(ssl.SSLObject):
+        def do_handshake(self) -> None:
+            try:
+                super().do_handshake()
+            except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+                raise  # more bytes to come: not a failure
+            except ssl.SSLError as exc:
+                refused(exc)
+                raise
+
+    return Watched
 
 
 def upstream_context(settings: UpstreamTlsSettings | TlsFiles,

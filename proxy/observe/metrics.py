@@ -74,6 +74,9 @@ class Metrics:
         self.client_errors = Counter(
             "kiproxy_client_protocol_errors", "Client connections closed for malformed or "
             "oversized frames", registry=r)
+        self.client_tls_failures = Counter(
+            "kiproxy_client_tls_failures", "Client TLS handshakes the listeners refused, by "
+            "OpenSSL's reason", ["reason"], registry=r)
         self.observer_errors = Counter(
             "kiproxy_observer_errors", "Observer calls that raised", ["observer"], registry=r)
         self.observer_dropped = Counter(

@@ -192,6 +192,78 @@ def test_minimum_tls_version_is_enforced(pki: Pki, broker: EmbeddedBroker) -> No
         assert proxy.stop() == 0
 
 
+def _refused_handshake(host: str, port: int, ctx: ssl.SSLContext | None) -> None:
+    """A client whose handshake the proxy refuses (or a plaintext one, ``ctx`` None)."""
+    with socket.create_connection((host, port), 5) as raw:
+        if ctx is None:
+            raw.sendall(b"\x00\x00\x00\x0b\x00\x12\x00\x00\x00\x00\x00\x01\x00\x01x")
+            raw.settimeout(5)
+            with contextlib.suppress(OSError):
+                raw.recv(100)
+            return
+        with contextlib.suppress(ssl.SSLError, OSError), \
+                ctx.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            s.sendall(b"\x00\x00\x00\x00")
+            s.recv(1)  # TLS 1.3: the refusal of the client's certificate comes after
+
+
+def _tls_failures(metrics: str) -> dict[str, float]:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as answer:
+        text = answer.read().decode()
+    return {line.split('reason="')[1].split('"')[0]: float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("kiproxy_client_tls_failures_total{")}
+
+
+def test_refused_client_handshakes_are_logged_by_reason_and_counted(
+        pki: Pki, broker: EmbeddedBroker, tmp_path: Path) -> None:
+    """The event loop closes a refused handshake before the proxy has a connection for
+    it, and without an alert: the reason is logged (once per reason and interval) and
+    counted, so an operator sees why mTLS clients cannot connect."""
+    metrics = f"127.0.0.1:{free_port()}"
+    proxy = launch_proxy(broker.bootstrap, "--tls-cert", str(pki.server_cert),
+                         "--tls-key", str(pki.server_key), "--tls-client-ca", str(pki.ca),
+                         "--tls-min-version", "TLSv1.3", "--metrics-listen", metrics)
+    rogue_key = _key()
+    rogue = _cert(_name("rogue"), rogue_key, _name("rogue"), rogue_key, ca=False)
+    rogue_ctx = ssl.create_default_context(cafile=str(pki.ca))
+    rogue_ctx.load_cert_chain(_write(tmp_path / "rogue.pem", rogue),
+                              _write(tmp_path / "rogue.key", key=rogue_key))
+    old = ssl.create_default_context(cafile=str(pki.ca))
+    old.maximum_version = ssl.TLSVersion.TLSv1_2
+    no_cert = ssl.create_default_context(cafile=str(pki.ca))
+    host, port = proxy.bootstrap.rsplit(":", 1)
+    try:
+        for ctx in (no_cert, no_cert, rogue_ctx, old, None):
+            _refused_handshake(host, int(port), ctx)
+        expected = {"PEER_DID_NOT_RETURN_A_CERTIFICATE": 2.0,
+                    "CERTIFICATE_VERIFY_FAILED": 1.0, "UNSUPPORTED_PROTOCOL": 1.0,
+                    "WRONG_VERSION_NUMBER": 1.0}
+        deadline = time.monotonic() + 10
+        while _tls_failures(metrics) != expected and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert _tls_failures(metrics) == expected
+        deadline = time.monotonic() + 5
+        while sum("TLS handshake was refused" in line for line in proxy.lines) < 4 \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)  # the log is read by a thread
+        refused = [line for line in proxy.lines if "TLS handshake was refused" in line]
+        assert len(refused) == 4, refused  # the second missing certificate held back
+        for words in ("the client sent no certificate, and tls.client_ca requires one",
+                      "does not verify against tls.client_ca: self-signed certificate",
+                      "offers only TLS versions below tls.min_version",
+                      "does not speak TLS"):
+            assert any(words in line and "WARNING" in line for line in refused), refused
+        # A client with a good certificate is still served.
+        got = _roundtrip(proxy.bootstrap, f"tls-{uuid.uuid4().hex[:8]}", n=3,
+                         **_tls_client_conf(pki, cert=True))
+        assert len(got) == 3
+    finally:
+        assert proxy.stop() == 0
+
+
 # ---------------------------------------------------------------------- upstream TLS
 
 
