@@ -414,10 +414,11 @@ class AnswerSide:
         # A broker closes the connection of a failed SASL login, which was logged (once
         # per client and interval) already: a client retrying would repeat this line.
         quiet = logging.DEBUG if self.sasl.failed else logging.INFO
+        owed = len(self._slots)  # a WARNING when requests were left unanswered: said so
         log.log(logging.WARNING if broken else quiet,
-                "upstream %s %s; closing client %s (client_id %r)",
+                "upstream %s %s; closing client %s (client_id %r)%s",
                 self._upstream_name(), reason, self.client_address, self.client_id,
-                extra=self.log_context)
+                f", {owed} of its requests unanswered" if owed else "", extra=self.log_context)
 
     def _upstream_name(self) -> str:
         if self.upstream_address is None:

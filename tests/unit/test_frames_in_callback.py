@@ -334,3 +334,21 @@ async def test_a_bad_request_met_in_the_callback_is_still_reported_when_reading_
             await asyncio.wait_for(asyncio.shield(conn._read_task), 5)
     warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warned) == 1 and warned[0].startswith("closing client"), warned
+
+
+async def test_a_broker_closing_with_requests_owed_says_how_many(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Closed with requests unanswered, a broker connection is a WARNING that says how many
+    (an INFO without, the same words otherwise): the two levels of one broker's failure
+    read differently."""
+    caplog.set_level(logging.INFO, "kiproxy")
+    async with _connection() as (_, client, broker, _returns):
+        await _produce_forwarded(client, broker, 5)
+        await _produce_forwarded(client, broker, 6)
+        broker.shutdown(socket.SHUT_RDWR)
+        assert await asyncio.to_thread(closed_by_peer, client, 5)
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if "closed the connection" in r.getMessage()]
+    assert lines == [(logging.WARNING, "upstream broker closed the connection; closing "
+                      "client 127.0.0.1:1 (client_id 'unit'), 2 of its requests "
+                      "unanswered")], caplog.text
