@@ -603,6 +603,7 @@ class ProxyServer:
         deadline = time.monotonic() + grace
         while any(not c.idle for c in self.connections) and time.monotonic() < deadline:
             await asyncio.sleep(0.02)
+        _report_abandoned([c for c in self.connections if not c.idle], grace)
         await asyncio.gather(*(c.close() for c in list(self.connections)),
                              return_exceptions=True)
         for server in self._servers.values():
@@ -618,6 +619,19 @@ class ProxyServer:
         if self._health is not None:
             await self._health.stop()
         log.info("kiproxy stopped")
+
+
+def _report_abandoned(busy: list[ClientConnection], grace: float) -> None:
+    """One WARNING for the requests a shutdown closes unanswered once its grace ran out
+    (their producers retry them elsewhere, or report them failed)."""
+    if not busy:
+        return
+    named = ", ".join(f"{c.client_address} (client_id {c.client_id!r}, {c.owed})"
+                      for c in busy[:5])
+    more = f" and {len(busy) - 5} more" if len(busy) > 5 else ""
+    log.warning("shutdown grace of %d ms ran out: closing %d client connection(s) with %d "
+                "request(s) unanswered: %s%s", grace * 1000, len(busy),
+                sum(c.owed for c in busy), named, more)
 
 
 async def _post_reload(host: str, port: int, authorization: str | None) -> dict[str, Any]:

@@ -791,6 +791,11 @@ def test_sigterm_exits_zero_within_grace(broker: EmbeddedBroker, tmp_path: Path)
     while "kiproxy stopped" not in proxy.log and time.monotonic() < deadline:
         time.sleep(0.05)
     assert "kiproxy stopped" in proxy.log
+    # What the grace's end dropped is said: the slow Fetch's client, and no other.
+    abandoned = [line for line in proxy.lines if "shutdown grace" in line]
+    assert len(abandoned) == 1 and "WARNING" in abandoned[0], proxy.log
+    assert ("shutdown grace of 3000 ms ran out: closing 1 client connection(s) with 1 "
+            "request(s) unanswered: 127.0.0.1:") in abandoned[0], abandoned
 
 
 def test_sigterm_waits_for_a_request_inside_the_interceptor(
@@ -821,6 +826,7 @@ def test_sigterm_waits_for_a_request_inside_the_interceptor(
         proxy.stop()
     assert delivered == [None], f"delivery: {delivered}\n{proxy.log}"
     assert code == 0, proxy.log
+    assert "shutdown grace" not in proxy.log  # nothing was left unanswered
     assert [m.value() for m in consume(broker.bootstrap, topic, 1)] == [b"in the interceptor"]
 
 
