@@ -58,6 +58,12 @@ def test_the_sidecar_has_probes_resources_and_a_locked_down_context() -> None:
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/livez"
     assert sidecar["startupProbe"]["httpGet"]["path"] in ("/healthz", "/livez")
+    # A proxy slow to answer under load (the probes share its event loop) is not
+    # restarted by the kubelet's 1 s default timeout: 5 s, and a minute of failures.
+    liveness = sidecar["livenessProbe"]
+    assert liveness["timeoutSeconds"] >= 5, liveness
+    assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60, liveness
+    assert sidecar["readinessProbe"]["timeoutSeconds"] >= 5
     assert {"cpu", "memory"} <= set(sidecar["resources"]["requests"])
     assert "memory" in sidecar["resources"]["limits"]
     context = sidecar["securityContext"]
