@@ -54,8 +54,9 @@ class DevSettings(BaseModel):
     127.0.0.1, from --kafka-home)."""
     broker_port: Annotated[int | None, Flag(metavar="PORT")] = Field(default=None, ge=1,
                                                                      le=65535)
-    """With --broker tansu: the broker's own port on 127.0.0.1, for clients that bypass
-    the proxy (default: a free one)."""
+    """The broker's own port on 127.0.0.1, for clients that bypass the proxy (default: a
+    free one); with --broker kafka the first broker's, node N on PORT + N - 1 (the
+    controller on a free port)."""
     kafka_home: Annotated[Path | None, Flag(metavar="DIR")] = None
     """With --broker kafka: an unpacked Apache Kafka 4 distribution, or the folder `make
     kafka` prints (when not given: $KIPROXY_KAFKA_HOME, then the newest `make kafka`
@@ -89,9 +90,9 @@ class DevSettings(BaseModel):
             raise ValueError("--registry-jar and --registry-port need --registry")
         if self.broker != "kafka" and given & {"kafka_home", "kafka_nodes"}:
             raise ValueError("--kafka-home and --kafka-nodes need --broker kafka")
-        if self.broker == "kafka" and self.broker_port is not None:
-            raise ValueError("--broker-port is for --broker tansu (Apache Kafka's ports are "
-                             "chosen by the launcher)")
+        if self.broker == "kafka" and (self.broker_port or 0) + self.kafka_nodes - 1 > 65535:
+            raise ValueError(f"--broker-port {self.broker_port} leaves no port for node "
+                             f"{self.kafka_nodes} (PORT + N - 1 is at most 65535)")
         return self
 
 
@@ -281,7 +282,9 @@ def _dev_kafka(config: ProxyConfig, config_file: str | None, overrides: dict[str
               "with --kafka-home (or set KIPROXY_KAFKA_HOME)", file=sys.stderr)
         return 1
     try:
-        cluster = KafkaCluster(home, nodes=nodes)
+        port = settings.broker_port
+        cluster = KafkaCluster(home, nodes=nodes, broker_ports=None if port is None
+                               else [port + i for i in range(nodes)])
         log.info("starting Apache Kafka %s (%d broker(s) and a controller) from %s",
                  cluster.kafka_version, nodes, home)
         cluster.start()

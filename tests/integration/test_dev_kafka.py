@@ -46,9 +46,10 @@ def _workdir(lines: list[str]) -> str:
 
 def test_dev_with_apache_kafka_serves_transforms_and_stops_every_jvm_on_ctrl_c() -> None:
     home = kafka_home_or_skip()
-    listen = free_port()
+    listen, direct = free_port(), free_port()
     with running_dev("--broker", "kafka", "--kafka-home", str(home), "--listen",
-                     f"127.0.0.1:{listen}", "--interceptor", "uppercase") as dev:
+                     f"127.0.0.1:{listen}", "--broker-port", str(direct),
+                     "--interceptor", "uppercase") as dev:
         dev.wait_bootstrap(150)
         assert [ln for ln in dev.lines if "bootstrap address" in ln] == [
             f"kiproxy: bootstrap address 127.0.0.1:{listen}"]
@@ -64,6 +65,9 @@ def test_dev_with_apache_kafka_serves_transforms_and_stops_every_jvm_on_ctrl_c()
         assert producer.flush(30) == 0
         got = consume(f"127.0.0.1:{listen}", topic, 1)
         assert [(m.key(), m.value()) for m in got] == [(b"k", b"THROUGH KAFKA")]
+        # --broker-port pins the broker's own port: read there, past the proxy.
+        got = consume(f"127.0.0.1:{direct}", topic, 1)
+        assert [m.value() for m in got] == [b"THROUGH KAFKA"]
 
         dev.interrupt()  # Ctrl-C in a terminal
         assert dev.process.wait(60) == 0, dev.output

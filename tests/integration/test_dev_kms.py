@@ -74,13 +74,13 @@ def test_kms_flags_without_kms_are_one_line() -> None:
         "kiproxy: config error: --kms-port and --kms-key need --kms")
 
 
-def test_broker_port_with_apache_kafka_is_one_line() -> None:
-    proc = popen_dev("--broker", "kafka", "--broker-port", "19092")
+def test_a_broker_port_leaving_no_room_for_the_kafka_nodes_is_one_line() -> None:
+    proc = popen_dev("--broker", "kafka", "--kafka-nodes", "3", "--broker-port", "65534")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 2
     assert out.strip().splitlines()[-1] == (
-        "kiproxy: config error: --broker-port is for --broker tansu (Apache Kafka's ports "
-        "are chosen by the launcher)")
+        "kiproxy: config error: --broker-port 65534 leaves no port for node 3 (PORT + N - 1 "
+        "is at most 65535)")
 
 
 def test_kms_without_moto_names_the_extra_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
