@@ -162,7 +162,7 @@ def _shown(value: Any) -> str:
     if value is None:
         return "null (an empty value)"
     if isinstance(value, dict):
-        return "a mapping"
+        return "a mapping" if value else "an empty mapping"
     if isinstance(value, list | tuple):
         return "a list" if value else "an empty list"
     return repr(value)
@@ -250,6 +250,12 @@ def _problem(model: type[BaseModel], item: ErrorDetails) -> str:
         return f"expected {ctx.get('expected')}, got {_shown(given)}"
     if kind == "missing":
         return "required key is missing"
+    if kind == "string_too_short":
+        least = ctx.get("min_length")
+        return ("must not be empty" if least == 1
+                else f"needs at least {least} characters, got {_shown(given)}")
+    if kind == "string_too_long":
+        return f"takes at most {ctx.get('max_length')} characters, got {len(str(given))}"
     if kind == "too_short":
         return f"needs at least {ctx.get('min_length')} item(s), got {_shown(given)}"
     if kind == "too_long":

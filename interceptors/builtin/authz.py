@@ -77,7 +77,7 @@ kept as its SHA-256 digest."""
 class HeaderTokenAuthorizerSettings(PluginSettings):
     """Settings of ``header_token_authorizer``."""
 
-    header: str = "kiproxy-token"
+    header: str = Field(default="kiproxy-token", min_length=1)
     """The header that carries the token."""
     tokens: dict[str, Annotated[tuple[TokenDigest, ...], BeforeValidator(_listed),
                                 Field(min_length=1)]] = Field(min_length=1)

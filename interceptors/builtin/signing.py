@@ -50,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Generic, Literal, TypeVar
@@ -72,6 +73,8 @@ __all__ = ["Secret", "SignatureVerifier", "SignatureVerifierSettings", "Signer",
 
 _PREFIX = b"kiproxy-sig-v1\n"
 _NULL = b"\xff\xff\xff\xff"
+_HEX_DIGEST = re.compile(rb"[0-9a-f]{64}")
+"""The digest of a v1 signature: HMAC-SHA256 in lower-case hex, as :func:`signature` writes it."""
 
 
 def resolve_secret(value: Any, where: str = "") -> bytes:
@@ -142,7 +145,7 @@ class _SigningSettings(PluginSettings):
 
     keys: dict[str, Secret] = Field(min_length=1)
     """Key id -> secret: a literal string, ``{env: NAME}`` or ``{file: PATH}``."""
-    header: str = "kiproxy-signature"
+    header: str = Field(default="kiproxy-signature", min_length=1)
     """The header the signature is in."""
     headers: list[str] = Field(default_factory=list)
     """Header names the signature covers, in this order."""
@@ -297,7 +300,7 @@ class SignatureVerifier(_Signing[SignatureVerifierSettings]):
             return f"has {len(values)} {self.header} headers (exactly one is allowed)"
         value = values[0] or b""
         parts = value.split(b":")
-        if len(parts) != 3 or parts[0] != b"v1":
+        if len(parts) != 3 or parts[0] != b"v1" or not _HEX_DIGEST.fullmatch(parts[2]):
             return f"{self.header} is not v1:<key id>:<hex digest>"
         key_id = parts[1].decode(errors="replace")
         secret = self.keys.get(key_id)

@@ -33,6 +33,8 @@ import random
 import re
 from typing import Literal
 
+from pydantic import Field
+
 from kiproxy.interceptors import (
     Header,
     InterceptContext,
@@ -70,7 +72,7 @@ def traceparent_problem(value: bytes | None) -> str | None:
 class TraceContextSettings(PluginSettings):
     """Settings of ``trace_context``."""
 
-    header: str = "traceparent"
+    header: str = Field(default="traceparent", min_length=1)
     """The header that carries the trace context."""
     sampled: bool = True
     """The trace-flags of a new traceparent: ``01`` (sampled), or ``00`` with false."""

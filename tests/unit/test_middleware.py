@@ -256,6 +256,11 @@ def test_signature_matches_the_documented_hmac() -> None:
     (lambda r: r.with_headers([*r.headers[:-1], Header("kiproxy-signature",
                                                         b"v1:k9:" + b"0" * 64)]),
      "unknown key id 'k9'"),
+    # a digest that is not 64 hex digits is malformed, not a mismatch
+    (lambda r: r.with_headers([*r.headers[:-1], Header("kiproxy-signature", b"v1:k1:zz")]),
+     "is not v1:<key id>:<hex digest>"),
+    (lambda r: r.with_headers([*r.headers[:-1], Header("kiproxy-signature", b"v1:k1:0000")]),
+     "is not v1:<key id>:<hex digest>"),
 ])
 def test_the_verifier_rejects_tampered_or_unsigned_records(tamper: Any, problem: str) -> None:
     signed = run(signer(headers=["h"]), batch(rec(), rec(b"other")))
@@ -370,6 +375,8 @@ def test_records_without_a_valid_token_reject_the_batch() -> None:
     ({}, "tokens: required key is missing"),
     ({"tokens": {"t": "sha256:abc"}}, "tokens.t[0]: a sha256: token needs 64 hex digits"),
     ({"tokens": {"t": []}}, "tokens.t: needs at least 1 item(s), got an empty list"),
+    ({"tokens": {}}, "tokens: needs at least 1 item(s), got an empty mapping"),
+    ({"tokens": {"t": "x"}, "header": ""}, "header: must not be empty"),
     ({"tokens": {"t": "x"}, "unlisted": "maybe"},
      "unlisted: expected 'deny' or 'allow', got 'maybe'"),
 ])
@@ -629,3 +636,14 @@ async def test_chain_names_a_link_that_breaks_the_record_count_rule(tmp_path: Pa
 def test_chain_config_errors_name_the_link(config: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
         Chain().configure(config)
+
+
+@pytest.mark.parametrize(("plugin", "config", "message"), [
+    (PaperTrail, {"cluster": ""}, "cluster: must not be empty"),
+    (TraceContext, {"header": ""}, "header: must not be empty"),
+    (Signer, {"keys": {}}, "keys: needs at least 1 item(s), got an empty mapping"),
+])
+def test_empty_names_and_mappings_are_refused_in_the_settings_words(
+        plugin: Any, config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        plugin().configure(config)
