@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import logging
 import os
-import socket
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +32,7 @@ from kiproxy.proxy.serve import serve_until_stopped
 from kiproxy_dev.apicurio import ApicurioRegistry, RegistryLaunchError, find_registry_jar
 from kiproxy_dev.kafka_cluster import KafkaCluster, KafkaClusterError, find_kafka_home
 from kiproxy_dev.kms import KmsLaunchError, LocalKms, export_credentials
+from kiproxy_dev.processes import bind_problem
 from kiproxy_dev.tansu import BrokerBinaryMissing, BrokerPortTaken, EmbeddedBroker
 
 log = logging.getLogger("kiproxy")
@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any],
          settings: DevSettings) -> int:
-    taken = listen_taken(config.listen)
+    host, port = parse_host_port(config.listen, "listen")
+    taken = bind_problem(port, host)
     if taken is not None:  # said before the brokers, registry and KMS take their seconds
         print(f"kiproxy: cannot listen on {config.listen} (--listen): {taken}; nothing was "
               "started", file=sys.stderr)
@@ -138,21 +139,6 @@ def _dev(config: ProxyConfig, config_file: str | None, overrides: dict[str, Any]
     except KmsLaunchError as exc:
         print(f"kiproxy: {exc}", file=sys.stderr)
         return 1
-
-
-def listen_taken(listen: str) -> str | None:
-    """Why the proxy could not bind ``listen`` now (the port is taken, the address is not
-    this host's), or None: bound and let go at once, as the proxy binds it."""
-    host, port = parse_host_port(listen, "listen")
-    try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
-        with socket.socket(family, kind, proto) as probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            probe.bind(address)
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    return None
 
 
 def kms_endpoint_problems(config: ProxyConfig, url: str) -> list[str]:

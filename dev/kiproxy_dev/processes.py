@@ -23,8 +23,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HOST", "end_process", "ended_with_parent", "free_ports", "port_free", "register",
-           "signal_group", "stop_process", "tail"]
+__all__ = ["HOST", "bind_problem", "end_process", "ended_with_parent", "free_ports", "port_free",
+           "register", "signal_group", "stop_process", "tail"]
 
 HOST = "127.0.0.1"
 LOG_TAIL_LINES = 40
@@ -107,14 +107,22 @@ def tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
 
 def port_free(port: int, host: str = HOST) -> bool:
     """Whether nothing listens on ``host``:``port`` (127.0.0.1 by default)."""
-    # SO_REUSEADDR as Java sets it, so only a listening socket counts as taken.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
+    return bind_problem(port, host) is None
+
+
+def bind_problem(port: int, host: str = HOST) -> str | None:
+    """Why a server could not listen on ``host``:``port`` now (``Address already in use``,
+    an address that is not this host's), or None: bound and let go at once."""
+    # SO_REUSEADDR as servers (Java, the proxy) set it: only a listening socket is taken.
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+        with socket.socket(family, kind, proto) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(address)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return None
 
 
 def free_ports(n: int) -> list[int]:
