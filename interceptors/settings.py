@@ -254,8 +254,6 @@ def _problem(model: type[BaseModel], item: ErrorDetails) -> str:
         least = ctx.get("min_length")
         return ("must not be empty" if least == 1
                 else f"needs at least {least} characters, got {_shown(given)}")
-    if kind == "string_too_long":
-        return f"takes at most {ctx.get('max_length')} characters, got {len(str(given))}"
     if kind == "too_short":
         return f"needs at least {ctx.get('min_length')} item(s), got {_shown(given)}"
     if kind == "too_long":

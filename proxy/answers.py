@@ -408,13 +408,13 @@ class AnswerSide:
         if self._closed or self._upstream_reported:
             return
         self._upstream_reported = True
-        broken = reason != "closed the connection" or bool(self._slots)
+        owed = len(self._slots)
+        broken = reason != "closed the connection" or owed > 0  # a WARNING, saying so
         if broken and self._services.metrics is not None:
             self._services.metrics.upstream_errors.labels("broken").inc()
         # A broker closes the connection of a failed SASL login, which was logged (once
         # per client and interval) already: a client retrying would repeat this line.
         quiet = logging.DEBUG if self.sasl.failed else logging.INFO
-        owed = len(self._slots)  # a WARNING when requests were left unanswered: said so
         log.log(logging.WARNING if broken else quiet,
                 "upstream %s %s; closing client %s (client_id %r)%s",
                 self._upstream_name(), reason, self.client_address, self.client_id,

@@ -185,14 +185,14 @@ class ClientConnection(AnswerSide):
         raise last
 
     @property
-    def idle(self) -> bool:
-        """No response is owed to the client and no request is being handled."""
-        return not self._slots and not self._handling and self._rest is None
-
-    @property
     def owed(self) -> int:
         """Requests of the client not answered yet (sent on, or still being handled)."""
         return len(self._slots) + int(self._handling or self._rest is not None)
+
+    @property
+    def idle(self) -> bool:
+        """No response is owed to the client and no request is being handled."""
+        return not self.owed
 
     async def stop_reading(self) -> None:
         """Stop reading new requests; the connection closes once owed responses are sent."""
