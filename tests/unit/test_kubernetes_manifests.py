@@ -64,6 +64,7 @@ def test_the_sidecar_has_probes_resources_and_a_locked_down_context() -> None:
     assert liveness["timeoutSeconds"] >= 5, liveness
     assert liveness["periodSeconds"] * liveness["failureThreshold"] >= 60, liveness
     assert sidecar["readinessProbe"]["timeoutSeconds"] >= 5
+    assert sidecar["startupProbe"]["timeoutSeconds"] >= 5
     assert {"cpu", "memory"} <= set(sidecar["resources"]["requests"])
     assert "memory" in sidecar["resources"]["limits"]
     context = sidecar["securityContext"]
