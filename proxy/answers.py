@@ -54,7 +54,7 @@ from kiproxy.interceptors.errors import error_name
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.interceptors.observer import PartitionSummary, RequestInfo, ResponseInfo
 from kiproxy.protocol.errors import ProtocolError
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
 from kiproxy.proxy.net.frame_stream import Frame, FramePieces, FrameStream
 from kiproxy.proxy.net.sasl import SaslTracker
 
@@ -415,10 +415,15 @@ class AnswerSide:
         # A broker closes the connection of a failed SASL login, which was logged (once
         # per client and interval) already: a client retrying would repeat this line.
         quiet = logging.DEBUG if self.sasl.failed else logging.INFO
-        log.log(logging.WARNING if broken else quiet,
-                "upstream %s %s; closing client %s (client_id %r)%s",
-                self._upstream_name(), reason, self.client_address, self.client_id,
-                f", {owed} of its requests unanswered" if owed else "", extra=self.log_context)
+        args = (self._upstream_name(), reason, self.client_address, self.client_id,
+                f", {owed} of its requests unanswered" if owed else "")
+        if broken:  # one line per broker and reason per interval: clients reconnect at once
+            self._services.upstreams.lost.warning(
+                (args[0], reason), "upstream %s %s; closing client %s (client_id %r)%s",
+                *args, more=MORE_IN_INTERVAL, extra=self.log_context)
+        else:
+            log.log(quiet, "upstream %s %s; closing client %s (client_id %r)%s", *args,
+                    extra=self.log_context)
 
     def _upstream_name(self) -> str:
         if self.upstream_address is None:

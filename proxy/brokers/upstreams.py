@@ -12,10 +12,12 @@ connection itself.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 from collections.abc import Callable
 from typing import TypeVar
 
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.proxy.brokers.failures import UpstreamFailureLog
 from kiproxy.proxy.brokers.nodes import NodeRegistry
 
@@ -37,6 +39,10 @@ class Upstreams:
         self._tls = tls
         self.failures = UpstreamFailureLog()
         """Client connections that could not reach a broker, logged once per interval."""
+        self.lost = RateLimitedLog(logging.getLogger("kiproxy.connection"))
+        """Broker connections lost with answers owed (a WARNING each): one line per broker
+        and reason per interval, so a broker that closes every connection a client
+        opens costs a line every 10 s, not one per reconnect."""
 
     def bootstrap_candidates(self) -> list[tuple[str, int]]:
         """Upstream bootstrap servers, then every node seen, in the order to try them."""

@@ -103,7 +103,7 @@ class Settler:
             where = f"{topic}[{r.partition}]"
             if r.fault is None:
                 self.verdict_log.policy(Subject(where, who.client_address, who.client_id,
-                                                client.log_context, r.route),
+                                                client.log_context, r.route, r.link),
                                         r.error_code, r.message)
             else:
                 extra = {**client.log_context, "topic": topic, "partition": r.partition}
@@ -132,7 +132,8 @@ class Settler:
         self.verdict_log.observed(
             Subject(f"{job.topic}[{job.partition}]", who.client_address, who.client_id,
                     job.client.log_context, route, seen.link),
-            "rejected" if rejected else "transformed", detail)
+            "rejected" if rejected else "transformed", detail,
+            route_observes=job.chain.route.observe)
         self._copy(job, seen)
 
     def _copy(self, job: PartitionJob, refused: Rejection | Observation) -> None:

@@ -199,7 +199,8 @@ def test_observe_mode_stores_what_it_would_refuse_and_says_why(
                            and "records say bad" in e["observed_error_message"]
                            for e in refused)
     # One line per route, link and outcome per 10 s: the first of the two topics logs it.
-    assert any("would have rejected" in x and "on route watch" in x for x in proxy.lines)
+    assert any("would have rejected" in x and "on route watch" in x
+               and "(observe mode: forwarded as received)" in x for x in proxy.lines)
 
 
 @pytest.mark.parametrize("transactional", [False, True])
@@ -234,6 +235,10 @@ def test_a_link_in_observe_mode_hands_on_the_batch_it_was_given(
     [event] = audit_events(audit, "three-links", 1)
     assert (event["outcome"], event["observed_outcome"], event["observed_link"]) == (
         "transformed", "rejected", RULE)
+    # The log says what happened to the batch: the other links' verdicts stood.
+    [line] = [x for x in proxy.lines if "would have rejected three-links[0]" in x]
+    assert f"on route three, link {RULE} (link in observe mode: its verdict not " \
+           "applied)" in line and "forwarded as received" not in line
 
 
 def test_refused_records_are_copied_to_the_dead_letter_topic(

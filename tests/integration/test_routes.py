@@ -157,7 +157,7 @@ def test_three_producers_with_different_client_ids_get_different_chains(
     assert [(e["route"], e["outcome"]) for e in events] == [
         ("shout", "transformed"), ("refuse", "rejected"), (None, "forwarded")]
     line = next(x for x in proxy.lines if f"rejected {topic}[0]" in x)
-    assert "on route refuse: error 44: blocked by route" in line
+    assert "on route refuse, link tp_reject:Reject: error 44: blocked by route" in line
 
     text = scrape(metrics)
     assert metric(text, "kiproxy_route_records_total", route="shout",

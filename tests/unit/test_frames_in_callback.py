@@ -23,6 +23,7 @@ from hardening.raw_kafka import closed_by_peer, recv_frame
 
 from kiproxy.interceptors.identity import ClientIdentity
 from kiproxy.protocol.framing import encode_request_header
+from kiproxy.protocol.log_limit import RateLimitedLog
 from kiproxy.protocol.messages import ApiKey
 from kiproxy.proxy.config.model import ProxyConfig
 from kiproxy.proxy.connection import ClientConnection
@@ -59,13 +60,15 @@ def _count_returns(stream: FrameStream, name: str, returns: dict[str, int]) -> N
 
 
 @asynccontextmanager
-async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
+async def _connection(server: ProxyServer | None = None, port: int = 1
+                      ) -> AsyncIterator[tuple[ClientConnection, socket.socket,
                                                socket.socket, dict[str, int]]]:
-    """A connection whose client and broker are the far ends of two socket pairs, its
-    reader and its answer reader running; the last item counts the times each of them
-    was woken with frames (``client``, ``broker``)."""
+    """A connection (of ``server``'s, else a new one's; from client port ``port``) whose
+    client and broker are the far ends of two socket pairs, its reader and its answer
+    reader running; the last item counts the times each of them was woken with frames
+    (``client``, ``broker``)."""
     loop = asyncio.get_running_loop()
-    server = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
+    server = server or ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
     client_ours, client = socket.socketpair()
     broker_ours, broker = socket.socketpair()
     for s in (client, broker):
@@ -74,7 +77,7 @@ async def _connection() -> AsyncIterator[tuple[ClientConnection, socket.socket,
     transports = [(await loop.connect_accepted_socket(lambda: client_stream, client_ours))[0],
                   (await loop.connect_accepted_socket(lambda: upstream, broker_ours))[0]]
     conn = ClientConnection(server.services, client_stream, None,
-                            ClientIdentity(client_host="127.0.0.1", client_port=1))
+                            ClientIdentity(client_host="127.0.0.1", client_port=port))
     returns = {"client": 0, "broker": 0}
     _count_returns(client_stream, "client", returns)
     _count_returns(upstream, "broker", returns)
@@ -352,3 +355,28 @@ async def test_a_broker_closing_with_requests_owed_says_how_many(
     assert lines == [(logging.WARNING, "upstream broker closed the connection; closing "
                       "client 127.0.0.1:1 (client_id 'unit'), 2 of its requests "
                       "unanswered")], caplog.text
+
+
+async def test_a_broker_closing_every_connection_costs_a_line_per_interval(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Clients reconnecting at once to a broker that closes each connection with answers
+    owed: the first is a WARNING, the others are counted in one line once the interval
+    has passed (not a line per reconnect)."""
+    caplog.set_level(logging.INFO, "kiproxy")
+    server = ProxyServer(ProxyConfig(upstream=["127.0.0.1:9"]))
+    upstreams = server.services.upstreams
+    upstreams.lost = RateLimitedLog(upstreams.lost.logger, 0.1, clock=lambda: 0.0)
+    for port in (1, 2, 3):
+        async with _connection(server, port) as (_, client, broker, _returns):
+            await _produce_forwarded(client, broker, 5)
+            broker.shutdown(socket.SHUT_RDWR)
+            assert await asyncio.to_thread(closed_by_peer, client, 5)
+    await asyncio.sleep(0.3)  # past the summary's time
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records
+             if "closed the connection" in r.getMessage()]
+    assert lines == [
+        (logging.WARNING, "upstream broker closed the connection; closing client "
+         "127.0.0.1:1 (client_id 'unit'), 1 of its requests unanswered"),
+        (logging.WARNING, "2 more like it in the last 0.1 s not logged; the last: upstream "
+         "broker closed the connection; closing client 127.0.0.1:3 (client_id 'unit'), 1 of "
+         "its requests unanswered")], caplog.text

@@ -27,7 +27,7 @@ from kiproxy.interceptors.verdict import (
     judge,
     judge_sync,
 )
-from kiproxy.proxy.observe.verdict_log import VerdictLog
+from kiproxy.proxy.observe.verdict_log import Subject, VerdictLog
 
 BATCH = RecordBatch(topic="t", partition=0, records=tuple(
     Record(value=b"v%d" % i, timestamp=10 + i, offset_delta=i) for i in range(2)))
@@ -195,8 +195,8 @@ async def test_faults_held_back_are_summarized_without_waiting_for_another(
     assert _warnings(caplog) == [
         "rejected rawlist[0] from 127.0.0.1:1 (client_id 'c'): interceptor p returned list, "
         "not a RecordBatch",
-        "1 more like it in the last 0 s not logged; the last: none[0] from 127.0.0.1:2 "
-        "(client_id 'd'): interceptor p returned NoneType, not a RecordBatch",
+        "1 more like it in the last 0.05 s not logged; the last: rejected none[0] from "
+        "127.0.0.1:2 (client_id 'd'): interceptor p returned NoneType, not a RecordBatch",
         "rejected none[1] from 127.0.0.1:2 (client_id 'd'): interceptor p returned NoneType, "
         "not a RecordBatch",
     ]
@@ -219,8 +219,8 @@ async def test_policy_rejections_name_each_client_and_what_was_held_back_is_summ
         f"rejected t[0] from 127.0.0.1:{port} (client_id '{client}'): error 44: "
         "1 record(s) lack 'id'"
         for client, port in (("rdkafka", 1), ("kafka-python", 2), ("aiokafka", 3))] + [
-        "1 more like it in the last 0 s not logged; the last: t[0] from 127.0.0.1:3 "
-        "(client_id 'aiokafka'): error 44: 1 record(s) lack 'id'"]
+        "1 more like it in the last 0.05 s not logged; the last: rejected t[0] from "
+        "127.0.0.1:3 (client_id 'aiokafka'): error 44: 1 record(s) lack 'id'"]
 
 
 async def test_a_line_written_for_the_key_cancels_its_summary(
@@ -243,7 +243,7 @@ async def test_a_line_written_for_the_key_cancels_its_summary(
         "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
         "not a RecordBatch",
         "rejected t[0] from a (client_id 'c'): interceptor p returned NoneType, "
-        "not a RecordBatch (1 more like it in the last 0 s not logged)",
+        "not a RecordBatch (1 more like it in the last 0.1 s not logged)",
     ]
 
 
@@ -424,3 +424,30 @@ def test_a_fault_naming_no_link_is_rate_limited_per_route(
             log.fault(Subject("t[0]", "127.0.0.1:5", None, None, route, None), "encode",
                       "returned records that cannot be encoded")
     assert [getattr(r, "route", None) for r in caplog.records] == ["alice", "bob"]
+
+
+def test_a_policy_line_names_the_link_that_refused_and_an_observe_line_what_was_done(
+        caplog: pytest.LogCaptureFixture) -> None:
+    log = VerdictLog(logging.getLogger("kiproxy.test.verdicts"))
+    with caplog.at_level(logging.INFO, "kiproxy.test.verdicts"):
+        log.policy(Subject("t[0]", "10.0.0.7:1", "app", None, "orders", "pii:Mask"), 44,
+                   "no PII")
+        log.policy(Subject("t[1]", "10.0.0.7:1", "app", None, None, "pii:Mask"), 44,
+                   "no PII")  # the interceptor: shorthand names no route and no link
+        log.policy(Subject("t[2]", "10.0.0.7:1", "app", None, "orders", None), 87,
+                   "undecodable")  # the proxy's own refusal names no link
+        for route_observes in (True, False):
+            log.observed(Subject("t[3]", "10.0.0.7:1", "app", None, "r", "p:P"),
+                         "rejected" if route_observes else "transformed", "",
+                         route_observes=route_observes)
+    assert [r.getMessage() for r in caplog.records] == [
+        "rejected t[0] from 10.0.0.7:1 (client_id 'app') on route orders, link pii:Mask: "
+        "error 44: no PII",
+        "rejected t[1] from 10.0.0.7:1 (client_id 'app'): error 44: no PII",
+        "rejected t[2] from 10.0.0.7:1 (client_id 'app') on route orders: error 87: "
+        "undecodable",
+        "would have rejected t[3] from 10.0.0.7:1 (client_id 'app') on route r, link p:P "
+        "(observe mode: forwarded as received)",
+        "would have transformed t[3] from 10.0.0.7:1 (client_id 'app') on route r, link p:P "
+        "(link in observe mode: its verdict not applied)",
+    ]
