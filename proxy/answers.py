@@ -415,15 +415,15 @@ class AnswerSide:
         # A broker closes the connection of a failed SASL login, which was logged (once
         # per client and interval) already: a client retrying would repeat this line.
         quiet = logging.DEBUG if self.sasl.failed else logging.INFO
-        args = (self._upstream_name(), reason, self.client_address, self.client_id,
+        upstream = self._upstream_name()
+        line = ("upstream %s %s; closing client %s (client_id %r)%s", upstream, reason,
+                self.client_address, self.client_id,
                 f", {owed} of its requests unanswered" if owed else "")
         if broken:  # one line per broker and reason per interval: clients reconnect at once
-            self._services.upstreams.lost.warning(
-                (args[0], reason), "upstream %s %s; closing client %s (client_id %r)%s",
-                *args, more=MORE_IN_INTERVAL, extra=self.log_context)
+            self._services.upstreams.lost.warning((upstream, reason), *line,
+                                                  more=MORE_IN_INTERVAL, extra=self.log_context)
         else:
-            log.log(quiet, "upstream %s %s; closing client %s (client_id %r)%s", *args,
-                    extra=self.log_context)
+            log.log(quiet, *line, extra=self.log_context)
 
     def _upstream_name(self) -> str:
         if self.upstream_address is None:
