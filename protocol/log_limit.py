@@ -29,12 +29,16 @@ import math
 import time
 from collections.abc import Callable, Hashable, Mapping
 
-__all__ = ["MORE_IN_INTERVAL", "SUMMARY", "RateLimitedLog"]
+__all__ = ["MORE_IN_INTERVAL", "MORE_LIKE_IT", "SUMMARY", "RateLimitedLog"]
 
 MORE_IN_INTERVAL = " ({count} more in the last {interval:g} s)"
 """The usual ``more`` of :meth:`RateLimitedLog.warning`: how many lines were held back."""
 
-SUMMARY = "{count} more like it in the last {interval:g} s not logged; the last: "
+MORE_LIKE_IT = " ({count} more like it in the last {interval:g} s not logged)"
+"""A ``more`` for lines whose text differs from one to the next (another client, another
+topic-partition): the count is of lines *like* the one it ends."""
+
+SUMMARY = MORE_LIKE_IT[2:-1] + "; the last: "
 """What starts the line that counts lines held back when no other line came to count
 them; the last one's text follows."""
 

@@ -37,7 +37,7 @@ from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 
 from kiproxy.interceptors.verdict import Rejected
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_LIKE_IT, RateLimitedLog
 
 __all__ = ["WARNING_INTERVAL", "Subject", "VerdictLog"]
 
@@ -60,9 +60,6 @@ class Subject:
     """The route (None for the ``interceptor:`` shorthand, whose lines name none)."""
     link: str | None = None
     """The link whose verdict it is (a fault's plugin, an observed verdict's link)."""
-
-
-_MORE = " ({count} more like it in the last {interval:g} s not logged)"
 
 
 class VerdictLog:
@@ -114,7 +111,7 @@ class VerdictLog:
               exception: BaseException | None = None) -> None:
         """Write ``msg % args`` for ``key`` at ``level`` (counting what it held back), or
         hold it back (summarized if no other line comes)."""
-        self._faults.log(level, key, msg, *args, more=_MORE, exc_info=exception,
+        self._faults.log(level, key, msg, *args, more=MORE_LIKE_IT, exc_info=exception,
                          extra=_with_route(subject.extra, subject.route))
 
     def rejected(self, verdict: Rejected, plugin: str, where: str, client_address: str,
