@@ -64,7 +64,9 @@ class LoadedLink:
     """One link of a route's chain with its interceptor loaded (once per generation)."""
 
     name: str
-    """How messages name it: the configured ``class``."""
+    """How logs, metrics and audit events name it: the configured ``class``, with
+    ``#N`` for the N-th link of a chain with that class from the second on
+    (:func:`~kiproxy.proxy.routes.runtime.link_names`)."""
     interceptor: Any
     """The configured, ready interceptor (or the isolation pool standing in for it)."""
     timeout: float

@@ -8,7 +8,9 @@ Contract:
   first), or as an :class:`~kiproxy.proxy.isolation.pool.IsolatedInterceptor` pool
   for ``isolation: process`` (``interceptor.workers`` workers each). It returns
   a complete :class:`LoadedRoutes` or raises (``PluginLoadError``) having
-  closed every link it had loaded.
+  closed every link it had loaded. A link is named by its ``class``; a chain that
+  has one class twice or more names the second ``CLASS#2``, and so on
+  (:func:`link_names`), so that logs, metrics and audit events tell them apart.
 - :attr:`LoadedRoutes.single` is the chain when the table is exactly one
   catch-all route and no ``default`` (the shorthand, or the same written as a
   route): the produce pipeline then skips the per-batch selection; the chain
@@ -23,6 +25,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -40,7 +43,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("kiproxy")
 
-__all__ = ["LoadedChain", "LoadedRoutes", "close_interceptor", "load_routes",
+__all__ = ["LoadedChain", "LoadedRoutes", "close_interceptor", "link_names", "load_routes",
            "one_interceptor"]
 
 
@@ -126,7 +129,19 @@ def _matches_everything(match: CompiledMatch) -> bool:
     return all(getattr(match, f.name) is None for f in dataclasses.fields(match))
 
 
-def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> LoadedLink:
+def link_names(links: Sequence[ChainLinkSettings]) -> list[str]:
+    """Each link's name: its ``class``, ``#N`` added to the N-th link of that class from
+    the second on."""
+    seen: dict[str, int] = {}
+    names = []
+    for link in links:
+        n = seen[link.class_name] = seen.get(link.class_name, 0) + 1
+        names.append(link.class_name if n == 1 else f"{link.class_name}#{n}")
+    return names
+
+
+def _load_link(config: ProxyConfig, link: ChainLinkSettings, name: str, where: str
+               ) -> LoadedLink:
     spec = link.class_name
     if link.isolation == "process":
         if consume_hook(resolve_class(spec, config.plugins_dir)) is not None:
@@ -139,13 +154,13 @@ def _load_link(config: ProxyConfig, link: ChainLinkSettings, where: str) -> Load
                                    log_setup=(config.log_level, config.log_format),
                                    limits=config.plugin_output_limits())
         pool.start()  # a plugin that cannot load raises PluginLoadError here
-        log.info("%sinterceptor %s loaded in %d worker processes (pids %s)", where, spec,
+        log.info("%sinterceptor %s loaded in %d worker processes (pids %s)", where, name,
                  len(pool.pids), ", ".join(map(str, pool.pids)))
-        return LoadedLink(spec, pool, link.timeout_ms / 1000, link.mode == "observe",
+        return LoadedLink(name, pool, link.timeout_ms / 1000, link.mode == "observe",
                           config.plugin_output_limits())
     interceptor = load_interceptor(spec, config.plugins_dir, link.config)
-    log.info("%sinterceptor %s loaded", where, spec)
-    return LoadedLink(spec, interceptor, link.timeout_ms / 1000, link.mode == "observe",
+    log.info("%sinterceptor %s loaded", where, name)
+    return LoadedLink(name, interceptor, link.timeout_ms / 1000, link.mode == "observe",
                       config.plugin_output_limits())
 
 
@@ -163,9 +178,10 @@ def load_routes(config: ProxyConfig) -> LoadedRoutes | None:
         for route in routes:
             where = "" if shorthand else f"route {route.name}: "
             links = []
-            for number, link in enumerate(route.links, 1):
+            for number, (link, name) in enumerate(zip(route.links, link_names(route.links),
+                                                       strict=True), 1):
                 try:
-                    links.append(_load_link(config, link, where))
+                    links.append(_load_link(config, link, name, where))
                 except PluginLoadError as exc:
                     if shorthand:
                         raise

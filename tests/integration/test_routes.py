@@ -53,6 +53,11 @@ ROUTES: list[dict[str, Any]] = [
          {"class": "uppercase"},
          {"class": "tp_count:ChangeCount", "config": {"delta": -1}},
          {"class": "stamp_headers", "config": {"headers": {"stage": "never"}}}]},
+    {"name": "twice", "match": {"topic": "twice-.*"},
+     "interceptors": [
+         {"class": "tp_reject:Reject", "config": {"topics": "^twice-a-.*"}},
+         {"class": "tp_reject:Reject", "config": {"topics": "^twice-b-.*",
+                                                  "message": "the second says no"}}]},
 ]
 
 
@@ -198,6 +203,24 @@ def test_the_record_count_rule_is_checked_after_each_link(
     line = next(x for x in proxy.lines if f"rejected {topic}[0]" in x)
     assert "on route count-broken" in line
     assert "interceptor tp_count:ChangeCount broke the record-count rule" in line
+
+
+def test_links_of_one_class_are_told_apart_in_logs_and_audit_events(
+        routed: tuple[ProxyProcess, Path, str]) -> None:
+    """A chain with one class twice: the second link is ``CLASS#2`` wherever a link is
+    named, so a refusal says which of the two refused."""
+    proxy, audit, _ = routed
+    first, second = _name("twice-a"), _name("twice-b")
+    for topic in (first, second):
+        errors = produce(proxy.bootstrap, topic, [b"x"])
+        assert errors[0] is not None and errors[0].code() == POLICY_VIOLATION
+    lines = {topic: next(x for x in proxy.lines if f"rejected {topic}[0]" in x)
+             for topic in (first, second)}
+    assert "on route twice, link tp_reject:Reject: error 44" in lines[first]
+    assert "on route twice, link tp_reject:Reject#2: error 44: the second says no" \
+        in lines[second]
+    events = audit_events(audit, first, 1) + audit_events(audit, second, 1)
+    assert [e["link"] for e in events] == ["tp_reject:Reject", "tp_reject:Reject#2"]
 
 
 def test_a_reload_swaps_the_routes(broker: EmbeddedBroker, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import yaml
 from kiproxy.interceptors import ClientIdentity, InterceptContext
 from kiproxy.proxy.config.model import ConfigError, ProxyConfig, load_config
 from kiproxy.proxy.config.networks import client_ip
+from kiproxy.proxy.routes.runtime import link_names, load_routes
 from kiproxy.proxy.routes.table import Route, RouteTable
 
 
@@ -278,3 +279,23 @@ def test_the_shorthand_takes_a_mode(tmp_path: Path) -> None:
 ])
 def test_rollout_settings_errors_name_the_key(tmp_path: Path, text: str, needle: str) -> None:
     assert needle in _error(tmp_path, "upstream: [127.0.0.1:9092]\n" + text)
+
+
+def test_a_class_repeated_in_a_chain_names_its_later_links_by_occurrence(
+        tmp_path: Path) -> None:
+    config = _config(tmp_path, """
+routes:
+  - name: r
+    interceptors:
+      - {class: uppercase}
+      - {class: stamp_headers, config: {headers: {a: "1"}}}
+      - {class: uppercase}
+      - {class: stamp_headers, config: {headers: {b: "2"}}}
+      - {class: uppercase}
+""")
+    assert link_names(config.routes[0].interceptors) == [
+        "uppercase", "stamp_headers", "uppercase#2", "stamp_headers#2", "uppercase#3"]
+    loaded = load_routes(config)
+    assert loaded is not None and loaded.single is not None
+    assert [link.name for link in loaded.single.every] == link_names(
+        config.routes[0].interceptors)
