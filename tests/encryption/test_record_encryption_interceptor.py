@@ -162,8 +162,8 @@ async def test_the_warning_counts_the_records_of_its_own_topic(
     await _produce(plugin, "views", _records()[:2])
     warnings = {r.getMessage().split("'")[1]: r.getMessage() for r in caplog.records
                 if "UNENCRYPTED" in r.getMessage()}
-    assert "(unresolved_key: pass; 3 records of this topic so far)" in warnings["clicks"]
-    assert "(unresolved_key: pass; 2 records of this topic so far)" in warnings["views"]
+    assert "(unresolved_key: pass; records of this topic so far: 3)" in warnings["clicks"]
+    assert "(unresolved_key: pass; records of this topic so far: 2)" in warnings["views"]
     assert _metric(plugin, "record_encryption_unresolved_key_records", policy="pass") == 14
 
 

@@ -151,9 +151,9 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
             if exc.retriable and state.settings.on_kms_unavailable == "pass":
                 self.counts["kms_unavailable_passed"] += len(batch.records)
                 self._log.warning(("kms", topic), "record_encryption: %s stored UNENCRYPTED "
-                                  "(on_kms_unavailable: pass; %d records of this topic so "
-                                  "far): %s", where, self._count("kms", topic, len(batch.records)),
-                                  exc)
+                                  "(on_kms_unavailable: pass; records of this topic so "
+                                  "far: %d): %s", where,
+                                  self._count("kms", topic, len(batch.records)), exc)
                 return batch  # encrypt() refused a marked record before any KMS call
             self._log.warning(("kms", topic), "record_encryption: %s refused, the KMS could "
                               "not be used: %s", where, exc)
@@ -181,8 +181,8 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                               "record_encryption", "POLICY_VIOLATION") from None
         self.counts["unresolved_passed"] += len(batch.records)
         self._log.warning(("unresolved", batch.topic), "record_encryption: topic %r stored "
-                          "UNENCRYPTED, %s (unresolved_key: pass; %d records of this topic "
-                          "so far)", batch.topic, unusable,
+                          "UNENCRYPTED, %s (unresolved_key: pass; records of this topic "
+                          "so far: %d)", batch.topic, unusable,
                           self._count("unresolved", batch.topic, len(batch.records)))
         return batch  # encrypt() refused a marked record before resolving the key
 
@@ -306,7 +306,7 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                 self.counts["undecryptable_passed"] += 1
                 self._log.warning(("undecryptable", topic), "record_encryption: %s: a record "
                                   "passed to the consumer as ciphertext (on_undecryptable: "
-                                  "pass; %d of this topic so far): %s", where,
+                                  "pass; records of this topic so far: %d): %s", where,
                                   self._count("undecryptable", topic, 1), exc)
                 out.append(record)
         return tuple(out)
@@ -322,7 +322,8 @@ class RecordEncryption(ProduceRequestInterceptor[RecordEncryptionSettings],
                        "Records decrypted on fetch", counts["decrypted"])
         for policy, key in (("pass", "unresolved_passed"), ("reject", "unresolved_rejected")):
             yield _counter("record_encryption_unresolved_key_records",
-                           "Records of a topic whose key the KMS does not know, by the "
+                           "Records of a topic whose key could not be resolved (the KMS "
+                           "does not know it, or it is no valid key name), by the "
                            "unresolved_key policy applied", counts[key], policy=policy)
         yield _counter("record_encryption_kms_unavailable_passed",
                        "Records stored unencrypted because the KMS could not be used "
