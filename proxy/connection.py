@@ -137,7 +137,7 @@ class ClientConnection(AnswerSide):
                 self._services.metrics.upstream_errors.labels("connect").inc()
             upstreams = self._services.upstreams
             upstreams.failures.failed(
-                self._tried, connect_error(exc, upstreams.connect_timeout),
+                self._tried, connect_error(exc, upstreams.connect_timeout, upstreams.tls),
                 self.client_address, self.log_context)
             await self._close_client()
             return

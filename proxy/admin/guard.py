@@ -27,7 +27,7 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_IN_INTERVAL, MORE_LIKE_IT, RateLimitedLog
 
 log = logging.getLogger("kiproxy.admin")
 
@@ -96,10 +96,8 @@ class AdminGuard:
             "no_token_file" if status == 403 else "bad_token")
         if self._refused is not None:
             self._refused.labels(reason).inc()
-        held = self._log.allow("refused")
-        if held is not None:
-            log.warning("refused %d admin request(s) since the last such line; the latest "
-                        "from %s (%d, %s)", held + 1, peer, status, reason)
+        self._log.warning("refused", "refused an admin request from %s (%d, %s)", peer,
+                          status, reason, more=MORE_LIKE_IT)
 
 
 def _is_local(peer: str, local: str) -> bool:

@@ -174,7 +174,7 @@ async def check_upstream(config: ProxyConfig) -> None:
                     asyncio.Protocol, host, port, ssl=tls,
                     server_hostname=host if tls else None), attempt)
             except (OSError, ssl.SSLError) as exc:  # TimeoutError is an OSError
-                reasons[f"{host}:{port}"] = connect_error(exc, attempt)
+                reasons[f"{host}:{port}"] = connect_error(exc, attempt, tls is not None)
                 continue
             transport.close()
             return

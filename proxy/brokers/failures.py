@@ -28,14 +28,22 @@ __all__ = ["UpstreamFailureLog", "connect_error"]
 log = logging.getLogger("kiproxy.connection")
 
 
-def connect_error(exc: BaseException, timeout: float | None = None) -> str:
-    """Why a connection to a broker could not be opened, in a few plain words."""
+_NO_TLS = " (does the broker speak TLS on this port?)"
+
+
+def connect_error(exc: BaseException, timeout: float | None = None, tls: bool = False) -> str:
+    """Why a connection to a broker could not be opened, in a few plain words; ``tls``:
+    it was opened with TLS (a reset or a silence then most often means a plaintext
+    port)."""
     if isinstance(exc, socket.gaierror):
         return f"host name does not resolve ({exc.strerror or exc})"
     if isinstance(exc, ConnectionRefusedError):
         return "connection refused"
     if isinstance(exc, TimeoutError):
-        return f"no answer within {timeout:g} s" if timeout is not None else "no answer"
+        within = f" within {round(timeout, 1):g} s" if timeout is not None else ""
+        return f"no answer{within}" + (_NO_TLS if tls else "")
+    if isinstance(exc, ConnectionResetError) and not exc.strerror:
+        return "connection reset" + (_NO_TLS if tls else "")
     if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
         # The reason OpenSSL gives (a host name the certificate does not name, an unknown
         # CA, an expired certificate), not only CERTIFICATE_VERIFY_FAILED.

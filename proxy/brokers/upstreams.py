@@ -37,6 +37,8 @@ class Upstreams:
         """Seconds one connection attempt may take."""
         self._nodes = nodes
         self._tls = tls
+        self.tls = tls is not None
+        """Whether broker connections use TLS (``upstream_tls``)."""
         self.failures = UpstreamFailureLog()
         """Client connections that could not reach a broker, logged once per interval."""
         self.lost = RateLimitedLog(logging.getLogger("kiproxy.connection"))

@@ -50,7 +50,7 @@ from kiproxy.protocol.errors import (
     UnsupportedCompression,
     UnsupportedMagic,
 )
-from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.protocol.log_limit import MORE_LIKE_IT, RateLimitedLog
 from kiproxy.protocol.records import CompressionLevels, DecodedBatch, Record
 from kiproxy.proxy.produce.job import FORWARDED, Decision, PartitionJob
 from kiproxy.proxy.produce.response import Observation, Rejection
@@ -296,12 +296,10 @@ class PartitionHandler:
         """One WARNING per client host per interval: a bomb, or a limit set too low."""
         client = job.client
         who: ClientIdentity = client.identity
-        suppressed = self._limit_warnings.allow(who.client_host)
-        if suppressed is None:
-            return
-        more = f" ({suppressed} more from this host since the last warning)" if suppressed else ""
-        self.log.warning("refused %s[%d] from %s (client_id %r): %s%s", job.topic, job.partition,
-                    who.client_address, who.client_id, exc, more, extra=client.log_context)
+        self._limit_warnings.warning(
+            who.client_host, "refused %s[%d] from %s (client_id %r): %s", job.topic,
+            job.partition, who.client_address, who.client_id, exc, more=MORE_LIKE_IT,
+            extra=client.log_context)
 
     async def _run(self, chain: LoadedChain, view: RecordBatch,
                    ctx: InterceptContext) -> ChainResult:
