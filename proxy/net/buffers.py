@@ -16,7 +16,8 @@ Contract:
   frees room, so the process always makes progress, and the bytes held stay within
   the limit plus that one frame however many clients send at the same pace. Paused
   connections resume, oldest first, once the total is back under the limit. Every
-  pause counts as a ``max_client_buffered_bytes`` limit hit.
+  pause counts as a ``max_client_buffered_bytes`` limit hit, and one WARNING per
+  interval says how full the budget is and who holds it (the rest counted).
 * :class:`HeapTrimmer` returns freed heap memory to the system with glibc's
   ``malloc_trim(0)``, on a worker thread, after large frames or decoded batches
   are released and the heap holds at least :data:`TRIM_FREE_BYTES` free
@@ -37,9 +38,12 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
+from kiproxy.protocol.log_limit import MORE_LIKE_IT, RateLimitedLog
+
 __all__ = ["TRIM_FREE_BYTES", "HeapTrimmer", "ReceiveBudget", "Receiver"]
 
 log = logging.getLogger("kiproxy.memory")
+_pauses = RateLimitedLog(log)
 
 TRIM_AFTER_BYTES = 8 * 1024 * 1024
 """Released bytes (large frames, decoded batches) after which the heap is trimmed."""
@@ -103,8 +107,19 @@ class ReceiveBudget:
                 paused[receiver] = None
                 self.pauses += 1
                 receiver.hold_back()
+                self._warn_paused()
         elif held < before:
             self._resume()
+
+    def _warn_paused(self) -> None:
+        held = self._held
+        _pauses.warning(
+            "paused", "client reads paused: partial request frames hold %d bytes on %d "
+            "connections, over max_client_buffered_bytes (%d); paused now: %d; the largest "
+            "holder (%d bytes) reads on. A client stalled mid-frame keeps its share until it "
+            "sends the rest or idle_timeout_ms closes it", self.used, len(held),
+            self.capacity, len(self._paused), max(held.values(), default=0),
+            more=MORE_LIKE_IT)
 
     def refused_frame(self) -> None:
         """Count a connection closed for a frame above ``max_frame_size``."""

@@ -10,7 +10,7 @@ requests: they are held back too, behind the stalled ones.
 What must hold:
 
 (a) ``kiproxy_limit_hits_total{limit="max_client_buffered_bytes"}`` counts one pause
-    per held-back connection;
+    per held-back connection, and the first pause is a WARNING naming the limit;
 (b) the bytes held stay within the limit plus one frame (only the largest holder
     keeps reading past the limit), and the proxy's peak RSS within its baseline
     plus twice that (a partial frame's buffers are at most twice its bytes) plus
@@ -208,6 +208,8 @@ def test_stalled_partial_frames_are_held_to_the_budget_and_released(
         assert _hits(metrics) - hits_before == STALLERS - 1 + WAITERS
         assert LIMIT < stalled_used <= LIMIT + CLAIMED, stalled_used
         assert held_used <= LIMIT + CLAIMED + WAITERS * CHUNK, held_used
+        assert f"over max_client_buffered_bytes ({LIMIT}); paused now: 1;" in proxy.log, \
+            "no WARNING says the client reads are paused"
         bound = baseline + 2 * (LIMIT + CLAIMED) + ALLOWANCE
         assert sampler.peak < bound, (
             f"peak RSS {sampler.peak / MiB:.0f} MiB over the bound {bound / MiB:.0f} MiB "

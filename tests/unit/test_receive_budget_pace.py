@@ -10,6 +10,12 @@ get ahead), which completes its frame and frees room.
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
+from kiproxy.protocol.log_limit import RateLimitedLog
+from kiproxy.proxy.net import buffers
 from kiproxy.proxy.net.buffers import ReceiveBudget
 
 CAPACITY = 4 * 1024 * 1024
@@ -82,3 +88,23 @@ def test_a_paused_largest_holder_does_not_hold_back_the_largest_reader() -> None
     budget._paused[big] = None  # paused earlier, still holding the most
     small.send(20)  # over the capacity, but no one still reading holds as much
     assert not small.paused
+
+
+def test_a_pause_is_a_warning_naming_the_budget_and_the_rest_are_counted(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(buffers, "_pauses", RateLimitedLog(buffers.log))
+    budget = ReceiveBudget(CAPACITY)
+    big, small, other = _Client(budget), _Client(budget), _Client(budget)
+    big.send(CAPACITY)  # at the capacity, not past it: nobody paused
+    assert not caplog.records
+    with caplog.at_level(logging.WARNING, "kiproxy.memory"):
+        small.send(CHUNK)  # past it, and not the largest holder
+        other.send(CHUNK)
+    assert small.paused and other.paused and not big.paused
+    [line] = [r.getMessage() for r in caplog.records]
+    assert line.startswith(
+        f"client reads paused: partial request frames hold {CAPACITY + CHUNK} bytes on 2 "
+        f"connections, over max_client_buffered_bytes ({CAPACITY}); paused now: 1; the "
+        f"largest holder ({CAPACITY} bytes) reads on."), line
+    assert "idle_timeout_ms" in line
+    assert budget.pauses == 2  # the second pause counted, its line held back
