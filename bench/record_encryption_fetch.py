@@ -38,8 +38,11 @@ consumers time only where they wait for it.
 Figures: the consumers' MB/s of values (wall clock: the machine is shared, so these
 move with its load; medians over the rounds), "x direct" and "x passthrough" (the
 median of each round's ratio, the cases of a round being read back to back, which
-cancels most of the machine's drift), and the proxy process's CPU seconds per GB of
-values (``/proc``, the figure that does not move with the load; medians).
+cancels most of the machine's drift), the proxy process's and the broker's CPU seconds
+per GB of values (``/proc``, the figures that move least with the load; medians), and,
+for one consumer, the CPUs the whole machine kept busy while it read: well under all of
+them when the broker, the proxy and the consumer take turns on each answer, so that
+each one's time per answer adds to the next fetch's wait.
 """
 
 from __future__ import annotations
@@ -62,7 +65,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from bench.proxy.cpu import process_cpu
+from bench.proxy.cpu import machine_busy_cpu, process_cpu
 from bench.proxy.scenarios import ROOT, TANSU_NODE_ID
 from bench.record_encryption import _value
 from bench.results import write_results
@@ -104,6 +107,11 @@ def _proxy(upstream: str, *flags: str, cpus: set[int] | None = None
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+def _cpu(pid: int | None) -> float:
+    """CPU seconds of process ``pid`` so far (0.0 for None or where ``/proc`` says nothing)."""
+    return (process_cpu(pid) or 0.0) if pid else 0.0
 
 
 def _produce(bootstrap: str, topic: str, records: int, partitions: int) -> None:
@@ -201,6 +209,7 @@ def main(argv: list[str] | None = None) -> str:
     records = args.records - args.records % n
     gb = records * VALUE_BYTES / 1e9
     results: dict[str, list[tuple[float, float]]] = {}
+    others: dict[str, list[tuple[float, float]]] = {}  # broker CPU s/GB, busy CPUs
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker, \
             (multiprocessing.get_context("spawn").Pool(n) if n > 1
              else contextlib.nullcontext()) as pool:
@@ -225,7 +234,17 @@ def main(argv: list[str] | None = None) -> str:
             for _ in range(args.rounds):
                 for name, (bootstrap, topic, pid) in cases.items():
                     before = process_cpu(pid) if pid else None
+                    broker_before, busy_before = _cpu(broker.pid), machine_busy_cpu()
+                    started = time.monotonic()
                     seconds, first = _read(pool, bootstrap, topic, records, n)
+                    wall = time.monotonic() - started
+                    busy_after = machine_busy_cpu()
+                    # (several consumers wait for a common start inside the read: their
+                    # start-up would count, so the figure is one consumer's only)
+                    busy = float("nan") if busy_before is None or busy_after is None \
+                        or n > 1 else (busy_after - busy_before) / wall
+                    others.setdefault(name, []).append(
+                        ((_cpu(broker.pid) - broker_before) / gb, busy))
                     if name != "passthrough, sealed":
                         assert first == _value(0, VALUE_BYTES), f"{name}: not the plaintext"
                     else:
@@ -241,8 +260,11 @@ def main(argv: list[str] | None = None) -> str:
         cpu_text = "—" if cpu != cpu else f"{cpu / gb:.1f}"
         paired = [statistics.median(against[i][0] / runs[i][0] for i in range(len(runs)))
                   for against in (results["direct"], results["passthrough"])]
+        broker_cpu = statistics.median(b for b, _ in others[name])
+        busy = statistics.median(c for _, c in others[name])
+        busy_text = "—" if busy != busy else f"{busy:.2f}"
         rows.append(f"| {name} | {gb * 1000 / seconds:.0f} | {paired[0]:.2f} | "
-                    f"{paired[1]:.2f} | {cpu_text} |")
+                    f"{paired[1]:.2f} | {cpu_text} | {broker_cpu:.1f} | {busy_text} |")
     load = os.getloadavg()
     text = "\n".join([
         "## record_encryption: a consumer's throughput through the proxy, with and without "
@@ -264,11 +286,13 @@ def main(argv: list[str] | None = None) -> str:
            f"{n} confluent-kafka consumers at once, in processes of their own, one "
            f"partition of {records // n:,} records each")
         + f"; {args.rounds} interleaved rounds; MB/s of values (wall clock, median), "
-        "x direct and x passthrough (median of the rounds' ratios), proxy CPU s per "
-        "GB of values (`/proc`, median).",
+        "x direct and x passthrough (median of the rounds' ratios), proxy and broker "
+        "CPU s per GB of values (`/proc`, medians), and the CPUs the whole machine kept "
+        f"busy while the consumers read (of {len(os.sched_getaffinity(0))}; median).",
         "",
-        "| case | MB/s | x direct | x passthrough | proxy CPU s/GB |",
-        "|---|---:|---:|---:|---:|",
+        "| case | MB/s | x direct | x passthrough | proxy CPU s/GB | broker CPU s/GB "
+        "| busy CPUs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
         *rows,
     ])
     print(text)

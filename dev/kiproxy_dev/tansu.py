@@ -121,6 +121,11 @@ class EmbeddedBroker:
             stop_process(proc, grace=5)
 
     @property
+    def pid(self) -> int | None:
+        """The broker process's id while it runs (for CPU accounting), else None."""
+        return self._process.pid if self.running and self._process is not None else None
+
+    @property
     def running(self) -> bool:
         """Whether the broker process is alive."""
         return self._process is not None and self._process.poll() is None
