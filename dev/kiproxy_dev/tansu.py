@@ -123,7 +123,8 @@ class EmbeddedBroker:
     @property
     def pid(self) -> int | None:
         """The broker process's id while it runs (for CPU accounting), else None."""
-        return self._process.pid if self.running and self._process is not None else None
+        proc = self._process
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     @property
     def running(self) -> bool:

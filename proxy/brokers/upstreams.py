@@ -37,14 +37,17 @@ class Upstreams:
         """Seconds one connection attempt may take."""
         self._nodes = nodes
         self._tls = tls
-        self.tls = tls is not None
-        """Whether broker connections use TLS (``upstream_tls``)."""
         self.failures = UpstreamFailureLog()
         """Client connections that could not reach a broker, logged once per interval."""
         self.lost = RateLimitedLog(logging.getLogger("kiproxy.connection"))
         """Broker connections lost with answers owed (a WARNING each): one line per broker
         and reason per interval, so a broker that closes every connection a client
         opens costs a line every 10 s, not one per reconnect."""
+
+    @property
+    def tls(self) -> bool:
+        """Whether broker connections use TLS (``upstream_tls``)."""
+        return self._tls is not None
 
     def bootstrap_candidates(self) -> list[tuple[str, int]]:
         """Upstream bootstrap servers, then every node seen, in the order to try them."""
